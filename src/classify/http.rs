@@ -1,0 +1,238 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, StatusCode, header::RETRY_AFTER};
+
+use super::{Classifier, Verdict};
+use crate::failure::{Class, Code};
+
+/// The HTTP classifier: maps a response's status to a [`Class`] and reads `Retry-After`.
+///
+/// The default mapping is in the [module docs](super). [`map_status`](Self::map_status) and
+/// [`success`](Self::success) override it status by status; the overrides are built once and
+/// shared by clones, so classifying allocates nothing.
+#[derive(Clone, Debug, Default)]
+pub struct HttpClassifier {
+    overrides: Option<Arc<Vec<(StatusCode, Option<Class>)>>>,
+}
+
+impl HttpClassifier {
+    /// The default mapping, with no overrides.
+    pub fn new() -> Self {
+        HttpClassifier::default()
+    }
+
+    fn set(mut self, status: StatusCode, class: Option<Class>) -> Self {
+        let overrides = Arc::make_mut(self.overrides.get_or_insert_with(Default::default));
+        overrides.retain(|(s, _)| *s != status);
+        overrides.push((status, class));
+        self
+    }
+
+    /// Classifies `status` as `class`, whatever the default says.
+    pub fn map_status(self, status: StatusCode, class: Class) -> Self {
+        self.set(status, Some(class))
+    }
+
+    /// Counts `status` as a success, whatever the default says.
+    pub fn success(self, status: StatusCode) -> Self {
+        self.set(status, None)
+    }
+
+    /// The class of `status`: `None` for success.
+    pub fn class_of(&self, status: StatusCode) -> Option<Class> {
+        if let Some(overrides) = &self.overrides {
+            if let Some((_, class)) = overrides.iter().find(|(s, _)| *s == status) {
+                return *class;
+            }
+        }
+        default_class(status)
+    }
+}
+
+fn default_class(status: StatusCode) -> Option<Class> {
+    match status.as_u16() {
+        100..=399 => None,
+        408 | 502 | 503 | 504 => Some(Class::TRANSIENT),
+        429 => Some(Class::THROTTLED),
+        400..=499 => Some(Class::PERMANENT),
+        _ => Some(Class::UNKNOWN),
+    }
+}
+
+impl<B> Classifier<http::Response<B>> for HttpClassifier {
+    fn classify_response(&self, response: &http::Response<B>) -> Option<Verdict> {
+        let status = response.status();
+        let class = self.class_of(status)?;
+        let verdict = Verdict::new(class, Code::Http(status));
+        Some(match retry_after_hint(response.headers()) {
+            Some(delay) => verdict.with_retry_after(delay),
+            None => verdict,
+        })
+    }
+}
+
+/// Reads `Retry-After` from `headers` as a positive delay from now. A malformed value is logged
+/// and ignored; a date in the past, or zero, gives no hint.
+fn retry_after_hint(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?;
+    let Ok(text) = value.to_str() else {
+        tracing::warn!(value = ?value, "ignoring Retry-After that is not visible ASCII");
+        return None;
+    };
+    match parse_retry_after(text, SystemTime::now()) {
+        Ok(delay) if delay > Duration::ZERO => Some(delay),
+        Ok(_) => None,
+        Err(error) => {
+            tracing::warn!(%error, "ignoring malformed Retry-After");
+            None
+        }
+    }
+}
+
+/// A `Retry-After` value that is neither delay-seconds nor an HTTP-date (RFC 9110 §10.2.3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidRetryAfter {
+    value: String,
+}
+
+impl InvalidRetryAfter {
+    /// The value that could not be parsed, trimmed.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+impl fmt::Display for InvalidRetryAfter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid Retry-After {:?}: neither delay-seconds nor an HTTP-date",
+            self.value
+        )
+    }
+}
+
+impl std::error::Error for InvalidRetryAfter {}
+
+/// Parses a `Retry-After` value (RFC 9110 §10.2.3) into a delay counted from `now`.
+///
+/// - delay-seconds (`1*DIGIT`): that many seconds; a number too large for a `u64` saturates to
+///   `u64::MAX` seconds rather than failing, so that the retry layer sees "far too long".
+/// - HTTP-date (IMF-fixdate and the two obsolete forms, parsed by the `httpdate` crate): the time
+///   from `now` until that date, exact to the nanosecond so a retry is never sent before the
+///   named instant; a date at or before `now` gives [`Duration::ZERO`].
+///
+/// # Errors
+///
+/// [`InvalidRetryAfter`] for anything else: a sign, a fraction, an exponent, a word.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Result<Duration, InvalidRetryAfter> {
+    let value = value.trim_matches([' ', '\t']);
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        let secs = value.parse::<u64>().unwrap_or(u64::MAX);
+        return Ok(Duration::from_secs(secs));
+    }
+    match httpdate::parse_http_date(value) {
+        Ok(date) => Ok(date.duration_since(now).unwrap_or(Duration::ZERO)),
+        Err(_) => Err(InvalidRetryAfter {
+            value: value.to_owned(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(status: u16, retry_after: Option<&str>) -> http::Response<()> {
+        let mut b = http::Response::builder().status(status);
+        if let Some(v) = retry_after {
+            b = b.header("retry-after", v);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn default_mapping() {
+        let c = HttpClassifier::new();
+        for (status, class) in [
+            (200, None),
+            (202, None),
+            (304, None),
+            (408, Some(Class::TRANSIENT)),
+            (502, Some(Class::TRANSIENT)),
+            (503, Some(Class::TRANSIENT)),
+            (504, Some(Class::TRANSIENT)),
+            (429, Some(Class::THROTTLED)),
+            (500, Some(Class::UNKNOWN)),
+            (599, Some(Class::UNKNOWN)),
+            (501, Some(Class::UNKNOWN)),
+            (400, Some(Class::PERMANENT)),
+            (404, Some(Class::PERMANENT)),
+            (422, Some(Class::PERMANENT)),
+        ] {
+            let v = c.classify_response(&response(status, None));
+            assert_eq!(v.map(|v| v.class), class, "status {status}");
+        }
+    }
+
+    #[test]
+    fn overrides_win() {
+        let c = HttpClassifier::new()
+            .map_status(StatusCode::NOT_FOUND, Class::TRANSIENT)
+            .success(StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(c.class_of(StatusCode::NOT_FOUND), Some(Class::TRANSIENT));
+        assert_eq!(c.class_of(StatusCode::SERVICE_UNAVAILABLE), None);
+        assert_eq!(c.class_of(StatusCode::BAD_REQUEST), Some(Class::PERMANENT));
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let now = SystemTime::now();
+        assert_eq!(parse_retry_after("120", now), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_retry_after(" 3 ", now), Ok(Duration::from_secs(3)));
+        assert_eq!(
+            parse_retry_after("99999999999999999999999", now),
+            Ok(Duration::from_secs(u64::MAX))
+        );
+        for bad in ["-1", "nan", "1e999", "soon", "", "1.5", "+3"] {
+            assert!(parse_retry_after(bad, now).is_err(), "{bad:?}");
+        }
+        let later = now + Duration::from_secs(120);
+        let date = httpdate::fmt_http_date(later);
+        let d = parse_retry_after(&date, now).unwrap();
+        assert!(
+            d > Duration::from_secs(118) && d <= Duration::from_secs(120),
+            "{d:?}"
+        );
+        assert_eq!(
+            parse_retry_after("Fri, 31 Dec 1999 23:59:59 GMT", now),
+            Ok(Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn malformed_or_past_hint_is_no_hint() {
+        let c = HttpClassifier::new();
+        for v in [
+            "-1",
+            "nan",
+            "1e999",
+            "soon",
+            "Fri, 31 Dec 1999 23:59:59 GMT",
+            "0",
+        ] {
+            let verdict = c.classify_response(&response(429, Some(v))).unwrap();
+            assert_eq!(verdict.class, Class::THROTTLED);
+            assert_eq!(verdict.retry_after, None, "{v}");
+        }
+        let verdict = c
+            .classify_response(&response(503, Some("9999999999")))
+            .unwrap();
+        assert_eq!(
+            verdict.retry_after,
+            Some(Duration::from_secs(9_999_999_999))
+        );
+    }
+}

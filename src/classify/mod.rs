@@ -1,0 +1,286 @@
+//! Classify each attempt's outcome once: success, or a [`Failure`] with its [`Class`], its
+//! original [`Code`] and any server delay hint.
+//!
+//! [`ClassifyLayer`] sits above [`TimeoutLayer`](crate::timeout::TimeoutLayer), so it sees every
+//! way an attempt can fail: an error response (503, 429), an io error, a client connect error,
+//! the per-attempt timeout. Outer layers ([`BreakerLayer`](crate::breaker::BreakerLayer),
+//! [`RetryLayer`](crate::retry::RetryLayer), [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer))
+//! read the class off the failure and never parse HTTP or io errors again.
+//!
+//! A response that is a failure becomes `Err(Failure)` and keeps the response, so the caller can
+//! still take it back with [`Failure::into_response`].
+//!
+//! # Default HTTP mapping
+//!
+//! | status | class |
+//! |---|---|
+//! | 1xx, 2xx, 3xx | success |
+//! | 408, 502, 503, 504 | [`Class::TRANSIENT`] |
+//! | 429 | [`Class::THROTTLED`] |
+//! | 500 and any other 5xx | [`Class::UNKNOWN`] |
+//! | any other 4xx | [`Class::PERMANENT`] |
+//!
+//! `Retry-After` is read in both forms of RFC 9110 §10.2.3 (delay-seconds and HTTP-date). A value
+//! that is neither (`-1`, `nan`, `1e999`, `soon`) is ignored with a `tracing` warning, and the
+//! retry layer falls back to its computed backoff; a date in the past is no hint either.
+//!
+//! # Errors
+//!
+//! [`classify_error`] walks the error's source chain: our [`Elapsed`](crate::timeout::Elapsed)
+//! and tokio's are [`Code::Timeout`], transient; io errors of kind connection refused, reset or
+//! aborted, broken pipe, not connected and timed out are transient; with the `hyper-util`
+//! feature, a hyper-util client connect error is transient; anything else is
+//! [`Class::UNKNOWN`] with [`Code::Error`] (or the io kind found).
+//!
+//! # Example
+//!
+//! ```
+//! use http::{Response, StatusCode};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//! use tower_backstop::{Class, classify::{ClassifyLayer, HttpClassifier}};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! // Defaults:
+//! let _layer = ClassifyLayer::http();
+//!
+//! // Customised: a provider that says 409 when a message is a duplicate, which we count as
+//! // delivered, and 422 for an invalid recipient, which has its own class.
+//! const INVALID_RECIPIENT: Class = Class::new("invalid_recipient");
+//! let classifier = HttpClassifier::new()
+//!     .success(StatusCode::CONFLICT)
+//!     .map_status(StatusCode::UNPROCESSABLE_ENTITY, INVALID_RECIPIENT);
+//! let svc = ServiceBuilder::new()
+//!     .layer(ClassifyLayer::new(classifier))
+//!     .service(service_fn(|_: ()| async {
+//!         Ok::<_, std::convert::Infallible>(
+//!             Response::builder().status(422).body(()).unwrap(),
+//!         )
+//!     }));
+//! let failure = svc.oneshot(()).await.unwrap_err();
+//! assert_eq!(failure.class(), INVALID_RECIPIENT);
+//! assert_eq!(failure.into_response().unwrap().status(), 422);
+//! # }
+//! ```
+
+use std::error::Error as StdError;
+use std::io;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower_service::Service;
+
+use crate::failure::{BoxError, Class, Code, Failure};
+
+mod future;
+mod http;
+mod layer;
+
+pub use self::future::ResponseFuture;
+pub use self::http::{HttpClassifier, InvalidRetryAfter, parse_retry_after};
+pub use self::layer::ClassifyLayer;
+
+/// The result of classifying one failed attempt: its class, its original code, and the server's
+/// delay hint, if it gave one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The failure's class.
+    pub class: Class,
+    /// The original code.
+    pub code: Code,
+    /// How long the server asked us to wait, counted from now.
+    pub retry_after: Option<Duration>,
+}
+
+impl Verdict {
+    /// A verdict of `class` with `code` and no hint.
+    pub const fn new(class: Class, code: Code) -> Self {
+        Verdict {
+            class,
+            code,
+            retry_after: None,
+        }
+    }
+
+    /// Sets the server's delay hint.
+    pub const fn with_retry_after(mut self, delay: Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
+    }
+
+    /// The [`Failure`] this verdict describes.
+    pub fn into_failure<R>(self) -> Failure<R> {
+        let failure = Failure::new(self.class, self.code);
+        match self.retry_after {
+            Some(delay) => failure.with_retry_after(delay),
+            None => failure,
+        }
+    }
+}
+
+/// Decides whether an attempt failed, and how.
+///
+/// Implemented by [`HttpClassifier`] for `http::Response<B>`, and for closures
+/// `Fn(&R) -> Option<Verdict>` (errors then use [`classify_error`]).
+pub trait Classifier<R> {
+    /// `None` when `response` is a success; otherwise its verdict.
+    fn classify_response(&self, response: &R) -> Option<Verdict>;
+
+    /// The verdict for an error of the inner service. The default is [`classify_error`].
+    fn classify_error(&self, error: &(dyn StdError + 'static)) -> Verdict {
+        let (class, code) = classify_error(error);
+        Verdict::new(class, code)
+    }
+}
+
+impl<R, F> Classifier<R> for F
+where
+    F: Fn(&R) -> Option<Verdict>,
+{
+    fn classify_response(&self, response: &R) -> Option<Verdict> {
+        self(response)
+    }
+}
+
+/// Classifies an error by walking its source chain (see the [module docs](self)).
+///
+/// Returns the class and the most specific original code found: [`Code::Timeout`] for an elapsed
+/// timeout, [`Code::Io`] for an io error, else [`Code::Error`].
+pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
+    let mut found_io = None;
+    #[allow(unused_mut)]
+    let mut connect = false;
+    let mut current: Option<&(dyn StdError + 'static)> = Some(error);
+    while let Some(e) = current {
+        if e.is::<crate::timeout::Elapsed>() || e.is::<tokio::time::error::Elapsed>() {
+            return (Class::TRANSIENT, Code::Timeout);
+        }
+        #[cfg(feature = "hyper-util")]
+        if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
+            connect |= e.is_connect();
+        }
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            if found_io.is_none() {
+                found_io = Some(io.kind());
+            }
+        }
+        current = e.source();
+    }
+    match found_io {
+        Some(kind) if io_kind_is_transient(kind) || connect => (Class::TRANSIENT, Code::Io(kind)),
+        Some(kind) => (Class::UNKNOWN, Code::Io(kind)),
+        None if connect => (Class::TRANSIENT, Code::Error),
+        None => (Class::UNKNOWN, Code::Error),
+    }
+}
+
+fn io_kind_is_transient(kind: io::ErrorKind) -> bool {
+    use io::ErrorKind::*;
+    matches!(
+        kind,
+        ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | BrokenPipe
+            | NotConnected
+            | TimedOut
+            | UnexpectedEof
+            | Interrupted
+    )
+}
+
+/// Classifies each outcome of the inner service with a [`Classifier`]; see the
+/// [module docs](self).
+///
+/// `Error = Failure<S::Response>`; the inner error only needs `Into<BoxError>`.
+#[derive(Clone, Debug)]
+pub struct Classify<S, C> {
+    inner: S,
+    classifier: C,
+}
+
+impl<S, C> Classify<S, C> {
+    /// Wraps `inner`, classifying with `classifier`.
+    pub fn new(inner: S, classifier: C) -> Self {
+        Classify { inner, classifier }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S, C, Req> Service<Req> for Classify<S, C>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classifier<S::Response> + Clone,
+{
+    type Response = S::Response;
+    type Error = Failure<S::Response>;
+    type Future = ResponseFuture<S::Future, C>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(|e| {
+            let e: BoxError = e.into();
+            let verdict = self.classifier.classify_error(&*e);
+            verdict.into_failure().with_source(e)
+        })
+    }
+
+    #[inline]
+    fn call(&mut self, req: Req) -> Self::Future {
+        ResponseFuture::new(self.inner.call(req), self.classifier.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_chain_is_found() {
+        #[derive(Debug)]
+        struct Wrapper(io::Error);
+        impl std::fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("client error")
+            }
+        }
+        impl StdError for Wrapper {
+            fn source(&self) -> Option<&(dyn StdError + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Wrapper(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert_eq!(
+            classify_error(&e),
+            (Class::TRANSIENT, Code::Io(io::ErrorKind::ConnectionRefused))
+        );
+        let e = io::Error::from(io::ErrorKind::PermissionDenied);
+        assert_eq!(
+            classify_error(&e),
+            (Class::UNKNOWN, Code::Io(io::ErrorKind::PermissionDenied))
+        );
+    }
+
+    #[test]
+    fn unknown_error_type_is_unknown() {
+        #[derive(Debug)]
+        struct Weird;
+        impl std::fmt::Display for Weird {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("weird")
+            }
+        }
+        impl StdError for Weird {}
+        assert_eq!(classify_error(&Weird), (Class::UNKNOWN, Code::Error));
+    }
+
+    #[test]
+    fn elapsed_is_transient_timeout() {
+        let e = crate::timeout::Elapsed::new(Duration::from_millis(5));
+        assert_eq!(classify_error(&e), (Class::TRANSIENT, Code::Timeout));
+    }
+}

@@ -1,0 +1,131 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use pin_project_lite::pin_project;
+
+use super::record::Record;
+use super::store::{BoxFuture, Store, StoreError};
+use crate::failure::{DeadLetterStatus, Failure};
+use crate::request::{Describe, Envelope};
+
+pin_project! {
+    /// Response future of [`DeadLetter`](super::DeadLetter): the inner call, then, on failure,
+    /// the one store write that failure needs.
+    pub struct ResponseFuture<F, Req, R> {
+        #[pin]
+        state: State<F, R>,
+        kept: Option<Req>,
+        store: Arc<dyn Store>,
+    }
+}
+
+type Write = BoxFuture<'static, (String, Result<(), StoreError>)>;
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, R> {
+        Called {
+            #[pin]
+            future: F,
+        },
+        Writing {
+            write: Write,
+            failure: Option<Failure<R>>,
+        },
+    }
+}
+
+impl<F, Req, R> ResponseFuture<F, Req, R> {
+    pub(crate) fn new(future: F, kept: Option<Req>, store: Arc<dyn Store>) -> Self {
+        ResponseFuture {
+            state: State::Called { future },
+            kept,
+            store,
+        }
+    }
+}
+
+fn generated_id() -> String {
+    format!("msg-{:032x}", rand::random::<u128>())
+}
+
+impl<F, Req, R, E> Future for ResponseFuture<F, Req, R>
+where
+    F: Future<Output = Result<R, E>>,
+    E: Into<Failure<R>>,
+    Req: Describe + Send + 'static,
+{
+    type Output = Result<R, Failure<R>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Called { future } => {
+                    let failure: Failure<R> = match ready!(future.poll(cx)) {
+                        Ok(response) => return Poll::Ready(Ok(response)),
+                        Err(e) => e.into(),
+                    };
+                    let kept = this.kept.take();
+                    let store = Arc::clone(this.store);
+                    // Everything the record needs from the failure, taken now: the failure
+                    // itself goes back to the caller.
+                    let draft = Record::from_failure(String::new(), Envelope::default(), &failure);
+                    let write: Write = Box::pin(async move {
+                        let envelope = match kept {
+                            Some(request) => request.describe().await,
+                            None => Envelope::default().with_metadata(
+                                "payload_missing",
+                                "the request could not be copied before the call",
+                            ),
+                        };
+                        let id = envelope.id.clone().unwrap_or_else(generated_id);
+                        let record = Record {
+                            id: id.clone(),
+                            payload: envelope.payload.to_vec(),
+                            content_type: envelope.content_type,
+                            metadata: envelope.metadata,
+                            ..draft
+                        };
+                        (id, store.put(record).await)
+                    });
+                    this.state.set(State::Writing {
+                        write,
+                        failure: Some(failure),
+                    });
+                }
+                StateProj::Writing { write, failure } => {
+                    let (id, result) = ready!(write.as_mut().poll(cx));
+                    let mut failure = failure
+                        .take()
+                        .expect("dead-letter future polled after completion");
+                    match result {
+                        Ok(()) => {
+                            tracing::warn!(
+                                id = %id,
+                                class = %failure.class(),
+                                code = %failure.code(),
+                                attempts = failure.attempts().max(1),
+                                "dead letter stored"
+                            );
+                            failure.note_dead_letter(DeadLetterStatus::Stored { id });
+                        }
+                        Err(error) => {
+                            tracing::error!(
+                                id = %id,
+                                class = %failure.class(),
+                                code = %failure.code(),
+                                error = %error,
+                                "dead letter could not be written"
+                            );
+                            failure.note_dead_letter(DeadLetterStatus::NotStored { id, error });
+                        }
+                    }
+                    return Poll::Ready(Err(failure));
+                }
+            }
+        }
+    }
+}

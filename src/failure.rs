@@ -1,0 +1,447 @@
+//! The failure types every layer shares: the [`Class`] of a failure, its original [`Code`], and
+//! the [`Failure`] value that carries both up the stack.
+//!
+//! A failure is classified once, by [`ClassifyLayer`](crate::classify::ClassifyLayer) (or, for a
+//! plain [`BoxError`], by [`classify_error`](crate::classify::classify_error) when it is converted
+//! with `Failure::from`). Every outer layer reads the class off the value; none parses HTTP or io
+//! errors again.
+
+use std::fmt;
+use std::io;
+use std::time::{Duration, SystemTime};
+
+use http::StatusCode;
+
+/// A type-erased error, the `tower` convention: `Box<dyn Error + Send + Sync>`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The class of a failure: what kind of trouble it is, and so what the retry policy, the breaker
+/// and the dead-letter layer do with it.
+///
+/// A class is a small `Copy` value (a `&'static str` name) so that a policy lookup allocates
+/// nothing. Two classes are equal when their names are equal. The built-in classes follow the
+/// taxonomy of the crate's design (RFC 9110 status semantics, gRFC A6 retry, the Google SRE book's
+/// advice on retrying): [`TRANSIENT`](Class::TRANSIENT), [`THROTTLED`](Class::THROTTLED),
+/// [`UNKNOWN`](Class::UNKNOWN), [`PERMANENT`](Class::PERMANENT), [`POISON`](Class::POISON), plus
+/// [`CIRCUIT_OPEN`](Class::CIRCUIT_OPEN), which only the breaker creates.
+///
+/// Users define their own with [`Class::new`]:
+///
+/// ```
+/// use tower_backstop::Class;
+///
+/// const SOFT_BOUNCE: Class = Class::new("soft_bounce");
+/// assert_eq!(SOFT_BOUNCE.name(), "soft_bounce");
+/// assert_ne!(SOFT_BOUNCE, Class::TRANSIENT);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Class {
+    name: &'static str,
+}
+
+impl Class {
+    /// A fault that is likely to pass on its own: connection refused or reset, a per-attempt
+    /// timeout, HTTP 408, 502, 503, 504. Retried with exponential backoff by default.
+    pub const TRANSIENT: Class = Class::new("transient");
+    /// The provider asks us to slow down: HTTP 429. Retried after the server's delay by default.
+    pub const THROTTLED: Class = Class::new("throttled");
+    /// Nothing says whether trying again helps: HTTP 500, an unmapped 5xx, an error type the
+    /// classifier has never seen. Retried by default, within the attempt cap.
+    pub const UNKNOWN: Class = Class::new("unknown");
+    /// The request itself is wrong and will fail again: HTTP 400, 401, 403, 404, 422 and the
+    /// other 4xx. Never retried by default; does not trip the breaker.
+    pub const PERMANENT: Class = Class::new("permanent");
+    /// The request cannot be processed at all (a payload that fails validation, an inner service
+    /// that panics). Never retried.
+    pub const POISON: Class = Class::new("poison");
+    /// The circuit breaker rejected the call without reaching the inner service. The failure's
+    /// [`retry_after`](Failure::retry_after) is the time left until the breaker half-opens.
+    pub const CIRCUIT_OPEN: Class = Class::new("circuit_open");
+
+    /// A class named `name`. Use a short `snake_case` name: it is what dead-letter records, logs
+    /// and summaries show.
+    pub const fn new(name: &'static str) -> Self {
+        Class { name }
+    }
+
+    /// The class's name, as given to [`Class::new`].
+    pub const fn name(self) -> &'static str {
+        self.name
+    }
+}
+
+impl fmt::Debug for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Class({})", self.name)
+    }
+}
+
+impl fmt::Display for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+/// The original code of a failure, kept beside its class so that nothing the provider said is
+/// lost: an HTTP status, a gRPC status code, an [`io::ErrorKind`], or one of our own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Code {
+    /// An HTTP response status.
+    Http(StatusCode),
+    /// A gRPC status code (the numeric value of `grpc-status`).
+    Grpc(i32),
+    /// An SMTP reply code (for example 421, 550).
+    Smtp(u16),
+    /// The [`io::ErrorKind`] found in the error's source chain.
+    Io(io::ErrorKind),
+    /// The per-attempt timeout of [`TimeoutLayer`](crate::timeout::TimeoutLayer) (or tower's own
+    /// `Timeout`) elapsed.
+    Timeout,
+    /// The circuit breaker was open and did not call the inner service.
+    CircuitOpen,
+    /// The inner service's future panicked.
+    Panic,
+    /// An error whose type the classifier does not know; its message is in the failure's source.
+    Error,
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Code::Http(status) => write!(f, "http {}", status.as_u16()),
+            Code::Grpc(code) => write!(f, "grpc {code}"),
+            Code::Smtp(code) => write!(f, "smtp {code}"),
+            Code::Io(kind) => write!(f, "io {kind:?}"),
+            Code::Timeout => f.write_str("timeout"),
+            Code::CircuitOpen => f.write_str("circuit open"),
+            Code::Panic => f.write_str("panic"),
+            Code::Error => f.write_str("error"),
+        }
+    }
+}
+
+/// Why the retry layer stopped trying and handed the failure up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GiveUp {
+    /// The failure's class is not retried by the policy (a permanent 4xx, poison).
+    NotRetryable,
+    /// The attempt cap of the failure's class was reached.
+    AttemptsExhausted,
+    /// The server's delay hint (`Retry-After`, or the breaker's time left open) is longer than the
+    /// policy's maximum in-process delay, so the layer returned instead of sleeping.
+    HintTooLong,
+    /// The request is not idempotent (RFC 9110 §9.2.2) and carries no `Idempotency-Key`, so
+    /// sending it again could repeat its effect.
+    NotIdempotent,
+    /// The request could not be copied for another attempt (for example a streaming body).
+    NotReplayable,
+    /// The inner service failed while the retry layer waited for it to become ready.
+    NotReady,
+}
+
+impl GiveUp {
+    /// A short lower-case description, as used in `Display`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            GiveUp::NotRetryable => "class not retried",
+            GiveUp::AttemptsExhausted => "attempts exhausted",
+            GiveUp::HintTooLong => "server delay above the maximum delay",
+            GiveUp::NotIdempotent => "request not idempotent and has no idempotency key",
+            GiveUp::NotReplayable => "request cannot be replayed",
+            GiveUp::NotReady => "service failed while becoming ready",
+        }
+    }
+}
+
+impl fmt::Display for GiveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What became of a failure at the dead-letter layer.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DeadLetterStatus {
+    /// The record was written; `id` finds it in the store.
+    Stored {
+        /// The record's id (the idempotency key, or a generated message id).
+        id: String,
+    },
+    /// The record could not be written. The failure that caused it is still the one returned.
+    NotStored {
+        /// The id the record would have had.
+        id: String,
+        /// Why the store refused it.
+        error: crate::dead_letter::StoreError,
+    },
+}
+
+/// A classified failure: the error type of every layer above
+/// [`ClassifyLayer`](crate::classify::ClassifyLayer).
+///
+/// It carries the [`Class`], the original [`Code`], any delay hint from the server, and, when the
+/// failure was a response (a 503, a 429), that response, so that the caller can still have it after
+/// the last attempt ([`Failure::into_response`]). The retry layer adds the number of attempts and
+/// why it gave up; the dead-letter layer adds whether the record was stored.
+///
+/// `R` is the response type of the service. A `Failure<R>` converts from a [`BoxError`]
+/// (classified by [`classify_error`](crate::classify::classify_error)), so layers work with plain
+/// `BoxError` services too; it is itself an `Error + Send + Sync` when `R: Send + Sync`, so it
+/// converts into a `BoxError`.
+///
+/// The common case (class, code, hint) is stored inline and costs no allocation; a response, a
+/// source error or the retry and dead-letter notes live in one boxed extension created on the
+/// failure path only.
+pub struct Failure<R = ()> {
+    class: Class,
+    code: Code,
+    retry_after: Option<Duration>,
+    attempts: u32,
+    give_up: Option<GiveUp>,
+    extra: Option<Box<Extra<R>>>,
+}
+
+struct Extra<R> {
+    response: Option<R>,
+    source: Option<BoxError>,
+    first_failed_at: Option<SystemTime>,
+    dead_letter: Option<DeadLetterStatus>,
+}
+
+impl<R> Default for Extra<R> {
+    fn default() -> Self {
+        Extra {
+            response: None,
+            source: None,
+            first_failed_at: None,
+            dead_letter: None,
+        }
+    }
+}
+
+impl<R> Failure<R> {
+    /// A failure of `class` with the original `code`, no hint, no response and no source.
+    pub fn new(class: Class, code: Code) -> Self {
+        Failure {
+            class,
+            code,
+            retry_after: None,
+            attempts: 0,
+            give_up: None,
+            extra: None,
+        }
+    }
+
+    fn extra_mut(&mut self) -> &mut Extra<R> {
+        self.extra.get_or_insert_with(Box::default)
+    }
+
+    /// Sets the server's delay hint: how long to wait before the next attempt
+    /// (`Retry-After`, RFC 9110 §10.2.3, already resolved to a [`Duration`] from now).
+    pub fn with_retry_after(mut self, delay: Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
+    }
+
+    /// Keeps the response that was classified as this failure.
+    pub fn with_response(mut self, response: R) -> Self {
+        self.extra_mut().response = Some(response);
+        self
+    }
+
+    /// Keeps the error that was classified as this failure; it becomes [`Error::source`].
+    ///
+    /// [`Error::source`]: std::error::Error::source
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.extra_mut().source = Some(source.into());
+        self
+    }
+
+    /// The failure's class.
+    pub fn class(&self) -> Class {
+        self.class
+    }
+
+    /// Replaces the failure's class, keeping everything else.
+    pub fn set_class(&mut self, class: Class) {
+        self.class = class;
+    }
+
+    /// The original code: HTTP status, gRPC code, io kind, or one of ours.
+    pub fn code(&self) -> Code {
+        self.code
+    }
+
+    /// The server's delay hint, a [`Duration`] counted from when the failure was classified:
+    /// `Retry-After` for an HTTP failure, the time left until half-open for
+    /// [`Class::CIRCUIT_OPEN`].
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The number of attempts made for this request, the first call included. Zero when no
+    /// [`RetryLayer`](crate::retry::RetryLayer) counted them.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Why the retry layer stopped, when it did.
+    pub fn give_up(&self) -> Option<GiveUp> {
+        self.give_up
+    }
+
+    /// When the first attempt of this request failed, as recorded by the retry layer.
+    pub fn first_failed_at(&self) -> Option<SystemTime> {
+        self.extra.as_ref().and_then(|e| e.first_failed_at)
+    }
+
+    /// The response that was classified as this failure, if it was a response.
+    pub fn response(&self) -> Option<&R> {
+        self.extra.as_ref().and_then(|e| e.response.as_ref())
+    }
+
+    /// Takes the response that was classified as this failure, if it was a response.
+    pub fn into_response(self) -> Option<R> {
+        self.extra.and_then(|e| e.response)
+    }
+
+    /// What the dead-letter layer did with this failure, when one saw it.
+    pub fn dead_letter(&self) -> Option<&DeadLetterStatus> {
+        self.extra.as_ref().and_then(|e| e.dead_letter.as_ref())
+    }
+
+    /// Whether a dead-letter layer tried to store this failure and could not.
+    pub fn dead_letter_failed(&self) -> bool {
+        matches!(self.dead_letter(), Some(DeadLetterStatus::NotStored { .. }))
+    }
+
+    pub(crate) fn note_attempts(
+        &mut self,
+        attempts: u32,
+        first_failed_at: Option<SystemTime>,
+        give_up: GiveUp,
+    ) {
+        self.attempts = attempts;
+        self.give_up = Some(give_up);
+        if first_failed_at.is_some() {
+            self.extra_mut().first_failed_at = first_failed_at;
+        }
+    }
+
+    pub(crate) fn note_dead_letter(&mut self, status: DeadLetterStatus) {
+        self.extra_mut().dead_letter = Some(status);
+    }
+
+    /// The message a dead-letter record keeps: the `Display` of the source error if there is one,
+    /// else the class and code.
+    pub fn message(&self) -> String {
+        match self.extra.as_ref().and_then(|e| e.source.as_ref()) {
+            Some(source) => source.to_string(),
+            None => format!("{} ({})", self.class, self.code),
+        }
+    }
+}
+
+impl<R> From<BoxError> for Failure<R> {
+    /// Classifies a plain error with [`classify_error`](crate::classify::classify_error) and
+    /// keeps it as the source.
+    fn from(error: BoxError) -> Self {
+        let (class, code) = crate::classify::classify_error(&*error);
+        Failure::new(class, code).with_source(error)
+    }
+}
+
+impl<R> fmt::Debug for Failure<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Failure");
+        d.field("class", &self.class)
+            .field("code", &self.code)
+            .field("retry_after", &self.retry_after)
+            .field("attempts", &self.attempts)
+            .field("give_up", &self.give_up);
+        if let Some(extra) = &self.extra {
+            d.field("has_response", &extra.response.is_some())
+                .field("source", &extra.source)
+                .field("dead_letter", &extra.dead_letter);
+        }
+        d.finish()
+    }
+}
+
+impl<R> fmt::Display for Failure<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failure ({})", self.class, self.code)?;
+        if self.attempts > 0 {
+            write!(f, " after {} attempt", self.attempts)?;
+            if self.attempts > 1 {
+                f.write_str("s")?;
+            }
+        }
+        if let Some(reason) = self.give_up {
+            write!(f, ", {reason}")?;
+        }
+        if let Some(delay) = self.retry_after {
+            write!(f, ", server asked to retry after {delay:?}")?;
+        }
+        if let Some(extra) = &self.extra {
+            if let Some(source) = &extra.source {
+                write!(f, ": {source}")?;
+            }
+            match &extra.dead_letter {
+                Some(DeadLetterStatus::Stored { id }) => write!(f, "; dead letter stored as {id}")?,
+                Some(DeadLetterStatus::NotStored { id, error }) => {
+                    write!(f, "; dead letter {id} could not be written: {error}")?
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<R> std::error::Error for Failure<R> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.extra
+            .as_ref()
+            .and_then(|e| e.source.as_ref())
+            .map(|s| &**s as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_part_is_small() {
+        // class (16) + code + hint + counters + one pointer: no response inline.
+        assert!(std::mem::size_of::<Failure<[u8; 256]>>() <= 72);
+    }
+
+    #[test]
+    fn display_is_lower_case_and_complete() {
+        let mut f: Failure = Failure::new(
+            Class::TRANSIENT,
+            Code::Http(StatusCode::SERVICE_UNAVAILABLE),
+        )
+        .with_retry_after(Duration::from_secs(3));
+        f.note_attempts(4, None, GiveUp::AttemptsExhausted);
+        let s = f.to_string();
+        assert_eq!(
+            s,
+            "transient failure (http 503) after 4 attempts, attempts exhausted, server asked to retry after 3s"
+        );
+    }
+
+    #[test]
+    fn from_box_error_keeps_source() {
+        let e: BoxError = Box::new(io::Error::from(io::ErrorKind::ConnectionReset));
+        let f: Failure = Failure::from(e);
+        assert_eq!(f.class(), Class::TRANSIENT);
+        assert_eq!(f.code(), Code::Io(io::ErrorKind::ConnectionReset));
+        assert!(std::error::Error::source(&f).is_some());
+    }
+}

@@ -1,0 +1,75 @@
+//! Tower middleware that keeps a service standing when the systems it calls fail.
+//!
+//! Five layers, each usable alone or stacked with `tower::ServiceBuilder`, outermost first:
+//!
+//! | layer | what it does |
+//! |---|---|
+//! | [`DeadLetterLayer`](dead_letter::DeadLetterLayer) | a request that finally fails becomes a dead-letter record in a store (SQLite by default) |
+//! | [`RetryLayer`](retry::RetryLayer) | retries what is worth retrying: per-class attempts, backoff with jitter and a cap, `Retry-After`, idempotent requests only |
+//! | [`BreakerLayer`](breaker::BreakerLayer) | fails fast while the provider is failing, with the time left until half-open |
+//! | [`ClassifyLayer`](classify::ClassifyLayer) | turns each attempt's outcome into success or a [`Failure`] with a [`Class`] and the original [`Code`] |
+//! | [`TimeoutLayer`](timeout::TimeoutLayer) | bounds each attempt |
+//!
+//! A failure is classified once, by [`ClassifyLayer`](classify::ClassifyLayer); every layer above
+//! reads the class off the [`Failure`] it receives.
+//!
+//! # A client
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_backstop::{
+//!     breaker::BreakerLayer, classify::ClassifyLayer, dead_letter::{DeadLetterLayer, SqliteStore},
+//!     retry::{RetryLayer, RetryPolicy}, timeout::TimeoutLayer,
+//! };
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+//! let dead_letters = SqliteStore::open("dead_letters.db")?;
+//! let svc = ServiceBuilder::new()
+//!     .layer(DeadLetterLayer::new(dead_letters))
+//!     .layer(RetryLayer::new(RetryPolicy::new().max_attempts(5)))
+//!     .layer(BreakerLayer::consecutive_failures(5).open_for(Duration::from_secs(30)))
+//!     .layer(ClassifyLayer::http())
+//!     .layer(TimeoutLayer::new(Duration::from_secs(2)))
+//!     .service(client);
+//! let request = http::Request::post("http://127.0.0.1:8080/v1/messages")
+//!     .header("Idempotency-Key", "msg-1")
+//!     .body(Full::new(Bytes::from_static(b"{\"to\":\"a@example.com\"}")))?;
+//! match svc.oneshot(request).await {
+//!     Ok(response) => println!("delivered: {}", response.status()),
+//!     Err(failure) => println!("gave up: {failure}"),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Features
+//!
+//! | feature | what | default |
+//! |---|---|---|
+//! | `sqlite` | [`SqliteStore`](dead_letter::SqliteStore), the durable dead-letter store (bundled SQLite) | yes |
+//! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain | no |
+
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod breaker;
+pub mod classify;
+pub mod dead_letter;
+mod failure;
+pub mod request;
+pub mod retry;
+pub mod timeout;
+
+pub use self::failure::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp};
+pub use self::request::{Describe, Envelope, Replay};

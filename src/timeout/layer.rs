@@ -1,0 +1,27 @@
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::Timeout;
+
+/// Applies [`Timeout`] to a service: each call is bounded by a [`Duration`].
+#[derive(Clone, Copy, Debug)]
+pub struct TimeoutLayer {
+    timeout: Duration,
+}
+
+impl TimeoutLayer {
+    /// A layer whose services fail each call that takes longer than `timeout` with
+    /// [`Elapsed`](super::Elapsed). A zero timeout fails every call that is not ready at once.
+    pub const fn new(timeout: Duration) -> Self {
+        TimeoutLayer { timeout }
+    }
+}
+
+impl<S> Layer<S> for TimeoutLayer {
+    type Service = Timeout<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Timeout::new(inner, self.timeout)
+    }
+}
