@@ -73,3 +73,8 @@ pub mod timeout;
 
 pub use self::failure::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp};
 pub use self::request::{Describe, Envelope, Replay};
+
+// The README's code blocks compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
