@@ -49,9 +49,12 @@ fn request(url: &str, key: Option<&str>, body: &'static [u8]) -> http::Request<B
     b.body(Full::new(Bytes::from_static(body))).unwrap()
 }
 
+/// What the provider saw of one request: its idempotency key, body and `Content-Length`.
+type Seen = (Option<String>, Bytes, Option<String>);
+
 #[derive(Clone, Default)]
 struct Provider {
-    seen: Arc<Mutex<Vec<(Option<String>, Bytes, Option<String>)>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
     delivered: Arc<Mutex<HashMap<String, u32>>>,
 }
 

@@ -14,8 +14,11 @@ use crate::failure::{Class, Code};
 /// shared by clones, so classifying allocates nothing.
 #[derive(Clone, Debug, Default)]
 pub struct HttpClassifier {
-    overrides: Option<Arc<Vec<(StatusCode, Option<Class>)>>>,
+    overrides: Option<Arc<Vec<Override>>>,
 }
+
+/// A status and its class; `None` is success.
+type Override = (StatusCode, Option<Class>);
 
 impl HttpClassifier {
     /// The default mapping, with no overrides.
@@ -42,10 +45,10 @@ impl HttpClassifier {
 
     /// The class of `status`: `None` for success.
     pub fn class_of(&self, status: StatusCode) -> Option<Class> {
-        if let Some(overrides) = &self.overrides {
-            if let Some((_, class)) = overrides.iter().find(|(s, _)| *s == status) {
-                return *class;
-            }
+        if let Some(overrides) = &self.overrides
+            && let Some((_, class)) = overrides.iter().find(|(s, _)| *s == status)
+        {
+            return *class;
         }
         default_class(status)
     }

@@ -158,10 +158,10 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
         if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
             connect |= e.is_connect();
         }
-        if let Some(io) = e.downcast_ref::<io::Error>() {
-            if found_io.is_none() {
-                found_io = Some(io.kind());
-            }
+        if let Some(io) = e.downcast_ref::<io::Error>()
+            && found_io.is_none()
+        {
+            found_io = Some(io.kind());
         }
         current = e.source();
     }

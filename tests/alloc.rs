@@ -1,0 +1,403 @@
+//! The hot path allocates nothing (DESIGN §9): a counting global allocator proves it per layer
+//! and for the whole stack of five.
+//!
+//! Allocations are counted per thread (a `const` thread-local, so counting never allocates
+//! itself), and each test drives its service on its own `current_thread` runtime, whose
+//! `block_on` runs on the test thread: tests running in parallel do not see each other's
+//! allocations. Each case is warmed up first (thread-locals, tokio's context, `tracing`
+//! callsites), then counted over [`CALLS`] calls made with `poll_ready` + `call`, and compared
+//! with the bare inner service driven the same way.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::fmt::Debug;
+use std::future::{Ready, poll_fn, ready};
+use std::hint::black_box;
+use std::pin::pin;
+use std::time::Duration;
+
+use tower::{Layer, Service, ServiceBuilder, service_fn};
+use tower_backstop::breaker::{BreakerLayer, State};
+use tower_backstop::classify::{ClassifyLayer, HttpClassifier, Verdict};
+use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+use tower_backstop::retry::RetryLayer;
+use tower_backstop::timeout::TimeoutLayer;
+use tower_backstop::{BoxError, Class, Code, Failure};
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count_one() {
+    // `try_with`: the allocator may run while this thread's locals are being torn down.
+    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged; the only
+// addition is a counter increment, which neither allocates nor unwinds.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_one();
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+/// Calls made before counting.
+const WARM_UP: u64 = 100;
+/// Calls counted.
+const CALLS: u64 = 1_000;
+
+/// The request: `&'static str` is `Replay` and `Describe`, and free to copy.
+const REQUEST: &str = "hello";
+
+type Req = &'static str;
+
+/// A `service_fn` that is ready at once and answers `T` at once.
+type Bare<T> = tower::util::ServiceFn<fn(Req) -> Answer<T>>;
+type Answer<T> = Ready<Result<T, BoxError>>;
+
+/// The bare inner service: ready at once, answers at once, allocates nothing.
+fn bare() -> Bare<Req> {
+    service_fn(|req: Req| ready(Ok(req)))
+}
+
+/// A bare inner service answering an `http::Response<()>`.
+fn bare_http() -> Bare<http::Response<()>> {
+    service_fn(|_: Req| ready(Ok(http::Response::new(()))))
+}
+
+/// A closure classifier that calls every response a success.
+fn all_ok<R>(_: &R) -> Option<Verdict> {
+    None
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a current_thread runtime")
+}
+
+/// One call: `poll_ready`, then `call`, the response future pinned in place and awaited.
+async fn call_once<S>(svc: &mut S) -> Result<S::Response, S::Error>
+where
+    S: Service<Req>,
+{
+    poll_fn(|cx| svc.poll_ready(cx)).await?;
+    let future = pin!(svc.call(REQUEST));
+    future.await
+}
+
+/// Warms `svc` up, then returns the allocations of [`CALLS`] successful calls.
+fn count<S>(mut svc: S) -> u64
+where
+    S: Service<Req>,
+    S::Error: Debug,
+{
+    runtime().block_on(async move {
+        for _ in 0..WARM_UP {
+            black_box(call_once(&mut svc).await.expect("warm-up call succeeds"));
+        }
+        let before = allocations();
+        for _ in 0..CALLS {
+            black_box(call_once(&mut svc).await.expect("counted call succeeds"));
+        }
+        allocations() - before
+    })
+}
+
+/// Asserts that `svc` allocates exactly as much as the bare service `base` over [`CALLS`] calls.
+#[track_caller]
+fn assert_adds_nothing<S, B>(case: &str, base: B, svc: S)
+where
+    S: Service<Req>,
+    S::Error: Debug,
+    B: Service<Req>,
+    B::Error: Debug,
+{
+    let bare = count(base);
+    let layered = count(svc);
+    println!(
+        "{case}: bare {bare} allocations, layered {layered} allocations over {CALLS} calls \
+         ({} per call added)",
+        (layered as f64 - bare as f64) / CALLS as f64
+    );
+    assert_eq!(
+        layered, bare,
+        "{case}: the success path allocates {layered} times over {CALLS} calls, the bare \
+         service {bare} times"
+    );
+}
+
+// The harness itself: the counter sees allocations, and sees them inside a driven call.
+
+#[test]
+fn counter_counts_this_threads_allocations() {
+    let before = allocations();
+    let boxed = black_box(Box::new(7u64));
+    let after = allocations();
+    drop(boxed);
+    assert_eq!(after - before, 1);
+}
+
+#[test]
+fn counter_sees_an_allocating_service() {
+    let allocating = service_fn(|req: Req| ready(Ok::<_, BoxError>(String::from(req))));
+    assert_eq!(count(allocating), CALLS);
+}
+
+#[test]
+fn counter_sees_an_allocating_layer() {
+    // tower's `BoxService` boxes each response future: one allocation per call.
+    let boxed = tower::util::BoxService::new(bare());
+    assert_eq!(count(boxed), CALLS);
+}
+
+// The bare services the layers are compared with.
+
+#[test]
+fn bare_services_allocate_nothing() {
+    assert_eq!(count(bare()), 0, "bare service_fn");
+    // `http::Response::new(())` builds an empty `HeaderMap` and no extensions: no allocation,
+    // so the HTTP cases are a strict zero too.
+    assert_eq!(
+        count(bare_http()),
+        0,
+        "bare service_fn answering http::Response<()>"
+    );
+}
+
+// Each layer alone.
+
+#[test]
+fn timeout_alone() {
+    let svc = TimeoutLayer::new(Duration::from_secs(30)).layer(bare());
+    assert_adds_nothing("TimeoutLayer", bare(), svc);
+}
+
+#[test]
+fn classify_closure_alone() {
+    let svc = ClassifyLayer::new(all_ok::<Req>).layer(bare());
+    assert_adds_nothing("ClassifyLayer(fn)", bare(), svc);
+    let svc = ClassifyLayer::new(|_: &Req| -> Option<Verdict> { None }).layer(bare());
+    assert_adds_nothing("ClassifyLayer(closure)", bare(), svc);
+}
+
+#[test]
+fn classify_http_alone() {
+    let svc = ClassifyLayer::http().layer(bare_http());
+    assert_adds_nothing("ClassifyLayer::http()", bare_http(), svc);
+    // Overrides are built once and shared: classifying still allocates nothing.
+    let classifier = HttpClassifier::new()
+        .success(http::StatusCode::CONFLICT)
+        .map_status(
+            http::StatusCode::UNPROCESSABLE_ENTITY,
+            Class::new("invalid_recipient"),
+        );
+    let svc = ClassifyLayer::new(classifier).layer(bare_http());
+    assert_adds_nothing(
+        "ClassifyLayer(HttpClassifier with overrides)",
+        bare_http(),
+        svc,
+    );
+}
+
+#[test]
+fn breaker_alone() {
+    let layer = BreakerLayer::new();
+    let handle = layer.handle();
+    let svc = layer.layer(bare());
+    assert_adds_nothing("BreakerLayer", bare(), svc);
+    assert_eq!(handle.state(), State::Closed);
+}
+
+#[test]
+fn retry_alone() {
+    let svc = RetryLayer::default().layer(bare());
+    assert_adds_nothing("RetryLayer::default()", bare(), svc);
+}
+
+#[test]
+fn dead_letter_alone() {
+    let store = MemoryStore::new();
+    let svc = DeadLetterLayer::new(store).layer(bare());
+    assert_adds_nothing("DeadLetterLayer(MemoryStore)", bare(), svc);
+}
+
+// The whole stack, outermost first: DeadLetter → Retry → Breaker → Classify → Timeout.
+
+#[test]
+fn whole_stack() {
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(MemoryStore::new()))
+        .layer(RetryLayer::default())
+        .layer(BreakerLayer::new())
+        .layer(ClassifyLayer::new(all_ok::<Req>))
+        .layer(TimeoutLayer::new(Duration::from_secs(30)))
+        .service(bare());
+    assert_adds_nothing("whole stack (closure classifier)", bare(), svc);
+}
+
+#[test]
+fn whole_stack_http() {
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(MemoryStore::new()))
+        .layer(RetryLayer::default())
+        .layer(BreakerLayer::new())
+        .layer(ClassifyLayer::http())
+        .layer(TimeoutLayer::new(Duration::from_secs(30)))
+        .service(bare_http());
+    assert_adds_nothing("whole stack (HttpClassifier)", bare_http(), svc);
+}
+
+// The failure side: an open breaker rejects without allocating (the rejection is an inline
+// `Failure` of class CIRCUIT_OPEN with the time left in it, no boxed extension).
+
+#[test]
+fn open_breaker_rejects_without_allocating() {
+    let layer = BreakerLayer::consecutive_failures(1).open_for(Duration::from_secs(3600));
+    let handle = layer.handle();
+    runtime().block_on(async {
+        // Trip it: one failure of a class that counts.
+        let mut failing = layer.layer(service_fn(|_: Req| {
+            ready(Err::<Req, _>(Failure::<Req>::new(
+                Class::TRANSIENT,
+                Code::Error,
+            )))
+        }));
+        let failure = call_once(&mut failing).await.expect_err("the call fails");
+        assert_eq!(failure.class(), Class::TRANSIENT);
+        assert_eq!(handle.state(), State::Open);
+
+        // A service that would succeed, behind the same (open) breaker.
+        let mut svc = layer.layer(bare());
+        let reject = async |svc: &mut _| {
+            let failure: Failure<Req> = call_once(svc).await.expect_err("an open breaker rejects");
+            assert_eq!(failure.class(), Class::CIRCUIT_OPEN);
+            assert_eq!(failure.code(), Code::CircuitOpen);
+            assert!(
+                failure
+                    .retry_after()
+                    .is_some_and(|left| left > Duration::ZERO)
+            );
+            black_box(failure);
+        };
+        for _ in 0..WARM_UP {
+            reject(&mut svc).await;
+        }
+        let rejected_before = handle.stats().rejected;
+        let before = allocations();
+        for _ in 0..CALLS {
+            reject(&mut svc).await;
+        }
+        let allocated = allocations() - before;
+        assert_eq!(handle.stats().rejected - rejected_before, CALLS);
+        println!("BreakerLayer open rejection: {allocated} allocations over {CALLS} calls");
+        assert_eq!(
+            allocated, 0,
+            "an open breaker's rejection allocates {allocated} times over {CALLS} calls"
+        );
+    });
+}
+
+// A real HTTP request is not free to copy: cloning an `http::Request` with headers allocates
+// (the `HeaderMap`). The stack's only extra cost is then the copies `Replay` makes: one kept by
+// the dead-letter layer, one spare held by the retry layer. Nothing else may allocate.
+
+type HttpReq = http::Request<http_body_util::Full<bytes::Bytes>>;
+
+fn http_request() -> HttpReq {
+    http::Request::post("http://mail.test/v1/messages")
+        .header("idempotency-key", "msg-1")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .expect("a valid request")
+}
+
+/// Allocations of [`CALLS`] calls of `svc`, each with a fresh copy of `req` made outside the
+/// count.
+fn count_http<S>(mut svc: S, req: &HttpReq) -> u64
+where
+    S: Service<HttpReq>,
+    S::Error: Debug,
+{
+    runtime().block_on(async move {
+        let mut counted = 0;
+        for i in 0..WARM_UP + CALLS {
+            let copy = req.clone();
+            poll_fn(|cx| svc.poll_ready(cx)).await.expect("ready");
+            let before = allocations();
+            let future = pin!(svc.call(copy));
+            black_box(future.await.expect("call succeeds"));
+            if i >= WARM_UP {
+                counted += allocations() - before;
+            }
+        }
+        counted
+    })
+}
+
+#[test]
+fn whole_stack_with_http_request_adds_only_the_replay_copies() {
+    let req = http_request();
+    // The first copy may convert the URI's `Bytes` to shared storage; count copies after it.
+    black_box(tower_backstop::Replay::replay(&req));
+    let before = allocations();
+    for _ in 0..CALLS {
+        black_box(tower_backstop::Replay::replay(&req));
+    }
+    let copies = allocations() - before;
+    assert!(copies > 0, "a request with headers allocates when copied");
+    assert_eq!(copies % CALLS, 0, "every copy allocates the same");
+    let per_copy = copies / CALLS;
+
+    let bare = || service_fn(|_: HttpReq| ready(Ok::<_, BoxError>(http::Response::new(()))));
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(MemoryStore::new()))
+        .layer(RetryLayer::default())
+        .layer(BreakerLayer::new())
+        .layer(ClassifyLayer::http())
+        .layer(TimeoutLayer::new(Duration::from_secs(30)))
+        .service(bare());
+    let bare = count_http(bare(), &req);
+    let layered = count_http(stack, &req);
+    let added = layered - bare;
+    println!(
+        "whole stack, http::Request with 2 headers: {} allocations per call added \
+         ({per_copy} per request copy)",
+        added as f64 / CALLS as f64
+    );
+    // Two copies per call: the dead-letter layer's kept copy and the retry layer's spare.
+    assert!(
+        added <= 2 * per_copy * CALLS,
+        "the stack allocates {added} times over {CALLS} calls, more than its two request \
+         copies ({per_copy} allocations each)"
+    );
+}
