@@ -209,8 +209,9 @@ impl Shared {
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            // A probe is in flight: nothing to wait for but its outcome.
-            return Err(self.reject(Duration::ZERO));
+            // A probe is in flight. If it fails, the breaker opens for the open duration again;
+            // that is the longest a caller may have to wait, and the honest hint to give.
+            return Err(self.reject(self.open_for));
         }
         let word = self.word.load(Ordering::Acquire);
         if state_of(word) != HALF_OPEN {

@@ -209,6 +209,15 @@ impl RetryPolicy {
         }
         match failure.retry_after() {
             Some(hint) if hint > self.inner.max_delay => Decision::Stop(GiveUp::HintTooLong),
+            Some(hint) if failure.class() == Class::CIRCUIT_OPEN => {
+                // Our own breaker's time left: every caller it rejected got the same value, so
+                // spread their wake-ups by up to +25 % (never less than the time left).
+                let spread = hint.mul_f64(0.25 * rand::random::<f64>());
+                let delay = hint
+                    .saturating_add(spread)
+                    .min(self.inner.max_delay.max(hint));
+                Decision::Retry(delay, DelaySource::ServerHint)
+            }
             Some(hint) if hint > Duration::ZERO => Decision::Retry(hint, DelaySource::ServerHint),
             _ => Decision::Retry(self.inner.backoff.delay(attempts), DelaySource::Backoff),
         }
