@@ -9,7 +9,9 @@ use support::{Scripted, Step, get, post, post_with_key, status, status_with};
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::retry::{Backoff, DelaySource, Jitter, RetryEvent, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{
+    Backoff, DelaySource, Jitter, LongDelay, RetryEvent, RetryLayer, RetryPolicy,
+};
 use tower_backstop::{Class, Code, Failure, GiveUp};
 
 type Svc = tower::util::BoxCloneService<
@@ -58,13 +60,32 @@ async fn long_retry_after_is_not_slept() {
         start.elapsed()
     );
     assert_eq!(upstream.calls(), 1);
-    assert_eq!(failure.give_up(), Some(GiveUp::HintTooLong));
+    // Deferred by default: the failure says when to send it again.
+    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    let retry_at = failure
+        .retry_at()
+        .expect("a deferred failure has a retry-at time");
+    assert!(retry_at >= SystemTime::now() + Duration::from_secs(3600) - Duration::from_secs(1));
     assert_eq!(failure.retry_after(), Some(Duration::from_secs(3600)));
     assert_eq!(
         failure.code(),
         Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)
     );
     assert_eq!(failure.into_response().unwrap().status(), 503);
+
+    // Configured to give up instead: no retry-at time.
+    let upstream = Scripted::always(status_with(503, "retry-after", "3600"));
+    let svc = stack(
+        RetryPolicy::new()
+            .max_attempts(5)
+            .max_delay(Duration::from_secs(30))
+            .on_long_delay(LongDelay::GiveUp),
+        &upstream,
+    );
+    let failure = svc.oneshot(get("/mail")).await.unwrap_err();
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(failure.give_up(), Some(GiveUp::HintTooLong));
+    assert_eq!(failure.retry_at(), None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -75,7 +96,8 @@ async fn absurd_retry_after_values_never_panic() {
         .oneshot(get("/"))
         .await
         .unwrap_err();
-    assert_eq!(failure.give_up(), Some(GiveUp::HintTooLong));
+    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    assert!(failure.retry_at().unwrap() > SystemTime::now() + Duration::from_secs(9_999_999_000));
     assert_eq!(upstream.calls(), 1);
 
     for bad in ["-1", "nan", "1e999", "soon", "99999999999999999999999999x"] {
