@@ -24,6 +24,14 @@
 //! that is neither (`-1`, `nan`, `1e999`, `soon`) is ignored with a `tracing` warning, and the
 //! retry layer falls back to its computed backoff; a date in the past is no hint either.
 //!
+//! # Panics of the inner service
+//!
+//! A future of the inner service that panics is caught (`catch_unwind`) and becomes a
+//! [`Class::POISON`] failure with [`Code::Panic`] and a [`Panicked`] source holding the message:
+//! it is never retried, the dead-letter layer records it, and the service keeps serving other
+//! requests. (A panic inside the inner service's `call` itself, before it returns a future, is
+//! not caught: it happens in the caller's stack.) This needs `panic = "unwind"`, Rust's default.
+//!
 //! # Errors
 //!
 //! [`classify_error`] walks the error's source chain: our [`Elapsed`](crate::timeout::Elapsed)
@@ -75,7 +83,7 @@ mod future;
 mod http;
 mod layer;
 
-pub use self::future::ResponseFuture;
+pub use self::future::{Panicked, ResponseFuture};
 pub use self::http::{HttpClassifier, InvalidRetryAfter, parse_retry_after};
 pub use self::layer::ClassifyLayer;
 
