@@ -54,7 +54,7 @@ impl HttpClassifier {
     }
 }
 
-fn default_class(status: StatusCode) -> Option<Class> {
+pub(crate) fn default_class(status: StatusCode) -> Option<Class> {
     match status.as_u16() {
         100..=399 => None,
         408 | 502 | 503 | 504 => Some(Class::TRANSIENT),
@@ -76,9 +76,45 @@ impl<B> Classifier<http::Response<B>> for HttpClassifier {
     }
 }
 
-/// Reads `Retry-After` from `headers` as a positive delay from now. A malformed value is logged
-/// and ignored; a date in the past, or zero, gives no hint.
-fn retry_after_hint(headers: &HeaderMap) -> Option<Duration> {
+/// The server's delay hint in `headers`, as a positive delay from now: `Retry-After` (RFC 9110
+/// §10.2.3) when present and valid, else `RateLimit-Reset` (draft-ietf-httpapi-ratelimit-headers:
+/// delta-seconds), else `X-RateLimit-Reset` (delta-seconds, or, for a value of at least
+/// 1,000,000,000, a Unix time in seconds as GitHub and others send it). A malformed value is
+/// logged and ignored; a time in the past, or zero, gives no hint.
+pub(crate) fn retry_after_hint(headers: &HeaderMap) -> Option<Duration> {
+    retry_after_header(headers).or_else(|| rate_limit_reset_hint(headers, SystemTime::now()))
+}
+
+/// Reads `RateLimit-Reset`, then `X-RateLimit-Reset`, as a positive delay from `now`.
+pub(crate) fn rate_limit_reset_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    for name in ["ratelimit-reset", "x-ratelimit-reset"] {
+        let Some(value) = headers.get(name) else {
+            continue;
+        };
+        let parsed = value
+            .to_str()
+            .ok()
+            .map(|v| v.trim_matches([' ', '\t']))
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+            .map(|v| v.parse::<u64>().unwrap_or(u64::MAX));
+        let Some(secs) = parsed else {
+            tracing::warn!(header = name, value = ?value, "ignoring malformed rate-limit reset");
+            continue;
+        };
+        let delay = if name == "x-ratelimit-reset" && secs >= 1_000_000_000 {
+            // A Unix time: the wait until then, rounded up to whole seconds by construction.
+            (std::time::UNIX_EPOCH + Duration::from_secs(secs))
+                .duration_since(now)
+                .unwrap_or(Duration::ZERO)
+        } else {
+            Duration::from_secs(secs)
+        };
+        return (delay > Duration::ZERO).then_some(delay);
+    }
+    None
+}
+
+fn retry_after_header(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?;
     let Ok(text) = value.to_str() else {
         tracing::warn!(value = ?value, "ignoring Retry-After that is not visible ASCII");
@@ -213,6 +249,51 @@ mod tests {
             parse_retry_after("Fri, 31 Dec 1999 23:59:59 GMT", now),
             Ok(Duration::ZERO)
         );
+    }
+
+    #[test]
+    fn rate_limit_reset_headers_are_hints() {
+        let c = HttpClassifier::new();
+        let r = |name: &str, value: &str| {
+            http::Response::builder()
+                .status(429)
+                .header(name, value)
+                .body(())
+                .unwrap()
+        };
+        let hint = |resp| c.classify_response(&resp).unwrap().retry_after;
+        assert_eq!(
+            hint(r("ratelimit-reset", "30")),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            hint(r("x-ratelimit-reset", "12")),
+            Some(Duration::from_secs(12))
+        );
+        let now = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let d = hint(r("x-ratelimit-reset", &(now + 100).to_string())).unwrap();
+        assert!(
+            d > Duration::from_secs(98) && d <= Duration::from_secs(100),
+            "{d:?}"
+        );
+        assert_eq!(
+            hint(r("x-ratelimit-reset", "1000000000")),
+            None,
+            "in the past"
+        );
+        assert_eq!(hint(r("ratelimit-reset", "-5")), None);
+        assert_eq!(hint(r("ratelimit-reset", "soon")), None);
+        // Retry-After wins.
+        let both = http::Response::builder()
+            .status(503)
+            .header("retry-after", "7")
+            .header("ratelimit-reset", "60")
+            .body(())
+            .unwrap();
+        assert_eq!(hint(both), Some(Duration::from_secs(7)));
     }
 
     #[test]

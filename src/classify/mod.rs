@@ -79,13 +79,19 @@ use tower_service::Service;
 
 use crate::failure::{BoxError, Class, Code, Failure};
 
+mod buffer;
 mod future;
+mod grpc;
 mod http;
 mod layer;
+mod smtp;
 
+pub use self::buffer::{BufferResponse, BufferResponseFuture, BufferResponseLayer};
 pub use self::future::{Panicked, ResponseFuture};
+pub use self::grpc::{GrpcClassifier, Trailers, codes};
 pub use self::http::{HttpClassifier, InvalidRetryAfter, parse_retry_after};
 pub use self::layer::ClassifyLayer;
+pub use self::smtp::{SmtpClassifier, SmtpReply};
 
 /// The result of classifying one failed attempt: its class, its original code, and the server's
 /// delay hint, if it gave one.
@@ -97,6 +103,9 @@ pub struct Verdict {
     pub code: Code,
     /// How long the server asked us to wait, counted from now.
     pub retry_after: Option<Duration>,
+    /// The server asked not to retry at all (a negative or unparseable
+    /// `grpc-retry-pushback-ms`, gRFC A6).
+    pub no_retry: bool,
 }
 
 impl Verdict {
@@ -106,7 +115,14 @@ impl Verdict {
             class,
             code,
             retry_after: None,
+            no_retry: false,
         }
+    }
+
+    /// Marks the verdict as one the server asked not to retry.
+    pub const fn with_no_retry(mut self) -> Self {
+        self.no_retry = true;
+        self
     }
 
     /// Sets the server's delay hint.
@@ -118,9 +134,14 @@ impl Verdict {
     /// The [`Failure`] this verdict describes.
     pub fn into_failure<R>(self) -> Failure<R> {
         let failure = Failure::new(self.class, self.code);
-        match self.retry_after {
+        let failure = match self.retry_after {
             Some(delay) => failure.with_retry_after(delay),
             None => failure,
+        };
+        if self.no_retry {
+            failure.with_no_retry()
+        } else {
+            failure
         }
     }
 }

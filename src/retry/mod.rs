@@ -87,6 +87,7 @@ use crate::request::Replay;
 
 mod backoff;
 mod budget;
+mod buffer;
 mod future;
 mod idempotency;
 mod layer;
@@ -94,6 +95,7 @@ mod policy;
 
 pub use self::backoff::{Backoff, EmptySchedule, Jitter};
 pub use self::budget::{Budget, InvalidBudget};
+pub use self::buffer::{BodyReadError, ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 pub use self::future::{DeadlineElapsed, ResponseFuture};
 pub use self::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 pub use self::layer::RetryLayer;
