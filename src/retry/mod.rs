@@ -144,7 +144,7 @@ where
         let deadline = policy
             .deadline_after()
             .and_then(|d| tokio::time::Instant::now().checked_add(d));
-        let safe = req.retry_safe();
+        let safe = policy.assumes_idempotent() || req.retry_safe();
         let copy = if policy.wants_copy(safe) {
             req.replay()
         } else {

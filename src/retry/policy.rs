@@ -121,6 +121,7 @@ struct Inner {
     budget: Option<Budget>,
     deadline: Option<Duration>,
     retry_unprocessed: bool,
+    assume_idempotent: bool,
     rng: Option<Arc<Mutex<SmallRng>>>,
     on_retry: Option<OnRetry>,
 }
@@ -141,6 +142,7 @@ struct Inner {
 /// | [`budget`](Self::budget) | none |
 /// | [`deadline`](Self::deadline) | none |
 /// | [`retry_unprocessed`](Self::retry_unprocessed) | on |
+/// | [`assume_idempotent`](Self::assume_idempotent) | off |
 /// | retried classes | [`Class::TRANSIENT`], [`Class::THROTTLED`], [`Class::UNKNOWN`], [`Class::CIRCUIT_OPEN`], each within `max_attempts` with the policy's backoff |
 /// | never retried | [`Class::PERMANENT`], [`Class::POISON`], [`Class::OUTCOME_UNKNOWN`], and any class the policy does not name |
 ///
@@ -198,6 +200,7 @@ impl Default for RetryPolicy {
                 budget: None,
                 deadline: None,
                 retry_unprocessed: true,
+                assume_idempotent: false,
                 rng: None,
                 on_retry: None,
             }),
@@ -316,6 +319,13 @@ impl RetryPolicy {
         self.edit(|p| p.retry_unprocessed = enabled)
     }
 
+    /// Treats every request as safe to send twice, whatever its method and headers. For gRPC
+    /// (every call is an HTTP POST; whether a method may be retried is the service config's
+    /// business, gRFC A6) and for providers that deduplicate on their own. Default off.
+    pub fn assume_idempotent(self, enabled: bool) -> Self {
+        self.edit(|p| p.assume_idempotent = enabled)
+    }
+
     /// Draws jitter from a random source seeded with `seed` and shared by clones, instead of the
     /// thread's: the delays become reproducible, for tests.
     pub fn rng_seed(self, seed: u64) -> Self {
@@ -364,6 +374,10 @@ impl RetryPolicy {
 
     pub(crate) fn deadline_after(&self) -> Option<Duration> {
         self.inner.deadline
+    }
+
+    pub(crate) fn assumes_idempotent(&self) -> bool {
+        self.inner.assume_idempotent
     }
 
     /// Whether the retry layer must keep a copy of a request of this safety.
@@ -486,6 +500,7 @@ impl fmt::Debug for RetryPolicy {
             .field("budget", &self.inner.budget)
             .field("deadline", &self.inner.deadline)
             .field("retry_unprocessed", &self.inner.retry_unprocessed)
+            .field("assume_idempotent", &self.inner.assume_idempotent)
             .field("seeded", &self.inner.rng.is_some())
             .field("on_retry", &self.inner.on_retry.is_some())
             .finish()
