@@ -841,3 +841,52 @@ async fn a_request_that_cannot_be_replayed_is_never_retried_and_the_failure_says
         "{failure}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn rate_limit_reset_and_grpc_pushback_are_server_hints() {
+    // RateLimit-Reset: 7 s, slept as given (no jitter on a server hint).
+    let upstream = Scripted::new([status_with(429, "ratelimit-reset", "7")], status(200));
+    let (events, on_retry) = recorder();
+    stack(RetryPolicy::new().on_retry(on_retry), &upstream)
+        .oneshot(get("/"))
+        .await
+        .unwrap();
+    let seen = upstream.seen();
+    assert_eq!(seen[1].at - seen[0].at, Duration::from_secs(7));
+    assert_eq!(events.lock().unwrap()[0].source, DelaySource::ServerHint);
+
+    // grpc-retry-pushback-ms (gRFC A6): a value is the delay; a negative one means stop.
+    use tower_backstop::classify::GrpcClassifier;
+    let grpc = |pushback: &str| {
+        Step::Status(
+            200,
+            vec![
+                ("grpc-status", "8".to_owned()),
+                ("grpc-retry-pushback-ms", pushback.to_owned()),
+            ],
+        )
+    };
+    let grpc_stack = |upstream: &Scripted| {
+        ServiceBuilder::new()
+            .layer(RetryLayer::new(RetryPolicy::new().assume_idempotent(true)))
+            .layer(ClassifyLayer::new(GrpcClassifier::new()))
+            .service(upstream.clone())
+    };
+    let upstream = Scripted::new([grpc("250")], status(200));
+    grpc_stack(&upstream)
+        .oneshot(post("/svc/Method", ""))
+        .await
+        .unwrap();
+    let seen = upstream.seen();
+    assert_eq!(seen[1].at - seen[0].at, Duration::from_millis(250));
+
+    let upstream = Scripted::always(grpc("-1"));
+    let failure = grpc_stack(&upstream)
+        .oneshot(post("/svc/Method", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(failure.class(), Class::THROTTLED);
+    assert_eq!(failure.code(), Code::Grpc(8));
+    assert_eq!(failure.give_up(), Some(GiveUp::ServerSaidNo));
+}

@@ -43,6 +43,22 @@ impl HttpClassifier {
         self.set(status, None)
     }
 
+    /// A classifier that also reads the response body, for providers that put their own error
+    /// code in it (a JSON `{"ErrorCode": 406}`, or a 200 with `{"ok": false}`).
+    ///
+    /// `f` sees the status and the whole body of every response, success or not, and returns
+    /// a verdict to override the status mapping, or `None` to keep it. It needs the body in
+    /// memory: put [`BufferResponseLayer`](super::BufferResponseLayer) below the
+    /// [`ClassifyLayer`](super::ClassifyLayer) (the classifier then works on
+    /// `http::Response<BufferedBody<B>>`). A body above the buffer's limit is classified by its
+    /// status alone. The server's `Retry-After` is kept when `f` gives no hint of its own.
+    pub fn with_body<F>(self, f: F) -> BodyClassifier<F>
+    where
+        F: Fn(StatusCode, &[u8]) -> Option<Verdict>,
+    {
+        BodyClassifier { http: self, f }
+    }
+
     /// The class of `status`: `None` for success.
     pub fn class_of(&self, status: StatusCode) -> Option<Class> {
         if let Some(overrides) = &self.overrides
@@ -83,6 +99,47 @@ impl<B> Classifier<http::Response<B>> for HttpClassifier {
 /// logged and ignored; a time in the past, or zero, gives no hint.
 pub(crate) fn retry_after_hint(headers: &HeaderMap) -> Option<Duration> {
     retry_after_header(headers).or_else(|| rate_limit_reset_hint(headers, SystemTime::now()))
+}
+
+/// An [`HttpClassifier`] that also reads the buffered body; see [`HttpClassifier::with_body`].
+#[derive(Clone)]
+pub struct BodyClassifier<F> {
+    http: HttpClassifier,
+    f: F,
+}
+
+impl<F> fmt::Debug for BodyClassifier<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BodyClassifier")
+            .field("http", &self.http)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B, F> Classifier<http::Response<crate::request::BufferedBody<B>>> for BodyClassifier<F>
+where
+    F: Fn(StatusCode, &[u8]) -> Option<Verdict>,
+{
+    fn classify_response(
+        &self,
+        response: &http::Response<crate::request::BufferedBody<B>>,
+    ) -> Option<Verdict> {
+        let by_status = self.http.classify_response(response);
+        let Some(body) = response.body().bytes() else {
+            return by_status;
+        };
+        match (self.f)(response.status(), body) {
+            Some(verdict) if verdict.retry_after.is_none() => {
+                let hint = by_status.and_then(|v| v.retry_after);
+                Some(match hint {
+                    Some(delay) => verdict.with_retry_after(delay),
+                    None => verdict,
+                })
+            }
+            Some(verdict) => Some(verdict),
+            None => by_status,
+        }
+    }
 }
 
 /// Reads `RateLimit-Reset`, then `X-RateLimit-Reset`, as a positive delay from `now`.

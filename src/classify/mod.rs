@@ -89,7 +89,7 @@ mod smtp;
 pub use self::buffer::{BufferResponse, BufferResponseFuture, BufferResponseLayer};
 pub use self::future::{Panicked, ResponseFuture};
 pub use self::grpc::{GrpcClassifier, Trailers, codes};
-pub use self::http::{HttpClassifier, InvalidRetryAfter, parse_retry_after};
+pub use self::http::{BodyClassifier, HttpClassifier, InvalidRetryAfter, parse_retry_after};
 pub use self::layer::ClassifyLayer;
 pub use self::smtp::{SmtpClassifier, SmtpReply};
 
