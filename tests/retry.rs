@@ -890,3 +890,49 @@ async fn rate_limit_reset_and_grpc_pushback_are_server_hints() {
     assert_eq!(failure.code(), Code::Grpc(8));
     assert_eq!(failure.give_up(), Some(GiveUp::ServerSaidNo));
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_stamped_key_is_the_dead_letter_id_and_outcome_unknown_is_recorded() {
+    use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, Store};
+    use tower_backstop::retry::IdempotencyKeyLayer;
+    use tower_backstop::timeout::TimeoutLayer;
+
+    // With the key layer outermost: every attempt carries the stamped key, and the dead-letter
+    // record is filed under it.
+    let store = MemoryStore::new();
+    let upstream = Scripted::always(status(503));
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyKeyLayer::new())
+        .layer(DeadLetterLayer::new(store.clone()))
+        .layer(RetryLayer::new(RetryPolicy::new().backoff(no_jitter(10))))
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    let failure = svc.oneshot(post("/charge", "{}")).await.unwrap_err();
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 3);
+    let key = seen[0].key.clone().expect("stamped");
+    assert!(seen.iter().all(|s| s.key.as_deref() == Some(key.as_str())));
+    let Some(tower_backstop::DeadLetterStatus::Stored { id }) = failure.dead_letter() else {
+        panic!("not stored: {failure}");
+    };
+    assert_eq!(id, &key);
+    assert_eq!(store.get(&key).await.unwrap().unwrap().attempts, 3);
+
+    // Without it, a keyless POST that times out is recorded as outcome unknown, sent once.
+    let store = MemoryStore::new();
+    let upstream = Scripted::always(Step::After(Duration::from_secs(10), Box::new(status(200))));
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(store.clone()))
+        .layer(RetryLayer::new(RetryPolicy::new()))
+        .layer(ClassifyLayer::http())
+        .layer(TimeoutLayer::new(Duration::from_secs(1)))
+        .service(upstream.clone());
+    let failure = svc.oneshot(post("/charge", "{}")).await.unwrap_err();
+    assert_eq!(upstream.calls(), 1);
+    let Some(tower_backstop::DeadLetterStatus::Stored { id }) = failure.dead_letter() else {
+        panic!("not stored: {failure}");
+    };
+    let record = store.get(id).await.unwrap().unwrap();
+    assert_eq!(record.class, "outcome_unknown");
+    assert_eq!(record.code, "timeout");
+}
