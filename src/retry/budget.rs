@@ -26,6 +26,10 @@ const TOKEN: i64 = 1000;
 ///   still retry (tower's `TpsBudget`, Finagle's `RetryBudget`). A ratio of 0.6 allows at most 6
 ///   retries per 10 first attempts.
 ///
+/// Only requests the layer could retry (a copy was taken) feed the token bucket: a request that
+/// cannot be retried at all (`max_attempts(1)`, not replayable) is passed through without
+/// touching it. Every request is a first attempt for the ratio budget.
+///
 /// A retry is withdrawn from the budget when it is **scheduled**, before its delay is slept, so
 /// retries waiting in backoff count. When the budget is empty the failure is returned at once,
 /// marked [`GiveUp::BudgetExhausted`](crate::GiveUp::BudgetExhausted).

@@ -31,7 +31,6 @@ pin_project! {
         safe: bool,
         // Why the request was not retryable, when `retry` is `None`.
         single: GiveUp,
-        deadline: Option<Instant>,
     }
 }
 
@@ -54,14 +53,20 @@ pin_project! {
 }
 
 /// What a request that may be retried keeps between attempts: built on the call, used on the
-/// failure path only.
+/// failure path only. Kept small: what only failures need is boxed on the first failure.
 struct Retrying<S, Req, R> {
     service: S,
     policy: RetryPolicy,
     spare: Option<Req>,
     spare_state: Spare,
     attempts: u32,
-    /// Attempts failed per class. Empty (no allocation) until the first failure.
+    deadline: Option<Instant>,
+    history: Option<Box<History<R>>>,
+}
+
+/// The failure path's record, allocated on the first failure.
+struct History<R> {
+    /// Attempts failed per class.
     failed: Vec<(Class, u32)>,
     first_failed_at: Option<SystemTime>,
     /// The last real failure, kept while the next attempt runs so the deadline can return it.
@@ -70,6 +75,27 @@ struct Retrying<S, Req, R> {
 }
 
 impl<S, Req, R> Retrying<S, Req, R> {
+    fn history(&mut self) -> &mut History<R> {
+        self.history.get_or_insert_with(|| {
+            Box::new(History {
+                failed: Vec::new(),
+                first_failed_at: None,
+                last: None,
+                previous_delay: None,
+            })
+        })
+    }
+
+    fn first_failed_at(&self) -> Option<SystemTime> {
+        self.history.as_ref().and_then(|h| h.first_failed_at)
+    }
+
+    fn take_last(&mut self) -> Option<Failure<R>> {
+        self.history.as_mut().and_then(|h| h.last.take())
+    }
+}
+
+impl<R> History<R> {
     fn count(&mut self, class: Class) -> u32 {
         match self.failed.iter_mut().find(|(c, _)| *c == class) {
             Some((_, n)) => {
@@ -102,7 +128,6 @@ where
             retry: None,
             safe,
             single: reason,
-            deadline,
         }
     }
 
@@ -125,14 +150,11 @@ where
                 spare: Some(spare),
                 spare_state: if safe { Spare::Ready } else { Spare::NotSafe },
                 attempts: 1,
-                failed: Vec::new(),
-                first_failed_at: None,
-                last: None,
-                previous_delay: None,
+                deadline,
+                history: None,
             }),
             safe,
             single: GiveUp::AttemptsExhausted,
-            deadline,
         }
     }
 }
@@ -193,7 +215,7 @@ where
                                 ready!(deadline.poll(cx));
                                 // The deadline ended this attempt: return the last real failure.
                                 let (attempts, first, last) = match this.retry.as_mut() {
-                                    Some(r) => (r.attempts, r.first_failed_at, r.last.take()),
+                                    Some(r) => (r.attempts, r.first_failed_at(), r.take_last()),
                                     None => (1, None, None),
                                 };
                                 let failure = deadline_failure(last);
@@ -237,8 +259,10 @@ where
                             reason,
                         )));
                     };
-                    let class_failures = r.count(failure.class());
-                    let first = *r.first_failed_at.get_or_insert_with(SystemTime::now);
+                    let history = r.history();
+                    let class_failures = history.count(failure.class());
+                    let first = *history.first_failed_at.get_or_insert_with(SystemTime::now);
+                    let previous_delay = history.previous_delay;
                     if unknown {
                         return Poll::Ready(Err(give_up(
                             failure,
@@ -251,7 +275,7 @@ where
                         attempts: r.attempts,
                         class_failures,
                         spare: r.spare_state,
-                        previous_delay: r.previous_delay,
+                        previous_delay,
                     };
                     let (delay, source) = match r.policy.decide(&failure, &attempted) {
                         Decision::Stop(reason) => {
@@ -277,7 +301,7 @@ where
                         }
                         Decision::Retry(delay, source) => (delay, source),
                     };
-                    if let Some(deadline) = *this.deadline
+                    if let Some(deadline) = r.deadline
                         && Instant::now()
                             .checked_add(delay)
                             .is_none_or(|wake| wake >= deadline)
@@ -315,8 +339,9 @@ where
                         "retrying"
                     );
                     r.policy.notify(&event);
-                    r.last = Some(failure);
-                    r.previous_delay = Some(delay);
+                    let history = r.history();
+                    history.last = Some(failure);
+                    history.previous_delay = Some(delay);
                     this.state.set(State::Sleeping {
                         sleep: tokio::time::sleep(delay),
                     });
@@ -335,18 +360,18 @@ where
                         return Poll::Ready(Err(give_up(
                             failure,
                             r.attempts,
-                            r.first_failed_at,
+                            r.first_failed_at(),
                             GiveUp::NotReady,
                         )));
                     }
                     let request = match r.spare.take() {
                         Some(request) => request,
                         None => {
-                            let failure = deadline_failure(r.last.take());
+                            let failure = deadline_failure(r.take_last());
                             return Poll::Ready(Err(give_up(
                                 failure,
                                 r.attempts,
-                                r.first_failed_at,
+                                r.first_failed_at(),
                                 GiveUp::NotReplayable,
                             )));
                         }
@@ -361,7 +386,7 @@ where
                     let future = r.service.call(request);
                     this.state.set(State::Called {
                         future,
-                        deadline: this.deadline.map(tokio::time::sleep_until),
+                        deadline: r.deadline.map(tokio::time::sleep_until),
                     });
                 }
             }
