@@ -936,3 +936,37 @@ async fn the_stamped_key_is_the_dead_letter_id_and_outcome_unknown_is_recorded()
     assert_eq!(record.class, "outcome_unknown");
     assert_eq!(record.code, "timeout");
 }
+
+#[tokio::test(start_paused = true)]
+async fn throttled_waits_the_servers_delay_first_then_slower() {
+    // 429 with Retry-After: 2, then 429 with no hint: the second wait is not the 200 ms the
+    // backoff would give, but twice the server's last delay.
+    let upstream = Scripted::new(
+        [status_with(429, "retry-after", "2"), status(429)],
+        status(200),
+    );
+    let (events, on_retry) = recorder();
+    let policy = RetryPolicy::new()
+        .max_attempts(4)
+        .retry_at_most(Class::THROTTLED, 4)
+        .on_retry(on_retry);
+    stack(policy, &upstream).oneshot(get("/")).await.unwrap();
+    let events = events.lock().unwrap();
+    let delays: Vec<_> = events.iter().map(|e| (e.delay, e.source)).collect();
+    assert_eq!(
+        delays,
+        [
+            (Duration::from_secs(2), DelaySource::ServerHint),
+            (Duration::from_secs(4), DelaySource::Backoff)
+        ]
+    );
+    // Transient failures keep the plain backoff.
+    let upstream = Scripted::new([status(503), status(503)], status(200));
+    let (events, on_retry) = recorder();
+    let policy = RetryPolicy::new()
+        .backoff(no_jitter(100))
+        .on_retry(on_retry);
+    stack(policy, &upstream).oneshot(get("/")).await.unwrap();
+    let delays: Vec<_> = events.lock().unwrap().iter().map(|e| e.delay).collect();
+    assert_eq!(delays, [100, 200].map(Duration::from_millis).to_vec());
+}

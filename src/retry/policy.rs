@@ -71,6 +71,7 @@ pub struct ClassPolicy {
     retried: bool,
     max_attempts: Option<u32>,
     backoff: Option<Backoff>,
+    slow_down: bool,
 }
 
 impl ClassPolicy {
@@ -81,6 +82,7 @@ impl ClassPolicy {
             retried: true,
             max_attempts: None,
             backoff: None,
+            slow_down: false,
         }
     }
 
@@ -91,6 +93,7 @@ impl ClassPolicy {
             retried: false,
             max_attempts: None,
             backoff: None,
+            slow_down: false,
         }
     }
 
@@ -105,6 +108,15 @@ impl ClassPolicy {
     /// The delay rule for this class, instead of the policy's.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = Some(backoff);
+        self
+    }
+
+    /// When the server gives no hint, wait at least the previous delay, and up to twice it
+    /// (within the larger of the backoff's cap and the previous delay): a provider that asked us
+    /// to slow down once is not hit sooner the next time. On by default for
+    /// [`Class::THROTTLED`] ("the server's delay first, then slower").
+    pub fn slow_down(mut self, enabled: bool) -> Self {
+        self.slow_down = enabled;
         self
     }
 }
@@ -143,7 +155,7 @@ struct Inner {
 /// | [`deadline`](Self::deadline) | none |
 /// | [`retry_unprocessed`](Self::retry_unprocessed) | on |
 /// | [`assume_idempotent`](Self::assume_idempotent) | off |
-/// | retried classes | [`Class::TRANSIENT`], [`Class::THROTTLED`], [`Class::UNKNOWN`], [`Class::CIRCUIT_OPEN`], each within `max_attempts` with the policy's backoff |
+/// | retried classes | [`Class::TRANSIENT`], [`Class::THROTTLED`], [`Class::UNKNOWN`], [`Class::CIRCUIT_OPEN`], each within `max_attempts` with the policy's backoff; throttled waits the server's delay first, then slower ([`ClassPolicy::slow_down`]) |
 /// | never retried | [`Class::PERMANENT`], [`Class::POISON`], [`Class::OUTCOME_UNKNOWN`], and any class the policy does not name |
 ///
 /// # Counting attempts
@@ -190,7 +202,7 @@ impl Default for RetryPolicy {
                 long_delay: LongDelay::Defer,
                 rules: vec![
                     (Class::TRANSIENT, ClassPolicy::retry()),
-                    (Class::THROTTLED, ClassPolicy::retry()),
+                    (Class::THROTTLED, ClassPolicy::retry().slow_down(true)),
                     (Class::UNKNOWN, ClassPolicy::retry()),
                     (Class::CIRCUIT_OPEN, ClassPolicy::retry()),
                     (Class::PERMANENT, ClassPolicy::never()),
@@ -281,15 +293,21 @@ impl RetryPolicy {
         })
     }
 
-    /// Retries failures of `class`, within [`max_attempts`](Self::max_attempts).
+    /// Retries failures of `class`, within [`max_attempts`](Self::max_attempts); a class already
+    /// retried keeps its settings.
     pub fn retry(self, class: Class) -> Self {
+        if self.rule(class).is_some() {
+            return self;
+        }
         self.class(class, ClassPolicy::retry())
     }
 
     /// Retries failures of `class` until `attempts` attempts have failed with that class (see
     /// [`ClassPolicy::max_attempts`]), never beyond [`max_attempts`](Self::max_attempts) calls.
+    /// The class keeps its other settings (delay rule, slow-down).
     pub fn retry_at_most(self, class: Class, attempts: u32) -> Self {
-        self.class(class, ClassPolicy::retry().max_attempts(attempts))
+        let rule = self.rule(class).cloned().unwrap_or(ClassPolicy::retry());
+        self.class(class, rule.max_attempts(attempts))
     }
 
     /// Never retries failures of `class`.
@@ -423,8 +441,14 @@ impl RetryPolicy {
             Some(hint) if hint > Duration::ZERO => (hint, DelaySource::ServerHint),
             _ => {
                 let backoff = rule.backoff.as_ref().unwrap_or(&self.inner.backoff);
-                let delay = self
+                let mut delay = self
                     .with_rng(|rng| backoff.delay_with(at.class_failures, at.previous_delay, rng));
+                if rule.slow_down
+                    && let Some(previous) = at.previous_delay
+                {
+                    let slower = previous.saturating_mul(2).min(backoff.cap().max(previous));
+                    delay = delay.max(slower);
+                }
                 (delay, DelaySource::Backoff)
             }
         };
