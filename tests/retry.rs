@@ -951,8 +951,12 @@ async fn throttled_waits_the_servers_delay_first_then_slower() {
         .retry_at_most(Class::THROTTLED, 4)
         .on_retry(on_retry);
     stack(policy, &upstream).oneshot(get("/")).await.unwrap();
-    let events = events.lock().unwrap();
-    let delays: Vec<_> = events.iter().map(|e| (e.delay, e.source)).collect();
+    let delays: Vec<_> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| (e.delay, e.source))
+        .collect();
     assert_eq!(
         delays,
         [
