@@ -24,6 +24,21 @@
 //! that is neither (`-1`, `nan`, `1e999`, `soon`) is ignored with a `tracing` warning, and the
 //! retry layer falls back to its computed backoff; a date in the past is no hint either.
 //!
+//! # Other protocols and provider codes
+//!
+//! - [`GrpcClassifier`]: `grpc-status` (trailers-only responses at once; status in trailers
+//!   with [`BufferResponseLayer`] below), `grpc-retry-pushback-ms` per gRFC A6. tonic transport
+//!   errors are classified by [`classify_error`]: a refused connection is found in their source
+//!   chain and is transient.
+//! - [`SmtpClassifier`]: SMTP reply codes (421 throttled; 450, 451, 452 transient; 550, 553
+//!   permanent), for any response type that implements [`SmtpReply`].
+//! - [`HttpClassifier::with_body`]: a user function reads the provider's own code from the
+//!   body (a JSON error), with [`BufferResponseLayer`] below to hold the body in memory.
+//! - `RateLimit-Reset` and `X-RateLimit-Reset` are read as hints when `Retry-After` is absent.
+//!
+//! Every mapping can be overridden code by code (`map_status`, `map_code`, `map_reply`) to user
+//! classes; the original code is always kept on the failure ([`Code`]).
+//!
 //! # Panics of the inner service
 //!
 //! A future of the inner service that panics is caught (`catch_unwind`) and becomes a
