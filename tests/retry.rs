@@ -974,3 +974,41 @@ async fn throttled_waits_the_servers_delay_first_then_slower() {
     let delays: Vec<_> = events.lock().unwrap().iter().map(|e| e.delay).collect();
     assert_eq!(delays, [100, 200].map(Duration::from_millis).to_vec());
 }
+
+#[tokio::test]
+async fn the_service_is_cloned_only_when_another_attempt_is_possible() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    /// A ready service that counts its clones.
+    struct Counted(Arc<AtomicU32>);
+    impl Clone for Counted {
+        fn clone(&self) -> Self {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Counted(self.0.clone())
+        }
+    }
+    impl tower::Service<&'static str> for Counted {
+        type Response = ();
+        type Error = tower_backstop::BoxError;
+        type Future = std::future::Ready<Result<(), tower_backstop::BoxError>>;
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: &'static str) -> Self::Future {
+            std::future::ready(Ok(()))
+        }
+    }
+    async fn clones_per_call(policy: RetryPolicy) -> u32 {
+        let clones = Arc::new(AtomicU32::new(0));
+        let mut svc = RetryLayer::new(policy).layer(Counted(clones.clone()));
+        for _ in 0..10 {
+            svc.ready().await.unwrap();
+            tower::Service::call(&mut svc, "m").await.unwrap();
+        }
+        clones.load(Ordering::SeqCst) / 10
+    }
+    assert_eq!(clones_per_call(RetryPolicy::new()).await, 1);
+    assert_eq!(clones_per_call(RetryPolicy::new().max_attempts(1)).await, 0);
+}
