@@ -199,6 +199,63 @@ mod tests {
         assert_eq!(keyed.idempotency_key(), Some("k1"));
     }
 
+    async fn collect(chunks: &[&'static [u8]], limit: usize) -> BufferedBody<Chunks> {
+        let mut collect = Collect::new(chunks_body(chunks), limit);
+        std::future::poll_fn(|cx| collect.poll_collect(cx))
+            .await
+            .unwrap()
+    }
+
+    type Chunks = http_body_util::StreamBody<
+        futures_util::stream::Iter<
+            std::vec::IntoIter<Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
+        >,
+    >;
+
+    fn chunks_body(chunks: &[&'static [u8]]) -> Chunks {
+        let frames: Vec<_> = chunks
+            .iter()
+            .map(|c| Ok(http_body::Frame::data(Bytes::from_static(c))))
+            .collect();
+        http_body_util::StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn buffer_limit_is_inclusive_and_a_partial_body_loses_nothing() {
+        let body = collect(&[b"abc", b"def"], 6).await;
+        assert!(body.is_complete());
+        assert_eq!(body.bytes().unwrap(), &Bytes::from_static(b"abcdef"));
+        assert_eq!(body.size_hint().exact(), Some(6));
+        let copy = body.try_clone().unwrap();
+        assert_eq!(copy.collect().await.unwrap().to_bytes(), "abcdef");
+
+        let body = collect(&[b"abc", b"def", b"ghi"], 5).await;
+        assert!(!body.is_complete());
+        assert!(body.try_clone().is_none());
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "abcdefghi");
+
+        let request = http::Request::post("/")
+            .body(collect(&[b"abc", b"def"], 5).await)
+            .unwrap();
+        assert!(
+            request.replay().is_none(),
+            "a partial body is not replayable"
+        );
+        let request = http::Request::post("/")
+            .header("content-length", "6")
+            .body(collect(&[b"abc", b"def"], 64).await)
+            .unwrap();
+        let copy = request.replay().unwrap();
+        assert_eq!(copy.headers()["content-length"], "6");
+        assert_eq!(
+            copy.into_body().collect().await.unwrap().to_bytes(),
+            "abcdef"
+        );
+
+        let empty = collect(&[], 0).await;
+        assert!(empty.is_complete() && empty.is_end_stream());
+    }
+
     #[tokio::test]
     async fn describe_collects_body_and_metadata() {
         let req = http::Request::post("http://mail.test/v1/messages")
