@@ -754,68 +754,6 @@ async fn retry_after_a_day_is_deferred_and_the_dead_letter_record_has_the_retry_
 }
 
 #[tokio::test(start_paused = true)]
-async fn every_retry_give_up_and_deferral_is_traced() {
-    use std::io::Write;
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-    impl Write for Sink {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let sink = Sink::default();
-    let writer = sink.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-
-    let upstream = Scripted::new([status(503)], status_with(429, "retry-after", "3600"));
-    let _ = stack(RetryPolicy::new().backoff(no_jitter(100)), &upstream)
-        .oneshot(get("/"))
-        .await;
-    let upstream = Scripted::always(status(404));
-    let _ = stack(RetryPolicy::new(), &upstream).oneshot(get("/")).await;
-
-    let log = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
-    let retry = log.lines().find(|l| l.contains("retrying")).expect(&log);
-    for field in [
-        "attempt=1",
-        "class=transient",
-        "code=http 503",
-        "delay=100ms",
-        "why=\"backoff\"",
-    ] {
-        assert!(retry.contains(field), "{field} in {retry}");
-    }
-    let deferral = log.lines().find(|l| l.contains("deferring")).expect(&log);
-    for field in [
-        "attempts=2",
-        "class=throttled",
-        "code=http 429",
-        "delay=3600s",
-        "retry_at=",
-    ] {
-        assert!(deferral.contains(field), "{field} in {deferral}");
-    }
-    let give_up = log.lines().find(|l| l.contains("giving up")).expect(&log);
-    for field in [
-        "attempts=1",
-        "class=permanent",
-        "code=http 404",
-        "reason=\"class not retried\"",
-    ] {
-        assert!(give_up.contains(field), "{field} in {give_up}");
-    }
-}
-
-#[tokio::test(start_paused = true)]
 async fn a_request_that_cannot_be_replayed_is_never_retried_and_the_failure_says_so() {
     struct Streaming;
     impl tower_backstop::Replay for Streaming {
