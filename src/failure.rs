@@ -104,6 +104,10 @@ pub enum Code {
     Panic,
     /// An error whose type the classifier does not know; its message is in the failure's source.
     Error,
+    /// The message's durable attempt budget was already spent in earlier runs
+    /// ([`AttemptBudgetLayer`](crate::dead_letter::AttemptBudgetLayer)); the inner service was not
+    /// called.
+    AttemptBudgetSpent,
 }
 
 impl fmt::Display for Code {
@@ -117,6 +121,7 @@ impl fmt::Display for Code {
             Code::CircuitOpen => f.write_str("circuit open"),
             Code::Panic => f.write_str("panic"),
             Code::Error => f.write_str("error"),
+            Code::AttemptBudgetSpent => f.write_str("attempt budget spent"),
         }
     }
 }

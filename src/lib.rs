@@ -72,7 +72,7 @@ pub mod retry;
 pub mod timeout;
 
 pub use self::failure::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp};
-pub use self::request::{Describe, Envelope, Replay};
+pub use self::request::{Describe, Envelope, MessageId, Replay};
 
 // The README's code blocks compile as doctests.
 #[cfg(doctest)]

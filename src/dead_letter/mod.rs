@@ -15,7 +15,7 @@
 //!
 //! To describe the request after the inner service consumed it, the layer keeps a copy made with
 //! [`Replay`]: free for `Bytes` and `Full<Bytes>` bodies. The record is built from it with
-//! [`Describe`](crate::request::Describe) on the failure path only; the success path allocates
+//! [`Describe`] on the failure path only; the success path allocates
 //! nothing.
 //!
 //! # Example
@@ -51,18 +51,36 @@ use tower_service::Service;
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
 
+mod budget;
 mod future;
 mod layer;
+mod query;
 mod record;
+#[cfg(feature = "redis")]
+mod redis;
+mod redrive;
+mod scheduler;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod stats;
 mod store;
 
+pub use self::budget::{AttemptBudget, AttemptBudgetLayer, BudgetFuture, BudgetSpent};
 pub use self::future::ResponseFuture;
-pub use self::layer::DeadLetterLayer;
-pub use self::record::Record;
+pub use self::layer::{DeadLetterLayer, TagFn};
+pub use self::query::{Change, Counts, Filter, Page};
+pub use self::record::{
+    DEFAULT_HISTORY_LIMIT, DEFAULT_PAYLOAD_LIMIT, ErrorEntry, ParseStatusError, Record, Status,
+};
+#[cfg(feature = "redis")]
+pub use self::redis::RedisStore;
+pub use self::redrive::{
+    Outcome, RebuildError, Redrive, RedriveError, RedriveReport, Resent, http_request,
+};
+pub use self::scheduler::{Clock, Scheduler, SchedulerHandle};
 #[cfg(feature = "sqlite")]
 pub use self::sqlite::SqliteStore;
+pub use self::stats::{Alert, AlertRules, Stats};
 pub use self::store::{BoxFuture, MemoryStore, Store, StoreError};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).
@@ -70,12 +88,18 @@ pub use self::store::{BoxFuture, MemoryStore, Store, StoreError};
 pub struct DeadLetter<S> {
     inner: S,
     store: Arc<dyn Store>,
+    config: Arc<layer::Config>,
 }
 
 impl<S> DeadLetter<S> {
-    /// Wraps `inner`, writing dead letters to `store`.
+    /// Wraps `inner`, writing dead letters to `store` with the default payload limit and no
+    /// tags; [`DeadLetterLayer`] sets those.
     pub fn new(inner: S, store: Arc<dyn Store>) -> Self {
-        DeadLetter { inner, store }
+        DeadLetter {
+            inner,
+            store,
+            config: Arc::default(),
+        }
     }
 }
 
@@ -105,6 +129,11 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let kept = req.replay();
-        ResponseFuture::new(self.inner.call(req), kept, Arc::clone(&self.store))
+        ResponseFuture::new(
+            self.inner.call(req),
+            kept,
+            Arc::clone(&self.store),
+            Arc::clone(&self.config),
+        )
     }
 }
