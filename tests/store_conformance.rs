@@ -43,6 +43,7 @@ impl Backend {
                     _dir: Some(dir),
                 }
             }
+            #[cfg(feature = "redis")]
             Backend::Redis => {
                 let store = redis_support::redis_store(test).await?;
                 Opened {
@@ -50,6 +51,8 @@ impl Backend {
                     _dir: None,
                 }
             }
+            #[cfg(not(feature = "redis"))]
+            Backend::Redis => match redis_support::redis_store(test).await? {},
         })
     }
 }

@@ -81,7 +81,12 @@ where
                     let config = Arc::clone(this.config);
                     // Everything the record needs from the failure, taken now: the failure
                     // itself goes back to the caller.
-                    let draft = Record::from_failure(String::new(), Envelope::default(), &failure);
+                    let draft = Record::from_failure_at(
+                        String::new(),
+                        Envelope::default(),
+                        &failure,
+                        this.config.clock.now(),
+                    );
                     let write: Write = Box::pin(async move {
                         let mut envelope = match kept {
                             Some(request) => request.describe().await,

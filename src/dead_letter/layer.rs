@@ -4,7 +4,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::record::DEFAULT_PAYLOAD_LIMIT;
-use super::{DeadLetter, Store};
+use super::{Clock, DeadLetter, Store};
 use crate::request::Envelope;
 
 /// A function that extracts searchable tags (campaign, provider, tenant…) from a described
@@ -16,6 +16,7 @@ pub type TagFn = dyn Fn(&Envelope) -> Vec<(String, String)> + Send + Sync;
 pub(crate) struct Config {
     pub(crate) tags: Option<Arc<TagFn>>,
     pub(crate) payload_limit: usize,
+    pub(crate) clock: Clock,
 }
 
 impl Default for Config {
@@ -23,6 +24,7 @@ impl Default for Config {
         Config {
             tags: None,
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
+            clock: Clock::system(),
         }
     }
 }
@@ -32,6 +34,7 @@ impl fmt::Debug for Config {
         f.debug_struct("Config")
             .field("tags", &self.tags.is_some())
             .field("payload_limit", &self.payload_limit)
+            .field("clock", &self.clock)
             .finish()
     }
 }
@@ -89,6 +92,14 @@ impl DeadLetterLayer {
     /// re-sent. The default is [`DEFAULT_PAYLOAD_LIMIT`](super::DEFAULT_PAYLOAD_LIMIT) (64 KiB).
     pub fn max_payload(mut self, bytes: usize) -> Self {
         Arc::make_mut(&mut self.config).payload_limit = bytes;
+        self
+    }
+
+    /// The clock for record times (failure times, retry-at). Default [`Clock::system`]; tests on
+    /// tokio's paused clock use [`Clock::tokio`], the same clock as their
+    /// [`Scheduler`](super::Scheduler).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        Arc::make_mut(&mut self.config).clock = clock;
         self
     }
 }

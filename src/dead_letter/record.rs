@@ -221,7 +221,17 @@ impl Record {
     /// is `None`. The history holds this one failure. The payload is kept whole; see
     /// [`truncate_payload`](Record::truncate_payload).
     pub fn from_failure<R>(id: String, envelope: Envelope, failure: &Failure<R>) -> Self {
-        let now = SystemTime::now();
+        Record::from_failure_at(id, envelope, failure, SystemTime::now())
+    }
+
+    /// [`from_failure`](Record::from_failure) with the time now given (from a
+    /// [`Clock`](super::Clock)).
+    pub fn from_failure_at<R>(
+        id: String,
+        envelope: Envelope,
+        failure: &Failure<R>,
+        now: SystemTime,
+    ) -> Self {
         let deferred = is_deferred(failure);
         let retry_at = if deferred {
             failure.retry_after().and_then(|d| now.checked_add(d))

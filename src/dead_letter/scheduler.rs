@@ -113,7 +113,10 @@ impl<S, F> fmt::Debug for Scheduler<S, F> {
 impl<S, F> Scheduler<S, F> {
     /// A scheduler over `store` that rebuilds each due record into a request with `rebuild` (for
     /// HTTP, [`http_request`](super::http_request)) and sends it through `service`.
-    pub fn new(store: Arc<dyn Store>, service: S, rebuild: F) -> Self {
+    pub fn new<Req, E>(store: Arc<dyn Store>, service: S, rebuild: F) -> Self
+    where
+        F: FnMut(&Record) -> Result<Req, E>,
+    {
         Scheduler {
             store,
             service,

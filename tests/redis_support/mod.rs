@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "redis")]
 use tower_backstop::dead_letter::RedisStore;
 
 pub fn redis_url() -> String {
@@ -19,6 +20,7 @@ pub fn redis_required() -> bool {
 
 /// A store under a fresh key prefix, or `None` (after a skip line) when Redis is unreachable
 /// and not required. Without timeouts, so that it works on a paused clock.
+#[cfg(feature = "redis")]
 pub async fn redis_store(test: &str) -> Option<RedisStore> {
     let url = redis_url();
     match RedisStore::connect_with_timeouts(&url, None, None).await {
@@ -28,6 +30,13 @@ pub async fn redis_store(test: &str) -> Option<RedisStore> {
         ))),
         Err(e) => skip(test, &url, &e),
     }
+}
+
+/// Without the `redis` feature there is no Redis store to test: a skip line, or a failure when
+/// Redis is required.
+#[cfg(not(feature = "redis"))]
+pub async fn redis_store(test: &str) -> Option<std::convert::Infallible> {
+    skip(test, &redis_url(), &"the `redis` feature is off")
 }
 
 pub fn skip<T>(test: &str, url: &str, error: &dyn std::fmt::Display) -> Option<T> {
