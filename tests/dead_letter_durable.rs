@@ -15,7 +15,7 @@ use tower_backstop::dead_letter::{
     Store, http_request,
 };
 use tower_backstop::retry::{RetryLayer, RetryPolicy};
-use tower_backstop::{BoxError, Class, Code, DeadLetterStatus, Failure};
+use tower_backstop::{Class, Code, DeadLetterStatus, Failure};
 
 /// Sends one message that fails every attempt through DeadLetter → Retry(3) → Classify and
 /// checks the one record it leaves.
@@ -301,7 +301,7 @@ async fn a_stopped_redis_is_a_clear_error() {
         .put(tower_backstop::dead_letter::Record::from_failure(
             "before".into(),
             tower_backstop::Envelope::new("x"),
-            &Failure::<()>::from(BoxError::from("boom")),
+            &Failure::<()>::from(tower_backstop::BoxError::from("boom")),
         ))
         .await
         .unwrap();
