@@ -29,11 +29,14 @@
 //! message to a healthy recipient can end as a dead letter if the breaker stays open through its
 //! attempts: the summary says how many did.
 //!
-//! At the end the example prints the attempts, the retries by class, the breaker's transitions,
+//! Each dead letter is tagged with the recipient's domain. At the end the example prints the
+//! attempts, the retries by class, the breaker's transitions,
 //! the dead letters by class (read back from the SQLite store, a fresh file under the temporary
 //! directory on each run) with a few samples, and the outcome per kind of recipient. It checks
 //! that the provider accepted no message twice and that every message ended either delivered or
-//! as a stored dead letter, and exits with status 1 if not.
+//! as a stored dead letter, and exits with status 1 if not. Last, it prints the `backstop-dlq stats`
+//! view of the store (top classes and codes, the rate, the alert signals), the same
+//! [`Stats`] the command-line tool renders.
 //!
 //! Run it from the crate root:
 //!
@@ -67,7 +70,7 @@ use tokio::task::JoinSet;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, Record, SqliteStore, Store};
+use tower_backstop::dead_letter::{AlertRules, DeadLetterLayer, Record, SqliteStore, Stats, Store};
 use tower_backstop::retry::{Backoff, DelaySource, RetryLayer, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Class, Code, DeadLetterStatus};
@@ -343,6 +346,16 @@ fn dead_letter_path() -> PathBuf {
     ))
 }
 
+/// The dead-letter tag function: the recipient's domain, so that dead letters can be searched
+/// by domain (`backstop-dlq list --filter tag.domain=broken.example`).
+fn recipient_domain(envelope: &tower_backstop::Envelope) -> Vec<(String, String)> {
+    serde_json::from_slice::<Message>(&envelope.payload)
+        .ok()
+        .and_then(|m| m.to.rsplit_once('@').map(|(_, d)| d.to_ascii_lowercase()))
+        .map(|domain| vec![("domain".to_owned(), domain)])
+        .unwrap_or_default()
+}
+
 /// Sends one message through the stack and says how it ended.
 async fn deliver<S>(svc: S, uri: http::Uri, message: Message) -> Outcome
 where
@@ -465,7 +478,7 @@ async fn main() -> Result<ExitCode, BoxError> {
     let attempts = Arc::new(AtomicU64::new(0));
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let svc = ServiceBuilder::new()
-        .layer(DeadLetterLayer::new(dead_letters.clone()))
+        .layer(DeadLetterLayer::new(dead_letters.clone()).tags(recipient_domain))
         .layer(RetryLayer::new(policy))
         .layer(breaker)
         .layer(ClassifyLayer::http())
@@ -523,6 +536,21 @@ async fn main() -> Result<ExitCode, BoxError> {
         db_path,
     };
     print!("{report}");
+
+    // What an operator sees next: the `backstop-dlq stats` dashboard of the same store.
+    println!();
+    println!(
+        "$ backstop-dlq --store {} stats --window 24h",
+        report.db_path.display()
+    );
+    let stats = Stats::gather(
+        &dead_letters,
+        SystemTime::now(),
+        Duration::from_secs(24 * 60 * 60),
+        AlertRules::default(),
+    )
+    .await?;
+    print!("{stats}");
     Ok(if report.ok() {
         ExitCode::SUCCESS
     } else {

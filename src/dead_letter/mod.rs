@@ -40,7 +40,49 @@
 //! # }
 //! ```
 //!
-//! For a durable store, use [`SqliteStore::open`] (feature `sqlite`, on by default).
+//! For a durable store, use [`SqliteStore::open`] (feature `sqlite`, on by default); for many
+//! instances, `RedisStore` (feature `redis`). Every store implements the one [`Store`] trait
+//! with one behaviour: writes merge by id, search with a [`Filter`] and a [`Page`], [`Counts`] over
+//! a window, atomic claims of due records.
+//!
+//! # Customised
+//!
+//! Tags from the payload, a 16 KiB payload limit, and a durable attempt budget for a queue
+//! consumer (a message that used up 5 attempts before a restart is poison):
+//!
+//! ```
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//! use tower_backstop::dead_letter::{AttemptBudgetLayer, DeadLetterLayer, Filter, MemoryStore, Page, Store};
+//! use tower_backstop::BoxError;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let store = MemoryStore::new().with_history_limit(5);
+//! let svc = ServiceBuilder::new()
+//!     .layer(
+//!         DeadLetterLayer::new(store.clone())
+//!             .max_payload(16 * 1024)
+//!             .tags(|envelope| {
+//!                 let v: serde_json::Value =
+//!                     serde_json::from_slice(&envelope.payload).unwrap_or_default();
+//!                 v["campaign"].as_str().map(|c| vec![("campaign".into(), c.into())]).unwrap_or_default()
+//!             }),
+//!     )
+//!     .layer(AttemptBudgetLayer::new(store.clone(), 5))
+//!     .service(service_fn(|_: String| async { Err::<(), BoxError>("smtp 421".into()) }));
+//! let _ = svc.oneshot("{\"campaign\":\"spring\"}".to_owned()).await;
+//! let spring = store.search(&Filter::new().tag("campaign", "spring"), Page::first(10)).await.unwrap();
+//! assert_eq!(spring.len(), 1);
+//! # }
+//! ```
+//!
+//! # Afterwards
+//!
+//! - [`Stats`]: top classes and codes over a window, the dead-letter rate, and the alert signals
+//!   of [`AlertRules`] (a class above 20 % of the last 5 minutes, a code never seen before).
+//! - [`Redrive`]: re-send on purpose, with a filter, a dry run, a rate and a maximum.
+//! - [`Scheduler`]: re-send deferred records when their retry-at time comes.
+//! - The `backstop-dlq` command-line tool (feature `cli`) does all three over a SQLite file or a
+//!   Redis URL.
 
 use std::fmt;
 use std::sync::Arc;
