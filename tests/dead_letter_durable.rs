@@ -257,7 +257,7 @@ async fn a_read_only_sqlite_file_is_a_clear_error() {
 
 #[cfg(feature = "redis")]
 #[tokio::test]
-async fn a_stopped_redis_is_a_clear_error() {
+async fn a_stopped_redis_is_a_clear_error_and_a_restarted_one_works_again() {
     use tower_backstop::dead_letter::RedisStore;
 
     // A Redis server of our own, so that stopping it does not disturb the other tests.
@@ -307,5 +307,42 @@ async fn a_stopped_redis_is_a_clear_error() {
         .unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
-    check_unwritable(Arc::new(store), "redis dead-letter store").await;
+    check_unwritable(Arc::new(store.clone()), "redis dead-letter store").await;
+
+    // Redis comes back (empty: no data, no scripts): the same store writes again.
+    let mut child = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut written = Err(None);
+    for _ in 0..300 {
+        let r = tower_backstop::dead_letter::Record::from_failure(
+            "after".into(),
+            tower_backstop::Envelope::new("y"),
+            &Failure::<()>::from(tower_backstop::BoxError::from("boom")),
+        );
+        match store.put(r).await {
+            Ok(()) => {
+                written = Ok(());
+                break;
+            }
+            Err(e) => written = Err(Some(e)),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let result = store.get("after").await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    written.expect("the store writes again after Redis restarts");
+    assert_eq!(result.unwrap().unwrap().message, "boom");
 }

@@ -1,8 +1,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime};
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Script};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
 use super::query::{Change, Counts, Filter, Page, claim};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
@@ -27,10 +27,12 @@ use super::store::{BoxFuture, Store, StoreError, newest_first};
 /// [`put_many`](Store::put_many) sends a batch in one pipeline.
 ///
 /// The scripts touch index keys they compute from the prefix, so the store needs a single Redis
-/// server (or a primary), not Redis Cluster.
+/// server (or a primary), not Redis Cluster. The connection is re-established after Redis
+/// restarts (the redis crate's `ConnectionManager`), and the scripts are loaded again when the
+/// server forgot them; calls made while Redis is down fail with a [`StoreError`].
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: MultiplexedConnection,
+    conn: ConnectionManager,
     prefix: String,
     history_limit: usize,
     url: String,
@@ -129,11 +131,12 @@ impl RedisStore {
         let client = Client::open(url).map_err(|e| {
             StoreError::with_source(format!("redis dead-letter store: bad url {url:?}"), e)
         })?;
-        let config = AsyncConnectionConfig::new()
+        let config = ConnectionManagerConfig::new()
             .set_connection_timeout(connection)
-            .set_response_timeout(response);
-        let mut conn = client
-            .get_multiplexed_async_connection_with_config(&config)
+            .set_response_timeout(response)
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let mut conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| {
                 StoreError::with_source(
@@ -226,6 +229,21 @@ impl RedisStore {
         Ok(cmd)
     }
 
+    /// Runs a script command; when the server forgot the scripts (a restart, `SCRIPT FLUSH`),
+    /// loads them again and runs it once more.
+    async fn eval<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
+        let mut conn = self.conn.clone();
+        match cmd.query_async(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                for script in [WRITE, CLAIM] {
+                    Script::new(script).load_async(&mut conn).await?;
+                }
+                cmd.query_async(&mut conn).await
+            }
+            other => other,
+        }
+    }
+
     /// Reads the record with `id` and its version.
     async fn read(&self, id: &str) -> Result<(Option<Record>, String), StoreError> {
         let mut conn = self.conn.clone();
@@ -247,15 +265,13 @@ impl RedisStore {
         note_code: bool,
         change: impl Fn(Option<Record>) -> Option<Record>,
     ) -> Result<Option<Record>, StoreError> {
-        let mut conn = self.conn.clone();
         for _ in 0..CAS_TRIES {
             let (old, version) = self.read(id).await?;
             let Some(new) = change(old.clone()) else {
                 return Ok(None);
             };
             let written: i64 = self
-                .write_cmd(&new, old.as_ref(), &version, note_code)?
-                .query_async(&mut conn)
+                .eval(&self.write_cmd(&new, old.as_ref(), &version, note_code)?)
                 .await
                 .map_err(redis_error("write record"))?;
             if written == 1 {
@@ -318,10 +334,20 @@ impl RedisStore {
             )?);
             merged.push(record);
         }
-        let written: Vec<i64> = write
-            .query_async(&mut conn)
-            .await
-            .map_err(redis_error("write records"))?;
+        let written: Vec<i64> = match write.query_async(&mut conn).await {
+            // The server forgot the scripts: none of the batch was written; load and again.
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                for script in [WRITE, CLAIM] {
+                    Script::new(script)
+                        .load_async(&mut conn)
+                        .await
+                        .map_err(redis_error("load script"))?;
+                }
+                write.query_async(&mut conn).await
+            }
+            other => other,
+        }
+        .map_err(redis_error("write records"))?;
         for (record, ok) in merged.into_iter().zip(written) {
             if ok != 1 {
                 self.put_one(record).await?;
@@ -493,15 +519,16 @@ impl Store for RedisStore {
     ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
         let this = self.clone();
         Box::pin(async move {
-            let mut conn = this.conn.clone();
-            let ids: Vec<String> = redis::cmd("EVALSHA")
+            let mut claim_cmd = redis::cmd("EVALSHA");
+            claim_cmd
                 .arg(Script::new(CLAIM).get_hash())
                 .arg(1)
                 .arg(this.key("retry"))
                 .arg(to_millis(now))
                 .arg(limit)
-                .arg(to_millis(now + lease))
-                .query_async(&mut conn)
+                .arg(to_millis(now + lease));
+            let ids: Vec<String> = this
+                .eval(&claim_cmd)
                 .await
                 .map_err(redis_error("claim records"))?;
             let mut claimed = Vec::with_capacity(ids.len());
