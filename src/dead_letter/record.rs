@@ -410,7 +410,7 @@ mod payload_text {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::failure::{Class, Code};
+    use crate::failure::Class;
 
     #[test]
     fn json_round_trip_keeps_binary_payload() {
@@ -438,5 +438,64 @@ mod tests {
         assert_eq!(a.attempts, 5);
         assert_eq!(a.first_failed_at, first);
         assert_eq!(a.code, "http 503");
+    }
+
+    #[test]
+    fn history_is_bounded_and_keeps_the_newest() {
+        let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
+        let mut r = Record::from_failure("k".into(), Envelope::new("x"), &f);
+        for i in 0..20 {
+            let mut newer = Record::from_failure("k".into(), Envelope::new("x"), &f);
+            newer.history[0].message = format!("error {i}");
+            r.merge_bounded(newer, 3);
+        }
+        let messages: Vec<&str> = r.history.iter().map(|e| e.message.as_str()).collect();
+        assert_eq!(messages, ["error 17", "error 18", "error 19"]);
+        assert_eq!(r.attempts, 21);
+        r.merge_bounded(Record::from_failure("k".into(), Envelope::new("x"), &f), 0);
+        assert_eq!(r.history.len(), 1, "at least one error is kept");
+    }
+
+    #[test]
+    fn payload_over_the_limit_is_cut_and_flagged() {
+        let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
+        let mut r = Record::from_failure("k".into(), Envelope::new(vec![7u8; 100]), &f);
+        r.truncate_payload(100);
+        assert!(!r.payload_truncated && r.resendable());
+        r.truncate_payload(10);
+        assert_eq!((r.payload.len(), r.payload_len), (10, 100));
+        assert!(r.payload_truncated && !r.resendable());
+    }
+
+    #[test]
+    fn only_deferrable_failures_get_a_retry_at() {
+        let hint = Duration::from_secs(30);
+        let deferred: Failure =
+            Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
+        let r = Record::from_failure("k".into(), Envelope::new("x"), &deferred);
+        assert_eq!(r.status, Status::Deferred);
+        assert!(r.retry_at.is_some());
+        let mut spent: Failure =
+            Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
+        spent.note_attempts(3, None, GiveUp::AttemptsExhausted);
+        let r = Record::from_failure("k".into(), Envelope::new("x"), &spent);
+        assert_eq!((r.status, r.retry_at), (Status::Dead, None));
+        let permanent: Failure =
+            Failure::new(Class::PERMANENT, Code::Timeout).with_retry_after(hint);
+        let r = Record::from_failure("k".into(), Envelope::new("x"), &permanent);
+        assert_eq!((r.status, r.retry_at), (Status::Dead, None));
+    }
+
+    #[test]
+    fn status_round_trips_through_text() {
+        for s in [
+            Status::Dead,
+            Status::Deferred,
+            Status::InFlight,
+            Status::Resolved,
+        ] {
+            assert_eq!(s.as_str().parse::<Status>().unwrap(), s);
+        }
+        assert!("lost".parse::<Status>().is_err());
     }
 }
