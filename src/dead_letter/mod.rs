@@ -5,8 +5,9 @@
 //! permanent or poison failure, a breaker open with no attempt left), it writes one [`Record`]:
 //! the id (the request's `Idempotency-Key`, or a generated message id), the class, the original
 //! code, the message, the attempt count, the first and last failure times, the retry-at time when
-//! the server named one, and the original payload with what is needed to re-send it. Writing the
-//! same id again updates the record instead of duplicating it.
+//! the failure is deferred (see [`Record::from_failure`]), tags from your function, and the
+//! original payload (up to a size limit) with what is needed to re-send it. Writing the same id
+//! again updates the record instead of duplicating it, keeping the last K errors in its history.
 //!
 //! The caller still receives the failure, with [`Failure::dead_letter`] saying where the record
 //! went. A store that cannot be written does not hide the original failure: the failure comes
@@ -15,8 +16,8 @@
 //!
 //! To describe the request after the inner service consumed it, the layer keeps a copy made with
 //! [`Replay`]: free for `Bytes` and `Full<Bytes>` bodies. The record is built from it with
-//! [`Describe`] on the failure path only; the success path allocates
-//! nothing.
+//! [`Describe`] on the failure path only; the success path allocates nothing and waits on
+//! nothing: a failure costs one store write.
 //!
 //! # Example
 //!
