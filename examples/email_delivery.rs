@@ -20,20 +20,23 @@
 //! | `@broken.example` | 500, always | unknown: retried, then dead letter |
 //! | `@slow.example` | hangs for 5 s | per-attempt timeout (transient): retried, then dead letter |
 //!
-//! Each message gets at most 4 attempts that reach the provider: 300 ms each, exponential backoff
-//! from 50 ms capped at 1 s, a `Retry-After` of up to 2 s honoured. Broken and slow recipients
-//! fail every attempt, so they trip the circuit breaker (one for the provider: 5 failures in a
-//! row open it for 500 ms). While it is open, other messages are rejected at once with
-//! `circuit_open` and retried when the breaker's time left has passed; the retry layer counts a
-//! rejection as an attempt, so `circuit_open` may use up to 8 attempts in all. Even so, a
-//! message to a healthy recipient can end as a dead letter if the breaker stays open through its
-//! attempts: the summary says how many did.
+//! Each class of failure gets at most 4 attempts of its own (a class's cap counts only the
+//! attempts that failed with that class), and no message is sent more than 8 times in all,
+//! breaker rejections included: 300 ms per attempt, exponential backoff from 50 ms capped at
+//! 1 s, a `Retry-After` of up to 2 s honoured. Broken and slow recipients fail every attempt, so
+//! they trip the circuit breaker (one for the provider: 5 failures in a row open it for 500 ms).
+//! While it is open, other messages are rejected at once with `circuit_open` and retried when the
+//! breaker's time left has passed. Even so, a message to a healthy recipient can end as a dead
+//! letter if the breaker stays open through its attempts: the summary says how many did.
 //!
-//! At the end the example prints the attempts, the retries by class, the breaker's transitions,
+//! Each dead letter is tagged with the recipient's domain. At the end the example prints the
+//! attempts, the retries by class, the breaker's transitions,
 //! the dead letters by class (read back from the SQLite store, a fresh file under the temporary
 //! directory on each run) with a few samples, and the outcome per kind of recipient. It checks
 //! that the provider accepted no message twice and that every message ended either delivered or
-//! as a stored dead letter, and exits with status 1 if not.
+//! as a stored dead letter, and exits with status 1 if not. Last, it prints the `backstop-dlq stats`
+//! view of the store (top classes and codes, the rate, the alert signals), the same
+//! [`Stats`] the command-line tool renders.
 //!
 //! Run it from the crate root:
 //!
@@ -67,7 +70,7 @@ use tokio::task::JoinSet;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, Record, SqliteStore, Store};
+use tower_backstop::dead_letter::{AlertRules, DeadLetterLayer, Record, SqliteStore, Stats, Store};
 use tower_backstop::retry::{Backoff, DelaySource, RetryLayer, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Class, Code, DeadLetterStatus};
@@ -79,12 +82,11 @@ const CONCURRENCY: usize = 16;
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(300);
 /// How long the slow provider domain hangs before it answers (well past the attempt timeout).
 const HANG: Duration = Duration::from_secs(5);
-/// Attempts per message for the provider's own failures (transient, throttled, unknown), the
-/// first call included.
+/// Attempts per message for each class of the provider's own failures (transient, throttled,
+/// unknown): a class's cap counts only the attempts that failed with that class.
 const MAX_ATTEMPTS: u32 = 4;
-/// Attempts per message in all, breaker rejections included. A rejection never reaches the
-/// provider, but the retry layer counts it as an attempt, so the open breaker gets room of its
-/// own: `circuit_open` is retried up to this cap, the provider's failures up to `MAX_ATTEMPTS`.
+/// Attempts per message in all, whatever their class, breaker rejections included (a rejection
+/// never reaches the provider, but it is a call through the stack below the retry layer).
 const MAX_ATTEMPTS_WITH_REJECTIONS: u32 = 8;
 /// Exponential backoff (full jitter) from this base…
 const BACKOFF_BASE: Duration = Duration::from_millis(50);
@@ -343,6 +345,16 @@ fn dead_letter_path() -> PathBuf {
     ))
 }
 
+/// The dead-letter tag function: the recipient's domain, so that dead letters can be searched
+/// by domain (`backstop-dlq list --filter tag.domain=broken.example`).
+fn recipient_domain(envelope: &tower_backstop::Envelope) -> Vec<(String, String)> {
+    serde_json::from_slice::<Message>(&envelope.payload)
+        .ok()
+        .and_then(|m| m.to.rsplit_once('@').map(|(_, d)| d.to_ascii_lowercase()))
+        .map(|domain| vec![("domain".to_owned(), domain)])
+        .unwrap_or_default()
+}
+
 /// Sends one message through the stack and says how it ended.
 async fn deliver<S>(svc: S, uri: http::Uri, message: Message) -> Outcome
 where
@@ -465,7 +477,7 @@ async fn main() -> Result<ExitCode, BoxError> {
     let attempts = Arc::new(AtomicU64::new(0));
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let svc = ServiceBuilder::new()
-        .layer(DeadLetterLayer::new(dead_letters.clone()))
+        .layer(DeadLetterLayer::new(dead_letters.clone()).tags(recipient_domain))
         .layer(RetryLayer::new(policy))
         .layer(breaker)
         .layer(ClassifyLayer::http())
@@ -481,8 +493,8 @@ async fn main() -> Result<ExitCode, BoxError> {
 
     println!(
         "sending {CONCURRENCY} at a time: {ATTEMPT_TIMEOUT:?} per attempt, at most \
-         {MAX_ATTEMPTS} attempts per message ({MAX_ATTEMPTS_WITH_REJECTIONS} counting breaker \
-         rejections),\n  backoff {BACKOFF_BASE:?}..{BACKOFF_CAP:?} with full jitter, server \
+         {MAX_ATTEMPTS} attempts per class of failure, {MAX_ATTEMPTS_WITH_REJECTIONS} per message \
+         in all,\n  backoff {BACKOFF_BASE:?}..{BACKOFF_CAP:?} with full jitter, server \
          hints up to {MAX_DELAY:?}, breaker opens for {BREAKER_OPEN_FOR:?} after \
          {BREAKER_THRESHOLD} failures in a row"
     );
@@ -523,6 +535,21 @@ async fn main() -> Result<ExitCode, BoxError> {
         db_path,
     };
     print!("{report}");
+
+    // What an operator sees next: the `backstop-dlq stats` dashboard of the same store.
+    println!();
+    println!(
+        "$ backstop-dlq --store {} stats --window 24h",
+        report.db_path.display()
+    );
+    let stats = Stats::gather(
+        &dead_letters,
+        SystemTime::now(),
+        Duration::from_secs(24 * 60 * 60),
+        AlertRules::default(),
+    )
+    .await?;
+    print!("{stats}");
     Ok(if report.ok() {
         ExitCode::SUCCESS
     } else {

@@ -112,6 +112,10 @@ pub enum Code {
     Provider(i64),
     /// An error whose type the classifier does not know; its message is in the failure's source.
     Error,
+    /// The message's durable attempt budget was already spent in earlier runs
+    /// ([`AttemptBudgetLayer`](crate::dead_letter::AttemptBudgetLayer)); the inner service was not
+    /// called.
+    AttemptBudgetSpent,
 }
 
 impl fmt::Display for Code {
@@ -126,6 +130,7 @@ impl fmt::Display for Code {
             Code::Panic => f.write_str("panic"),
             Code::Provider(code) => write!(f, "provider {code}"),
             Code::Error => f.write_str("error"),
+            Code::AttemptBudgetSpent => f.write_str("attempt budget spent"),
         }
     }
 }

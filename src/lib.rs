@@ -52,6 +52,8 @@
 //! | feature | what | default |
 //! |---|---|---|
 //! | `sqlite` | [`SqliteStore`](dead_letter::SqliteStore), the durable dead-letter store (bundled SQLite) | yes |
+//! | `redis` | `RedisStore`, the dead-letter store shared by many instances (redis crate, tokio) | no |
+//! | `cli` | the `backstop-dlq` command-line tool over a SQLite file or a Redis URL (clap) | no |
 //! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain | no |
 
 #![warn(
@@ -72,7 +74,7 @@ pub mod retry;
 pub mod timeout;
 
 pub use self::failure::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp};
-pub use self::request::{Describe, Envelope, Replay};
+pub use self::request::{Describe, Envelope, MessageId, Replay};
 
 // The README's code blocks compile as doctests.
 #[cfg(doctest)]

@@ -55,6 +55,10 @@ pub struct Envelope {
     /// Request metadata needed to re-send it (for HTTP: `method`, `uri`, and the
     /// `idempotency-key` header).
     pub metadata: BTreeMap<String, String>,
+    /// Searchable labels (campaign, provider, tenant…). A [`Describe`] implementation may set
+    /// them; the dead-letter layer's tag function
+    /// ([`DeadLetterLayer::tags`](crate::dead_letter::DeadLetterLayer::tags)) adds to them.
+    pub tags: BTreeMap<String, String>,
 }
 
 impl Envelope {
@@ -83,7 +87,22 @@ impl Envelope {
         self.metadata.insert(key.into(), value.into());
         self
     }
+
+    /// Adds one tag.
+    pub fn with_tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.tags.insert(key.into(), value.into());
+        self
+    }
 }
+
+/// A message id carried in an `http::Request`'s extensions (not sent on the wire).
+///
+/// When a request has no `Idempotency-Key` header, its dead-letter record gets this id instead of
+/// a generated one. Re-drives and the scheduler set it on the requests they rebuild from a record
+/// ([`http_request`](crate::dead_letter::http_request)), so that the outcome updates the same
+/// record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MessageId(pub String);
 
 /// A request that can be described in a dead-letter record.
 ///
@@ -92,6 +111,13 @@ impl Envelope {
 pub trait Describe {
     /// The record's payload and metadata.
     fn describe(self) -> impl Future<Output = Envelope> + Send;
+
+    /// The id the record of this request will have, when it is known before the call: what
+    /// [`AttemptBudgetLayer`](crate::dead_letter::AttemptBudgetLayer) looks up. For HTTP: the
+    /// [`MessageId`] extension, else the `Idempotency-Key` header. The default is `None`.
+    fn message_id(&self) -> Option<&str> {
+        None
+    }
 }
 
 fn method_is_idempotent(method: &Method) -> bool {
@@ -124,6 +150,16 @@ where
     B: Body + Send + 'static,
     B::Data: Send,
 {
+    fn message_id(&self) -> Option<&str> {
+        match self.extensions().get::<MessageId>() {
+            Some(MessageId(id)) => Some(id),
+            None => self
+                .headers()
+                .get(&IDEMPOTENCY_KEY)
+                .and_then(|v| v.to_str().ok()),
+        }
+    }
+
     async fn describe(self) -> Envelope {
         let (parts, body) = self.into_parts();
         let mut envelope = Envelope::default();
@@ -136,6 +172,9 @@ where
             envelope
                 .metadata
                 .insert(IDEMPOTENCY_KEY.as_str().to_owned(), key.to_owned());
+        }
+        if let Some(MessageId(id)) = parts.extensions.get::<MessageId>() {
+            envelope.id = Some(id.clone());
         }
         envelope.content_type = parts
             .headers

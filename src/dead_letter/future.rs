@@ -5,6 +5,7 @@ use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 
+use super::layer::Config;
 use super::record::Record;
 use super::store::{BoxFuture, Store, StoreError};
 use crate::failure::{DeadLetterStatus, Failure};
@@ -18,6 +19,7 @@ pin_project! {
         state: State<F, R>,
         kept: Option<Req>,
         store: Arc<dyn Store>,
+        config: Arc<Config>,
     }
 }
 
@@ -38,11 +40,17 @@ pin_project! {
 }
 
 impl<F, Req, R> ResponseFuture<F, Req, R> {
-    pub(crate) fn new(future: F, kept: Option<Req>, store: Arc<dyn Store>) -> Self {
+    pub(crate) fn new(
+        future: F,
+        kept: Option<Req>,
+        store: Arc<dyn Store>,
+        config: Arc<Config>,
+    ) -> Self {
         ResponseFuture {
             state: State::Called { future },
             kept,
             store,
+            config,
         }
     }
 }
@@ -70,25 +78,37 @@ where
                     };
                     let kept = this.kept.take();
                     let store = Arc::clone(this.store);
+                    let config = Arc::clone(this.config);
                     // Everything the record needs from the failure, taken now: the failure
                     // itself goes back to the caller.
-                    let draft = Record::from_failure(String::new(), Envelope::default(), &failure);
+                    let draft = Record::from_failure_at(
+                        String::new(),
+                        Envelope::default(),
+                        &failure,
+                        this.config.clock.now(),
+                    );
                     let write: Write = Box::pin(async move {
-                        let envelope = match kept {
+                        let mut envelope = match kept {
                             Some(request) => request.describe().await,
                             None => Envelope::default().with_metadata(
                                 "payload_missing",
                                 "the request could not be copied before the call",
                             ),
                         };
+                        if let Some(tags) = &config.tags {
+                            envelope.tags.extend(tags(&envelope));
+                        }
                         let id = envelope.id.clone().unwrap_or_else(generated_id);
-                        let record = Record {
+                        let mut record = Record {
                             id: id.clone(),
+                            payload_len: envelope.payload.len() as u64,
                             payload: envelope.payload.to_vec(),
                             content_type: envelope.content_type,
                             metadata: envelope.metadata,
+                            tags: envelope.tags,
                             ..draft
                         };
+                        record.truncate_payload(config.payload_limit);
                         (id, store.put(record).await)
                     });
                     this.state.set(State::Writing {

@@ -1,32 +1,114 @@
+use std::fmt;
 use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::{DeadLetter, Store};
+use super::record::DEFAULT_PAYLOAD_LIMIT;
+use super::{Clock, DeadLetter, Store};
+use crate::request::Envelope;
+
+/// A function that extracts searchable tags (campaign, provider, tenant…) from a described
+/// request. See [`DeadLetterLayer::tags`].
+pub type TagFn = dyn Fn(&Envelope) -> Vec<(String, String)> + Send + Sync;
+
+/// What a [`DeadLetter`] service does with a record before it writes it.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) tags: Option<Arc<TagFn>>,
+    pub(crate) payload_limit: usize,
+    pub(crate) clock: Clock,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            tags: None,
+            payload_limit: DEFAULT_PAYLOAD_LIMIT,
+            clock: Clock::system(),
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("tags", &self.tags.is_some())
+            .field("payload_limit", &self.payload_limit)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
 
 /// Applies [`DeadLetter`] to a service: a request that finally fails is written to `store`.
 #[derive(Clone)]
 pub struct DeadLetterLayer {
     store: Arc<dyn Store>,
+    config: Arc<Config>,
 }
 
 impl DeadLetterLayer {
-    /// A layer that writes dead letters to `store`. Keep a clone of the store to search it.
+    /// A layer that writes dead letters to `store`, keeping payloads up to
+    /// [`DEFAULT_PAYLOAD_LIMIT`](super::DEFAULT_PAYLOAD_LIMIT) bytes and no tags. Keep a clone of
+    /// the store to search it.
     pub fn new(store: impl Store) -> Self {
-        DeadLetterLayer {
-            store: Arc::new(store),
-        }
+        DeadLetterLayer::from_arc(Arc::new(store))
     }
 
     /// A layer over a store that is already shared.
     pub fn from_arc(store: Arc<dyn Store>) -> Self {
-        DeadLetterLayer { store }
+        DeadLetterLayer {
+            store,
+            config: Arc::default(),
+        }
+    }
+
+    /// Tags each record with what `f` extracts from the described request (its payload,
+    /// content type and metadata), added to the tags the request's
+    /// [`Describe`](crate::Describe) set. Runs on the failure path only.
+    ///
+    /// ```
+    /// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+    ///
+    /// let layer = DeadLetterLayer::new(MemoryStore::new()).tags(|envelope| {
+    ///     let message: serde_json::Value =
+    ///         serde_json::from_slice(&envelope.payload).unwrap_or_default();
+    ///     let mut tags = Vec::new();
+    ///     if let Some(campaign) = message["campaign"].as_str() {
+    ///         tags.push(("campaign".to_owned(), campaign.to_owned()));
+    ///     }
+    ///     tags
+    /// });
+    /// ```
+    pub fn tags<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&Envelope) -> Vec<(String, String)> + Send + Sync + 'static,
+    {
+        Arc::make_mut(&mut self.config).tags = Some(Arc::new(f));
+        self
+    }
+
+    /// Keeps at most `bytes` of each payload; a longer payload is stored cut, with
+    /// [`Record::payload_truncated`](super::Record::payload_truncated) set, and cannot be
+    /// re-sent. The default is [`DEFAULT_PAYLOAD_LIMIT`](super::DEFAULT_PAYLOAD_LIMIT) (64 KiB).
+    pub fn max_payload(mut self, bytes: usize) -> Self {
+        Arc::make_mut(&mut self.config).payload_limit = bytes;
+        self
+    }
+
+    /// The clock for record times (failure times, retry-at). Default [`Clock::system`]; tests on
+    /// tokio's paused clock use [`Clock::tokio`], the same clock as their
+    /// [`Scheduler`](super::Scheduler).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        Arc::make_mut(&mut self.config).clock = clock;
+        self
     }
 }
 
-impl std::fmt::Debug for DeadLetterLayer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeadLetterLayer").finish_non_exhaustive()
+impl fmt::Debug for DeadLetterLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeadLetterLayer")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -34,6 +116,10 @@ impl<S> Layer<S> for DeadLetterLayer {
     type Service = DeadLetter<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        DeadLetter::new(inner, Arc::clone(&self.store))
+        DeadLetter {
+            inner,
+            store: Arc::clone(&self.store),
+            config: Arc::clone(&self.config),
+        }
     }
 }

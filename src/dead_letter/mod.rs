@@ -5,8 +5,9 @@
 //! permanent or poison failure, a breaker open with no attempt left), it writes one [`Record`]:
 //! the id (the request's `Idempotency-Key`, or a generated message id), the class, the original
 //! code, the message, the attempt count, the first and last failure times, the retry-at time when
-//! the server named one, and the original payload with what is needed to re-send it. Writing the
-//! same id again updates the record instead of duplicating it.
+//! the failure is deferred (see [`Record::from_failure`]), tags from your function, and the
+//! original payload (up to a size limit) with what is needed to re-send it. Writing the same id
+//! again updates the record instead of duplicating it, keeping the last K errors in its history.
 //!
 //! The caller still receives the failure, with [`Failure::dead_letter`] saying where the record
 //! went. A store that cannot be written does not hide the original failure: the failure comes
@@ -15,8 +16,8 @@
 //!
 //! To describe the request after the inner service consumed it, the layer keeps a copy made with
 //! [`Replay`]: free for `Bytes` and `Full<Bytes>` bodies. The record is built from it with
-//! [`Describe`] on the failure path only; the success path allocates
-//! nothing.
+//! [`Describe`] on the failure path only; the success path allocates nothing and waits on
+//! nothing: a failure costs one store write.
 //!
 //! # Example
 //!
@@ -40,7 +41,49 @@
 //! # }
 //! ```
 //!
-//! For a durable store, use [`SqliteStore::open`] (feature `sqlite`, on by default).
+//! For a durable store, use [`SqliteStore::open`] (feature `sqlite`, on by default); for many
+//! instances, `RedisStore` (feature `redis`). Every store implements the one [`Store`] trait
+//! with one behaviour: writes merge by id, search with a [`Filter`] and a [`Page`], [`Counts`] over
+//! a window, atomic claims of due records.
+//!
+//! # Customised
+//!
+//! Tags from the payload, a 16 KiB payload limit, and a durable attempt budget for a queue
+//! consumer (a message that used up 5 attempts before a restart is poison):
+//!
+//! ```
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//! use tower_backstop::dead_letter::{AttemptBudgetLayer, DeadLetterLayer, Filter, MemoryStore, Page, Store};
+//! use tower_backstop::BoxError;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let store = MemoryStore::new().with_history_limit(5);
+//! let svc = ServiceBuilder::new()
+//!     .layer(
+//!         DeadLetterLayer::new(store.clone())
+//!             .max_payload(16 * 1024)
+//!             .tags(|envelope| {
+//!                 let v: serde_json::Value =
+//!                     serde_json::from_slice(&envelope.payload).unwrap_or_default();
+//!                 v["campaign"].as_str().map(|c| vec![("campaign".into(), c.into())]).unwrap_or_default()
+//!             }),
+//!     )
+//!     .layer(AttemptBudgetLayer::new(store.clone(), 5))
+//!     .service(service_fn(|_: String| async { Err::<(), BoxError>("smtp 421".into()) }));
+//! let _ = svc.oneshot("{\"campaign\":\"spring\"}".to_owned()).await;
+//! let spring = store.search(&Filter::new().tag("campaign", "spring"), Page::first(10)).await.unwrap();
+//! assert_eq!(spring.len(), 1);
+//! # }
+//! ```
+//!
+//! # Afterwards
+//!
+//! - [`Stats`]: top classes and codes over a window, the dead-letter rate, and the alert signals
+//!   of [`AlertRules`] (a class above 20 % of the last 5 minutes, a code never seen before).
+//! - [`Redrive`]: re-send on purpose, with a filter, a dry run, a rate and a maximum.
+//! - [`Scheduler`]: re-send deferred records when their retry-at time comes.
+//! - The `backstop-dlq` command-line tool (feature `cli`) does all three over a SQLite file or a
+//!   Redis URL.
 
 use std::fmt;
 use std::sync::Arc;
@@ -51,18 +94,36 @@ use tower_service::Service;
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
 
+mod budget;
 mod future;
 mod layer;
+mod query;
 mod record;
+#[cfg(feature = "redis")]
+mod redis;
+mod redrive;
+mod scheduler;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod stats;
 mod store;
 
+pub use self::budget::{AttemptBudget, AttemptBudgetLayer, BudgetFuture, BudgetSpent};
 pub use self::future::ResponseFuture;
-pub use self::layer::DeadLetterLayer;
-pub use self::record::Record;
+pub use self::layer::{DeadLetterLayer, TagFn};
+pub use self::query::{Change, Counts, Filter, Page};
+pub use self::record::{
+    DEFAULT_HISTORY_LIMIT, DEFAULT_PAYLOAD_LIMIT, ErrorEntry, ParseStatusError, Record, Status,
+};
+#[cfg(feature = "redis")]
+pub use self::redis::RedisStore;
+pub use self::redrive::{
+    Outcome, RebuildError, Redrive, RedriveError, RedriveReport, Resent, http_request,
+};
+pub use self::scheduler::{Clock, Scheduler, SchedulerHandle};
 #[cfg(feature = "sqlite")]
 pub use self::sqlite::SqliteStore;
+pub use self::stats::{Alert, AlertRules, Stats};
 pub use self::store::{BoxFuture, MemoryStore, Store, StoreError};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).
@@ -70,12 +131,18 @@ pub use self::store::{BoxFuture, MemoryStore, Store, StoreError};
 pub struct DeadLetter<S> {
     inner: S,
     store: Arc<dyn Store>,
+    config: Arc<layer::Config>,
 }
 
 impl<S> DeadLetter<S> {
-    /// Wraps `inner`, writing dead letters to `store`.
+    /// Wraps `inner`, writing dead letters to `store` with the default payload limit and no
+    /// tags; [`DeadLetterLayer`] sets those.
     pub fn new(inner: S, store: Arc<dyn Store>) -> Self {
-        DeadLetter { inner, store }
+        DeadLetter {
+            inner,
+            store,
+            config: Arc::default(),
+        }
     }
 }
 
@@ -105,6 +172,11 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let kept = req.replay();
-        ResponseFuture::new(self.inner.call(req), kept, Arc::clone(&self.store))
+        ResponseFuture::new(
+            self.inner.call(req),
+            kept,
+            Arc::clone(&self.store),
+            Arc::clone(&self.config),
+        )
     }
 }

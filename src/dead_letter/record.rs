@@ -1,43 +1,183 @@
 use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::failure::Failure;
+use crate::failure::{Code, Failure, GiveUp};
 use crate::request::Envelope;
+
+/// How many past errors a record keeps by default ([`Record::history`]): the last 10.
+pub const DEFAULT_HISTORY_LIMIT: usize = 10;
+
+/// The largest payload a record keeps by default, in bytes (64 KiB); a longer payload is stored
+/// truncated, with [`Record::payload_truncated`] set.
+pub const DEFAULT_PAYLOAD_LIMIT: usize = 64 * 1024;
+
+/// Where a dead letter stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Status {
+    /// Quarantined: waits for someone to investigate and re-drive it on purpose.
+    Dead,
+    /// Deferred: the [`Scheduler`](super::Scheduler) re-sends it once
+    /// [`retry_at`](Record::retry_at) is due.
+    Deferred,
+    /// Claimed by a scheduler or a re-drive that is sending it now; its
+    /// [`retry_at`](Record::retry_at) is the end of the claim, after which another scheduler may
+    /// take it again.
+    InFlight,
+    /// Re-sent with success; kept for the audit trail.
+    Resolved,
+}
+
+impl Status {
+    /// The status as stored and shown: `dead`, `deferred`, `in_flight`, `resolved`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Status::Dead => "dead",
+            Status::Deferred => "deferred",
+            Status::InFlight => "in_flight",
+            Status::Resolved => "resolved",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The text is not one of `dead`, `deferred`, `in_flight`, `resolved`.
+#[derive(Debug)]
+pub struct ParseStatusError {
+    text: String,
+}
+
+impl fmt::Display for ParseStatusError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown dead-letter status {:?} (expected dead, deferred, in_flight or resolved)",
+            self.text
+        )
+    }
+}
+
+impl std::error::Error for ParseStatusError {}
+
+impl FromStr for Status {
+    type Err = ParseStatusError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "dead" => Status::Dead,
+            "deferred" => Status::Deferred,
+            "in_flight" | "in-flight" => Status::InFlight,
+            "resolved" => Status::Resolved,
+            _ => {
+                return Err(ParseStatusError { text: s.to_owned() });
+            }
+        })
+    }
+}
+
+/// One failure in a record's [`history`](Record::history).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ErrorEntry {
+    /// When it failed (millisecond precision).
+    #[serde(with = "time_text")]
+    pub at: SystemTime,
+    /// The failure's class name.
+    pub class: String,
+    /// The original code, as displayed by [`Code`].
+    pub code: String,
+    /// The error's message.
+    pub message: String,
+    /// The attempts this failure took, the first call included.
+    pub attempts: u32,
+}
 
 /// A dead letter: one request that finally failed, with everything needed to understand it and
 /// to send it again.
 ///
 /// Timestamps have millisecond precision (they are stored as milliseconds since the Unix epoch),
-/// so that a record reads back from every store exactly as it was written.
+/// so that a record reads back from every store exactly as it was written. In JSON they are
+/// RFC 3339 text in UTC (`2026-04-01T14:00:00.000Z`).
+///
+/// A record never grows without bound: its [`history`](Record::history) keeps the last K errors
+/// (the store's history limit, [`DEFAULT_HISTORY_LIMIT`] by default) and its payload is cut at the
+/// layer's payload limit ([`DEFAULT_PAYLOAD_LIMIT`] by default) with
+/// [`payload_truncated`](Record::payload_truncated) set.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Record {
     /// The idempotency key of the request, or a generated message id (`msg-` and 32 hex digits).
     pub id: String,
-    /// The failure's class name ([`Class::name`](crate::Class::name)).
+    /// Labels extracted from the request by the layer's tag function (campaign, provider,
+    /// tenant…), searchable with [`Filter::tag`](super::Filter::tag).
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// The last failure's class name ([`Class::name`](crate::Class::name)).
     pub class: String,
-    /// The original code, as displayed by [`Code`](crate::Code) (`http 503`, `io ConnectionReset`).
+    /// The last failure's original code, as displayed by [`Code`] (`http 503`,
+    /// `io ConnectionReset`).
     pub code: String,
     /// The last error's message.
     pub message: String,
-    /// The number of attempts made, the first call included (at least 1). Writing the same id
-    /// again adds the new attempts to this count.
+    /// The number of attempts made in all, the first call included. Writing the same id again
+    /// adds the new attempts to this count.
     pub attempts: u32,
+    /// The attempts counted against a durable attempt budget
+    /// ([`AttemptBudgetLayer`](super::AttemptBudgetLayer)): like `attempts`, but set back to zero
+    /// when someone re-drives the record on purpose.
+    #[serde(default)]
+    pub budget_spent: u32,
     /// When the first attempt failed.
+    #[serde(with = "time_text")]
     pub first_failed_at: SystemTime,
     /// When the last attempt failed.
+    #[serde(with = "time_text")]
     pub last_failed_at: SystemTime,
-    /// When the request may be sent again, if the server named a time (`Retry-After`).
+    /// When the request may be sent again: set while the record is
+    /// [`Deferred`](Status::Deferred) (the server's delay hint) or
+    /// [`InFlight`](Status::InFlight) (the end of the claim).
+    #[serde(with = "opt_time_text", default)]
     pub retry_at: Option<SystemTime>,
-    /// The original payload, byte for byte.
+    /// Where the record stands.
+    #[serde(default = "default_status")]
+    pub status: Status,
+    /// How many times it was re-sent, by a re-drive or the scheduler.
+    #[serde(default)]
+    pub resends: u32,
+    /// When a re-send succeeded, if one did since the last failure.
+    #[serde(with = "opt_time_text", default)]
+    pub resolved_at: Option<SystemTime>,
+    /// The last errors, oldest first, at most the store's history limit.
+    #[serde(default)]
+    pub history: Vec<ErrorEntry>,
+    /// The original payload, byte for byte, or its first bytes when
+    /// [`payload_truncated`](Record::payload_truncated).
     #[serde(with = "payload_text")]
     pub payload: Vec<u8>,
+    /// Whether `payload` was cut at the payload limit. A truncated record cannot be re-sent.
+    #[serde(default)]
+    pub payload_truncated: bool,
+    /// The size of the original payload, in bytes.
+    #[serde(default)]
+    pub payload_len: u64,
     /// The payload's media type, when known.
     pub content_type: Option<String>,
     /// Request metadata needed to re-send it (method, uri, idempotency key…).
     pub metadata: BTreeMap<String, String>,
+}
+
+fn default_status() -> Status {
+    Status::Dead
 }
 
 /// Truncates `t` to whole milliseconds since the Unix epoch.
@@ -51,41 +191,207 @@ pub(crate) fn from_millis(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
-fn truncate(t: SystemTime) -> SystemTime {
+/// `t` truncated to whole milliseconds, the precision every store keeps.
+pub(crate) fn truncate(t: SystemTime) -> SystemTime {
     from_millis(to_millis(t))
+}
+
+/// Whether a failure is deferred (to be re-sent by the scheduler at its retry-at time) rather
+/// than dead.
+///
+/// A failure is deferred when the retry layer deferred it ([`GiveUp::Deferred`], with an
+/// absolute [`Failure::retry_at`]), or when no retry layer saw it and it carries a delay hint;
+/// in both cases only if its class is neither permanent nor poison (those fail again whenever
+/// they are sent). A failure the retry layer gave up on ([`GiveUp::HintTooLong`] under
+/// `LongDelay::GiveUp`, attempts exhausted…) is dead.
+fn is_deferred<R>(failure: &Failure<R>) -> bool {
+    use crate::failure::Class;
+    let deferrable = match failure.give_up() {
+        Some(GiveUp::Deferred) => true,
+        None => failure.retry_after().is_some(),
+        Some(_) => false,
+    };
+    deferrable && failure.class() != Class::PERMANENT && failure.class() != Class::POISON
+}
+
+/// Rounds `t` up to whole milliseconds, so that a stored retry-at time is never before the
+/// instant it came from.
+fn ceil_millis(t: SystemTime) -> SystemTime {
+    let down = truncate(t);
+    if down < t {
+        down + std::time::Duration::from_millis(1)
+    } else {
+        down
+    }
 }
 
 impl Record {
     /// The record of `failure`, for the request described by `envelope`, with id `id`.
+    ///
+    /// `retry_at` is the retry layer's [`Failure::retry_at`] (or, when no retry layer saw the
+    /// failure, its delay hint counted from `now`), rounded up to the millisecond, and the status
+    /// is [`Deferred`](Status::Deferred), when the failure is deferred: the retry layer deferred
+    /// it ([`GiveUp::Deferred`]) or no retry layer saw it and it has a hint, and its class is not
+    /// permanent or poison. Otherwise the status is [`Dead`](Status::Dead) and `retry_at`
+    /// is `None`. The history holds this one failure. The payload is kept whole; see
+    /// [`truncate_payload`](Record::truncate_payload).
     pub fn from_failure<R>(id: String, envelope: Envelope, failure: &Failure<R>) -> Self {
-        let now = SystemTime::now();
-        let retry_at = failure.retry_after().and_then(|d| now.checked_add(d));
+        Record::from_failure_at(id, envelope, failure, SystemTime::now())
+    }
+
+    /// [`from_failure`](Record::from_failure) with the time now given (from a
+    /// [`Clock`](super::Clock)).
+    pub fn from_failure_at<R>(
+        id: String,
+        envelope: Envelope,
+        failure: &Failure<R>,
+        now: SystemTime,
+    ) -> Self {
+        let deferred = is_deferred(failure);
+        let retry_at = if deferred {
+            failure
+                .retry_at()
+                .or_else(|| failure.retry_after().and_then(|d| now.checked_add(d)))
+        } else {
+            None
+        };
+        // A failure refused by the durable attempt budget made no attempt.
+        let attempts = if failure.code() == Code::AttemptBudgetSpent {
+            0
+        } else {
+            failure.attempts().max(1)
+        };
+        let class = failure.class().name().to_owned();
+        let code = failure.code().to_string();
+        let message = failure.message();
+        let last = truncate(now);
         Record {
             id,
-            class: failure.class().name().to_owned(),
-            code: failure.code().to_string(),
-            message: failure.message(),
-            attempts: failure.attempts().max(1),
+            history: vec![ErrorEntry {
+                at: last,
+                class: class.clone(),
+                code: code.clone(),
+                message: message.clone(),
+                attempts,
+            }],
+            tags: envelope.tags,
+            class,
+            code,
+            message,
+            attempts,
+            budget_spent: attempts,
             first_failed_at: truncate(failure.first_failed_at().unwrap_or(now)),
-            last_failed_at: truncate(now),
-            retry_at: retry_at.map(truncate),
+            last_failed_at: last,
+            retry_at: retry_at.map(ceil_millis),
+            status: if retry_at.is_some() {
+                Status::Deferred
+            } else {
+                Status::Dead
+            },
+            resends: 0,
+            resolved_at: None,
+            payload_len: envelope.payload.len() as u64,
             payload: envelope.payload.to_vec(),
+            payload_truncated: false,
             content_type: envelope.content_type,
             metadata: envelope.metadata,
         }
     }
 
-    /// Folds a newer record of the same id into this one: the newer failure's class, code,
-    /// message, times and payload win; attempts add up; the first failure time stays.
+    /// Cuts the payload to at most `limit` bytes, setting
+    /// [`payload_truncated`](Record::payload_truncated) when it was longer.
+    /// [`payload_len`](Record::payload_len) keeps the original size.
+    pub fn truncate_payload(&mut self, limit: usize) {
+        if self.payload.len() > limit {
+            self.payload.truncate(limit);
+            self.payload.shrink_to_fit();
+            self.payload_truncated = true;
+        }
+    }
+
+    /// Folds a newer record of the same id into this one, keeping the last
+    /// [`DEFAULT_HISTORY_LIMIT`] errors; see [`merge_bounded`](Record::merge_bounded).
     pub fn merge(&mut self, newer: Record) {
+        self.merge_bounded(newer, DEFAULT_HISTORY_LIMIT);
+    }
+
+    /// Folds a newer record of the same id into this one: the newer failure's class, code,
+    /// message, times, status, retry-at and payload win; attempts and the budget spent add up; the
+    /// first failure time stays; tags are united (newer values win); the histories are
+    /// concatenated and only the last `history_limit` errors are kept (at least one).
+    pub fn merge_bounded(&mut self, newer: Record, history_limit: usize) {
         let first = self.first_failed_at.min(newer.first_failed_at);
         let attempts = self.attempts.saturating_add(newer.attempts);
+        let budget_spent = self.budget_spent.saturating_add(newer.budget_spent);
+        let resends = self.resends.max(newer.resends);
+        let mut history = std::mem::take(&mut self.history);
+        let mut tags = std::mem::take(&mut self.tags);
         *self = newer;
+        history.append(&mut self.history);
+        tags.append(&mut self.tags);
+        self.tags = tags;
+        self.history = history;
+        self.bound_history(history_limit);
         self.first_failed_at = first;
         self.attempts = attempts;
+        self.budget_spent = budget_spent;
+        self.resends = resends;
+    }
+
+    /// Drops the oldest errors so that at most `history_limit` (at least one) are kept.
+    pub fn bound_history(&mut self, history_limit: usize) {
+        let keep = history_limit.max(1);
+        if self.history.len() > keep {
+            let cut = self.history.len() - keep;
+            self.history.drain(..cut);
+        }
+    }
+
+    /// Whether the record can be re-sent: its payload is whole.
+    pub fn resendable(&self) -> bool {
+        !self.payload_truncated
     }
 }
 
+mod time_text {
+    //! Timestamps as RFC 3339 text in UTC, with milliseconds.
+    use std::time::SystemTime;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&humantime::format_rfc3339_millis(*t))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_rfc3339_weak(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+mod opt_time_text {
+    use std::time::SystemTime;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        t: &Option<SystemTime>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.collect_str(&humantime::format_rfc3339_millis(*t)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<SystemTime>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|s| humantime::parse_rfc3339_weak(&s).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
 mod payload_text {
     //! Payloads as hex in JSON: readable in a terminal, and exact.
     use serde::{Deserialize, Deserializer, Serializer};
@@ -121,7 +427,7 @@ mod payload_text {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::failure::{Class, Code};
+    use crate::failure::Class;
 
     #[test]
     fn json_round_trip_keeps_binary_payload() {
@@ -149,5 +455,78 @@ mod tests {
         assert_eq!(a.attempts, 5);
         assert_eq!(a.first_failed_at, first);
         assert_eq!(a.code, "http 503");
+    }
+
+    #[test]
+    fn history_is_bounded_and_keeps_the_newest() {
+        let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
+        let mut r = Record::from_failure("k".into(), Envelope::new("x"), &f);
+        for i in 0..20 {
+            let mut newer = Record::from_failure("k".into(), Envelope::new("x"), &f);
+            newer.history[0].message = format!("error {i}");
+            r.merge_bounded(newer, 3);
+        }
+        let messages: Vec<&str> = r.history.iter().map(|e| e.message.as_str()).collect();
+        assert_eq!(messages, ["error 17", "error 18", "error 19"]);
+        assert_eq!(r.attempts, 21);
+        r.merge_bounded(Record::from_failure("k".into(), Envelope::new("x"), &f), 0);
+        assert_eq!(r.history.len(), 1, "at least one error is kept");
+    }
+
+    #[test]
+    fn payload_over_the_limit_is_cut_and_flagged() {
+        let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
+        let mut r = Record::from_failure("k".into(), Envelope::new(vec![7u8; 100]), &f);
+        r.truncate_payload(100);
+        assert!(!r.payload_truncated && r.resendable());
+        r.truncate_payload(10);
+        assert_eq!((r.payload.len(), r.payload_len), (10, 100));
+        assert!(r.payload_truncated && !r.resendable());
+    }
+
+    #[test]
+    fn only_deferrable_failures_get_a_retry_at() {
+        let hint = Duration::from_secs(30);
+        let deferred: Failure =
+            Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
+        let r = Record::from_failure("k".into(), Envelope::new("x"), &deferred);
+        assert_eq!(r.status, Status::Deferred);
+        assert!(r.retry_at.is_some());
+        let mut spent: Failure =
+            Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
+        spent.note_attempts(3, None, GiveUp::AttemptsExhausted);
+        let r = Record::from_failure("k".into(), Envelope::new("x"), &spent);
+        assert_eq!((r.status, r.retry_at), (Status::Dead, None));
+        let permanent: Failure =
+            Failure::new(Class::PERMANENT, Code::Timeout).with_retry_after(hint);
+        let r = Record::from_failure("k".into(), Envelope::new("x"), &permanent);
+        assert_eq!((r.status, r.retry_at), (Status::Dead, None));
+        // Deferred by the retry layer: the record keeps its absolute retry-at time.
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+        let mut deferred: Failure =
+            Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
+        deferred.note_attempts(1, None, GiveUp::Deferred);
+        deferred.note_retry_at(at);
+        let r = Record::from_failure("k".into(), Envelope::new("x"), &deferred);
+        assert_eq!((r.status, r.retry_at), (Status::Deferred, Some(at)));
+        // Given up on because the hint was too long (`LongDelay::GiveUp`): dead.
+        let mut too_long: Failure =
+            Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
+        too_long.note_attempts(1, None, GiveUp::HintTooLong);
+        let r = Record::from_failure("k".into(), Envelope::new("x"), &too_long);
+        assert_eq!((r.status, r.retry_at), (Status::Dead, None));
+    }
+
+    #[test]
+    fn status_round_trips_through_text() {
+        for s in [
+            Status::Dead,
+            Status::Deferred,
+            Status::InFlight,
+            Status::Resolved,
+        ] {
+            assert_eq!(s.as_str().parse::<Status>().unwrap(), s);
+        }
+        assert!("lost".parse::<Status>().is_err());
     }
 }

@@ -1,23 +1,39 @@
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::types::Value;
+use rusqlite::{
+    Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
+};
 
-use super::record::{Record, from_millis, to_millis};
-use super::store::{BoxFuture, Store, StoreError, sort_counts};
+use super::query::{Change, Counts, Filter, Page, claim, top_first};
+use super::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status, from_millis, to_millis};
+use super::store::{BoxFuture, Store, StoreError};
 
 /// A durable dead-letter store in one SQLite file (embedded, bundled SQLite; feature `sqlite`).
 ///
-/// The database runs in WAL mode with `synchronous = FULL`, and each write is one transaction:
-/// a record that [`put`](Store::put) reported written survives a crash and a restart. Calls run on
-/// tokio's blocking pool, so the async worker that hit the failure is not blocked on the disk.
-/// Clones share one connection.
+/// The database runs in WAL mode with `synchronous = FULL`, and each write is one transaction
+/// (`BEGIN IMMEDIATE`): a record that [`put`](Store::put) reported written survives a crash and a
+/// restart, and the record, its attempt counts, its tags and the first sighting of its code change
+/// together. [`put_many`](Store::put_many) writes a whole batch in one transaction, which is what
+/// makes bulk writes fast (one fsync per batch). Calls run on tokio's blocking pool, so the async
+/// worker that hit the failure is not blocked on the disk. Clones share one connection; several
+/// processes may open the same file (writes wait up to 5 s for each other).
+///
+/// Layout: a `dead_letters` table (one row per id, indexed by class, code, last failure time and
+/// retry-at), `dead_letter_tags` (id, key, value; indexed by key and value) and
+/// `dead_letter_codes` (each code's first sighting).
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Option<Connection>>>,
     path: PathBuf,
+    history_limit: usize,
 }
+
+/// The schema version written to `PRAGMA user_version`.
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -26,28 +42,56 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     code               TEXT NOT NULL,
     message            TEXT NOT NULL,
     attempts           INTEGER NOT NULL,
+    budget_spent       INTEGER NOT NULL,
     first_failed_at_ms INTEGER NOT NULL,
     last_failed_at_ms  INTEGER NOT NULL,
     retry_at_ms        INTEGER,
+    status             TEXT NOT NULL,
+    resends            INTEGER NOT NULL,
+    resolved_at_ms     INTEGER,
+    history            TEXT NOT NULL,
+    tags               TEXT NOT NULL,
     payload            BLOB NOT NULL,
+    payload_truncated  INTEGER NOT NULL,
+    payload_len        INTEGER NOT NULL,
     content_type       TEXT,
     metadata           TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS dead_letters_by_class ON dead_letters (class, last_failed_at_ms);
+CREATE INDEX IF NOT EXISTS dead_letters_by_code ON dead_letters (code, last_failed_at_ms);
 CREATE INDEX IF NOT EXISTS dead_letters_by_time ON dead_letters (last_failed_at_ms);
+CREATE INDEX IF NOT EXISTS dead_letters_by_retry ON dead_letters (retry_at_ms)
+    WHERE retry_at_ms IS NOT NULL;
+CREATE TABLE IF NOT EXISTS dead_letter_tags (
+    id    TEXT NOT NULL,
+    key   TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (id, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS dead_letter_tags_by_value ON dead_letter_tags (key, value);
+CREATE TABLE IF NOT EXISTS dead_letter_codes (
+    code          TEXT PRIMARY KEY,
+    first_seen_ms INTEGER NOT NULL
+);
 ";
 
 fn sql_error(what: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
     move |e| StoreError::with_source(format!("sqlite dead-letter store: {what}"), e)
 }
 
+fn json_error(what: &'static str) -> impl FnOnce(serde_json::Error) -> StoreError {
+    move |e| StoreError::with_source(format!("sqlite dead-letter store: {what}"), e)
+}
+
 impl SqliteStore {
-    /// Opens (creating if needed) the store at `path`.
+    /// Opens (creating if needed) the store at `path`, keeping the last
+    /// [`DEFAULT_HISTORY_LIMIT`] errors per record.
     ///
     /// # Errors
     ///
     /// [`StoreError`] when the file cannot be opened or created (a missing directory, no
-    /// permission, not a SQLite database) or the schema cannot be written.
+    /// permission, not a SQLite database), the schema cannot be written, or the file holds a
+    /// dead-letter table of another schema version.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         let conn = Connection::open(&path).map_err(|e| {
@@ -60,14 +104,67 @@ impl SqliteStore {
             .map_err(sql_error("set WAL mode"))?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(sql_error("set synchronous"))?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
+        conn.busy_timeout(Duration::from_secs(5))
             .map_err(sql_error("set busy timeout"))?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .map_err(sql_error("read schema version"))?;
+        let has_table: bool = conn
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'dead_letters'",
+                [],
+                |row| row.get::<_, i64>(0).map(|n| n > 0),
+            )
+            .map_err(sql_error("read schema"))?;
+        if has_table && version != SCHEMA_VERSION {
+            return Err(StoreError::new(format!(
+                "sqlite dead-letter store {} has schema version {version}, this version of \
+                 tower-backstop reads version {SCHEMA_VERSION}",
+                path.display()
+            )));
+        }
         conn.execute_batch(SCHEMA)
             .map_err(sql_error("create schema"))?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(sql_error("write schema version"))?;
         Ok(SqliteStore {
             conn: Arc::new(Mutex::new(Some(conn))),
             path,
+            history_limit: DEFAULT_HISTORY_LIMIT,
         })
+    }
+
+    /// Opens an existing store for reading only (what `backstop-dlq list` and `stats` use).
+    /// Every write fails with a [`StoreError`] that says the database is read-only.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the file does not exist or is not a SQLite database.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| {
+            StoreError::with_source(
+                format!("cannot open sqlite dead-letter store {}", path.display()),
+                e,
+            )
+        })?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(sql_error("set busy timeout"))?;
+        Ok(SqliteStore {
+            conn: Arc::new(Mutex::new(Some(conn))),
+            path,
+            history_limit: DEFAULT_HISTORY_LIMIT,
+        })
+    }
+
+    /// Keeps the last `limit` errors per record (at least one).
+    pub fn with_history_limit(mut self, limit: usize) -> Self {
+        self.history_limit = limit.max(1);
+        self
     }
 
     /// The path of the database file.
@@ -103,68 +200,226 @@ impl SqliteStore {
             }
         })
     }
+
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction and commits it.
+    fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
+        self.run(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(sql_error("begin"))?;
+            let out = f(&tx)?;
+            tx.commit().map_err(sql_error("commit"))?;
+            Ok(out)
+        })
+    }
+}
+
+const COLUMNS: &str = "id, class, code, message, attempts, budget_spent, first_failed_at_ms, \
+                       last_failed_at_ms, retry_at_ms, status, resends, resolved_at_ms, history, \
+                       tags, payload, payload_truncated, payload_len, content_type, metadata";
+
+fn decode<T: serde::de::DeserializeOwned>(idx: usize, text: &str) -> rusqlite::Result<T> {
+    serde_json::from_str(text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+    })
 }
 
 fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
-    let metadata: String = row.get(10)?;
-    let metadata: BTreeMap<String, String> = serde_json::from_str(&metadata).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(10, rusqlite::types::Type::Text, Box::new(e))
+    let status: String = row.get(9)?;
+    let status: Status = status.parse().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(9, rusqlite::types::Type::Text, Box::new(e))
     })?;
+    let history: Vec<ErrorEntry> = decode(12, &row.get::<_, String>(12)?)?;
+    let tags: BTreeMap<String, String> = decode(13, &row.get::<_, String>(13)?)?;
+    let metadata: BTreeMap<String, String> = decode(18, &row.get::<_, String>(18)?)?;
     Ok(Record {
         id: row.get(0)?,
         class: row.get(1)?,
         code: row.get(2)?,
         message: row.get(3)?,
         attempts: row.get(4)?,
-        first_failed_at: from_millis(row.get(5)?),
-        last_failed_at: from_millis(row.get(6)?),
-        retry_at: row.get::<_, Option<i64>>(7)?.map(from_millis),
-        payload: row.get(8)?,
-        content_type: row.get(9)?,
+        budget_spent: row.get(5)?,
+        first_failed_at: from_millis(row.get(6)?),
+        last_failed_at: from_millis(row.get(7)?),
+        retry_at: row.get::<_, Option<i64>>(8)?.map(from_millis),
+        status,
+        resends: row.get(10)?,
+        resolved_at: row.get::<_, Option<i64>>(11)?.map(from_millis),
+        history,
+        tags,
+        payload: row.get(14)?,
+        payload_truncated: row.get(15)?,
+        payload_len: row.get::<_, i64>(16)?.try_into().unwrap_or(0),
+        content_type: row.get(17)?,
         metadata,
     })
 }
 
-const COLUMNS: &str = "id, class, code, message, attempts, first_failed_at_ms, last_failed_at_ms, \
-                       retry_at_ms, payload, content_type, metadata";
+fn read_record(tx: &Transaction<'_>, id: &str) -> Result<Option<Record>, StoreError> {
+    tx.prepare_cached(&format!("SELECT {COLUMNS} FROM dead_letters WHERE id = ?1"))
+        .map_err(sql_error("read record"))?
+        .query_row(params![id], row_to_record)
+        .optional()
+        .map_err(sql_error("read record"))
+}
+
+/// Writes the whole row of `record` and its tags, replacing what was there.
+fn write_row(tx: &Transaction<'_>, record: &Record) -> Result<(), StoreError> {
+    let history = serde_json::to_string(&record.history).map_err(json_error("encode history"))?;
+    let tags = serde_json::to_string(&record.tags).map_err(json_error("encode tags"))?;
+    let metadata =
+        serde_json::to_string(&record.metadata).map_err(json_error("encode metadata"))?;
+    tx.prepare_cached(&format!(
+        "INSERT OR REPLACE INTO dead_letters ({COLUMNS})
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"
+    ))
+    .map_err(sql_error("write record"))?
+    .execute(params![
+        record.id,
+        record.class,
+        record.code,
+        record.message,
+        record.attempts,
+        record.budget_spent,
+        to_millis(record.first_failed_at),
+        to_millis(record.last_failed_at),
+        record.retry_at.map(to_millis),
+        record.status.as_str(),
+        record.resends,
+        record.resolved_at.map(to_millis),
+        history,
+        tags,
+        record.payload,
+        record.payload_truncated,
+        i64::try_from(record.payload_len).unwrap_or(i64::MAX),
+        record.content_type,
+        metadata,
+    ])
+    .map_err(sql_error("write record"))?;
+    tx.prepare_cached("DELETE FROM dead_letter_tags WHERE id = ?1")
+        .map_err(sql_error("write tags"))?
+        .execute(params![record.id])
+        .map_err(sql_error("write tags"))?;
+    let mut insert = tx
+        .prepare_cached("INSERT INTO dead_letter_tags (id, key, value) VALUES (?1, ?2, ?3)")
+        .map_err(sql_error("write tags"))?;
+    for (key, value) in &record.tags {
+        insert
+            .execute(params![record.id, key, value])
+            .map_err(sql_error("write tags"))?;
+    }
+    Ok(())
+}
+
+/// Merges `record` into the row with its id (or inserts it) and notes its code's first sighting.
+fn put_record(tx: &Transaction<'_>, mut record: Record, limit: usize) -> Result<(), StoreError> {
+    tx.prepare_cached(
+        "INSERT OR IGNORE INTO dead_letter_codes (code, first_seen_ms) VALUES (?1, ?2)",
+    )
+    .map_err(sql_error("write code"))?
+    .execute(params![record.code, to_millis(record.last_failed_at)])
+    .map_err(sql_error("write code"))?;
+    let record = match read_record(tx, &record.id)? {
+        Some(mut existing) => {
+            existing.merge_bounded(record, limit);
+            existing
+        }
+        None => {
+            record.bound_history(limit);
+            record
+        }
+    };
+    write_row(tx, &record)
+}
+
+/// A `WHERE` clause and its parameters for `filter`.
+fn where_clause(filter: &Filter) -> (String, Vec<Value>) {
+    let mut clauses: Vec<String> = Vec::new();
+    let mut values: Vec<Value> = Vec::new();
+    let mut push = |clause: &str, value: Value, values: &mut Vec<Value>| {
+        values.push(value);
+        clauses.push(clause.replace('?', &format!("?{}", values.len())));
+    };
+    if let Some(class) = &filter.class {
+        push("class = ?", Value::Text(class.clone()), &mut values);
+    }
+    if let Some(code) = &filter.code {
+        push("code = ?", Value::Text(code.clone()), &mut values);
+    }
+    if let Some(since) = filter.since {
+        push(
+            "last_failed_at_ms >= ?",
+            Value::Integer(to_millis(since)),
+            &mut values,
+        );
+    }
+    if let Some(until) = filter.until {
+        push(
+            "last_failed_at_ms < ?",
+            Value::Integer(to_millis(until)),
+            &mut values,
+        );
+    }
+    if let Some(status) = filter.status {
+        push(
+            "status = ?",
+            Value::Text(status.as_str().to_owned()),
+            &mut values,
+        );
+    }
+    for (key, value) in &filter.tags {
+        values.push(Value::Text(key.clone()));
+        values.push(Value::Text(value.clone()));
+        clauses.push(format!(
+            "id IN (SELECT id FROM dead_letter_tags WHERE key = ?{} AND value = ?{})",
+            values.len() - 1,
+            values.len()
+        ));
+    }
+    if !filter.ids.is_empty() {
+        let mut marks = Vec::new();
+        for id in &filter.ids {
+            values.push(Value::Text(id.clone()));
+            marks.push(format!("?{}", values.len()));
+        }
+        clauses.push(format!("id IN ({})", marks.join(", ")));
+    }
+    if clauses.is_empty() {
+        ("1".to_owned(), values)
+    } else {
+        (clauses.join(" AND "), values)
+    }
+}
+
+fn count_pairs(conn: &Connection, sql: &str, since: i64) -> Result<Vec<(String, u64)>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(sql)
+        .map_err(sql_error("count records"))?;
+    let rows = stmt
+        .query_map(params![since], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+        })
+        .map_err(sql_error("count records"))?;
+    let pairs: Vec<(String, i64)> = rows
+        .collect::<Result<_, _>>()
+        .map_err(sql_error("count records"))?;
+    Ok(top_first(
+        pairs
+            .into_iter()
+            .map(|(k, n)| (k, u64::try_from(n).unwrap_or(0))),
+    ))
+}
 
 impl Store for SqliteStore {
-    fn put(&self, record: Record) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.run(move |conn| {
-            let metadata = serde_json::to_string(&record.metadata)
-                .map_err(|e| StoreError::with_source("cannot encode metadata", e))?;
-            let tx = conn.transaction().map_err(sql_error("begin"))?;
-            tx.execute(
-                "INSERT INTO dead_letters (id, class, code, message, attempts, first_failed_at_ms, \
-                     last_failed_at_ms, retry_at_ms, payload, content_type, metadata)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-                 ON CONFLICT (id) DO UPDATE SET
-                     class = excluded.class,
-                     code = excluded.code,
-                     message = excluded.message,
-                     attempts = attempts + excluded.attempts,
-                     first_failed_at_ms = MIN(first_failed_at_ms, excluded.first_failed_at_ms),
-                     last_failed_at_ms = excluded.last_failed_at_ms,
-                     retry_at_ms = excluded.retry_at_ms,
-                     payload = excluded.payload,
-                     content_type = excluded.content_type,
-                     metadata = excluded.metadata",
-                params![
-                    record.id,
-                    record.class,
-                    record.code,
-                    record.message,
-                    record.attempts,
-                    to_millis(record.first_failed_at),
-                    to_millis(record.last_failed_at),
-                    record.retry_at.map(to_millis),
-                    record.payload,
-                    record.content_type,
-                    metadata,
-                ],
-            )
-            .map_err(sql_error("write record"))?;
-            tx.commit().map_err(sql_error("commit"))?;
+    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
+        let limit = self.history_limit;
+        self.write(move |tx| {
+            for record in records {
+                put_record(tx, record, limit)?;
+            }
             Ok(())
         })
     }
@@ -172,51 +427,163 @@ impl Store for SqliteStore {
     fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
         let id = id.to_owned();
         self.run(move |conn| {
-            conn.query_row(
-                &format!("SELECT {COLUMNS} FROM dead_letters WHERE id = ?1"),
-                params![id],
-                row_to_record,
-            )
-            .optional()
-            .map_err(sql_error("read record"))
+            conn.prepare_cached(&format!("SELECT {COLUMNS} FROM dead_letters WHERE id = ?1"))
+                .map_err(sql_error("read record"))?
+                .query_row(params![id], row_to_record)
+                .optional()
+                .map_err(sql_error("read record"))
         })
     }
 
-    fn list(&self, limit: usize) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    fn search(
+        &self,
+        filter: &Filter,
+        page: Page,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let (clause, mut values) = where_clause(filter);
+        values.push(Value::Integer(
+            i64::try_from(page.limit).unwrap_or(i64::MAX),
+        ));
+        values.push(Value::Integer(
+            i64::try_from(page.offset).unwrap_or(i64::MAX),
+        ));
+        let n = values.len();
         self.run(move |conn| {
             let mut stmt = conn
                 .prepare(&format!(
-                    "SELECT {COLUMNS} FROM dead_letters ORDER BY last_failed_at_ms DESC, id LIMIT ?1"
+                    "SELECT {COLUMNS} FROM dead_letters WHERE {clause}
+                     ORDER BY last_failed_at_ms DESC, id LIMIT ?{} OFFSET ?{n}",
+                    n - 1
                 ))
-                .map_err(sql_error("list records"))?;
+                .map_err(sql_error("search records"))?;
             let rows = stmt
-                .query_map(params![limit], row_to_record)
-                .map_err(sql_error("list records"))?;
+                .query_map(rusqlite::params_from_iter(values), row_to_record)
+                .map_err(sql_error("search records"))?;
             rows.collect::<Result<Vec<_>, _>>()
                 .map_err(sql_error("decode record"))
         })
     }
 
-    fn count_by_class(&self) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>> {
-        self.run(|conn| {
+    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
+        let since = to_millis(since);
+        self.run(move |conn| {
+            let by_class = count_pairs(
+                conn,
+                "SELECT class, COUNT(*) FROM dead_letters WHERE last_failed_at_ms >= ?1 \
+                 GROUP BY class",
+                since,
+            )?;
+            let by_code = count_pairs(
+                conn,
+                "SELECT code, COUNT(*) FROM dead_letters WHERE last_failed_at_ms >= ?1 \
+                 GROUP BY code",
+                since,
+            )?;
             let mut stmt = conn
-                .prepare("SELECT class, COUNT(*) FROM dead_letters GROUP BY class")
-                .map_err(sql_error("count records"))?;
-            let rows = stmt
-                .query_map([], |row| {
-                    Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+                .prepare_cached(
+                    "SELECT code, first_seen_ms FROM dead_letter_codes WHERE first_seen_ms >= ?1 \
+                     ORDER BY first_seen_ms, code",
+                )
+                .map_err(sql_error("read codes"))?;
+            let new_codes = stmt
+                .query_map(params![since], |row| {
+                    Ok((row.get::<_, String>(0)?, from_millis(row.get(1)?)))
                 })
-                .map_err(sql_error("count records"))?;
-            let counts: HashMap<String, i64> = rows
-                .collect::<Result<_, _>>()
-                .map_err(sql_error("count records"))?;
-            Ok(sort_counts(
-                counts
-                    .into_iter()
-                    .map(|(class, n)| (class, u64::try_from(n).unwrap_or(0)))
-                    .collect(),
-            ))
+                .map_err(sql_error("read codes"))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(sql_error("read codes"))?;
+            Ok(Counts {
+                total: by_class.iter().map(|(_, n)| n).sum(),
+                by_class,
+                by_code,
+                new_codes,
+            })
+        })
+    }
+
+    fn update(
+        &self,
+        id: &str,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        let id = id.to_owned();
+        self.write(move |tx| {
+            let Some(mut record) = read_record(tx, &id)? else {
+                return Ok(None);
+            };
+            change.apply(&mut record);
+            write_row(tx, &record)?;
+            Ok(Some(record))
+        })
+    }
+
+    fn claim_due(
+        &self,
+        now: SystemTime,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.write(move |tx| {
+            let mut due = {
+                let mut stmt = tx
+                    .prepare_cached(&format!(
+                        "SELECT {COLUMNS} FROM dead_letters
+                         WHERE retry_at_ms IS NOT NULL AND retry_at_ms <= ?1
+                           AND status IN ('deferred', 'in_flight')
+                         ORDER BY retry_at_ms, id LIMIT ?2"
+                    ))
+                    .map_err(sql_error("claim records"))?;
+                stmt.query_map(params![to_millis(now), limit], row_to_record)
+                    .map_err(sql_error("claim records"))?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(sql_error("decode record"))?
+            };
+            let mut update = tx
+                .prepare_cached(
+                    "UPDATE dead_letters SET status = ?2, retry_at_ms = ?3, resends = ?4 \
+                     WHERE id = ?1",
+                )
+                .map_err(sql_error("claim records"))?;
+            for record in &mut due {
+                claim(record, now, lease);
+                update
+                    .execute(params![
+                        record.id,
+                        record.status.as_str(),
+                        record.retry_at.map(to_millis),
+                        record.resends
+                    ])
+                    .map_err(sql_error("claim records"))?;
+            }
+            Ok(due)
+        })
+    }
+
+    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let (clause, values) = where_clause(filter);
+        self.write(move |tx| {
+            let ids: Vec<String> = {
+                let mut stmt = tx
+                    .prepare(&format!("SELECT id FROM dead_letters WHERE {clause}"))
+                    .map_err(sql_error("delete records"))?;
+                stmt.query_map(rusqlite::params_from_iter(values), |row| row.get(0))
+                    .map_err(sql_error("delete records"))?
+                    .collect::<Result<_, _>>()
+                    .map_err(sql_error("delete records"))?
+            };
+            for id in &ids {
+                for sql in [
+                    "DELETE FROM dead_letter_tags WHERE id = ?1",
+                    "DELETE FROM dead_letters WHERE id = ?1",
+                ] {
+                    tx.prepare_cached(sql)
+                        .map_err(sql_error("delete records"))?
+                        .execute(params![id])
+                        .map_err(sql_error("delete records"))?;
+                }
+            }
+            Ok(ids.len() as u64)
         })
     }
 }

@@ -4,8 +4,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::record::Record;
+use super::query::{Change, Counts, Filter, Page, claim, claimable};
+use super::record::{DEFAULT_HISTORY_LIMIT, Record};
 use crate::failure::BoxError;
 
 /// A boxed, `Send` future, the return type of [`Store`] methods (the failure path only).
@@ -62,19 +64,37 @@ impl std::error::Error for StoreError {
 
 /// Where dead letters are kept. One trait, one behaviour, whatever the backend:
 /// [`MemoryStore`] for tests, [`SqliteStore`](super::SqliteStore) (feature `sqlite`) as the
-/// durable default.
+/// durable default, [`RedisStore`](super::RedisStore) (feature `redis`) for many instances. The
+/// crate's conformance suite (`tests/store_conformance.rs`) runs the same cases against all three.
 ///
 /// Methods return boxed `'static` futures so that the trait is object-safe and a layer can hold
-/// any store; they run on the failure path only. Implementations are cheap to clone handles over
-/// shared state.
+/// any store; the request path calls only [`put`](Store::put), on failure. Implementations are
+/// cheap to clone handles over shared state.
+///
+/// Every write of a record is atomic (one SQLite transaction, one Redis script): the record, its
+/// attempt count and budget, its history and its indexes change together or not at all.
 pub trait Store: Send + Sync + 'static {
-    /// Writes `record`. A record with an id already in the store is merged into it
-    /// ([`Record::merge`]): attempts add up, the newer failure wins, there is never a duplicate.
+    /// Writes `records` in one transaction (SQLite), one pipeline (Redis). A record with an id
+    /// already in the store is merged into it ([`Record::merge_bounded`] with the store's
+    /// history limit): attempts add up, the newer failure wins, the history keeps the last K
+    /// errors, there is never a duplicate.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails. SQLite then writes nothing;
+    /// Redis writes each record atomically, so a failure part-way may leave the earlier records
+    /// of the batch written.
+    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>>;
+
+    /// Writes one record, merging it into an existing one with the same id; see
+    /// [`put_many`](Store::put_many).
     ///
     /// # Errors
     ///
     /// [`StoreError`] when the store is closed or the write fails; nothing is written then.
-    fn put(&self, record: Record) -> BoxFuture<'static, Result<(), StoreError>>;
+    fn put(&self, record: Record) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.put_many(vec![record])
+    }
 
     /// The record with `id`, if there is one.
     ///
@@ -83,38 +103,117 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError`] when the store is closed or cannot be read.
     fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>>;
 
+    /// One page of the records that match `filter`, the most recently failed first (ties by
+    /// id).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn search(
+        &self,
+        filter: &Filter,
+        page: Page,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>>;
+
     /// Up to `limit` records, the most recently failed first.
     ///
     /// # Errors
     ///
     /// [`StoreError`] when the store is closed or cannot be read.
-    fn list(&self, limit: usize) -> BoxFuture<'static, Result<Vec<Record>, StoreError>>;
+    fn list(&self, limit: usize) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.search(&Filter::new(), Page::first(limit))
+    }
 
-    /// The number of records per class, the largest first (ties by class name).
+    /// Counts of the records whose last failure is at or after `since`, by class and by code
+    /// (the largest first), and the codes first seen since then.
     ///
     /// # Errors
     ///
     /// [`StoreError`] when the store is closed or cannot be read.
-    fn count_by_class(&self) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>>;
-}
+    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>>;
 
-pub(crate) fn sort_counts(counts: HashMap<String, u64>) -> Vec<(String, u64)> {
-    let mut v: Vec<_> = counts.into_iter().collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    v
+    /// The number of records per class, the largest first (ties by class name), over all time.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn count_by_class(&self) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>> {
+        let counts = self.counts(UNIX_EPOCH);
+        Box::pin(async move { Ok(counts.await?.by_class) })
+    }
+
+    /// Applies `change` to the record with `id` atomically and returns the record as written, or
+    /// `None` when there is no such record.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails.
+    fn update(
+        &self,
+        id: &str,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>>;
+
+    /// Claims up to `limit` records that are due at `now` (status
+    /// [`Deferred`](super::Status::Deferred), or an [`InFlight`](super::Status::InFlight) claim
+    /// that expired, with `retry_at <= now`), the earliest retry-at first, and returns them as
+    /// written: status `InFlight`, `retry_at = now + lease`, one more resend.
+    ///
+    /// The claim is atomic: two schedulers on the same store never claim the same record while
+    /// the lease runs. A scheduler that dies with a claim loses it when the lease ends.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails.
+    fn claim_due(
+        &self,
+        now: SystemTime,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>>;
+
+    /// Deletes the records that match `filter` and returns how many were deleted.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails.
+    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>>;
 }
 
 /// A store in memory, for tests and short-lived tools. Clones share the records.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct MemoryStore {
-    records: Arc<Mutex<BTreeMap<String, Record>>>,
+    inner: Arc<Mutex<Memory>>,
     closed: Arc<AtomicBool>,
+    history_limit: usize,
+}
+
+#[derive(Debug, Default)]
+struct Memory {
+    records: BTreeMap<String, Record>,
+    first_seen: HashMap<String, SystemTime>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            inner: Arc::default(),
+            closed: Arc::default(),
+            history_limit: DEFAULT_HISTORY_LIMIT,
+        }
+    }
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store that keeps the last [`DEFAULT_HISTORY_LIMIT`] errors per record.
     pub fn new() -> Self {
         MemoryStore::default()
+    }
+
+    /// Keeps the last `limit` errors per record (at least one).
+    pub fn with_history_limit(mut self, limit: usize) -> Self {
+        self.history_limit = limit.max(1);
+        self
     }
 
     /// Closes the store: every later call fails with [`StoreError::closed`].
@@ -124,13 +223,13 @@ impl MemoryStore {
 
     fn with<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut BTreeMap<String, Record>) -> T,
+        f: impl FnOnce(&mut Memory) -> T,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
         let result = if self.closed.load(Ordering::SeqCst) {
             Err(StoreError::closed())
         } else {
-            match self.records.lock() {
-                Ok(mut records) => Ok(f(&mut records)),
+            match self.inner.lock() {
+                Ok(mut memory) => Ok(f(&mut memory)),
                 Err(_) => Err(StoreError::new("memory store lock poisoned")),
             }
         };
@@ -138,41 +237,113 @@ impl MemoryStore {
     }
 }
 
+/// Sorts records the most recently failed first, ties by id: the order of every search.
+pub(crate) fn newest_first(records: &mut [Record]) {
+    records.sort_by(|a, b| {
+        b.last_failed_at
+            .cmp(&a.last_failed_at)
+            .then_with(|| a.id.cmp(&b.id))
+    });
+}
+
 impl Store for MemoryStore {
-    fn put(&self, record: Record) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.with(move |records| match records.get_mut(&record.id) {
-            Some(existing) => existing.merge(record),
-            None => {
-                records.insert(record.id.clone(), record);
+    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
+        let limit = self.history_limit;
+        self.with(move |memory| {
+            for mut record in records {
+                memory
+                    .first_seen
+                    .entry(record.code.clone())
+                    .or_insert(record.last_failed_at);
+                match memory.records.get_mut(&record.id) {
+                    Some(existing) => existing.merge_bounded(record, limit),
+                    None => {
+                        record.bound_history(limit);
+                        memory.records.insert(record.id.clone(), record);
+                    }
+                }
             }
         })
     }
 
     fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
         let id = id.to_owned();
-        self.with(move |records| records.get(&id).cloned())
+        self.with(move |memory| memory.records.get(&id).cloned())
     }
 
-    fn list(&self, limit: usize) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        self.with(move |records| {
-            let mut all: Vec<Record> = records.values().cloned().collect();
-            all.sort_by(|a, b| {
-                b.last_failed_at
-                    .cmp(&a.last_failed_at)
-                    .then_with(|| a.id.cmp(&b.id))
-            });
-            all.truncate(limit);
-            all
+    fn search(
+        &self,
+        filter: &Filter,
+        page: Page,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let filter = filter.clone();
+        self.with(move |memory| {
+            let mut all: Vec<Record> = memory
+                .records
+                .values()
+                .filter(|r| filter.matches(r))
+                .cloned()
+                .collect();
+            newest_first(&mut all);
+            all.into_iter().skip(page.offset).take(page.limit).collect()
         })
     }
 
-    fn count_by_class(&self) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>> {
-        self.with(|records| {
-            let mut counts = HashMap::new();
-            for r in records.values() {
-                *counts.entry(r.class.clone()).or_insert(0) += 1;
-            }
-            sort_counts(counts)
+    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
+        self.with(move |memory| {
+            Counts::tally(
+                since,
+                memory.records.values(),
+                memory.first_seen.iter().map(|(code, t)| (code.clone(), *t)),
+            )
+        })
+    }
+
+    fn update(
+        &self,
+        id: &str,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        let id = id.to_owned();
+        self.with(move |memory| {
+            memory.records.get_mut(&id).map(|record| {
+                change.apply(record);
+                record.clone()
+            })
+        })
+    }
+
+    fn claim_due(
+        &self,
+        now: SystemTime,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.with(move |memory| {
+            let mut due: Vec<(SystemTime, String)> = memory
+                .records
+                .values()
+                .filter(|r| claimable(r, now))
+                .map(|r| (r.retry_at.unwrap_or(UNIX_EPOCH), r.id.clone()))
+                .collect();
+            due.sort();
+            due.truncate(limit);
+            due.into_iter()
+                .filter_map(|(_, id)| {
+                    let record = memory.records.get_mut(&id)?;
+                    claim(record, now, lease);
+                    Some(record.clone())
+                })
+                .collect()
+        })
+    }
+
+    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let filter = filter.clone();
+        self.with(move |memory| {
+            let before = memory.records.len();
+            memory.records.retain(|_, r| !filter.matches(r));
+            (before - memory.records.len()) as u64
         })
     }
 }

@@ -1,0 +1,471 @@
+//! `backstop-dlq`: look into a dead-letter store, and re-drive or purge from it on purpose.
+//!
+//! ```text
+//! backstop-dlq --store dead_letters.db list --filter class=throttled --filter tag.campaign=spring
+//! backstop-dlq --store dead_letters.db show msg-0042
+//! backstop-dlq --store redis://127.0.0.1:6379 stats --window 1h
+//! backstop-dlq --store dead_letters.db redrive --target http://127.0.0.1:8080 \
+//!     --filter class=throttled --rate 50 --max 200 --dry-run
+//! backstop-dlq --store dead_letters.db purge --filter class=permanent --filter until=2026-04-01T00:00:00Z --yes
+//! ```
+//!
+//! A filter is `key=value`, repeated (every one must hold): `class`, `code`, `status` (dead,
+//! deferred, in_flight, resolved), `id` (several: any of them), `tag.NAME`, `since` and `until`
+//! (an RFC 3339 time, or a duration back from now such as `15m`, `2h`, `7days`).
+//!
+//! Exit status: 0 done, 1 an error, 2 a bad command line or a purge without `--yes`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use clap::{Args, Parser, Subcommand};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::ServiceBuilder;
+use tower_backstop::BoxError;
+use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::dead_letter::{
+    AlertRules, DeadLetterLayer, Filter, Outcome, Page, Record, Redrive, SqliteStore, Stats,
+    Status, Store, http_request,
+};
+use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::timeout::TimeoutLayer;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "backstop-dlq",
+    version,
+    about = "Search, count, re-drive and purge dead letters in a tower-backstop store"
+)]
+struct Cli {
+    /// The store: a SQLite file, or a redis:// URL (needs the `redis` feature).
+    #[arg(long, short)]
+    store: String,
+    /// The key prefix of a Redis store.
+    #[arg(long, default_value = "backstop:dlq")]
+    prefix: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List dead letters, the most recently failed first.
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Records per page.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Records to skip (paging).
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+        /// One JSON record per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one dead letter in full: history, metadata, payload.
+    Show {
+        /// The record's id.
+        id: String,
+        /// The record as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Top classes and codes over a window, the dead-letter rate and the alert signals.
+    Stats {
+        /// The window of the counts (`24h`, `15m`, `7days`).
+        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        window: Duration,
+    },
+    /// Re-send the dead letters that match a filter to a target, through retry, classify and
+    /// timeout layers and a dead-letter layer over this store.
+    Redrive {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Where to send them: `http://host:port` keeps each record's path; a URL with a path
+        /// replaces it.
+        #[arg(long)]
+        target: String,
+        /// List what would be sent, send nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Messages per second, at most.
+        #[arg(long)]
+        rate: u32,
+        /// Messages in all, at most.
+        #[arg(long)]
+        max: usize,
+        /// Attempts per message (the first included).
+        #[arg(long, default_value_t = 3)]
+        attempts: u32,
+        /// Timeout per attempt (`10s`, `500ms`).
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// Delete the dead letters that match a filter.
+    Purge {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Really delete; without it, only say how many would go.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Args, Debug, Default)]
+struct FilterArgs {
+    /// `key=value`: class, code, status, id, tag.NAME, since, until. Repeat to narrow.
+    #[arg(long = "filter", short = 'f', value_name = "KEY=VALUE")]
+    filters: Vec<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration (15m, 2h): {e}"))
+}
+
+fn parse_time(s: &str, now: SystemTime) -> Result<SystemTime, String> {
+    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
+        return Ok(t);
+    }
+    let back = humantime::parse_duration(s)
+        .map_err(|_| format!("{s:?} is neither an RFC 3339 time nor a duration back from now"))?;
+    Ok(now.checked_sub(back).unwrap_or(SystemTime::UNIX_EPOCH))
+}
+
+impl FilterArgs {
+    fn build(&self, now: SystemTime) -> Result<Filter, String> {
+        let mut filter = Filter::new();
+        for item in &self.filters {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("filter {item:?} is not key=value"))?;
+            filter = match key {
+                "class" => filter.class(value),
+                "code" => filter.code(value),
+                "id" => filter.id(value),
+                "status" => filter.status(value.parse::<Status>().map_err(|e| e.to_string())?),
+                "since" => filter.since(parse_time(value, now)?),
+                "until" => filter.until(parse_time(value, now)?),
+                _ => match key.strip_prefix("tag.") {
+                    Some(tag) if !tag.is_empty() => filter.tag(tag, value),
+                    _ => {
+                        return Err(format!(
+                            "unknown filter key {key:?} (class, code, status, id, tag.NAME, \
+                             since, until)"
+                        ));
+                    }
+                },
+            };
+        }
+        Ok(filter)
+    }
+}
+
+/// Opens the store named on the command line. SQLite files must exist; reads open them read-only.
+async fn open(cli: &Cli, write: bool) -> Result<Arc<dyn Store>, BoxError> {
+    if cli.store.starts_with("redis://") || cli.store.starts_with("rediss://") {
+        #[cfg(feature = "redis")]
+        {
+            let store = tower_backstop::dead_letter::RedisStore::connect(&cli.store)
+                .await?
+                .with_prefix(cli.prefix.clone());
+            return Ok(Arc::new(store));
+        }
+        #[cfg(not(feature = "redis"))]
+        return Err("this backstop-dlq was built without the `redis` feature".into());
+    }
+    let path = std::path::Path::new(&cli.store);
+    if !path.exists() {
+        return Err(format!("no dead-letter store at {}", path.display()).into());
+    }
+    Ok(if write {
+        Arc::new(SqliteStore::open(path)?)
+    } else {
+        Arc::new(SqliteStore::open_read_only(path)?)
+    })
+}
+
+fn time(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn cut(text: &str, max: usize) -> String {
+    let text = text.replace(['\n', '\r', '\t'], " ");
+    if text.chars().count() <= max {
+        text
+    } else {
+        let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
+        s.push('…');
+        s
+    }
+}
+
+fn tags(r: &Record) -> String {
+    r.tags
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A plain table: a header, then left-aligned columns.
+fn print_table(records: &[Record]) {
+    let header = [
+        "ID",
+        "CLASS",
+        "CODE",
+        "ATT",
+        "STATUS",
+        "LAST FAILED",
+        "TAGS",
+        "MESSAGE",
+    ];
+    let rows: Vec<[String; 8]> = records
+        .iter()
+        .map(|r| {
+            [
+                cut(&r.id, 40),
+                r.class.clone(),
+                r.code.clone(),
+                r.attempts.to_string(),
+                r.status.to_string(),
+                time(r.last_failed_at),
+                cut(&tags(r), 40),
+                cut(&r.message, 60),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(header.to_vec());
+    for row in &rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+fn print_record(r: &Record) {
+    println!("id              {}", r.id);
+    println!("status          {}", r.status);
+    println!("class           {}", r.class);
+    println!("code            {}", r.code);
+    println!("message         {}", r.message);
+    println!(
+        "attempts        {} (budget spent {}, re-sent {} times)",
+        r.attempts, r.budget_spent, r.resends
+    );
+    println!("first failed    {}", time(r.first_failed_at));
+    println!("last failed     {}", time(r.last_failed_at));
+    if let Some(t) = r.retry_at {
+        println!("retry at        {}", time(t));
+    }
+    if let Some(t) = r.resolved_at {
+        println!("resolved at     {}", time(t));
+    }
+    if !r.tags.is_empty() {
+        println!("tags            {}", tags(r));
+    }
+    for (k, v) in &r.metadata {
+        println!("metadata        {k}: {v}");
+    }
+    println!(
+        "payload         {} bytes{}{}",
+        r.payload_len,
+        if r.payload_truncated {
+            format!(", truncated to {}", r.payload.len())
+        } else {
+            String::new()
+        },
+        r.content_type
+            .as_deref()
+            .map(|c| format!(", {c}"))
+            .unwrap_or_default()
+    );
+    match std::str::from_utf8(&r.payload) {
+        Ok(text) => println!("{text}"),
+        Err(_) => println!(
+            "{}",
+            r.payload
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        ),
+    }
+    println!("history (oldest first, last {}):", r.history.len());
+    for e in &r.history {
+        println!(
+            "  {}  {}  {}  {} attempt(s)  {}",
+            time(e.at),
+            e.class,
+            e.code,
+            e.attempts,
+            cut(&e.message, 80)
+        );
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
+    let now = SystemTime::now();
+    match &cli.command {
+        Command::List {
+            filter,
+            limit,
+            offset,
+            json,
+        } => {
+            let filter = filter.build(now)?;
+            let store = open(&cli, false).await?;
+            let page = Page {
+                offset: *offset,
+                limit: *limit,
+            };
+            let records = store.search(&filter, page).await?;
+            if *json {
+                for r in &records {
+                    println!("{}", serde_json::to_string(r)?);
+                }
+            } else {
+                print_table(&records);
+                if records.len() == *limit {
+                    eprintln!(
+                        "(more may follow: --offset {})",
+                        offset.saturating_add(*limit)
+                    );
+                }
+            }
+        }
+        Command::Show { id, json } => {
+            let store = open(&cli, false).await?;
+            let Some(record) = store.get(id).await? else {
+                eprintln!("no dead letter {id}");
+                return Ok(ExitCode::FAILURE);
+            };
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&record)?);
+            } else {
+                print_record(&record);
+            }
+        }
+        Command::Stats { window } => {
+            let store = open(&cli, false).await?;
+            let stats = Stats::gather(&*store, now, *window, AlertRules::default()).await?;
+            print!("{stats}");
+        }
+        Command::Redrive {
+            filter,
+            target,
+            dry_run,
+            rate,
+            max,
+            attempts,
+            timeout,
+        } => {
+            let filter = filter.build(now)?;
+            let target: http::Uri = target
+                .parse()
+                .map_err(|e| format!("bad target {target:?}: {e}"))?;
+            let redrive = Redrive::new(filter, *rate, *max)?;
+            let store = open(&cli, true).await?;
+            if *dry_run {
+                let plan = redrive.plan(&*store).await?;
+                for r in &plan {
+                    let to = http_request(r, Some(&target))
+                        .map(|req| format!("{} {}", req.method(), req.uri()))
+                        .unwrap_or_else(|e| format!("(skipped: {e})"));
+                    println!("would send {}  {}  {}  {to}", r.id, r.class, r.code);
+                }
+                println!("dry run: {} would be sent, nothing sent", plan.len());
+                return Ok(ExitCode::SUCCESS);
+            }
+            let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+            let stack = ServiceBuilder::new()
+                .layer(DeadLetterLayer::from_arc(Arc::clone(&store)))
+                .layer(RetryLayer::new(RetryPolicy::new().max_attempts(*attempts)))
+                .layer(ClassifyLayer::http())
+                .layer(TimeoutLayer::new(*timeout))
+                .service(client);
+            let report = redrive
+                .run(&*store, stack, |r| http_request(r, Some(&target)))
+                .await?;
+            for r in &report.records {
+                let outcome = match &r.outcome {
+                    Outcome::Resolved => "resolved".to_owned(),
+                    Outcome::Failed {
+                        class,
+                        code,
+                        recorded,
+                    } => format!(
+                        "failed again: {class} ({code}){}",
+                        if *recorded { "" } else { ", NOT recorded" }
+                    ),
+                    Outcome::Skipped { reason } => format!("skipped: {reason}"),
+                    other => format!("{other:?}"),
+                };
+                println!("{}  {}", r.id, outcome);
+            }
+            println!(
+                "re-drove {}: {} resolved, {} failed again, {} skipped",
+                report.records.len(),
+                report.resolved(),
+                report.failed(),
+                report.skipped()
+            );
+        }
+        Command::Purge { filter, yes } => {
+            let filter = filter.build(now)?;
+            if filter.is_empty() {
+                eprintln!("refusing to purge every dead letter: give a --filter");
+                return Ok(ExitCode::from(2));
+            }
+            let store = open(&cli, *yes).await?;
+            if !*yes {
+                let n = store.search(&filter, Page::first(usize::MAX)).await?.len();
+                eprintln!("{n} dead letters match; add --yes to delete them");
+                return Ok(ExitCode::from(2));
+            }
+            let n = store.delete(&filter).await?;
+            println!("deleted {n} dead letters");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("backstop-dlq: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("backstop-dlq: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! What to look for in a store: [`Filter`], [`Page`], and what comes back from a count,
+//! [`Counts`].
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use super::record::{Record, Status};
+
+/// Which records a search, a count, a re-drive or a purge applies to. Every condition set must
+/// hold; an empty filter matches every record.
+///
+/// Times compare with [`Record::last_failed_at`]: `since` is inclusive, `until` exclusive.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use tower_backstop::dead_letter::{Filter, Status};
+///
+/// let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+/// let filter = Filter::new()
+///     .class("throttled")
+///     .tag("campaign", "flash_sale_april")
+///     .since(hour_ago)
+///     .status(Status::Dead);
+/// assert!(!filter.is_empty());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Filter {
+    /// The class name, exactly.
+    pub class: Option<String>,
+    /// The original code as displayed (`http 503`), exactly.
+    pub code: Option<String>,
+    /// Tags that must all be present with these values.
+    pub tags: BTreeMap<String, String>,
+    /// Last failed at or after this time.
+    pub since: Option<SystemTime>,
+    /// Last failed before this time.
+    pub until: Option<SystemTime>,
+    /// The status.
+    pub status: Option<Status>,
+    /// One of these ids (empty: any id).
+    pub ids: Vec<String>,
+}
+
+impl Filter {
+    /// A filter that matches every record.
+    pub fn new() -> Self {
+        Filter::default()
+    }
+
+    /// Only records of this class.
+    pub fn class(mut self, class: impl Into<String>) -> Self {
+        self.class = Some(class.into());
+        self
+    }
+
+    /// Only records with this original code (`http 503`, `io ConnectionReset`).
+    pub fn code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+
+    /// Only records with tag `key` equal to `value`; several tags must all match.
+    pub fn tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.tags.insert(key.into(), value.into());
+        self
+    }
+
+    /// Only records that last failed at or after `t`.
+    pub fn since(mut self, t: SystemTime) -> Self {
+        self.since = Some(t);
+        self
+    }
+
+    /// Only records that last failed before `t`.
+    pub fn until(mut self, t: SystemTime) -> Self {
+        self.until = Some(t);
+        self
+    }
+
+    /// Only records with this status.
+    pub fn status(mut self, status: Status) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Only the record with this id (several calls: any of them).
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.ids.push(id.into());
+        self
+    }
+
+    /// Whether the filter has no condition, and so matches every record. Re-drives and purges
+    /// refuse an empty filter.
+    pub fn is_empty(&self) -> bool {
+        self.class.is_none()
+            && self.code.is_none()
+            && self.tags.is_empty()
+            && self.since.is_none()
+            && self.until.is_none()
+            && self.status.is_none()
+            && self.ids.is_empty()
+    }
+
+    /// Whether `record` meets every condition.
+    pub fn matches(&self, record: &Record) -> bool {
+        self.class.as_ref().is_none_or(|c| *c == record.class)
+            && self.code.as_ref().is_none_or(|c| *c == record.code)
+            && self.tags.iter().all(|(k, v)| record.tags.get(k) == Some(v))
+            && self.since.is_none_or(|t| record.last_failed_at >= t)
+            && self.until.is_none_or(|t| record.last_failed_at < t)
+            && self.status.is_none_or(|s| s == record.status)
+            && (self.ids.is_empty() || self.ids.contains(&record.id))
+    }
+}
+
+/// One page of search results: skip `offset` records, return at most `limit`. Results come the
+/// most recently failed first (ties by id), so pages are stable while nothing is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Page {
+    /// Records to skip.
+    pub offset: usize,
+    /// Records to return at most.
+    pub limit: usize,
+}
+
+impl Page {
+    /// The first `limit` records.
+    pub fn first(limit: usize) -> Self {
+        Page { offset: 0, limit }
+    }
+
+    /// The page after this one.
+    pub fn next(self) -> Self {
+        Page {
+            offset: self.offset.saturating_add(self.limit),
+            limit: self.limit,
+        }
+    }
+}
+
+/// Counts of dead letters over a window: what [`Store::counts`](super::Store::counts) returns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Counts {
+    /// Records whose last failure is in the window, in all.
+    pub total: u64,
+    /// Those records per class, the largest first (ties by name).
+    pub by_class: Vec<(String, u64)>,
+    /// Those records per original code, the largest first (ties by code).
+    pub by_code: Vec<(String, u64)>,
+    /// Codes the store saw for the first time in the window, with that time, the oldest first.
+    pub new_codes: Vec<(String, SystemTime)>,
+}
+
+impl Counts {
+    /// Counts `records` whose last failure is at or after `since`; `first_seen` gives each code's
+    /// first sighting.
+    pub(crate) fn tally<'a>(
+        since: SystemTime,
+        records: impl IntoIterator<Item = &'a Record>,
+        first_seen: impl IntoIterator<Item = (String, SystemTime)>,
+    ) -> Counts {
+        let mut by_class: BTreeMap<String, u64> = BTreeMap::new();
+        let mut by_code: BTreeMap<String, u64> = BTreeMap::new();
+        let mut total = 0;
+        for r in records {
+            if r.last_failed_at < since {
+                continue;
+            }
+            total += 1;
+            *by_class.entry(r.class.clone()).or_default() += 1;
+            *by_code.entry(r.code.clone()).or_default() += 1;
+        }
+        let mut new_codes: Vec<(String, SystemTime)> = first_seen
+            .into_iter()
+            .filter(|(_, t)| *t >= since)
+            .collect();
+        new_codes.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        Counts {
+            total,
+            by_class: top_first(by_class),
+            by_code: top_first(by_code),
+            new_codes,
+        }
+    }
+}
+
+/// Sorts counts the largest first, ties by name.
+pub(crate) fn top_first(counts: impl IntoIterator<Item = (String, u64)>) -> Vec<(String, u64)> {
+    let mut v: Vec<_> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
+}
+
+/// A change to one record that is not a new failure: what re-drives and the scheduler write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Change {
+    /// Someone re-drives the record on purpose: status [`InFlight`](Status::InFlight) with
+    /// `retry_at = until` (the claim), one more resend, and the durable attempt budget starts
+    /// again from zero.
+    Redriving {
+        /// The end of the claim.
+        until: SystemTime,
+    },
+    /// A re-send succeeded: status [`Resolved`](Status::Resolved), `resolved_at = at`, no
+    /// retry-at.
+    Resolved {
+        /// When.
+        at: SystemTime,
+    },
+    /// Stop scheduling it: status [`Dead`](Status::Dead), no retry-at.
+    Dead,
+}
+
+impl Change {
+    /// Applies the change to `record`.
+    pub fn apply(self, record: &mut Record) {
+        match self {
+            Change::Redriving { until } => {
+                record.status = Status::InFlight;
+                record.retry_at = Some(super::record::truncate(until));
+                record.resends = record.resends.saturating_add(1);
+                record.budget_spent = 0;
+            }
+            Change::Resolved { at } => {
+                record.status = Status::Resolved;
+                record.resolved_at = Some(super::record::truncate(at));
+                record.retry_at = None;
+            }
+            Change::Dead => {
+                record.status = Status::Dead;
+                record.retry_at = None;
+            }
+        }
+    }
+}
+
+/// What a claim does to a due record: status [`InFlight`](Status::InFlight), `retry_at` the end
+/// of the lease, one more resend.
+pub(crate) fn claim(record: &mut Record, now: SystemTime, lease: Duration) {
+    record.status = Status::InFlight;
+    record.retry_at = Some(super::record::truncate(now + lease));
+    record.resends = record.resends.saturating_add(1);
+}
+
+/// Whether a record may be claimed by a scheduler at `now`.
+pub(crate) fn claimable(record: &Record, now: SystemTime) -> bool {
+    matches!(record.status, Status::Deferred | Status::InFlight)
+        && record.retry_at.is_some_and(|t| t <= now)
+}

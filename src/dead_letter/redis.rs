@@ -1,0 +1,577 @@
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
+
+use super::query::{Change, Counts, Filter, Page, claim};
+use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
+use super::store::{BoxFuture, Store, StoreError, newest_first};
+
+/// A dead-letter store in Redis, shared by many instances (feature `redis`).
+///
+/// Layout, under a key prefix (`backstop:dlq` by default):
+///
+/// | key | type | what |
+/// |---|---|---|
+/// | `{prefix}:rec:{id}` | hash | the record (field `json`) and its version (field `v`) |
+/// | `{prefix}:retry` | sorted set | ids of deferred and in-flight records, scored by retry-at (ms) |
+/// | `{prefix}:time` | sorted set | every id, scored by last failure time (ms) |
+/// | `{prefix}:class:{class}`, `{prefix}:code:{code}`, `{prefix}:tag:{key}={value}` | sorted sets | the indexes, scored by last failure time |
+/// | `{prefix}:codes` | hash | each code's first sighting (ms) |
+///
+/// Every write of a record is one Lua script that checks the record's version and writes the
+/// record with its indexes, so a record, its attempt counts and its indexes change together, and
+/// two instances that write the same id at once both land (the loser reads again and merges).
+/// [`claim_due`](Store::claim_due) is one script too: two schedulers never claim the same record.
+/// [`put_many`](Store::put_many) sends a batch in one pipeline.
+///
+/// The scripts touch index keys they compute from the prefix, so the store needs a single Redis
+/// server (or a primary), not Redis Cluster. The connection is re-established after Redis
+/// restarts (the redis crate's `ConnectionManager`), and the scripts are loaded again when the
+/// server forgot them; calls made while Redis is down fail with a [`StoreError`].
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: String,
+    history_limit: usize,
+    url: String,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.url)
+            .field("prefix", &self.prefix)
+            .field("history_limit", &self.history_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Writes a record if its version is still the one read. KEYS: record, time index, retry index,
+/// codes, then `ARGV[7]` index keys to leave, then index keys to join. ARGV: expected version
+/// (`''`: no record yet), id, json, last failure ms, retry-at ms (`''`: none), code (`''`: do
+/// not note), count of index keys to leave, the code's first sighting ms.
+const WRITE: &str = r"
+local v = redis.call('HGET', KEYS[1], 'v')
+if not v then v = '' end
+if v ~= ARGV[1] then return 0 end
+local nv = 1
+if v ~= '' then nv = tonumber(v) + 1 end
+redis.call('HSET', KEYS[1], 'json', ARGV[3], 'v', nv)
+local leave = tonumber(ARGV[7])
+for i = 5, 4 + leave do redis.call('ZREM', KEYS[i], ARGV[2]) end
+for i = 5 + leave, #KEYS do redis.call('ZADD', KEYS[i], ARGV[4], ARGV[2]) end
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
+if ARGV[5] ~= '' then
+  redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
+else
+  redis.call('ZREM', KEYS[3], ARGV[2])
+end
+if ARGV[6] ~= '' then redis.call('HSETNX', KEYS[4], ARGV[6], ARGV[8]) end
+return 1
+";
+
+/// Claims due ids: KEYS: retry index. ARGV: now ms, limit, end of lease ms.
+const CLAIM: &str = r"
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, id in ipairs(ids) do redis.call('ZADD', KEYS[1], ARGV[3], id) end
+return ids
+";
+
+/// How many times a write is tried again when another writer changed the record in between.
+const CAS_TRIES: usize = 64;
+
+fn redis_error(what: &str) -> impl FnOnce(redis::RedisError) -> StoreError + '_ {
+    move |e| StoreError::with_source(format!("redis dead-letter store: {what}"), e)
+}
+
+fn encode(record: &Record) -> Result<String, StoreError> {
+    serde_json::to_string(record)
+        .map_err(|e| StoreError::with_source("redis dead-letter store: encode record", e))
+}
+
+fn decode(json: &str) -> Result<Record, StoreError> {
+    serde_json::from_str(json)
+        .map_err(|e| StoreError::with_source("redis dead-letter store: decode record", e))
+}
+
+impl RedisStore {
+    /// Connects to the Redis server at `url` (`redis://127.0.0.1:6379`, `redis://:password@host/2`)
+    /// with the key prefix `backstop:dlq`, a 2 s connection timeout and a 5 s response timeout,
+    /// keeping the last [`DEFAULT_HISTORY_LIMIT`](super::DEFAULT_HISTORY_LIMIT) errors per record.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the URL is malformed, the server cannot be reached, or the scripts
+    /// cannot be loaded.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        RedisStore::connect_with_timeouts(
+            url,
+            Some(Duration::from_secs(2)),
+            Some(Duration::from_secs(5)),
+        )
+        .await
+    }
+
+    /// Connects like [`connect`](RedisStore::connect), with these timeouts for connecting and for
+    /// each response (`None`: wait as long as it takes). Tests on tokio's paused clock need
+    /// `None`: a paused clock jumps ahead while a socket waits and would fire the timeouts at
+    /// once.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the URL is malformed, the server cannot be reached, or the scripts
+    /// cannot be loaded.
+    pub async fn connect_with_timeouts(
+        url: &str,
+        connection: Option<Duration>,
+        response: Option<Duration>,
+    ) -> Result<Self, StoreError> {
+        let client = Client::open(url).map_err(|e| {
+            StoreError::with_source(format!("redis dead-letter store: bad url {url:?}"), e)
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(connection)
+            .set_response_timeout(response)
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let mut conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| {
+                StoreError::with_source(
+                    format!("cannot connect to redis dead-letter store {url}"),
+                    e,
+                )
+            })?;
+        for script in [WRITE, CLAIM] {
+            Script::new(script)
+                .load_async(&mut conn)
+                .await
+                .map_err(redis_error("load script"))?;
+        }
+        Ok(RedisStore {
+            conn,
+            prefix: "backstop:dlq".to_owned(),
+            history_limit: DEFAULT_HISTORY_LIMIT,
+            url: url.to_owned(),
+        })
+    }
+
+    /// Uses `prefix` for every key (for example one prefix per application or per test).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Keeps the last `limit` errors per record (at least one).
+    pub fn with_history_limit(mut self, limit: usize) -> Self {
+        self.history_limit = limit.max(1);
+        self
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("{}:{rest}", self.prefix)
+    }
+
+    fn record_key(&self, id: &str) -> String {
+        self.key(&format!("rec:{id}"))
+    }
+
+    /// The class, code and tag index keys of `record`.
+    fn index_keys(&self, record: &Record) -> Vec<String> {
+        let mut keys = vec![
+            self.key(&format!("class:{}", record.class)),
+            self.key(&format!("code:{}", record.code)),
+        ];
+        for (k, v) in &record.tags {
+            keys.push(self.key(&format!("tag:{k}={v}")));
+        }
+        keys
+    }
+
+    /// The `EVALSHA` of the write script for `record`, replacing `old` (read at `version`).
+    fn write_cmd(
+        &self,
+        record: &Record,
+        old: Option<&Record>,
+        version: &str,
+        note_code: bool,
+    ) -> Result<redis::Cmd, StoreError> {
+        let leave = old.map(|o| self.index_keys(o)).unwrap_or_default();
+        let join = self.index_keys(record);
+        let retry = match (record.status, record.retry_at) {
+            (Status::Deferred | Status::InFlight, Some(t)) => to_millis(t).to_string(),
+            _ => String::new(),
+        };
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(Script::new(WRITE).get_hash())
+            .arg(4 + leave.len() + join.len())
+            .arg(self.record_key(&record.id))
+            .arg(self.key("time"))
+            .arg(self.key("retry"))
+            .arg(self.key("codes"))
+            .arg(&leave)
+            .arg(&join)
+            .arg(version)
+            .arg(&record.id)
+            .arg(encode(record)?)
+            .arg(to_millis(record.last_failed_at))
+            .arg(retry)
+            .arg(if note_code { record.code.as_str() } else { "" })
+            .arg(leave.len())
+            .arg(to_millis(record.last_failed_at));
+        Ok(cmd)
+    }
+
+    /// Runs a script command; when the server forgot the scripts (a restart, `SCRIPT FLUSH`),
+    /// loads them again and runs it once more.
+    async fn eval<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
+        let mut conn = self.conn.clone();
+        match cmd.query_async(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                for script in [WRITE, CLAIM] {
+                    Script::new(script).load_async(&mut conn).await?;
+                }
+                cmd.query_async(&mut conn).await
+            }
+            other => other,
+        }
+    }
+
+    /// Reads the record with `id` and its version.
+    async fn read(&self, id: &str) -> Result<(Option<Record>, String), StoreError> {
+        let mut conn = self.conn.clone();
+        let (json, version): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.record_key(id))
+            .arg("json")
+            .arg("v")
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("read record"))?;
+        let record = json.as_deref().map(decode).transpose()?;
+        Ok((record, version.unwrap_or_default()))
+    }
+
+    /// Read, change, write if unchanged; again if another writer came first.
+    async fn read_modify_write(
+        &self,
+        id: &str,
+        note_code: bool,
+        change: impl Fn(Option<Record>) -> Option<Record>,
+    ) -> Result<Option<Record>, StoreError> {
+        for _ in 0..CAS_TRIES {
+            let (old, version) = self.read(id).await?;
+            let Some(new) = change(old.clone()) else {
+                return Ok(None);
+            };
+            let written: i64 = self
+                .eval(&self.write_cmd(&new, old.as_ref(), &version, note_code)?)
+                .await
+                .map_err(redis_error("write record"))?;
+            if written == 1 {
+                return Ok(Some(new));
+            }
+        }
+        Err(StoreError::new(format!(
+            "redis dead-letter store: record {id} kept changing, gave up after {CAS_TRIES} tries"
+        )))
+    }
+
+    async fn put_batch(&self, records: Vec<Record>) -> Result<(), StoreError> {
+        let limit = self.history_limit;
+        // Fold repeated ids within the batch first, in order.
+        let mut batch: Vec<Record> = Vec::with_capacity(records.len());
+        let mut at: HashMap<String, usize> = HashMap::new();
+        for record in records {
+            match at.get(&record.id) {
+                Some(&i) => batch[i].merge_bounded(record, limit),
+                None => {
+                    at.insert(record.id.clone(), batch.len());
+                    batch.push(record);
+                }
+            }
+        }
+        let mut conn = self.conn.clone();
+        // One pipeline to read, one to write; a record another writer changed in between is
+        // written again on its own.
+        let mut read = redis::pipe();
+        for record in &batch {
+            read.cmd("HMGET")
+                .arg(self.record_key(&record.id))
+                .arg("json")
+                .arg("v");
+        }
+        let olds: Vec<(Option<String>, Option<String>)> = read
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("read records"))?;
+        let mut write = redis::pipe();
+        let mut merged = Vec::with_capacity(batch.len());
+        for (mut record, (json, version)) in batch.into_iter().zip(olds) {
+            let old = json.as_deref().map(decode).transpose()?;
+            let new = match &old {
+                Some(old) => {
+                    let mut m = old.clone();
+                    m.merge_bounded(record.clone(), limit);
+                    m
+                }
+                None => {
+                    record.bound_history(limit);
+                    record.clone()
+                }
+            };
+            write.add_command(self.write_cmd(
+                &new,
+                old.as_ref(),
+                version.as_deref().unwrap_or(""),
+                true,
+            )?);
+            merged.push(record);
+        }
+        let written: Vec<i64> = match write.query_async(&mut conn).await {
+            // The server forgot the scripts: none of the batch was written; load and again.
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                for script in [WRITE, CLAIM] {
+                    Script::new(script)
+                        .load_async(&mut conn)
+                        .await
+                        .map_err(redis_error("load script"))?;
+                }
+                write.query_async(&mut conn).await
+            }
+            other => other,
+        }
+        .map_err(redis_error("write records"))?;
+        for (record, ok) in merged.into_iter().zip(written) {
+            if ok != 1 {
+                self.put_one(record).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn put_one(&self, record: Record) -> Result<(), StoreError> {
+        let limit = self.history_limit;
+        let id = record.id.clone();
+        self.read_modify_write(&id, true, move |old| {
+            Some(match old {
+                Some(mut old) => {
+                    old.merge_bounded(record.clone(), limit);
+                    old
+                }
+                None => {
+                    let mut new = record.clone();
+                    new.bound_history(limit);
+                    new
+                }
+            })
+        })
+        .await
+        .map(drop)
+    }
+
+    /// The records with these ids, in order, skipping ids with no record.
+    async fn fetch(&self, ids: &[String]) -> Result<Vec<Record>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(512) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("HGET").arg(self.record_key(id)).arg("json");
+            }
+            let jsons: Vec<Option<String>> = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error("read records"))?;
+            for json in jsons.into_iter().flatten() {
+                out.push(decode(&json)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every record that matches `filter`, newest first, read through the narrowest index.
+    async fn matching(&self, filter: &Filter) -> Result<Vec<Record>, StoreError> {
+        let ids: Vec<String> = if filter.ids.is_empty() {
+            let index = if let Some(class) = &filter.class {
+                self.key(&format!("class:{class}"))
+            } else if let Some(code) = &filter.code {
+                self.key(&format!("code:{code}"))
+            } else if let Some((k, v)) = filter.tags.iter().next() {
+                self.key(&format!("tag:{k}={v}"))
+            } else {
+                self.key("time")
+            };
+            let max = filter
+                .until
+                .map(|t| format!("({}", to_millis(t)))
+                .unwrap_or_else(|| "+inf".to_owned());
+            let min = filter
+                .since
+                .map(|t| to_millis(t).to_string())
+                .unwrap_or_else(|| "-inf".to_owned());
+            let mut conn = self.conn.clone();
+            redis::cmd("ZREVRANGEBYSCORE")
+                .arg(index)
+                .arg(max)
+                .arg(min)
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error("search records"))?
+        } else {
+            filter.ids.clone()
+        };
+        let mut records: Vec<Record> = self
+            .fetch(&ids)
+            .await?
+            .into_iter()
+            .filter(|r| filter.matches(r))
+            .collect();
+        newest_first(&mut records);
+        Ok(records)
+    }
+}
+
+impl Store for RedisStore {
+    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            if records.len() == 1 {
+                let record = records.into_iter().next().expect("one record");
+                this.put_one(record).await
+            } else {
+                this.put_batch(records).await
+            }
+        })
+    }
+
+    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        let this = self.clone();
+        let id = id.to_owned();
+        Box::pin(async move { Ok(this.read(&id).await?.0) })
+    }
+
+    fn search(
+        &self,
+        filter: &Filter,
+        page: Page,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let this = self.clone();
+        let filter = filter.clone();
+        Box::pin(async move {
+            Ok(this
+                .matching(&filter)
+                .await?
+                .into_iter()
+                .skip(page.offset)
+                .take(page.limit)
+                .collect())
+        })
+    }
+
+    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let records = this.matching(&Filter::new().since(since)).await?;
+            let mut conn = this.conn.clone();
+            let codes: BTreeMap<String, i64> = redis::cmd("HGETALL")
+                .arg(this.key("codes"))
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error("read codes"))?;
+            Ok(Counts::tally(
+                since,
+                &records,
+                codes.into_iter().map(|(c, ms)| (c, from_millis(ms))),
+            ))
+        })
+    }
+
+    fn update(
+        &self,
+        id: &str,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        let this = self.clone();
+        let id = id.to_owned();
+        Box::pin(async move {
+            this.read_modify_write(&id, false, move |old| {
+                old.map(|mut r| {
+                    change.apply(&mut r);
+                    r
+                })
+            })
+            .await
+        })
+    }
+
+    fn claim_due(
+        &self,
+        now: SystemTime,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let mut claim_cmd = redis::cmd("EVALSHA");
+            claim_cmd
+                .arg(Script::new(CLAIM).get_hash())
+                .arg(1)
+                .arg(this.key("retry"))
+                .arg(to_millis(now))
+                .arg(limit)
+                .arg(to_millis(now + lease));
+            let ids: Vec<String> = this
+                .eval(&claim_cmd)
+                .await
+                .map_err(redis_error("claim records"))?;
+            let mut claimed = Vec::with_capacity(ids.len());
+            for id in ids {
+                let record = this
+                    .read_modify_write(&id, false, |old| {
+                        old.map(|mut r| {
+                            claim(&mut r, now, lease);
+                            r
+                        })
+                    })
+                    .await?;
+                claimed.extend(record);
+            }
+            Ok(claimed)
+        })
+    }
+
+    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let this = self.clone();
+        let filter = filter.clone();
+        Box::pin(async move {
+            let records = this.matching(&filter).await?;
+            if records.is_empty() {
+                return Ok(0);
+            }
+            let mut pipe = redis::pipe();
+            for r in &records {
+                pipe.cmd("DEL").arg(this.record_key(&r.id)).ignore();
+                for key in this
+                    .index_keys(r)
+                    .into_iter()
+                    .chain([this.key("time"), this.key("retry")])
+                {
+                    pipe.cmd("ZREM").arg(key).arg(&r.id).ignore();
+                }
+            }
+            let mut conn = this.conn.clone();
+            let () = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error("delete records"))?;
+            Ok(records.len() as u64)
+        })
+    }
+}

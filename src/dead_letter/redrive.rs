@@ -1,0 +1,442 @@
+//! Re-drive on purpose: an explicit call with a filter, a dry run, a rate and a maximum count.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use tower::ServiceExt;
+use tower_service::Service;
+
+use super::query::{Change, Filter, Page};
+use super::record::{Record, Status};
+use super::scheduler::Clock;
+use super::store::{Store, StoreError};
+use crate::failure::{DeadLetterStatus, Failure};
+use crate::request::{Envelope, IDEMPOTENCY_KEY, MessageId};
+
+/// A record cannot be turned back into a request.
+#[derive(Debug)]
+pub struct RebuildError {
+    message: String,
+}
+
+impl RebuildError {
+    /// An error with `message` (lower case, no final period).
+    pub fn new(message: impl Into<String>) -> Self {
+        RebuildError {
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for RebuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RebuildError {}
+
+/// Rebuilds the HTTP request a record was made from: the stored `method` (default `POST`) and
+/// `uri` metadata, the `Content-Type`, the `Idempotency-Key` the original carried, the original
+/// payload as a `Full<Bytes>` body, and a [`MessageId`] extension with the record's id, so that
+/// the outcome updates the same record.
+///
+/// With `target`, the request goes there instead: a target with a path other than `/` is used
+/// as it is; otherwise its scheme and authority replace the stored ones and the stored path and
+/// query stay.
+///
+/// # Errors
+///
+/// [`RebuildError`] when the payload was truncated, or the stored method or uri is missing or
+/// malformed.
+pub fn http_request(
+    record: &Record,
+    target: Option<&http::Uri>,
+) -> Result<http::Request<Full<Bytes>>, RebuildError> {
+    if record.payload_truncated {
+        return Err(RebuildError::new(format!(
+            "record {} has a truncated payload ({} of {} bytes kept) and cannot be re-sent",
+            record.id,
+            record.payload.len(),
+            record.payload_len
+        )));
+    }
+    let method = record
+        .metadata
+        .get("method")
+        .map(String::as_str)
+        .unwrap_or("POST");
+    let method = http::Method::from_bytes(method.as_bytes())
+        .map_err(|_| RebuildError::new(format!("record {}: bad method {method:?}", record.id)))?;
+    let stored = record.metadata.get("uri");
+    let uri: http::Uri = match (target, stored) {
+        (Some(target), _) if target.path() != "/" || target.query().is_some() => target.clone(),
+        (Some(target), stored) => {
+            let stored: http::Uri =
+                stored
+                    .map(String::as_str)
+                    .unwrap_or("/")
+                    .parse()
+                    .map_err(|e| {
+                        RebuildError::new(format!("record {}: bad stored uri: {e}", record.id))
+                    })?;
+            let mut parts = target.clone().into_parts();
+            parts.path_and_query = stored.path_and_query().cloned();
+            http::Uri::from_parts(parts).map_err(|e| {
+                RebuildError::new(format!("record {}: cannot build uri: {e}", record.id))
+            })?
+        }
+        (None, Some(stored)) => stored
+            .parse()
+            .map_err(|e| RebuildError::new(format!("record {}: bad stored uri: {e}", record.id)))?,
+        (None, None) => {
+            return Err(RebuildError::new(format!(
+                "record {} has no uri in its metadata; give a target",
+                record.id
+            )));
+        }
+    };
+    let mut builder = http::Request::builder().method(method).uri(uri);
+    if let Some(content_type) = &record.content_type {
+        builder = builder.header(http::header::CONTENT_TYPE, content_type);
+    }
+    if let Some(key) = record.metadata.get(IDEMPOTENCY_KEY.as_str()) {
+        builder = builder.header(&IDEMPOTENCY_KEY, key);
+    }
+    let mut request = builder
+        .body(Full::new(Bytes::from(record.payload.clone())))
+        .map_err(|e| RebuildError::new(format!("record {}: {e}", record.id)))?;
+    request
+        .extensions_mut()
+        .insert(MessageId(record.id.clone()));
+    Ok(request)
+}
+
+/// The envelope a record was made from, to write a new failure of it.
+pub(crate) fn envelope_of(record: &Record) -> Envelope {
+    let mut envelope = Envelope::new(record.payload.clone()).with_id(record.id.clone());
+    envelope.content_type = record.content_type.clone();
+    envelope.metadata = record.metadata.clone();
+    envelope.tags = record.tags.clone();
+    envelope
+}
+
+/// A re-drive cannot be built as asked.
+#[derive(Debug)]
+pub struct RedriveError {
+    message: &'static str,
+}
+
+impl fmt::Display for RedriveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message)
+    }
+}
+
+impl std::error::Error for RedriveError {}
+
+/// How one re-sent (or not re-sent) record ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The service succeeded; the record is now [`Resolved`](Status::Resolved).
+    Resolved,
+    /// The service failed again; the record has the new failure (class, code, one more error
+    /// in its history) and is dead or deferred again by its policy.
+    Failed {
+        /// The new failure's class.
+        class: String,
+        /// The new failure's original code.
+        code: String,
+        /// Whether the new failure was written to the store.
+        recorded: bool,
+    },
+    /// Not sent.
+    Skipped {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// One record of a re-drive and its outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Resent {
+    /// The record's id.
+    pub id: String,
+    /// Its class before the re-drive.
+    pub class: String,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+/// What a re-drive did (or, for a dry run, would do).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedriveReport {
+    /// Every record considered, in the order sent.
+    pub records: Vec<Resent>,
+}
+
+impl RedriveReport {
+    /// Records that succeeded.
+    pub fn resolved(&self) -> usize {
+        self.count(|o| matches!(o, Outcome::Resolved))
+    }
+
+    /// Records that failed again.
+    pub fn failed(&self) -> usize {
+        self.count(|o| matches!(o, Outcome::Failed { .. }))
+    }
+
+    /// Records not sent.
+    pub fn skipped(&self) -> usize {
+        self.count(|o| matches!(o, Outcome::Skipped { .. }))
+    }
+
+    fn count(&self, f: impl Fn(&Outcome) -> bool) -> usize {
+        self.records.iter().filter(|r| f(&r.outcome)).count()
+    }
+}
+
+/// A re-drive: re-sends the dead letters that match a filter through a service stack, on
+/// purpose, at most `rate` per second and at most `max` of them.
+///
+/// Nothing is re-driven by default: the filter must say something ([`Filter::is_empty`] is
+/// refused), and the rate and the maximum are required. Unless the filter names a status, only
+/// [`Dead`](Status::Dead) and [`Deferred`](Status::Deferred) records are taken, the most
+/// recently failed first. [`plan`](Redrive::plan) is the dry run: the records that
+/// [`run`](Redrive::run) would send, sending nothing.
+///
+/// Each record is rebuilt into a request (for HTTP, [`http_request`]) that keeps its id and
+/// idempotency key, and sent through the service given, which should be the same stack as the
+/// original (with its [`DeadLetterLayer`](super::DeadLetterLayer) over the same store). Before
+/// sending, the record becomes [`InFlight`](Status::InFlight) and its durable attempt budget
+/// starts again; a success makes it [`Resolved`](Status::Resolved); a new failure is merged into
+/// it (attempts, history, class), by the stack's dead-letter layer, or by the re-drive when the
+/// stack has none. A record with a truncated payload is skipped.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_backstop::dead_letter::{Filter, MemoryStore, Redrive, Store, http_request};
+///
+/// let store = MemoryStore::new();
+/// let redrive = Redrive::new(Filter::new().class("throttled"), 50, 200)?;
+/// let would_send = redrive.plan(&store).await?; // the dry run
+/// assert!(would_send.is_empty());
+/// let service = tower::service_fn(|_: http::Request<http_body_util::Full<bytes::Bytes>>| async {
+///     Ok::<_, tower_backstop::BoxError>(http::Response::new(()))
+/// });
+/// let report = redrive
+///     .run(&store, service, |record| http_request(record, None))
+///     .await?;
+/// assert_eq!(report.records.len(), 0);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Redrive {
+    filter: Filter,
+    interval: Duration,
+    max: usize,
+    lease: Duration,
+    clock: Clock,
+}
+
+impl Redrive {
+    /// A re-drive of the records matching `filter`, at most `per_second` messages per second and
+    /// at most `max` messages.
+    ///
+    /// # Errors
+    ///
+    /// [`RedriveError`] when the filter is empty (that would re-drive everything), or the rate or
+    /// the maximum is zero.
+    pub fn new(filter: Filter, per_second: u32, max: usize) -> Result<Self, RedriveError> {
+        if filter.is_empty() {
+            return Err(RedriveError {
+                message: "refusing to re-drive every dead letter: give a filter (class, code, \
+                          tag, time range, status or ids)",
+            });
+        }
+        if per_second == 0 {
+            return Err(RedriveError {
+                message: "a re-drive rate must be at least 1 message per second",
+            });
+        }
+        if max == 0 {
+            return Err(RedriveError {
+                message: "a re-drive maximum must be at least 1 message",
+            });
+        }
+        Ok(Redrive {
+            filter,
+            interval: Duration::from_secs(1) / per_second,
+            max,
+            lease: Duration::from_secs(60),
+            clock: Clock::system(),
+        })
+    }
+
+    /// How long a record stays claimed ([`InFlight`](Status::InFlight)) while it is re-sent; if
+    /// the re-drive dies, a [`Scheduler`](super::Scheduler) takes it up after that. Default 60 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The clock for record times. Default [`Clock::system`].
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The dry run: the records [`run`](Redrive::run) would send, in order, without sending
+    /// anything (records with a truncated payload included: `run` skips them).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store cannot be read.
+    pub async fn plan(&self, store: &dyn Store) -> Result<Vec<Record>, StoreError> {
+        let mut out = Vec::new();
+        let mut page = Page::first(self.max.min(500));
+        loop {
+            let batch = store.search(&self.filter, page).await?;
+            let done = batch.len() < page.limit;
+            out.extend(batch.into_iter().filter(|r| {
+                self.filter.status.is_some() || matches!(r.status, Status::Dead | Status::Deferred)
+            }));
+            if done || out.len() >= self.max {
+                break;
+            }
+            page = page.next();
+        }
+        out.truncate(self.max);
+        Ok(out)
+    }
+
+    /// Re-sends the planned records through `service`, one at a time, at most the rate, building
+    /// each request with `rebuild`, and records each outcome.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store cannot be read to plan. A store error while re-sending one
+    /// record does not stop the others: that record is reported as skipped or failed.
+    pub async fn run<S, Req, F, E>(
+        &self,
+        store: &dyn Store,
+        mut service: S,
+        mut rebuild: F,
+    ) -> Result<RedriveReport, StoreError>
+    where
+        S: Service<Req>,
+        S::Error: Into<Failure<S::Response>>,
+        F: FnMut(&Record) -> Result<Req, E>,
+        E: fmt::Display,
+    {
+        let plan = self.plan(store).await?;
+        let mut report = RedriveReport::default();
+        let mut ticks = tokio::time::interval(self.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for record in plan {
+            let outcome = match rebuild(&record) {
+                Err(e) => Outcome::Skipped {
+                    reason: e.to_string(),
+                },
+                Ok(request) => {
+                    ticks.tick().await;
+                    resend(
+                        store,
+                        &mut service,
+                        &record,
+                        request,
+                        Some(self.clock.now() + self.lease),
+                        &self.clock,
+                    )
+                    .await
+                }
+            };
+            tracing::info!(id = %record.id, class = %record.class, outcome = ?outcome, "re-drive");
+            report.records.push(Resent {
+                id: record.id,
+                class: record.class,
+                outcome,
+            });
+        }
+        Ok(report)
+    }
+}
+
+/// Sends `request` (rebuilt from `record`) through `service` and writes the outcome. With
+/// `claim_until`, the record is first claimed as a re-drive ([`Change::Redriving`]); the
+/// scheduler claims its records itself.
+pub(crate) async fn resend<S, Req>(
+    store: &dyn Store,
+    service: &mut S,
+    record: &Record,
+    request: Req,
+    claim_until: Option<std::time::SystemTime>,
+    clock: &Clock,
+) -> Outcome
+where
+    S: Service<Req>,
+    S::Error: Into<Failure<S::Response>>,
+{
+    if let Some(until) = claim_until {
+        match store.update(&record.id, Change::Redriving { until }).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Outcome::Skipped {
+                    reason: "the record is no longer in the store".to_owned(),
+                };
+            }
+            Err(e) => {
+                return Outcome::Skipped {
+                    reason: format!("cannot claim the record: {e}"),
+                };
+            }
+        }
+    }
+    let result = match service.ready().await {
+        Ok(service) => service.call(request).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(_) => match store
+            .update(&record.id, Change::Resolved { at: clock.now() })
+            .await
+        {
+            Ok(_) => Outcome::Resolved,
+            Err(e) => {
+                tracing::error!(id = %record.id, error = %e, "re-sent, but the outcome could not be written");
+                Outcome::Resolved
+            }
+        },
+        Err(e) => {
+            let failure: Failure<S::Response> = e.into();
+            let class = failure.class().name().to_owned();
+            let code = failure.code().to_string();
+            let recorded = match failure.dead_letter() {
+                Some(DeadLetterStatus::Stored { .. }) => true,
+                Some(_) => false,
+                None => {
+                    // No dead-letter layer in the stack: write the new failure here.
+                    let new =
+                        Record::from_failure(record.id.clone(), envelope_of(record), &failure);
+                    match store.put(new).await {
+                        Ok(()) => true,
+                        Err(e) => {
+                            tracing::error!(id = %record.id, error = %e, "re-sent and failed again; the failure could not be written");
+                            false
+                        }
+                    }
+                }
+            };
+            Outcome::Failed {
+                class,
+                code,
+                recorded,
+            }
+        }
+    }
+}

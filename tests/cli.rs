@@ -1,0 +1,328 @@
+//! `backstop-dlq` end to end: the real binary over a SQLite file (and a Redis URL when one is
+//! reachable), re-driving to a real axum server on 127.0.0.1.
+#![cfg(feature = "cli")]
+
+mod redis_support;
+
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+
+use axum::http::HeaderMap;
+use axum::routing::post;
+use tower_backstop::dead_letter::{Filter, Page, Record, SqliteStore, Status, Store};
+use tower_backstop::{Class, Code, Envelope, Failure};
+
+fn dlq(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_backstop-dlq"))
+        .args(args)
+        .output()
+        .expect("run backstop-dlq")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn record(id: &str, class: &'static str, code: Code, campaign: &str) -> Record {
+    let f: Failure = Failure::new(Class::new(class), code);
+    Record::from_failure(
+        id.to_owned(),
+        Envelope::new(format!("{{\"id\":\"{id}\"}}"))
+            .with_content_type("application/json")
+            .with_metadata("method", "POST")
+            .with_metadata("uri", "http://mail.test/v1/messages")
+            .with_metadata("idempotency-key", id)
+            .with_tag("campaign", campaign),
+        &f,
+    )
+}
+
+fn sample() -> Vec<Record> {
+    let mut v = Vec::new();
+    for i in 0..5 {
+        v.push(record(
+            &format!("thr-{i}"),
+            "throttled",
+            Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
+            "spring",
+        ));
+    }
+    for i in 0..3 {
+        v.push(record(
+            &format!("perm-{i}"),
+            "permanent",
+            Code::Http(http::StatusCode::BAD_REQUEST),
+            "summer",
+        ));
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_show_stats_redrive_purge_over_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    let store = SqliteStore::open(&path).unwrap();
+    store.put_many(sample()).await.unwrap();
+    let db = path.to_str().unwrap().to_owned();
+
+    // The provider the re-drive goes to.
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let log = Arc::clone(&seen);
+    let app = axum::Router::new().route(
+        "/v1/messages",
+        post(move |headers: HeaderMap, body: String| {
+            let log = Arc::clone(&log);
+            async move {
+                let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+                log.lock().unwrap().push((key, body));
+                axum::http::StatusCode::ACCEPTED
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            dlq(&args)
+        })
+    };
+    let args = |rest: &[&str]| {
+        let mut v = vec!["--store".to_owned(), db.clone()];
+        v.extend(rest.iter().map(|s| s.to_string()));
+        v
+    };
+
+    // list --json, with a filter.
+    let o = run(args(&["list", "--filter", "class=throttled", "--json"]))
+        .await
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let records: Vec<Record> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 5);
+    assert!(records.iter().all(|r| r.class == "throttled"));
+
+    // list as a table, by tag, paged.
+    let o = run(args(&["list", "-f", "tag.campaign=summer", "--limit", "2"]))
+        .await
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(
+        lines[0].starts_with("ID") && lines[0].contains("CLASS") && lines[0].contains("MESSAGE")
+    );
+    assert!(
+        lines[1].starts_with("perm-") && lines[1].contains("http 400"),
+        "{out}"
+    );
+    assert!(stderr(&o).contains("--offset 2"));
+
+    // A bad filter is a usage error that says why.
+    let o = run(args(&["list", "-f", "colour=red"])).await.unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("unknown filter key"), "{}", stderr(&o));
+
+    // show.
+    let o = run(args(&["show", "thr-3"])).await.unwrap();
+    let out = stdout(&o);
+    assert!(
+        out.contains("id              thr-3") && out.contains("{\"id\":\"thr-3\"}"),
+        "{out}"
+    );
+    assert!(out.contains("history (oldest first, last 1)"), "{out}");
+    let o = run(args(&["show", "nope"])).await.unwrap();
+    assert!(!o.status.success());
+
+    // stats: the dashboard.
+    let o = run(args(&["stats", "--window", "1h"])).await.unwrap();
+    let out = stdout(&o);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        out.contains("top classes") && out.contains("top codes"),
+        "{out}"
+    );
+    let throttled = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("throttled"))
+        .unwrap();
+    assert!(
+        throttled.contains(" 5 ") && throttled.contains("62.5%"),
+        "{throttled}"
+    );
+    assert!(
+        out.contains("class throttled is 62% of recent dead letters"),
+        "{out}"
+    );
+    assert!(out.contains("new code \"http 429\""), "{out}");
+
+    // redrive: refused without a filter, a rate or a max.
+    let o = run(args(&[
+        "redrive", "--target", &target, "--rate", "10", "--max", "5",
+    ]))
+    .await
+    .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("refusing to re-drive every dead letter"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(args(&[
+        "redrive",
+        "--target",
+        &target,
+        "-f",
+        "class=throttled",
+        "--max",
+        "5",
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(2), "clap requires --rate");
+
+    // Dry run: lists, sends nothing.
+    let o = run(args(&[
+        "redrive",
+        "--target",
+        &target,
+        "-f",
+        "class=throttled",
+        "--rate",
+        "100",
+        "--max",
+        "3",
+        "--dry-run",
+    ]))
+    .await
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.starts_with("would send thr-"))
+            .count(),
+        3,
+        "{out}"
+    );
+    assert!(out.contains(&format!("POST {target}/v1/messages")), "{out}");
+    assert!(seen.lock().unwrap().is_empty());
+
+    // The real thing: 3 of them, to the target, with their keys.
+    let o = run(args(&[
+        "redrive",
+        "--target",
+        &target,
+        "-f",
+        "class=throttled",
+        "--rate",
+        "100",
+        "--max",
+        "3",
+    ]))
+    .await
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("re-drove 3: 3 resolved, 0 failed again, 0 skipped"),
+        "{}",
+        stdout(&o)
+    );
+    let sent = seen.lock().unwrap().clone();
+    assert_eq!(sent.len(), 3);
+    for (key, body) in &sent {
+        assert!(key.starts_with("thr-"));
+        assert_eq!(body, &format!("{{\"id\":\"{key}\"}}"));
+    }
+    let resolved = store
+        .search(&Filter::new().status(Status::Resolved), Page::first(10))
+        .await
+        .unwrap();
+    assert_eq!(resolved.len(), 3);
+
+    // purge: asks for --yes first.
+    let o = run(args(&["purge", "-f", "class=permanent"]))
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("3 dead letters match; add --yes"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(store.list(100).await.unwrap().len(), 8);
+    let o = run(args(&["purge", "-f", "class=permanent", "--yes"]))
+        .await
+        .unwrap();
+    assert!(
+        stdout(&o).contains("deleted 3 dead letters"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(store.list(100).await.unwrap().len(), 5);
+    let o = run(args(&["purge", "--yes"])).await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "no purge of everything");
+
+    // A missing store is an error, not a new empty file.
+    let missing = dir.path().join("missing.db");
+    let o = run(vec![
+        "--store".into(),
+        missing.to_str().unwrap().into(),
+        "stats".into(),
+    ])
+    .await
+    .unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no dead-letter store at"));
+    assert!(!missing.exists());
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_stats_over_redis() {
+    let Some(store) = redis_support::redis_store("cli").await else {
+        return;
+    };
+    store.put_many(sample()).await.unwrap();
+    let url = redis_support::redis_url();
+    let prefix = store.prefix().to_owned();
+    let (list, stats) = tokio::task::spawn_blocking(move || {
+        (
+            dlq(&[
+                "--store",
+                &url,
+                "--prefix",
+                &prefix,
+                "list",
+                "-f",
+                "class=permanent",
+                "--json",
+            ]),
+            dlq(&["--store", &url, "--prefix", &prefix, "stats"]),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(list.status.success(), "{}", stderr(&list));
+    assert_eq!(stdout(&list).lines().count(), 3);
+    assert!(stdout(&stats).contains("permanent"), "{}", stdout(&stats));
+    store
+        .delete(&Filter::new().tag("campaign", "spring"))
+        .await
+        .unwrap();
+    store
+        .delete(&Filter::new().tag("campaign", "summer"))
+        .await
+        .unwrap();
+}

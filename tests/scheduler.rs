@@ -1,0 +1,304 @@
+//! The retry schedule: deferred records re-sent when due, once, in retry-at order, surviving
+//! restarts; a record that fails again is re-scheduled or dead-lettered.
+
+mod redis_support;
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use support::{Scripted, status, status_with};
+use tokio::time::Instant;
+use tower::ServiceBuilder;
+use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::dead_letter::{
+    Clock, DeadLetterLayer, MemoryStore, Record, Scheduler, SqliteStore, Status, Store,
+    http_request,
+};
+use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
+
+fn as_string_request(record: &Record) -> Result<http::Request<String>, BoxError> {
+    let request = http_request(record, None)?;
+    let payload = String::from_utf8(record.payload.clone())?;
+    Ok(request.map(|_: Full<Bytes>| payload))
+}
+
+fn deferred(id: &str, retry_at: SystemTime) -> Record {
+    let f: Failure = Failure::new(
+        Class::THROTTLED,
+        Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
+    );
+    let mut r = Record::from_failure(
+        id.to_owned(),
+        Envelope::new(format!("{{\"id\":\"{id}\"}}"))
+            .with_metadata("method", "POST")
+            .with_metadata("uri", "http://mail.test/v1/messages")
+            .with_metadata("idempotency-key", id),
+        &f,
+    );
+    r.status = Status::Deferred;
+    r.retry_at = Some(retry_at);
+    r
+}
+
+type Calls = Arc<Mutex<Vec<(Instant, String)>>>;
+
+/// A provider that accepts everything and notes when and what it was sent.
+fn recording_provider(
+    calls: Calls,
+) -> impl tower::Service<
+    http::Request<String>,
+    Response = http::Response<()>,
+    Error = BoxError,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |req: http::Request<String>| {
+        let id = req.extensions().get::<MessageId>().unwrap().0.clone();
+        calls.lock().unwrap().push((Instant::now(), id));
+        async { Ok::<_, BoxError>(http::Response::builder().status(202).body(()).unwrap()) }
+    })
+}
+
+/// Two schedulers over `store`; one record due in 2 s; it is sent once, at 2 s or later.
+async fn due_in_two_seconds_sent_once(store: Arc<dyn Store>, tight: bool) {
+    let clock = Clock::tokio();
+    let start = Instant::now();
+    store
+        .put(deferred("due-2s", clock.now() + Duration::from_secs(2)))
+        .await
+        .unwrap();
+    let calls: Calls = Arc::default();
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
+        .layer(ClassifyLayer::http())
+        .service(recording_provider(Arc::clone(&calls)));
+    let poll = Duration::from_millis(100);
+    let spawn = || {
+        Scheduler::new(Arc::clone(&store), stack.clone(), as_string_request)
+            .poll_every(poll)
+            .clock(clock)
+            .spawn()
+    };
+    let (a, b) = (spawn(), spawn());
+
+    if tight {
+        tokio::time::sleep(Duration::from_millis(1_950)).await;
+        assert!(calls.lock().unwrap().is_empty(), "sent before it was due");
+    }
+    // Small steps: against a socket the paused clock jumps to the next timer, which must not be
+    // far away. While Redis is slow to answer, virtual time runs on, so the give-up deadline is
+    // counted in real time.
+    let give_up = std::time::Instant::now() + Duration::from_secs(20);
+    while calls.lock().unwrap().is_empty() && std::time::Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Give both schedulers many more polls to send it a second time, if they would.
+    for _ in 0..30 {
+        tokio::time::sleep(poll).await;
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+
+    let calls = calls.lock().unwrap().clone();
+    let record = store.get("due-2s").await.unwrap();
+    assert_eq!(
+        calls.len(),
+        1,
+        "sent exactly once: {calls:?}; at {:?}; {record:?}",
+        start.elapsed()
+    );
+    let sent_after = calls[0].0 - start;
+    assert!(
+        sent_after >= Duration::from_secs(2),
+        "sent after {sent_after:?}"
+    );
+    if tight {
+        assert!(
+            sent_after <= Duration::from_secs(2) + poll,
+            "sent after {sent_after:?}"
+        );
+    }
+    let r = store.get("due-2s").await.unwrap().unwrap();
+    assert_eq!(r.status, Status::Resolved);
+    assert_eq!(r.resends, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn deferred_item_due_in_2s_is_sent_once_memory() {
+    due_in_two_seconds_sent_once(Arc::new(MemoryStore::new()), true).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn deferred_item_due_in_2s_is_sent_once_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("d.db")).unwrap();
+    due_in_two_seconds_sent_once(Arc::new(store), true).await;
+}
+
+/// Against a real Redis server the paused clock jumps ahead while a socket waits, so the timing
+/// is checked from below only (never before 2 s); "once" is checked exactly.
+#[cfg(feature = "redis")]
+#[tokio::test(start_paused = true)]
+async fn deferred_item_due_in_2s_is_sent_once_by_two_schedulers_on_redis() {
+    let Some(store) = redis_support::redis_store("scheduler_two").await else {
+        return;
+    };
+    due_in_two_seconds_sent_once(Arc::new(store), false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_due_items_go_in_retry_at_order_within_the_concurrency_limit() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let clock = Clock::tokio();
+    // Due at 5 s, 4 s, …, 1 s after now; then 20 more all due at 6 s.
+    for i in 0..5u64 {
+        store
+            .put(deferred(
+                &format!("o-{i}"),
+                clock.now() + Duration::from_secs(5 - i),
+            ))
+            .await
+            .unwrap();
+    }
+    for i in 0..20u64 {
+        store
+            .put(deferred(
+                &format!("c-{i:02}"),
+                clock.now() + Duration::from_secs(6),
+            ))
+            .await
+            .unwrap();
+    }
+    let in_flight = Arc::new(Mutex::new((0usize, 0usize))); // (now, max)
+    let order: Arc<Mutex<Vec<String>>> = Arc::default();
+    let provider = {
+        let in_flight = Arc::clone(&in_flight);
+        let order = Arc::clone(&order);
+        tower::service_fn(move |req: http::Request<String>| {
+            let id = req.extensions().get::<MessageId>().unwrap().0.clone();
+            order.lock().unwrap().push(id);
+            let in_flight = Arc::clone(&in_flight);
+            async move {
+                {
+                    let mut g = in_flight.lock().unwrap();
+                    g.0 += 1;
+                    g.1 = g.1.max(g.0);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                in_flight.lock().unwrap().0 -= 1;
+                Ok::<_, BoxError>(http::Response::builder().status(202).body(()).unwrap())
+            }
+        })
+    };
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
+        .layer(ClassifyLayer::http())
+        .service(provider);
+    let handle = Scheduler::new(Arc::clone(&store), stack, as_string_request)
+        .poll_every(Duration::from_millis(50))
+        .concurrency(3)
+        .clock(clock)
+        .spawn();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    handle.shutdown().await;
+    let order = order.lock().unwrap().clone();
+    assert_eq!(&order[..5], ["o-4", "o-3", "o-2", "o-1", "o-0"]);
+    assert_eq!(order.len(), 25);
+    assert_eq!(
+        in_flight.lock().unwrap().1,
+        3,
+        "at most 3 at once, and 3 were used"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_again_is_rescheduled_then_dead_lettered_by_policy() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let clock = Clock::tokio();
+    store
+        .put(deferred("again", clock.now() + Duration::from_secs(1)))
+        .await
+        .unwrap();
+    // The provider keeps answering 429 with Retry-After: 3 → deferred again each time.
+    let upstream = Scripted::always(status_with(429, "retry-after", "3"));
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    let handle = Scheduler::new(Arc::clone(&store), stack, as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .max_resends(3)
+        .clock(clock)
+        .spawn();
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    handle.shutdown().await;
+
+    // Re-sent at ~1 s, ~4 s, ~7 s; the fourth claim (~10 s) exceeds max_resends(3): dead.
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    let at: Vec<u64> = seen.iter().map(|s| (s.at - start).as_secs()).collect();
+    assert_eq!(at, [1, 4, 7]);
+    let r = store.get("again").await.unwrap().unwrap();
+    assert_eq!(r.status, Status::Dead);
+    assert_eq!(r.retry_at, None);
+    assert_eq!(r.history.len(), 4);
+    assert_eq!(r.code, "http 429");
+}
+
+#[tokio::test(start_paused = true)]
+async fn schedule_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    let clock = Clock::tokio();
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        store
+            .put(deferred("kept", clock.now() + Duration::from_secs(3)))
+            .await
+            .unwrap();
+        // A scheduler claims another record and dies before sending it.
+        store
+            .put(deferred("claimed", clock.now() + Duration::from_secs(1)))
+            .await
+            .unwrap();
+        let claimed = store
+            .claim_due(
+                clock.now() + Duration::from_secs(1),
+                10,
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 1);
+        store.close();
+    }
+    // A new process: the store reopened, a new scheduler.
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+    let upstream = Scripted::always(status(202));
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    let start = Instant::now();
+    let handle = Scheduler::new(Arc::clone(&store), stack, as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .clock(clock)
+        .spawn();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    handle.shutdown().await;
+    let seen = upstream.seen();
+    let at: Vec<u64> = seen.iter().map(|s| (s.at - start).as_secs()).collect();
+    // "kept" at 3 s; "claimed" when the dead scheduler's 10 s lease ends (11 s).
+    assert_eq!(at, [3, 11], "{seen:?}");
+    for id in ["kept", "claimed"] {
+        assert_eq!(
+            store.get(id).await.unwrap().unwrap().status,
+            Status::Resolved
+        );
+    }
+}
