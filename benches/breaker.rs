@@ -169,7 +169,12 @@ fn closed_success(c: &mut Criterion) {
     let rt = runtime();
     let bare_c = count(&rt, "closed/bare", Tower(bare()), true);
     let ours_c = count(&rt, "closed/backstop", Tower(ours().layer(bare())), true);
-    let res_c = count(&rt, "closed/tower-resilience", Tower(resilience().layer(bare())), true);
+    let res_c = count(
+        &rt,
+        "closed/tower-resilience",
+        Tower(resilience().layer(bare())),
+        true,
+    );
     let fs_c = count(
         &rt,
         "closed/failsafe",
@@ -194,7 +199,10 @@ fn open_rejection(c: &mut Criterion) {
     let layer = ours();
     let handle = layer.handle();
     let mut failing = layer.layer(service_fn(|_: Req| {
-        ready(Err::<Req, _>(Failure::<Req>::new(Class::TRANSIENT, Code::Error)))
+        ready(Err::<Req, _>(Failure::<Req>::new(
+            Class::TRANSIENT,
+            Code::Error,
+        )))
     }));
     rt.block_on(async {
         for _ in 0..5 {
@@ -214,7 +222,12 @@ fn open_rejection(c: &mut Criterion) {
         .expect("a valid configuration");
     rt.block_on(res_handle.force_open());
     assert!(res_handle.is_open());
-    let res_c = count(&rt, "open/tower-resilience", Tower(res_layer.layer(bare())), false);
+    let res_c = count(
+        &rt,
+        "open/tower-resilience",
+        Tower(res_layer.layer(bare())),
+        false,
+    );
 
     let fs = failsafe(Duration::from_secs(3600));
     for _ in 0..5 {

@@ -1,11 +1,12 @@
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 
-use super::state::{Outcome, Permit, Shared};
+use super::state::{Outcome, Permit, Rejection, Shared};
 use crate::failure::{Class, Failure};
 
 pin_project! {
@@ -28,7 +29,8 @@ pin_project! {
             guard: Guard,
         },
         Rejected {
-            failure: Option<Failure<R>>,
+            rejection: Rejection,
+            _response: PhantomData<fn() -> R>,
         },
     }
 }
@@ -41,6 +43,7 @@ pub(crate) struct Guard {
 }
 
 impl Guard {
+    #[inline]
     pub(crate) fn new(shared: Arc<Shared>, permit: Permit) -> Self {
         Guard {
             shared,
@@ -49,6 +52,7 @@ impl Guard {
     }
 
     /// Records the outcome of a finished call.
+    #[inline]
     pub(crate) fn finish<R>(&mut self, result: &Result<R, Failure<R>>) {
         if let Some(permit) = self.permit.take() {
             let outcome = match result {
@@ -67,6 +71,7 @@ impl Guard {
 }
 
 impl Drop for Guard {
+    #[inline]
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take() {
             // Dropped or cancelled before it ended: a probe's permit goes back, nothing counts.
@@ -76,16 +81,18 @@ impl Drop for Guard {
 }
 
 impl<F, R> ResponseFuture<F, R> {
+    #[inline]
     pub(crate) fn called(future: F, guard: Guard) -> Self {
         ResponseFuture {
             kind: Kind::Called { future, guard },
         }
     }
 
-    pub(crate) fn rejected(failure: Failure<R>) -> Self {
+    pub(crate) fn rejected(rejection: Rejection) -> Self {
         ResponseFuture {
             kind: Kind::Rejected {
-                failure: Some(failure),
+                rejection,
+                _response: PhantomData,
             },
         }
     }
@@ -106,15 +113,15 @@ where
                 guard.finish(&result);
                 Poll::Ready(result)
             }
-            KindProj::Rejected { failure } => Poll::Ready(Err(failure
-                .take()
-                .expect("breaker future polled after completion"))),
+            KindProj::Rejected { rejection, .. } => {
+                Poll::Ready(Err(rejection_failure(rejection.retry_after())))
+            }
         }
     }
 }
 
 /// The failure an open breaker answers with.
-pub(crate) fn rejection<R>(retry_after: Option<std::time::Duration>) -> Failure<R> {
+pub(crate) fn rejection_failure<R>(retry_after: Option<std::time::Duration>) -> Failure<R> {
     let failure = Failure::new(Class::CIRCUIT_OPEN, crate::failure::Code::CircuitOpen);
     match retry_after {
         Some(left) => failure.with_retry_after(left),

@@ -8,7 +8,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::config::{BuildError, Builder};
-use super::future::{Guard, rejection};
+use super::future::Guard;
 use super::state::Shared;
 use super::{BreakerHandle, ResponseFuture};
 use crate::failure::Failure;
@@ -268,7 +268,7 @@ where
         let shared = self.registry.get(self.key.key(&req).as_deref());
         match shared.admit() {
             Ok(permit) => ResponseFuture::called(self.inner.call(req), Guard::new(shared, permit)),
-            Err(r) => ResponseFuture::rejected(rejection(r.retry_after)),
+            Err(r) => ResponseFuture::rejected(r),
         }
     }
 }

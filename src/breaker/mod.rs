@@ -113,15 +113,15 @@ pub use self::layer::BreakerLayer;
 pub use self::server::{ServerBreaker, ServerBreakerFuture, ServerBreakerLayer};
 pub use self::state::{State, Stats};
 
-use self::future::{Guard, rejection};
-use self::state::{Permit, Rejection, Shared};
+use self::future::Guard;
+use self::state::{Decision, Shared};
 
 /// Fails fast while the provider is failing; see the [module docs](self).
 pub struct Breaker<S> {
     inner: S,
     shared: Arc<Shared>,
     // What poll_ready decided: a permit to call, or a rejection.
-    decision: Option<Result<Permit, Rejection>>,
+    decision: Decision,
 }
 
 impl<S> Breaker<S> {
@@ -129,7 +129,7 @@ impl<S> Breaker<S> {
         Breaker {
             inner,
             shared,
-            decision: None,
+            decision: Decision::NONE,
         }
     }
 
@@ -147,13 +147,13 @@ impl<S> Breaker<S> {
 
     /// Whether the last `poll_ready` decided to reject the next call.
     pub(crate) fn will_reject(&self) -> bool {
-        matches!(self.decision, Some(Err(_)))
+        self.decision.is_rejected()
     }
 
     /// Drops a rejection decided by `poll_ready` (the call went elsewhere).
     pub(crate) fn forget_decision(&mut self) {
-        if let Some(Err(_)) = self.decision {
-            self.decision = None;
+        if self.decision.is_rejected() {
+            self.decision = Decision::NONE;
         }
     }
 }
@@ -194,8 +194,10 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        let decision = self.decision.get_or_insert_with(|| self.shared.admit());
-        if decision.is_err() {
+        if self.decision.is_none() {
+            self.decision = Decision::new(self.shared.admit());
+        }
+        if self.decision.is_rejected() {
             // Open: ready at once, the call fails without touching the inner service.
             return Poll::Ready(Ok(()));
         }
@@ -210,7 +212,7 @@ where
                 self.inner.call(req),
                 Guard::new(Arc::clone(&self.shared), permit),
             ),
-            Err(r) => ResponseFuture::rejected(rejection(r.retry_after)),
+            Err(r) => ResponseFuture::rejected(r),
         }
     }
 }

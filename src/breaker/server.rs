@@ -34,7 +34,7 @@ use crate::classify::HttpClassifier;
 /// let breaker = ServerBreakerLayer::new(BreakerLayer::consecutive_failures(5));
 /// let app: Router = Router::new()
 ///     .route("/report", get(|| async { "done" }))
-///     // Outermost first: the breaker sees the timeout's 504s.
+///     // The last layer is the outermost: the breaker sees the timeout's 504s.
 ///     .layer(ServerTimeoutLayer::new(Duration::from_secs(10)))
 ///     .layer(breaker);
 /// # let _ = app;
@@ -146,7 +146,7 @@ where
             },
             Err(rejection) => ServerBreakerFuture {
                 kind: ServerKind::Rejected {
-                    retry_after: rejection.retry_after,
+                    retry_after: rejection.retry_after(),
                 },
             },
         }

@@ -138,29 +138,92 @@ fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// What the breaker admitted a call as.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Closed,
-    Probe,
-    /// Disabled: nothing is recorded.
-    Bypass,
-}
-
 /// A call admitted by [`Shared::admit`]. It records nothing by itself: hand it back to
-/// [`Shared::complete`] (or [`Shared::cancel`] when the call is dropped).
+/// [`Shared::complete`] (or [`Shared::cancel`] when the call is dropped). Two words, so that the
+/// service can keep it and the future can carry it without padding.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Permit {
+    /// The word it was admitted under; its state says what kind of call this is (closed,
+    /// a half-open probe, or disabled: recorded nowhere).
     word: u64,
-    kind: Kind,
     /// When the call started (nanoseconds since `base`), when the slow-call rule needs it.
-    start: Option<u64>,
+    start: u64,
 }
 
-/// Why a call was rejected: the time left until half-open, when known.
+/// Why a call was rejected: the time left until half-open, in nanoseconds, or `NONE`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Rejection {
-    pub(crate) retry_after: Option<Duration>,
+    nanos: u64,
+}
+
+impl Rejection {
+    const NONE: u64 = u64::MAX;
+
+    fn new(retry_after: Option<Duration>) -> Self {
+        Rejection {
+            nanos: retry_after.map_or(Self::NONE, |d| saturating_nanos(d).min(Self::NONE - 1)),
+        }
+    }
+
+    /// The time left until half-open, when known.
+    pub(crate) fn retry_after(self) -> Option<Duration> {
+        (self.nanos != Self::NONE).then(|| Duration::from_nanos(self.nanos))
+    }
+}
+
+/// What `poll_ready` decided, kept by the service until `call`: nothing yet, a permit, or a
+/// rejection, in two plain words (an `Option<Result<Permit, Rejection>>` costs padding and
+/// partial copies on the hot path). Real words never have every generation bit set (that takes
+/// 2^41 transitions), so two such words mark "nothing" and "rejected".
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Decision {
+    word: u64,
+    aux: u64,
+}
+
+impl Decision {
+    const EMPTY: u64 = u64::MAX;
+    const REJECTED: u64 = u64::MAX - 1;
+
+    pub(crate) const NONE: Decision = Decision {
+        word: Self::EMPTY,
+        aux: 0,
+    };
+
+    #[inline]
+    pub(crate) fn new(admitted: Result<Permit, Rejection>) -> Self {
+        match admitted {
+            Ok(p) => Decision {
+                word: p.word,
+                aux: p.start,
+            },
+            Err(r) => Decision {
+                word: Self::REJECTED,
+                aux: r.nanos,
+            },
+        }
+    }
+
+    #[inline]
+    pub(crate) fn is_none(&self) -> bool {
+        self.word == Self::EMPTY
+    }
+
+    #[inline]
+    pub(crate) fn is_rejected(&self) -> bool {
+        self.word == Self::REJECTED
+    }
+
+    /// Takes the decision, leaving none.
+    #[inline]
+    pub(crate) fn take(&mut self) -> Option<Result<Permit, Rejection>> {
+        let d = std::mem::replace(self, Decision::NONE);
+        match d.word {
+            Self::EMPTY => None,
+            Self::REJECTED => Some(Err(Rejection { nanos: d.aux })),
+            word => Some(Ok(Permit { word, start: d.aux })),
+        }
+    }
 }
 
 /// How one call ended, as the breaker counts it.
@@ -187,6 +250,8 @@ pub(crate) struct Shared {
     window: Option<Window>,
     /// Whether completion needs the clock (slow calls, time window).
     clock_on_complete: bool,
+    /// Whether a call's start time is needed (the slow-call rule).
+    needs_start: bool,
 
     word: AtomicU64,
     failures: AtomicU32,
@@ -245,6 +310,7 @@ impl Shared {
             listener: config.listener.clone(),
             window,
             clock_on_complete,
+            needs_start: slow.is_some(),
             word: AtomicU64::new(CLOSED),
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
@@ -347,7 +413,7 @@ impl Shared {
             state,
             retry_after,
         });
-        Rejection { retry_after }
+        Rejection::new(retry_after)
     }
 
     /// Admits a call, or rejects it with the time left until half-open.
@@ -355,12 +421,8 @@ impl Shared {
     pub(crate) fn admit(&self) -> Result<Permit, Rejection> {
         let word = self.word.load(Ordering::Acquire);
         if state_of(word) == CLOSED {
-            let start = self.slow.is_some().then(|| self.now());
-            return Ok(Permit {
-                word,
-                kind: Kind::Closed,
-                start,
-            });
+            let start = if self.needs_start { self.now() } else { 0 };
+            return Ok(Permit { word, start });
         }
         self.admit_slow(word)
     }
@@ -370,19 +432,11 @@ impl Shared {
         loop {
             match state_of(word) {
                 CLOSED => {
-                    let start = self.slow.is_some().then(|| self.now());
-                    return Ok(Permit {
-                        word,
-                        kind: Kind::Closed,
-                        start,
-                    });
+                    let start = if self.slow.is_some() { self.now() } else { 0 };
+                    return Ok(Permit { word, start });
                 }
                 DISABLED => {
-                    return Ok(Permit {
-                        word,
-                        kind: Kind::Bypass,
-                        start: None,
-                    });
+                    return Ok(Permit { word, start: 0 });
                 }
                 FORCED_OPEN => return Err(self.reject(word, None)),
                 OPEN => {
@@ -434,12 +488,8 @@ impl Shared {
                         Ok(_) => {
                             self.probes_admitted.fetch_add(1, Ordering::Relaxed);
                             tracing::debug!(breaker = &*self.name, "probe admitted");
-                            let start = self.slow.is_some().then(|| self.now());
-                            return Ok(Permit {
-                                word,
-                                kind: Kind::Probe,
-                                start,
-                            });
+                            let start = if self.slow.is_some() { self.now() } else { 0 };
+                            return Ok(Permit { word, start });
                         }
                         Err(actual) => word = actual,
                     }
@@ -479,10 +529,11 @@ impl Shared {
     /// Records how an admitted call ended.
     #[inline]
     pub(crate) fn complete(&self, permit: Permit, outcome: Outcome) {
-        match permit.kind {
-            Kind::Closed => self.complete_closed(permit, outcome),
-            Kind::Probe => self.complete_probe(permit, outcome),
-            Kind::Bypass => {}
+        match state_of(permit.word) {
+            CLOSED => self.complete_closed(permit, outcome),
+            HALF_OPEN => self.complete_probe(permit, outcome),
+            // Disabled: nothing is recorded.
+            _ => {}
         }
     }
 
@@ -508,7 +559,7 @@ impl Shared {
         let mut now = None;
         let mut clock = || *now.get_or_insert_with(|| self.now());
         let slow = match (self.slow, permit.start) {
-            (Some((threshold, _)), Some(start)) => clock().saturating_sub(start) > threshold,
+            (Some((threshold, _)), start) => clock().saturating_sub(start) > threshold,
             _ => false,
         };
         if failed {
@@ -563,9 +614,7 @@ impl Shared {
         let counted = match outcome {
             Outcome::Success => {
                 let slow = match (self.slow, permit.start) {
-                    (Some((threshold, _)), Some(start)) => {
-                        self.now().saturating_sub(start) > threshold
-                    }
+                    (Some((threshold, _)), start) => self.now().saturating_sub(start) > threshold,
                     _ => false,
                 };
                 // A slow probe is a failed probe under the slow-call rule.
@@ -631,7 +680,7 @@ impl Shared {
     /// A call that was dropped before it ended, or ended in a class that does not count: a probe
     /// gives its permit back; nothing is counted.
     pub(crate) fn cancel(&self, permit: Permit) {
-        if permit.kind != Kind::Probe {
+        if state_of(permit.word) != HALF_OPEN {
             return;
         }
         let mut word = self.word.load(Ordering::Acquire);
