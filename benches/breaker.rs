@@ -182,7 +182,7 @@ fn closed_success(c: &mut Criterion) {
         true,
     );
     let mut group = c.benchmark_group("breaker_closed_success");
-    group.bench_function("bare", |b| run(&rt, b, Tower(bare_c.0.clone()), true));
+    group.bench_function("bare", |b| run(&rt, b, Tower(bare_c.0), true));
     group.bench_function("backstop", |b| run(&rt, b, Tower(ours_c.0.clone()), true));
     group.bench_function("tower_resilience", |b| {
         run(&rt, b, Tower(res_c.0.clone()), true)
