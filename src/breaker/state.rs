@@ -583,7 +583,7 @@ impl Shared {
         if let Some(window) = &self.window {
             let bits = if failed { FAILED } else { 0 } | if slow { SLOW } else { 0 };
             window.record(bits, &mut clock);
-            if trip.is_none() && bits != 0 {
+            if trip.is_none() {
                 trip = self.rate_exceeded(window.counts(&mut clock));
             }
         }
