@@ -500,6 +500,10 @@ impl Shared {
 
     /// Opens the breaker from `from` (closed or half-open), unless another transition won.
     fn open_from(&self, from: u64, reason: &'static str) -> bool {
+        if self.word.load(Ordering::Acquire) != from {
+            // Another transition won; leave the current period's end alone.
+            return false;
+        }
         let trips = self.trips.load(Ordering::Relaxed);
         let duration = self.open.pick(trips);
         // Written before the swap: whoever sees the open word sees its end.
