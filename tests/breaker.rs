@@ -735,3 +735,27 @@ fn open_duration_never_grows_past_its_cap() {
     let huge = OpenDuration::doubling(Duration::MAX, Duration::MAX);
     assert_eq!(huge.nth(1_000), Duration::MAX);
 }
+
+#[tokio::test(start_paused = true)]
+async fn only_the_configured_failure_classes_count() {
+    // Throttling (429) is the provider asking us to slow down, not failing: count only transient.
+    let upstream = Scripted::new((0..5).map(|_| status(429)), status(503));
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(2)
+        .failure_classes(&[Class::TRANSIENT])
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    for _ in 0..5 {
+        let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+        assert_eq!(f.class(), Class::THROTTLED);
+    }
+    assert_eq!(handle.state(), State::Closed);
+    assert_eq!(handle.stats().failures, 0);
+    for _ in 0..2 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    assert_eq!(handle.state(), State::Open);
+    assert_eq!(handle.stats().failures, 2);
+}

@@ -745,7 +745,7 @@ impl Shared {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(tower_backstop_loom)))]
 mod tests {
     use super::*;
 

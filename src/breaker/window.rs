@@ -204,7 +204,7 @@ impl TimeWindow {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(tower_backstop_loom)))]
 mod tests {
     use super::*;
 
