@@ -262,6 +262,12 @@ fn breaker_with_rate_rules_alone() {
 }
 
 #[test]
+fn static_breaker_alone() {
+    let layer = BreakerLayer::new().into_static();
+    assert_adds_nothing("BreakerLayer::into_static", bare(), layer.layer(bare()));
+}
+
+#[test]
 fn failover_closed_path_alone() {
     let layer = FailoverLayer::new(BreakerLayer::new(), bare());
     assert_adds_nothing(

@@ -759,3 +759,31 @@ async fn only_the_configured_failure_classes_count() {
     assert_eq!(handle.state(), State::Open);
     assert_eq!(handle.stats().failures, 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_static_breaker_is_the_same_breaker_and_behaves_the_same() {
+    let upstream = Scripted::new([status(503), status(503)], status(200));
+    let layer = breaker(2, Duration::from_secs(5));
+    let before = layer.handle();
+    let layer = layer.into_static();
+    let after = layer.handle();
+    let svc = stack(layer, &upstream);
+    for _ in 0..2 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    assert_eq!(
+        before.state(),
+        State::Open,
+        "a handle taken before sees the trip"
+    );
+    assert_eq!(after.state(), State::Open);
+    let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+    assert_eq!(f.retry_after(), Some(Duration::from_secs(5)));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    // The probe, and a dropped probe's permit, work the same way.
+    let mut probe_svc = svc.clone();
+    probe_svc.ready().await.unwrap();
+    drop(probe_svc.call(get("/")));
+    assert!(svc.clone().oneshot(get("/")).await.is_ok());
+    assert_eq!(before.state(), State::Closed);
+}

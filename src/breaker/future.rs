@@ -1,12 +1,11 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 
-use super::state::{Outcome, Permit, Rejection, Shared};
+use super::state::{Outcome, Permit, Rejection, SharedRef};
 use crate::failure::{Class, Failure};
 
 pin_project! {
@@ -38,13 +37,13 @@ pin_project! {
 /// Holds a permit until the call ends; a call dropped before it ended gives it back.
 #[derive(Debug)]
 pub(crate) struct Guard {
-    shared: Arc<Shared>,
+    shared: SharedRef,
     permit: Option<Permit>,
 }
 
 impl Guard {
     #[inline]
-    pub(crate) fn new(shared: Arc<Shared>, permit: Permit) -> Self {
+    pub(crate) fn new(shared: SharedRef, permit: Permit) -> Self {
         Guard {
             shared,
             permit: Some(permit),

@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use super::config::{BuildError, Builder};
 use super::future::Guard;
-use super::state::Shared;
+use super::state::{Shared, SharedRef};
 use super::{BreakerHandle, ResponseFuture};
 use crate::failure::Failure;
 
@@ -187,14 +187,14 @@ impl<K> KeyedBreakerLayer<K> {
             .read()
             .unwrap_or_else(|e| e.into_inner());
         map.get(key).map(|shared| BreakerHandle {
-            shared: Arc::clone(shared),
+            shared: SharedRef::Counted(Arc::clone(shared)),
         })
     }
 
     /// The handle of the `other` breaker, shared by requests without a key or over the bound.
     pub fn other(&self) -> BreakerHandle {
         BreakerHandle {
-            shared: Arc::clone(&self.registry.other),
+            shared: SharedRef::Counted(Arc::clone(&self.registry.other)),
         }
     }
 
@@ -267,7 +267,10 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = self.registry.get(self.key.key(&req).as_deref());
         match shared.admit() {
-            Ok(permit) => ResponseFuture::called(self.inner.call(req), Guard::new(shared, permit)),
+            Ok(permit) => ResponseFuture::called(
+                self.inner.call(req),
+                Guard::new(SharedRef::Counted(shared), permit),
+            ),
             Err(r) => ResponseFuture::rejected(r),
         }
     }

@@ -4,7 +4,7 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::config::Builder;
-use super::state::Shared;
+use super::state::SharedRef;
 use super::{Breaker, BreakerHandle};
 use crate::failure::Class;
 
@@ -22,7 +22,7 @@ use crate::failure::Class;
 /// slow calls, growing open durations, several probes, a listener.
 #[derive(Clone, Debug)]
 pub struct BreakerLayer {
-    shared: Arc<Shared>,
+    shared: SharedRef,
 }
 
 impl Default for BreakerLayer {
@@ -44,7 +44,7 @@ impl BreakerLayer {
 
     pub(crate) fn from_builder(builder: Builder) -> Self {
         BreakerLayer {
-            shared: Arc::new(builder.shared()),
+            shared: SharedRef::Counted(Arc::new(builder.shared())),
         }
     }
 
@@ -81,11 +81,32 @@ impl BreakerLayer {
     /// A handle to read this breaker's state and counters, and to control it.
     pub fn handle(&self) -> BreakerHandle {
         BreakerHandle {
-            shared: Arc::clone(&self.shared),
+            shared: self.shared.clone(),
         }
     }
 
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
+    /// Makes this breaker's state live until the process ends, so that each call skips the
+    /// reference count: the services and response futures reach the state through a
+    /// `&'static` reference instead of cloning and dropping an `Arc` (two atomic read-modify-write
+    /// operations per call, most of the closed-state overhead in `benches/breaker.rs`).
+    ///
+    /// The state (a few hundred bytes, plus a count window's byte per call) is then never freed:
+    /// use it for breakers built once, at startup, not for layers built per request. Handles
+    /// taken before or after keep pointing at the same breaker.
+    pub fn into_static(self) -> Self {
+        let shared = match self.shared {
+            SharedRef::Counted(shared) => {
+                let leaked: &'static Arc<_> = Box::leak(Box::new(shared));
+                &**leaked
+            }
+            SharedRef::Static(shared) => shared,
+        };
+        BreakerLayer {
+            shared: SharedRef::Static(shared),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &SharedRef {
         &self.shared
     }
 }
@@ -94,6 +115,6 @@ impl<S> Layer<S> for BreakerLayer {
     type Service = Breaker<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Breaker::new(inner, Arc::clone(&self.shared))
+        Breaker::new(inner, self.shared.clone())
     }
 }

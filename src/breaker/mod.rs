@@ -85,7 +85,6 @@
 //! ```
 
 use std::fmt;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -114,18 +113,18 @@ pub use self::server::{ServerBreaker, ServerBreakerFuture, ServerBreakerLayer};
 pub use self::state::{State, Stats};
 
 use self::future::Guard;
-use self::state::{Decision, Shared};
+use self::state::{Decision, SharedRef};
 
 /// Fails fast while the provider is failing; see the [module docs](self).
 pub struct Breaker<S> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: SharedRef,
     // What poll_ready decided: a permit to call, or a rejection.
     decision: Decision,
 }
 
 impl<S> Breaker<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(inner: S, shared: SharedRef) -> Self {
         Breaker {
             inner,
             shared,
@@ -136,7 +135,7 @@ impl<S> Breaker<S> {
     /// A handle to this breaker's state and counters.
     pub fn handle(&self) -> BreakerHandle {
         BreakerHandle {
-            shared: Arc::clone(&self.shared),
+            shared: self.shared.clone(),
         }
     }
 
@@ -161,7 +160,7 @@ impl<S> Breaker<S> {
 impl<S: Clone> Clone for Breaker<S> {
     fn clone(&self) -> Self {
         // A clone starts without a decision: a permit belongs to the service that was polled.
-        Breaker::new(self.inner.clone(), Arc::clone(&self.shared))
+        Breaker::new(self.inner.clone(), self.shared.clone())
     }
 }
 
@@ -210,7 +209,7 @@ where
         match decision {
             Ok(permit) => ResponseFuture::called(
                 self.inner.call(req),
-                Guard::new(Arc::clone(&self.shared), permit),
+                Guard::new(self.shared.clone(), permit),
             ),
             Err(r) => ResponseFuture::rejected(r),
         }
@@ -245,7 +244,7 @@ where
 /// ```
 #[derive(Clone)]
 pub struct BreakerHandle {
-    shared: Arc<Shared>,
+    shared: SharedRef,
 }
 
 impl BreakerHandle {

@@ -11,7 +11,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::future::Guard;
-use super::state::{Outcome, Permit, Rejection, Shared};
+use super::state::{Outcome, Permit, Rejection, SharedRef};
 use super::{BreakerHandle, BreakerLayer};
 use crate::classify::HttpClassifier;
 
@@ -72,7 +72,7 @@ impl<S> Layer<S> for ServerBreakerLayer {
     fn layer(&self, inner: S) -> Self::Service {
         ServerBreaker {
             inner,
-            shared: Arc::clone(self.breaker.shared()),
+            shared: self.breaker.shared().clone(),
             classifier: Arc::new(self.classifier.clone()),
             decision: None,
         }
@@ -83,7 +83,7 @@ impl<S> Layer<S> for ServerBreakerLayer {
 #[derive(Debug)]
 pub struct ServerBreaker<S> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: SharedRef,
     classifier: Arc<HttpClassifier>,
     decision: Option<Result<Permit, Rejection>>,
 }
@@ -92,7 +92,7 @@ impl<S: Clone> Clone for ServerBreaker<S> {
     fn clone(&self) -> Self {
         ServerBreaker {
             inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
+            shared: self.shared.clone(),
             classifier: Arc::clone(&self.classifier),
             decision: None,
         }
@@ -140,7 +140,7 @@ where
             Ok(permit) => ServerBreakerFuture {
                 kind: ServerKind::Called {
                     future: self.inner.call(req),
-                    guard: Guard::new(Arc::clone(&self.shared), permit),
+                    guard: Guard::new(self.shared.clone(), permit),
                     classifier: Arc::clone(&self.classifier),
                 },
             },
