@@ -229,7 +229,9 @@ impl Builder {
 
     /// The rates are taken over `buckets` buckets of `width` each (a time-based window: the last
     /// `width × buckets`, moving one bucket at a time; `buckets` in `1..=1_000`, a bucket counts
-    /// up to 65,535 calls). Each call then reads the clock once when it ends.
+    /// up to 65,535 calls and keeps the sample of its first ones beyond that). Each call then
+    /// reads the clock once when it ends. A bucket knows its start modulo 65,536 widths, so after
+    /// a silence of exactly a multiple of 65,536 widths an old bucket could be read as current.
     pub fn time_window(mut self, width: Duration, buckets: u32) -> Self {
         self.window = WindowKind::Time { width, buckets };
         self

@@ -17,7 +17,9 @@
 //! of resilience4j's `CircuitBreaker`.
 //!
 //! The state lives in atomics; the closed-state success path takes no lock, reads no clock when
-//! no time-based rule needs it, and allocates nothing. An open breaker answers `Ready(Ok)` from
+//! no time-based rule needs it, and allocates nothing. Each call's response future holds a
+//! reference to the breaker's state (an `Arc` clone); a breaker built once at startup can skip
+//! that reference count with [`BreakerLayer::into_static`]. An open breaker answers `Ready(Ok)` from
 //! `poll_ready` without waiting for the inner service, and its future fails at once, like tower's
 //! `load_shed`.
 //!
