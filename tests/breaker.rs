@@ -463,7 +463,7 @@ async fn time_window_forgets_failures_older_than_its_buckets() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn growing_open_duration_doubles_up_to_its_cap_and_one_success_resets_it() {
+async fn growing_open_duration_doubles_up_to_its_cap() {
     // Fails until told otherwise: the first 12 calls fail, then successes.
     let upstream = Scripted::new((0..12).map(|_| status(503)), status(200));
     let layer = BreakerLayer::builder()
@@ -786,4 +786,37 @@ async fn a_static_breaker_is_the_same_breaker_and_behaves_the_same() {
     drop(probe_svc.call(get("/")));
     assert!(svc.clone().oneshot(get("/")).await.is_ok());
     assert_eq!(before.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_whose_inner_future_panics_gives_its_permit_back() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = calls.clone();
+    let layer = BreakerLayer::consecutive_failures(1).open_for(Duration::from_secs(1));
+    let handle = layer.handle();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(tower::service_fn(move |_: ()| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                match n {
+                    0 => Err::<&str, tower_backstop::BoxError>(
+                        std::io::Error::from(std::io::ErrorKind::ConnectionReset).into(),
+                    ),
+                    1 => panic!("the inner service panics in the probe"),
+                    _ => Ok("recovered"),
+                }
+            }
+        }));
+    let _ = svc.clone().oneshot(()).await;
+    assert_eq!(handle.state(), State::Open);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let panicked = tokio::spawn(svc.clone().oneshot(())).await.unwrap_err();
+    assert!(panicked.is_panic());
+    // The panic unwound through the response future: its permit went back, nothing counted.
+    assert_eq!(handle.state(), State::HalfOpen);
+    assert_eq!(svc.clone().oneshot(()).await.unwrap(), "recovered");
+    assert_eq!(handle.state(), State::Closed);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
