@@ -57,6 +57,11 @@ impl Class {
     /// The circuit breaker rejected the call without reaching the inner service. The failure's
     /// [`retry_after`](Failure::retry_after) is the time left until the breaker half-opens.
     pub const CIRCUIT_OPEN: Class = Class::new("circuit_open");
+    /// A timeout or a connection reset after a request that is not idempotent (RFC 9110 §9.2.2)
+    /// and carries no `Idempotency-Key`: the provider may or may not have acted on it. Never
+    /// retried; the dead-letter record is there for reconciliation. Set by
+    /// [`RetryLayer`](crate::retry::RetryLayer), the one layer that sees the request.
+    pub const OUTCOME_UNKNOWN: Class = Class::new("outcome_unknown");
 
     /// A class named `name`. Use a short `snake_case` name: it is what dead-letter records, logs
     /// and summaries show.
@@ -102,6 +107,9 @@ pub enum Code {
     CircuitOpen,
     /// The inner service's future panicked.
     Panic,
+    /// A provider's own numeric code, read by a user classifier (for example from a JSON error
+    /// body).
+    Provider(i64),
     /// An error whose type the classifier does not know; its message is in the failure's source.
     Error,
 }
@@ -116,6 +124,7 @@ impl fmt::Display for Code {
             Code::Timeout => f.write_str("timeout"),
             Code::CircuitOpen => f.write_str("circuit open"),
             Code::Panic => f.write_str("panic"),
+            Code::Provider(code) => write!(f, "provider {code}"),
             Code::Error => f.write_str("error"),
         }
     }
@@ -129,9 +138,25 @@ pub enum GiveUp {
     NotRetryable,
     /// The attempt cap of the failure's class was reached.
     AttemptsExhausted,
-    /// The server's delay hint (`Retry-After`, or the breaker's time left open) is longer than the
-    /// policy's maximum in-process delay, so the layer returned instead of sleeping.
+    /// The delay before the next attempt (a server hint such as `Retry-After`, the breaker's time
+    /// left open, or the class's own schedule) is longer than the policy's maximum in-process
+    /// delay, and the policy is set to give up rather than defer
+    /// ([`LongDelay::GiveUp`](crate::retry::LongDelay::GiveUp)).
     HintTooLong,
+    /// The delay before the next attempt is longer than the policy's maximum in-process delay, so
+    /// the request is deferred rather than slept: [`Failure::retry_at`] says when to send it
+    /// again ([`LongDelay::Defer`](crate::retry::LongDelay::Defer), the default). Unlike the
+    /// other reasons this is not the end of the request: a dead-letter store keeps it with that
+    /// retry-at time.
+    Deferred,
+    /// The retry budget (token bucket or ratio) had nothing left, so the failure was returned at
+    /// once instead of retried.
+    BudgetExhausted,
+    /// The overall deadline of the request ended the series of attempts: the next delay would
+    /// have ended after it, or it expired during an attempt. The failure is the last real one.
+    DeadlineExceeded,
+    /// The server said not to retry (`grpc-retry-pushback-ms` negative or unparseable, gRFC A6).
+    ServerSaidNo,
     /// The request is not idempotent (RFC 9110 §9.2.2) and carries no `Idempotency-Key`, so
     /// sending it again could repeat its effect.
     NotIdempotent,
@@ -147,7 +172,11 @@ impl GiveUp {
         match self {
             GiveUp::NotRetryable => "class not retried",
             GiveUp::AttemptsExhausted => "attempts exhausted",
-            GiveUp::HintTooLong => "server delay above the maximum delay",
+            GiveUp::HintTooLong => "delay above the maximum in-process delay",
+            GiveUp::Deferred => "deferred",
+            GiveUp::BudgetExhausted => "retry budget exhausted",
+            GiveUp::DeadlineExceeded => "deadline exceeded",
+            GiveUp::ServerSaidNo => "server said not to retry",
             GiveUp::NotIdempotent => "request not idempotent and has no idempotency key",
             GiveUp::NotReplayable => "request cannot be replayed",
             GiveUp::NotReady => "service failed while becoming ready",
@@ -201,6 +230,7 @@ pub struct Failure<R = ()> {
     retry_after: Option<Duration>,
     attempts: u32,
     give_up: Option<GiveUp>,
+    no_retry: bool,
     extra: Option<Box<Extra<R>>>,
 }
 
@@ -208,6 +238,7 @@ struct Extra<R> {
     response: Option<R>,
     source: Option<BoxError>,
     first_failed_at: Option<SystemTime>,
+    retry_at: Option<SystemTime>,
     dead_letter: Option<DeadLetterStatus>,
 }
 
@@ -217,6 +248,7 @@ impl<R> Default for Extra<R> {
             response: None,
             source: None,
             first_failed_at: None,
+            retry_at: None,
             dead_letter: None,
         }
     }
@@ -231,6 +263,7 @@ impl<R> Failure<R> {
             retry_after: None,
             attempts: 0,
             give_up: None,
+            no_retry: false,
             extra: None,
         }
     }
@@ -244,6 +277,18 @@ impl<R> Failure<R> {
     pub fn with_retry_after(mut self, delay: Duration) -> Self {
         self.retry_after = Some(delay);
         self
+    }
+
+    /// Marks the failure as one the server asked not to retry (a negative or unparseable
+    /// `grpc-retry-pushback-ms`, gRFC A6). The retry layer stops with [`GiveUp::ServerSaidNo`].
+    pub fn with_no_retry(mut self) -> Self {
+        self.no_retry = true;
+        self
+    }
+
+    /// Whether the server asked not to retry (see [`with_no_retry`](Self::with_no_retry)).
+    pub fn no_retry(&self) -> bool {
+        self.no_retry
     }
 
     /// Keeps the response that was classified as this failure.
@@ -298,6 +343,44 @@ impl<R> Failure<R> {
         self.extra.as_ref().and_then(|e| e.first_failed_at)
     }
 
+    /// When the request should be sent again, for a failure the retry layer deferred
+    /// ([`GiveUp::Deferred`]): an absolute time, rounded up to the next whole second and never
+    /// before the instant the server named (`Retry-After`, RFC 9110 §10.2.3). `None` for any
+    /// other failure.
+    ///
+    /// A dead-letter layer stores the record with this retry-at time, so that a scheduler sends
+    /// it again then.
+    pub fn retry_at(&self) -> Option<SystemTime> {
+        self.extra.as_ref().and_then(|e| e.retry_at)
+    }
+
+    /// Whether the retry layer deferred this failure rather than giving up on it.
+    pub fn is_deferred(&self) -> bool {
+        self.give_up == Some(GiveUp::Deferred)
+    }
+
+    /// The same failure with its response (if any) mapped by `f`; for example `|_| ()` to drop a
+    /// response that is not `Sync` before boxing the failure.
+    pub fn map_response<T>(self, f: impl FnOnce(R) -> T) -> Failure<T> {
+        Failure {
+            class: self.class,
+            code: self.code,
+            retry_after: self.retry_after,
+            attempts: self.attempts,
+            give_up: self.give_up,
+            no_retry: self.no_retry,
+            extra: self.extra.map(|e| {
+                Box::new(Extra {
+                    response: e.response.map(f),
+                    source: e.source,
+                    first_failed_at: e.first_failed_at,
+                    retry_at: e.retry_at,
+                    dead_letter: e.dead_letter,
+                })
+            }),
+        }
+    }
+
     /// The response that was classified as this failure, if it was a response.
     pub fn response(&self) -> Option<&R> {
         self.extra.as_ref().and_then(|e| e.response.as_ref())
@@ -331,6 +414,10 @@ impl<R> Failure<R> {
         }
     }
 
+    pub(crate) fn note_retry_at(&mut self, at: SystemTime) {
+        self.extra_mut().retry_at = Some(at);
+    }
+
     pub(crate) fn note_dead_letter(&mut self, status: DeadLetterStatus) {
         self.extra_mut().dead_letter = Some(status);
     }
@@ -361,10 +448,12 @@ impl<R> fmt::Debug for Failure<R> {
             .field("code", &self.code)
             .field("retry_after", &self.retry_after)
             .field("attempts", &self.attempts)
-            .field("give_up", &self.give_up);
+            .field("give_up", &self.give_up)
+            .field("no_retry", &self.no_retry);
         if let Some(extra) = &self.extra {
             d.field("has_response", &extra.response.is_some())
                 .field("source", &extra.source)
+                .field("retry_at", &extra.retry_at)
                 .field("dead_letter", &extra.dead_letter);
         }
         d.finish()
@@ -382,6 +471,9 @@ impl<R> fmt::Display for Failure<R> {
         }
         if let Some(reason) = self.give_up {
             write!(f, ", {reason}")?;
+        }
+        if let Some(at) = self.retry_at() {
+            write!(f, " until {}", httpdate::fmt_http_date(at))?;
         }
         if let Some(delay) = self.retry_after {
             write!(f, ", server asked to retry after {delay:?}")?;

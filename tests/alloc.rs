@@ -20,7 +20,7 @@ use tower::{Layer, Service, ServiceBuilder, service_fn};
 use tower_backstop::breaker::{BreakerLayer, FailoverLayer, State};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier, Verdict};
 use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
-use tower_backstop::retry::RetryLayer;
+use tower_backstop::retry::{Budget, RetryLayer, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Class, Code, Failure};
 
@@ -281,6 +281,28 @@ fn failover_closed_path_alone() {
 fn retry_alone() {
     let svc = RetryLayer::default().layer(bare());
     assert_adds_nothing("RetryLayer::default()", bare(), svc);
+}
+
+#[test]
+fn retry_with_a_token_bucket_budget() {
+    let policy = RetryPolicy::new().budget(Budget::token_bucket(10, 0.1).unwrap());
+    let svc = RetryLayer::new(policy).layer(bare());
+    assert_adds_nothing("RetryLayer with a token-bucket budget", bare(), svc);
+}
+
+#[test]
+fn retry_with_a_ratio_budget_and_a_deadline() {
+    let policy = RetryPolicy::new()
+        .budget(Budget::ratio(0.2, 10, Duration::from_secs(10)).unwrap())
+        .deadline(Duration::from_secs(30));
+    let svc = RetryLayer::new(policy).layer(bare());
+    assert_adds_nothing("RetryLayer with a ratio budget and a deadline", bare(), svc);
+}
+
+#[test]
+fn retry_with_a_single_attempt() {
+    let svc = RetryLayer::new(RetryPolicy::new().max_attempts(1)).layer(bare());
+    assert_adds_nothing("RetryLayer with max_attempts(1)", bare(), svc);
 }
 
 #[test]

@@ -99,7 +99,7 @@ async fn permanent_and_breaker_open_failures_are_dead_lettered_with_their_reason
         .await
         .unwrap_err();
     assert_eq!(f.class(), Class::CIRCUIT_OPEN);
-    assert_eq!(f.give_up(), Some(GiveUp::HintTooLong));
+    assert_eq!(f.give_up(), Some(GiveUp::Deferred));
     assert_eq!(upstream.calls(), 3);
 
     let bad = store.get("k-bad").await.unwrap().unwrap();

@@ -7,9 +7,11 @@ use std::time::{Duration, SystemTime};
 
 use support::{Scripted, Step, get, post, post_with_key, status, status_with};
 use tokio::time::Instant;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::retry::{Backoff, DelaySource, Jitter, RetryEvent, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{
+    Backoff, Budget, DelaySource, Jitter, LongDelay, RetryEvent, RetryLayer, RetryPolicy,
+};
 use tower_backstop::{Class, Code, Failure, GiveUp};
 
 type Svc = tower::util::BoxCloneService<
@@ -58,13 +60,32 @@ async fn long_retry_after_is_not_slept() {
         start.elapsed()
     );
     assert_eq!(upstream.calls(), 1);
-    assert_eq!(failure.give_up(), Some(GiveUp::HintTooLong));
+    // Deferred by default: the failure says when to send it again.
+    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    let retry_at = failure
+        .retry_at()
+        .expect("a deferred failure has a retry-at time");
+    assert!(retry_at >= SystemTime::now() + Duration::from_secs(3600) - Duration::from_secs(1));
     assert_eq!(failure.retry_after(), Some(Duration::from_secs(3600)));
     assert_eq!(
         failure.code(),
         Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)
     );
     assert_eq!(failure.into_response().unwrap().status(), 503);
+
+    // Configured to give up instead: no retry-at time.
+    let upstream = Scripted::always(status_with(503, "retry-after", "3600"));
+    let svc = stack(
+        RetryPolicy::new()
+            .max_attempts(5)
+            .max_delay(Duration::from_secs(30))
+            .on_long_delay(LongDelay::GiveUp),
+        &upstream,
+    );
+    let failure = svc.oneshot(get("/mail")).await.unwrap_err();
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(failure.give_up(), Some(GiveUp::HintTooLong));
+    assert_eq!(failure.retry_at(), None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -75,7 +96,8 @@ async fn absurd_retry_after_values_never_panic() {
         .oneshot(get("/"))
         .await
         .unwrap_err();
-    assert_eq!(failure.give_up(), Some(GiveUp::HintTooLong));
+    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    assert!(failure.retry_at().unwrap() > SystemTime::now() + Duration::from_secs(9_999_999_000));
     assert_eq!(upstream.calls(), 1);
 
     for bad in ["-1", "nan", "1e999", "soon", "99999999999999999999999999x"] {
@@ -279,4 +301,652 @@ async fn readiness_is_driven_before_each_retry() {
     assert_eq!(req, "hello");
     send.send_response(());
     assert!(response.await.unwrap().is_ok());
+}
+
+/// A service that answers with a scripted list of ready-made failures, then `then`, counting calls.
+#[derive(Clone)]
+struct Failing {
+    script: Arc<Mutex<std::collections::VecDeque<Failure<()>>>>,
+    then: fn() -> Failure<()>,
+    calls: Arc<Mutex<u32>>,
+}
+
+impl Failing {
+    fn new(script: Vec<Failure<()>>, then: fn() -> Failure<()>) -> Self {
+        Failing {
+            script: Arc::new(Mutex::new(script.into())),
+            then,
+            calls: Arc::default(),
+        }
+    }
+
+    fn calls(&self) -> u32 {
+        *self.calls.lock().unwrap()
+    }
+}
+
+impl tower::Service<&'static str> for Failing {
+    type Response = ();
+    type Error = Failure<()>;
+    type Future = std::future::Ready<Result<(), Failure<()>>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: &'static str) -> Self::Future {
+        *self.calls.lock().unwrap() += 1;
+        let next = self.script.lock().unwrap().pop_front();
+        std::future::ready(Err(next.unwrap_or_else(self.then)))
+    }
+}
+
+fn rejected() -> Failure<()> {
+    Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen).with_retry_after(Duration::from_secs(1))
+}
+
+fn unavailable() -> Failure<()> {
+    Failure::new(
+        Class::TRANSIENT,
+        Code::Http(http::StatusCode::SERVICE_UNAVAILABLE),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn class_caps_count_only_failures_of_that_class() {
+    // Two breaker rejections, then 503s: the rejections do not eat into the transient cap.
+    let upstream = Failing::new(vec![rejected(), rejected()], unavailable);
+    let policy = RetryPolicy::new()
+        .max_attempts(8)
+        .backoff(no_jitter(10))
+        .retry_at_most(Class::TRANSIENT, 4);
+    let failure = RetryLayer::new(policy)
+        .layer(upstream.clone())
+        .oneshot("m")
+        .await
+        .unwrap_err();
+    assert_eq!(upstream.calls(), 6, "2 rejections + 4 transient failures");
+    assert_eq!(failure.attempts(), 6);
+    assert_eq!(failure.class(), Class::TRANSIENT);
+    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+
+    // The overall cap still bounds the calls, whatever the classes.
+    let upstream = Failing::new(vec![rejected(), rejected()], unavailable);
+    let policy = RetryPolicy::new()
+        .max_attempts(3)
+        .backoff(no_jitter(10))
+        .retry_at_most(Class::TRANSIENT, 4);
+    let failure = RetryLayer::new(policy)
+        .layer(upstream.clone())
+        .oneshot("m")
+        .await
+        .unwrap_err();
+    assert_eq!(upstream.calls(), 3);
+    assert_eq!(failure.attempts(), 3);
+    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+
+    // A class cap alone: circuit_open capped at 2 attempts ends the series on the second
+    // rejection, whatever the transient cap.
+    let upstream = Failing::new(vec![], rejected);
+    let policy = RetryPolicy::new()
+        .max_attempts(8)
+        .retry_at_most(Class::CIRCUIT_OPEN, 2);
+    let failure = RetryLayer::new(policy)
+        .layer(upstream.clone())
+        .oneshot("m")
+        .await
+        .unwrap_err();
+    assert_eq!(upstream.calls(), 2);
+    assert_eq!(failure.class(), Class::CIRCUIT_OPEN);
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_class_delay_rules_are_followed() {
+    const SOFT_BOUNCE: Class = Class::new("soft_bounce");
+    fn soft_bounce() -> Failure<()> {
+        Failure::new(SOFT_BOUNCE, Code::Smtp(450))
+    }
+    let upstream = Failing::new(vec![unavailable(), unavailable()], soft_bounce);
+    let (events, on_retry) = recorder();
+    let policy = RetryPolicy::new()
+        .max_attempts(6)
+        .max_delay(Duration::from_secs(60))
+        .backoff(Backoff::linear(
+            Duration::from_millis(100),
+            Duration::from_millis(50),
+            Duration::from_secs(1),
+        ))
+        .class(
+            SOFT_BOUNCE,
+            tower_backstop::retry::ClassPolicy::retry()
+                .max_attempts(3)
+                .backoff(Backoff::schedule([5, 15, 30].map(Duration::from_secs)).unwrap()),
+        )
+        .on_retry(on_retry);
+    let failure = RetryLayer::new(policy)
+        .layer(upstream.clone())
+        .oneshot("m")
+        .await
+        .unwrap_err();
+    let delays: Vec<_> = events.lock().unwrap().iter().map(|e| e.delay).collect();
+    // Transient: linear 100 ms, 150 ms; then the soft bounce's own schedule from its start.
+    assert_eq!(
+        delays,
+        [100, 150, 5_000, 15_000]
+            .map(Duration::from_millis)
+            .to_vec()
+    );
+    assert_eq!(upstream.calls(), 5);
+    assert_eq!(failure.class(), SOFT_BOUNCE);
+    assert_eq!(failure.code(), Code::Smtp(450));
+    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_schedule_above_max_delay_is_deferred() {
+    const SOFT_BOUNCE: Class = Class::new("soft_bounce");
+    fn soft_bounce() -> Failure<()> {
+        Failure::new(SOFT_BOUNCE, Code::Smtp(451))
+    }
+    let upstream = Failing::new(vec![], soft_bounce);
+    let policy = RetryPolicy::new().class(
+        SOFT_BOUNCE,
+        tower_backstop::retry::ClassPolicy::retry().backoff(
+            Backoff::schedule([15 * 60, 3600, 6 * 3600].map(Duration::from_secs)).unwrap(),
+        ),
+    );
+    let before = SystemTime::now();
+    let start = Instant::now();
+    let failure = RetryLayer::new(policy)
+        .layer(upstream.clone())
+        .oneshot("m")
+        .await
+        .unwrap_err();
+    assert_eq!(start.elapsed(), Duration::ZERO, "nothing slept");
+    assert_eq!(upstream.calls(), 1);
+    assert!(failure.is_deferred());
+    assert!(failure.retry_at().unwrap() >= before + Duration::from_secs(15 * 60));
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_bounds_attempts_and_returns_the_last_real_failure() {
+    // Deadline 5 s, upstream always 503 with no hint, backoff 1 s doubling: attempts at 0 s,
+    // 1 s, 3 s; the next would start at 7 s, past the deadline, so none does.
+    let upstream = Scripted::always(status(503));
+    let policy = RetryPolicy::new()
+        .max_attempts(100)
+        .backoff(
+            Backoff::exponential(Duration::from_secs(1), Duration::from_secs(60))
+                .jitter(Jitter::None),
+        )
+        .deadline(Duration::from_secs(5));
+    let start = Instant::now();
+    let failure = stack(policy, &upstream)
+        .oneshot(get("/"))
+        .await
+        .unwrap_err();
+    let starts: Vec<_> = upstream.seen().iter().map(|s| s.at - start).collect();
+    assert_eq!(starts, [0, 1, 3].map(Duration::from_secs).to_vec());
+    assert!(starts.iter().all(|t| *t <= Duration::from_secs(5)));
+    assert!(start.elapsed() <= Duration::from_secs(5));
+    assert_eq!(failure.give_up(), Some(GiveUp::DeadlineExceeded));
+    assert_eq!(failure.attempts(), 3);
+    // The last real failure, with its response, not a bare "deadline exceeded".
+    assert_eq!(
+        failure.code(),
+        Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)
+    );
+    assert_eq!(failure.into_response().unwrap().status(), 503);
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_cuts_a_running_attempt() {
+    // 503 at once, then an attempt that would take 60 s: the deadline (2 s) drops it at 2 s and
+    // the caller gets the 503.
+    let upstream = Scripted::new(
+        [status(503)],
+        Step::After(Duration::from_secs(60), Box::new(status(200))),
+    );
+    let policy = RetryPolicy::new()
+        .backoff(no_jitter(100))
+        .deadline(Duration::from_secs(2));
+    let start = Instant::now();
+    let failure = stack(policy, &upstream)
+        .oneshot(get("/"))
+        .await
+        .unwrap_err();
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert_eq!(upstream.calls(), 2);
+    assert_eq!(upstream.finished(), 1, "the slow attempt was dropped");
+    assert_eq!(failure.give_up(), Some(GiveUp::DeadlineExceeded));
+    assert_eq!(
+        failure.code(),
+        Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)
+    );
+    assert_eq!(failure.attempts(), 2);
+
+    // With no earlier failure, the first attempt is cut and says why.
+    let upstream = Scripted::always(Step::After(Duration::from_secs(60), Box::new(status(200))));
+    let policy = RetryPolicy::new().deadline(Duration::from_secs(2));
+    let failure = stack(policy, &upstream)
+        .oneshot(get("/"))
+        .await
+        .unwrap_err();
+    assert_eq!(failure.code(), Code::Timeout);
+    assert_eq!(failure.give_up(), Some(GiveUp::DeadlineExceeded));
+    assert!(failure.to_string().contains("deadline"), "{failure}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn ratio_budget_allows_at_most_six_retries_per_ten_first_attempts() {
+    let upstream = Scripted::always(status(503));
+    let budget = Budget::ratio(0.6, 0, Duration::from_secs(10)).unwrap();
+    let policy = RetryPolicy::new()
+        .max_attempts(10)
+        .backoff(no_jitter(1))
+        .budget(budget);
+    let svc = stack(policy, &upstream);
+    let mut exhausted = 0;
+    for i in 0..10 {
+        let failure = svc
+            .clone()
+            .oneshot(get(&format!("/{i}")))
+            .await
+            .unwrap_err();
+        if failure.give_up() == Some(GiveUp::BudgetExhausted) {
+            exhausted += 1;
+        }
+    }
+    let retries = upstream.calls() - 10;
+    assert!(retries <= 6, "{retries} retries");
+    assert_eq!(retries, 6, "the budget is spent, not wasted");
+    assert!(exhausted >= 4, "{exhausted}");
+
+    // Ten requests at once: the same bound, with retries waiting in backoff counted.
+    let upstream = Scripted::always(status(503));
+    let budget = Budget::ratio(0.6, 0, Duration::from_secs(10)).unwrap();
+    let policy = RetryPolicy::new()
+        .max_attempts(10)
+        .backoff(no_jitter(1_000))
+        .budget(budget);
+    let svc = stack(policy, &upstream);
+    let all =
+        futures_util::future::join_all((0..10).map(|i| svc.clone().oneshot(get(&format!("/{i}")))))
+            .await;
+    assert!(all.iter().all(Result::is_err));
+    assert_eq!(upstream.calls() - 10, 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn token_bucket_throttles_retries_per_grfc_a6() {
+    // 4 tokens, threshold 2: the first failure leaves 3 (> 2, retry), the second 2 (not above
+    // half: no more retries), and the failure says so.
+    let upstream = Scripted::always(status(503));
+    let policy = RetryPolicy::new()
+        .max_attempts(5)
+        .backoff(no_jitter(1))
+        .budget(Budget::token_bucket(4, 0.5).unwrap());
+    let svc = stack(policy.clone(), &upstream);
+    let failure = svc.clone().oneshot(get("/")).await.unwrap_err();
+    assert_eq!(upstream.calls(), 2);
+    assert_eq!(failure.give_up(), Some(GiveUp::BudgetExhausted));
+    assert_eq!(failure.attempts(), 2);
+    // Shared by clones: the next request through another clone is not retried at all.
+    let failure = svc.clone().oneshot(get("/")).await.unwrap_err();
+    assert_eq!(upstream.calls(), 3);
+    assert_eq!(failure.give_up(), Some(GiveUp::BudgetExhausted));
+    // Successes refill it (0.5 each): five bring it from 1 to 3.5; the next failure leaves 2.5,
+    // above the threshold, so one retry is allowed, whose failure leaves 1.5.
+    let ok = Scripted::always(status(200));
+    let ok_svc = stack(policy, &ok);
+    for _ in 0..5 {
+        ok_svc.clone().oneshot(get("/")).await.unwrap();
+    }
+    let failure = svc.oneshot(get("/")).await.unwrap_err();
+    assert_eq!(upstream.calls(), 5, "one retry allowed again");
+    assert_eq!(failure.give_up(), Some(GiveUp::BudgetExhausted));
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_post_is_retried_for_any_method_other_failures_are_not() {
+    // 503 and 429 prove the request was not processed: a keyless POST is retried.
+    for refusal in [503, 429] {
+        let upstream = Scripted::new([status(refusal)], status(201));
+        let response = stack(RetryPolicy::new().backoff(no_jitter(10)), &upstream)
+            .oneshot(post("/messages", "{}"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        assert_eq!(upstream.calls(), 2);
+    }
+    // A 500 does not: the POST is not sent twice.
+    let upstream = Scripted::new([status(500)], status(201));
+    let failure = stack(RetryPolicy::new(), &upstream)
+        .oneshot(post("/messages", "{}"))
+        .await
+        .unwrap_err();
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(failure.give_up(), Some(GiveUp::NotIdempotent));
+    // Unless the policy says no.
+    let upstream = Scripted::new([status(503)], status(201));
+    let failure = stack(RetryPolicy::new().retry_unprocessed(false), &upstream)
+        .oneshot(post("/messages", "{}"))
+        .await
+        .unwrap_err();
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(failure.give_up(), Some(GiveUp::NotIdempotent));
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeout_after_keyless_post_is_outcome_unknown() {
+    let upstream = Scripted::always(Step::After(Duration::from_secs(10), Box::new(status(200))));
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(RetryPolicy::new()))
+        .layer(ClassifyLayer::http())
+        .layer(tower_backstop::timeout::TimeoutLayer::new(
+            Duration::from_secs(1),
+        ))
+        .service(upstream.clone());
+    let failure = svc
+        .oneshot(post("/charge", "{\"amount\":100}"))
+        .await
+        .unwrap_err();
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(failure.class(), Class::OUTCOME_UNKNOWN);
+    assert_eq!(failure.code(), Code::Timeout);
+    assert_eq!(failure.give_up(), Some(GiveUp::NotIdempotent));
+}
+
+#[tokio::test(start_paused = true)]
+async fn payment_post_timing_out_is_retried_with_the_same_stamped_key() {
+    // The provider honours Idempotency-Key: it charges once per key and answers a repeat with
+    // the stored outcome. The first attempt is charged but answers too late (the 1 s timeout
+    // fires); the retry carries the same key and gets the stored outcome.
+    #[derive(Default)]
+    struct Provider {
+        charges: Vec<String>,
+        keys_seen: Vec<String>,
+    }
+    let provider = Arc::new(Mutex::new(Provider::default()));
+    let state = provider.clone();
+    let upstream = tower::service_fn(move |req: http::Request<String>| {
+        let state = state.clone();
+        async move {
+            let key = req.headers()["idempotency-key"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let first = {
+                let mut p = state.lock().unwrap();
+                p.keys_seen.push(key.clone());
+                if p.charges.contains(&key) {
+                    false
+                } else {
+                    p.charges.push(key);
+                    true
+                }
+            };
+            if first {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+            Ok::<_, tower_backstop::BoxError>(
+                http::Response::builder().status(201).body(()).unwrap(),
+            )
+        }
+    });
+    let svc = ServiceBuilder::new()
+        .layer(tower_backstop::retry::IdempotencyKeyLayer::new())
+        .layer(RetryLayer::new(RetryPolicy::new().backoff(no_jitter(100))))
+        .layer(ClassifyLayer::http())
+        .layer(tower_backstop::timeout::TimeoutLayer::new(
+            Duration::from_secs(1),
+        ))
+        .service(upstream);
+    let response = svc
+        .oneshot(post("/payments", "{\"amount\":100}"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let p = provider.lock().unwrap();
+    assert_eq!(p.keys_seen.len(), 2, "two attempts");
+    assert_eq!(p.keys_seen[0], p.keys_seen[1], "the same key on both");
+    assert_eq!(p.charges.len(), 1, "one charge");
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_a_day_is_deferred_and_the_dead_letter_record_has_the_retry_at_time() {
+    use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, Store};
+    let store = MemoryStore::new();
+    let upstream = Scripted::always(status_with(503, "retry-after", "86400"));
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(store.clone()))
+        .layer(RetryLayer::new(
+            RetryPolicy::new().max_delay(Duration::from_secs(60)),
+        ))
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    let before = SystemTime::now();
+    let start = Instant::now();
+    let failure = svc
+        .oneshot(post_with_key("/mail", "{}", "msg-86400"))
+        .await
+        .unwrap_err();
+    assert_eq!(start.elapsed(), Duration::ZERO, "not slept");
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    let retry_at = failure.retry_at().unwrap();
+    let day = Duration::from_secs(86_400);
+    assert!(
+        retry_at >= before + day,
+        "never before the server's instant"
+    );
+    assert!(retry_at <= SystemTime::now() + day + Duration::from_secs(1));
+    let record = store.get("msg-86400").await.unwrap().unwrap();
+    let stored = record.retry_at.expect("the record carries a retry-at time");
+    // The record's time is kept to the millisecond by the store.
+    assert!(
+        stored + Duration::from_millis(1) >= before + day && stored <= retry_at,
+        "{stored:?} vs {retry_at:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_cannot_be_replayed_is_never_retried_and_the_failure_says_so() {
+    struct Streaming;
+    impl tower_backstop::Replay for Streaming {
+        fn replay(&self) -> Option<Self> {
+            None
+        }
+    }
+    let calls = Arc::new(Mutex::new(0));
+    let counter = calls.clone();
+    let svc = RetryLayer::new(RetryPolicy::new()).layer(tower::service_fn(move |_: Streaming| {
+        *counter.lock().unwrap() += 1;
+        async {
+            Err::<(), tower_backstop::BoxError>(
+                std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+            )
+        }
+    }));
+    let failure = svc.oneshot(Streaming).await.unwrap_err();
+    assert_eq!(*calls.lock().unwrap(), 1);
+    assert_eq!(failure.give_up(), Some(GiveUp::NotReplayable));
+    assert!(
+        failure.to_string().contains("cannot be replayed"),
+        "{failure}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn rate_limit_reset_and_grpc_pushback_are_server_hints() {
+    // RateLimit-Reset: 7 s, slept as given (no jitter on a server hint).
+    let upstream = Scripted::new([status_with(429, "ratelimit-reset", "7")], status(200));
+    let (events, on_retry) = recorder();
+    stack(RetryPolicy::new().on_retry(on_retry), &upstream)
+        .oneshot(get("/"))
+        .await
+        .unwrap();
+    let seen = upstream.seen();
+    assert_eq!(seen[1].at - seen[0].at, Duration::from_secs(7));
+    assert_eq!(events.lock().unwrap()[0].source, DelaySource::ServerHint);
+
+    // grpc-retry-pushback-ms (gRFC A6): a value is the delay; a negative one means stop.
+    use tower_backstop::classify::GrpcClassifier;
+    let grpc = |pushback: &str| {
+        Step::Status(
+            200,
+            vec![
+                ("grpc-status", "8".to_owned()),
+                ("grpc-retry-pushback-ms", pushback.to_owned()),
+            ],
+        )
+    };
+    let grpc_stack = |upstream: &Scripted| {
+        ServiceBuilder::new()
+            .layer(RetryLayer::new(RetryPolicy::new().assume_idempotent(true)))
+            .layer(ClassifyLayer::new(GrpcClassifier::new()))
+            .service(upstream.clone())
+    };
+    let upstream = Scripted::new([grpc("250")], status(200));
+    grpc_stack(&upstream)
+        .oneshot(post("/svc/Method", ""))
+        .await
+        .unwrap();
+    let seen = upstream.seen();
+    assert_eq!(seen[1].at - seen[0].at, Duration::from_millis(250));
+
+    let upstream = Scripted::always(grpc("-1"));
+    let failure = grpc_stack(&upstream)
+        .oneshot(post("/svc/Method", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(failure.class(), Class::THROTTLED);
+    assert_eq!(failure.code(), Code::Grpc(8));
+    assert_eq!(failure.give_up(), Some(GiveUp::ServerSaidNo));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stamped_key_is_the_dead_letter_id_and_outcome_unknown_is_recorded() {
+    use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, Store};
+    use tower_backstop::retry::IdempotencyKeyLayer;
+    use tower_backstop::timeout::TimeoutLayer;
+
+    // With the key layer outermost: every attempt carries the stamped key, and the dead-letter
+    // record is filed under it.
+    let store = MemoryStore::new();
+    let upstream = Scripted::always(status(503));
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyKeyLayer::new())
+        .layer(DeadLetterLayer::new(store.clone()))
+        .layer(RetryLayer::new(RetryPolicy::new().backoff(no_jitter(10))))
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    let failure = svc.oneshot(post("/charge", "{}")).await.unwrap_err();
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 3);
+    let key = seen[0].key.clone().expect("stamped");
+    assert!(seen.iter().all(|s| s.key.as_deref() == Some(key.as_str())));
+    let Some(tower_backstop::DeadLetterStatus::Stored { id }) = failure.dead_letter() else {
+        panic!("not stored: {failure}");
+    };
+    assert_eq!(id, &key);
+    assert_eq!(store.get(&key).await.unwrap().unwrap().attempts, 3);
+
+    // Without it, a keyless POST that times out is recorded as outcome unknown, sent once.
+    let store = MemoryStore::new();
+    let upstream = Scripted::always(Step::After(Duration::from_secs(10), Box::new(status(200))));
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(store.clone()))
+        .layer(RetryLayer::new(RetryPolicy::new()))
+        .layer(ClassifyLayer::http())
+        .layer(TimeoutLayer::new(Duration::from_secs(1)))
+        .service(upstream.clone());
+    let failure = svc.oneshot(post("/charge", "{}")).await.unwrap_err();
+    assert_eq!(upstream.calls(), 1);
+    let Some(tower_backstop::DeadLetterStatus::Stored { id }) = failure.dead_letter() else {
+        panic!("not stored: {failure}");
+    };
+    let record = store.get(id).await.unwrap().unwrap();
+    assert_eq!(record.class, "outcome_unknown");
+    assert_eq!(record.code, "timeout");
+}
+
+#[tokio::test(start_paused = true)]
+async fn throttled_waits_the_servers_delay_first_then_slower() {
+    // 429 with Retry-After: 2, then 429 with no hint: the second wait is not the 200 ms the
+    // backoff would give, but twice the server's last delay.
+    let upstream = Scripted::new(
+        [status_with(429, "retry-after", "2"), status(429)],
+        status(200),
+    );
+    let (events, on_retry) = recorder();
+    let policy = RetryPolicy::new()
+        .max_attempts(4)
+        .retry_at_most(Class::THROTTLED, 4)
+        .on_retry(on_retry);
+    stack(policy, &upstream).oneshot(get("/")).await.unwrap();
+    let delays: Vec<_> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| (e.delay, e.source))
+        .collect();
+    assert_eq!(
+        delays,
+        [
+            (Duration::from_secs(2), DelaySource::ServerHint),
+            (Duration::from_secs(4), DelaySource::Backoff)
+        ]
+    );
+    // Transient failures keep the plain backoff.
+    let upstream = Scripted::new([status(503), status(503)], status(200));
+    let (events, on_retry) = recorder();
+    let policy = RetryPolicy::new()
+        .backoff(no_jitter(100))
+        .on_retry(on_retry);
+    stack(policy, &upstream).oneshot(get("/")).await.unwrap();
+    let delays: Vec<_> = events.lock().unwrap().iter().map(|e| e.delay).collect();
+    assert_eq!(delays, [100, 200].map(Duration::from_millis).to_vec());
+}
+
+#[tokio::test]
+async fn the_service_is_cloned_only_when_another_attempt_is_possible() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    /// A ready service that counts its clones.
+    struct Counted(Arc<AtomicU32>);
+    impl Clone for Counted {
+        fn clone(&self) -> Self {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Counted(self.0.clone())
+        }
+    }
+    impl tower::Service<&'static str> for Counted {
+        type Response = ();
+        type Error = tower_backstop::BoxError;
+        type Future = std::future::Ready<Result<(), tower_backstop::BoxError>>;
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: &'static str) -> Self::Future {
+            std::future::ready(Ok(()))
+        }
+    }
+    async fn clones_per_call(policy: RetryPolicy) -> u32 {
+        let clones = Arc::new(AtomicU32::new(0));
+        let mut svc = RetryLayer::new(policy).layer(Counted(clones.clone()));
+        for _ in 0..10 {
+            svc.ready().await.unwrap();
+            tower::Service::call(&mut svc, "m").await.unwrap();
+        }
+        clones.load(Ordering::SeqCst) / 10
+    }
+    assert_eq!(clones_per_call(RetryPolicy::new()).await, 1);
+    assert_eq!(clones_per_call(RetryPolicy::new().max_attempts(1)).await, 0);
 }

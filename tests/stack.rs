@@ -201,7 +201,7 @@ async fn reset_post_is_retried_only_with_a_key() {
         .oneshot(request(&url, None, b"{\"amount\":100}"))
         .await
         .unwrap_err();
-    assert_eq!(f.class(), Class::TRANSIENT, "{f}");
+    assert_eq!(f.class(), Class::OUTCOME_UNKNOWN, "{f}");
     assert_eq!(f.give_up(), Some(GiveUp::NotIdempotent));
     assert_eq!(
         keys.lock().unwrap().len(),
@@ -285,7 +285,7 @@ async fn slow_handler_is_cut_per_attempt_and_breaker_stops_calls() {
         .await
         .unwrap_err();
     assert_eq!(f.class(), Class::CIRCUIT_OPEN);
-    assert_eq!(f.give_up(), Some(GiveUp::HintTooLong));
+    assert_eq!(f.give_up(), Some(GiveUp::Deferred));
     assert_eq!(
         calls.load(Ordering::SeqCst),
         2,

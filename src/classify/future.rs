@@ -1,11 +1,51 @@
+use std::any::Any;
+use std::fmt;
 use std::future::Future;
+use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 
 use super::Classifier;
-use crate::failure::{BoxError, Failure};
+use crate::failure::{BoxError, Class, Code, Failure};
+
+/// The inner service's future panicked; the source of a [`Class::POISON`] failure with
+/// [`Code::Panic`]. Keeps the panic's message when it was a string.
+#[derive(Debug)]
+pub struct Panicked {
+    message: String,
+}
+
+impl Panicked {
+    fn new(message: &str) -> Self {
+        Panicked {
+            message: message.to_owned(),
+        }
+    }
+
+    fn from_payload(payload: &(dyn Any + Send)) -> Self {
+        let message = payload
+            .downcast_ref::<&'static str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic with a payload that is not a string".to_owned());
+        Panicked { message }
+    }
+
+    /// The panic's message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Panicked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "inner service panicked: {}", self.message)
+    }
+}
+
+impl std::error::Error for Panicked {}
 
 pin_project! {
     /// Response future of [`Classify`](super::Classify).
@@ -14,12 +54,17 @@ pin_project! {
         #[pin]
         inner: F,
         classifier: C,
+        panicked: bool,
     }
 }
 
 impl<F, C> ResponseFuture<F, C> {
     pub(crate) fn new(inner: F, classifier: C) -> Self {
-        ResponseFuture { inner, classifier }
+        ResponseFuture {
+            inner,
+            classifier,
+            panicked: false,
+        }
     }
 }
 
@@ -33,7 +78,28 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        match ready!(this.inner.poll(cx)) {
+        if *this.panicked {
+            return Poll::Ready(Err(Failure::new(Class::POISON, Code::Panic).with_source(
+                Panicked::new("polled again after its inner future panicked"),
+            )));
+        }
+        let inner = this.inner;
+        // A panicking inner future is caught here, once, and becomes a poison failure: it is
+        // never retried, and the service keeps serving other requests. The inner future is not
+        // polled again.
+        let polled = panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx)));
+        let polled = match polled {
+            Ok(polled) => polled,
+            Err(payload) => {
+                *this.panicked = true;
+                let error = Panicked::from_payload(&*payload);
+                tracing::error!(error = %error, "inner service panicked; classified as poison");
+                return Poll::Ready(Err(
+                    Failure::new(Class::POISON, Code::Panic).with_source(error)
+                ));
+            }
+        };
+        match ready!(polled) {
             Ok(response) => match this.classifier.classify_response(&response) {
                 None => Poll::Ready(Ok(response)),
                 Some(verdict) => {

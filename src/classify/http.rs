@@ -43,6 +43,22 @@ impl HttpClassifier {
         self.set(status, None)
     }
 
+    /// A classifier that also reads the response body, for providers that put their own error
+    /// code in it (a JSON `{"ErrorCode": 406}`, or a 200 with `{"ok": false}`).
+    ///
+    /// `f` sees the status and the whole body of every response, success or not, and returns
+    /// a verdict to override the status mapping, or `None` to keep it. It needs the body in
+    /// memory: put [`BufferResponseLayer`](super::BufferResponseLayer) below the
+    /// [`ClassifyLayer`](super::ClassifyLayer) (the classifier then works on
+    /// `http::Response<BufferedBody<B>>`). A body above the buffer's limit is classified by its
+    /// status alone. The server's `Retry-After` is kept when `f` gives no hint of its own.
+    pub fn with_body<F>(self, f: F) -> BodyClassifier<F>
+    where
+        F: Fn(StatusCode, &[u8]) -> Option<Verdict>,
+    {
+        BodyClassifier { http: self, f }
+    }
+
     /// The class of `status`: `None` for success.
     pub fn class_of(&self, status: StatusCode) -> Option<Class> {
         if let Some(overrides) = &self.overrides
@@ -54,7 +70,7 @@ impl HttpClassifier {
     }
 }
 
-fn default_class(status: StatusCode) -> Option<Class> {
+pub(crate) fn default_class(status: StatusCode) -> Option<Class> {
     match status.as_u16() {
         100..=399 => None,
         408 | 502 | 503 | 504 => Some(Class::TRANSIENT),
@@ -76,9 +92,86 @@ impl<B> Classifier<http::Response<B>> for HttpClassifier {
     }
 }
 
-/// Reads `Retry-After` from `headers` as a positive delay from now. A malformed value is logged
-/// and ignored; a date in the past, or zero, gives no hint.
-fn retry_after_hint(headers: &HeaderMap) -> Option<Duration> {
+/// The server's delay hint in `headers`, as a positive delay from now: `Retry-After` (RFC 9110
+/// §10.2.3) when present and valid, else `RateLimit-Reset` (draft-ietf-httpapi-ratelimit-headers:
+/// delta-seconds), else `X-RateLimit-Reset` (delta-seconds, or, for a value of at least
+/// 1,000,000,000, a Unix time in seconds as GitHub and others send it). A malformed value is
+/// logged and ignored; a time in the past, or zero, gives no hint.
+pub(crate) fn retry_after_hint(headers: &HeaderMap) -> Option<Duration> {
+    retry_after_header(headers).or_else(|| rate_limit_reset_hint(headers, SystemTime::now()))
+}
+
+/// An [`HttpClassifier`] that also reads the buffered body; see [`HttpClassifier::with_body`].
+#[derive(Clone)]
+pub struct BodyClassifier<F> {
+    http: HttpClassifier,
+    f: F,
+}
+
+impl<F> fmt::Debug for BodyClassifier<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BodyClassifier")
+            .field("http", &self.http)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B, F> Classifier<http::Response<crate::request::BufferedBody<B>>> for BodyClassifier<F>
+where
+    F: Fn(StatusCode, &[u8]) -> Option<Verdict>,
+{
+    fn classify_response(
+        &self,
+        response: &http::Response<crate::request::BufferedBody<B>>,
+    ) -> Option<Verdict> {
+        let by_status = self.http.classify_response(response);
+        let Some(body) = response.body().bytes() else {
+            return by_status;
+        };
+        match (self.f)(response.status(), body) {
+            Some(verdict) if verdict.retry_after.is_none() => {
+                let hint = by_status.and_then(|v| v.retry_after);
+                Some(match hint {
+                    Some(delay) => verdict.with_retry_after(delay),
+                    None => verdict,
+                })
+            }
+            Some(verdict) => Some(verdict),
+            None => by_status,
+        }
+    }
+}
+
+/// Reads `RateLimit-Reset`, then `X-RateLimit-Reset`, as a positive delay from `now`.
+pub(crate) fn rate_limit_reset_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    for name in ["ratelimit-reset", "x-ratelimit-reset"] {
+        let Some(value) = headers.get(name) else {
+            continue;
+        };
+        let parsed = value
+            .to_str()
+            .ok()
+            .map(|v| v.trim_matches([' ', '\t']))
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+            .map(|v| v.parse::<u64>().unwrap_or(u64::MAX));
+        let Some(secs) = parsed else {
+            tracing::warn!(header = name, value = ?value, "ignoring malformed rate-limit reset");
+            continue;
+        };
+        let delay = if name == "x-ratelimit-reset" && secs >= 1_000_000_000 {
+            // A Unix time: the wait until then, rounded up to whole seconds by construction.
+            (std::time::UNIX_EPOCH + Duration::from_secs(secs))
+                .duration_since(now)
+                .unwrap_or(Duration::ZERO)
+        } else {
+            Duration::from_secs(secs)
+        };
+        return (delay > Duration::ZERO).then_some(delay);
+    }
+    None
+}
+
+fn retry_after_header(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?;
     let Ok(text) = value.to_str() else {
         tracing::warn!(value = ?value, "ignoring Retry-After that is not visible ASCII");
@@ -213,6 +306,51 @@ mod tests {
             parse_retry_after("Fri, 31 Dec 1999 23:59:59 GMT", now),
             Ok(Duration::ZERO)
         );
+    }
+
+    #[test]
+    fn rate_limit_reset_headers_are_hints() {
+        let c = HttpClassifier::new();
+        let r = |name: &str, value: &str| {
+            http::Response::builder()
+                .status(429)
+                .header(name, value)
+                .body(())
+                .unwrap()
+        };
+        let hint = |resp| c.classify_response(&resp).unwrap().retry_after;
+        assert_eq!(
+            hint(r("ratelimit-reset", "30")),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            hint(r("x-ratelimit-reset", "12")),
+            Some(Duration::from_secs(12))
+        );
+        let now = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let d = hint(r("x-ratelimit-reset", &(now + 100).to_string())).unwrap();
+        assert!(
+            d > Duration::from_secs(98) && d <= Duration::from_secs(100),
+            "{d:?}"
+        );
+        assert_eq!(
+            hint(r("x-ratelimit-reset", "1000000000")),
+            None,
+            "in the past"
+        );
+        assert_eq!(hint(r("ratelimit-reset", "-5")), None);
+        assert_eq!(hint(r("ratelimit-reset", "soon")), None);
+        // Retry-After wins.
+        let both = http::Response::builder()
+            .status(503)
+            .header("retry-after", "7")
+            .header("ratelimit-reset", "60")
+            .body(())
+            .unwrap();
+        assert_eq!(hint(both), Some(Duration::from_secs(7)));
     }
 
     #[test]

@@ -24,6 +24,29 @@
 //! that is neither (`-1`, `nan`, `1e999`, `soon`) is ignored with a `tracing` warning, and the
 //! retry layer falls back to its computed backoff; a date in the past is no hint either.
 //!
+//! # Other protocols and provider codes
+//!
+//! - [`GrpcClassifier`]: `grpc-status` (trailers-only responses at once; status in trailers
+//!   with [`BufferResponseLayer`] below), `grpc-retry-pushback-ms` per gRFC A6. tonic transport
+//!   errors are classified by [`classify_error`]: a refused connection is found in their source
+//!   chain and is transient.
+//! - [`SmtpClassifier`]: SMTP reply codes (421 throttled; 450, 451, 452 transient; 550, 553
+//!   permanent), for any response type that implements [`SmtpReply`].
+//! - [`HttpClassifier::with_body`]: a user function reads the provider's own code from the
+//!   body (a JSON error), with [`BufferResponseLayer`] below to hold the body in memory.
+//! - `RateLimit-Reset` and `X-RateLimit-Reset` are read as hints when `Retry-After` is absent.
+//!
+//! Every mapping can be overridden code by code (`map_status`, `map_code`, `map_reply`) to user
+//! classes; the original code is always kept on the failure ([`Code`]).
+//!
+//! # Panics of the inner service
+//!
+//! A future of the inner service that panics is caught (`catch_unwind`) and becomes a
+//! [`Class::POISON`] failure with [`Code::Panic`] and a [`Panicked`] source holding the message:
+//! it is never retried, the dead-letter layer records it, and the service keeps serving other
+//! requests. (A panic inside the inner service's `call` itself, before it returns a future, is
+//! not caught: it happens in the caller's stack.) This needs `panic = "unwind"`, Rust's default.
+//!
 //! # Errors
 //!
 //! [`classify_error`] walks the error's source chain: our [`Elapsed`](crate::timeout::Elapsed)
@@ -71,13 +94,19 @@ use tower_service::Service;
 
 use crate::failure::{BoxError, Class, Code, Failure};
 
+mod buffer;
 mod future;
+mod grpc;
 mod http;
 mod layer;
+mod smtp;
 
-pub use self::future::ResponseFuture;
-pub use self::http::{HttpClassifier, InvalidRetryAfter, parse_retry_after};
+pub use self::buffer::{BufferResponse, BufferResponseFuture, BufferResponseLayer};
+pub use self::future::{Panicked, ResponseFuture};
+pub use self::grpc::{GrpcClassifier, Trailers, codes};
+pub use self::http::{BodyClassifier, HttpClassifier, InvalidRetryAfter, parse_retry_after};
 pub use self::layer::ClassifyLayer;
+pub use self::smtp::{SmtpClassifier, SmtpReply};
 
 /// The result of classifying one failed attempt: its class, its original code, and the server's
 /// delay hint, if it gave one.
@@ -89,6 +118,9 @@ pub struct Verdict {
     pub code: Code,
     /// How long the server asked us to wait, counted from now.
     pub retry_after: Option<Duration>,
+    /// The server asked not to retry at all (a negative or unparseable
+    /// `grpc-retry-pushback-ms`, gRFC A6).
+    pub no_retry: bool,
 }
 
 impl Verdict {
@@ -98,7 +130,14 @@ impl Verdict {
             class,
             code,
             retry_after: None,
+            no_retry: false,
         }
+    }
+
+    /// Marks the verdict as one the server asked not to retry.
+    pub const fn with_no_retry(mut self) -> Self {
+        self.no_retry = true;
+        self
     }
 
     /// Sets the server's delay hint.
@@ -110,9 +149,14 @@ impl Verdict {
     /// The [`Failure`] this verdict describes.
     pub fn into_failure<R>(self) -> Failure<R> {
         let failure = Failure::new(self.class, self.code);
-        match self.retry_after {
+        let failure = match self.retry_after {
             Some(delay) => failure.with_retry_after(delay),
             None => failure,
+        };
+        if self.no_retry {
+            failure.with_no_retry()
+        } else {
+            failure
         }
     }
 }

@@ -15,7 +15,7 @@
 //!
 //! To describe the request after the inner service consumed it, the layer keeps a copy made with
 //! [`Replay`]: free for `Bytes` and `Full<Bytes>` bodies. The record is built from it with
-//! [`Describe`](crate::request::Describe) on the failure path only; the success path allocates
+//! [`Describe`] on the failure path only; the success path allocates
 //! nothing.
 //!
 //! # Example

@@ -1,32 +1,36 @@
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use pin_project_lite::pin_project;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::policy::{Decision, RetryEvent, RetryPolicy, Spare};
-use crate::failure::{Failure, GiveUp};
+use super::policy::{Attempted, Decision, RetryEvent, RetryPolicy, Spare, outcome_unknown};
+use crate::failure::{Class, Code, Failure, GiveUp};
 use crate::request::Replay;
 
 pin_project! {
     /// Response future of [`Retry`](super::Retry): a state machine of attempt, delay (a timer
-    /// stored inline) and readiness, with its own attempt count per logical request.
+    /// stored inline) and readiness, with its own attempt counts per logical request.
+    ///
+    /// When the request cannot be retried at all (`max_attempts(1)`, a request that could not
+    /// be copied, a request not safe to resend with
+    /// [`retry_unprocessed`](super::RetryPolicy::retry_unprocessed) off) it holds no service
+    /// clone and no policy: it only forwards the single attempt.
     pub struct ResponseFuture<S, Req>
     where
         S: Service<Req>,
     {
         #[pin]
         state: State<S::Future>,
-        service: S,
-        spare: Option<Req>,
-        spare_state: Spare,
-        attempts: u32,
-        first_failed_at: Option<SystemTime>,
-        last: Option<Failure<S::Response>>,
-        policy: RetryPolicy,
+        retry: Option<Retrying<S, Req, S::Response>>,
+        // Whether the request is safe to send twice (for the outcome-unknown rule).
+        safe: bool,
+        // Why the request was not retryable, when `retry` is `None`.
+        single: GiveUp,
     }
 }
 
@@ -36,6 +40,9 @@ pin_project! {
         Called {
             #[pin]
             future: F,
+            // The overall deadline, raced against the attempt.
+            #[pin]
+            deadline: Option<Sleep>,
         },
         Sleeping {
             #[pin]
@@ -45,28 +52,147 @@ pin_project! {
     }
 }
 
+/// What a request that may be retried keeps between attempts: built on the call, used on the
+/// failure path only. Kept small: what only failures need is boxed on the first failure.
+struct Retrying<S, Req, R> {
+    service: S,
+    policy: RetryPolicy,
+    spare: Option<Req>,
+    spare_state: Spare,
+    attempts: u32,
+    deadline: Option<Instant>,
+    history: Option<Box<History<R>>>,
+}
+
+/// The failure path's record, allocated on the first failure.
+struct History<R> {
+    /// Attempts failed per class.
+    failed: Vec<(Class, u32)>,
+    first_failed_at: Option<SystemTime>,
+    /// The last real failure, kept while the next attempt runs so the deadline can return it.
+    last: Option<Failure<R>>,
+    previous_delay: Option<Duration>,
+}
+
+impl<S, Req, R> Retrying<S, Req, R> {
+    fn history(&mut self) -> &mut History<R> {
+        self.history.get_or_insert_with(|| {
+            Box::new(History {
+                failed: Vec::new(),
+                first_failed_at: None,
+                last: None,
+                previous_delay: None,
+            })
+        })
+    }
+
+    fn first_failed_at(&self) -> Option<SystemTime> {
+        self.history.as_ref().and_then(|h| h.first_failed_at)
+    }
+
+    fn take_last(&mut self) -> Option<Failure<R>> {
+        self.history.as_mut().and_then(|h| h.last.take())
+    }
+}
+
+impl<R> History<R> {
+    fn count(&mut self, class: Class) -> u32 {
+        match self.failed.iter_mut().find(|(c, _)| *c == class) {
+            Some((_, n)) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                self.failed.push((class, 1));
+                1
+            }
+        }
+    }
+}
+
 impl<S, Req> ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {
-    pub(crate) fn new(
+    pub(crate) fn single(
         future: S::Future,
-        service: S,
-        spare: Option<Req>,
-        spare_state: Spare,
-        policy: RetryPolicy,
+        safe: bool,
+        reason: GiveUp,
+        deadline: Option<Instant>,
     ) -> Self {
         ResponseFuture {
-            state: State::Called { future },
-            service,
-            spare,
-            spare_state,
-            attempts: 1,
-            first_failed_at: None,
-            last: None,
-            policy,
+            state: State::Called {
+                future,
+                deadline: deadline.map(tokio::time::sleep_until),
+            },
+            retry: None,
+            safe,
+            single: reason,
         }
     }
+
+    pub(crate) fn retrying(
+        future: S::Future,
+        service: S,
+        spare: Req,
+        safe: bool,
+        policy: RetryPolicy,
+        deadline: Option<Instant>,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Called {
+                future,
+                deadline: deadline.map(tokio::time::sleep_until),
+            },
+            retry: Some(Retrying {
+                service,
+                policy,
+                spare: Some(spare),
+                spare_state: if safe { Spare::Ready } else { Spare::NotSafe },
+                attempts: 1,
+                deadline,
+                history: None,
+            }),
+            safe,
+            single: GiveUp::AttemptsExhausted,
+        }
+    }
+}
+
+/// The overall deadline of [`RetryPolicy::deadline`] ended the first attempt before it
+/// answered: there is no earlier failure to return.
+#[derive(Debug)]
+pub struct DeadlineElapsed(());
+
+impl fmt::Display for DeadlineElapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("retry deadline elapsed during the first attempt")
+    }
+}
+
+impl std::error::Error for DeadlineElapsed {}
+
+fn give_up<R>(
+    mut failure: Failure<R>,
+    attempts: u32,
+    first_failed_at: Option<SystemTime>,
+    reason: GiveUp,
+) -> Failure<R> {
+    tracing::info!(
+        attempts,
+        class = %failure.class(),
+        code = %failure.code(),
+        reason = reason.as_str(),
+        "giving up"
+    );
+    failure.note_attempts(attempts, first_failed_at, reason);
+    failure
+}
+
+fn deadline_failure<R>(last: Option<Failure<R>>) -> Failure<R> {
+    last.unwrap_or_else(|| {
+        Failure::new(Class::TRANSIENT, Code::Timeout).with_source(DeadlineElapsed(()))
+    })
 }
 
 impl<S, Req> Future for ResponseFuture<S, Req>
@@ -81,86 +207,187 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Called { future } => {
-                    let mut failure = match ready!(future.poll(cx)) {
-                        Ok(response) => return Poll::Ready(Ok(response)),
+                StateProj::Called { future, deadline } => {
+                    let result = match future.poll(cx) {
+                        Poll::Ready(result) => result,
+                        Poll::Pending => {
+                            if let Some(deadline) = deadline.as_pin_mut() {
+                                ready!(deadline.poll(cx));
+                                // The deadline ended this attempt: return the last real failure.
+                                let (attempts, first, last) = match this.retry.as_mut() {
+                                    Some(r) => (r.attempts, r.first_failed_at(), r.take_last()),
+                                    None => (1, None, None),
+                                };
+                                let failure = deadline_failure(last);
+                                return Poll::Ready(Err(give_up(
+                                    failure,
+                                    attempts,
+                                    first.or_else(|| Some(SystemTime::now())),
+                                    GiveUp::DeadlineExceeded,
+                                )));
+                            }
+                            return Poll::Pending;
+                        }
+                    };
+                    let mut failure: Failure<S::Response> = match result {
+                        Ok(response) => {
+                            if let Some(budget) =
+                                this.retry.as_ref().and_then(|r| r.policy.budget_ref())
+                            {
+                                budget.success();
+                            }
+                            return Poll::Ready(Ok(response));
+                        }
                         Err(e) => e.into(),
                     };
-                    let attempts = *this.attempts;
-                    this.first_failed_at.get_or_insert_with(SystemTime::now);
-                    match this.policy.decide(&failure, attempts, *this.spare_state) {
+                    // A timeout or reset after a request that is not safe to resend: it may
+                    // have been acted on. Never retried; recorded for reconciliation.
+                    let unknown = !*this.safe && outcome_unknown(&failure);
+                    if unknown {
+                        failure.set_class(Class::OUTCOME_UNKNOWN);
+                    }
+                    let Some(r) = this.retry.as_mut() else {
+                        let reason = if unknown {
+                            GiveUp::NotIdempotent
+                        } else {
+                            *this.single
+                        };
+                        return Poll::Ready(Err(give_up(
+                            failure,
+                            1,
+                            Some(SystemTime::now()),
+                            reason,
+                        )));
+                    };
+                    let history = r.history();
+                    let class_failures = history.count(failure.class());
+                    let first = *history.first_failed_at.get_or_insert_with(SystemTime::now);
+                    let previous_delay = history.previous_delay;
+                    if unknown {
+                        return Poll::Ready(Err(give_up(
+                            failure,
+                            r.attempts,
+                            Some(first),
+                            GiveUp::NotIdempotent,
+                        )));
+                    }
+                    let attempted = Attempted {
+                        attempts: r.attempts,
+                        class_failures,
+                        spare: r.spare_state,
+                        previous_delay,
+                    };
+                    let (delay, source) = match r.policy.decide(&failure, &attempted) {
                         Decision::Stop(reason) => {
+                            return Poll::Ready(Err(give_up(
+                                failure,
+                                r.attempts,
+                                Some(first),
+                                reason,
+                            )));
+                        }
+                        Decision::Defer(at, delay) => {
                             tracing::info!(
-                                attempts,
+                                attempts = r.attempts,
                                 class = %failure.class(),
                                 code = %failure.code(),
-                                reason = reason.as_str(),
-                                "giving up"
+                                delay = ?delay,
+                                retry_at = %httpdate::fmt_http_date(at),
+                                "deferring: delay above the maximum in-process delay"
                             );
-                            failure.note_attempts(attempts, *this.first_failed_at, reason);
+                            failure.note_retry_at(at);
+                            failure.note_attempts(r.attempts, Some(first), GiveUp::Deferred);
                             return Poll::Ready(Err(failure));
                         }
-                        Decision::Retry(delay, source) => {
-                            let event = RetryEvent {
-                                attempt: attempts,
-                                class: failure.class(),
-                                code: failure.code(),
-                                delay,
-                                source,
-                            };
-                            tracing::info!(
-                                attempt = attempts,
-                                class = %event.class,
-                                code = %event.code,
-                                delay = ?delay,
-                                why = ?source,
-                                "retrying"
-                            );
-                            this.policy.notify(&event);
-                            *this.last = Some(failure);
-                            this.state.set(State::Sleeping {
-                                sleep: tokio::time::sleep(delay),
-                            });
-                        }
+                        Decision::Retry(delay, source) => (delay, source),
+                    };
+                    if let Some(deadline) = r.deadline
+                        && Instant::now()
+                            .checked_add(delay)
+                            .is_none_or(|wake| wake >= deadline)
+                    {
+                        return Poll::Ready(Err(give_up(
+                            failure,
+                            r.attempts,
+                            Some(first),
+                            GiveUp::DeadlineExceeded,
+                        )));
                     }
+                    if let Some(budget) = r.policy.budget_ref()
+                        && !budget.withdraw()
+                    {
+                        return Poll::Ready(Err(give_up(
+                            failure,
+                            r.attempts,
+                            Some(first),
+                            GiveUp::BudgetExhausted,
+                        )));
+                    }
+                    let event = RetryEvent {
+                        attempt: r.attempts,
+                        class: failure.class(),
+                        code: failure.code(),
+                        delay,
+                        source,
+                    };
+                    tracing::info!(
+                        attempt = r.attempts,
+                        class = %event.class,
+                        code = %event.code,
+                        delay = ?delay,
+                        why = source.as_str(),
+                        "retrying"
+                    );
+                    r.policy.notify(&event);
+                    let history = r.history();
+                    history.last = Some(failure);
+                    history.previous_delay = Some(delay);
+                    this.state.set(State::Sleeping {
+                        sleep: tokio::time::sleep(delay),
+                    });
                 }
                 StateProj::Sleeping { sleep } => {
                     ready!(sleep.poll(cx));
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
-                    if let Err(e) = ready!(this.service.poll_ready(cx)) {
-                        let mut failure: Failure<S::Response> = e.into();
-                        failure.note_attempts(
-                            *this.attempts,
-                            *this.first_failed_at,
-                            GiveUp::NotReady,
-                        );
-                        return Poll::Ready(Err(failure));
-                    }
-                    let Some(request) = this.spare.take() else {
-                        // decide() only retries with a spare; keep the last failure if not.
-                        let mut failure = this
-                            .last
-                            .take()
-                            .expect("retry future lost its last failure");
-                        failure.note_attempts(
-                            *this.attempts,
-                            *this.first_failed_at,
-                            GiveUp::NotReplayable,
-                        );
-                        return Poll::Ready(Err(failure));
+                    let Some(r) = this.retry.as_mut() else {
+                        // Only a retrying future sleeps.
+                        return Poll::Ready(Err(deadline_failure(None)));
                     };
-                    *this.attempts += 1;
-                    if *this.attempts < this.policy.attempts() {
+                    if let Err(e) = ready!(r.service.poll_ready(cx)) {
+                        let failure: Failure<S::Response> = e.into();
+                        return Poll::Ready(Err(give_up(
+                            failure,
+                            r.attempts,
+                            r.first_failed_at(),
+                            GiveUp::NotReady,
+                        )));
+                    }
+                    let request = match r.spare.take() {
+                        Some(request) => request,
+                        None => {
+                            let failure = deadline_failure(r.take_last());
+                            return Poll::Ready(Err(give_up(
+                                failure,
+                                r.attempts,
+                                r.first_failed_at(),
+                                GiveUp::NotReplayable,
+                            )));
+                        }
+                    };
+                    r.attempts += 1;
+                    if r.attempts < r.policy.attempts() {
                         match request.replay() {
-                            Some(copy) => *this.spare = Some(copy),
-                            None => *this.spare_state = Spare::NotReplayable,
+                            Some(copy) => r.spare = Some(copy),
+                            None => r.spare_state = Spare::NotReplayable,
                         }
                     }
-                    *this.last = None;
-                    let future = this.service.call(request);
-                    this.state.set(State::Called { future });
+                    let future = r.service.call(request);
+                    this.state.set(State::Called {
+                        future,
+                        deadline: r.deadline.map(tokio::time::sleep_until),
+                    });
                 }
             }
         }

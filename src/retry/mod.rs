@@ -1,45 +1,69 @@
-//! Retry what is worth retrying: per-class attempt caps, exponential backoff with jitter and a
-//! cap, the server's `Retry-After` within a maximum delay, idempotent requests only.
+//! Retry what is worth retrying: a per-class policy matrix (attempt caps and delay rules), jitter,
+//! server hints, a retry budget, an overall deadline, and idempotency rules.
 //!
 //! [`RetryLayer`] reads each failure's [`Class`](crate::Class) (put
 //! [`ClassifyLayer`](crate::classify::ClassifyLayer) below it) and asks its [`RetryPolicy`]:
 //!
-//! 1. Is the class retried, and are attempts left? Attempts count the first call: with
-//!    `max_attempts(4)` a service that always fails is called exactly 4 times.
-//! 2. Is the request safe to send again? Only idempotent methods (RFC 9110 §9.2.2) or requests
-//!    with an `Idempotency-Key` header are retried, so a POST that timed out is never sent twice
-//!    blindly. The same request, and so the same key, is sent on every attempt.
-//! 3. How long to wait? The server's hint (`Retry-After`, RFC 9110 §10.2.3; the breaker's time
-//!    left open) when it gave one, else [`Backoff`]. A hint above
-//!    [`max_delay`](RetryPolicy::max_delay) is not slept: the failure comes back at once with
-//!    [`GiveUp::HintTooLong`](crate::GiveUp::HintTooLong) and the hint in it.
+//! 1. Is the class retried, and are attempts left? [`RetryPolicy::max_attempts`] caps the calls
+//!    (the first included: with `max_attempts(4)` a service that always fails is called exactly
+//!    4 times); a class's [`ClassPolicy::max_attempts`] caps the attempts that failed with that
+//!    class, so breaker rejections do not eat into the transient cap.
+//! 2. Is the request safe to send again? Idempotent methods (RFC 9110 §9.2.2) and requests with
+//!    an `Idempotency-Key` are; others only after a failure that proves they were not processed
+//!    (429, 503, a refused connection, an open breaker). A timeout or reset after such a request
+//!    becomes [`Class::OUTCOME_UNKNOWN`](crate::Class::OUTCOME_UNKNOWN) and is not retried.
+//!    [`IdempotencyKeyLayer`] stamps a key once per logical request. A request whose body
+//!    cannot be copied ([`Replay`]) is never retried, and the failure says so.
+//! 3. How long to wait? The server's hint (`Retry-After`, RFC 9110 §10.2.3; gRFC A6's
+//!    `grpc-retry-pushback-ms`; `RateLimit-Reset`; the breaker's time left open) when it gave
+//!    one, else the class's [`Backoff`] with its [`Jitter`]. A delay above
+//!    [`max_delay`](RetryPolicy::max_delay) is not slept: the request is deferred
+//!    ([`GiveUp::Deferred`], with
+//!    [`Failure::retry_at`](crate::Failure::retry_at)) or given up, as configured.
+//! 4. Is there budget and time left? A [`Budget`] shared by clones, withdrawn when a retry is
+//!    scheduled; a [`deadline`](RetryPolicy::deadline) past which no attempt starts and no delay
+//!    is slept.
 //!
 //! Waiting is a timer in the response future, stored inline: no thread blocks and nothing is
-//! allocated. Each logical request has its own attempt count. The request is copied with
+//! allocated. Each logical request has its own attempt counts. The request is copied with
 //! [`Replay`] once per attempt, the one cost of the success path; it is free for `Bytes`,
-//! `Full<Bytes>` or `Arc` payloads.
+//! `Full<Bytes>` or `Arc` payloads. A request that cannot be retried at all costs no copy, no
+//! service clone and no policy clone.
 //!
-//! When it gives up, the failure records the number of attempts and why
+//! When it stops, the failure records the number of attempts and why
 //! ([`Failure::attempts`](crate::Failure::attempts), [`Failure::give_up`](crate::Failure::give_up)).
+//! Every retry, give-up and deferral is a `tracing` event at `INFO` (fields: attempt or
+//! attempts, class, code, delay, why or reason, retry_at).
 //!
 //! # Example
 //!
 //! ```
 //! use std::time::Duration;
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use tower_backstop::retry::{Backoff, Jitter, RetryLayer, RetryPolicy};
+//! use tower_backstop::retry::{Backoff, Budget, ClassPolicy, Jitter, RetryLayer, RetryPolicy};
 //! use tower_backstop::{BoxError, Class};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-//! // Defaults: 3 attempts, 100 ms doubling to 20 s with full jitter, hints up to 60 s.
+//! // Defaults: 3 attempts, 100 ms doubling to 20 s with full jitter, delays up to 60 s in
+//! // process, longer ones deferred; no budget, no deadline.
 //! let _layer = RetryLayer::default();
 //!
-//! // Customised:
+//! // Customised: a policy matrix, a budget and a deadline.
+//! const SOFT_BOUNCE: Class = Class::new("soft_bounce");
+//! const RENDERING_FAILURE: Class = Class::new("rendering_failure");
 //! let policy = RetryPolicy::new()
-//!     .max_attempts(4)
+//!     .max_attempts(6)
 //!     .backoff(Backoff::exponential(Duration::from_millis(50), Duration::from_secs(2)).jitter(Jitter::Equal))
-//!     .max_delay(Duration::from_secs(30))
-//!     .retry_at_most(Class::UNKNOWN, 2);
+//!     .class(Class::TRANSIENT, ClassPolicy::retry().max_attempts(4))
+//!     .class(
+//!         SOFT_BOUNCE,
+//!         ClassPolicy::retry().max_attempts(4).backoff(
+//!             Backoff::schedule([15 * 60, 3600, 6 * 3600].map(Duration::from_secs)).unwrap(),
+//!         ),
+//!     )
+//!     .never_retry(RENDERING_FAILURE)
+//!     .budget(Budget::token_bucket(10, 0.1).unwrap())
+//!     .deadline(Duration::from_secs(30));
 //! let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
 //! let counter = calls.clone();
 //! let svc = ServiceBuilder::new()
@@ -58,20 +82,24 @@ use std::task::{Context, Poll};
 
 use tower_service::Service;
 
-use crate::failure::Failure;
+use crate::failure::{Failure, GiveUp};
 use crate::request::Replay;
 
 mod backoff;
+mod budget;
+mod buffer;
 mod future;
+mod idempotency;
 mod layer;
 mod policy;
 
-pub use self::backoff::{Backoff, Jitter};
-pub use self::future::ResponseFuture;
+pub use self::backoff::{Backoff, EmptySchedule, Jitter};
+pub use self::budget::{Budget, InvalidBudget};
+pub use self::buffer::{BodyReadError, ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
+pub use self::future::{DeadlineElapsed, ResponseFuture};
+pub use self::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 pub use self::layer::RetryLayer;
-pub use self::policy::{DelaySource, RetryEvent, RetryPolicy};
-
-use self::policy::Spare;
+pub use self::policy::{ClassPolicy, DelaySource, LongDelay, RetryEvent, RetryPolicy};
 
 /// Retries failed calls by a [`RetryPolicy`]; see the [module docs](self).
 #[derive(Clone, Debug)]
@@ -107,21 +135,43 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
-        let (spare, spare_state) = if !req.retry_safe() {
-            (None, Spare::NotSafe)
-        } else if self.policy.attempts() > 1 {
-            match req.replay() {
-                Some(copy) => (Some(copy), Spare::Ready),
-                None => (None, Spare::NotReplayable),
-            }
+        let policy = &self.policy;
+        if let Some(budget) = policy.budget_ref() {
+            budget.first_attempt();
+        }
+        let deadline = policy
+            .deadline_after()
+            .and_then(|d| tokio::time::Instant::now().checked_add(d));
+        let safe = policy.assumes_idempotent() || req.retry_safe();
+        let copy = if policy.wants_copy(safe) {
+            req.replay()
         } else {
-            (None, Spare::Ready)
+            None
         };
-        // Call the service that was made ready; keep a clone for later attempts, which is
-        // driven to readiness before each of them.
         let future = self.inner.call(req);
-        let service = self.inner.clone();
-        ResponseFuture::new(future, service, spare, spare_state, self.policy.clone())
+        match copy {
+            // Keep a clone of the service (driven to readiness before each later attempt) and
+            // of the policy only when another attempt is possible.
+            Some(spare) => ResponseFuture::retrying(
+                future,
+                self.inner.clone(),
+                spare,
+                safe,
+                policy.clone(),
+                deadline,
+            ),
+            None => {
+                let reason = if policy.attempts() <= 1 {
+                    GiveUp::AttemptsExhausted
+                } else if !policy.wants_copy(safe) {
+                    GiveUp::NotIdempotent
+                } else {
+                    GiveUp::NotReplayable
+                };
+                ResponseFuture::single(future, safe, reason, deadline)
+            }
+        }
     }
 }

@@ -1,20 +1,36 @@
-//! The retry policy: which classes are retried, how many attempts, how long to wait.
+//! The retry policy: a matrix of classes to attempt caps and delay rules, the server's hints, the
+//! budget, the deadline and the idempotency rules.
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
 
 use super::backoff::Backoff;
+use super::budget::Budget;
 use crate::failure::{Class, Code, Failure, GiveUp};
 
 /// Where a retry's delay came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DelaySource {
-    /// The server's hint: `Retry-After` (RFC 9110 §10.2.3), or the breaker's time left open.
+    /// The server's hint: `Retry-After` (RFC 9110 §10.2.3), `grpc-retry-pushback-ms` (gRFC A6),
+    /// `RateLimit-Reset`, or the breaker's time left open. Never shortened by jitter.
     ServerHint,
-    /// The policy's computed [`Backoff`].
+    /// The class's [`Backoff`] (the policy's, unless the class has its own).
     Backoff,
+}
+
+impl DelaySource {
+    /// A short lower-case name, as logged.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DelaySource::ServerHint => "server hint",
+            DelaySource::Backoff => "backoff",
+        }
+    }
 }
 
 /// One retry about to happen, as given to [`RetryPolicy::on_retry`].
@@ -33,42 +49,144 @@ pub struct RetryEvent {
     pub source: DelaySource,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Rule {
-    /// Retried, within the policy's attempt cap and, if set, this class's own cap.
-    Retry(Option<u32>),
-    Never,
+/// What to do when the delay before the next attempt is above
+/// [`RetryPolicy::max_delay`], the longest the layer waits in process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LongDelay {
+    /// Return the failure at once, marked [`GiveUp::Deferred`], with
+    /// [`Failure::retry_at`] set to when to send it again; a dead-letter store keeps it with
+    /// that retry-at time. The default.
+    #[default]
+    Defer,
+    /// Return the failure at once, marked [`GiveUp::HintTooLong`]: the request is over.
+    GiveUp,
+}
+
+/// How one class of failures is retried: a cap on the attempts that failed with that class, and
+/// a delay rule. Built with [`ClassPolicy::retry`] or [`ClassPolicy::never`] and given to
+/// [`RetryPolicy::class`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClassPolicy {
+    retried: bool,
+    max_attempts: Option<u32>,
+    backoff: Option<Backoff>,
+    slow_down: bool,
+}
+
+impl ClassPolicy {
+    /// Retried, within the policy's [`max_attempts`](RetryPolicy::max_attempts), with the
+    /// policy's [`backoff`](RetryPolicy::backoff), until changed below.
+    pub const fn retry() -> Self {
+        ClassPolicy {
+            retried: true,
+            max_attempts: None,
+            backoff: None,
+            slow_down: false,
+        }
+    }
+
+    /// Never retried: a failure of this class is returned at once (to the dead-letter layer,
+    /// when there is one) with [`GiveUp::NotRetryable`].
+    pub const fn never() -> Self {
+        ClassPolicy {
+            retried: false,
+            max_attempts: None,
+            backoff: None,
+            slow_down: false,
+        }
+    }
+
+    /// At most `attempts` attempts may fail with this class (a count of attempts, not of
+    /// retries): after the `attempts`-th failure of this class the layer stops with
+    /// [`GiveUp::AttemptsExhausted`]. Failures of other classes do not count. 0 is raised to 1.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts.max(1));
+        self
+    }
+
+    /// The delay rule for this class, instead of the policy's.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = Some(backoff);
+        self
+    }
+
+    /// When the server gives no hint, wait at least the previous delay, and up to twice it
+    /// (within the larger of the backoff's cap and the previous delay): a provider that asked us
+    /// to slow down once is not hit sooner the next time. On by default for
+    /// [`Class::THROTTLED`] ("the server's delay first, then slower").
+    pub fn slow_down(mut self, enabled: bool) -> Self {
+        self.slow_down = enabled;
+        self
+    }
 }
 
 type OnRetry = Arc<dyn Fn(&RetryEvent) + Send + Sync>;
 
+#[derive(Clone)]
 struct Inner {
     max_attempts: u32,
     backoff: Backoff,
     max_delay: Duration,
-    rules: Vec<(Class, Rule)>,
+    long_delay: LongDelay,
+    rules: Vec<(Class, ClassPolicy)>,
+    budget: Option<Budget>,
+    deadline: Option<Duration>,
+    retry_unprocessed: bool,
+    assume_idempotent: bool,
+    rng: Option<Arc<Mutex<SmallRng>>>,
     on_retry: Option<OnRetry>,
 }
 
 /// What [`Retry`](super::Retry) does with each failure: which classes it retries, how many
-/// attempts it makes (the first call counts as one), and how long it waits.
+/// attempts it makes (the first call counts as one), how long it waits, and within which
+/// budget and deadline.
 ///
-/// Defaults, from the field's practice (the AWS SDKs' standard mode, gRFC A6):
+/// Defaults, from the field's practice (the AWS SDKs' standard mode, gRFC A6, the design's
+/// class table):
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`max_attempts`](Self::max_attempts) | 3 attempts |
+/// | [`max_attempts`](Self::max_attempts) | 3 calls in all |
 /// | [`backoff`](Self::backoff) | exponential from 100 ms, capped at 20 s, full jitter |
-/// | [`max_delay`](Self::max_delay) | 60 s: the longest server hint the layer sleeps in process |
-/// | retried classes | [`Class::TRANSIENT`], [`Class::THROTTLED`], [`Class::UNKNOWN`], [`Class::CIRCUIT_OPEN`] |
-/// | never retried | [`Class::PERMANENT`], [`Class::POISON`], and any class the policy does not name |
+/// | [`max_delay`](Self::max_delay) | 60 s: the longest delay the layer sleeps in process |
+/// | [`on_long_delay`](Self::on_long_delay) | [`LongDelay::Defer`] |
+/// | [`budget`](Self::budget) | none |
+/// | [`deadline`](Self::deadline) | none |
+/// | [`retry_unprocessed`](Self::retry_unprocessed) | on |
+/// | [`assume_idempotent`](Self::assume_idempotent) | off |
+/// | retried classes | [`Class::TRANSIENT`], [`Class::THROTTLED`], [`Class::UNKNOWN`], [`Class::CIRCUIT_OPEN`], each within `max_attempts` with the policy's backoff; throttled waits the server's delay first, then slower ([`ClassPolicy::slow_down`]) |
+/// | never retried | [`Class::PERMANENT`], [`Class::POISON`], [`Class::OUTCOME_UNKNOWN`], and any class the policy does not name |
 ///
-/// The delay is the server's hint when it gave one (`Retry-After`, the breaker's time left
-/// open), else the backoff. A hint above `max_delay` is not slept: the layer returns the failure
-/// at once, with [`GiveUp::HintTooLong`] and the hint kept in
-/// [`Failure::retry_after`].
+/// # Counting attempts
 ///
-/// The policy is built once and shared by clones behind an `Arc`; deciding allocates nothing.
+/// Two caps apply, and the first reached ends the series:
+///
+/// - [`max_attempts`](Self::max_attempts) caps the **calls** this layer makes to the service
+///   below it for one request, whatever their outcome: with `max_attempts(4)` a service that
+///   always fails is called exactly 4 times. A breaker rejection below the layer is a call.
+/// - A class's [`ClassPolicy::max_attempts`] caps the attempts that **failed with that class**.
+///   With `max_attempts(8)` and `class(Class::TRANSIENT, ClassPolicy::retry().max_attempts(4))`,
+///   a request that sees two [`Class::CIRCUIT_OPEN`] rejections and then only 503s is called 6
+///   times: the rejections do not eat into the transient cap.
+///
+/// # Delays
+///
+/// The delay is the server's hint when it gave one, never shortened by jitter (only the
+/// breaker's own time left, the same for every caller it rejected, is spread by up to +25 %);
+/// else the class's [`Backoff`], computed from the number of attempts that failed with that
+/// class. A delay above [`max_delay`](Self::max_delay) is never slept: the request is deferred
+/// or given up ([`on_long_delay`](Self::on_long_delay)).
+///
+/// # Safety to resend
+///
+/// A request that is not [`retry_safe`](crate::Replay::retry_safe) (a POST without an
+/// `Idempotency-Key`) is retried only after a failure that proves it was not processed (see
+/// [`retry_unprocessed`](Self::retry_unprocessed)). A timeout or a connection reset after such a
+/// request is reclassified [`Class::OUTCOME_UNKNOWN`] and never retried.
+///
+/// The policy is built once and shared by clones behind an `Arc`; deciding allocates nothing on
+/// the success path.
 #[derive(Clone)]
 pub struct RetryPolicy {
     inner: Arc<Inner>,
@@ -81,14 +199,21 @@ impl Default for RetryPolicy {
                 max_attempts: 3,
                 backoff: Backoff::default(),
                 max_delay: Duration::from_secs(60),
+                long_delay: LongDelay::Defer,
                 rules: vec![
-                    (Class::TRANSIENT, Rule::Retry(None)),
-                    (Class::THROTTLED, Rule::Retry(None)),
-                    (Class::UNKNOWN, Rule::Retry(None)),
-                    (Class::CIRCUIT_OPEN, Rule::Retry(None)),
-                    (Class::PERMANENT, Rule::Never),
-                    (Class::POISON, Rule::Never),
+                    (Class::TRANSIENT, ClassPolicy::retry()),
+                    (Class::THROTTLED, ClassPolicy::retry().slow_down(true)),
+                    (Class::UNKNOWN, ClassPolicy::retry()),
+                    (Class::CIRCUIT_OPEN, ClassPolicy::retry()),
+                    (Class::PERMANENT, ClassPolicy::never()),
+                    (Class::POISON, ClassPolicy::never()),
+                    (Class::OUTCOME_UNKNOWN, ClassPolicy::never()),
                 ],
+                budget: None,
+                deadline: None,
+                retry_unprocessed: true,
+                assume_idempotent: false,
+                rng: None,
                 on_retry: None,
             }),
         }
@@ -97,15 +222,30 @@ impl Default for RetryPolicy {
 
 pub(crate) enum Decision {
     Retry(Duration, DelaySource),
+    Defer(SystemTime, Duration),
     Stop(GiveUp),
 }
 
-/// Whether the retry future holds a copy of the request for another attempt.
+/// Whether the retry future holds a copy of the request for another attempt, and whether the
+/// request is safe to send twice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Spare {
+    /// A copy is held; the request is idempotent or keyed.
     Ready,
+    /// A copy is held; the request is not safe to send twice.
     NotSafe,
+    /// The request could not be copied.
     NotReplayable,
+}
+
+/// What the retry future knows when it asks for a decision.
+pub(crate) struct Attempted {
+    /// Calls made so far, the failed one included.
+    pub(crate) attempts: u32,
+    /// Attempts that failed with the failure's class, this one included.
+    pub(crate) class_failures: u32,
+    pub(crate) spare: Spare,
+    pub(crate) previous_delay: Option<Duration>,
 }
 
 impl RetryPolicy {
@@ -115,63 +255,99 @@ impl RetryPolicy {
     }
 
     fn edit(mut self, f: impl FnOnce(&mut Inner)) -> Self {
-        match Arc::get_mut(&mut self.inner) {
-            Some(inner) => f(inner),
-            None => {
-                let old = &self.inner;
-                let mut inner = Inner {
-                    max_attempts: old.max_attempts,
-                    backoff: old.backoff,
-                    max_delay: old.max_delay,
-                    rules: old.rules.clone(),
-                    on_retry: old.on_retry.clone(),
-                };
-                f(&mut inner);
-                self.inner = Arc::new(inner);
-            }
-        }
+        f(Arc::make_mut(&mut self.inner));
         self
     }
 
-    /// The most attempts for one request, the first call included (a count of attempts, not
-    /// retries). Values below 1 are raised to 1; 1 means never retry.
+    /// The most calls for one request, the first included (a count of attempts, not retries),
+    /// whatever the classes of their failures. Values below 1 are raised to 1; 1 means never
+    /// retry.
     pub fn max_attempts(self, attempts: u32) -> Self {
         self.edit(|p| p.max_attempts = attempts.max(1))
     }
 
-    /// The delay rule used when the server gave no hint.
+    /// The delay rule for classes that have none of their own.
     pub fn backoff(self, backoff: Backoff) -> Self {
         self.edit(|p| p.backoff = backoff)
     }
 
-    /// The longest server hint (`Retry-After`, the breaker's time left open) that the layer
-    /// sleeps in process. A longer hint ends retrying: the failure is returned at once with the
-    /// hint in it, instead of holding the request for an hour.
+    /// The longest delay (server hint or backoff) the layer sleeps in process. A longer one is
+    /// not slept: see [`on_long_delay`](Self::on_long_delay). Default 60 s.
     pub fn max_delay(self, max_delay: Duration) -> Self {
         self.edit(|p| p.max_delay = max_delay)
     }
 
-    fn set_rule(self, class: Class, rule: Rule) -> Self {
+    /// What to do with a delay above [`max_delay`](Self::max_delay): defer (the default) or
+    /// give up.
+    pub fn on_long_delay(self, long_delay: LongDelay) -> Self {
+        self.edit(|p| p.long_delay = long_delay)
+    }
+
+    /// How failures of `class` are retried, replacing any earlier setting for it. For example a
+    /// soft bounce retried after 15 min, 1 h and 6 h (deferred, since those are above
+    /// [`max_delay`](Self::max_delay)), or a rendering failure never retried.
+    pub fn class(self, class: Class, policy: ClassPolicy) -> Self {
         self.edit(|p| {
             p.rules.retain(|(c, _)| *c != class);
-            p.rules.push((class, rule));
+            p.rules.push((class, policy));
         })
     }
 
-    /// Retries failures of `class`, within [`max_attempts`](Self::max_attempts).
+    /// Retries failures of `class`, within [`max_attempts`](Self::max_attempts); a class already
+    /// retried keeps its settings.
     pub fn retry(self, class: Class) -> Self {
-        self.set_rule(class, Rule::Retry(None))
+        if self.rule(class).is_some() {
+            return self;
+        }
+        self.class(class, ClassPolicy::retry())
     }
 
-    /// Retries failures of `class` for at most `attempts` attempts in all (never more than
-    /// [`max_attempts`](Self::max_attempts)).
+    /// Retries failures of `class` until `attempts` attempts have failed with that class (see
+    /// [`ClassPolicy::max_attempts`]), never beyond [`max_attempts`](Self::max_attempts) calls.
+    /// The class keeps its other settings (delay rule, slow-down).
     pub fn retry_at_most(self, class: Class, attempts: u32) -> Self {
-        self.set_rule(class, Rule::Retry(Some(attempts.max(1))))
+        let rule = self.rule(class).cloned().unwrap_or(ClassPolicy::retry());
+        self.class(class, rule.max_attempts(attempts))
     }
 
     /// Never retries failures of `class`.
     pub fn never_retry(self, class: Class) -> Self {
-        self.set_rule(class, Rule::Never)
+        self.class(class, ClassPolicy::never())
+    }
+
+    /// A retry budget shared by every clone of this policy (see [`Budget`]).
+    pub fn budget(self, budget: Budget) -> Self {
+        self.edit(|p| p.budget = Some(budget))
+    }
+
+    /// An overall deadline per request, counted from its first call: no attempt starts and no
+    /// delay is slept past it, and an attempt still running when it ends is dropped (so each
+    /// attempt's timeout is the smaller of its own and the time remaining). The caller gets the
+    /// last real failure, marked [`GiveUp::DeadlineExceeded`].
+    pub fn deadline(self, deadline: Duration) -> Self {
+        self.edit(|p| p.deadline = Some(deadline))
+    }
+
+    /// Whether a request that is not safe to send twice (a POST without an `Idempotency-Key`) may
+    /// still be retried after a failure that proves it was not processed: HTTP 429 and 503
+    /// (RFC 9110 §15.5.30, §15.6.4 and RFC 6585 §4: the server refused the request), a refused
+    /// connection, and an open breaker (the request never left). Default on; it costs one copy
+    /// of such requests per call.
+    pub fn retry_unprocessed(self, enabled: bool) -> Self {
+        self.edit(|p| p.retry_unprocessed = enabled)
+    }
+
+    /// Treats every request as safe to send twice, whatever its method and headers. For gRPC
+    /// (every call is an HTTP POST; whether a method may be retried is the service config's
+    /// business, gRFC A6) and for providers that deduplicate on their own. Default off.
+    pub fn assume_idempotent(self, enabled: bool) -> Self {
+        self.edit(|p| p.assume_idempotent = enabled)
+    }
+
+    /// Draws jitter from a random source seeded with `seed` and shared by clones, instead of the
+    /// thread's: the delays become reproducible, for tests.
+    pub fn rng_seed(self, seed: u64) -> Self {
+        self.edit(|p| p.rng = Some(Arc::new(Mutex::new(SmallRng::seed_from_u64(seed)))))
     }
 
     /// Calls `f` before every retry (on the failure path only), for metrics or logs.
@@ -180,46 +356,115 @@ impl RetryPolicy {
         self.edit(|p| p.on_retry = Some(f))
     }
 
-    /// The attempt cap of the policy.
+    /// The overall cap on calls per request.
     pub fn attempts(&self) -> u32 {
         self.inner.max_attempts
     }
 
-    /// The attempt cap for failures of `class`, or `None` when the class is not retried.
+    /// The cap on attempts failed with `class`, or `None` when the class is not retried.
     pub fn attempts_for(&self, class: Class) -> Option<u32> {
-        match self.inner.rules.iter().find(|(c, _)| *c == class) {
-            Some((_, Rule::Retry(cap))) => {
-                Some(cap.map_or(self.inner.max_attempts, |c| c.min(self.inner.max_attempts)))
-            }
-            _ => None,
-        }
+        let rule = self.rule(class)?;
+        Some(
+            rule.max_attempts
+                .map_or(self.inner.max_attempts, |c| c.min(self.inner.max_attempts)),
+        )
     }
 
-    pub(crate) fn decide<R>(&self, failure: &Failure<R>, attempts: u32, spare: Spare) -> Decision {
-        let Some(cap) = self.attempts_for(failure.class()) else {
+    /// The delay rule used for failures of `class`.
+    pub fn backoff_for(&self, class: Class) -> &Backoff {
+        self.rule(class)
+            .and_then(|r| r.backoff.as_ref())
+            .unwrap_or(&self.inner.backoff)
+    }
+
+    fn rule(&self, class: Class) -> Option<&ClassPolicy> {
+        self.inner
+            .rules
+            .iter()
+            .find(|(c, _)| *c == class)
+            .map(|(_, r)| r)
+            .filter(|r| r.retried)
+    }
+
+    pub(crate) fn budget_ref(&self) -> Option<&Budget> {
+        self.inner.budget.as_ref()
+    }
+
+    pub(crate) fn deadline_after(&self) -> Option<Duration> {
+        self.inner.deadline
+    }
+
+    pub(crate) fn assumes_idempotent(&self) -> bool {
+        self.inner.assume_idempotent
+    }
+
+    /// Whether the retry layer must keep a copy of a request of this safety.
+    pub(crate) fn wants_copy(&self, safe: bool) -> bool {
+        self.inner.max_attempts > 1 && (safe || self.inner.retry_unprocessed)
+    }
+
+    pub(crate) fn decide<R>(&self, failure: &Failure<R>, at: &Attempted) -> Decision {
+        let class = failure.class();
+        let Some(rule) = self.rule(class) else {
             return Decision::Stop(GiveUp::NotRetryable);
         };
-        if attempts >= cap {
+        if let Some(budget) = &self.inner.budget {
+            budget.failure();
+        }
+        if failure.no_retry() {
+            return Decision::Stop(GiveUp::ServerSaidNo);
+        }
+        let class_cap = rule.max_attempts.unwrap_or(u32::MAX);
+        if at.attempts >= self.inner.max_attempts || at.class_failures >= class_cap {
             return Decision::Stop(GiveUp::AttemptsExhausted);
         }
-        match spare {
+        match at.spare {
             Spare::Ready => {}
+            Spare::NotSafe if self.inner.retry_unprocessed && proves_unprocessed(failure) => {}
             Spare::NotSafe => return Decision::Stop(GiveUp::NotIdempotent),
             Spare::NotReplayable => return Decision::Stop(GiveUp::NotReplayable),
         }
-        match failure.retry_after() {
-            Some(hint) if hint > self.inner.max_delay => Decision::Stop(GiveUp::HintTooLong),
-            Some(hint) if failure.class() == Class::CIRCUIT_OPEN => {
+        let (delay, source) = match failure.retry_after() {
+            Some(hint) if class == Class::CIRCUIT_OPEN && hint <= self.inner.max_delay => {
                 // Our own breaker's time left: every caller it rejected got the same value, so
                 // spread their wake-ups by up to +25 % (never less than the time left).
-                let spread = hint.mul_f64(0.25 * rand::random::<f64>());
-                let delay = hint
-                    .saturating_add(spread)
-                    .min(self.inner.max_delay.max(hint));
-                Decision::Retry(delay, DelaySource::ServerHint)
+                let spread = self.with_rng(|rng| {
+                    Backoff::constant(hint / 4)
+                        .jitter(super::Jitter::Full)
+                        .delay_with(1, None, rng)
+                });
+                (
+                    hint.saturating_add(spread).min(self.inner.max_delay),
+                    DelaySource::ServerHint,
+                )
             }
-            Some(hint) if hint > Duration::ZERO => Decision::Retry(hint, DelaySource::ServerHint),
-            _ => Decision::Retry(self.inner.backoff.delay(attempts), DelaySource::Backoff),
+            Some(hint) if hint > Duration::ZERO => (hint, DelaySource::ServerHint),
+            _ => {
+                let backoff = rule.backoff.as_ref().unwrap_or(&self.inner.backoff);
+                let mut delay = self
+                    .with_rng(|rng| backoff.delay_with(at.class_failures, at.previous_delay, rng));
+                if rule.slow_down
+                    && let Some(previous) = at.previous_delay
+                {
+                    let slower = previous.saturating_mul(2).min(backoff.cap().max(previous));
+                    delay = delay.max(slower);
+                }
+                (delay, DelaySource::Backoff)
+            }
+        };
+        if delay > self.inner.max_delay {
+            return match self.inner.long_delay {
+                LongDelay::Defer => Decision::Defer(retry_at(SystemTime::now(), delay), delay),
+                LongDelay::GiveUp => Decision::Stop(GiveUp::HintTooLong),
+            };
+        }
+        Decision::Retry(delay, source)
+    }
+
+    fn with_rng<T>(&self, f: impl FnOnce(&mut SmallRng) -> T) -> T {
+        match &self.inner.rng {
+            Some(rng) => f(&mut rng.lock().unwrap_or_else(|e| e.into_inner())),
+            None => f(&mut SmallRng::from_rng(&mut rand::rng())),
         }
     }
 
@@ -230,13 +475,57 @@ impl RetryPolicy {
     }
 }
 
+/// `now + delay`, rounded up to the next whole second: never before the instant the server
+/// named, and a plain value for a store to index.
+pub(crate) fn retry_at(now: SystemTime, delay: Duration) -> SystemTime {
+    let at = now
+        .checked_add(delay)
+        .unwrap_or(now + Duration::from_secs(u32::MAX.into()));
+    match at.duration_since(UNIX_EPOCH) {
+        Ok(since) if since.subsec_nanos() > 0 => {
+            UNIX_EPOCH + Duration::from_secs(since.as_secs().saturating_add(1))
+        }
+        _ => at,
+    }
+}
+
+/// Failures after which the provider certainly did not act on the request: it refused it (429,
+/// 503), the connection was refused, or our breaker never sent it.
+fn proves_unprocessed<R>(failure: &Failure<R>) -> bool {
+    use http::StatusCode;
+    failure.class() == Class::CIRCUIT_OPEN
+        || matches!(
+            failure.code(),
+            Code::Http(StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
+                | Code::Io(std::io::ErrorKind::ConnectionRefused)
+                | Code::CircuitOpen
+        )
+}
+
+/// Failures after which a request may or may not have been acted on: it was sent (or may have
+/// been), and no answer came back.
+pub(crate) fn outcome_unknown<R>(failure: &Failure<R>) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        failure.code(),
+        Code::Timeout
+            | Code::Io(ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | TimedOut)
+    )
+}
+
 impl fmt::Debug for RetryPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryPolicy")
             .field("max_attempts", &self.inner.max_attempts)
             .field("backoff", &self.inner.backoff)
             .field("max_delay", &self.inner.max_delay)
+            .field("long_delay", &self.inner.long_delay)
             .field("rules", &self.inner.rules)
+            .field("budget", &self.inner.budget)
+            .field("deadline", &self.inner.deadline)
+            .field("retry_unprocessed", &self.inner.retry_unprocessed)
+            .field("assume_idempotent", &self.inner.assume_idempotent)
+            .field("seeded", &self.inner.rng.is_some())
             .field("on_retry", &self.inner.on_retry.is_some())
             .finish()
     }
@@ -255,6 +544,15 @@ mod tests {
         }
     }
 
+    fn at(attempts: u32, class_failures: u32, spare: Spare) -> Attempted {
+        Attempted {
+            attempts,
+            class_failures,
+            spare,
+            previous_delay: None,
+        }
+    }
+
     #[test]
     fn classes_and_caps() {
         let p = RetryPolicy::new()
@@ -265,11 +563,21 @@ mod tests {
         assert_eq!(p.attempts_for(Class::PERMANENT), None);
         assert_eq!(p.attempts_for(Class::new("custom")), None);
         assert!(matches!(
-            p.decide(&failure(Class::UNKNOWN, None), 2, Spare::Ready),
+            p.decide(&failure(Class::UNKNOWN, None), &at(2, 2, Spare::Ready)),
+            Decision::Stop(GiveUp::AttemptsExhausted)
+        ));
+        // Two earlier calls failed with another class: the unknown cap is not reached.
+        assert!(matches!(
+            p.decide(&failure(Class::UNKNOWN, None), &at(3, 1, Spare::Ready)),
+            Decision::Retry(..)
+        ));
+        // The overall cap is.
+        assert!(matches!(
+            p.decide(&failure(Class::UNKNOWN, None), &at(4, 1, Spare::Ready)),
             Decision::Stop(GiveUp::AttemptsExhausted)
         ));
         assert!(matches!(
-            p.decide(&failure(Class::PERMANENT, None), 1, Spare::Ready),
+            p.decide(&failure(Class::PERMANENT, None), &at(1, 1, Spare::Ready)),
             Decision::Stop(GiveUp::NotRetryable)
         ));
     }
@@ -277,22 +585,111 @@ mod tests {
     #[test]
     fn hints_within_and_above_max_delay() {
         let p = RetryPolicy::new().max_delay(Duration::from_secs(30));
+        let long = failure(Class::THROTTLED, Some(Duration::from_secs(3600)));
+        let before = SystemTime::now();
+        match p.decide(&long, &at(1, 1, Spare::Ready)) {
+            Decision::Defer(when, delay) => {
+                assert_eq!(delay, Duration::from_secs(3600));
+                assert!(when >= before + Duration::from_secs(3600));
+                assert!(when <= SystemTime::now() + Duration::from_secs(3601));
+                assert_eq!(when.duration_since(UNIX_EPOCH).unwrap().subsec_nanos(), 0);
+            }
+            _ => panic!("expected a deferral"),
+        }
+        let p = p.on_long_delay(LongDelay::GiveUp);
         assert!(matches!(
-            p.decide(
-                &failure(Class::THROTTLED, Some(Duration::from_secs(3600))),
-                1,
-                Spare::Ready
-            ),
+            p.decide(&long, &at(1, 1, Spare::Ready)),
             Decision::Stop(GiveUp::HintTooLong)
         ));
         assert!(matches!(
-            p.decide(&failure(Class::THROTTLED, Some(Duration::from_secs(5))), 1, Spare::Ready),
+            p.decide(&failure(Class::THROTTLED, Some(Duration::from_secs(5))), &at(1, 1, Spare::Ready)),
             Decision::Retry(d, DelaySource::ServerHint) if d == Duration::from_secs(5)
         ));
         assert!(matches!(
-            p.decide(&failure(Class::THROTTLED, None), 1, Spare::NotSafe),
+            p.decide(&failure(Class::THROTTLED, None), &at(1, 1, Spare::NotSafe)),
             Decision::Stop(GiveUp::NotIdempotent)
         ));
+    }
+
+    #[test]
+    fn retry_at_rounds_up_to_the_second() {
+        let now = UNIX_EPOCH + Duration::new(1_000, 1);
+        assert_eq!(
+            retry_at(now, Duration::from_secs(86_400)),
+            UNIX_EPOCH + Duration::from_secs(87_401)
+        );
+        let whole = UNIX_EPOCH + Duration::from_secs(1_000);
+        assert_eq!(
+            retry_at(whole, Duration::from_secs(5)),
+            UNIX_EPOCH + Duration::from_secs(1_005)
+        );
+        // Absurd delays do not overflow.
+        let _ = retry_at(SystemTime::now(), Duration::MAX);
+    }
+
+    #[test]
+    fn refused_requests_are_retried_for_any_method() {
+        let p = RetryPolicy::new();
+        for code in [
+            Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
+            Code::Http(http::StatusCode::SERVICE_UNAVAILABLE),
+            Code::Io(std::io::ErrorKind::ConnectionRefused),
+        ] {
+            let f: Failure = Failure::new(Class::TRANSIENT, code);
+            assert!(
+                matches!(p.decide(&f, &at(1, 1, Spare::NotSafe)), Decision::Retry(..)),
+                "{code}"
+            );
+        }
+        let p = p.retry_unprocessed(false);
+        let f: Failure = Failure::new(
+            Class::THROTTLED,
+            Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
+        );
+        assert!(matches!(
+            p.decide(&f, &at(1, 1, Spare::NotSafe)),
+            Decision::Stop(GiveUp::NotIdempotent)
+        ));
+    }
+
+    #[test]
+    fn schedule_per_class_and_seeded_jitter() {
+        let soft_bounce = Class::new("soft_bounce");
+        let p = RetryPolicy::new()
+            .max_attempts(10)
+            .max_delay(Duration::from_secs(7 * 3600))
+            .class(
+                soft_bounce,
+                ClassPolicy::retry().max_attempts(4).backoff(
+                    Backoff::schedule([900, 3600, 21600].map(Duration::from_secs)).unwrap(),
+                ),
+            );
+        let f: Failure = Failure::new(soft_bounce, Code::Smtp(450));
+        let delays: Vec<_> = (1..4)
+            .map(|n| match p.decide(&f, &at(n, n, Spare::Ready)) {
+                Decision::Retry(d, DelaySource::Backoff) => d.as_secs(),
+                _ => panic!("expected a retry"),
+            })
+            .collect();
+        assert_eq!(delays, [900, 3600, 21600]);
+        assert!(matches!(
+            p.decide(&f, &at(4, 4, Spare::Ready)),
+            Decision::Stop(GiveUp::AttemptsExhausted)
+        ));
+
+        let seeded = |seed| {
+            let p = RetryPolicy::new().rng_seed(seed);
+            (1..10)
+                .map(|n| {
+                    match p.decide(&failure(Class::TRANSIENT, None), &at(1, n, Spare::Ready)) {
+                        Decision::Retry(d, _) => d,
+                        _ => panic!("expected a retry"),
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(seeded(3), seeded(3));
+        assert_ne!(seeded(3), seeded(4));
     }
 
     #[test]

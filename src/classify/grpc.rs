@@ -1,0 +1,281 @@
+//! The gRPC classifier: `grpc-status` and `grpc-retry-pushback-ms`, from the response headers
+//! (trailers-only responses) or from trailers that a buffering step put in reach.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, StatusCode};
+
+use super::{Classifier, Verdict};
+use crate::failure::{Class, Code};
+
+/// Trailers of a response whose body was read to the end by
+/// [`BufferResponseLayer`](super::BufferResponseLayer), kept in the response's extensions so
+/// that a classifier can read the gRPC status sent at the end of the body.
+#[derive(Clone, Debug, Default)]
+pub struct Trailers(pub HeaderMap);
+
+/// gRPC status codes (the numeric values of `grpc-status`, as in `google.rpc.Code`).
+pub mod codes {
+    /// Not an error.
+    pub const OK: i32 = 0;
+    /// The operation was cancelled, typically by the caller.
+    pub const CANCELLED: i32 = 1;
+    /// Unknown error.
+    pub const UNKNOWN: i32 = 2;
+    /// The client specified an invalid argument.
+    pub const INVALID_ARGUMENT: i32 = 3;
+    /// The deadline expired before the operation could complete.
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    /// Some requested entity was not found.
+    pub const NOT_FOUND: i32 = 5;
+    /// The entity that a client attempted to create already exists.
+    pub const ALREADY_EXISTS: i32 = 6;
+    /// The caller does not have permission.
+    pub const PERMISSION_DENIED: i32 = 7;
+    /// Some resource has been exhausted (a quota, the file system).
+    pub const RESOURCE_EXHAUSTED: i32 = 8;
+    /// The system is not in a state required for the operation.
+    pub const FAILED_PRECONDITION: i32 = 9;
+    /// The operation was aborted (a concurrency conflict).
+    pub const ABORTED: i32 = 10;
+    /// The operation was attempted past the valid range.
+    pub const OUT_OF_RANGE: i32 = 11;
+    /// The operation is not implemented.
+    pub const UNIMPLEMENTED: i32 = 12;
+    /// Internal error.
+    pub const INTERNAL: i32 = 13;
+    /// The service is currently unavailable.
+    pub const UNAVAILABLE: i32 = 14;
+    /// Unrecoverable data loss or corruption.
+    pub const DATA_LOSS: i32 = 15;
+    /// The request does not have valid authentication credentials.
+    pub const UNAUTHENTICATED: i32 = 16;
+}
+
+/// The gRPC classifier: maps `grpc-status` to a [`Class`], keeps the code as [`Code::Grpc`], and
+/// reads `grpc-retry-pushback-ms` (gRFC A6).
+///
+/// # Default mapping
+///
+/// | `grpc-status` | class |
+/// |---|---|
+/// | `OK` (0) | success |
+/// | `UNAVAILABLE` (14) | [`Class::TRANSIENT`] |
+/// | `RESOURCE_EXHAUSTED` (8) | [`Class::THROTTLED`] |
+/// | `UNKNOWN` (2), `INTERNAL` (13), `CANCELLED` (1), `DEADLINE_EXCEEDED` (4), `ABORTED` (10), `DATA_LOSS` (15), any other value | [`Class::UNKNOWN`] |
+/// | `INVALID_ARGUMENT` (3), `NOT_FOUND` (5), `ALREADY_EXISTS` (6), `PERMISSION_DENIED` (7), `FAILED_PRECONDITION` (9), `OUT_OF_RANGE` (11), `UNIMPLEMENTED` (12), `UNAUTHENTICATED` (16) | [`Class::PERMANENT`] |
+///
+/// `DEADLINE_EXCEEDED` is not transient: the server may have done the work (gRFC A6 leaves it
+/// out of the default retryable codes too). A response whose HTTP status is not 200 is
+/// classified by its HTTP status, as [`HttpClassifier`](super::HttpClassifier) would.
+/// [`map_code`](Self::map_code) overrides the mapping code by code.
+///
+/// # Where the status is read, and what is not covered
+///
+/// - **Trailers-only responses** (an error answered before any message, the usual form of a
+///   unary error, and what tonic's server sends for an `Err(Status)`): `grpc-status` is in the
+///   response headers, and the classifier sees it at once.
+/// - **Status in trailers** (after the response messages): the classifier sees it only if the
+///   body was read to the end before classification, by
+///   [`BufferResponseLayer`](super::BufferResponseLayer) placed below
+///   [`ClassifyLayer`](super::ClassifyLayer), which puts the trailers in the response's
+///   extensions as [`Trailers`]. That suits unary calls (one small message); it buffers the
+///   response up to a byte limit.
+/// - Without that buffering step, a response with no `grpc-status` header is a success at
+///   classification time: its status arrives later, in the body, after the retry decision. A
+///   streaming call that fails mid-stream is therefore not retried by this crate (gRFC A6 does
+///   not retry once response messages were received either).
+///
+/// `grpc-retry-pushback-ms` (gRFC A6): a non-negative integer is a server hint in milliseconds;
+/// a negative or unparseable value means "do not retry", and the retry layer stops with
+/// [`GiveUp::ServerSaidNo`](crate::GiveUp::ServerSaidNo).
+#[derive(Clone, Debug, Default)]
+pub struct GrpcClassifier {
+    overrides: Option<Arc<Vec<(i32, Class)>>>,
+}
+
+impl GrpcClassifier {
+    /// The default mapping, with no overrides.
+    pub fn new() -> Self {
+        GrpcClassifier::default()
+    }
+
+    /// Classifies `grpc-status` `code` as `class`, whatever the default says.
+    pub fn map_code(mut self, code: i32, class: Class) -> Self {
+        let overrides = Arc::make_mut(self.overrides.get_or_insert_with(Default::default));
+        overrides.retain(|(c, _)| *c != code);
+        overrides.push((code, class));
+        self
+    }
+
+    /// The class of `grpc-status` `code`: `None` for success.
+    pub fn class_of(&self, code: i32) -> Option<Class> {
+        if let Some(overrides) = &self.overrides
+            && let Some((_, class)) = overrides.iter().find(|(c, _)| *c == code)
+        {
+            return Some(*class);
+        }
+        default_class(code)
+    }
+
+    /// Classifies a gRPC status found in `headers` (response headers of a trailers-only
+    /// response, or trailers): `None` when there is no `grpc-status` or it is `OK`.
+    pub fn classify_status(&self, headers: &HeaderMap) -> Option<Verdict> {
+        let value = headers.get("grpc-status")?;
+        let code = match value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<i32>().ok())
+        {
+            Some(code) => code,
+            None => {
+                tracing::warn!(value = ?value, "malformed grpc-status, classified as UNKNOWN");
+                codes::UNKNOWN
+            }
+        };
+        let class = self.class_of(code)?;
+        let verdict = Verdict::new(class, Code::Grpc(code));
+        Some(match pushback(headers) {
+            Pushback::None => verdict,
+            Pushback::After(delay) => verdict.with_retry_after(delay),
+            Pushback::DoNotRetry => verdict.with_no_retry(),
+        })
+    }
+}
+
+fn default_class(code: i32) -> Option<Class> {
+    use codes::*;
+    match code {
+        OK => None,
+        UNAVAILABLE => Some(Class::TRANSIENT),
+        RESOURCE_EXHAUSTED => Some(Class::THROTTLED),
+        INVALID_ARGUMENT | NOT_FOUND | ALREADY_EXISTS | PERMISSION_DENIED | FAILED_PRECONDITION
+        | OUT_OF_RANGE | UNIMPLEMENTED | UNAUTHENTICATED => Some(Class::PERMANENT),
+        _ => Some(Class::UNKNOWN),
+    }
+}
+
+enum Pushback {
+    None,
+    After(Duration),
+    DoNotRetry,
+}
+
+/// `grpc-retry-pushback-ms` per gRFC A6: a non-negative integer of milliseconds, else "do not
+/// retry".
+fn pushback(headers: &HeaderMap) -> Pushback {
+    let Some(value) = headers.get("grpc-retry-pushback-ms") else {
+        return Pushback::None;
+    };
+    match value.to_str().ok().map(str::trim) {
+        Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => {
+            Pushback::After(Duration::from_millis(v.parse::<u64>().unwrap_or(u64::MAX)))
+        }
+        _ => Pushback::DoNotRetry,
+    }
+}
+
+impl<B> Classifier<http::Response<B>> for GrpcClassifier {
+    fn classify_response(&self, response: &http::Response<B>) -> Option<Verdict> {
+        if response.status() != StatusCode::OK {
+            // Not a gRPC answer at all (a proxy's 503, a 404): classify it as HTTP.
+            let status = response.status();
+            let verdict = Verdict::new(super::http::default_class(status)?, Code::Http(status));
+            return Some(match super::http::retry_after_hint(response.headers()) {
+                Some(delay) => verdict.with_retry_after(delay),
+                None => verdict,
+            });
+        }
+        self.classify_status(response.headers()).or_else(|| {
+            response
+                .extensions()
+                .get::<Trailers>()
+                .and_then(|t| self.classify_status(&t.0))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(headers: &[(&str, &str)]) -> http::Response<()> {
+        let mut b = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn default_mapping_follows_the_design() {
+        let c = GrpcClassifier::new();
+        for (code, class) in [
+            (0, None),
+            (14, Some(Class::TRANSIENT)),
+            (8, Some(Class::THROTTLED)),
+            (2, Some(Class::UNKNOWN)),
+            (13, Some(Class::UNKNOWN)),
+            (3, Some(Class::PERMANENT)),
+            (7, Some(Class::PERMANENT)),
+            (16, Some(Class::PERMANENT)),
+            (5, Some(Class::PERMANENT)),
+            (9, Some(Class::PERMANENT)),
+            (99, Some(Class::UNKNOWN)),
+        ] {
+            let v = c.classify_response(&response(&[("grpc-status", &code.to_string())]));
+            assert_eq!(v.map(|v| v.class), class, "code {code}");
+            if let Some(v) = v {
+                assert_eq!(v.code, Code::Grpc(code));
+            }
+        }
+        // No status in headers: success at classification time.
+        assert_eq!(c.classify_response(&response(&[])), None);
+        // A malformed status is UNKNOWN, not success.
+        let v = c
+            .classify_response(&response(&[("grpc-status", "x")]))
+            .unwrap();
+        assert_eq!(v.class, Class::UNKNOWN);
+    }
+
+    #[test]
+    fn pushback_is_a_hint_or_a_refusal() {
+        let c = GrpcClassifier::new();
+        let v = c
+            .classify_response(&response(&[
+                ("grpc-status", "8"),
+                ("grpc-retry-pushback-ms", "1500"),
+            ]))
+            .unwrap();
+        assert_eq!(v.retry_after, Some(Duration::from_millis(1500)));
+        assert!(!v.no_retry);
+        for bad in ["-1", "soon", "1.5", ""] {
+            let v = c
+                .classify_response(&response(&[
+                    ("grpc-status", "14"),
+                    ("grpc-retry-pushback-ms", bad),
+                ]))
+                .unwrap();
+            assert!(v.no_retry, "{bad:?}");
+            assert_eq!(v.retry_after, None);
+        }
+    }
+
+    #[test]
+    fn trailers_in_extensions_and_overrides() {
+        const OVERLOADED: Class = Class::new("overloaded");
+        let c = GrpcClassifier::new().map_code(codes::ABORTED, OVERLOADED);
+        let mut r = response(&[]);
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "10".parse().unwrap());
+        r.extensions_mut().insert(Trailers(trailers));
+        let v = c.classify_response(&r).unwrap();
+        assert_eq!((v.class, v.code), (OVERLOADED, Code::Grpc(10)));
+        // A non-200 answer is classified as HTTP.
+        let r = http::Response::builder().status(503).body(()).unwrap();
+        assert_eq!(c.classify_response(&r).unwrap().class, Class::TRANSIENT);
+    }
+}

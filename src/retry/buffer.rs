@@ -1,0 +1,199 @@
+//! The opt-in bounded replay buffer for request bodies that cannot be cloned.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::failure::BoxError;
+use crate::request::{BufferedBody, Collect};
+
+/// Applies [`ReplayBuffer`]: reads each request body into memory, up to `limit` bytes, so that
+/// [`RetryLayer`](super::RetryLayer) can replay it.
+///
+/// Bodies that are cheap to clone (`Full<Bytes>`, `String`, `Bytes`) need no buffer: the retry
+/// layer copies them as they are. Use this layer, **outside** the retry layer, for the others (a
+/// hyper `Incoming` body being proxied, tonic's request body, a stream): the request below it
+/// has a [`BufferedBody`], which is replayed byte for byte, with the same size hint and so the
+/// same `Content-Length`.
+///
+/// A body longer than `limit` is not held: it still streams through in full, but the request is
+/// not replayable, is never retried, and its failure says
+/// [`GiveUp::NotReplayable`](crate::GiveUp::NotReplayable).
+///
+/// The trade-off: the body is read before the first attempt starts (latency of one body read,
+/// memory up to `limit` per request in flight). The body type must be `Unpin` (box it otherwise).
+///
+/// ```
+/// use tower::ServiceBuilder;
+/// use tower_backstop::retry::{ReplayBufferLayer, RetryLayer};
+///
+/// let layers = ServiceBuilder::new()
+///     .layer(ReplayBufferLayer::new(64 * 1024))
+///     .layer(RetryLayer::default());
+/// # let _ = layers;
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayBufferLayer {
+    limit: usize,
+}
+
+impl ReplayBufferLayer {
+    /// Buffers request bodies of up to `limit` bytes.
+    pub const fn new(limit: usize) -> Self {
+        ReplayBufferLayer { limit }
+    }
+}
+
+impl<S> Layer<S> for ReplayBufferLayer {
+    type Service = ReplayBuffer<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ReplayBuffer {
+            inner,
+            limit: self.limit,
+        }
+    }
+}
+
+/// Reads request bodies into a [`BufferedBody`]; see [`ReplayBufferLayer`].
+#[derive(Clone, Debug)]
+pub struct ReplayBuffer<S> {
+    inner: S,
+    limit: usize,
+}
+
+/// The request body could not be read by [`ReplayBuffer`].
+#[derive(Debug)]
+pub struct BodyReadError {
+    source: BoxError,
+}
+
+impl fmt::Display for BodyReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "request body could not be read: {}", self.source)
+    }
+}
+
+impl std::error::Error for BodyReadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+impl<S, B> Service<http::Request<B>> for ReplayBuffer<S>
+where
+    S: Service<http::Request<BufferedBody<B>>> + Clone,
+    S::Error: From<BoxError>,
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = ReplayBufferFuture<S, B>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        // Take the service that was made ready; leave a clone behind.
+        let clone = self.inner.clone();
+        let service = std::mem::replace(&mut self.inner, clone);
+        let (parts, body) = req.into_parts();
+        ReplayBufferFuture {
+            state: BufferState::Reading {
+                collect: Collect::new(body, self.limit),
+                parts: Some(parts),
+                service: Some(service),
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`ReplayBuffer`]: reads the body, then calls the inner service.
+    pub struct ReplayBufferFuture<S, B>
+    where
+        S: Service<http::Request<BufferedBody<B>>>,
+    {
+        #[pin]
+        state: BufferState<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = BufferStateProj]
+    enum BufferState<S, B>
+    where
+        S: Service<http::Request<BufferedBody<B>>>,
+    {
+        Reading {
+            collect: Collect<B>,
+            parts: Option<http::request::Parts>,
+            service: Option<S>,
+        },
+        Calling {
+            #[pin]
+            future: S::Future,
+        },
+    }
+}
+
+impl<S, B> fmt::Debug for ReplayBufferFuture<S, B>
+where
+    S: Service<http::Request<BufferedBody<B>>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplayBufferFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, B> Future for ReplayBufferFuture<S, B>
+where
+    S: Service<http::Request<BufferedBody<B>>>,
+    S::Error: From<BoxError>,
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                BufferStateProj::Reading {
+                    collect,
+                    parts,
+                    service,
+                } => {
+                    let body = match ready!(collect.poll_collect(cx)) {
+                        Ok(body) => body,
+                        Err(e) => {
+                            let error: BoxError = Box::new(BodyReadError { source: e.into() });
+                            return Poll::Ready(Err(error.into()));
+                        }
+                    };
+                    if !body.is_complete() {
+                        tracing::debug!(
+                            "request body above the replay buffer limit: not replayable"
+                        );
+                    }
+                    let (Some(parts), Some(mut service)) = (parts.take(), service.take()) else {
+                        let error: BoxError = "replay buffer polled after completion".into();
+                        return Poll::Ready(Err(error.into()));
+                    };
+                    let future = service.call(http::Request::from_parts(parts, body));
+                    this.state.set(BufferState::Calling { future });
+                }
+                BufferStateProj::Calling { future } => return future.poll(cx),
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! ClassifyLayer on its own and under RetryLayer: panics, user classes and mappings, hints.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tower::{ServiceBuilder, ServiceExt};
+use tower_backstop::classify::{ClassifyLayer, Panicked};
+use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::{BoxError, Class, Code, GiveUp};
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_inner_future_is_poison_never_retried_and_the_service_keeps_serving() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(5)))
+        .layer(ClassifyLayer::new(|_: &String| None))
+        .service(tower::service_fn(move |req: &'static str| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if req == "bad" {
+                    panic!("template exploded on {req}");
+                }
+                Ok::<_, BoxError>(format!("sent {req}"))
+            }
+        }));
+
+    let failure = svc.clone().oneshot("bad").await.unwrap_err();
+    assert_eq!(failure.class(), Class::POISON);
+    assert_eq!(failure.code(), Code::Panic);
+    assert_eq!(failure.give_up(), Some(GiveUp::NotRetryable));
+    assert_eq!(failure.attempts(), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "never retried");
+    let source = std::error::Error::source(&failure).unwrap();
+    let panicked = source.downcast_ref::<Panicked>().unwrap();
+    assert_eq!(panicked.message(), "template exploded on bad");
+
+    // The same service (and its clones) keeps serving, also alongside a panicking call.
+    assert_eq!(svc.clone().oneshot("good").await.unwrap(), "sent good");
+    let (a, b) = tokio::join!(svc.clone().oneshot("bad"), svc.clone().oneshot("ok"));
+    assert_eq!(a.unwrap_err().class(), Class::POISON);
+    assert_eq!(b.unwrap(), "sent ok");
+}
+
+#[tokio::test]
+async fn a_panic_with_a_non_string_payload_is_still_poison() {
+    let svc = ServiceBuilder::new()
+        .layer(ClassifyLayer::new(|_: &()| None))
+        .service(tower::service_fn(|_: ()| async {
+            std::panic::panic_any(42u32);
+            #[allow(unreachable_code)]
+            Ok::<(), BoxError>(())
+        }));
+    let failure = svc.oneshot(()).await.unwrap_err();
+    assert_eq!(failure.class(), Class::POISON);
+    assert!(failure.to_string().contains("not a string"), "{failure}");
+}
+
+mod support;
+
+#[tokio::test]
+async fn a_provider_code_in_a_json_body_is_mapped_by_a_user_function() {
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use tower_backstop::classify::{BufferResponseLayer, HttpClassifier, Verdict};
+
+    // A Postmark-like provider: 422 with its own code in the body. 406 is an inactive
+    // recipient (never retried), 429 in the body is a soft bounce (retried).
+    const INACTIVE_RECIPIENT: Class = Class::new("inactive_recipient");
+    const SOFT_BOUNCE: Class = Class::new("soft_bounce");
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let router = axum::Router::new().route(
+        "/email",
+        post(move |body: String| {
+            let n = counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let code = if body.contains("inactive") {
+                    406
+                } else if n == 0 {
+                    429
+                } else {
+                    0
+                };
+                if code == 0 {
+                    return (
+                        StatusCode::OK,
+                        "{\"ErrorCode\":0,\"Message\":\"OK\"}".to_owned(),
+                    );
+                }
+                (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!("{{\"ErrorCode\":{code},\"Message\":\"refused\"}}"),
+                )
+            }
+        }),
+    );
+    let base = support::serve(router).await;
+
+    #[derive(serde::Deserialize)]
+    struct ProviderError {
+        #[serde(rename = "ErrorCode")]
+        error_code: i64,
+    }
+    let classifier = HttpClassifier::new().with_body(|_status, body: &[u8]| {
+        let error: ProviderError = serde_json::from_slice(body).ok()?;
+        match error.error_code {
+            0 => None,
+            406 => Some(Verdict::new(INACTIVE_RECIPIENT, Code::Provider(406))),
+            429 => Some(Verdict::new(SOFT_BOUNCE, Code::Provider(429))),
+            other => Some(Verdict::new(Class::UNKNOWN, Code::Provider(other))),
+        }
+    });
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(
+            RetryPolicy::new()
+                .assume_idempotent(true)
+                .retry(SOFT_BOUNCE)
+                .backoff(tower_backstop::retry::Backoff::constant(
+                    std::time::Duration::from_millis(5),
+                )),
+        ))
+        .layer(ClassifyLayer::new(classifier))
+        .layer(BufferResponseLayer::new(16 * 1024))
+        .service(client);
+    let send = |body: &'static str| {
+        http::Request::post(format!("{base}/email"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    };
+
+    let failure = svc
+        .clone()
+        .oneshot(send("{\"to\":\"inactive@example.com\"}"))
+        .await
+        .unwrap_err();
+    assert_eq!(failure.class(), INACTIVE_RECIPIENT);
+    assert_eq!(failure.code(), Code::Provider(406));
+    assert_eq!(failure.attempts(), 1);
+    // The HTTP status stays on the failure too, with the response.
+    let response = failure.into_response().unwrap();
+    assert_eq!(response.status(), 422);
+    assert!(
+        response
+            .body()
+            .bytes()
+            .unwrap()
+            .starts_with(b"{\"ErrorCode\":406")
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // A soft bounce in the body is retried, then succeeds.
+    calls.store(0, Ordering::SeqCst);
+    let response = svc
+        .oneshot(send("{\"to\":\"a@example.com\"}"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

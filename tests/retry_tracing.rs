@@ -1,0 +1,96 @@
+//! The retry layer's `tracing` events. Alone in its own test binary: `tracing` caches each
+//! callsite's interest process-wide, so a thread-local subscriber set while other tests run on
+//! other threads can miss events.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::{Scripted, get, status, status_with};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_backstop::Failure;
+use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::retry::{Backoff, Jitter, RetryLayer, RetryPolicy};
+
+type Svc = tower::util::BoxCloneService<
+    http::Request<String>,
+    http::Response<()>,
+    Failure<http::Response<()>>,
+>;
+
+fn stack(policy: RetryPolicy, upstream: &Scripted) -> Svc {
+    tower::util::BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(RetryLayer::new(policy))
+            .layer(ClassifyLayer::http())
+            .service(upstream.clone()),
+    )
+}
+
+fn no_jitter(base_ms: u64) -> Backoff {
+    Backoff::exponential(Duration::from_millis(base_ms), Duration::from_secs(10))
+        .jitter(Jitter::None)
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_retry_give_up_and_deferral_is_traced() {
+    use std::io::Write;
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let upstream = Scripted::new([status(503)], status_with(429, "retry-after", "3600"));
+    let _ = stack(RetryPolicy::new().backoff(no_jitter(100)), &upstream)
+        .oneshot(get("/"))
+        .await;
+    let upstream = Scripted::always(status(404));
+    let _ = stack(RetryPolicy::new(), &upstream).oneshot(get("/")).await;
+
+    let log = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    let retry = log.lines().find(|l| l.contains("retrying")).expect(&log);
+    for field in [
+        "attempt=1",
+        "class=transient",
+        "code=http 503",
+        "delay=100ms",
+        "why=\"backoff\"",
+    ] {
+        assert!(retry.contains(field), "{field} in {retry}");
+    }
+    let deferral = log.lines().find(|l| l.contains("deferring")).expect(&log);
+    for field in [
+        "attempts=2",
+        "class=throttled",
+        "code=http 429",
+        "delay=3600s",
+        "retry_at=",
+    ] {
+        assert!(deferral.contains(field), "{field} in {deferral}");
+    }
+    let give_up = log.lines().find(|l| l.contains("giving up")).expect(&log);
+    for field in [
+        "attempts=1",
+        "class=permanent",
+        "code=http 404",
+        "reason=\"class not retried\"",
+    ] {
+        assert!(give_up.contains(field), "{field} in {give_up}");
+    }
+}
