@@ -47,6 +47,25 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # A server
+//!
+//! An axum server protecting itself: a handler that hangs becomes `504 Gateway Timeout`, and while
+//! the handlers keep failing the breaker answers `503 Service Unavailable` with `Retry-After`.
+//! Both stay `Infallible`, so they work with `Router::layer`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{Router, routing::get};
+//! use tower_backstop::breaker::{BreakerLayer, ServerBreakerLayer};
+//! use tower_backstop::timeout::ServerTimeoutLayer;
+//!
+//! let app: Router = Router::new()
+//!     .route("/report", get(|| async { "done" }))
+//!     .layer(ServerTimeoutLayer::new(Duration::from_secs(10)))
+//!     .layer(ServerBreakerLayer::new(BreakerLayer::consecutive_failures(5)));
+//! # let _ = app;
+//! ```
+//!
 //! # Features
 //!
 //! | feature | what | default |

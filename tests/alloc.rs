@@ -17,7 +17,7 @@ use std::pin::pin;
 use std::time::Duration;
 
 use tower::{Layer, Service, ServiceBuilder, service_fn};
-use tower_backstop::breaker::{BreakerLayer, State};
+use tower_backstop::breaker::{BreakerLayer, FailoverLayer, State};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier, Verdict};
 use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
 use tower_backstop::retry::{Budget, RetryLayer, RetryPolicy};
@@ -239,6 +239,45 @@ fn breaker_alone() {
 }
 
 #[test]
+fn breaker_with_rate_rules_alone() {
+    // A count window with failure-rate and slow-call rules: the window is built with the layer;
+    // recording a call (and reading the clock for the slow-call rule) allocates nothing.
+    let layer = BreakerLayer::builder()
+        .failure_rate(0.5)
+        .slow_calls(Duration::from_secs(1), 0.5)
+        .count_window(100)
+        .minimum_calls(10)
+        .build()
+        .expect("a valid configuration");
+    let handle = layer.handle();
+    assert_adds_nothing("BreakerLayer (count window)", bare(), layer.layer(bare()));
+    assert_eq!(handle.stats().window_calls, 100);
+
+    let layer = BreakerLayer::builder()
+        .failure_rate(0.5)
+        .time_window(Duration::from_secs(1), 10)
+        .build()
+        .expect("a valid configuration");
+    assert_adds_nothing("BreakerLayer (time window)", bare(), layer.layer(bare()));
+}
+
+#[test]
+fn static_breaker_alone() {
+    let layer = BreakerLayer::new().into_static();
+    assert_adds_nothing("BreakerLayer::into_static", bare(), layer.layer(bare()));
+}
+
+#[test]
+fn failover_closed_path_alone() {
+    let layer = FailoverLayer::new(BreakerLayer::new(), bare());
+    assert_adds_nothing(
+        "FailoverLayer (primary closed)",
+        bare(),
+        layer.layer(bare()),
+    );
+}
+
+#[test]
 fn retry_alone() {
     let svc = RetryLayer::default().layer(bare());
     assert_adds_nothing("RetryLayer::default()", bare(), svc);
@@ -422,4 +461,23 @@ fn whole_stack_with_http_request_adds_only_the_replay_copies() {
         "the stack allocates {added} times over {CALLS} calls, more than its two request \
          copies ({per_copy} allocations each)"
     );
+}
+
+#[test]
+fn failover_to_the_fallback_allocates_nothing() {
+    let breaker = BreakerLayer::consecutive_failures(1).open_for(Duration::from_secs(3600));
+    let handle = breaker.handle();
+    runtime().block_on(async {
+        let mut failing = breaker.layer(service_fn(|_: Req| {
+            ready(Err::<Req, _>(Failure::<Req>::new(
+                Class::TRANSIENT,
+                Code::Error,
+            )))
+        }));
+        let _ = call_once(&mut failing).await;
+    });
+    assert_eq!(handle.state(), State::Open);
+    let svc = FailoverLayer::new(breaker, bare()).layer(bare());
+    assert_adds_nothing("FailoverLayer (primary open, fallback called)", bare(), svc);
+    assert!(handle.stats().rejected >= CALLS);
 }

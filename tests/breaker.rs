@@ -238,3 +238,585 @@ async fn a_slow_call_from_before_the_trip_does_not_count_again() {
     assert_eq!(handle.state(), State::Closed);
     assert_eq!(handle.stats().opened, 1);
 }
+
+// ---- issue 4: windows, rates, safe half-open, growing open duration, operators, events ----
+
+use std::sync::{Arc, Mutex};
+
+use tower_backstop::breaker::{BuildError, Event, OpenDuration};
+
+/// A breaker (built by `layer`) over a scripted upstream, with the HTTP classifier below it.
+fn stack(
+    layer: BreakerLayer,
+    upstream: &Scripted,
+) -> impl Service<
+    http::Request<String>,
+    Response = http::Response<()>,
+    Error = tower_backstop::Failure<http::Response<()>>,
+    Future: Send,
+> + Clone
++ Send
++ 'static {
+    ServiceBuilder::new()
+        .layer(layer)
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_success_from_the_closed_period_does_not_close_a_half_open_breaker() {
+    let upstream = Scripted::new(
+        [
+            Step::After(Duration::from_secs(30), Box::new(status(200))),
+            status(503),
+            status(503),
+        ],
+        Step::After(Duration::from_secs(60), Box::new(status(503))),
+    );
+    let layer = breaker(2, Duration::from_secs(5));
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    // Started while closed; answers 200 after 30 s.
+    let slow = tokio::spawn(svc.clone().oneshot(get("/slow")));
+    tokio::task::yield_now().await;
+    for _ in 0..2 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    assert_eq!(handle.state(), State::Open);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    // A probe takes the only permit (and hangs for 60 s): the breaker is half-open.
+    let probe = tokio::spawn(svc.clone().oneshot(get("/probe")));
+    tokio::task::yield_now().await;
+    assert_eq!(handle.state(), State::HalfOpen);
+    // The slow call from the closed period succeeds now.
+    tokio::time::advance(Duration::from_secs(26)).await;
+    assert_eq!(slow.await.unwrap().unwrap().status(), 200);
+    assert_eq!(
+        handle.state(),
+        State::HalfOpen,
+        "an outcome from the closed period must not close the half-open breaker"
+    );
+    assert_eq!(handle.stats().closed, 0);
+    // Only the probe decides: it fails and re-opens the breaker.
+    assert_eq!(probe.await.unwrap().unwrap_err().class(), Class::TRANSIENT);
+    assert_eq!(handle.state(), State::Open);
+}
+
+/// Runs `failures` failing and `10 - failures` successful calls, failures first.
+async fn ten_calls(failures: usize) -> (State, usize) {
+    let steps = (0..10).map(|i| {
+        if i < failures {
+            status(503)
+        } else {
+            status(200)
+        }
+    });
+    let upstream = Scripted::new(steps, status(200));
+    let layer = BreakerLayer::builder()
+        .failure_rate(0.5)
+        .count_window(10)
+        .minimum_calls(10)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    for _ in 0..10 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    (handle.state(), upstream.calls())
+}
+
+#[tokio::test(start_paused = true)]
+async fn count_window_of_10_at_50_percent_4_failures_do_not_trip_and_5_do() {
+    assert_eq!(ten_calls(4).await, (State::Closed, 10));
+    assert_eq!(ten_calls(5).await, (State::Open, 10));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_rate_waits_for_the_minimum_number_of_calls() {
+    // Nine failures in a row: 100 %, but below the minimum of 10 calls.
+    let upstream = Scripted::always(status(503));
+    let layer = BreakerLayer::builder()
+        .failure_rate(0.5)
+        .count_window(10)
+        .minimum_calls(10)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    for _ in 0..9 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    assert_eq!(handle.state(), State::Closed);
+    assert_eq!(handle.stats().window_calls, 9);
+    assert_eq!(handle.stats().window_failures, 9);
+    let _ = svc.clone().oneshot(get("/")).await;
+    assert_eq!(handle.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn permanent_failures_count_as_neither_failure_nor_success_in_the_window() {
+    // Five 503s and five 400s: the 400s are ignored, so the window holds five calls only.
+    let steps = (0..10).map(|i| if i % 2 == 0 { status(503) } else { status(400) });
+    let upstream = Scripted::new(steps, status(200));
+    let layer = BreakerLayer::builder()
+        .failure_rate(0.5)
+        .count_window(10)
+        .minimum_calls(6)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    for _ in 0..10 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    assert_eq!(handle.stats().window_calls, 5);
+    assert_eq!(handle.state(), State::Closed);
+    // The next call is a success; it is the sixth counted one and reaches the minimum: 5 of 6
+    // failed.
+    let _ = svc.clone().oneshot(get("/")).await;
+    assert_eq!(handle.state(), State::Open);
+}
+
+/// Runs `slow` two-second successes and `10 - slow` instant ones, slow first.
+async fn ten_calls_slow(slow: usize) -> State {
+    let steps = (0..10).map(|i| {
+        if i < slow {
+            Step::After(Duration::from_secs(2), Box::new(status(200)))
+        } else {
+            status(200)
+        }
+    });
+    let upstream = Scripted::new(steps, status(200));
+    let layer = BreakerLayer::builder()
+        .slow_calls(Duration::from_secs(1), 0.5)
+        .count_window(10)
+        .minimum_calls(10)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    for _ in 0..10 {
+        assert!(svc.clone().oneshot(get("/")).await.is_ok());
+    }
+    handle.state()
+}
+
+#[tokio::test(start_paused = true)]
+async fn six_two_second_successes_of_ten_trip_a_1s_50_percent_slow_call_rule() {
+    assert_eq!(ten_calls_slow(6).await, State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn four_slow_calls_of_ten_do_not_trip_the_slow_call_rule() {
+    let steps = (0..10).map(|i| {
+        if i < 4 {
+            Step::After(Duration::from_secs(2), Box::new(status(200)))
+        } else {
+            status(200)
+        }
+    });
+    let upstream = Scripted::new(steps, status(200));
+    let layer = BreakerLayer::builder()
+        .slow_calls(Duration::from_secs(1), 0.5)
+        .count_window(10)
+        .minimum_calls(10)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    for _ in 0..10 {
+        assert!(svc.clone().oneshot(get("/")).await.is_ok());
+    }
+    assert_eq!(handle.state(), State::Closed);
+    assert_eq!(handle.stats().window_slow_calls, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn time_window_forgets_failures_older_than_its_buckets() {
+    let upstream = Scripted::always(status(503));
+    let layer = BreakerLayer::builder()
+        .failure_rate(0.5)
+        .time_window(Duration::from_secs(1), 10)
+        .minimum_calls(4)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    // Three failures, then 11 s pass: they leave the 10 s window.
+    for _ in 0..3 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    assert_eq!(handle.stats().window_failures, 3);
+    tokio::time::advance(Duration::from_secs(11)).await;
+    assert_eq!(handle.stats().window_calls, 0);
+    for _ in 0..3 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    assert_eq!(
+        handle.state(),
+        State::Closed,
+        "3 calls in the window, minimum 4"
+    );
+    let _ = svc.clone().oneshot(get("/")).await;
+    assert_eq!(handle.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn growing_open_duration_doubles_up_to_its_cap() {
+    // Fails until told otherwise: the first 12 calls fail, then successes.
+    let upstream = Scripted::new((0..12).map(|_| status(503)), status(200));
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(1)
+        .open_duration(OpenDuration::doubling(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+        ))
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    let _ = svc.clone().oneshot(get("/")).await;
+    let mut seen = Vec::new();
+    for _ in 0..9 {
+        let left = svc.clone().oneshot(get("/")).await.unwrap_err();
+        assert_eq!(left.class(), Class::CIRCUIT_OPEN);
+        let left = left.retry_after().unwrap();
+        seen.push(left.as_secs());
+        // Wait it out; the probe fails and re-opens it for longer.
+        tokio::time::advance(left).await;
+        let probe = svc.clone().oneshot(get("/")).await.unwrap_err();
+        assert_eq!(probe.class(), Class::TRANSIENT);
+    }
+    assert_eq!(seen, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    // Two more failed probes use up the script; the next probe succeeds and closes it.
+    for _ in 0..2 {
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert!(svc.clone().oneshot(get("/")).await.is_ok());
+    assert_eq!(handle.state(), State::Closed);
+    // The trip, nine and two failed probes, and the successful one.
+    assert_eq!(upstream.calls(), 13);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_successful_probe_the_next_trip_opens_for_the_base_duration() {
+    let upstream = Scripted::new(
+        [
+            status(503),
+            status(503),
+            status(503),
+            status(200),
+            status(503),
+        ],
+        status(200),
+    );
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(1)
+        .open_duration(OpenDuration::doubling(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+        ))
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    let _ = svc.clone().oneshot(get("/")).await; // trip: 1 s
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let _ = svc.clone().oneshot(get("/")).await; // failed probe: 2 s
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let _ = svc.clone().oneshot(get("/")).await; // failed probe: 4 s
+    assert_eq!(handle.retry_after(), Some(Duration::from_secs(4)));
+    tokio::time::advance(Duration::from_secs(4)).await;
+    assert!(svc.clone().oneshot(get("/")).await.is_ok()); // closes
+    assert_eq!(handle.state(), State::Closed);
+    let _ = svc.clone().oneshot(get("/")).await; // trips again
+    assert_eq!(handle.retry_after(), Some(Duration::from_secs(1)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_permits_admit_three_probes_and_two_successes_close() {
+    let upstream = Scripted::new(
+        [status(503)],
+        Step::After(Duration::from_millis(100), Box::new(status(200))),
+    );
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(1)
+        .open_for(Duration::from_secs(1))
+        .half_open_probes(3)
+        .close_after(2)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    let _ = svc.clone().oneshot(get("/")).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let calls: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(svc.clone().oneshot(get("/"))))
+        .collect();
+    let mut ok = 0;
+    let mut rejected = 0;
+    for c in calls {
+        match c.await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(f) => {
+                assert_eq!(f.class(), Class::CIRCUIT_OPEN);
+                rejected += 1;
+            }
+        }
+    }
+    assert_eq!((ok, rejected), (3, 17));
+    assert_eq!(upstream.calls(), 4);
+    assert_eq!(handle.state(), State::Closed);
+    assert_eq!(handle.stats().probes, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_probe_cannot_keep_it_half_open_past_the_maximum_wait() {
+    let upstream = Scripted::new(
+        [status(503)],
+        Step::After(Duration::from_secs(3600), Box::new(status(200))),
+    );
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(1)
+        .open_for(Duration::from_secs(1))
+        .max_half_open(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    let _ = svc.clone().oneshot(get("/")).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let hung = tokio::spawn(svc.clone().oneshot(get("/")));
+    tokio::task::yield_now().await;
+    assert_eq!(handle.state(), State::HalfOpen);
+    tokio::time::advance(Duration::from_secs(9)).await;
+    let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+    assert_eq!(f.class(), Class::CIRCUIT_OPEN);
+    assert_eq!(handle.state(), State::HalfOpen);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+    assert_eq!(
+        handle.state(),
+        State::Open,
+        "re-opened after 10 s half-open"
+    );
+    assert_eq!(f.retry_after(), Some(Duration::from_secs(1)));
+    // The hung probe's late success belongs to the earlier period.
+    hung.abort();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(handle.stats().opened, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn operators_force_open_disable_and_reset() {
+    let upstream = Scripted::always(status(503));
+    let layer = breaker(2, Duration::from_secs(30));
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+
+    handle.force_open();
+    assert_eq!(handle.state(), State::ForcedOpen);
+    let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+    assert_eq!(f.class(), Class::CIRCUIT_OPEN);
+    assert_eq!(f.retry_after(), None, "forced open has no end");
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_eq!(handle.state(), State::ForcedOpen, "stays open until reset");
+    assert_eq!(upstream.calls(), 0);
+
+    handle.disable();
+    assert_eq!(handle.state(), State::Disabled);
+    for _ in 0..10 {
+        let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+        assert_eq!(f.class(), Class::TRANSIENT);
+    }
+    assert_eq!(handle.state(), State::Disabled, "disabled counts nothing");
+    assert_eq!(upstream.calls(), 10);
+
+    handle.reset();
+    assert_eq!(handle.state(), State::Closed);
+    for _ in 0..2 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    assert_eq!(handle.state(), State::Open);
+    handle.reset();
+    assert_eq!(handle.state(), State::Closed);
+    assert_eq!(handle.stats().consecutive_failures, 0);
+    assert_eq!(handle.retry_after(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_listener_sees_every_transition_and_rejection() {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = events.clone();
+    let upstream = Scripted::new([status(503), status(503)], status(200));
+    let layer = BreakerLayer::builder()
+        .name("mail")
+        .consecutive_failures(2)
+        .open_for(Duration::from_secs(5))
+        .listener(move |e: &Event<'_>| {
+            let line = match *e {
+                Event::Transition {
+                    breaker,
+                    from,
+                    to,
+                    reason,
+                } => format!("{breaker}: {from} -> {to} ({reason})"),
+                Event::Rejected {
+                    breaker,
+                    state,
+                    retry_after,
+                } => format!("{breaker}: rejected in {state}, {retry_after:?}"),
+                _ => "other".to_owned(),
+            };
+            seen.lock().unwrap().push(line);
+        })
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    for _ in 0..3 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let _ = svc.clone().oneshot(get("/")).await;
+    handle.force_open();
+    handle.reset();
+    assert_eq!(
+        *events.lock().unwrap(),
+        [
+            "mail: closed -> open (consecutive failures)",
+            "mail: rejected in open, Some(5s)",
+            "mail: open -> half_open (open duration elapsed)",
+            "mail: half_open -> closed (probes succeeded)",
+            "mail: closed -> forced_open (forced open)",
+            "mail: forced_open -> closed (reset)",
+        ]
+    );
+}
+
+#[test]
+fn bad_configurations_are_errors_from_build() {
+    let err = |b: tower_backstop::breaker::Builder| b.build().unwrap_err();
+    let e: BuildError = err(BreakerLayer::builder().failure_rate(1.5));
+    assert!(e.to_string().contains("failure rate"), "{e}");
+    err(BreakerLayer::builder().failure_rate(0.0));
+    err(BreakerLayer::builder().slow_calls(Duration::from_secs(1), -0.1));
+    err(BreakerLayer::builder().count_window(0));
+    err(BreakerLayer::builder().time_window(Duration::ZERO, 10));
+    err(BreakerLayer::builder().time_window(Duration::from_secs(1), 0));
+    err(BreakerLayer::builder()
+        .failure_rate(0.5)
+        .count_window(10)
+        .minimum_calls(11));
+    err(BreakerLayer::builder().half_open_probes(0));
+    err(BreakerLayer::builder().close_after(1001));
+    err(BreakerLayer::builder().consecutive_failures(0));
+    err(
+        BreakerLayer::builder().open_duration(OpenDuration::doubling(
+            Duration::from_secs(10),
+            Duration::from_secs(1),
+        )),
+    );
+    err(BreakerLayer::builder()
+        .open_duration(OpenDuration::fixed(Duration::from_secs(1)).jitter(2.0)));
+    assert!(BreakerLayer::builder().build().is_ok());
+}
+
+#[test]
+fn open_duration_never_grows_past_its_cap() {
+    let d = OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(60));
+    assert_eq!(d.nth(0), Duration::from_secs(1));
+    assert_eq!(d.nth(5), Duration::from_secs(32));
+    assert_eq!(d.nth(6), Duration::from_secs(60));
+    assert_eq!(d.nth(u32::MAX), Duration::from_secs(60));
+    let huge = OpenDuration::doubling(Duration::MAX, Duration::MAX);
+    assert_eq!(huge.nth(1_000), Duration::MAX);
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_the_configured_failure_classes_count() {
+    // Throttling (429) is the provider asking us to slow down, not failing: count only transient.
+    let upstream = Scripted::new((0..5).map(|_| status(429)), status(503));
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(2)
+        .failure_classes(&[Class::TRANSIENT])
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    for _ in 0..5 {
+        let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+        assert_eq!(f.class(), Class::THROTTLED);
+    }
+    assert_eq!(handle.state(), State::Closed);
+    assert_eq!(handle.stats().failures, 0);
+    for _ in 0..2 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    assert_eq!(handle.state(), State::Open);
+    assert_eq!(handle.stats().failures, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_static_breaker_is_the_same_breaker_and_behaves_the_same() {
+    let upstream = Scripted::new([status(503), status(503)], status(200));
+    let layer = breaker(2, Duration::from_secs(5));
+    let before = layer.handle();
+    let layer = layer.into_static();
+    let after = layer.handle();
+    let svc = stack(layer, &upstream);
+    for _ in 0..2 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    assert_eq!(
+        before.state(),
+        State::Open,
+        "a handle taken before sees the trip"
+    );
+    assert_eq!(after.state(), State::Open);
+    let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+    assert_eq!(f.retry_after(), Some(Duration::from_secs(5)));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    // The probe, and a dropped probe's permit, work the same way.
+    let mut probe_svc = svc.clone();
+    probe_svc.ready().await.unwrap();
+    drop(probe_svc.call(get("/")));
+    assert!(svc.clone().oneshot(get("/")).await.is_ok());
+    assert_eq!(before.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_whose_inner_future_panics_gives_its_permit_back() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = calls.clone();
+    let layer = BreakerLayer::consecutive_failures(1).open_for(Duration::from_secs(1));
+    let handle = layer.handle();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(tower::service_fn(move |_: ()| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                match n {
+                    0 => Err::<&str, tower_backstop::BoxError>(
+                        std::io::Error::from(std::io::ErrorKind::ConnectionReset).into(),
+                    ),
+                    1 => panic!("the inner service panics in the probe"),
+                    _ => Ok("recovered"),
+                }
+            }
+        }));
+    let _ = svc.clone().oneshot(()).await;
+    assert_eq!(handle.state(), State::Open);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let panicked = tokio::spawn(svc.clone().oneshot(())).await.unwrap_err();
+    assert!(panicked.is_panic());
+    // The panic unwound through the response future: its permit went back, nothing counted.
+    assert_eq!(handle.state(), State::HalfOpen);
+    assert_eq!(svc.clone().oneshot(()).await.unwrap(), "recovered");
+    assert_eq!(handle.state(), State::Closed);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}

@@ -1,10 +1,11 @@
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 
-use super::state::{Outcome, Permit};
+use super::state::{Outcome, Permit, Rejection, SharedRef};
 use crate::failure::{Class, Failure};
 
 pin_project! {
@@ -24,28 +25,73 @@ pin_project! {
         Called {
             #[pin]
             future: F,
-            permit: Option<Permit>,
+            guard: Guard,
         },
         Rejected {
-            failure: Option<Failure<R>>,
+            rejection: Rejection,
+            _response: PhantomData<fn() -> R>,
         },
     }
 }
 
-impl<F, R> ResponseFuture<F, R> {
-    pub(crate) fn called(future: F, permit: Permit) -> Self {
-        ResponseFuture {
-            kind: Kind::Called {
-                future,
-                permit: Some(permit),
-            },
+/// Holds a permit until the call ends; a call dropped before it ended gives it back.
+#[derive(Debug)]
+pub(crate) struct Guard {
+    shared: SharedRef,
+    permit: Option<Permit>,
+}
+
+impl Guard {
+    #[inline]
+    pub(crate) fn new(shared: SharedRef, permit: Permit) -> Self {
+        Guard {
+            shared,
+            permit: Some(permit),
         }
     }
 
-    pub(crate) fn rejected(failure: Failure<R>) -> Self {
+    /// Records the outcome of a finished call.
+    #[inline]
+    pub(crate) fn finish<R>(&mut self, result: &Result<R, Failure<R>>) {
+        if let Some(permit) = self.permit.take() {
+            let outcome = match result {
+                Ok(_) => Outcome::Success,
+                Err(f) => Outcome::Failure(f.class()),
+            };
+            self.shared.complete(permit, outcome);
+        }
+    }
+
+    pub(crate) fn finish_with(&mut self, outcome: Outcome) {
+        if let Some(permit) = self.permit.take() {
+            self.shared.complete(permit, outcome);
+        }
+    }
+}
+
+impl Drop for Guard {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            // Dropped or cancelled before it ended: a probe's permit goes back, nothing counts.
+            self.shared.cancel(permit);
+        }
+    }
+}
+
+impl<F, R> ResponseFuture<F, R> {
+    #[inline]
+    pub(crate) fn called(future: F, guard: Guard) -> Self {
+        ResponseFuture {
+            kind: Kind::Called { future, guard },
+        }
+    }
+
+    pub(crate) fn rejected(rejection: Rejection) -> Self {
         ResponseFuture {
             kind: Kind::Rejected {
-                failure: Some(failure),
+                rejection,
+                _response: PhantomData,
             },
         }
     }
@@ -58,29 +104,26 @@ where
 {
     type Output = Result<R, Failure<R>>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Called { future, permit } => {
+            KindProj::Called { future, guard } => {
                 let result = ready!(future.poll(cx)).map_err(Into::into);
-                if let Some(permit) = permit.take() {
-                    let outcome = match &result {
-                        Ok(_) => Outcome::Success,
-                        Err(f) if f.class() != Class::CIRCUIT_OPEN && permit_counts(&permit, f) => {
-                            Outcome::Failure
-                        }
-                        Err(_) => Outcome::Ignored,
-                    };
-                    permit.complete(outcome);
-                }
+                guard.finish(&result);
                 Poll::Ready(result)
             }
-            KindProj::Rejected { failure } => Poll::Ready(Err(failure
-                .take()
-                .expect("breaker future polled after completion"))),
+            KindProj::Rejected { rejection, .. } => {
+                Poll::Ready(Err(rejection_failure(rejection.retry_after())))
+            }
         }
     }
 }
 
-fn permit_counts<R>(permit: &Permit, failure: &Failure<R>) -> bool {
-    permit.counts(failure.class())
+/// The failure an open breaker answers with.
+pub(crate) fn rejection_failure<R>(retry_after: Option<std::time::Duration>) -> Failure<R> {
+    let failure = Failure::new(Class::CIRCUIT_OPEN, crate::failure::Code::CircuitOpen);
+    match retry_after {
+        Some(left) => failure.with_retry_after(left),
+        None => failure,
+    }
 }

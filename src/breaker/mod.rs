@@ -1,24 +1,38 @@
 //! A circuit breaker: after repeated failures of the provider, fail fast instead of calling it.
 //!
-//! [`BreakerLayer`] counts consecutive failures of the classes that blame the provider
-//! ([`Class::TRANSIENT`], [`Class::THROTTLED`], [`Class::UNKNOWN`] by default; a permanent 4xx is
-//! the caller's fault and does not count). After the threshold it opens: every call is rejected at
-//! once with a [`Failure`] of class [`Class::CIRCUIT_OPEN`] whose
-//! [`retry_after`](Failure::retry_after) is the time left until half-open. After the open duration
-//! it half-opens and admits exactly one probe: a successful probe closes it, a failed one re-opens
-//! it and restarts the timer, and a probe whose future is dropped (or that ends in a class that
-//! does not count) gives its permit back. This is the pattern of Nygard's *Release It!* and the
-//! Google SRE book's "handling overload" chapter.
+//! [`BreakerLayer`] counts the failures of the classes that blame the provider
+//! ([`Class::TRANSIENT`](crate::Class::TRANSIENT), [`Class::THROTTLED`](crate::Class::THROTTLED), [`Class::UNKNOWN`](crate::Class::UNKNOWN) by default; a permanent 4xx is
+//! the caller's fault, and a call whose future is dropped is cancelled: neither counts). It trips
+//! on consecutive failures, or on the failure rate or slow-call rate over a count-based window
+//! (the last N calls) or a time-based window (N buckets of a fixed width) once the window holds a
+//! minimum number of calls ([`Builder`]). Once tripped it is open: every call is rejected at once
+//! with a [`Failure`] of class [`Class::CIRCUIT_OPEN`](crate::Class::CIRCUIT_OPEN) whose [`retry_after`](Failure::retry_after)
+//! is the time left until half-open. After the open duration (fixed, or doubling with each
+//! consecutive trip up to a cap: [`OpenDuration`]) it half-opens and admits a fixed number of
+//! probes at a time; every other call is rejected. It closes after a configured number of
+//! successful probes; any failed probe re-opens it and restarts the timer; a probe that is dropped
+//! or ends in a class that does not count gives its permit back. Every period has a generation
+//! number, so an outcome from an earlier period (a slow call started before the last trip) never
+//! changes a later one. This is the pattern of Nygard's *Release It!*, with the rules and defaults
+//! of resilience4j's `CircuitBreaker`.
 //!
-//! The state lives in atomics; the closed-state success path takes no lock, reads no clock and
-//! allocates nothing. An open breaker answers `Ready(Ok)` from `poll_ready` without waiting for
-//! the inner service, and its future fails at once, like tower's `load_shed`.
+//! The state lives in atomics; the closed-state success path takes no lock, reads no clock when
+//! no time-based rule needs it, and allocates nothing. Each call's response future holds a
+//! reference to the breaker's state (an `Arc` clone); a breaker built once at startup can skip
+//! that reference count with [`BreakerLayer::into_static`]. An open breaker answers `Ready(Ok)` from
+//! `poll_ready` without waiting for the inner service, and its future fails at once, like tower's
+//! `load_shed`.
+//!
+//! Around it: [`BreakerHandle`] for operators (read, force open, disable, reset: an axum admin
+//! route is shown on [`BreakerHandle`]), [`Listener`] for metrics, [`KeyedBreakerLayer`] for one
+//! breaker per host, [`FailoverLayer`] to send rejected calls to a second provider, and
+//! [`ServerBreakerLayer`] for an axum server that answers `503` with `Retry-After` itself.
 //!
 //! Put [`ClassifyLayer`](crate::classify::ClassifyLayer) below it: the breaker reads the class off
 //! each [`Failure`] and counts a successful `Ok` response as a success. With a plain `BoxError`
 //! service, errors are classified by [`classify_error`](crate::classify::classify_error).
 //!
-//! # Example
+//! # Examples
 //!
 //! ```
 //! use std::time::Duration;
@@ -44,46 +58,103 @@
 //! assert_eq!(rejected.retry_after(), Some(Duration::from_secs(10)));
 //! # }
 //! ```
+//!
+//! Rate rules, a growing open duration and a gentler half-open:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_backstop::breaker::{BreakerLayer, OpenDuration};
+//!
+//! let layer = BreakerLayer::builder()
+//!     .name("payments")
+//!     // 50 % of the last 20 calls failed, once 10 calls were seen...
+//!     .failure_rate(0.5)
+//!     .count_window(20)
+//!     .minimum_calls(10)
+//!     // ...or 80 % of them took longer than 2 s.
+//!     .slow_calls(Duration::from_secs(2), 0.8)
+//!     // Open 1 s, 2 s, 4 s, ... up to 60 s, spread by up to +10 %.
+//!     .open_duration(
+//!         OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(60)).jitter(0.1),
+//!     )
+//!     // 3 probes at a time; 5 successes close it; re-open if still half-open after 30 s.
+//!     .half_open_probes(3)
+//!     .close_after(5)
+//!     .max_half_open(Duration::from_secs(30))
+//!     .build()
+//!     .expect("a valid configuration");
+//! # let _ = layer;
+//! ```
 
 use std::fmt;
-use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tower_service::Service;
 
-use crate::failure::{Class, Code, Failure};
+use crate::failure::Failure;
 
+mod config;
+mod event;
+mod failover;
 mod future;
+mod keyed;
 mod layer;
+mod server;
 mod state;
+mod sync;
+mod window;
 
+pub use self::config::{BuildError, Builder, MAX_PROBES, OpenDuration};
+pub use self::event::{Event, Listener};
+pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::ResponseFuture;
+pub use self::keyed::{Authority, KeyOf, Keyed, KeyedBreakerLayer};
 pub use self::layer::BreakerLayer;
+pub use self::server::{ServerBreaker, ServerBreakerFuture, ServerBreakerLayer};
 pub use self::state::{State, Stats};
 
-use self::state::{Permit, Shared};
+use self::future::Guard;
+use self::state::{Decision, SharedRef};
 
 /// Fails fast while the provider is failing; see the [module docs](self).
 pub struct Breaker<S> {
     inner: S,
-    shared: Arc<Shared>,
-    // What poll_ready decided: a permit to call, or the time left open.
-    decision: Option<Result<Permit, std::time::Duration>>,
+    shared: SharedRef,
+    // What poll_ready decided: a permit to call, or a rejection.
+    decision: Decision,
 }
 
 impl<S> Breaker<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(inner: S, shared: SharedRef) -> Self {
         Breaker {
             inner,
             shared,
-            decision: None,
+            decision: Decision::NONE,
         }
     }
 
     /// A handle to this breaker's state and counters.
     pub fn handle(&self) -> BreakerHandle {
         BreakerHandle {
-            shared: Arc::clone(&self.shared),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Whether the last `poll_ready` decided to reject the next call.
+    pub(crate) fn will_reject(&self) -> bool {
+        self.decision.is_rejected()
+    }
+
+    /// Drops a rejection decided by `poll_ready` (the call went elsewhere).
+    pub(crate) fn forget_decision(&mut self) {
+        if self.decision.is_rejected() {
+            self.decision = Decision::NONE;
         }
     }
 }
@@ -91,7 +162,16 @@ impl<S> Breaker<S> {
 impl<S: Clone> Clone for Breaker<S> {
     fn clone(&self) -> Self {
         // A clone starts without a decision: a permit belongs to the service that was polled.
-        Breaker::new(self.inner.clone(), Arc::clone(&self.shared))
+        Breaker::new(self.inner.clone(), self.shared.clone())
+    }
+}
+
+impl<S> Drop for Breaker<S> {
+    fn drop(&mut self) {
+        // A permit taken by poll_ready and never used goes back.
+        if let Some(Ok(permit)) = self.decision.take() {
+            self.shared.cancel(permit);
+        }
     }
 }
 
@@ -113,30 +193,60 @@ where
     type Error = Failure<S::Response>;
     type Future = ResponseFuture<S::Future, S::Response>;
 
+    #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        let decision = self.decision.get_or_insert_with(|| self.shared.admit());
-        if decision.is_err() {
+        if self.decision.is_none() {
+            self.decision = Decision::new(self.shared.admit());
+        }
+        if self.decision.is_rejected() {
             // Open: ready at once, the call fails without touching the inner service.
             return Poll::Ready(Ok(()));
         }
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let decision = self.decision.take().unwrap_or_else(|| self.shared.admit());
         match decision {
-            Ok(permit) => ResponseFuture::called(self.inner.call(req), permit),
-            Err(left) => ResponseFuture::rejected(
-                Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen).with_retry_after(left),
+            Ok(permit) => ResponseFuture::called(
+                self.inner.call(req),
+                Guard::new(self.shared.clone(), permit),
             ),
+            Err(r) => ResponseFuture::rejected(r),
         }
     }
 }
 
-/// A cloneable handle to a breaker's state and counters, for metrics and admin routes.
+/// A cloneable handle to a breaker: its state and counters, for metrics, and operator control.
+///
+/// Every method is a few atomic operations; the handle is `Send + Sync` and cheap to clone, so it
+/// fits an axum admin route:
+///
+/// ```
+/// use axum::{Router, extract::State, routing::{get, post}};
+/// use tower_backstop::breaker::{BreakerHandle, BreakerLayer};
+///
+/// async fn show(State(breaker): State<BreakerHandle>) -> String {
+///     let stats = breaker.stats();
+///     format!("{} (opened {} times, {} rejected)", breaker.state(), stats.opened, stats.rejected)
+/// }
+/// async fn force_open(State(breaker): State<BreakerHandle>) { breaker.force_open() }
+/// async fn disable(State(breaker): State<BreakerHandle>) { breaker.disable() }
+/// async fn reset(State(breaker): State<BreakerHandle>) { breaker.reset() }
+///
+/// let layer = BreakerLayer::new().name("mail-provider");
+/// let admin: Router = Router::new()
+///     .route("/admin/breaker", get(show))
+///     .route("/admin/breaker/force-open", post(force_open))
+///     .route("/admin/breaker/disable", post(disable))
+///     .route("/admin/breaker/reset", post(reset))
+///     .with_state(layer.handle());
+/// # let _ = admin;
+/// ```
 #[derive(Clone)]
 pub struct BreakerHandle {
-    shared: Arc<Shared>,
+    shared: SharedRef,
 }
 
 impl BreakerHandle {
@@ -145,9 +255,39 @@ impl BreakerHandle {
         self.shared.state()
     }
 
-    /// Counters since the breaker was built.
+    /// The breaker's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Counters: transitions and rejections since the breaker was built, and the current window.
     pub fn stats(&self) -> Stats {
         self.shared.stats()
+    }
+
+    /// The time left until half-open: `Some` when open (the rest of the open duration) or
+    /// half-open (the next open duration, the longest a rejected caller may wait); `None` when
+    /// closed, disabled or forced open.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.shared.retry_after()
+    }
+
+    /// Opens the breaker until [`reset`](Self::reset): every call is rejected, with no
+    /// `retry_after`. Outcomes of calls already in flight are ignored.
+    pub fn force_open(&self) {
+        self.shared.force_open()
+    }
+
+    /// Disables the breaker until [`reset`](Self::reset): every call goes through and nothing is
+    /// counted.
+    pub fn disable(&self) {
+        self.shared.disable()
+    }
+
+    /// Closes the breaker with empty counters and a fresh open-duration series, from any state.
+    /// Outcomes of calls already in flight are ignored.
+    pub fn reset(&self) {
+        self.shared.reset()
     }
 }
 

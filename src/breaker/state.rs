@@ -1,22 +1,40 @@
 //! The breaker's state machine, in atomics.
 //!
-//! One `AtomicU64` word holds the state (low 2 bits) and a generation number (the rest); every
-//! transition bumps the generation with a compare-and-swap, so an outcome from an earlier period
-//! (a slow call started before the last trip) cannot change a later one. The closed-state success
-//! path is one atomic load at admission and one at completion: no lock, no clock read.
+//! One `AtomicU64` word holds the state (3 bits), the half-open bookkeeping (probes in flight and
+//! successful probes, 10 bits each) and a generation number (the other 41 bits). Every transition
+//! is one compare-and-swap that bumps the generation and clears the bookkeeping, so:
+//! - an outcome from an earlier period (a slow call started before the last trip) cannot change
+//!   a later one: it carries the word it was admitted under, and its generation no longer matches;
+//! - a probe permit is taken and given back by a compare-and-swap on the same word that decides
+//!   the transitions, so "exactly N probes" and "a failure and a success racing" have one order.
+//!
+//! The closed-state success path with the consecutive rule is one atomic load at admission and one
+//! at completion: no lock, no clock read, no write unless a failure was counted before.
 
+use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::config::{Builder, OpenDuration, WindowKind};
+use super::event::{Event, Listener};
+use super::sync::{AtomicU32, AtomicU64, Ordering};
+use super::window::{Counts, FAILED, SLOW, Window};
 use crate::failure::Class;
 
 const CLOSED: u64 = 0;
 const OPEN: u64 = 1;
 const HALF_OPEN: u64 = 2;
-const STATE_MASK: u64 = 0b11;
+const FORCED_OPEN: u64 = 3;
+const DISABLED: u64 = 4;
+const STATE_MASK: u64 = 0b111;
+const IN_FLIGHT_SHIFT: u32 = 3;
+const SUCCESS_SHIFT: u32 = 13;
+const COUNT_MASK: u64 = 0x3FF;
+const GEN_SHIFT: u32 = 23;
+const ONE_IN_FLIGHT: u64 = 1 << IN_FLIGHT_SHIFT;
+const ONE_SUCCESS: u64 = 1 << SUCCESS_SHIFT;
 
 /// The state of a circuit breaker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -26,114 +44,321 @@ pub enum State {
     Closed,
     /// Calls are rejected at once until the open duration has passed.
     Open,
-    /// One probe is admitted; its outcome closes or re-opens the breaker.
+    /// A fixed number of probes is admitted; their outcomes close or re-open the breaker.
     HalfOpen,
+    /// Opened by an operator ([`BreakerHandle::force_open`](super::BreakerHandle::force_open)):
+    /// every call is rejected until [`reset`](super::BreakerHandle::reset).
+    ForcedOpen,
+    /// Disabled by an operator ([`BreakerHandle::disable`](super::BreakerHandle::disable)):
+    /// every call goes through and nothing is counted until
+    /// [`reset`](super::BreakerHandle::reset).
+    Disabled,
 }
 
-/// Counters of a breaker since it was built, read through
-/// [`BreakerHandle::stats`](super::BreakerHandle::stats).
+impl State {
+    fn of(word: u64) -> State {
+        match word & STATE_MASK {
+            CLOSED => State::Closed,
+            OPEN => State::Open,
+            HALF_OPEN => State::HalfOpen,
+            FORCED_OPEN => State::ForcedOpen,
+            _ => State::Disabled,
+        }
+    }
+
+    /// A lower-case name: `closed`, `open`, `half_open`, `forced_open`, `disabled`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half_open",
+            State::ForcedOpen => "forced_open",
+            State::Disabled => "disabled",
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Counters of a breaker, read through [`BreakerHandle::stats`](super::BreakerHandle::stats).
+///
+/// The transition counters count since the breaker was built; the window counters describe the
+/// current window of the closed state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Transitions to open (trips, and failed probes).
+    /// Transitions to open (trips, failed probes, half-open waits exceeded; not forced opens).
     pub opened: u64,
     /// Transitions from open to half-open.
     pub half_opened: u64,
-    /// Transitions from half-open to closed (successful probes).
+    /// Transitions from half-open to closed (enough successful probes).
     pub closed: u64,
     /// Calls rejected without reaching the inner service.
     pub rejected: u64,
     /// Probes admitted in half-open.
     pub probes: u64,
-}
-
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) name: &'static str,
-    threshold: u32,
-    open_for: Duration,
-    failure_classes: Box<[Class]>,
-    word: AtomicU64,
-    failures: AtomicU32,
-    opened_at: AtomicU64,
-    probe: AtomicBool,
-    base: Instant,
-    opened: AtomicU64,
-    half_opened: AtomicU64,
-    closed: AtomicU64,
-    rejected: AtomicU64,
-    probes: AtomicU64,
+    /// Calls that ended in a class that counts as a failure.
+    pub failures: u64,
+    /// Failures in a row, now (the consecutive rule's count).
+    pub consecutive_failures: u32,
+    /// Calls in the current window (rate rules only).
+    pub window_calls: u64,
+    /// Failed calls in the current window (rate rules only).
+    pub window_failures: u64,
+    /// Slow calls in the current window (slow-call rule only).
+    pub window_slow_calls: u64,
 }
 
 fn state_of(word: u64) -> u64 {
     word & STATE_MASK
 }
 
+fn gen_of(word: u64) -> u64 {
+    word >> GEN_SHIFT
+}
+
+fn in_flight(word: u64) -> u64 {
+    (word >> IN_FLIGHT_SHIFT) & COUNT_MASK
+}
+
+fn successes(word: u64) -> u64 {
+    (word >> SUCCESS_SHIFT) & COUNT_MASK
+}
+
+/// The word of the next period: generation + 1, bookkeeping cleared.
 fn next(word: u64, state: u64) -> u64 {
-    ((word >> 2).wrapping_add(1) << 2) | state
+    (gen_of(word).wrapping_add(1) << GEN_SHIFT) | state
 }
 
 fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// What `admit` granted.
-#[derive(Debug)]
+/// A call admitted by [`Shared::admit`]. It records nothing by itself: hand it back to
+/// [`Shared::complete`] (or [`Shared::cancel`] when the call is dropped). Two words, so that the
+/// service can keep it and the future can carry it without padding.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Permit {
-    shared: Arc<Shared>,
+    /// The word it was admitted under; its state says what kind of call this is (closed,
+    /// a half-open probe, or disabled: recorded nowhere).
     word: u64,
-    probe: bool,
-    done: bool,
+    /// When the call started (nanoseconds since `base`), when the slow-call rule needs it.
+    start: u64,
+}
+
+/// Why a call was rejected: the time left until half-open, in nanoseconds, or `NONE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Rejection {
+    nanos: u64,
+}
+
+impl Rejection {
+    const NONE: u64 = u64::MAX;
+
+    fn new(retry_after: Option<Duration>) -> Self {
+        Rejection {
+            nanos: retry_after.map_or(Self::NONE, |d| saturating_nanos(d).min(Self::NONE - 1)),
+        }
+    }
+
+    /// The time left until half-open, when known.
+    pub(crate) fn retry_after(self) -> Option<Duration> {
+        (self.nanos != Self::NONE).then(|| Duration::from_nanos(self.nanos))
+    }
+}
+
+/// What `poll_ready` decided, kept by the service until `call`: nothing yet, a permit, or a
+/// rejection, in two plain words (an `Option<Result<Permit, Rejection>>` costs padding and
+/// partial copies on the hot path). Real words never have every generation bit set (that takes
+/// 2^41 transitions), so two such words mark "nothing" and "rejected".
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Decision {
+    word: u64,
+    aux: u64,
+}
+
+impl Decision {
+    const EMPTY: u64 = u64::MAX;
+    const REJECTED: u64 = u64::MAX - 1;
+
+    pub(crate) const NONE: Decision = Decision {
+        word: Self::EMPTY,
+        aux: 0,
+    };
+
+    #[inline]
+    pub(crate) fn new(admitted: Result<Permit, Rejection>) -> Self {
+        match admitted {
+            Ok(p) => Decision {
+                word: p.word,
+                aux: p.start,
+            },
+            Err(r) => Decision {
+                word: Self::REJECTED,
+                aux: r.nanos,
+            },
+        }
+    }
+
+    #[inline]
+    pub(crate) fn is_none(&self) -> bool {
+        self.word == Self::EMPTY
+    }
+
+    #[inline]
+    pub(crate) fn is_rejected(&self) -> bool {
+        self.word == Self::REJECTED
+    }
+
+    /// Takes the decision, leaving none.
+    #[inline]
+    pub(crate) fn take(&mut self) -> Option<Result<Permit, Rejection>> {
+        let d = std::mem::replace(self, Decision::NONE);
+        match d.word {
+            Self::EMPTY => None,
+            Self::REJECTED => Some(Err(Rejection { nanos: d.aux })),
+            word => Some(Ok(Permit { word, start: d.aux })),
+        }
+    }
 }
 
 /// How one call ended, as the breaker counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     Success,
-    Failure,
-    /// A class that does not count (a permanent 4xx, a nested breaker's rejection).
-    Ignored,
+    /// A failure of this class; whether it counts is the breaker's configuration.
+    Failure(Class),
+}
+
+/// How services, futures and handles reach a breaker's state: counted (an `Arc`, the default), or
+/// `'static` after [`BreakerLayer::into_static`](super::BreakerLayer::into_static), which spares
+/// each call the two atomic reference-count updates of cloning and dropping an `Arc`.
+#[derive(Debug)]
+pub(crate) enum SharedRef {
+    Counted(Arc<Shared>),
+    Static(&'static Shared),
+}
+
+impl Clone for SharedRef {
+    #[inline]
+    fn clone(&self) -> Self {
+        match self {
+            SharedRef::Counted(shared) => SharedRef::Counted(Arc::clone(shared)),
+            SharedRef::Static(shared) => SharedRef::Static(shared),
+        }
+    }
+}
+
+impl std::ops::Deref for SharedRef {
+    type Target = Shared;
+
+    #[inline]
+    fn deref(&self) -> &Shared {
+        match self {
+            SharedRef::Counted(shared) => shared,
+            SharedRef::Static(shared) => shared,
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) name: Arc<str>,
+    pub(crate) config: Builder,
+    consecutive: Option<u32>,
+    failure_rate: Option<f64>,
+    slow: Option<(u64, f64)>,
+    minimum_calls: u64,
+    open: OpenDuration,
+    probes: u64,
+    close_after: u64,
+    max_half_open: Option<u64>,
+    classes: Arc<[Class]>,
+    listener: Option<Arc<dyn Listener>>,
+    window: Option<Window>,
+    /// Whether completion needs the clock (slow calls, time window).
+    clock_on_complete: bool,
+    /// Whether a call's start time is needed (the slow-call rule).
+    needs_start: bool,
+
+    word: AtomicU64,
+    failures: AtomicU32,
+    /// When the current open period ends, in nanoseconds since `base`.
+    open_until: AtomicU64,
+    /// When the current half-open period began, in nanoseconds since `base`.
+    half_open_at: AtomicU64,
+    /// Openings since the breaker last closed, for a growing open duration.
+    trips: AtomicU32,
+    base: Instant,
+
+    opened: AtomicU64,
+    half_opened: AtomicU64,
+    closed: AtomicU64,
+    rejected: AtomicU64,
+    probes_admitted: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("name", &self.name)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Shared {
-    pub(crate) fn new(
-        name: &'static str,
-        threshold: u32,
-        open_for: Duration,
-        failure_classes: Box<[Class]>,
-    ) -> Self {
+    pub(crate) fn new(config: &Builder) -> Self {
+        let consecutive = match (config.consecutive, config.has_rates()) {
+            (Some(n), _) => Some(n.max(1)),
+            (None, false) => Some(5),
+            (None, true) => None,
+        };
+        let window = config.has_rates().then(|| match config.window {
+            WindowKind::Count(n) => Window::count(n),
+            WindowKind::Time { width, buckets } => {
+                Window::time(saturating_nanos(width).max(1), buckets)
+            }
+        });
+        let slow = config.slow.map(|(d, r)| (saturating_nanos(d), r));
+        let clock_on_complete = slow.is_some() || window.as_ref().is_some_and(Window::needs_clock);
         Shared {
-            name,
-            threshold: threshold.max(1),
-            open_for,
-            failure_classes,
+            name: config.name.clone(),
+            config: config.clone(),
+            consecutive,
+            failure_rate: config.failure_rate,
+            slow,
+            minimum_calls: u64::from(config.minimum().max(1)),
+            open: config.open,
+            probes: u64::from(config.probes.clamp(1, super::config::MAX_PROBES)),
+            close_after: u64::from(config.close_after.clamp(1, super::config::MAX_PROBES)),
+            max_half_open: config.max_half_open.map(saturating_nanos),
+            classes: config.classes.clone(),
+            listener: config.listener.clone(),
+            window,
+            clock_on_complete,
+            needs_start: slow.is_some(),
             word: AtomicU64::new(CLOSED),
             failures: AtomicU32::new(0),
-            opened_at: AtomicU64::new(0),
-            probe: AtomicBool::new(false),
+            open_until: AtomicU64::new(0),
+            half_open_at: AtomicU64::new(0),
+            trips: AtomicU32::new(0),
             base: Instant::now(),
             opened: AtomicU64::new(0),
             half_opened: AtomicU64::new(0),
             closed: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
-            probes: AtomicU64::new(0),
+            probes_admitted: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
         }
     }
 
-    pub(crate) fn threshold(&self) -> u32 {
-        self.threshold
-    }
-
-    pub(crate) fn open_for(&self) -> Duration {
-        self.open_for
-    }
-
     pub(crate) fn counts(&self, class: Class) -> bool {
-        self.failure_classes.contains(&class)
-    }
-
-    pub(crate) fn classes(&self) -> Box<[Class]> {
-        self.failure_classes.clone()
+        self.classes.contains(&class)
     }
 
     fn now(&self) -> u64 {
@@ -141,176 +366,433 @@ impl Shared {
     }
 
     pub(crate) fn state(&self) -> State {
-        match state_of(self.word.load(Ordering::Acquire)) {
-            CLOSED => State::Closed,
-            OPEN => State::Open,
-            _ => State::HalfOpen,
-        }
+        State::of(self.word.load(Ordering::Acquire))
     }
 
     pub(crate) fn stats(&self) -> Stats {
+        let window = self
+            .window
+            .as_ref()
+            .map(|w| w.counts(|| self.now()))
+            .unwrap_or_default();
         Stats {
             opened: self.opened.load(Ordering::Relaxed),
             half_opened: self.half_opened.load(Ordering::Relaxed),
             closed: self.closed.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
-            probes: self.probes.load(Ordering::Relaxed),
+            probes: self.probes_admitted.load(Ordering::Relaxed),
+            failures: self.failed.load(Ordering::Relaxed),
+            consecutive_failures: self.failures.load(Ordering::Relaxed),
+            window_calls: window.calls,
+            window_failures: window.failures,
+            window_slow_calls: window.slow,
         }
     }
 
-    /// Time left until half-open, when open.
-    fn remaining(&self) -> Duration {
-        let until = self
-            .opened_at
-            .load(Ordering::Acquire)
-            .saturating_add(saturating_nanos(self.open_for));
-        Duration::from_nanos(until.saturating_sub(self.now()))
-    }
-
-    fn reject(&self, left: Duration) -> Duration {
-        self.rejected.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(breaker = self.name, time_left = ?left, "call rejected: circuit open");
-        left
-    }
-
-    /// Admits a call, or says how long until half-open.
-    pub(crate) fn admit(self: &Arc<Self>) -> Result<Permit, Duration> {
+    /// The time left until half-open, when open and not forced.
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
         let word = self.word.load(Ordering::Acquire);
         match state_of(word) {
-            CLOSED => Ok(Permit {
-                shared: Arc::clone(self),
-                word,
-                probe: false,
-                done: false,
-            }),
-            OPEN => {
-                let left = self.remaining();
-                if left > Duration::ZERO {
-                    return Err(self.reject(left));
-                }
-                let half = next(word, HALF_OPEN);
-                if self
-                    .word
-                    .compare_exchange(word, half, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    self.half_opened.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(breaker = self.name, "circuit half-open");
-                }
-                self.try_probe()
-            }
-            _ => self.try_probe(),
+            OPEN => Some(Duration::from_nanos(
+                self.open_until
+                    .load(Ordering::Acquire)
+                    .saturating_sub(self.now()),
+            )),
+            HALF_OPEN => Some(self.open.nth(self.trips.load(Ordering::Relaxed))),
+            _ => None,
         }
     }
 
-    fn try_probe(self: &Arc<Self>) -> Result<Permit, Duration> {
-        if self
-            .probe
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            // A probe is in flight. If it fails, the breaker opens for the open duration again;
-            // that is the longest a caller may have to wait, and the honest hint to give.
-            return Err(self.reject(self.open_for));
+    fn emit(&self, event: Event<'_>) {
+        if let Some(listener) = &self.listener {
+            listener.on_event(&event);
         }
+    }
+
+    fn transitioned(&self, from: u64, to: u64, reason: &'static str) {
+        let (from, to) = (State::of(from), State::of(to));
+        match to {
+            State::Open | State::ForcedOpen => tracing::warn!(
+                breaker = &*self.name,
+                from = from.as_str(),
+                to = to.as_str(),
+                reason,
+                "circuit opened"
+            ),
+            _ => tracing::info!(
+                breaker = &*self.name,
+                from = from.as_str(),
+                to = to.as_str(),
+                reason,
+                "circuit state changed"
+            ),
+        }
+        self.emit(Event::Transition {
+            breaker: &self.name,
+            from,
+            to,
+            reason,
+        });
+    }
+
+    fn reject(&self, word: u64, retry_after: Option<Duration>) -> Rejection {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        let state = State::of(word);
+        tracing::debug!(breaker = &*self.name, state = state.as_str(), retry_after = ?retry_after, "call rejected");
+        self.emit(Event::Rejected {
+            breaker: &self.name,
+            state,
+            retry_after,
+        });
+        Rejection::new(retry_after)
+    }
+
+    /// Admits a call, or rejects it with the time left until half-open.
+    #[inline]
+    pub(crate) fn admit(&self) -> Result<Permit, Rejection> {
         let word = self.word.load(Ordering::Acquire);
-        if state_of(word) != HALF_OPEN {
-            // The period ended while we took the flag (the last probe re-opened or closed it).
-            self.probe.store(false, Ordering::Release);
-            return match state_of(word) {
-                CLOSED => Ok(Permit {
-                    shared: Arc::clone(self),
-                    word,
-                    probe: false,
-                    done: false,
-                }),
-                _ => Err(self.reject(self.remaining())),
-            };
+        if state_of(word) == CLOSED {
+            let start = if self.needs_start { self.now() } else { 0 };
+            return Ok(Permit { word, start });
         }
-        self.probes.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(breaker = self.name, "probe admitted");
-        Ok(Permit {
-            shared: Arc::clone(self),
-            word,
-            probe: true,
-            done: false,
-        })
+        self.admit_slow(word)
     }
 
-    fn trip(&self, from: u64, why: &'static str) {
-        self.opened_at.store(self.now(), Ordering::Release);
-        if self
-            .word
-            .compare_exchange(from, next(from, OPEN), Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            self.failures.store(0, Ordering::Relaxed);
-            self.opened.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(breaker = self.name, open_for = ?self.open_for, reason = why, "circuit opened");
-        }
-    }
-}
-
-impl Permit {
-    pub(crate) fn counts(&self, class: Class) -> bool {
-        self.shared.counts(class)
-    }
-
-    /// Records how the call ended.
-    pub(crate) fn complete(mut self, outcome: Outcome) {
-        self.done = true;
-        let shared = &*self.shared;
-        if self.probe {
-            match outcome {
-                Outcome::Success => {
-                    if shared
-                        .word
-                        .compare_exchange(
-                            self.word,
-                            next(self.word, CLOSED),
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        )
-                        .is_ok()
-                    {
-                        shared.failures.store(0, Ordering::Relaxed);
-                        shared.closed.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(breaker = shared.name, "circuit closed: probe succeeded");
+    #[cold]
+    fn admit_slow(&self, mut word: u64) -> Result<Permit, Rejection> {
+        loop {
+            match state_of(word) {
+                CLOSED => {
+                    let start = if self.slow.is_some() { self.now() } else { 0 };
+                    return Ok(Permit { word, start });
+                }
+                DISABLED => {
+                    return Ok(Permit { word, start: 0 });
+                }
+                FORCED_OPEN => return Err(self.reject(word, None)),
+                OPEN => {
+                    let now = self.now();
+                    let until = self.open_until.load(Ordering::Acquire);
+                    if now < until {
+                        return Err(self.reject(word, Some(Duration::from_nanos(until - now))));
+                    }
+                    let half = next(word, HALF_OPEN);
+                    // Written before the swap: whoever sees the half-open word sees its start.
+                    self.half_open_at.store(now, Ordering::Release);
+                    match self.word.compare_exchange(
+                        word,
+                        half,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => {
+                            self.half_opened.fetch_add(1, Ordering::Relaxed);
+                            self.transitioned(word, half, "open duration elapsed");
+                            word = half;
+                        }
+                        Err(actual) => word = actual,
                     }
                 }
-                Outcome::Failure => shared.trip(self.word, "probe failed"),
-                Outcome::Ignored => {}
+                _ => {
+                    // Half-open.
+                    if let Some(max) = self.max_half_open {
+                        let now = self.now();
+                        let since = self.half_open_at.load(Ordering::Acquire);
+                        if now.saturating_sub(since) >= max {
+                            self.open_from(word, "half-open wait exceeded");
+                            word = self.word.load(Ordering::Acquire);
+                            continue;
+                        }
+                    }
+                    if in_flight(word) >= self.probes {
+                        // Every permit is taken. If a probe fails, the breaker opens for the
+                        // next open duration: the longest a caller may have to wait.
+                        let wait = self.open.nth(self.trips.load(Ordering::Relaxed));
+                        return Err(self.reject(word, Some(wait)));
+                    }
+                    match self.word.compare_exchange(
+                        word,
+                        word + ONE_IN_FLIGHT,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => {
+                            self.probes_admitted.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(breaker = &*self.name, "probe admitted");
+                            let start = if self.slow.is_some() { self.now() } else { 0 };
+                            return Ok(Permit { word, start });
+                        }
+                        Err(actual) => word = actual,
+                    }
+                }
             }
-            shared.probe.store(false, Ordering::Release);
+        }
+    }
+
+    /// Opens the breaker from `from` (closed or half-open), unless another transition won.
+    fn open_from(&self, from: u64, reason: &'static str) -> bool {
+        if self.word.load(Ordering::Acquire) != from {
+            // Another transition won; leave the current period's end alone.
+            return false;
+        }
+        let trips = self.trips.load(Ordering::Relaxed);
+        let duration = self.open.pick(trips);
+        // Written before the swap: whoever sees the open word sees its end.
+        self.open_until.store(
+            self.now().saturating_add(saturating_nanos(duration)),
+            Ordering::Release,
+        );
+        let to = next(from, OPEN);
+        if self
+            .word
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        self.trips.fetch_add(1, Ordering::Relaxed);
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        self.failures.store(0, Ordering::Relaxed);
+        if let Some(w) = &self.window {
+            w.clear();
+        }
+        self.transitioned(from, to, reason);
+        tracing::debug!(breaker = &*self.name, open_for = ?duration, "open duration");
+        true
+    }
+
+    /// Records how an admitted call ended.
+    #[inline]
+    pub(crate) fn complete(&self, permit: Permit, outcome: Outcome) {
+        match state_of(permit.word) {
+            CLOSED => self.complete_closed(permit, outcome),
+            HALF_OPEN => self.complete_probe(permit, outcome),
+            // Disabled: nothing is recorded.
+            _ => {}
+        }
+    }
+
+    #[inline]
+    fn complete_closed(&self, permit: Permit, outcome: Outcome) {
+        let failed = match outcome {
+            Outcome::Success => false,
+            Outcome::Failure(class) if self.counts(class) => true,
+            // A class that does not count: neither a failure nor a success.
+            Outcome::Failure(_) => return,
+        };
+        if !failed && !self.clock_on_complete && self.window.is_none() {
+            // The hot path: a success under the consecutive rule alone.
+            if self.failures.load(Ordering::Relaxed) != 0 {
+                self.failures.store(0, Ordering::Relaxed);
+            }
             return;
         }
-        match outcome {
+        self.record_closed(permit, failed);
+    }
+
+    fn record_closed(&self, permit: Permit, failed: bool) {
+        let mut now = None;
+        let mut clock = || *now.get_or_insert_with(|| self.now());
+        let slow = match (self.slow, permit.start) {
+            (Some((threshold, _)), start) => clock().saturating_sub(start) > threshold,
+            _ => false,
+        };
+        if failed {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.word.load(Ordering::Acquire) != permit.word {
+            // An outcome from an earlier period: it must not change this one.
+            return;
+        }
+        let mut trip = None;
+        if let Some(n) = self.consecutive {
+            if failed {
+                let count = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+                if count >= n {
+                    trip = Some("consecutive failures");
+                }
+            } else if self.failures.load(Ordering::Relaxed) != 0 {
+                self.failures.store(0, Ordering::Relaxed);
+            }
+        }
+        if let Some(window) = &self.window {
+            let bits = if failed { FAILED } else { 0 } | if slow { SLOW } else { 0 };
+            window.record(bits, &mut clock);
+            if trip.is_none() {
+                trip = self.rate_exceeded(window.counts(&mut clock));
+            }
+        }
+        if let Some(reason) = trip {
+            self.open_from(permit.word, reason);
+        }
+    }
+
+    fn rate_exceeded(&self, counts: Counts) -> Option<&'static str> {
+        if counts.calls < self.minimum_calls {
+            return None;
+        }
+        let calls = counts.calls as f64;
+        if let Some(rate) = self.failure_rate
+            && counts.failures as f64 >= rate * calls
+        {
+            return Some("failure rate");
+        }
+        if let Some((_, rate)) = self.slow
+            && counts.slow as f64 >= rate * calls
+        {
+            return Some("slow-call rate");
+        }
+        None
+    }
+
+    fn complete_probe(&self, permit: Permit, outcome: Outcome) {
+        let counted = match outcome {
             Outcome::Success => {
-                if shared.failures.load(Ordering::Relaxed) != 0 {
-                    shared.failures.store(0, Ordering::Relaxed);
+                let slow = match (self.slow, permit.start) {
+                    (Some((threshold, _)), start) => self.now().saturating_sub(start) > threshold,
+                    _ => false,
+                };
+                // A slow probe is a failed probe under the slow-call rule.
+                Some(!slow)
+            }
+            Outcome::Failure(class) if self.counts(class) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                Some(false)
+            }
+            Outcome::Failure(_) => None,
+        };
+        match counted {
+            Some(true) => self.probe_succeeded(permit),
+            Some(false) => {
+                let mut word = self.word.load(Ordering::Acquire);
+                while gen_of(word) == gen_of(permit.word) && state_of(word) == HALF_OPEN {
+                    if self.open_from(word, "probe failed") {
+                        return;
+                    }
+                    word = self.word.load(Ordering::Acquire);
                 }
             }
-            Outcome::Failure => {
-                if shared.word.load(Ordering::Acquire) != self.word {
-                    // An outcome from an earlier period: it must not change this one.
+            None => self.cancel(permit),
+        }
+    }
+
+    fn probe_succeeded(&self, permit: Permit) {
+        let mut word = self.word.load(Ordering::Acquire);
+        while gen_of(word) == gen_of(permit.word) && state_of(word) == HALF_OPEN {
+            let done = successes(word) + 1;
+            if done >= self.close_after {
+                let to = next(word, CLOSED);
+                // Cleared before the swap: the closed period starts from an empty window.
+                self.failures.store(0, Ordering::Relaxed);
+                if let Some(w) = &self.window {
+                    w.clear();
+                }
+                match self
+                    .word
+                    .compare_exchange(word, to, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => {
+                        self.trips.store(0, Ordering::Relaxed);
+                        self.closed.fetch_add(1, Ordering::Relaxed);
+                        self.transitioned(word, to, "probes succeeded");
+                        return;
+                    }
+                    Err(actual) => word = actual,
+                }
+            } else {
+                let to = word - ONE_IN_FLIGHT + ONE_SUCCESS;
+                match self
+                    .word
+                    .compare_exchange(word, to, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => return,
+                    Err(actual) => word = actual,
+                }
+            }
+        }
+    }
+
+    /// A call that was dropped before it ended, or ended in a class that does not count: a probe
+    /// gives its permit back; nothing is counted.
+    pub(crate) fn cancel(&self, permit: Permit) {
+        if state_of(permit.word) != HALF_OPEN {
+            return;
+        }
+        let mut word = self.word.load(Ordering::Acquire);
+        while gen_of(word) == gen_of(permit.word)
+            && state_of(word) == HALF_OPEN
+            && in_flight(word) > 0
+        {
+            match self.word.compare_exchange(
+                word,
+                word - ONE_IN_FLIGHT,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    tracing::debug!(breaker = &*self.name, "probe permit returned");
                     return;
                 }
-                let n = shared.failures.fetch_add(1, Ordering::AcqRel) + 1;
-                if n >= shared.threshold {
-                    shared.trip(self.word, "consecutive failures");
-                }
+                Err(actual) => word = actual,
             }
-            Outcome::Ignored => {}
         }
+    }
+
+    /// Moves to `state` from whatever state the breaker is in, for an operator.
+    fn force(&self, state: u64, reason: &'static str) {
+        let mut word = self.word.load(Ordering::Acquire);
+        loop {
+            if state == CLOSED {
+                self.failures.store(0, Ordering::Relaxed);
+                if let Some(w) = &self.window {
+                    w.clear();
+                }
+                self.trips.store(0, Ordering::Relaxed);
+            }
+            let to = next(word, state);
+            match self
+                .word
+                .compare_exchange(word, to, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.transitioned(word, to, reason);
+                    return;
+                }
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    pub(crate) fn force_open(&self) {
+        self.force(FORCED_OPEN, "forced open");
+    }
+
+    pub(crate) fn disable(&self) {
+        self.force(DISABLED, "disabled");
+    }
+
+    pub(crate) fn reset(&self) {
+        self.force(CLOSED, "reset");
     }
 }
 
-impl Drop for Permit {
-    fn drop(&mut self) {
-        if !self.done && self.probe {
-            // A probe whose future was dropped gives its permit back without counting.
-            self.shared.probe.store(false, Ordering::Release);
-            tracing::debug!(breaker = self.shared.name, "probe dropped; permit returned");
-        }
+#[cfg(all(test, not(tower_backstop_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn word_layout_keeps_fields_apart() {
+        let w = next(0, HALF_OPEN) + ONE_IN_FLIGHT * 3 + ONE_SUCCESS * 2;
+        assert_eq!(state_of(w), HALF_OPEN);
+        assert_eq!(in_flight(w), 3);
+        assert_eq!(successes(w), 2);
+        assert_eq!(gen_of(w), 1);
+        let n = next(w, OPEN);
+        assert_eq!(
+            (state_of(n), in_flight(n), successes(n), gen_of(n)),
+            (OPEN, 0, 0, 2)
+        );
+        // The maximum counts fit their fields.
+        assert!(u64::from(super::super::config::MAX_PROBES) <= COUNT_MASK);
     }
 }

@@ -6,9 +6,52 @@
 //! the retry layer retries it like any other transient fault. The overall deadline of a request
 //! (all attempts and delays) belongs to [`RetryLayer`](crate::retry::RetryLayer).
 //!
-//! Connect and read timeouts belong to the client; set them beside this one, for example with
-//! hyper-util's `HttpConnector::set_connect_timeout` or reqwest's
-//! `ClientBuilder::connect_timeout` and `read_timeout`.
+//! For a server, [`ServerTimeoutLayer`] answers `504 Gateway Timeout` (or a configured status)
+//! when a handler takes too long, and stays `Infallible` for axum's `Router::layer`.
+//!
+//! # Connect and read timeouts
+//!
+//! They belong to the client; set them beside this one. Ours bounds the whole attempt (connect,
+//! send, and the response head); the client's bound each phase. With hyper-util:
+//!
+//! ```
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use hyper_util::client::legacy::{Client, connect::HttpConnector};
+//! use hyper_util::rt::TokioExecutor;
+//! use tower::ServiceBuilder;
+//! use tower_backstop::{classify::ClassifyLayer, timeout::TimeoutLayer};
+//!
+//! let mut connector = HttpConnector::new();
+//! connector.set_connect_timeout(Some(Duration::from_secs(1))); // TCP connect
+//! let client = Client::builder(TokioExecutor::new())
+//!     .pool_idle_timeout(Duration::from_secs(30))
+//!     .build::<_, Full<Bytes>>(connector);
+//! let svc = ServiceBuilder::new()
+//!     .layer(ClassifyLayer::http())
+//!     .layer(TimeoutLayer::new(Duration::from_secs(5))) // the whole attempt
+//!     .service(client);
+//! # let _ = svc;
+//! ```
+//!
+//! With reqwest (its `Client` is a `tower::Service<reqwest::Request>`):
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_backstop::timeout::TimeoutLayer;
+//!
+//! let client = reqwest::Client::builder()
+//!     .connect_timeout(Duration::from_secs(1)) // TCP (and TLS) connect
+//!     .read_timeout(Duration::from_secs(2)) // between two reads of the response
+//!     .build()
+//!     .unwrap();
+//! let svc = ServiceBuilder::new()
+//!     .layer(TimeoutLayer::new(Duration::from_secs(5))) // the whole attempt
+//!     .service(client);
+//! # let _ = svc;
+//! ```
 //!
 //! Like tower's own `Timeout`, the error type is [`BoxError`]: the inner error is boxed (a no-op
 //! when it is already a `BoxError`), and [`Elapsed`] is found by downcasting.
@@ -42,9 +85,11 @@ use crate::failure::BoxError;
 
 mod future;
 mod layer;
+mod server;
 
 pub use self::future::ResponseFuture;
 pub use self::layer::TimeoutLayer;
+pub use self::server::{ServerTimeout, ServerTimeoutFuture, ServerTimeoutLayer};
 
 /// The per-attempt timeout elapsed before the inner service answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,215 @@
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use http::{HeaderValue, Response, StatusCode, header::RETRY_AFTER};
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::future::Guard;
+use super::state::{Outcome, Permit, Rejection, SharedRef};
+use super::{BreakerHandle, BreakerLayer};
+use crate::classify::HttpClassifier;
+
+/// The server flavour of the breaker, for an axum (or any `http`) server protecting itself: the
+/// breaker counts the server's own failed responses, and while it is open the server answers
+/// `503 Service Unavailable` with `Retry-After` at once instead of piling up work.
+///
+/// Responses are classified by [`HttpClassifier`] (a 500 or a 504 from
+/// [`ServerTimeoutLayer`](crate::timeout::ServerTimeoutLayer) counts, a 404 does not). The
+/// `Retry-After` value is the time left until half-open in whole seconds, rounded up (RFC 9110
+/// §10.2.3, delay-seconds); it is left out when the breaker was forced open. The inner service
+/// must be infallible, and so is this one, so it works with axum's `Router::layer`:
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, routing::get};
+/// use tower_backstop::breaker::{BreakerLayer, ServerBreakerLayer};
+/// use tower_backstop::timeout::ServerTimeoutLayer;
+///
+/// let breaker = ServerBreakerLayer::new(BreakerLayer::consecutive_failures(5));
+/// let app: Router = Router::new()
+///     .route("/report", get(|| async { "done" }))
+///     // The last layer is the outermost: the breaker sees the timeout's 504s.
+///     .layer(ServerTimeoutLayer::new(Duration::from_secs(10)))
+///     .layer(breaker);
+/// # let _ = app;
+/// ```
+#[derive(Clone, Debug)]
+pub struct ServerBreakerLayer {
+    breaker: BreakerLayer,
+    classifier: HttpClassifier,
+}
+
+impl ServerBreakerLayer {
+    /// Answers 503 while `breaker` is open.
+    pub fn new(breaker: BreakerLayer) -> Self {
+        ServerBreakerLayer {
+            breaker,
+            classifier: HttpClassifier::new(),
+        }
+    }
+
+    /// Classifies responses with `classifier` instead of the default [`HttpClassifier`].
+    pub fn classifier(mut self, classifier: HttpClassifier) -> Self {
+        self.classifier = classifier;
+        self
+    }
+
+    /// The breaker's handle.
+    pub fn handle(&self) -> BreakerHandle {
+        self.breaker.handle()
+    }
+}
+
+impl<S> Layer<S> for ServerBreakerLayer {
+    type Service = ServerBreaker<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ServerBreaker {
+            inner,
+            shared: self.breaker.shared().clone(),
+            classifier: Arc::new(self.classifier.clone()),
+            decision: None,
+        }
+    }
+}
+
+/// The service of a [`ServerBreakerLayer`].
+#[derive(Debug)]
+pub struct ServerBreaker<S> {
+    inner: S,
+    shared: SharedRef,
+    classifier: Arc<HttpClassifier>,
+    decision: Option<Result<Permit, Rejection>>,
+}
+
+impl<S: Clone> Clone for ServerBreaker<S> {
+    fn clone(&self) -> Self {
+        ServerBreaker {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+            classifier: Arc::clone(&self.classifier),
+            decision: None,
+        }
+    }
+}
+
+impl<S> Drop for ServerBreaker<S> {
+    fn drop(&mut self) {
+        if let Some(Ok(permit)) = self.decision.take() {
+            self.shared.cancel(permit);
+        }
+    }
+}
+
+/// The `Retry-After` delay-seconds for `left`, rounded up so that a client never comes back
+/// before the breaker half-opens.
+pub(crate) fn retry_after_secs(left: Duration) -> u64 {
+    let secs = left.as_secs();
+    if left.subsec_nanos() > 0 {
+        secs + 1
+    } else {
+        secs
+    }
+}
+
+impl<S, Req, B> Service<Req> for ServerBreaker<S>
+where
+    S: Service<Req, Response = Response<B>, Error = Infallible>,
+    B: Default,
+{
+    type Response = Response<B>;
+    type Error = Infallible;
+    type Future = ServerBreakerFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        let decision = self.decision.get_or_insert_with(|| self.shared.admit());
+        if decision.is_err() {
+            return Poll::Ready(Ok(()));
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        match self.decision.take().unwrap_or_else(|| self.shared.admit()) {
+            Ok(permit) => ServerBreakerFuture {
+                kind: ServerKind::Called {
+                    future: self.inner.call(req),
+                    guard: Guard::new(self.shared.clone(), permit),
+                    classifier: Arc::clone(&self.classifier),
+                },
+            },
+            Err(rejection) => ServerBreakerFuture {
+                kind: ServerKind::Rejected {
+                    retry_after: rejection.retry_after(),
+                },
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`ServerBreaker`]: the handler's response, or a ready 503.
+    #[derive(Debug)]
+    pub struct ServerBreakerFuture<F> {
+        #[pin]
+        kind: ServerKind<F>,
+    }
+}
+
+pin_project! {
+    #[project = ServerProj]
+    #[derive(Debug)]
+    enum ServerKind<F> {
+        Called {
+            #[pin]
+            future: F,
+            guard: Guard,
+            classifier: Arc<HttpClassifier>,
+        },
+        Rejected {
+            retry_after: Option<Duration>,
+        },
+    }
+}
+
+impl<F, B> Future for ServerBreakerFuture<F>
+where
+    F: Future<Output = Result<Response<B>, Infallible>>,
+    B: Default,
+{
+    type Output = Result<Response<B>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            ServerProj::Called {
+                future,
+                guard,
+                classifier,
+            } => {
+                let Ok(response) = ready!(future.poll(cx));
+                let outcome = match classifier.class_of(response.status()) {
+                    None => Outcome::Success,
+                    Some(class) => Outcome::Failure(class),
+                };
+                guard.finish_with(outcome);
+                Poll::Ready(Ok(response))
+            }
+            ServerProj::Rejected { retry_after } => {
+                let mut response = Response::new(B::default());
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                if let Some(left) = retry_after {
+                    response
+                        .headers_mut()
+                        .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(*left)));
+                }
+                Poll::Ready(Ok(response))
+            }
+        }
+    }
+}

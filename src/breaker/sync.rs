@@ -1,0 +1,7 @@
+//! The atomics of the breaker: std's, or loom's under `--cfg tower_backstop_loom`
+//! (tests/loom.rs).
+
+#[cfg(tower_backstop_loom)]
+pub(crate) use loom::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering};
+#[cfg(not(tower_backstop_loom))]
+pub(crate) use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering};

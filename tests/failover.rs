@@ -1,0 +1,195 @@
+//! FailoverLayer and KeyedBreakerLayer, on tokio's paused clock.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{Scripted, get, status};
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_backstop::breaker::{BreakerLayer, FailoverLayer, KeyedBreakerLayer, State};
+use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::{Class, Failure};
+
+type Response = http::Response<()>;
+
+fn classified(
+    upstream: &Scripted,
+) -> impl Service<http::Request<String>, Response = Response, Error = Failure<Response>, Future: Send>
++ Clone
++ Send
++ 'static {
+    ServiceBuilder::new()
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone())
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_the_primary_open_calls_reach_the_fallback_and_the_primary_is_probed_again() {
+    // The primary fails three times, then recovers; the fallback always answers 202.
+    let primary = Scripted::new([status(503), status(503), status(503)], status(200));
+    let fallback = Scripted::always(status(202));
+    let layer = FailoverLayer::new(
+        BreakerLayer::consecutive_failures(2).open_for(Duration::from_secs(10)),
+        classified(&fallback),
+    );
+    let handle = layer.handle();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(classified(&primary));
+
+    for _ in 0..2 {
+        let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+        assert_eq!(f.class(), Class::TRANSIENT);
+    }
+    assert_eq!(handle.state(), State::Open);
+
+    // Open: every call goes to the fallback, none to the primary.
+    for _ in 0..5 {
+        assert_eq!(svc.clone().oneshot(get("/")).await.unwrap().status(), 202);
+    }
+    assert_eq!((primary.calls(), fallback.calls()), (2, 5));
+    assert_eq!(handle.stats().rejected, 5);
+
+    // After the open duration the primary gets the probe; it fails, so the fallback again.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+    assert_eq!(f.class(), Class::TRANSIENT, "the probe's own failure");
+    assert_eq!(primary.calls(), 3);
+    assert_eq!(svc.clone().oneshot(get("/")).await.unwrap().status(), 202);
+    assert_eq!(fallback.calls(), 6);
+
+    // Next time the probe succeeds and the primary takes the traffic back.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(svc.clone().oneshot(get("/")).await.unwrap().status(), 200);
+    assert_eq!(handle.state(), State::Closed);
+    for _ in 0..3 {
+        assert_eq!(svc.clone().oneshot(get("/")).await.unwrap().status(), 200);
+    }
+    assert_eq!((primary.calls(), fallback.calls()), (7, 6));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_fallback_is_polled_ready_only_when_the_primary_rejects() {
+    let (fallback, mut fallback_handle) = tower_test::mock::pair::<&'static str, &'static str>();
+    let layer = FailoverLayer::new(
+        BreakerLayer::consecutive_failures(1).open_for(Duration::from_secs(30)),
+        fallback,
+    );
+    let breaker = layer.handle();
+    let (mut svc, mut primary) =
+        tower_test::mock::spawn_layer::<&'static str, &'static str, _>(layer);
+    // Closed: the fallback allows nothing, yet the primary is used.
+    fallback_handle.allow(0);
+    primary.allow(1);
+    assert!(svc.poll_ready().is_ready());
+    let call = tokio::spawn(svc.call("a"));
+    let (req, send) = primary.next_request().await.unwrap();
+    assert_eq!(req, "a");
+    send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+    assert_eq!(call.await.unwrap().unwrap_err().class(), Class::TRANSIENT);
+    assert_eq!(breaker.state(), State::Open);
+    // Open: readiness is the fallback's.
+    assert!(svc.poll_ready().is_pending());
+    fallback_handle.allow(1);
+    assert!(svc.poll_ready().is_ready());
+    let call = tokio::spawn(svc.call("b"));
+    let (req, send) = fallback_handle.next_request().await.unwrap();
+    assert_eq!(req, "b");
+    send.send_response("from the fallback");
+    assert_eq!(call.await.unwrap().unwrap(), "from the fallback");
+}
+
+fn to(host: &str) -> http::Request<String> {
+    http::Request::get(format!("http://{host}/v1"))
+        .body(String::new())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn keyed_breakers_open_per_host() {
+    let upstream = Scripted::new([status(503), status(503)], status(200));
+    let layer = KeyedBreakerLayer::new(
+        BreakerLayer::builder()
+            .consecutive_failures(2)
+            .open_for(Duration::from_secs(10)),
+    )
+    .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(classified(&upstream));
+    for _ in 0..2 {
+        let _ = svc.clone().oneshot(to("a.test")).await;
+    }
+    let a = layer.handle("a.test").unwrap();
+    assert_eq!(a.state(), State::Open);
+    assert_eq!(a.name(), "a.test");
+    let f = svc.clone().oneshot(to("a.test")).await.unwrap_err();
+    assert_eq!(f.class(), Class::CIRCUIT_OPEN);
+    assert_eq!(f.retry_after(), Some(Duration::from_secs(10)));
+    // Another host has its own, closed breaker.
+    assert_eq!(
+        svc.clone()
+            .oneshot(to("b.test:8080"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(layer.handle("b.test:8080").unwrap().state(), State::Closed);
+    assert_eq!(layer.keys(), ["a.test", "b.test:8080"]);
+    assert_eq!(upstream.calls(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keyed_breakers_are_bounded_and_share_one_beyond_the_bound() {
+    let upstream = Scripted::always(status(503));
+    let layer = KeyedBreakerLayer::new(BreakerLayer::builder().consecutive_failures(3))
+        .unwrap()
+        .max_keys(2);
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(classified(&upstream));
+    for host in ["a.test", "b.test", "c.test", "d.test", "e.test"] {
+        let _ = svc.clone().oneshot(to(host)).await;
+    }
+    assert_eq!(layer.keys(), ["a.test", "b.test"]);
+    // c, d and e share the `other` breaker: three failures in a row opened it.
+    assert_eq!(layer.other().state(), State::Open);
+    assert_eq!(layer.handle("a.test").unwrap().state(), State::Closed);
+    let f = svc.clone().oneshot(to("f.test")).await.unwrap_err();
+    assert_eq!(f.class(), Class::CIRCUIT_OPEN);
+    // A request without an authority or Host header goes to `other` too.
+    let f = svc.clone().oneshot(get("/relative")).await.unwrap_err();
+    assert_eq!(f.class(), Class::CIRCUIT_OPEN);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keyed_breakers_with_a_user_key() {
+    let upstream = Scripted::always(status(503));
+    let layer = KeyedBreakerLayer::with_key(
+        BreakerLayer::builder().consecutive_failures(1),
+        |req: &http::Request<String>| req.uri().path().split('/').nth(1).map(str::to_owned),
+    )
+    .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(classified(&upstream));
+    let _ = svc.clone().oneshot(get("/sendgrid/mail")).await;
+    assert_eq!(
+        svc.clone()
+            .oneshot(get("/sendgrid/mail"))
+            .await
+            .unwrap_err()
+            .class(),
+        Class::CIRCUIT_OPEN
+    );
+    assert_eq!(
+        svc.clone()
+            .oneshot(get("/postmark/mail"))
+            .await
+            .unwrap_err()
+            .class(),
+        Class::TRANSIENT
+    );
+    assert_eq!(layer.keys(), ["postmark", "sendgrid"]);
+}
