@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use support::{Scripted, Step, get, status};
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_backstop::breaker::{BreakerLayer, State};
+use tower_backstop::breaker::{BreakerHandle, BreakerLayer, State};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::{Class, Code};
 
@@ -378,8 +378,9 @@ async fn permanent_failures_count_as_neither_failure_nor_success_in_the_window()
     assert_eq!(handle.state(), State::Open);
 }
 
-/// Runs `slow` two-second successes and `10 - slow` instant ones, slow first.
-async fn ten_calls_slow(slow: usize) -> State {
+/// Runs `slow` two-second successes and `10 - slow` instant ones, slow first, through a breaker
+/// with a 1 s, 50 % slow-call rule over a count window of 10; returns its handle.
+async fn ten_calls_slow(slow: usize) -> BreakerHandle {
     let steps = (0..10).map(|i| {
         if i < slow {
             Step::After(Duration::from_secs(2), Box::new(status(200)))
@@ -399,35 +400,17 @@ async fn ten_calls_slow(slow: usize) -> State {
     for _ in 0..10 {
         assert!(svc.clone().oneshot(get("/")).await.is_ok());
     }
-    handle.state()
+    handle
 }
 
 #[tokio::test(start_paused = true)]
 async fn six_two_second_successes_of_ten_trip_a_1s_50_percent_slow_call_rule() {
-    assert_eq!(ten_calls_slow(6).await, State::Open);
+    assert_eq!(ten_calls_slow(6).await.state(), State::Open);
 }
 
 #[tokio::test(start_paused = true)]
 async fn four_slow_calls_of_ten_do_not_trip_the_slow_call_rule() {
-    let steps = (0..10).map(|i| {
-        if i < 4 {
-            Step::After(Duration::from_secs(2), Box::new(status(200)))
-        } else {
-            status(200)
-        }
-    });
-    let upstream = Scripted::new(steps, status(200));
-    let layer = BreakerLayer::builder()
-        .slow_calls(Duration::from_secs(1), 0.5)
-        .count_window(10)
-        .minimum_calls(10)
-        .build()
-        .unwrap();
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    for _ in 0..10 {
-        assert!(svc.clone().oneshot(get("/")).await.is_ok());
-    }
+    let handle = ten_calls_slow(4).await;
     assert_eq!(handle.state(), State::Closed);
     assert_eq!(handle.stats().window_slow_calls, 4);
 }

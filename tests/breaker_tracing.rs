@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support::{Scripted, get, status};
@@ -13,30 +11,9 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, State};
 use tower_backstop::classify::ClassifyLayer;
 
-#[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Sink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn every_transition_and_rejection_is_traced() {
-    let sink = Sink::default();
-    let writer = sink.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::DEBUG)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let logs = support::LogCapture::start(tracing::Level::DEBUG);
 
     let upstream = Scripted::new([status(503), status(503), status(503)], status(200));
     let layer = BreakerLayer::consecutive_failures(2)
@@ -59,7 +36,7 @@ async fn every_transition_and_rejection_is_traced() {
     handle.reset();
     assert_eq!(handle.state(), State::Closed);
 
-    let out = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    let out = logs.text();
     let lines: Vec<&str> = out
         .lines()
         .filter(|l| l.contains("circuit") || l.contains("call rejected"))

@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support::{Scripted, get, status, status_with};
@@ -35,26 +34,7 @@ fn no_jitter(base_ms: u64) -> Backoff {
 
 #[tokio::test(start_paused = true)]
 async fn every_retry_give_up_and_deferral_is_traced() {
-    use std::io::Write;
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-    impl Write for Sink {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let sink = Sink::default();
-    let writer = sink.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let logs = support::LogCapture::start(tracing::Level::INFO);
 
     let upstream = Scripted::new([status(503)], status_with(429, "retry-after", "3600"));
     let _ = stack(RetryPolicy::new().backoff(no_jitter(100)), &upstream)
@@ -63,7 +43,7 @@ async fn every_retry_give_up_and_deferral_is_traced() {
     let upstream = Scripted::always(status(404));
     let _ = stack(RetryPolicy::new(), &upstream).oneshot(get("/")).await;
 
-    let log = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    let log = logs.text();
     let retry = log.lines().find(|l| l.contains("retrying")).expect(&log);
     for field in [
         "attempt=1",

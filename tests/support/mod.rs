@@ -165,3 +165,48 @@ pub async fn serve(router: axum::Router) -> String {
     });
     format!("http://{addr}")
 }
+
+/// Captures this thread's `tracing` output at `level` and above, as plain text, while it lives.
+///
+/// Use it only in a test binary of its own: `tracing` caches each callsite's interest
+/// process-wide, so a thread-local subscriber set while other tests run on other threads can
+/// miss events.
+pub struct LogCapture {
+    buf: Arc<Mutex<Vec<u8>>>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+#[derive(Clone)]
+struct SharedBuf(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for SharedBuf {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogCapture {
+    pub fn start(level: tracing::Level) -> Self {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = SharedBuf(buf.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(level)
+            .finish();
+        LogCapture {
+            buf,
+            _guard: tracing::subscriber::set_default(subscriber),
+        }
+    }
+
+    /// Everything logged so far.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.buf.lock().unwrap().clone()).unwrap()
+    }
+}

@@ -1,0 +1,147 @@
+//! Dead-letter stores that fail (a read-only SQLite file, a stopped Redis): the caller gets the
+//! original failure and a clear error, and `tracing` reports it. Alone in its own test binary:
+//! `tracing` caches each callsite's interest process-wide, so a thread-local subscriber set while
+//! other tests run on other threads can miss events.
+
+mod redis_support;
+mod support;
+
+use std::sync::Arc;
+
+use support::{Scripted, post_with_key, status};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::dead_letter::{DeadLetterLayer, SqliteStore, Store};
+use tower_backstop::{Class, Failure};
+
+/// The caller gets the original failure, told the dead letter could not be written; tracing
+/// reports it.
+async fn check_unwritable(store: Arc<dyn Store>, expect: &str) {
+    let logs = support::LogCapture::start(tracing::Level::WARN);
+    let upstream = Scripted::always(status(503));
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(store))
+        .layer(ClassifyLayer::http())
+        .service(upstream);
+    let f = svc
+        .oneshot(post_with_key("/", "payload", "k-unwritable"))
+        .await
+        .unwrap_err();
+    assert_eq!(f.class(), Class::TRANSIENT);
+    assert_eq!(
+        f.response().unwrap().status(),
+        503,
+        "the original failure is kept"
+    );
+    assert!(f.dead_letter_failed());
+    let text = f.to_string();
+    assert!(
+        text.contains("dead letter k-unwritable could not be written"),
+        "{text}"
+    );
+    assert!(text.to_lowercase().contains(expect), "{text}");
+    let logs = logs.text();
+    assert!(logs.contains("dead letter could not be written"), "{logs}");
+    assert!(logs.contains("k-unwritable"), "{logs}");
+}
+
+#[tokio::test]
+async fn a_read_only_sqlite_file_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    SqliteStore::open(&path).unwrap().close();
+    let store = SqliteStore::open_read_only(&path).unwrap();
+    check_unwritable(Arc::new(store), "readonly").await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_stopped_redis_is_a_clear_error_and_a_restarted_one_works_again() {
+    use tower_backstop::dead_letter::RedisStore;
+
+    // A Redis server of our own, so that stopping it does not disturb the other tests.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let child = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        let _: Option<()> = redis_support::skip(
+            "a_stopped_redis_is_a_clear_error",
+            &url,
+            &"no redis-server binary",
+        );
+        return;
+    };
+    let mut store = None;
+    for _ in 0..200 {
+        if let Ok(s) = RedisStore::connect(&url).await {
+            store = Some(s);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let store = store.expect("our redis-server did not start");
+    store
+        .put(tower_backstop::dead_letter::Record::from_failure(
+            "before".into(),
+            tower_backstop::Envelope::new("x"),
+            &Failure::<()>::from(tower_backstop::BoxError::from("boom")),
+        ))
+        .await
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    check_unwritable(Arc::new(store.clone()), "redis dead-letter store").await;
+
+    // Redis comes back (empty: no data, no scripts): the same store writes again.
+    let mut child = std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut written = Err(None);
+    for _ in 0..300 {
+        let r = tower_backstop::dead_letter::Record::from_failure(
+            "after".into(),
+            tower_backstop::Envelope::new("y"),
+            &Failure::<()>::from(tower_backstop::BoxError::from("boom")),
+        );
+        match store.put(r).await {
+            Ok(()) => {
+                written = Ok(());
+                break;
+            }
+            Err(e) => written = Err(Some(e)),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let result = store.get("after").await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    written.expect("the store writes again after Redis restarts");
+    assert_eq!(result.unwrap().unwrap().message, "boom");
+}
