@@ -19,16 +19,20 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::fmt::Debug;
-use std::future::{Future, Ready, poll_fn, ready};
+use std::future::{Future, poll_fn, ready};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
+
+mod support;
+
+use support::*;
 
 use criterion::{Bencher, Criterion, criterion_group, criterion_main};
 use failsafe::futures::CircuitBreaker as _;
 use tokio::runtime::Runtime;
 use tower::{Layer, Service, service_fn};
 use tower_backstop::breaker::{BreakerLayer, State};
-use tower_backstop::{BoxError, Class, Code, Failure};
+use tower_backstop::{Class, Code, Failure};
 
 struct Counting;
 
@@ -56,21 +60,6 @@ static GLOBAL: Counting = Counting;
 
 fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
-}
-
-const REQUEST: &str = "hello";
-type Req = &'static str;
-type Bare = tower::util::ServiceFn<fn(Req) -> Ready<Result<Req, BoxError>>>;
-
-fn bare() -> Bare {
-    service_fn(|req: Req| ready(Ok(req)))
-}
-
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("a current_thread runtime")
 }
 
 /// One call of anything we measure; `ok` says whether a success is expected.

@@ -12,73 +12,32 @@
 //! ```
 
 use std::fmt::Debug;
-use std::future::{Ready, poll_fn, ready};
-use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::future::{Ready, ready};
+use std::time::Duration;
 
-use criterion::{Bencher, Criterion, criterion_group, criterion_main};
-use tokio::runtime::Runtime;
-use tower::{Layer, Service, ServiceBuilder, service_fn};
-use tower_backstop::BoxError;
+mod support;
+
+use support::*;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use tower::{Layer, ServiceBuilder, service_fn};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::{ClassifyLayer, Verdict};
 use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
 use tower_backstop::retry::RetryLayer;
 use tower_backstop::timeout::TimeoutLayer;
 
-/// The request: `&'static str` is `Replay` and `Describe`, and free to copy.
-const REQUEST: &str = "hello";
-
-type Req = &'static str;
-
 /// A timeout long enough never to fire.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A `service_fn` that is ready at once and answers `T` at once.
-type Bare<T> = tower::util::ServiceFn<fn(Req) -> Answer<T>>;
-type Answer<T> = Ready<Result<T, BoxError>>;
-
-/// The bare inner service: ready at once, answers at once.
-fn bare() -> Bare<Req> {
-    service_fn(|req: Req| ready(Ok(req)))
-}
-
 /// A bare inner service answering an `http::Response<()>` (200 OK).
-fn bare_http() -> Bare<http::Response<()>> {
+fn bare_http() -> BareOf<http::Response<()>> {
     service_fn(|_: Req| ready(Ok(http::Response::new(()))))
 }
 
 /// A closure classifier that calls every response a success.
 fn all_ok<R>(_: &R) -> Option<Verdict> {
     None
-}
-
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("a current_thread runtime")
-}
-
-/// Times `iters` calls of `svc` inside one `block_on`; the same for every entry of every group.
-fn run<S>(rt: &Runtime, b: &mut Bencher<'_>, mut svc: S)
-where
-    S: Service<Req>,
-    S::Error: Debug,
-{
-    b.iter_custom(|iters| {
-        rt.block_on(async {
-            let start = Instant::now();
-            for _ in 0..iters {
-                poll_fn(|cx| svc.poll_ready(cx))
-                    .await
-                    .expect("service ready");
-                let response = svc.call(black_box(REQUEST)).await.expect("call succeeds");
-                black_box(response);
-            }
-            start.elapsed()
-        })
-    });
 }
 
 /// tower's retry with the attempt cap of our default policy (3 attempts: 2 retries), retrying

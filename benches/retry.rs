@@ -9,55 +9,18 @@
 //! ```
 
 use std::fmt::Debug;
-use std::future::{Ready, poll_fn, ready};
-use std::hint::black_box;
+use std::future::{Ready, ready};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use criterion::{Bencher, Criterion, criterion_group, criterion_main};
-use tokio::runtime::Runtime;
+mod support;
+
+use support::*;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use tower::Layer;
 use tower::retry::budget::{Budget as _, TpsBudget};
-use tower::{Layer, Service, service_fn};
-use tower_backstop::BoxError;
 use tower_backstop::retry::{Budget, RetryLayer, RetryPolicy};
-
-/// The request: `&'static str` is `Replay`, and free to copy.
-const REQUEST: &str = "hello";
-
-type Req = &'static str;
-type Bare = tower::util::ServiceFn<fn(Req) -> Ready<Result<Req, BoxError>>>;
-
-/// The bare inner service: ready at once, answers at once.
-fn bare() -> Bare {
-    service_fn(|req: Req| ready(Ok(req)))
-}
-
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("a current_thread runtime")
-}
-
-fn run<S>(rt: &Runtime, b: &mut Bencher<'_>, mut svc: S)
-where
-    S: Service<Req>,
-    S::Error: Debug,
-{
-    b.iter_custom(|iters| {
-        rt.block_on(async {
-            let start = Instant::now();
-            for _ in 0..iters {
-                poll_fn(|cx| svc.poll_ready(cx))
-                    .await
-                    .expect("service ready");
-                let response = svc.call(black_box(REQUEST)).await.expect("call succeeds");
-                black_box(response);
-            }
-            start.elapsed()
-        })
-    });
-}
 
 /// tower's retry policy equivalent to ours: 3 attempts, every error retried, the request
 /// cloned for each attempt, a `TpsBudget` deposited on success and withdrawn per retry.
