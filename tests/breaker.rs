@@ -19,10 +19,7 @@ async fn opens_after_consecutive_failures_and_rejects_without_calling() {
     let upstream = Scripted::always(status(503));
     let layer = breaker(3, Duration::from_secs(10));
     let handle = layer.handle();
-    let svc = ServiceBuilder::new()
-        .layer(layer)
-        .layer(ClassifyLayer::http())
-        .service(upstream.clone());
+    let svc = stack(layer, &upstream);
     for _ in 0..3 {
         let f = svc.clone().oneshot(get("/")).await.unwrap_err();
         assert_eq!(f.class(), Class::TRANSIENT);
@@ -59,10 +56,7 @@ async fn a_success_resets_the_count_and_4xx_does_not_count() {
     );
     let layer = breaker(3, Duration::from_secs(10));
     let handle = layer.handle();
-    let svc = ServiceBuilder::new()
-        .layer(layer)
-        .layer(ClassifyLayer::http())
-        .service(upstream.clone());
+    let svc = stack(layer, &upstream);
     for _ in 0..15 {
         let _ = svc.clone().oneshot(get("/")).await;
     }
@@ -79,10 +73,7 @@ async fn after_open_duration_exactly_one_probe_goes_through() {
     );
     let layer = breaker(2, Duration::from_secs(5));
     let handle = layer.handle();
-    let svc = ServiceBuilder::new()
-        .layer(layer)
-        .layer(ClassifyLayer::http())
-        .service(upstream.clone());
+    let svc = stack(layer, &upstream);
     for _ in 0..2 {
         let _ = svc.clone().oneshot(get("/")).await;
     }
@@ -124,10 +115,7 @@ async fn successful_probe_closes() {
     let upstream = Scripted::new([status(503), status(503)], status(200));
     let layer = breaker(2, Duration::from_secs(1));
     let handle = layer.handle();
-    let svc = ServiceBuilder::new()
-        .layer(layer)
-        .layer(ClassifyLayer::http())
-        .service(upstream.clone());
+    let svc = stack(layer, &upstream);
     for _ in 0..2 {
         let _ = svc.clone().oneshot(get("/")).await;
     }
@@ -151,10 +139,7 @@ async fn dropped_or_ignored_probe_returns_its_permit() {
     );
     let layer = breaker(2, Duration::from_secs(1));
     let handle = layer.handle();
-    let mut svc = ServiceBuilder::new()
-        .layer(layer)
-        .layer(ClassifyLayer::http())
-        .service(upstream.clone());
+    let mut svc = stack(layer, &upstream);
     for _ in 0..2 {
         let _ = svc.clone().oneshot(get("/")).await;
     }
@@ -211,10 +196,7 @@ async fn a_slow_call_from_before_the_trip_does_not_count_again() {
     );
     let layer = breaker(2, Duration::from_secs(1));
     let handle = layer.handle();
-    let svc = ServiceBuilder::new()
-        .layer(layer)
-        .layer(ClassifyLayer::http())
-        .service(upstream.clone());
+    let svc = stack(layer, &upstream);
     let slow = [
         tokio::spawn(svc.clone().oneshot(get("/slow"))),
         tokio::spawn(svc.clone().oneshot(get("/slow"))),

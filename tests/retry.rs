@@ -5,7 +5,9 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use support::{Scripted, Step, get, post, post_with_key, status, status_with};
+use support::{
+    Scripted, Step, get, no_jitter, post, post_with_key, retry_stack as stack, status, status_with,
+};
 use tokio::time::Instant;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
@@ -13,26 +15,6 @@ use tower_backstop::retry::{
     Backoff, Budget, DelaySource, Jitter, LongDelay, RetryEvent, RetryLayer, RetryPolicy,
 };
 use tower_backstop::{Class, Code, Failure, GiveUp};
-
-type Svc = tower::util::BoxCloneService<
-    http::Request<String>,
-    http::Response<()>,
-    Failure<http::Response<()>>,
->;
-
-fn stack(policy: RetryPolicy, upstream: &Scripted) -> Svc {
-    tower::util::BoxCloneService::new(
-        ServiceBuilder::new()
-            .layer(RetryLayer::new(policy))
-            .layer(ClassifyLayer::http())
-            .service(upstream.clone()),
-    )
-}
-
-fn no_jitter(base_ms: u64) -> Backoff {
-    Backoff::exponential(Duration::from_millis(base_ms), Duration::from_secs(10))
-        .jitter(Jitter::None)
-}
 
 fn recorder() -> (
     Arc<Mutex<Vec<RetryEvent>>>,

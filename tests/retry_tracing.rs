@@ -4,33 +4,9 @@
 
 mod support;
 
-use std::time::Duration;
-
-use support::{Scripted, get, status, status_with};
-use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::Failure;
-use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::retry::{Backoff, Jitter, RetryLayer, RetryPolicy};
-
-type Svc = tower::util::BoxCloneService<
-    http::Request<String>,
-    http::Response<()>,
-    Failure<http::Response<()>>,
->;
-
-fn stack(policy: RetryPolicy, upstream: &Scripted) -> Svc {
-    tower::util::BoxCloneService::new(
-        ServiceBuilder::new()
-            .layer(RetryLayer::new(policy))
-            .layer(ClassifyLayer::http())
-            .service(upstream.clone()),
-    )
-}
-
-fn no_jitter(base_ms: u64) -> Backoff {
-    Backoff::exponential(Duration::from_millis(base_ms), Duration::from_secs(10))
-        .jitter(Jitter::None)
-}
+use support::{Scripted, get, no_jitter, retry_stack as stack, status, status_with};
+use tower::ServiceExt;
+use tower_backstop::retry::RetryPolicy;
 
 #[tokio::test(start_paused = true)]
 async fn every_retry_give_up_and_deferral_is_traced() {

@@ -210,3 +210,29 @@ impl LogCapture {
         String::from_utf8(self.buf.lock().unwrap().clone()).unwrap()
     }
 }
+
+/// A `RetryLayer` with `policy` over `ClassifyLayer::http()` over `upstream`, boxed.
+pub fn retry_stack(
+    policy: tower_backstop::retry::RetryPolicy,
+    upstream: &Scripted,
+) -> tower::util::BoxCloneService<
+    http::Request<String>,
+    http::Response<()>,
+    tower_backstop::Failure<http::Response<()>>,
+> {
+    tower::util::BoxCloneService::new(
+        tower::ServiceBuilder::new()
+            .layer(tower_backstop::retry::RetryLayer::new(policy))
+            .layer(tower_backstop::classify::ClassifyLayer::http())
+            .service(upstream.clone()),
+    )
+}
+
+/// Exponential backoff from `base_ms` milliseconds, capped at 10 s, without jitter: exact delays.
+pub fn no_jitter(base_ms: u64) -> tower_backstop::retry::Backoff {
+    tower_backstop::retry::Backoff::exponential(
+        Duration::from_millis(base_ms),
+        Duration::from_secs(10),
+    )
+    .jitter(tower_backstop::retry::Jitter::None)
+}
