@@ -785,3 +785,97 @@ async fn a_probe_whose_inner_future_panics_gives_its_permit_back() {
     assert_eq!(handle.state(), State::Closed);
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
+
+// ---- calls that hold only the breaker's id (the closed-state fast path) ----
+
+#[tokio::test(start_paused = true)]
+async fn a_success_admitted_before_a_failure_does_not_clear_it() {
+    // A slow success starts while nothing is counted; a failure is counted while it runs. Its
+    // late success is no evidence that the provider recovered after that failure, so the next
+    // failure makes two in a row and trips a breaker of 2.
+    let upstream = Scripted::new(
+        [
+            Step::After(Duration::from_secs(5), Box::new(status(200))),
+            status(503),
+        ],
+        status(503),
+    );
+    let layer = breaker(2, Duration::from_secs(10));
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    let slow = tokio::spawn(svc.clone().oneshot(get("/slow")));
+    tokio::task::yield_now().await;
+    let _ = svc.clone().oneshot(get("/")).await.unwrap_err();
+    assert_eq!(handle.stats().consecutive_failures, 1);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(slow.await.unwrap().is_ok());
+    assert_eq!(handle.stats().consecutive_failures, 1);
+    let _ = svc.clone().oneshot(get("/")).await.unwrap_err();
+    assert_eq!(handle.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_success_admitted_after_a_failure_clears_it_even_if_it_ends_late() {
+    let upstream = Scripted::new(
+        [
+            status(503),
+            Step::After(Duration::from_secs(5), Box::new(status(200))),
+        ],
+        status(503),
+    );
+    let layer = breaker(2, Duration::from_secs(10));
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    let _ = svc.clone().oneshot(get("/")).await.unwrap_err();
+    assert_eq!(handle.stats().consecutive_failures, 1);
+    let slow = tokio::spawn(svc.clone().oneshot(get("/slow")));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(slow.await.unwrap().is_ok());
+    assert_eq!(handle.stats().consecutive_failures, 0);
+    let _ = svc.clone().oneshot(get("/")).await.unwrap_err();
+    assert_eq!(handle.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_that_ends_after_its_breaker_is_dropped_is_returned_and_not_counted() {
+    // The slow call holds only the breaker's id; by the time it fails, every service, layer and
+    // handle of that breaker is gone, so there is nothing to count it in. The caller still gets
+    // the failure, unchanged.
+    let upstream = Scripted::new(
+        [Step::After(Duration::from_secs(5), Box::new(status(503)))],
+        status(200),
+    );
+    let layer = breaker(1, Duration::from_secs(10));
+    let svc = stack(layer, &upstream);
+    let mut svc2 = svc.clone();
+    svc2.ready().await.unwrap();
+    let pending = svc2.call(get("/slow"));
+    drop((svc, svc2));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let failure = pending.await.unwrap_err();
+    assert_eq!(failure.class(), Class::TRANSIENT);
+    assert_eq!(
+        failure.code(),
+        Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_of_a_call_admitted_with_nothing_counted_still_trips_a_live_breaker() {
+    // Every one of these calls starts with no failure counted (a breaker of 1), so each holds
+    // only the breaker's id; the failure finds the breaker again and trips it.
+    let upstream = Scripted::new(
+        [Step::After(Duration::from_secs(1), Box::new(status(503)))],
+        status(200),
+    );
+    let layer = breaker(1, Duration::from_secs(10));
+    let handle = layer.handle();
+    let svc = stack(layer, &upstream);
+    let slow = tokio::spawn(svc.clone().oneshot(get("/slow")));
+    tokio::task::yield_now().await;
+    assert_eq!(handle.state(), State::Closed);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(slow.await.unwrap().is_err());
+    assert_eq!(handle.state(), State::Open);
+    assert_eq!(handle.stats().failures, 1);
+}

@@ -201,6 +201,13 @@ impl Default for Builder {
 
 impl Builder {
     /// Opens after `n` failures in a row (a count of calls).
+    ///
+    /// A success breaks the row when the call was admitted after the last counted failure. A
+    /// success admitted before it (a slow call started while nothing had failed) is no evidence
+    /// that the provider recovered since, and leaves the count alone: that is what lets such a
+    /// call hold no reference to the breaker (see [`BreakerLayer::into_static`]).
+    ///
+    /// [`BreakerLayer::into_static`]: super::BreakerLayer::into_static
     pub fn consecutive_failures(mut self, n: u32) -> Self {
         self.consecutive = Some(n);
         self
@@ -363,7 +370,8 @@ impl Builder {
         })
     }
 
-    pub(crate) fn shared(&self) -> Shared {
-        Shared::new(self)
+    /// The breaker this configuration describes, registered (`registry`).
+    pub(crate) fn shared(&self) -> std::sync::Arc<Shared> {
+        Shared::counted(self)
     }
 }

@@ -37,34 +37,55 @@ pin_project! {
 /// Holds a permit until the call ends; a call dropped before it ended gives it back.
 #[derive(Debug)]
 pub(crate) struct Guard {
-    shared: SharedRef,
-    permit: Option<Permit>,
+    link: Link,
+    // A plain permit, not an `Option`: `Permit::DONE` once the outcome is recorded.
+    permit: Permit,
+}
+
+/// How a call reaches its breaker when it ends.
+#[derive(Debug)]
+enum Link {
+    /// A reference, for a call whose every outcome counts (a probe, a rate or slow-call rule, a
+    /// success that clears the failures counted before it).
+    Held(SharedRef),
+    /// Only the breaker's id, for a call whose success changes nothing: see
+    /// [`Shared::detaches`](super::state::Shared::detaches). A failure looks the breaker up.
+    Detached(u64),
 }
 
 impl Guard {
     #[inline]
-    pub(crate) fn new(shared: SharedRef, permit: Permit) -> Self {
-        Guard {
-            shared,
-            permit: Some(permit),
-        }
+    pub(crate) fn new(shared: &SharedRef, permit: Permit) -> Self {
+        let link = if shared.detaches(&permit) {
+            Link::Detached(shared.id)
+        } else {
+            Link::Held(shared.clone())
+        };
+        Guard { link, permit }
     }
 
     /// Records the outcome of a finished call.
     #[inline]
     pub(crate) fn finish<R>(&mut self, result: &Result<R, Failure<R>>) {
-        if let Some(permit) = self.permit.take() {
-            let outcome = match result {
-                Ok(_) => Outcome::Success,
-                Err(f) => Outcome::Failure(f.class()),
-            };
-            self.shared.complete(permit, outcome);
+        match (&self.link, result) {
+            // A detached success: nothing to record.
+            (Link::Detached(_), Ok(_)) => self.permit = Permit::done(),
+            (_, Ok(_)) => self.finish_with(Outcome::Success),
+            (_, Err(f)) => self.finish_with(Outcome::Failure(f.class())),
         }
     }
 
     pub(crate) fn finish_with(&mut self, outcome: Outcome) {
         if let Some(permit) = self.permit.take() {
-            self.shared.complete(permit, outcome);
+            match &self.link {
+                Link::Held(shared) => shared.complete(permit, outcome),
+                Link::Detached(_) if outcome == Outcome::Success => {}
+                Link::Detached(id) => {
+                    if let Some(shared) = super::registry::find(*id) {
+                        shared.complete(permit, outcome);
+                    }
+                }
+            }
         }
     }
 }
@@ -72,9 +93,12 @@ impl Guard {
 impl Drop for Guard {
     #[inline]
     fn drop(&mut self) {
-        if let Some(permit) = self.permit.take() {
-            // Dropped or cancelled before it ended: a probe's permit goes back, nothing counts.
-            self.shared.cancel(permit);
+        // Dropped or cancelled before it ended: a probe's permit goes back, nothing counts. A
+        // detached call is a closed-state one: it holds no permit that could go back.
+        if let Link::Held(shared) = &self.link
+            && let Some(permit) = self.permit.take()
+        {
+            shared.cancel(permit);
         }
     }
 }

@@ -78,7 +78,7 @@ impl Registry {
             );
             return Arc::clone(&self.other);
         }
-        let shared = Arc::new(self.template.clone().name(key).shared());
+        let shared = self.template.clone().name(key).shared();
         write.insert(key.into(), Arc::clone(&shared));
         shared
     }
@@ -152,7 +152,7 @@ impl<K> KeyedBreakerLayer<K> {
     /// The [`BuildError`] of `template`, if it is invalid.
     pub fn with_key(template: Builder, key: K) -> Result<Self, BuildError> {
         template.validate()?;
-        let other = Arc::new(template.clone().name("other").shared());
+        let other = template.clone().name("other").shared();
         Ok(KeyedBreakerLayer {
             key: Arc::new(key),
             registry: Arc::new(Registry {
@@ -174,7 +174,7 @@ impl<K> KeyedBreakerLayer<K> {
                 template: registry.template.clone(),
                 max_keys: n,
                 breakers: RwLock::default(),
-                other: Arc::new(registry.template.clone().name("other").shared()),
+                other: registry.template.clone().name("other").shared(),
             }),
         }
     }
@@ -269,7 +269,7 @@ where
         match shared.admit() {
             Ok(permit) => ResponseFuture::called(
                 self.inner.call(req),
-                Guard::new(SharedRef::Counted(shared), permit),
+                Guard::new(&SharedRef::Counted(shared), permit),
             ),
             Err(r) => ResponseFuture::rejected(r),
         }

@@ -17,9 +17,11 @@
 //! of resilience4j's `CircuitBreaker`.
 //!
 //! The state lives in atomics; the closed-state success path takes no lock, reads no clock when
-//! no time-based rule needs it, and allocates nothing. Each call's response future holds a
-//! reference to the breaker's state (an `Arc` clone); a breaker built once at startup can skip
-//! that reference count with [`BreakerLayer::into_static`]. An open breaker answers `Ready(Ok)` from
+//! no time-based rule needs it, and allocates nothing. Under the consecutive rule it does not
+//! even touch the breaker's reference count: a call admitted while no failure is counted keeps
+//! only the breaker's id, and looks the breaker up by it only if it fails. Calls whose every
+//! outcome counts (rate rules, probes) hold an `Arc` clone, which a breaker built once at startup
+//! can skip with [`BreakerLayer::into_static`]. An open breaker answers `Ready(Ok)` from
 //! `poll_ready` without waiting for the inner service, and its future fails at once, like tower's
 //! `load_shed`.
 //!
@@ -100,6 +102,7 @@ mod failover;
 mod future;
 mod keyed;
 mod layer;
+mod registry;
 mod server;
 mod state;
 mod sync;
@@ -195,8 +198,10 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        if self.decision.is_none() {
-            self.decision = Decision::new(self.shared.admit());
+        if self.decision.is_none()
+            && let Some(decided) = self.shared.reserve()
+        {
+            self.decision = Decision::new(decided);
         }
         if self.decision.is_rejected() {
             // Open: ready at once, the call fails without touching the inner service.
@@ -209,10 +214,9 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let decision = self.decision.take().unwrap_or_else(|| self.shared.admit());
         match decision {
-            Ok(permit) => ResponseFuture::called(
-                self.inner.call(req),
-                Guard::new(self.shared.clone(), permit),
-            ),
+            Ok(permit) => {
+                ResponseFuture::called(self.inner.call(req), Guard::new(&self.shared, permit))
+            }
             Err(r) => ResponseFuture::rejected(r),
         }
     }

@@ -140,7 +140,7 @@ where
             Ok(permit) => ServerBreakerFuture {
                 kind: ServerKind::Called {
                     future: self.inner.call(req),
-                    guard: Guard::new(self.shared.clone(), permit),
+                    guard: Guard::new(&self.shared, permit),
                     classifier: Arc::clone(&self.classifier),
                 },
             },

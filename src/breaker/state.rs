@@ -8,8 +8,10 @@
 //! - a probe permit is taken and given back by a compare-and-swap on the same word that decides
 //!   the transitions, so "exactly N probes" and "a failure and a success racing" have one order.
 //!
-//! The closed-state success path with the consecutive rule is one atomic load at admission and one
-//! at completion: no lock, no clock read, no write unless a failure was counted before.
+//! The closed-state success path with the consecutive rule is two atomic loads at admission (the
+//! word, and the failure count, which decides whether the call needs a reference to the breaker
+//! at all: see `registry`) and nothing at completion: no lock, no clock read, no write, and no
+//! reference count.
 
 use std::fmt;
 use std::sync::Arc;
@@ -150,6 +152,31 @@ pub(crate) struct Permit {
     start: u64,
 }
 
+impl Permit {
+    /// A permit already handed back: real words never have every generation bit set (see
+    /// [`Decision`]).
+    const DONE: u64 = u64::MAX;
+
+    /// A permit already handed back.
+    #[inline]
+    pub(crate) fn done() -> Permit {
+        Permit {
+            word: Self::DONE,
+            start: 0,
+        }
+    }
+
+    /// Takes the permit, leaving a spent one behind; `None` if it was already taken.
+    #[inline]
+    pub(crate) fn take(&mut self) -> Option<Permit> {
+        let word = std::mem::replace(&mut self.word, Self::DONE);
+        (word != Self::DONE).then_some(Permit {
+            word,
+            start: self.start,
+        })
+    }
+}
+
 /// Why a call was rejected: the time left until half-open, in nanoseconds, or `NONE`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Rejection {
@@ -283,6 +310,11 @@ pub(crate) struct Shared {
     clock_on_complete: bool,
     /// Whether a call's start time is needed (the slow-call rule).
     needs_start: bool,
+    /// Whether a closed-state success changes nothing while no failure is counted (the
+    /// consecutive rule alone), so that such a call need not hold a reference (`registry`).
+    detachable: bool,
+    /// This breaker's id in the registry; 0 when it is not registered.
+    pub(crate) id: u64,
 
     word: AtomicU64,
     failures: AtomicU32,
@@ -302,6 +334,14 @@ pub(crate) struct Shared {
     failed: AtomicU64,
 }
 
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.id != 0 {
+            super::registry::unregister(self.id);
+        }
+    }
+}
+
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shared")
@@ -312,7 +352,7 @@ impl fmt::Debug for Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(config: &Builder) -> Self {
+    fn new(config: &Builder, id: u64) -> Self {
         let consecutive = match (config.consecutive, config.has_rates()) {
             (Some(n), _) => Some(n.max(1)),
             (None, false) => Some(5),
@@ -326,6 +366,7 @@ impl Shared {
         });
         let slow = config.slow.map(|(d, r)| (saturating_nanos(d), r));
         let clock_on_complete = slow.is_some() || window.as_ref().is_some_and(Window::needs_clock);
+        let detachable = consecutive.is_some() && window.is_none() && !clock_on_complete;
         Shared {
             name: config.name.clone(),
             config: config.clone(),
@@ -342,6 +383,8 @@ impl Shared {
             window,
             clock_on_complete,
             needs_start: slow.is_some(),
+            detachable,
+            id,
             word: AtomicU64::new(CLOSED),
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
@@ -355,6 +398,27 @@ impl Shared {
             probes_admitted: AtomicU64::new(0),
             failed: AtomicU64::new(0),
         }
+    }
+
+    /// A breaker shared by services and futures, findable by its id (`registry`).
+    pub(crate) fn counted(config: &Builder) -> Arc<Shared> {
+        let id = super::registry::next_id();
+        let shared = Arc::new(Shared::new(config, id));
+        super::registry::register(id, &shared);
+        shared
+    }
+
+    /// Whether a call admitted with `permit` can leave the breaker behind: it is a closed-state
+    /// call under the consecutive rule alone and no failure is counted, so its success changes
+    /// nothing and its failure can find the breaker by id. A success admitted before a failure
+    /// and ending after it therefore does not clear that failure; the next success admitted
+    /// after it does.
+    #[inline]
+    pub(crate) fn detaches(&self, permit: &Permit) -> bool {
+        self.detachable
+            && state_of(permit.word) == CLOSED
+            && self.id != 0
+            && self.failures.load(Ordering::Relaxed) == 0
     }
 
     pub(crate) fn counts(&self, class: Class) -> bool {
@@ -445,6 +509,18 @@ impl Shared {
             retry_after,
         });
         Rejection::new(retry_after)
+    }
+
+    /// What `poll_ready` decides: `None` when closed (nothing is scarce, so `call` admits the
+    /// call itself, one load, and takes the start time then), else a reserved probe permit, a
+    /// disabled breaker's permit, or a rejection.
+    #[inline]
+    pub(crate) fn reserve(&self) -> Option<Result<Permit, Rejection>> {
+        let word = self.word.load(Ordering::Acquire);
+        if state_of(word) == CLOSED {
+            return None;
+        }
+        Some(self.admit_slow(word))
     }
 
     /// Admits a call, or rejects it with the time left until half-open.
