@@ -10,6 +10,11 @@ use tower_backstop::breaker::{BreakerHandle, BreakerLayer, State};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::{Class, Code};
 
+/// An upstream answer with `code` after `secs` seconds.
+fn after(secs: u64, code: u16) -> Step {
+    Step::After(Duration::from_secs(secs), Box::new(status(code)))
+}
+
 fn breaker(n: u32, open_for: Duration) -> BreakerLayer {
     BreakerLayer::consecutive_failures(n).open_for(open_for)
 }
@@ -129,12 +134,7 @@ async fn successful_probe_closes() {
 #[tokio::test(start_paused = true)]
 async fn dropped_or_ignored_probe_returns_its_permit() {
     let upstream = Scripted::new(
-        [
-            status(503),
-            status(503),
-            Step::After(Duration::from_secs(60), Box::new(status(200))),
-            status(400),
-        ],
+        [status(503), status(503), after(60, 200), status(400)],
         status(200),
     );
     let layer = breaker(2, Duration::from_secs(1));
@@ -186,12 +186,7 @@ async fn a_slow_call_from_before_the_trip_does_not_count_again() {
     // Two slow failures start while closed; the fast ones trip the breaker and it half-opens and
     // closes before the slow ones finish; their late failures belong to the earlier period.
     let upstream = Scripted::new(
-        [
-            Step::After(Duration::from_secs(30), Box::new(status(503))),
-            Step::After(Duration::from_secs(30), Box::new(status(503))),
-            status(503),
-            status(503),
-        ],
+        [after(30, 503), after(30, 503), status(503), status(503)],
         status(200),
     );
     let layer = breaker(2, Duration::from_secs(1));
@@ -247,14 +242,7 @@ fn stack(
 
 #[tokio::test(start_paused = true)]
 async fn a_slow_success_from_the_closed_period_does_not_close_a_half_open_breaker() {
-    let upstream = Scripted::new(
-        [
-            Step::After(Duration::from_secs(30), Box::new(status(200))),
-            status(503),
-            status(503),
-        ],
-        Step::After(Duration::from_secs(60), Box::new(status(503))),
-    );
+    let upstream = Scripted::new([after(30, 200), status(503), status(503)], after(60, 503));
     let layer = breaker(2, Duration::from_secs(5));
     let handle = layer.handle();
     let svc = stack(layer, &upstream);
@@ -363,13 +351,7 @@ async fn permanent_failures_count_as_neither_failure_nor_success_in_the_window()
 /// Runs `slow` two-second successes and `10 - slow` instant ones, slow first, through a breaker
 /// with a 1 s, 50 % slow-call rule over a count window of 10; returns its handle.
 async fn ten_calls_slow(slow: usize) -> BreakerHandle {
-    let steps = (0..10).map(|i| {
-        if i < slow {
-            Step::After(Duration::from_secs(2), Box::new(status(200)))
-        } else {
-            status(200)
-        }
-    });
+    let steps = (0..10).map(|i| if i < slow { after(2, 200) } else { status(200) });
     let upstream = Scripted::new(steps, status(200));
     let layer = BreakerLayer::builder()
         .slow_calls(Duration::from_secs(1), 0.5)
@@ -540,10 +522,7 @@ async fn three_permits_admit_three_probes_and_two_successes_close() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hung_probe_cannot_keep_it_half_open_past_the_maximum_wait() {
-    let upstream = Scripted::new(
-        [status(503)],
-        Step::After(Duration::from_secs(3600), Box::new(status(200))),
-    );
+    let upstream = Scripted::new([status(503)], after(3600, 200));
     let layer = BreakerLayer::builder()
         .consecutive_failures(1)
         .open_for(Duration::from_secs(1))
@@ -788,52 +767,45 @@ async fn a_probe_whose_inner_future_panics_gives_its_permit_back() {
 
 // ---- calls that hold only the breaker's id (the closed-state fast path) ----
 
-#[tokio::test(start_paused = true)]
-async fn a_success_admitted_before_a_failure_does_not_clear_it() {
-    // A slow success starts while nothing is counted; a failure is counted while it runs. Its
-    // late success is no evidence that the provider recovered after that failure, so the next
-    // failure makes two in a row and trips a breaker of 2.
-    let upstream = Scripted::new(
-        [
-            Step::After(Duration::from_secs(5), Box::new(status(200))),
-            status(503),
-        ],
-        status(503),
-    );
+/// A breaker of 2 sees one failure and one slow success (5 s), the success admitted before the
+/// failure or after it, then one more failure. Returns the consecutive count once the slow
+/// success ended, and the state after the last failure.
+async fn late_success(admitted_after_the_failure: bool) -> (u32, State) {
+    let script = if admitted_after_the_failure {
+        [status(503), after(5, 200)]
+    } else {
+        [after(5, 200), status(503)]
+    };
+    let upstream = Scripted::new(script, status(503));
     let layer = breaker(2, Duration::from_secs(10));
     let handle = layer.handle();
     let svc = stack(layer, &upstream);
+    if admitted_after_the_failure {
+        let _ = svc.clone().oneshot(get("/")).await.unwrap_err();
+    }
     let slow = tokio::spawn(svc.clone().oneshot(get("/slow")));
     tokio::task::yield_now().await;
-    let _ = svc.clone().oneshot(get("/")).await.unwrap_err();
+    if !admitted_after_the_failure {
+        let _ = svc.clone().oneshot(get("/")).await.unwrap_err();
+    }
     assert_eq!(handle.stats().consecutive_failures, 1);
     tokio::time::advance(Duration::from_secs(5)).await;
     assert!(slow.await.unwrap().is_ok());
-    assert_eq!(handle.stats().consecutive_failures, 1);
+    let count = handle.stats().consecutive_failures;
     let _ = svc.clone().oneshot(get("/")).await.unwrap_err();
-    assert_eq!(handle.state(), State::Open);
+    (count, handle.state())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_success_admitted_before_a_failure_does_not_clear_it() {
+    // Started while nothing had failed, its late success is no evidence that the provider
+    // recovered after the failure: the next failure makes two in a row.
+    assert_eq!(late_success(false).await, (1, State::Open));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_success_admitted_after_a_failure_clears_it_even_if_it_ends_late() {
-    let upstream = Scripted::new(
-        [
-            status(503),
-            Step::After(Duration::from_secs(5), Box::new(status(200))),
-        ],
-        status(503),
-    );
-    let layer = breaker(2, Duration::from_secs(10));
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    let _ = svc.clone().oneshot(get("/")).await.unwrap_err();
-    assert_eq!(handle.stats().consecutive_failures, 1);
-    let slow = tokio::spawn(svc.clone().oneshot(get("/slow")));
-    tokio::time::advance(Duration::from_secs(5)).await;
-    assert!(slow.await.unwrap().is_ok());
-    assert_eq!(handle.stats().consecutive_failures, 0);
-    let _ = svc.clone().oneshot(get("/")).await.unwrap_err();
-    assert_eq!(handle.state(), State::Closed);
+    assert_eq!(late_success(true).await, (0, State::Closed));
 }
 
 #[tokio::test(start_paused = true)]
@@ -841,10 +813,7 @@ async fn a_failure_that_ends_after_its_breaker_is_dropped_is_returned_and_not_co
     // The slow call holds only the breaker's id; by the time it fails, every service, layer and
     // handle of that breaker is gone, so there is nothing to count it in. The caller still gets
     // the failure, unchanged.
-    let upstream = Scripted::new(
-        [Step::After(Duration::from_secs(5), Box::new(status(503)))],
-        status(200),
-    );
+    let upstream = Scripted::new([after(5, 503)], status(200));
     let layer = breaker(1, Duration::from_secs(10));
     let svc = stack(layer, &upstream);
     let mut svc2 = svc.clone();
@@ -864,10 +833,7 @@ async fn a_failure_that_ends_after_its_breaker_is_dropped_is_returned_and_not_co
 async fn a_failure_of_a_call_admitted_with_nothing_counted_still_trips_a_live_breaker() {
     // Every one of these calls starts with no failure counted (a breaker of 1), so each holds
     // only the breaker's id; the failure finds the breaker again and trips it.
-    let upstream = Scripted::new(
-        [Step::After(Duration::from_secs(1), Box::new(status(503)))],
-        status(200),
-    );
+    let upstream = Scripted::new([after(1, 503)], status(200));
     let layer = breaker(1, Duration::from_secs(10));
     let handle = layer.handle();
     let svc = stack(layer, &upstream);
