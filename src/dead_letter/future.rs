@@ -7,7 +7,7 @@ use pin_project_lite::pin_project;
 
 use super::layer::Config;
 use super::record::Record;
-use super::store::{BoxFuture, Store, StoreError};
+use super::store::{BoxFuture, StoreError};
 use crate::failure::{DeadLetterStatus, Failure};
 use crate::request::{Describe, Envelope};
 
@@ -18,7 +18,6 @@ pin_project! {
         #[pin]
         state: State<F, R>,
         kept: Option<Req>,
-        store: Arc<dyn Store>,
         config: Arc<Config>,
     }
 }
@@ -40,16 +39,10 @@ pin_project! {
 }
 
 impl<F, Req, R> ResponseFuture<F, Req, R> {
-    pub(crate) fn new(
-        future: F,
-        kept: Option<Req>,
-        store: Arc<dyn Store>,
-        config: Arc<Config>,
-    ) -> Self {
+    pub(crate) fn new(future: F, kept: Option<Req>, config: Arc<Config>) -> Self {
         ResponseFuture {
             state: State::Called { future },
             kept,
-            store,
             config,
         }
     }
@@ -77,7 +70,6 @@ where
                         Err(e) => e.into(),
                     };
                     let kept = this.kept.take();
-                    let store = Arc::clone(this.store);
                     let config = Arc::clone(this.config);
                     // Everything the record needs from the failure, taken now: the failure
                     // itself goes back to the caller.
@@ -109,7 +101,7 @@ where
                             ..draft
                         };
                         record.truncate_payload(config.payload_limit);
-                        (id, store.put(record).await)
+                        (id, config.store.put(record).await)
                     });
                     this.state.set(State::Writing {
                         write,

@@ -11,17 +11,21 @@ use crate::request::Envelope;
 /// request. See [`DeadLetterLayer::tags`].
 pub type TagFn = dyn Fn(&Envelope) -> Vec<(String, String)> + Send + Sync;
 
-/// What a [`DeadLetter`] service does with a record before it writes it.
+/// Where a [`DeadLetter`] service writes its records, and what it does with a record before it
+/// writes it. One `Arc` of it per call, not one per field.
 #[derive(Clone)]
 pub(crate) struct Config {
+    pub(crate) store: Arc<dyn Store>,
     pub(crate) tags: Option<Arc<TagFn>>,
     pub(crate) payload_limit: usize,
     pub(crate) clock: Clock,
 }
 
-impl Default for Config {
-    fn default() -> Self {
+impl Config {
+    /// Writes to `store`, with the default payload limit, no tags, and the system clock.
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
         Config {
+            store,
             tags: None,
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
             clock: Clock::system(),
@@ -42,7 +46,6 @@ impl fmt::Debug for Config {
 /// Applies [`DeadLetter`] to a service: a request that finally fails is written to `store`.
 #[derive(Clone)]
 pub struct DeadLetterLayer {
-    store: Arc<dyn Store>,
     config: Arc<Config>,
 }
 
@@ -57,8 +60,7 @@ impl DeadLetterLayer {
     /// A layer over a store that is already shared.
     pub fn from_arc(store: Arc<dyn Store>) -> Self {
         DeadLetterLayer {
-            store,
-            config: Arc::default(),
+            config: Arc::new(Config::new(store)),
         }
     }
 
@@ -118,7 +120,6 @@ impl<S> Layer<S> for DeadLetterLayer {
     fn layer(&self, inner: S) -> Self::Service {
         DeadLetter {
             inner,
-            store: Arc::clone(&self.store),
             config: Arc::clone(&self.config),
         }
     }

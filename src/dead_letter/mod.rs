@@ -130,7 +130,6 @@ pub use self::store::{BoxFuture, MemoryStore, Store, StoreError};
 #[derive(Clone)]
 pub struct DeadLetter<S> {
     inner: S,
-    store: Arc<dyn Store>,
     config: Arc<layer::Config>,
 }
 
@@ -140,8 +139,7 @@ impl<S> DeadLetter<S> {
     pub fn new(inner: S, store: Arc<dyn Store>) -> Self {
         DeadLetter {
             inner,
-            store,
-            config: Arc::default(),
+            config: Arc::new(layer::Config::new(store)),
         }
     }
 }
@@ -172,11 +170,6 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let kept = req.replay();
-        ResponseFuture::new(
-            self.inner.call(req),
-            kept,
-            Arc::clone(&self.store),
-            Arc::clone(&self.config),
-        )
+        ResponseFuture::new(self.inner.call(req), kept, Arc::clone(&self.config))
     }
 }
