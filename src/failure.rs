@@ -240,7 +240,8 @@ pub struct Failure<R = ()> {
     code_kind: CodeKind,
     /// The io kind of `Code::Io`, else `Other`.
     code_io: io::ErrorKind,
-    /// The delay hint in nanoseconds; `NO_HINT` when there is none.
+    /// The delay hint in nanoseconds; `NO_HINT` when there is none, `LONG_HINT` when it is too
+    /// long for 64 bits of nanoseconds (about 584 years) and kept whole in `extra`.
     retry_after: u64,
     attempts: u32,
     give_up: Option<GiveUp>,
@@ -250,6 +251,8 @@ pub struct Failure<R = ()> {
 
 /// "No delay hint" in [`Failure`]'s `retry_after` word.
 const NO_HINT: u64 = u64::MAX;
+/// "The delay hint is in `Extra::long_retry_after`".
+const LONG_HINT: u64 = u64::MAX - 1;
 
 /// The variant of a [`Code`], kept apart from its payload in [`Failure`].
 #[derive(Clone, Copy)]
@@ -320,6 +323,8 @@ struct Extra<R> {
     first_failed_at: Option<SystemTime>,
     retry_at: Option<SystemTime>,
     dead_letter: Option<DeadLetterStatus>,
+    /// A delay hint of `LONG_HINT` nanoseconds or more, exactly as given.
+    long_retry_after: Option<Duration>,
 }
 
 impl<R> Default for Extra<R> {
@@ -330,6 +335,7 @@ impl<R> Default for Extra<R> {
             first_failed_at: None,
             retry_at: None,
             dead_letter: None,
+            long_retry_after: None,
         }
     }
 }
@@ -358,9 +364,14 @@ impl<R> Failure<R> {
     /// Sets the server's delay hint: how long to wait before the next attempt
     /// (`Retry-After`, RFC 9110 §10.2.3, already resolved to a [`Duration`] from now).
     pub fn with_retry_after(mut self, delay: Duration) -> Self {
-        // Saturates at about 584 years, which every policy treats as "too long" anyway.
-        self.retry_after =
-            u64::try_from(delay.as_nanos()).map_or(NO_HINT - 1, |n| n.min(NO_HINT - 1));
+        match u64::try_from(delay.as_nanos()) {
+            Ok(nanos) if nanos < LONG_HINT => self.retry_after = nanos,
+            // An absurd hint (over about 584 years) is kept exactly, off the common path.
+            _ => {
+                self.retry_after = LONG_HINT;
+                self.extra_mut().long_retry_after = Some(delay);
+            }
+        }
         self
     }
 
@@ -409,7 +420,11 @@ impl<R> Failure<R> {
     /// `Retry-After` for an HTTP failure, the time left until half-open for
     /// [`Class::CIRCUIT_OPEN`].
     pub fn retry_after(&self) -> Option<Duration> {
-        (self.retry_after != NO_HINT).then(|| Duration::from_nanos(self.retry_after))
+        match self.retry_after {
+            NO_HINT => None,
+            LONG_HINT => self.extra.as_ref().and_then(|e| e.long_retry_after),
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
     }
 
     /// The number of attempts made for this request, the first call included. Zero when no
@@ -463,6 +478,7 @@ impl<R> Failure<R> {
                     first_failed_at: e.first_failed_at,
                     retry_at: e.retry_at,
                     dead_letter: e.dead_letter,
+                    long_retry_after: e.long_retry_after,
                 })
             }),
         }
@@ -640,10 +656,18 @@ mod tests {
             let f: Failure = Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
             assert_eq!(f.retry_after(), Some(hint));
         }
-        // Beyond what 64 bits of nanoseconds hold (about 584 years): saturates, still a hint.
-        let f: Failure =
-            Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(Duration::MAX);
-        assert_eq!(f.retry_after(), Some(Duration::from_nanos(u64::MAX - 1)));
+        // Beyond what 64 bits of nanoseconds hold (about 584 years): kept exactly too, through
+        // `map_response` as well.
+        for hint in [
+            Duration::from_nanos(u64::MAX - 1),
+            Duration::from_nanos(u64::MAX),
+            Duration::from_secs(u64::MAX),
+            Duration::MAX,
+        ] {
+            let f: Failure = Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
+            assert_eq!(f.retry_after(), Some(hint));
+            assert_eq!(f.map_response(|()| 0u8).retry_after(), Some(hint));
+        }
         let none: Failure = Failure::new(Class::THROTTLED, Code::Timeout);
         assert_eq!(none.retry_after(), None);
     }

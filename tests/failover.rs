@@ -99,6 +99,40 @@ async fn the_fallback_is_polled_ready_only_when_the_primary_rejects() {
     assert_eq!(call.await.unwrap().unwrap(), "from the fallback");
 }
 
+#[tokio::test(start_paused = true)]
+async fn where_a_call_goes_is_decided_in_poll_ready_even_if_the_breaker_trips_before_call() {
+    // Ready while closed: the call belongs to the primary. The breaker opens between
+    // `poll_ready` and `call` (another clone tripped it); the call still goes to the primary, as
+    // decided, and is neither rejected nor sent to the fallback.
+    let primary = Scripted::always(status(200));
+    let fallback = Scripted::always(status(202));
+    let layer = FailoverLayer::new(
+        BreakerLayer::consecutive_failures(2).open_for(Duration::from_secs(10)),
+        classified(&fallback),
+    );
+    let handle = layer.handle();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(classified(&primary));
+    svc.ready().await.unwrap();
+    handle.force_open();
+    let response = svc.call(get("/")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!((primary.calls(), fallback.calls()), (1, 0));
+    // The next call is decided under the open breaker: the fallback.
+    assert_eq!(
+        svc.ready()
+            .await
+            .unwrap()
+            .call(get("/"))
+            .await
+            .unwrap()
+            .status(),
+        202
+    );
+    assert_eq!((primary.calls(), fallback.calls()), (1, 1));
+}
+
 fn to(host: &str) -> http::Request<String> {
     http::Request::get(format!("http://{host}/v1"))
         .body(String::new())

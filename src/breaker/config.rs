@@ -202,10 +202,12 @@ impl Default for Builder {
 impl Builder {
     /// Opens after `n` failures in a row (a count of calls).
     ///
-    /// A success breaks the row when the call was admitted after the last counted failure. A
-    /// success admitted before it (a slow call started while nothing had failed) is no evidence
-    /// that the provider recovered since, and leaves the count alone: that is what lets such a
-    /// call hold no reference to the breaker (see [`BreakerLayer::into_static`]).
+    /// A success ends the row, except a success whose call started while the count was zero:
+    /// every failure of the row came after that call started, so its success is no evidence that
+    /// the provider recovered since, and it leaves the count alone. That is what lets such a
+    /// call hold no reference to the breaker (see [`BreakerLayer::into_static`]). A success
+    /// whose call started after a failure ends the whole row, failures counted while it ran
+    /// included.
     ///
     /// [`BreakerLayer::into_static`]: super::BreakerLayer::into_static
     pub fn consecutive_failures(mut self, n: u32) -> Self {

@@ -56,10 +56,21 @@ enum Link {
 impl Guard {
     #[inline]
     pub(crate) fn new(shared: &SharedRef, permit: Permit) -> Self {
-        let link = if shared.detaches(&permit) {
-            Link::Detached(shared.id)
-        } else {
-            Link::Held(shared.clone())
+        let link = match shared {
+            SharedRef::Counted(s) if s.detaches(&permit) => Link::Detached(s.id),
+            // A static breaker costs nothing to hold.
+            _ => Link::Held(shared.clone()),
+        };
+        Guard { link, permit }
+    }
+
+    /// Like [`new`](Self::new), for a caller that owns its reference already (and would
+    /// otherwise clone it only to drop its own).
+    #[inline]
+    pub(crate) fn owned(shared: SharedRef, permit: Permit) -> Self {
+        let link = match &shared {
+            SharedRef::Counted(s) if s.detaches(&permit) => Link::Detached(s.id),
+            _ => Link::Held(shared),
         };
         Guard { link, permit }
     }

@@ -269,7 +269,7 @@ where
         match shared.admit() {
             Ok(permit) => ResponseFuture::called(
                 self.inner.call(req),
-                Guard::new(&SharedRef::Counted(shared), permit),
+                Guard::owned(SharedRef::Counted(shared), permit),
             ),
             Err(r) => ResponseFuture::rejected(r),
         }

@@ -91,11 +91,11 @@ impl BreakerLayer {
     /// operations per call, on a cache line all threads share).
     ///
     /// Without it, most calls already skip the count: a closed-state call under the consecutive
-    /// rule (the default), admitted while no failure is counted, keeps only the breaker's id and
+    /// rule (the default), started while no failure is counted, keeps only the breaker's id and
     /// finds the breaker again by that id if it fails. What still holds an `Arc` is a call under
-    /// a failure-rate or slow-call rule (its every outcome is recorded), a half-open probe, and a
-    /// call admitted after a failure (its success clears the count). Those are what this
-    /// speeds up.
+    /// a failure-rate or slow-call rule (its every outcome is recorded), a half-open probe, a
+    /// call started after a failure (its success clears the count), and a call while disabled.
+    /// Those are what this speeds up; a static breaker's calls never look it up.
     ///
     /// The state (a few hundred bytes, plus a count window's byte per call) is then never freed:
     /// use it for breakers built once, at startup, not for layers built per request. Handles

@@ -17,11 +17,13 @@
 //! of resilience4j's `CircuitBreaker`.
 //!
 //! The state lives in atomics; the closed-state success path takes no lock, reads no clock when
-//! no time-based rule needs it, and allocates nothing. Under the consecutive rule it does not
-//! even touch the breaker's reference count: a call admitted while no failure is counted keeps
-//! only the breaker's id, and looks the breaker up by it only if it fails. Calls whose every
-//! outcome counts (rate rules, probes) hold an `Arc` clone, which a breaker built once at startup
-//! can skip with [`BreakerLayer::into_static`]. An open breaker answers `Ready(Ok)` from
+//! no time-based rule needs it, and allocates nothing. Under the consecutive rule a
+//! [`Breaker`]'s call does not even touch the breaker's reference count: a call that starts while
+//! no failure is counted keeps only the breaker's id, and looks the breaker up by it only if it
+//! fails. Calls whose every outcome counts (rate rules, probes, calls that start after a failure,
+//! and calls while disabled) hold an `Arc` clone, which a breaker built once at startup can skip
+//! with [`BreakerLayer::into_static`]. A [`Keyed`] breaker clones its key's `Arc` on every call,
+//! for the lookup. An open breaker answers `Ready(Ok)` from
 //! `poll_ready` without waiting for the inner service, and its future fails at once, like tower's
 //! `load_shed`.
 //!
@@ -198,10 +200,10 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        if self.decision.is_none()
-            && let Some(decided) = self.shared.reserve()
-        {
-            self.decision = Decision::new(decided);
+        if self.decision.is_none() {
+            // Decided here, even when closed, so that `Failover` knows in `poll_ready` where
+            // the call will go.
+            self.decision = Decision::new(self.shared.admit());
         }
         if self.decision.is_rejected() {
             // Open: ready at once, the call fails without touching the inner service.

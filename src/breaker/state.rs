@@ -409,10 +409,10 @@ impl Shared {
     }
 
     /// Whether a call admitted with `permit` can leave the breaker behind: it is a closed-state
-    /// call under the consecutive rule alone and no failure is counted, so its success changes
-    /// nothing and its failure can find the breaker by id. A success admitted before a failure
-    /// and ending after it therefore does not clear that failure; the next success admitted
-    /// after it does.
+    /// call under the consecutive rule alone and no failure is counted as it starts, so its
+    /// success changes nothing and its failure can find the breaker by id. Every failure that
+    /// such a success could clear was counted after the call started, and it leaves them be
+    /// (see [`Builder::consecutive_failures`]).
     #[inline]
     pub(crate) fn detaches(&self, permit: &Permit) -> bool {
         self.detachable
@@ -509,18 +509,6 @@ impl Shared {
             retry_after,
         });
         Rejection::new(retry_after)
-    }
-
-    /// What `poll_ready` decides: `None` when closed (nothing is scarce, so `call` admits the
-    /// call itself, one load, and takes the start time then), else a reserved probe permit, a
-    /// disabled breaker's permit, or a rejection.
-    #[inline]
-    pub(crate) fn reserve(&self) -> Option<Result<Permit, Rejection>> {
-        let word = self.word.load(Ordering::Acquire);
-        if state_of(word) == CLOSED {
-            return None;
-        }
-        Some(self.admit_slow(word))
     }
 
     /// Admits a call, or rejects it with the time left until half-open.
