@@ -16,8 +16,6 @@
 //! (tower-resilience: a failure rate over a count window of 5 calls, its nearest rule), and
 //! stays open for an hour in the rejection case.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::fmt::Debug;
 use std::future::{Future, poll_fn, ready};
 use std::hint::black_box;
@@ -34,33 +32,10 @@ use tower::{Layer, Service, service_fn};
 use tower_backstop::breaker::{BreakerLayer, State};
 use tower_backstop::{Class, Code, Failure};
 
-struct Counting;
+#[path = "../tests/support/counting.rs"]
+mod counting;
 
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: every method forwards to `System` unchanged; the only addition is a thread-local
-// counter increment, which neither allocates nor unwinds.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
+use counting::allocations;
 
 /// One call of anything we measure; `ok` says whether a success is expected.
 trait Call {

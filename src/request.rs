@@ -120,6 +120,16 @@ pub trait Describe {
     }
 }
 
+/// The `Idempotency-Key` header's value, when it is text.
+fn key_header(headers: &http::HeaderMap) -> Option<&str> {
+    headers.get(&IDEMPOTENCY_KEY).and_then(|v| v.to_str().ok())
+}
+
+/// Whether an HTTP request may be sent twice: an idempotent method, or an `Idempotency-Key`.
+fn http_retry_safe<B>(req: &http::Request<B>) -> bool {
+    method_is_idempotent(req.method()) || req.headers().contains_key(&IDEMPOTENCY_KEY)
+}
+
 fn method_is_idempotent(method: &Method) -> bool {
     // RFC 9110 §9.2.2: PUT, DELETE and the safe methods (GET, HEAD, OPTIONS, TRACE).
     matches!(
@@ -135,13 +145,11 @@ impl<B: Clone> Replay for http::Request<B> {
     }
 
     fn retry_safe(&self) -> bool {
-        method_is_idempotent(self.method()) || self.headers().contains_key(&IDEMPOTENCY_KEY)
+        http_retry_safe(self)
     }
 
     fn idempotency_key(&self) -> Option<&str> {
-        self.headers()
-            .get(&IDEMPOTENCY_KEY)
-            .and_then(|v| v.to_str().ok())
+        key_header(self.headers())
     }
 }
 
@@ -153,21 +161,14 @@ where
     fn message_id(&self) -> Option<&str> {
         match self.extensions().get::<MessageId>() {
             Some(MessageId(id)) => Some(id),
-            None => self
-                .headers()
-                .get(&IDEMPOTENCY_KEY)
-                .and_then(|v| v.to_str().ok()),
+            None => key_header(self.headers()),
         }
     }
 
     async fn describe(self) -> Envelope {
         let (parts, body) = self.into_parts();
         let mut envelope = Envelope::default();
-        if let Some(key) = parts
-            .headers
-            .get(&IDEMPOTENCY_KEY)
-            .and_then(|v| v.to_str().ok())
-        {
+        if let Some(key) = key_header(&parts.headers) {
             envelope.id = Some(key.to_owned());
             envelope
                 .metadata
@@ -488,13 +489,11 @@ impl<B> Replay for http::Request<BufferedBody<B>> {
     }
 
     fn retry_safe(&self) -> bool {
-        method_is_idempotent(self.method()) || self.headers().contains_key(&IDEMPOTENCY_KEY)
+        http_retry_safe(self)
     }
 
     fn idempotency_key(&self) -> Option<&str> {
-        self.headers()
-            .get(&IDEMPOTENCY_KEY)
-            .and_then(|v| v.to_str().ok())
+        key_header(self.headers())
     }
 }
 

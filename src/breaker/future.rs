@@ -56,10 +56,9 @@ enum Link {
 impl Guard {
     #[inline]
     pub(crate) fn new(shared: &SharedRef, permit: Permit) -> Self {
-        let link = match shared {
-            SharedRef::Counted(s) if s.detaches(&permit) => Link::Detached(s.id),
-            // A static breaker costs nothing to hold.
-            _ => Link::Held(shared.clone()),
+        let link = match detached(shared, &permit) {
+            Some(id) => Link::Detached(id),
+            None => Link::Held(shared.clone()),
         };
         Guard { link, permit }
     }
@@ -68,9 +67,9 @@ impl Guard {
     /// otherwise clone it only to drop its own).
     #[inline]
     pub(crate) fn owned(shared: SharedRef, permit: Permit) -> Self {
-        let link = match &shared {
-            SharedRef::Counted(s) if s.detaches(&permit) => Link::Detached(s.id),
-            _ => Link::Held(shared),
+        let link = match detached(&shared, &permit) {
+            Some(id) => Link::Detached(id),
+            None => Link::Held(shared),
         };
         Guard { link, permit }
     }
@@ -78,18 +77,17 @@ impl Guard {
     /// Records the outcome of a finished call.
     #[inline]
     pub(crate) fn finish<R>(&mut self, result: &Result<R, Failure<R>>) {
-        match (&self.link, result) {
-            // A detached success: nothing to record.
-            (Link::Detached(_), Ok(_)) => self.permit = Permit::done(),
-            (_, Ok(_)) => self.finish_with(Outcome::Success),
-            (_, Err(f)) => self.finish_with(Outcome::Failure(f.class())),
-        }
+        self.finish_with(match result {
+            Ok(_) => Outcome::Success,
+            Err(f) => Outcome::Failure(f.class()),
+        });
     }
 
     pub(crate) fn finish_with(&mut self, outcome: Outcome) {
         if let Some(permit) = self.permit.take() {
             match &self.link {
                 Link::Held(shared) => shared.complete(permit, outcome),
+                // A detached success: nothing to record.
                 Link::Detached(_) if outcome == Outcome::Success => {}
                 Link::Detached(id) => {
                     if let Some(shared) = super::registry::find(*id) {
@@ -98,6 +96,16 @@ impl Guard {
                 }
             }
         }
+    }
+}
+
+/// The id a call keeps instead of a reference, when it can (`Shared::detaches`); a static breaker
+/// costs nothing to hold, so its calls never detach.
+#[inline]
+fn detached(shared: &SharedRef, permit: &Permit) -> Option<u64> {
+    match shared {
+        SharedRef::Counted(s) if s.detaches(permit) => Some(s.id),
+        _ => None,
     }
 }
 

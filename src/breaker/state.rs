@@ -157,15 +157,6 @@ impl Permit {
     /// [`Decision`]).
     const DONE: u64 = u64::MAX;
 
-    /// A permit already handed back.
-    #[inline]
-    pub(crate) fn done() -> Permit {
-        Permit {
-            word: Self::DONE,
-            start: 0,
-        }
-    }
-
     /// Takes the permit, leaving a spent one behind; `None` if it was already taken.
     #[inline]
     pub(crate) fn take(&mut self) -> Option<Permit> {
@@ -313,7 +304,7 @@ pub(crate) struct Shared {
     /// Whether a closed-state success changes nothing while no failure is counted (the
     /// consecutive rule alone), so that such a call need not hold a reference (`registry`).
     detachable: bool,
-    /// This breaker's id in the registry; 0 when it is not registered.
+    /// This breaker's id in the registry (every `Shared` is built registered, by `counted`).
     pub(crate) id: u64,
 
     word: AtomicU64,
@@ -336,9 +327,7 @@ pub(crate) struct Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        if self.id != 0 {
-            super::registry::unregister(self.id);
-        }
+        super::registry::unregister(self.id);
     }
 }
 
@@ -417,7 +406,6 @@ impl Shared {
     pub(crate) fn detaches(&self, permit: &Permit) -> bool {
         self.detachable
             && state_of(permit.word) == CLOSED
-            && self.id != 0
             && self.failures.load(Ordering::Relaxed) == 0
     }
 
