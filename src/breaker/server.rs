@@ -1,7 +1,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -73,7 +72,7 @@ impl<S> Layer<S> for ServerBreakerLayer {
         ServerBreaker {
             inner,
             shared: self.breaker.shared().clone(),
-            classifier: Arc::new(self.classifier.clone()),
+            classifier: self.classifier.clone(),
             decision: None,
         }
     }
@@ -84,7 +83,8 @@ impl<S> Layer<S> for ServerBreakerLayer {
 pub struct ServerBreaker<S> {
     inner: S,
     shared: SharedRef,
-    classifier: Arc<HttpClassifier>,
+    // Cloned per call: free with the default mapping, one `Arc` with overrides.
+    classifier: HttpClassifier,
     decision: Option<Result<Permit, Rejection>>,
 }
 
@@ -93,7 +93,7 @@ impl<S: Clone> Clone for ServerBreaker<S> {
         ServerBreaker {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
-            classifier: Arc::clone(&self.classifier),
+            classifier: self.classifier.clone(),
             decision: None,
         }
     }
@@ -141,7 +141,7 @@ where
                 kind: ServerKind::Called {
                     future: self.inner.call(req),
                     guard: Guard::new(&self.shared, permit),
-                    classifier: Arc::clone(&self.classifier),
+                    classifier: self.classifier.clone(),
                 },
             },
             Err(rejection) => ServerBreakerFuture {
@@ -170,7 +170,7 @@ pin_project! {
             #[pin]
             future: F,
             guard: Guard,
-            classifier: Arc<HttpClassifier>,
+            classifier: HttpClassifier,
         },
         Rejected {
             retry_after: Option<Duration>,
