@@ -2,11 +2,14 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support::{Scripted, Step, get, status};
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_backstop::breaker::{BreakerHandle, BreakerLayer, State};
+use tower_backstop::breaker::{
+    BreakerHandle, BreakerLayer, BuildError, Event, OpenDuration, State,
+};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::{Class, Code};
 
@@ -15,16 +18,71 @@ fn after(secs: u64, code: u16) -> Step {
     Step::After(Duration::from_secs(secs), Box::new(status(code)))
 }
 
+/// A breaker that opens for `open_for` after `n` failures in a row.
 fn breaker(n: u32, open_for: Duration) -> BreakerLayer {
     BreakerLayer::consecutive_failures(n).open_for(open_for)
+}
+
+/// A breaker that opens at `rate` failures over a count window of `window` calls, once it holds
+/// `minimum` calls.
+fn rate_breaker(rate: f64, window: u32, minimum: u32) -> BreakerLayer {
+    BreakerLayer::builder()
+        .failure_rate(rate)
+        .count_window(window)
+        .minimum_calls(minimum)
+        .build()
+        .unwrap()
+}
+
+/// A breaker that opens on the first failure for 1 s, doubling on each failed probe up to 60 s.
+fn doubling_breaker() -> BreakerLayer {
+    BreakerLayer::builder()
+        .consecutive_failures(1)
+        .open_duration(OpenDuration::doubling(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+        ))
+        .build()
+        .unwrap()
+}
+
+/// The handle of `layer`, and `layer` over a scripted upstream with the HTTP classifier below it.
+fn stack(
+    layer: BreakerLayer,
+    upstream: &Scripted,
+) -> (
+    BreakerHandle,
+    impl Service<
+        http::Request<String>,
+        Response = http::Response<()>,
+        Error = tower_backstop::Failure<http::Response<()>>,
+        Future: Send,
+    > + Clone
+    + Send
+    + 'static,
+) {
+    let handle = layer.handle();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    (handle, svc)
+}
+
+/// Makes `n` calls to `/` through clones of `svc`, one after another, ignoring their outcomes.
+async fn send<S>(svc: &S, n: usize)
+where
+    S: Service<http::Request<String>> + Clone,
+{
+    for _ in 0..n {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn opens_after_consecutive_failures_and_rejects_without_calling() {
     let upstream = Scripted::always(status(503));
-    let layer = breaker(3, Duration::from_secs(10));
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
+    let (handle, svc) = stack(breaker(3, Duration::from_secs(10)), &upstream);
     for _ in 0..3 {
         let f = svc.clone().oneshot(get("/")).await.unwrap_err();
         assert_eq!(f.class(), Class::TRANSIENT);
@@ -59,12 +117,8 @@ async fn a_success_resets_the_count_and_4xx_does_not_count() {
         ],
         status(400),
     );
-    let layer = breaker(3, Duration::from_secs(10));
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    for _ in 0..15 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    let (handle, svc) = stack(breaker(3, Duration::from_secs(10)), &upstream);
+    send(&svc, 15).await;
     assert_eq!(handle.state(), State::Closed);
     assert_eq!(upstream.calls(), 15);
     assert_eq!(handle.stats().opened, 0);
@@ -76,12 +130,8 @@ async fn after_open_duration_exactly_one_probe_goes_through() {
         [status(503), status(503)],
         Step::After(Duration::from_millis(100), Box::new(status(503))),
     );
-    let layer = breaker(2, Duration::from_secs(5));
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    for _ in 0..2 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    let (handle, svc) = stack(breaker(2, Duration::from_secs(5)), &upstream);
+    send(&svc, 2).await;
     assert_eq!(handle.state(), State::Open);
     tokio::time::advance(Duration::from_secs(5)).await;
 
@@ -118,12 +168,8 @@ async fn after_open_duration_exactly_one_probe_goes_through() {
 #[tokio::test(start_paused = true)]
 async fn successful_probe_closes() {
     let upstream = Scripted::new([status(503), status(503)], status(200));
-    let layer = breaker(2, Duration::from_secs(1));
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    for _ in 0..2 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    let (handle, svc) = stack(breaker(2, Duration::from_secs(1)), &upstream);
+    send(&svc, 2).await;
     tokio::time::advance(Duration::from_secs(1)).await;
     assert_eq!(svc.clone().oneshot(get("/")).await.unwrap().status(), 200);
     assert_eq!(handle.state(), State::Closed);
@@ -137,12 +183,8 @@ async fn dropped_or_ignored_probe_returns_its_permit() {
         [status(503), status(503), after(60, 200), status(400)],
         status(200),
     );
-    let layer = breaker(2, Duration::from_secs(1));
-    let handle = layer.handle();
-    let mut svc = stack(layer, &upstream);
-    for _ in 0..2 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    let (handle, mut svc) = stack(breaker(2, Duration::from_secs(1)), &upstream);
+    send(&svc, 2).await;
     tokio::time::advance(Duration::from_secs(1)).await;
 
     // A probe whose future is dropped before completion.
@@ -189,18 +231,14 @@ async fn a_slow_call_from_before_the_trip_does_not_count_again() {
         [after(30, 503), after(30, 503), status(503), status(503)],
         status(200),
     );
-    let layer = breaker(2, Duration::from_secs(1));
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
+    let (handle, svc) = stack(breaker(2, Duration::from_secs(1)), &upstream);
     let slow = [
         tokio::spawn(svc.clone().oneshot(get("/slow"))),
         tokio::spawn(svc.clone().oneshot(get("/slow"))),
     ];
     tokio::task::yield_now().await;
     assert_eq!(upstream.calls(), 2);
-    for _ in 0..2 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    send(&svc, 2).await;
     assert_eq!(handle.state(), State::Open);
     tokio::time::advance(Duration::from_secs(1)).await;
     assert!(svc.clone().oneshot(get("/")).await.is_ok());
@@ -211,47 +249,21 @@ async fn a_slow_call_from_before_the_trip_does_not_count_again() {
     }
     // Two late failures would reach the threshold if they counted in the new period.
     assert_eq!(handle.state(), State::Closed);
-    let _ = svc.clone().oneshot(get("/")).await;
+    send(&svc, 1).await;
     assert_eq!(handle.state(), State::Closed);
     assert_eq!(handle.stats().opened, 1);
 }
 
 // ---- issue 4: windows, rates, safe half-open, growing open duration, operators, events ----
 
-use std::sync::{Arc, Mutex};
-
-use tower_backstop::breaker::{BuildError, Event, OpenDuration};
-
-/// A breaker (built by `layer`) over a scripted upstream, with the HTTP classifier below it.
-fn stack(
-    layer: BreakerLayer,
-    upstream: &Scripted,
-) -> impl Service<
-    http::Request<String>,
-    Response = http::Response<()>,
-    Error = tower_backstop::Failure<http::Response<()>>,
-    Future: Send,
-> + Clone
-+ Send
-+ 'static {
-    ServiceBuilder::new()
-        .layer(layer)
-        .layer(ClassifyLayer::http())
-        .service(upstream.clone())
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_slow_success_from_the_closed_period_does_not_close_a_half_open_breaker() {
     let upstream = Scripted::new([after(30, 200), status(503), status(503)], after(60, 503));
-    let layer = breaker(2, Duration::from_secs(5));
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
+    let (handle, svc) = stack(breaker(2, Duration::from_secs(5)), &upstream);
     // Started while closed; answers 200 after 30 s.
     let slow = tokio::spawn(svc.clone().oneshot(get("/slow")));
     tokio::task::yield_now().await;
-    for _ in 0..2 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    send(&svc, 2).await;
     assert_eq!(handle.state(), State::Open);
     tokio::time::advance(Duration::from_secs(5)).await;
     // A probe takes the only permit (and hangs for 60 s): the breaker is half-open.
@@ -282,17 +294,8 @@ async fn ten_calls(failures: usize) -> (State, usize) {
         }
     });
     let upstream = Scripted::new(steps, status(200));
-    let layer = BreakerLayer::builder()
-        .failure_rate(0.5)
-        .count_window(10)
-        .minimum_calls(10)
-        .build()
-        .unwrap();
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    for _ in 0..10 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    let (handle, svc) = stack(rate_breaker(0.5, 10, 10), &upstream);
+    send(&svc, 10).await;
     (handle.state(), upstream.calls())
 }
 
@@ -306,21 +309,12 @@ async fn count_window_of_10_at_50_percent_4_failures_do_not_trip_and_5_do() {
 async fn the_rate_waits_for_the_minimum_number_of_calls() {
     // Nine failures in a row: 100 %, but below the minimum of 10 calls.
     let upstream = Scripted::always(status(503));
-    let layer = BreakerLayer::builder()
-        .failure_rate(0.5)
-        .count_window(10)
-        .minimum_calls(10)
-        .build()
-        .unwrap();
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    for _ in 0..9 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    let (handle, svc) = stack(rate_breaker(0.5, 10, 10), &upstream);
+    send(&svc, 9).await;
     assert_eq!(handle.state(), State::Closed);
     assert_eq!(handle.stats().window_calls, 9);
     assert_eq!(handle.stats().window_failures, 9);
-    let _ = svc.clone().oneshot(get("/")).await;
+    send(&svc, 1).await;
     assert_eq!(handle.state(), State::Open);
 }
 
@@ -329,22 +323,13 @@ async fn permanent_failures_count_as_neither_failure_nor_success_in_the_window()
     // Five 503s and five 400s: the 400s are ignored, so the window holds five calls only.
     let steps = (0..10).map(|i| if i % 2 == 0 { status(503) } else { status(400) });
     let upstream = Scripted::new(steps, status(200));
-    let layer = BreakerLayer::builder()
-        .failure_rate(0.5)
-        .count_window(10)
-        .minimum_calls(6)
-        .build()
-        .unwrap();
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    for _ in 0..10 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    let (handle, svc) = stack(rate_breaker(0.5, 10, 6), &upstream);
+    send(&svc, 10).await;
     assert_eq!(handle.stats().window_calls, 5);
     assert_eq!(handle.state(), State::Closed);
     // The next call is a success; it is the sixth counted one and reaches the minimum: 5 of 6
     // failed.
-    let _ = svc.clone().oneshot(get("/")).await;
+    send(&svc, 1).await;
     assert_eq!(handle.state(), State::Open);
 }
 
@@ -359,8 +344,7 @@ async fn ten_calls_slow(slow: usize) -> BreakerHandle {
         .minimum_calls(10)
         .build()
         .unwrap();
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
+    let (handle, svc) = stack(layer, &upstream);
     for _ in 0..10 {
         assert!(svc.clone().oneshot(get("/")).await.is_ok());
     }
@@ -388,24 +372,19 @@ async fn time_window_forgets_failures_older_than_its_buckets() {
         .minimum_calls(4)
         .build()
         .unwrap();
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
+    let (handle, svc) = stack(layer, &upstream);
     // Three failures, then 11 s pass: they leave the 10 s window.
-    for _ in 0..3 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    send(&svc, 3).await;
     assert_eq!(handle.stats().window_failures, 3);
     tokio::time::advance(Duration::from_secs(11)).await;
     assert_eq!(handle.stats().window_calls, 0);
-    for _ in 0..3 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    send(&svc, 3).await;
     assert_eq!(
         handle.state(),
         State::Closed,
         "3 calls in the window, minimum 4"
     );
-    let _ = svc.clone().oneshot(get("/")).await;
+    send(&svc, 1).await;
     assert_eq!(handle.state(), State::Open);
 }
 
@@ -413,17 +392,8 @@ async fn time_window_forgets_failures_older_than_its_buckets() {
 async fn growing_open_duration_doubles_up_to_its_cap() {
     // Fails until told otherwise: the first 12 calls fail, then successes.
     let upstream = Scripted::new((0..12).map(|_| status(503)), status(200));
-    let layer = BreakerLayer::builder()
-        .consecutive_failures(1)
-        .open_duration(OpenDuration::doubling(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-        ))
-        .build()
-        .unwrap();
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    let _ = svc.clone().oneshot(get("/")).await;
+    let (handle, svc) = stack(doubling_breaker(), &upstream);
+    send(&svc, 1).await;
     let mut seen = Vec::new();
     for _ in 0..9 {
         let left = svc.clone().oneshot(get("/")).await.unwrap_err();
@@ -439,7 +409,7 @@ async fn growing_open_duration_doubles_up_to_its_cap() {
     // Two more failed probes use up the script; the next probe succeeds and closes it.
     for _ in 0..2 {
         tokio::time::advance(Duration::from_secs(60)).await;
-        let _ = svc.clone().oneshot(get("/")).await;
+        send(&svc, 1).await;
     }
     tokio::time::advance(Duration::from_secs(60)).await;
     assert!(svc.clone().oneshot(get("/")).await.is_ok());
@@ -460,26 +430,17 @@ async fn after_a_successful_probe_the_next_trip_opens_for_the_base_duration() {
         ],
         status(200),
     );
-    let layer = BreakerLayer::builder()
-        .consecutive_failures(1)
-        .open_duration(OpenDuration::doubling(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-        ))
-        .build()
-        .unwrap();
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    let _ = svc.clone().oneshot(get("/")).await; // trip: 1 s
+    let (handle, svc) = stack(doubling_breaker(), &upstream);
+    send(&svc, 1).await; // trip: 1 s
     tokio::time::advance(Duration::from_secs(1)).await;
-    let _ = svc.clone().oneshot(get("/")).await; // failed probe: 2 s
+    send(&svc, 1).await; // failed probe: 2 s
     tokio::time::advance(Duration::from_secs(2)).await;
-    let _ = svc.clone().oneshot(get("/")).await; // failed probe: 4 s
+    send(&svc, 1).await; // failed probe: 4 s
     assert_eq!(handle.retry_after(), Some(Duration::from_secs(4)));
     tokio::time::advance(Duration::from_secs(4)).await;
     assert!(svc.clone().oneshot(get("/")).await.is_ok()); // closes
     assert_eq!(handle.state(), State::Closed);
-    let _ = svc.clone().oneshot(get("/")).await; // trips again
+    send(&svc, 1).await; // trips again
     assert_eq!(handle.retry_after(), Some(Duration::from_secs(1)));
 }
 
@@ -496,9 +457,8 @@ async fn three_permits_admit_three_probes_and_two_successes_close() {
         .close_after(2)
         .build()
         .unwrap();
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    let _ = svc.clone().oneshot(get("/")).await;
+    let (handle, svc) = stack(layer, &upstream);
+    send(&svc, 1).await;
     tokio::time::advance(Duration::from_secs(1)).await;
     let calls: Vec<_> = (0..20)
         .map(|_| tokio::spawn(svc.clone().oneshot(get("/"))))
@@ -529,9 +489,8 @@ async fn a_hung_probe_cannot_keep_it_half_open_past_the_maximum_wait() {
         .max_half_open(Duration::from_secs(10))
         .build()
         .unwrap();
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    let _ = svc.clone().oneshot(get("/")).await;
+    let (handle, svc) = stack(layer, &upstream);
+    send(&svc, 1).await;
     tokio::time::advance(Duration::from_secs(1)).await;
     let hung = tokio::spawn(svc.clone().oneshot(get("/")));
     tokio::task::yield_now().await;
@@ -557,9 +516,7 @@ async fn a_hung_probe_cannot_keep_it_half_open_past_the_maximum_wait() {
 #[tokio::test(start_paused = true)]
 async fn operators_force_open_disable_and_reset() {
     let upstream = Scripted::always(status(503));
-    let layer = breaker(2, Duration::from_secs(30));
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
+    let (handle, svc) = stack(breaker(2, Duration::from_secs(30)), &upstream);
 
     handle.force_open();
     assert_eq!(handle.state(), State::ForcedOpen);
@@ -581,9 +538,7 @@ async fn operators_force_open_disable_and_reset() {
 
     handle.reset();
     assert_eq!(handle.state(), State::Closed);
-    for _ in 0..2 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    send(&svc, 2).await;
     assert_eq!(handle.state(), State::Open);
     handle.reset();
     assert_eq!(handle.state(), State::Closed);
@@ -619,13 +574,10 @@ async fn the_listener_sees_every_transition_and_rejection() {
         })
         .build()
         .unwrap();
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
-    for _ in 0..3 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    let (handle, svc) = stack(layer, &upstream);
+    send(&svc, 3).await;
     tokio::time::advance(Duration::from_secs(5)).await;
-    let _ = svc.clone().oneshot(get("/")).await;
+    send(&svc, 1).await;
     handle.force_open();
     handle.reset();
     assert_eq!(
@@ -689,17 +641,14 @@ async fn only_the_configured_failure_classes_count() {
         .failure_classes(&[Class::TRANSIENT])
         .build()
         .unwrap();
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
+    let (handle, svc) = stack(layer, &upstream);
     for _ in 0..5 {
         let f = svc.clone().oneshot(get("/")).await.unwrap_err();
         assert_eq!(f.class(), Class::THROTTLED);
     }
     assert_eq!(handle.state(), State::Closed);
     assert_eq!(handle.stats().failures, 0);
-    for _ in 0..2 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    send(&svc, 2).await;
     assert_eq!(handle.state(), State::Open);
     assert_eq!(handle.stats().failures, 2);
 }
@@ -709,12 +658,8 @@ async fn a_static_breaker_is_the_same_breaker_and_behaves_the_same() {
     let upstream = Scripted::new([status(503), status(503)], status(200));
     let layer = breaker(2, Duration::from_secs(5));
     let before = layer.handle();
-    let layer = layer.into_static();
-    let after = layer.handle();
-    let svc = stack(layer, &upstream);
-    for _ in 0..2 {
-        let _ = svc.clone().oneshot(get("/")).await;
-    }
+    let (after, svc) = stack(layer.into_static(), &upstream);
+    send(&svc, 2).await;
     assert_eq!(
         before.state(),
         State::Open,
@@ -777,9 +722,7 @@ async fn late_success(admitted_after_the_failure: bool) -> (u32, State) {
         [after(5, 200), status(503)]
     };
     let upstream = Scripted::new(script, status(503));
-    let layer = breaker(2, Duration::from_secs(10));
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
+    let (handle, svc) = stack(breaker(2, Duration::from_secs(10)), &upstream);
     if admitted_after_the_failure {
         let _ = svc.clone().oneshot(get("/")).await.unwrap_err();
     }
@@ -814,8 +757,8 @@ async fn a_failure_that_ends_after_its_breaker_is_dropped_is_returned_and_not_co
     // handle of that breaker is gone, so there is nothing to count it in. The caller still gets
     // the failure, unchanged.
     let upstream = Scripted::new([after(5, 503)], status(200));
-    let layer = breaker(1, Duration::from_secs(10));
-    let svc = stack(layer, &upstream);
+    let (handle, svc) = stack(breaker(1, Duration::from_secs(10)), &upstream);
+    drop(handle);
     let mut svc2 = svc.clone();
     svc2.ready().await.unwrap();
     let pending = svc2.call(get("/slow"));
@@ -834,9 +777,7 @@ async fn a_failure_of_a_call_admitted_with_nothing_counted_still_trips_a_live_br
     // Every one of these calls starts with no failure counted (a breaker of 1), so each holds
     // only the breaker's id; the failure finds the breaker again and trips it.
     let upstream = Scripted::new([after(1, 503)], status(200));
-    let layer = breaker(1, Duration::from_secs(10));
-    let handle = layer.handle();
-    let svc = stack(layer, &upstream);
+    let (handle, svc) = stack(breaker(1, Duration::from_secs(10)), &upstream);
     let slow = tokio::spawn(svc.clone().oneshot(get("/slow")));
     tokio::task::yield_now().await;
     assert_eq!(handle.state(), State::Closed);

@@ -5,22 +5,48 @@ mod support;
 use std::time::Duration;
 
 use support::{Scripted, get, status};
-use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_backstop::breaker::{BreakerLayer, FailoverLayer, KeyedBreakerLayer, State};
-use tower_backstop::classify::ClassifyLayer;
+use tower::{Layer, Service, ServiceExt};
+use tower_backstop::breaker::{
+    BreakerHandle, BreakerLayer, Failover, FailoverLayer, KeyedBreakerLayer, State,
+};
+use tower_backstop::classify::{Classify, ClassifyLayer, HttpClassifier};
 use tower_backstop::{Class, Failure};
 
 type Response = http::Response<()>;
 
-fn classified(
-    upstream: &Scripted,
-) -> impl Service<http::Request<String>, Response = Response, Error = Failure<Response>, Future: Send>
-+ Clone
-+ Send
-+ 'static {
-    ServiceBuilder::new()
-        .layer(ClassifyLayer::http())
-        .service(upstream.clone())
+/// A scripted upstream behind the HTTP classifier.
+type Classified = Classify<Scripted, HttpClassifier>;
+
+/// `upstream` behind the HTTP classifier.
+fn classified(upstream: &Scripted) -> Classified {
+    ClassifyLayer::http().layer(upstream.clone())
+}
+
+/// `layer` over the classified `upstream`.
+fn over<L: Layer<Classified>>(layer: L, upstream: &Scripted) -> L::Service {
+    layer.layer(classified(upstream))
+}
+
+/// A failover from `primary` to `fallback` behind a breaker that opens for 10 s after 2
+/// failures, with the breaker's handle.
+fn failover(
+    primary: &Scripted,
+    fallback: &Scripted,
+) -> (BreakerHandle, Failover<Classified, Classified>) {
+    let layer = FailoverLayer::new(
+        BreakerLayer::consecutive_failures(2).open_for(Duration::from_secs(10)),
+        classified(fallback),
+    );
+    (layer.handle(), over(layer, primary))
+}
+
+/// Sends `req` through a clone of `svc` and returns its failure; panics on success.
+async fn fail<S>(svc: &S, req: http::Request<String>) -> Failure<Response>
+where
+    S: Service<http::Request<String>, Error = Failure<Response>> + Clone,
+    S::Response: std::fmt::Debug,
+{
+    svc.clone().oneshot(req).await.unwrap_err()
 }
 
 #[tokio::test(start_paused = true)]
@@ -28,17 +54,10 @@ async fn with_the_primary_open_calls_reach_the_fallback_and_the_primary_is_probe
     // The primary fails three times, then recovers; the fallback always answers 202.
     let primary = Scripted::new([status(503), status(503), status(503)], status(200));
     let fallback = Scripted::always(status(202));
-    let layer = FailoverLayer::new(
-        BreakerLayer::consecutive_failures(2).open_for(Duration::from_secs(10)),
-        classified(&fallback),
-    );
-    let handle = layer.handle();
-    let svc = ServiceBuilder::new()
-        .layer(layer)
-        .service(classified(&primary));
+    let (handle, svc) = failover(&primary, &fallback);
 
     for _ in 0..2 {
-        let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+        let f = fail(&svc, get("/")).await;
         assert_eq!(f.class(), Class::TRANSIENT);
     }
     assert_eq!(handle.state(), State::Open);
@@ -52,7 +71,7 @@ async fn with_the_primary_open_calls_reach_the_fallback_and_the_primary_is_probe
 
     // After the open duration the primary gets the probe; it fails, so the fallback again.
     tokio::time::advance(Duration::from_secs(10)).await;
-    let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+    let f = fail(&svc, get("/")).await;
     assert_eq!(f.class(), Class::TRANSIENT, "the probe's own failure");
     assert_eq!(primary.calls(), 3);
     assert_eq!(svc.clone().oneshot(get("/")).await.unwrap().status(), 202);
@@ -106,14 +125,7 @@ async fn where_a_call_goes_is_decided_in_poll_ready_even_if_the_breaker_trips_be
     // decided, and is neither rejected nor sent to the fallback.
     let primary = Scripted::always(status(200));
     let fallback = Scripted::always(status(202));
-    let layer = FailoverLayer::new(
-        BreakerLayer::consecutive_failures(2).open_for(Duration::from_secs(10)),
-        classified(&fallback),
-    );
-    let handle = layer.handle();
-    let mut svc = ServiceBuilder::new()
-        .layer(layer)
-        .service(classified(&primary));
+    let (handle, mut svc) = failover(&primary, &fallback);
     svc.ready().await.unwrap();
     handle.force_open();
     let response = svc.call(get("/")).await.unwrap();
@@ -148,16 +160,14 @@ async fn keyed_breakers_open_per_host() {
             .open_for(Duration::from_secs(10)),
     )
     .unwrap();
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(classified(&upstream));
+    let svc = over(layer.clone(), &upstream);
     for _ in 0..2 {
         let _ = svc.clone().oneshot(to("a.test")).await;
     }
     let a = layer.handle("a.test").unwrap();
     assert_eq!(a.state(), State::Open);
     assert_eq!(a.name(), "a.test");
-    let f = svc.clone().oneshot(to("a.test")).await.unwrap_err();
+    let f = fail(&svc, to("a.test")).await;
     assert_eq!(f.class(), Class::CIRCUIT_OPEN);
     assert_eq!(f.retry_after(), Some(Duration::from_secs(10)));
     // Another host has its own, closed breaker.
@@ -180,9 +190,7 @@ async fn keyed_breakers_are_bounded_and_share_one_beyond_the_bound() {
     let layer = KeyedBreakerLayer::new(BreakerLayer::builder().consecutive_failures(3))
         .unwrap()
         .max_keys(2);
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(classified(&upstream));
+    let svc = over(layer.clone(), &upstream);
     for host in ["a.test", "b.test", "c.test", "d.test", "e.test"] {
         let _ = svc.clone().oneshot(to(host)).await;
     }
@@ -190,10 +198,10 @@ async fn keyed_breakers_are_bounded_and_share_one_beyond_the_bound() {
     // c, d and e share the `other` breaker: three failures in a row opened it.
     assert_eq!(layer.other().state(), State::Open);
     assert_eq!(layer.handle("a.test").unwrap().state(), State::Closed);
-    let f = svc.clone().oneshot(to("f.test")).await.unwrap_err();
+    let f = fail(&svc, to("f.test")).await;
     assert_eq!(f.class(), Class::CIRCUIT_OPEN);
     // A request without an authority or Host header goes to `other` too.
-    let f = svc.clone().oneshot(get("/relative")).await.unwrap_err();
+    let f = fail(&svc, get("/relative")).await;
     assert_eq!(f.class(), Class::CIRCUIT_OPEN);
 }
 
@@ -205,24 +213,14 @@ async fn keyed_breakers_with_a_user_key() {
         |req: &http::Request<String>| req.uri().path().split('/').nth(1).map(str::to_owned),
     )
     .unwrap();
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(classified(&upstream));
+    let svc = over(layer.clone(), &upstream);
     let _ = svc.clone().oneshot(get("/sendgrid/mail")).await;
     assert_eq!(
-        svc.clone()
-            .oneshot(get("/sendgrid/mail"))
-            .await
-            .unwrap_err()
-            .class(),
+        fail(&svc, get("/sendgrid/mail")).await.class(),
         Class::CIRCUIT_OPEN
     );
     assert_eq!(
-        svc.clone()
-            .oneshot(get("/postmark/mail"))
-            .await
-            .unwrap_err()
-            .class(),
+        fail(&svc, get("/postmark/mail")).await.class(),
         Class::TRANSIENT
     );
     assert_eq!(layer.keys(), ["postmark", "sendgrid"]);
