@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use bytes::Bytes;
 use http_body_util::{Full, StreamBody};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
@@ -21,7 +22,7 @@ use tower_backstop::request::BufferedBody;
 use tower_backstop::retry::{
     Backoff, IdempotencyKeyLayer, ReplayBufferLayer, RetryLayer, RetryPolicy,
 };
-use tower_backstop::{Class, GiveUp};
+use tower_backstop::{Class, Failure, GiveUp};
 
 /// What the server saw of one request: body, `Content-Length`, `Idempotency-Key`.
 type Seen = (Bytes, Option<String>, Option<String>);
@@ -106,12 +107,18 @@ fn streaming() -> Chunks {
     StreamBody::new(futures_util::stream::iter(frames))
 }
 
-#[tokio::test]
-async fn a_streaming_body_is_replayed_through_the_bounded_buffer() {
+/// PUTs the streaming body through a replay buffer of `limit` bytes to a server that answers 503
+/// first; the outcome and what the server saw.
+async fn put_streaming(
+    limit: usize,
+) -> (
+    Result<http::Response<Incoming>, Failure<http::Response<Incoming>>>,
+    Arc<Mutex<Vec<Seen>>>,
+) {
     let (base, seen) = server(StatusCode::SERVICE_UNAVAILABLE).await;
     let client = Client::builder(TokioExecutor::new()).build_http::<BufferedBody<Chunks>>();
     let svc = ServiceBuilder::new()
-        .layer(ReplayBufferLayer::new(4096))
+        .layer(ReplayBufferLayer::new(limit))
         .layer(RetryLayer::new(policy()))
         .layer(ClassifyLayer::http())
         .service(client);
@@ -119,7 +126,13 @@ async fn a_streaming_body_is_replayed_through_the_bounded_buffer() {
         .header("content-length", "1024")
         .body(streaming())
         .unwrap();
-    let response = svc.oneshot(request).await.unwrap();
+    (svc.oneshot(request).await, seen)
+}
+
+#[tokio::test]
+async fn a_streaming_body_is_replayed_through_the_bounded_buffer() {
+    let (result, seen) = put_streaming(4096).await;
+    let response = result.unwrap();
     assert_eq!(response.status(), 200);
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 2);
@@ -131,18 +144,8 @@ async fn a_streaming_body_is_replayed_through_the_bounded_buffer() {
 
 #[tokio::test]
 async fn a_body_above_the_buffer_limit_is_sent_whole_once_and_never_retried() {
-    let (base, seen) = server(StatusCode::SERVICE_UNAVAILABLE).await;
-    let client = Client::builder(TokioExecutor::new()).build_http::<BufferedBody<Chunks>>();
-    let svc = ServiceBuilder::new()
-        .layer(ReplayBufferLayer::new(100))
-        .layer(RetryLayer::new(policy()))
-        .layer(ClassifyLayer::http())
-        .service(client);
-    let request = http::Request::put(format!("{base}/messages"))
-        .header("content-length", "1024")
-        .body(streaming())
-        .unwrap();
-    let failure = svc.oneshot(request).await.unwrap_err();
+    let (result, seen) = put_streaming(100).await;
+    let failure = result.unwrap_err();
     assert_eq!(failure.class(), Class::TRANSIENT);
     assert_eq!(failure.give_up(), Some(GiveUp::NotReplayable));
     assert!(

@@ -19,6 +19,18 @@ fn dlq(args: &[&str]) -> Output {
         .expect("run backstop-dlq")
 }
 
+/// Runs `backstop-dlq --store <store> <rest...>` on a blocking thread.
+async fn dlq_on(store: &str, rest: &[&str]) -> Output {
+    let mut args = vec!["--store".to_owned(), store.to_owned()];
+    args.extend(rest.iter().map(|s| s.to_string()));
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        dlq(&args)
+    })
+    .await
+    .unwrap()
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -88,22 +100,8 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
     let target = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
-    let run = |args: Vec<String>| {
-        tokio::task::spawn_blocking(move || {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            dlq(&args)
-        })
-    };
-    let args = |rest: &[&str]| {
-        let mut v = vec!["--store".to_owned(), db.clone()];
-        v.extend(rest.iter().map(|s| s.to_string()));
-        v
-    };
-
     // list --json, with a filter.
-    let o = run(args(&["list", "--filter", "class=throttled", "--json"]))
-        .await
-        .unwrap();
+    let o = dlq_on(&db, &["list", "--filter", "class=throttled", "--json"]).await;
     assert!(o.status.success(), "{}", stderr(&o));
     let records: Vec<Record> = stdout(&o)
         .lines()
@@ -113,9 +111,7 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
     assert!(records.iter().all(|r| r.class == "throttled"));
 
     // list as a table, by tag, paged.
-    let o = run(args(&["list", "-f", "tag.campaign=summer", "--limit", "2"]))
-        .await
-        .unwrap();
+    let o = dlq_on(&db, &["list", "-f", "tag.campaign=summer", "--limit", "2"]).await;
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     let lines: Vec<&str> = out.lines().collect();
@@ -130,23 +126,23 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
     assert!(stderr(&o).contains("--offset 2"));
 
     // A bad filter is a usage error that says why.
-    let o = run(args(&["list", "-f", "colour=red"])).await.unwrap();
+    let o = dlq_on(&db, &["list", "-f", "colour=red"]).await;
     assert!(!o.status.success());
     assert!(stderr(&o).contains("unknown filter key"), "{}", stderr(&o));
 
     // show.
-    let o = run(args(&["show", "thr-3"])).await.unwrap();
+    let o = dlq_on(&db, &["show", "thr-3"]).await;
     let out = stdout(&o);
     assert!(
         out.contains("id              thr-3") && out.contains("{\"id\":\"thr-3\"}"),
         "{out}"
     );
     assert!(out.contains("history (oldest first, last 1)"), "{out}");
-    let o = run(args(&["show", "nope"])).await.unwrap();
+    let o = dlq_on(&db, &["show", "nope"]).await;
     assert!(!o.status.success());
 
     // stats: the dashboard.
-    let o = run(args(&["stats", "--window", "1h"])).await.unwrap();
+    let o = dlq_on(&db, &["stats", "--window", "1h"]).await;
     let out = stdout(&o);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
@@ -168,32 +164,34 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
     assert!(out.contains("new code \"http 429\""), "{out}");
 
     // redrive: refused without a filter, a rate or a max.
-    let o = run(args(&[
-        "redrive", "--target", &target, "--rate", "10", "--max", "5",
-    ]))
-    .await
-    .unwrap();
+    let o = dlq_on(
+        &db,
+        &["redrive", "--target", &target, "--rate", "10", "--max", "5"],
+    )
+    .await;
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains("refusing to re-drive every dead letter"),
         "{}",
         stderr(&o)
     );
-    let o = run(args(&[
-        "redrive",
-        "--target",
-        &target,
-        "-f",
-        "class=throttled",
-        "--max",
-        "5",
-    ]))
-    .await
-    .unwrap();
+    let o = dlq_on(
+        &db,
+        &[
+            "redrive",
+            "--target",
+            &target,
+            "-f",
+            "class=throttled",
+            "--max",
+            "5",
+        ],
+    )
+    .await;
     assert_eq!(o.status.code(), Some(2), "clap requires --rate");
 
-    // Dry run: lists, sends nothing.
-    let o = run(args(&[
+    // Three throttled ones at 100/s.
+    let redrive_three = [
         "redrive",
         "--target",
         &target,
@@ -203,10 +201,9 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
         "100",
         "--max",
         "3",
-        "--dry-run",
-    ]))
-    .await
-    .unwrap();
+    ];
+    // Dry run: lists, sends nothing.
+    let o = dlq_on(&db, &[&redrive_three[..], &["--dry-run"]].concat()).await;
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     assert_eq!(
@@ -220,19 +217,7 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
     assert!(seen.lock().unwrap().is_empty());
 
     // The real thing: 3 of them, to the target, with their keys.
-    let o = run(args(&[
-        "redrive",
-        "--target",
-        &target,
-        "-f",
-        "class=throttled",
-        "--rate",
-        "100",
-        "--max",
-        "3",
-    ]))
-    .await
-    .unwrap();
+    let o = dlq_on(&db, &redrive_three).await;
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         stdout(&o).contains("re-drove 3: 3 resolved, 0 failed again, 0 skipped"),
@@ -252,9 +237,7 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
     assert_eq!(resolved.len(), 3);
 
     // purge: asks for --yes first.
-    let o = run(args(&["purge", "-f", "class=permanent"]))
-        .await
-        .unwrap();
+    let o = dlq_on(&db, &["purge", "-f", "class=permanent"]).await;
     assert_eq!(o.status.code(), Some(2));
     assert!(
         stderr(&o).contains("3 dead letters match; add --yes"),
@@ -262,27 +245,19 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
         stderr(&o)
     );
     assert_eq!(store.list(100).await.unwrap().len(), 8);
-    let o = run(args(&["purge", "-f", "class=permanent", "--yes"]))
-        .await
-        .unwrap();
+    let o = dlq_on(&db, &["purge", "-f", "class=permanent", "--yes"]).await;
     assert!(
         stdout(&o).contains("deleted 3 dead letters"),
         "{}",
         stdout(&o)
     );
     assert_eq!(store.list(100).await.unwrap().len(), 5);
-    let o = run(args(&["purge", "--yes"])).await.unwrap();
+    let o = dlq_on(&db, &["purge", "--yes"]).await;
     assert_eq!(o.status.code(), Some(2), "no purge of everything");
 
     // A missing store is an error, not a new empty file.
     let missing = dir.path().join("missing.db");
-    let o = run(vec![
-        "--store".into(),
-        missing.to_str().unwrap().into(),
-        "stats".into(),
-    ])
-    .await
-    .unwrap();
+    let o = dlq_on(missing.to_str().unwrap(), &["stats"]).await;
     assert!(!o.status.success());
     assert!(stderr(&o).contains("no dead-letter store at"));
     assert!(!missing.exists());

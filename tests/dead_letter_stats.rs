@@ -15,6 +15,20 @@ fn rec(id: String, class: &'static str, code: &str, t: SystemTime) -> Record {
     r
 }
 
+/// `n` records of one class and code, one a second back from `now`, ids `prefix0`, `prefix1`...
+fn burst(prefix: &str, class: &'static str, code: &str, n: u32, now: SystemTime) -> Vec<Record> {
+    (0..n)
+        .map(|i| {
+            rec(
+                format!("{prefix}{i}"),
+                class,
+                code,
+                now - Duration::from_secs(u64::from(i)),
+            )
+        })
+        .collect()
+}
+
 const MIN: Duration = Duration::from_secs(60);
 
 #[tokio::test]
@@ -65,22 +79,14 @@ async fn a_spike_a_dominant_class_and_a_new_code_raise_their_alerts() {
         batch.push(rec(format!("b{m}"), "transient", "http 503", now - m * MIN));
     }
     // Last 5 minutes: 40 dead letters, 30 of them one class with a code never seen before.
-    for i in 0..30u32 {
-        batch.push(rec(
-            format!("r{i}"),
-            "rendering_failure",
-            "TEMPLATE_VARIABLE_MISSING",
-            now - Duration::from_secs(u64::from(i)),
-        ));
-    }
-    for i in 0..10u32 {
-        batch.push(rec(
-            format!("t{i}"),
-            "transient",
-            "http 503",
-            now - Duration::from_secs(u64::from(i)),
-        ));
-    }
+    batch.extend(burst(
+        "r",
+        "rendering_failure",
+        "TEMPLATE_VARIABLE_MISSING",
+        30,
+        now,
+    ));
+    batch.extend(burst("t", "transient", "http 503", 10, now));
     store.put_many(batch).await.unwrap();
     let stats = Stats::gather(
         &store,

@@ -54,6 +54,34 @@ async fn a_read_only_sqlite_file_is_a_clear_error() {
     check_unwritable(Arc::new(store), "readonly").await;
 }
 
+/// A `redis-server` of our own on `port`, saving nothing to disk.
+#[cfg(feature = "redis")]
+fn spawn_redis(port: u16) -> std::io::Result<std::process::Child> {
+    std::process::Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+}
+
+/// A dead-letter record `id` with `payload`, failed with the message "boom".
+#[cfg(feature = "redis")]
+fn boom(id: &str, payload: &'static str) -> tower_backstop::dead_letter::Record {
+    tower_backstop::dead_letter::Record::from_failure(
+        id.into(),
+        tower_backstop::Envelope::new(payload),
+        &Failure::<()>::from(tower_backstop::BoxError::from("boom")),
+    )
+}
+
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_stopped_redis_is_a_clear_error_and_a_restarted_one_works_again() {
@@ -66,20 +94,7 @@ async fn a_stopped_redis_is_a_clear_error_and_a_restarted_one_works_again() {
         .unwrap()
         .port();
     let url = format!("redis://127.0.0.1:{port}");
-    let child = std::process::Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(std::process::Stdio::null())
-        .spawn();
-    let Ok(mut child) = child else {
+    let Ok(mut child) = spawn_redis(port) else {
         let _: Option<()> = redis_support::skip(
             "a_stopped_redis_is_a_clear_error",
             &url,
@@ -96,41 +111,16 @@ async fn a_stopped_redis_is_a_clear_error_and_a_restarted_one_works_again() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     let store = store.expect("our redis-server did not start");
-    store
-        .put(tower_backstop::dead_letter::Record::from_failure(
-            "before".into(),
-            tower_backstop::Envelope::new("x"),
-            &Failure::<()>::from(tower_backstop::BoxError::from("boom")),
-        ))
-        .await
-        .unwrap();
+    store.put(boom("before", "x")).await.unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
     check_unwritable(Arc::new(store.clone()), "redis dead-letter store").await;
 
     // Redis comes back (empty: no data, no scripts): the same store writes again.
-    let mut child = std::process::Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_redis(port).unwrap();
     let mut written = Err(None);
     for _ in 0..300 {
-        let r = tower_backstop::dead_letter::Record::from_failure(
-            "after".into(),
-            tower_backstop::Envelope::new("y"),
-            &Failure::<()>::from(tower_backstop::BoxError::from("boom")),
-        );
-        match store.put(r).await {
+        match store.put(boom("after", "y")).await {
             Ok(()) => {
                 written = Ok(());
                 break;

@@ -326,6 +326,15 @@ impl tower::Service<&'static str> for Failing {
     }
 }
 
+/// Sends one request through a `RetryLayer` with `policy` over `upstream`; the failure it ends with.
+async fn fail_through(policy: RetryPolicy, upstream: &Failing) -> Failure<()> {
+    RetryLayer::new(policy)
+        .layer(upstream.clone())
+        .oneshot("m")
+        .await
+        .unwrap_err()
+}
+
 fn rejected() -> Failure<()> {
     Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen).with_retry_after(Duration::from_secs(1))
 }
@@ -337,35 +346,28 @@ fn unavailable() -> Failure<()> {
     )
 }
 
+/// Two breaker rejections, then 503s, under a transient cap of 4 and `max_attempts` overall.
+async fn rejections_then_503s(max_attempts: u32) -> (Failing, Failure<()>) {
+    let upstream = Failing::new(vec![rejected(), rejected()], unavailable);
+    let policy = RetryPolicy::new()
+        .max_attempts(max_attempts)
+        .backoff(no_jitter(10))
+        .retry_at_most(Class::TRANSIENT, 4);
+    let failure = fail_through(policy, &upstream).await;
+    (upstream, failure)
+}
+
 #[tokio::test(start_paused = true)]
 async fn class_caps_count_only_failures_of_that_class() {
     // Two breaker rejections, then 503s: the rejections do not eat into the transient cap.
-    let upstream = Failing::new(vec![rejected(), rejected()], unavailable);
-    let policy = RetryPolicy::new()
-        .max_attempts(8)
-        .backoff(no_jitter(10))
-        .retry_at_most(Class::TRANSIENT, 4);
-    let failure = RetryLayer::new(policy)
-        .layer(upstream.clone())
-        .oneshot("m")
-        .await
-        .unwrap_err();
+    let (upstream, failure) = rejections_then_503s(8).await;
     assert_eq!(upstream.calls(), 6, "2 rejections + 4 transient failures");
     assert_eq!(failure.attempts(), 6);
     assert_eq!(failure.class(), Class::TRANSIENT);
     assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
 
     // The overall cap still bounds the calls, whatever the classes.
-    let upstream = Failing::new(vec![rejected(), rejected()], unavailable);
-    let policy = RetryPolicy::new()
-        .max_attempts(3)
-        .backoff(no_jitter(10))
-        .retry_at_most(Class::TRANSIENT, 4);
-    let failure = RetryLayer::new(policy)
-        .layer(upstream.clone())
-        .oneshot("m")
-        .await
-        .unwrap_err();
+    let (upstream, failure) = rejections_then_503s(3).await;
     assert_eq!(upstream.calls(), 3);
     assert_eq!(failure.attempts(), 3);
     assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
@@ -376,11 +378,7 @@ async fn class_caps_count_only_failures_of_that_class() {
     let policy = RetryPolicy::new()
         .max_attempts(8)
         .retry_at_most(Class::CIRCUIT_OPEN, 2);
-    let failure = RetryLayer::new(policy)
-        .layer(upstream.clone())
-        .oneshot("m")
-        .await
-        .unwrap_err();
+    let failure = fail_through(policy, &upstream).await;
     assert_eq!(upstream.calls(), 2);
     assert_eq!(failure.class(), Class::CIRCUIT_OPEN);
 }
@@ -408,11 +406,7 @@ async fn per_class_delay_rules_are_followed() {
                 .backoff(Backoff::schedule([5, 15, 30].map(Duration::from_secs)).unwrap()),
         )
         .on_retry(on_retry);
-    let failure = RetryLayer::new(policy)
-        .layer(upstream.clone())
-        .oneshot("m")
-        .await
-        .unwrap_err();
+    let failure = fail_through(policy, &upstream).await;
     let delays: Vec<_> = events.lock().unwrap().iter().map(|e| e.delay).collect();
     // Transient: linear 100 ms, 150 ms; then the soft bounce's own schedule from its start.
     assert_eq!(
@@ -442,11 +436,7 @@ async fn a_schedule_above_max_delay_is_deferred() {
     );
     let before = SystemTime::now();
     let start = Instant::now();
-    let failure = RetryLayer::new(policy)
-        .layer(upstream.clone())
-        .oneshot("m")
-        .await
-        .unwrap_err();
+    let failure = fail_through(policy, &upstream).await;
     assert_eq!(start.elapsed(), Duration::ZERO, "nothing slept");
     assert_eq!(upstream.calls(), 1);
     assert!(failure.is_deferred());
