@@ -7,15 +7,22 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
 use http::StatusCode;
+use http_body_util::Full;
 use tower_backstop::dead_letter::{
-    Change, Filter, MemoryStore, Page, Record, SqliteStore, Status, Store,
+    BoxFuture, Change, Claim, Counts, Filter, MemoryStore, Outcome, Page, Record, Redrive,
+    Scheduler, SqliteStore, Status, Store, StoreError, http_request,
 };
-use tower_backstop::{Class, Code, Envelope, Failure};
+use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 
 /// A store to test and whatever must live as long as it (a temporary directory).
 struct Opened {
     store: Arc<dyn Store>,
+    /// A second handle on the same records, as another process would open it: a clone (memory),
+    /// a second connection to the same file (SQLite), a second connection with the same prefix
+    /// (Redis).
+    other: Arc<dyn Store>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -29,25 +36,42 @@ enum Backend {
 impl Backend {
     async fn open(self, test: &str, history_limit: usize) -> Option<Opened> {
         Some(match self {
-            Backend::Memory => Opened {
-                store: Arc::new(MemoryStore::new().with_history_limit(history_limit)),
-                _dir: None,
-            },
+            Backend::Memory => {
+                let store = MemoryStore::new().with_history_limit(history_limit);
+                Opened {
+                    other: Arc::new(store.clone()),
+                    store: Arc::new(store),
+                    _dir: None,
+                }
+            }
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
-                let store = SqliteStore::open(dir.path().join("dl.db"))
-                    .unwrap()
-                    .with_history_limit(history_limit);
+                let open = || {
+                    SqliteStore::open(dir.path().join("dl.db"))
+                        .unwrap()
+                        .with_history_limit(history_limit)
+                };
                 Opened {
-                    store: Arc::new(store),
+                    store: Arc::new(open()),
+                    other: Arc::new(open()),
                     _dir: Some(dir),
                 }
             }
             #[cfg(feature = "redis")]
             Backend::Redis => {
                 let store = redis_support::redis_store(test).await?;
+                let other = tower_backstop::dead_letter::RedisStore::connect_with_timeouts(
+                    &redis_support::redis_url(),
+                    None,
+                    None,
+                )
+                .await
+                .unwrap()
+                .with_prefix(store.prefix())
+                .with_history_limit(history_limit);
                 Opened {
                     store: Arc::new(store.with_history_limit(history_limit)),
+                    other: Arc::new(other),
                     _dir: None,
                 }
             }
@@ -528,6 +552,301 @@ async fn delete_by_filter(b: Backend) {
     assert!(o.store.list(100).await.unwrap().is_empty());
 }
 
+async fn claims_are_compare_and_set(b: Backend) {
+    let Some(o) = b.open("cas_claim", 10).await else {
+        return;
+    };
+    o.store
+        .put(rec("m-1", "transient", "http 503", at(0)))
+        .await
+        .unwrap();
+    let seen = o.store.get("m-1").await.unwrap().unwrap();
+    let Claim::Claimed(won) = o.store.claim(&seen, at(60_000)).await.unwrap() else {
+        panic!("the first claim wins");
+    };
+    assert_eq!(
+        (won.status, won.retry_at, won.resends, won.budget_spent),
+        (Status::InFlight, Some(at(60_000)), 1, 0)
+    );
+    // The second claimer read the same record: it loses, from either handle.
+    for store in [&o.store, &o.other] {
+        assert_eq!(
+            store.claim(&seen, at(90_000)).await.unwrap(),
+            Claim::ClaimedElsewhere {
+                status: Status::InFlight,
+                resends: 1
+            }
+        );
+    }
+    // Dead again (the claimer gave up): the status is the one read, but a claim happened in
+    // between, so an old read still loses.
+    o.store.update("m-1", Change::Dead).await.unwrap();
+    assert!(matches!(
+        o.store.claim(&seen, at(90_000)).await.unwrap(),
+        Claim::ClaimedElsewhere {
+            status: Status::Dead,
+            resends: 1
+        }
+    ));
+    let fresh = o.store.get("m-1").await.unwrap().unwrap();
+    assert!(matches!(
+        o.other.claim(&fresh, at(90_000)).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    // Deleted meanwhile: nothing is written back.
+    o.store.delete(&Filter::new().id("m-1")).await.unwrap();
+    assert_eq!(
+        o.store.claim(&fresh, at(99_000)).await.unwrap(),
+        Claim::Missing
+    );
+    assert_eq!(o.store.get("m-1").await.unwrap(), None);
+    assert!(o.store.list(10).await.unwrap().is_empty());
+}
+
+/// A store that lets the test hold a re-drive between reading its plan and claiming.
+struct Gated {
+    inner: Arc<dyn Store>,
+    /// Every search waits here after reading (a barrier of the racing re-drives, or `None`).
+    barrier: Option<Arc<tokio::sync::Barrier>>,
+    /// Signalled after each search; a search then waits for `go` when it is set.
+    searched: Arc<tokio::sync::Notify>,
+    go: Option<Arc<tokio::sync::Notify>>,
+}
+
+impl Store for Gated {
+    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.put_many(records)
+    }
+    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        self.inner.get(id)
+    }
+    fn search(
+        &self,
+        filter: &Filter,
+        page: Page,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let read = self.inner.search(filter, page);
+        let (barrier, searched, go) =
+            (self.barrier.clone(), self.searched.clone(), self.go.clone());
+        Box::pin(async move {
+            let records = read.await;
+            searched.notify_one();
+            if let Some(barrier) = barrier {
+                barrier.wait().await;
+            }
+            if let Some(go) = go {
+                go.notified().await;
+            }
+            records
+        })
+    }
+    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
+        self.inner.counts(since)
+    }
+    fn update(
+        &self,
+        id: &str,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        self.inner.update(id, change)
+    }
+    fn claim_due(
+        &self,
+        now: SystemTime,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.inner.claim_due(now, limit, lease)
+    }
+    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        self.inner.delete(filter)
+    }
+    fn claim(
+        &self,
+        seen: &Record,
+        until: SystemTime,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.inner.claim(seen, until)
+    }
+}
+
+type HttpRequest = http::Request<Full<Bytes>>;
+
+/// A provider that counts the requests it gets, per message id, and signals each one.
+#[derive(Clone, Default)]
+struct Provider {
+    sent: Arc<std::sync::Mutex<Vec<String>>>,
+    signal: Arc<tokio::sync::Notify>,
+}
+
+impl Provider {
+    fn service(
+        &self,
+    ) -> impl tower::Service<
+        HttpRequest,
+        Response = http::Response<()>,
+        Error = BoxError,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static {
+        let this = self.clone();
+        tower::service_fn(move |req: HttpRequest| {
+            let this = this.clone();
+            async move {
+                let id = req
+                    .extensions()
+                    .get::<MessageId>()
+                    .map(|m| m.0.clone())
+                    .unwrap_or_default();
+                this.sent.lock().unwrap().push(id);
+                this.signal.notify_one();
+                // Stay in flight a moment, so that a racing claimer comes while this one sends.
+                tokio::task::yield_now().await;
+                Ok::<_, BoxError>(http::Response::new(()))
+            }
+        })
+    }
+
+    fn sent(&self) -> Vec<String> {
+        let mut sent = self.sent.lock().unwrap().clone();
+        sent.sort();
+        sent
+    }
+}
+
+async fn two_redrives_race_one_sends(b: Backend) {
+    let Some(o) = b.open("redrive_race", 10).await else {
+        return;
+    };
+    o.store
+        .put(rec("m-1", "transient", "http 503", at(0)))
+        .await
+        .unwrap();
+    // Both re-drives read the record (dead, no re-send) before either claims it.
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let gated = |store: &Arc<dyn Store>| Gated {
+        inner: Arc::clone(store),
+        barrier: Some(Arc::clone(&barrier)),
+        searched: Arc::default(),
+        go: None,
+    };
+    let (a, b2) = (gated(&o.store), gated(&o.other));
+    let provider = Provider::default();
+    let redrive = Redrive::new(Filter::new().id("m-1"), 1_000, 10).unwrap();
+    let (ra, rb) = tokio::join!(
+        redrive.run(&a, provider.service(), |r| http_request(r, None)),
+        redrive.run(&b2, provider.service(), |r| http_request(r, None)),
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(provider.sent(), ["m-1"], "exactly one send");
+    assert_eq!(ra.resolved() + rb.resolved(), 1);
+    assert_eq!(ra.skipped() + rb.skipped(), 1);
+    let skipped = ra
+        .records
+        .iter()
+        .chain(&rb.records)
+        .find_map(|r| match &r.outcome {
+            Outcome::Skipped { reason } => Some(reason.clone()),
+            _ => None,
+        });
+    assert!(
+        skipped.as_deref().unwrap().starts_with("claimed elsewhere"),
+        "{skipped:?}"
+    );
+    let r = o.store.get("m-1").await.unwrap().unwrap();
+    assert_eq!((r.status, r.resends), (Status::Resolved, 1));
+}
+
+async fn redrive_races_scheduler(b: Backend) {
+    let Some(o) = b.open("redrive_vs_scheduler", 10).await else {
+        return;
+    };
+    let now = SystemTime::now();
+    let due = deferred(
+        rec("m-1", "throttled", "http 429", now - Duration::from_secs(2)),
+        now - Duration::from_secs(1),
+    );
+    o.store.put(due).await.unwrap();
+    let go = Arc::new(tokio::sync::Notify::new());
+    let gated = Gated {
+        inner: Arc::clone(&o.store),
+        barrier: None,
+        searched: Arc::default(),
+        go: Some(Arc::clone(&go)),
+    };
+    let searched = Arc::clone(&gated.searched);
+    let provider = Provider::default();
+    let service = provider.service();
+    let redrive = tokio::spawn(async move {
+        Redrive::new(Filter::new().id("m-1"), 1_000, 10)
+            .unwrap()
+            .run(&gated, service, |r| http_request(r, None))
+            .await
+    });
+    // The re-drive has read the record as deferred; now the scheduler claims and sends it.
+    searched.notified().await;
+    let scheduler = Scheduler::new(Arc::clone(&o.other), provider.service(), |r: &Record| {
+        http_request(r, None)
+    })
+    .poll_every(Duration::from_millis(5))
+    .spawn();
+    provider.signal.notified().await;
+    go.notify_one();
+    let report = redrive.await.unwrap().unwrap();
+    scheduler.shutdown().await;
+    assert_eq!(provider.sent(), ["m-1"], "exactly one send");
+    assert_eq!((report.resolved(), report.skipped()), (0, 1));
+    let Outcome::Skipped { reason } = &report.records[0].outcome else {
+        panic!("{report:?}");
+    };
+    assert!(reason.starts_with("claimed elsewhere"), "{reason}");
+    let r = o.store.get("m-1").await.unwrap().unwrap();
+    assert_eq!((r.status, r.resends), (Status::Resolved, 1));
+}
+
+async fn two_schedulers_send_each_record_once(b: Backend) {
+    let Some(o) = b.open("two_schedulers", 10).await else {
+        return;
+    };
+    let now = SystemTime::now();
+    let records: Vec<Record> = (0..24)
+        .map(|i| {
+            deferred(
+                rec(&format!("m-{i:02}"), "throttled", "http 429", now),
+                now - Duration::from_millis(100 + i),
+            )
+        })
+        .collect();
+    o.store.put_many(records).await.unwrap();
+    let provider = Provider::default();
+    let spawn = |store: &Arc<dyn Store>| {
+        Scheduler::new(Arc::clone(store), provider.service(), |r: &Record| {
+            http_request(r, None)
+        })
+        .poll_every(Duration::from_millis(2))
+        .concurrency(3)
+        .spawn()
+    };
+    let (one, two) = (spawn(&o.store), spawn(&o.other));
+    while provider.sent.lock().unwrap().len() < 24 {
+        provider.signal.notified().await;
+    }
+    one.shutdown().await;
+    two.shutdown().await;
+    let want: Vec<String> = (0..24).map(|i| format!("m-{i:02}")).collect();
+    assert_eq!(provider.sent(), want, "each record sent exactly once");
+    let all = o.store.list(100).await.unwrap();
+    assert!(
+        all.iter()
+            .all(|r| r.status == Status::Resolved && r.resends == 1),
+        "{:?}",
+        all.iter()
+            .map(|r| (&r.id, r.status, r.resends))
+            .collect::<Vec<_>>()
+    );
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -553,4 +872,8 @@ conformance!(
     claims_due_in_retry_order,
     concurrent_claims_never_overlap,
     delete_by_filter,
+    claims_are_compare_and_set,
+    two_redrives_race_one_sends,
+    redrive_races_scheduler,
+    two_schedulers_send_each_record_once,
 );

@@ -10,7 +10,6 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::record::Record;
 use super::store::{BoxFuture, Store, StoreError};
 use crate::failure::{Class, Code, Failure};
 use crate::request::Describe;
@@ -154,7 +153,7 @@ where
         let service = std::mem::replace(&mut self.inner, clone);
         BudgetFuture {
             state: BudgetState::Checking {
-                check: self.store.get(&id),
+                check: self.store.budget_spent(&id),
                 request: Some(req),
                 service: Some(service),
                 id,
@@ -182,7 +181,7 @@ pin_project! {
         S: Service<Req>,
     {
         Checking {
-            check: BoxFuture<'static, Result<Option<Record>, StoreError>>,
+            check: BoxFuture<'static, Result<Option<u32>, StoreError>>,
             request: Option<Req>,
             service: Option<S>,
             id: String,
@@ -223,7 +222,7 @@ where
                     budget,
                 } => {
                     let spent = match ready!(check.as_mut().poll(cx)) {
-                        Ok(record) => record.map_or(0, |r| r.budget_spent),
+                        Ok(spent) => spent.unwrap_or(0),
                         Err(error) => {
                             tracing::warn!(
                                 id = %id,

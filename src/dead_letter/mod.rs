@@ -111,7 +111,7 @@ mod store;
 pub use self::budget::{AttemptBudget, AttemptBudgetLayer, BudgetFuture, BudgetSpent};
 pub use self::future::ResponseFuture;
 pub use self::layer::{DeadLetterLayer, TagFn};
-pub use self::query::{Change, Counts, Filter, Page};
+pub use self::query::{Change, Claim, Counts, Filter, Page};
 pub use self::record::{
     DEFAULT_HISTORY_LIMIT, DEFAULT_PAYLOAD_LIMIT, ErrorEntry, ParseStatusError, Record, Status,
 };

@@ -237,6 +237,52 @@ impl Change {
     }
 }
 
+/// What came of a compare-and-set claim ([`Store::claim`](super::Store::claim)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Claim {
+    /// The record was as it was read and is now claimed: the record as written
+    /// ([`InFlight`](Status::InFlight), `retry_at` the end of the claim, one more resend).
+    Claimed(Record),
+    /// Someone else changed the record since it was read (another re-drive, a scheduler, an
+    /// operator, a new failure's status): nothing was written, and the caller must not send it.
+    ClaimedElsewhere {
+        /// The record's status now.
+        status: Status,
+        /// Its resend count now.
+        resends: u32,
+    },
+    /// The record is no longer in the store (deleted meanwhile): nothing was written.
+    Missing,
+}
+
+/// Whether `current` is still the record `seen` was read as: the same status and the same resend
+/// count. Every claim adds one resend, so a record claimed and released again in between (a
+/// status that went dead → in flight → dead) does not pass for unchanged.
+pub(crate) fn unchanged_since(current: &Record, seen: &Record) -> bool {
+    current.status == seen.status && current.resends == seen.resends
+}
+
+/// The compare-and-set claim on `current`, the record now in the store: claims it (in place) if
+/// it is unchanged since `seen`.
+pub(crate) fn claim_if_unchanged(
+    current: Option<&mut Record>,
+    seen: &Record,
+    until: SystemTime,
+) -> Claim {
+    match current {
+        None => Claim::Missing,
+        Some(current) if unchanged_since(current, seen) => {
+            Change::Redriving { until }.apply(current);
+            Claim::Claimed(current.clone())
+        }
+        Some(current) => Claim::ClaimedElsewhere {
+            status: current.status,
+            resends: current.resends,
+        },
+    }
+}
+
 /// What a claim does to a due record: status [`InFlight`](Status::InFlight), `retry_at` the end
 /// of the lease, one more resend.
 pub(crate) fn claim(record: &mut Record, now: SystemTime, lease: Duration) {

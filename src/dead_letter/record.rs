@@ -392,6 +392,37 @@ mod opt_time_text {
             .transpose()
     }
 }
+/// Decodes hex digits (either case) into bytes, byte by byte: text that is not all ASCII hex
+/// digits, or an odd number of them, is an error, never a panic.
+pub(crate) fn decode_hex(hex: &str) -> Result<Vec<u8>, String> {
+    fn digit(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        }
+    }
+    let bytes = hex.as_bytes();
+    if bytes.len() % 2 != 0 {
+        return Err(format!(
+            "payload has an odd number of hex digits ({})",
+            bytes.len()
+        ));
+    }
+    bytes
+        .chunks_exact(2)
+        .enumerate()
+        .map(|(i, pair)| match (digit(pair[0]), digit(pair[1])) {
+            (Some(hi), Some(lo)) => Ok(hi << 4 | lo),
+            _ => Err(format!(
+                "payload is not hex: byte {} is not a hex digit",
+                2 * i + usize::from(digit(pair[0]).is_some())
+            )),
+        })
+        .collect()
+}
+
 mod payload_text {
     //! Payloads as hex in JSON: readable in a terminal, and exact.
     use serde::{Deserialize, Deserializer, Serializer};
@@ -414,13 +445,7 @@ mod payload_text {
         let hex = s
             .strip_prefix("hex:")
             .ok_or_else(|| serde::de::Error::custom("payload must start with utf8: or hex:"))?;
-        if hex.len() % 2 != 0 {
-            return Err(serde::de::Error::custom("odd number of hex digits"));
-        }
-        (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(serde::de::Error::custom))
-            .collect()
+        super::decode_hex(hex).map_err(serde::de::Error::custom)
     }
 }
 
@@ -439,6 +464,20 @@ mod tests {
         let json = serde_json::to_string(&r).unwrap();
         assert!(json.contains("utf8:{"));
         assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), r);
+    }
+
+    #[test]
+    fn hex_payload_that_is_not_hex_is_an_error_not_a_panic() {
+        let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
+        let r = Record::from_failure("k".into(), Envelope::new(vec![0u8, 255]), &f);
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains("\"hex:00ff\""), "{json}");
+        for bad in ["hex:a€", "hex:€a", "hex:abc", "hex:zz", "hex:0g", "nope"] {
+            let text = json.replace("hex:00ff", bad);
+            let err = serde_json::from_str::<Record>(&text).unwrap_err();
+            assert!(err.to_string().contains("payload"), "{bad}: {err}");
+        }
+        assert_eq!(decode_hex("00Ff10").unwrap(), [0, 255, 16]);
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
-use super::query::{Change, Counts, Filter, Page, claim};
+use super::query::{Change, Claim, Counts, Filter, Page, claim, claim_if_unchanged, claimable};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
 use super::store::{BoxFuture, Store, StoreError, newest_first};
 
@@ -14,7 +14,7 @@ use super::store::{BoxFuture, Store, StoreError, newest_first};
 ///
 /// | key | type | what |
 /// |---|---|---|
-/// | `{prefix}:rec:{id}` | hash | the record (field `json`) and its version (field `v`) |
+/// | `{prefix}:rec:{id}` | hash | the record (field `json`), its version (field `v`) and its durable attempt count (field `b`) |
 /// | `{prefix}:retry` | sorted set | ids of deferred and in-flight records, scored by retry-at (ms) |
 /// | `{prefix}:time` | sorted set | every id, scored by last failure time (ms) |
 /// | `{prefix}:class:{class}`, `{prefix}:code:{code}`, `{prefix}:tag:{key}={value}` | sorted sets | the indexes, scored by last failure time |
@@ -23,7 +23,10 @@ use super::store::{BoxFuture, Store, StoreError, newest_first};
 /// Every write of a record is one Lua script that checks the record's version and writes the
 /// record with its indexes, so a record, its attempt counts and its indexes change together, and
 /// two instances that write the same id at once both land (the loser reads again and merges).
-/// [`claim_due`](Store::claim_due) is one script too: two schedulers never claim the same record.
+/// Claims ([`claim`](Store::claim), [`claim_due`](Store::claim_due)) are such versioned writes
+/// too, made only if the record read is still claimable: of two claimers (re-drives, schedulers on
+/// other instances) that read the same version, exactly one writes, and the other reads the
+/// claim it lost to.
 /// [`put_many`](Store::put_many) sends a batch in one pipeline.
 ///
 /// The scripts touch index keys they compute from the prefix, so the store needs a single Redis
@@ -51,14 +54,14 @@ impl std::fmt::Debug for RedisStore {
 /// Writes a record if its version is still the one read. KEYS: record, time index, retry index,
 /// codes, then `ARGV[7]` index keys to leave, then index keys to join. ARGV: expected version
 /// (`''`: no record yet), id, json, last failure ms, retry-at ms (`''`: none), code (`''`: do
-/// not note), count of index keys to leave, the code's first sighting ms.
+/// not note), count of index keys to leave, the code's first sighting ms, the budget spent.
 const WRITE: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
 if not v then v = '' end
 if v ~= ARGV[1] then return 0 end
 local nv = 1
 if v ~= '' then nv = tonumber(v) + 1 end
-redis.call('HSET', KEYS[1], 'json', ARGV[3], 'v', nv)
+redis.call('HSET', KEYS[1], 'json', ARGV[3], 'v', nv, 'b', ARGV[9])
 local leave = tonumber(ARGV[7])
 for i = 5, 4 + leave do redis.call('ZREM', KEYS[i], ARGV[2]) end
 for i = 5 + leave, #KEYS do redis.call('ZADD', KEYS[i], ARGV[4], ARGV[2]) end
@@ -70,13 +73,6 @@ else
 end
 if ARGV[6] ~= '' then redis.call('HSETNX', KEYS[4], ARGV[6], ARGV[8]) end
 return 1
-";
-
-/// Claims due ids: KEYS: retry index. ARGV: now ms, limit, end of lease ms.
-const CLAIM: &str = r"
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-for _, id in ipairs(ids) do redis.call('ZADD', KEYS[1], ARGV[3], id) end
-return ids
 ";
 
 /// How many times a write is tried again when another writer changed the record in between.
@@ -144,7 +140,7 @@ impl RedisStore {
                     e,
                 )
             })?;
-        for script in [WRITE, CLAIM] {
+        for script in [WRITE] {
             Script::new(script)
                 .load_async(&mut conn)
                 .await
@@ -225,7 +221,8 @@ impl RedisStore {
             .arg(retry)
             .arg(if note_code { record.code.as_str() } else { "" })
             .arg(leave.len())
-            .arg(to_millis(record.last_failed_at));
+            .arg(to_millis(record.last_failed_at))
+            .arg(record.budget_spent);
         Ok(cmd)
     }
 
@@ -235,7 +232,7 @@ impl RedisStore {
         let mut conn = self.conn.clone();
         match cmd.query_async(&mut conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                for script in [WRITE, CLAIM] {
+                for script in [WRITE] {
                     Script::new(script).load_async(&mut conn).await?;
                 }
                 cmd.query_async(&mut conn).await
@@ -337,7 +334,7 @@ impl RedisStore {
         let written: Vec<i64> = match write.query_async(&mut conn).await {
             // The server forgot the scripts: none of the batch was written; load and again.
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                for script in [WRITE, CLAIM] {
+                for script in [WRITE] {
                     Script::new(script)
                         .load_async(&mut conn)
                         .await
@@ -519,31 +516,102 @@ impl Store for RedisStore {
     ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
         let this = self.clone();
         Box::pin(async move {
-            let mut claim_cmd = redis::cmd("EVALSHA");
-            claim_cmd
-                .arg(Script::new(CLAIM).get_hash())
-                .arg(1)
-                .arg(this.key("retry"))
-                .arg(to_millis(now))
-                .arg(limit)
-                .arg(to_millis(now + lease));
-            let ids: Vec<String> = this
-                .eval(&claim_cmd)
-                .await
-                .map_err(redis_error("claim records"))?;
-            let mut claimed = Vec::with_capacity(ids.len());
-            for id in ids {
-                let record = this
-                    .read_modify_write(&id, false, |old| {
-                        old.map(|mut r| {
-                            claim(&mut r, now, lease);
-                            r
+            let mut claimed = Vec::new();
+            // Each round reads the due ids, then claims each with a versioned write if it is
+            // still due; a claim lost to another scheduler moves the id's score past `now`, so
+            // the next round reads the next ones. A round that claims nothing ends it.
+            while claimed.len() < limit {
+                let mut conn = this.conn.clone();
+                let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                    .arg(this.key("retry"))
+                    .arg("-inf")
+                    .arg(to_millis(now))
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(limit - claimed.len())
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(redis_error("claim records"))?;
+                let mut progress = false;
+                for id in ids {
+                    let record = this
+                        .read_modify_write(&id, false, |old| {
+                            old.filter(|r| claimable(r, now)).map(|mut r| {
+                                claim(&mut r, now, lease);
+                                r
+                            })
                         })
-                    })
-                    .await?;
-                claimed.extend(record);
+                        .await?;
+                    if let Some(record) = record {
+                        progress = true;
+                        claimed.push(record);
+                    }
+                }
+                if !progress {
+                    break;
+                }
             }
             Ok(claimed)
+        })
+    }
+
+    fn claim(
+        &self,
+        seen: &Record,
+        until: SystemTime,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let this = self.clone();
+        let seen = seen.clone();
+        Box::pin(async move {
+            for _ in 0..CAS_TRIES {
+                let (mut old, version) = this.read(&seen.id).await?;
+                let before = old.clone();
+                let claim = claim_if_unchanged(old.as_mut(), &seen, until);
+                let Claim::Claimed(new) = &claim else {
+                    return Ok(claim);
+                };
+                let written: i64 = this
+                    .eval(&this.write_cmd(new, before.as_ref(), &version, false)?)
+                    .await
+                    .map_err(redis_error("claim record"))?;
+                if written == 1 {
+                    return Ok(claim);
+                }
+            }
+            Err(StoreError::new(format!(
+                "redis dead-letter store: record {} kept changing, gave up claiming it after \
+                 {CAS_TRIES} tries",
+                seen.id
+            )))
+        })
+    }
+
+    fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
+        let this = self.clone();
+        let id = id.to_owned();
+        Box::pin(async move {
+            let mut conn = this.conn.clone();
+            let (budget, json_len): (Option<String>, u64) = redis::pipe()
+                .cmd("HGET")
+                .arg(this.record_key(&id))
+                .arg("b")
+                .cmd("HSTRLEN")
+                .arg(this.record_key(&id))
+                .arg("json")
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error("read attempt budget"))?;
+            match budget {
+                Some(b) => b.parse().map(Some).map_err(|e| {
+                    StoreError::with_source(
+                        format!("redis dead-letter store: record {id} has a bad attempt count"),
+                        e,
+                    )
+                }),
+                // A record written before the count had its own field: read it whole.
+                None if json_len > 0 => Ok(this.read(&id).await?.0.map(|r| r.budget_spent)),
+                None => Ok(None),
+            }
         })
     }
 

@@ -8,7 +8,7 @@ use http_body_util::Full;
 use tower::ServiceExt;
 use tower_service::Service;
 
-use super::query::{Change, Filter, Page};
+use super::query::{Change, Claim, Filter, Page};
 use super::record::{Record, Status};
 use super::scheduler::Clock;
 use super::store::{Store, StoreError};
@@ -368,7 +368,8 @@ impl Redrive {
 }
 
 /// Sends `request` (rebuilt from `record`) through `service` and writes the outcome. With
-/// `claim_until`, the record is first claimed as a re-drive ([`Change::Redriving`]); the
+/// `claim_until`, the record is first claimed as a re-drive, compare-and-set on the status and
+/// resend count it was read with ([`Store::claim`]); the
 /// scheduler claims its records itself.
 pub(crate) async fn resend<S, Req>(
     store: &dyn Store,
@@ -383,11 +384,20 @@ where
     S::Error: Into<Failure<S::Response>>,
 {
     if let Some(until) = claim_until {
-        match store.update(&record.id, Change::Redriving { until }).await {
-            Ok(Some(_)) => {}
-            Ok(None) => {
+        match store.claim(record, until).await {
+            Ok(Claim::Claimed(_)) => {}
+            Ok(Claim::Missing) => {
                 return Outcome::Skipped {
                     reason: "the record is no longer in the store".to_owned(),
+                };
+            }
+            Ok(Claim::ClaimedElsewhere { status, resends }) => {
+                return Outcome::Skipped {
+                    reason: format!(
+                        "claimed elsewhere: the record is now {status} with {resends} re-sends \
+                         (it was {} with {} when read); not sent",
+                        record.status, record.resends
+                    ),
                 };
             }
             Err(e) => {

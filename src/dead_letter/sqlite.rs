@@ -8,7 +8,7 @@ use rusqlite::{
     Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
 };
 
-use super::query::{Change, Counts, Filter, Page, claim, top_first};
+use super::query::{Change, Claim, Counts, Filter, Page, claim, claim_if_unchanged, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status, from_millis, to_millis};
 use super::store::{BoxFuture, Store, StoreError};
 
@@ -557,6 +557,33 @@ impl Store for SqliteStore {
                     .map_err(sql_error("claim records"))?;
             }
             Ok(due)
+        })
+    }
+
+    fn claim(
+        &self,
+        seen: &Record,
+        until: SystemTime,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let seen = seen.clone();
+        self.write(move |tx| {
+            let mut current = read_record(tx, &seen.id)?;
+            let claim = claim_if_unchanged(current.as_mut(), &seen, until);
+            if let Claim::Claimed(record) = &claim {
+                write_row(tx, record)?;
+            }
+            Ok(claim)
+        })
+    }
+
+    fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
+        let id = id.to_owned();
+        self.run(move |conn| {
+            conn.prepare_cached("SELECT budget_spent FROM dead_letters WHERE id = ?1")
+                .map_err(sql_error("read attempt budget"))?
+                .query_row(params![id], |row| row.get::<_, u32>(0))
+                .optional()
+                .map_err(sql_error("read attempt budget"))
         })
     }
 

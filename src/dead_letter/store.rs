@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::query::{Change, Counts, Filter, Page, claim, claimable};
+use super::query::{Change, Claim, Counts, Filter, Page, claim, claim_if_unchanged, claimable};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record};
 use crate::failure::BoxError;
 
@@ -178,6 +178,39 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// [`StoreError`] when the store is closed or the write fails.
     fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>>;
+
+    /// Claims the record `seen` for a re-send (a re-drive, an operator), compare-and-set: only if
+    /// the record in the store still has the status and the resend count `seen` was read with.
+    /// Then it becomes [`InFlight`](super::Status::InFlight) until `until`, with one more resend
+    /// and its durable attempt budget started again ([`Change::Redriving`]), and
+    /// [`Claim::Claimed`] returns it as written. Otherwise nothing is written:
+    /// [`Claim::ClaimedElsewhere`] (someone else claimed or changed it since it was read) or
+    /// [`Claim::Missing`] (deleted meanwhile). Two claimers of one record never both win.
+    ///
+    /// The check and the write are one atomic step: one lock (memory), one `BEGIN IMMEDIATE`
+    /// transaction (SQLite), one versioned write script (Redis).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the read or write fails; nothing is claimed.
+    fn claim(
+        &self,
+        seen: &Record,
+        until: SystemTime,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>>;
+
+    /// How many attempts of the message `id` count against its durable attempt budget
+    /// ([`Record::budget_spent`]), or `None` when there is no record: what
+    /// [`AttemptBudgetLayer`](super::AttemptBudgetLayer) reads on each call. Stores read only
+    /// that number, not the whole record; the default reads the record.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
+        let record = self.get(id);
+        Box::pin(async move { Ok(record.await?.map(|r| r.budget_spent)) })
+    }
 }
 
 /// A store in memory, for tests and short-lived tools. Clones share the records.
@@ -336,6 +369,20 @@ impl Store for MemoryStore {
                 })
                 .collect()
         })
+    }
+
+    fn claim(
+        &self,
+        seen: &Record,
+        until: SystemTime,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let seen = seen.clone();
+        self.with(move |memory| claim_if_unchanged(memory.records.get_mut(&seen.id), &seen, until))
+    }
+
+    fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
+        let id = id.to_owned();
+        self.with(move |memory| memory.records.get(&id).map(|r| r.budget_spent))
     }
 
     fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
