@@ -847,6 +847,58 @@ async fn two_schedulers_send_each_record_once(b: Backend) {
     );
 }
 
+async fn awkward_ids_and_a_big_payload(b: Backend) {
+    let Some(o) = b.open("awkward", 10).await else {
+        return;
+    };
+    let long = "x/ y".repeat(2_560); // 10 KiB
+    let ids = [
+        "with spaces",
+        "a/b/../c",
+        "rec:{x}:*",
+        "é \u{0} ☃",
+        long.as_str(),
+    ];
+    for id in ids {
+        o.store
+            .put(deferred(rec(id, "transient", "http 503", at(0)), at(10)))
+            .await
+            .unwrap();
+    }
+    for id in ids {
+        let r = o.store.get(id).await.unwrap().unwrap();
+        assert_eq!(r.id, id);
+        let Claim::Claimed(_) = o.store.claim(&r, at(60_000)).await.unwrap() else {
+            panic!("claim {id:.20}");
+        };
+        assert_eq!(o.store.budget_spent(id).await.unwrap(), Some(0));
+    }
+    assert_eq!(o.store.list(10).await.unwrap().len(), ids.len());
+    assert_eq!(
+        o.store
+            .delete(&Filter::new().id(long.clone()))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(o.store.get(&long).await.unwrap(), None);
+    // A 10 MiB payload, binary, round-trips byte for byte.
+    let mut big = rec("big", "transient", "http 503", at(0));
+    big.payload = (0..10 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+    big.payload_len = big.payload.len() as u64;
+    o.store.put(big.clone()).await.unwrap();
+    assert_eq!(o.store.get("big").await.unwrap(), Some(big));
+    // A re-drive filter that matches nothing sends nothing and says so.
+    let provider = Provider::default();
+    let report = Redrive::new(Filter::new().class("no-such-class"), 10, 10)
+        .unwrap()
+        .run(&*o.store, provider.service(), |r| http_request(r, None))
+        .await
+        .unwrap();
+    assert!(report.records.is_empty());
+    assert!(provider.sent().is_empty());
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -876,4 +928,5 @@ conformance!(
     two_redrives_race_one_sends,
     redrive_races_scheduler,
     two_schedulers_send_each_record_once,
+    awkward_ids_and_a_big_payload,
 );

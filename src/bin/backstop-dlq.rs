@@ -190,7 +190,9 @@ async fn open(cli: &Cli, write: bool) -> Result<Arc<dyn Store>, BoxError> {
 }
 
 fn time(t: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(t).to_string()
+    // RFC 3339 ends with the year 9999; a later time (a record written by hand) shows as that.
+    let last = SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_799);
+    humantime::format_rfc3339_seconds(t.min(last)).to_string()
 }
 
 fn cut(text: &str, max: usize) -> String {

@@ -124,7 +124,7 @@ pub use self::scheduler::{Clock, Scheduler, SchedulerHandle};
 #[cfg(feature = "sqlite")]
 pub use self::sqlite::SqliteStore;
 pub use self::stats::{Alert, AlertRules, Stats};
-pub use self::store::{BoxFuture, MemoryStore, Store, StoreError};
+pub use self::store::{BoxFuture, MemoryStore, Store, StoreError, redact_url};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).
 #[derive(Clone)]

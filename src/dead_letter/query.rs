@@ -287,7 +287,7 @@ pub(crate) fn claim_if_unchanged(
 /// of the lease, one more resend.
 pub(crate) fn claim(record: &mut Record, now: SystemTime, lease: Duration) {
     record.status = Status::InFlight;
-    record.retry_at = Some(super::record::truncate(now + lease));
+    record.retry_at = Some(super::record::add_clamped(now, lease));
     record.resends = record.resends.saturating_add(1);
 }
 

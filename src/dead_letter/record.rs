@@ -187,8 +187,20 @@ pub(crate) fn to_millis(t: SystemTime) -> i64 {
         .unwrap_or(0)
 }
 
+/// The latest time a record keeps: the last millisecond of the year 9999, the end of RFC 3339
+/// (and of `humantime`'s formatter). Stored times past it read back as it.
+pub(crate) const MAX_MILLIS: i64 = 253_402_300_799_999;
+
+/// The time `ms` milliseconds after the Unix epoch, clamped to the epoch and [`MAX_MILLIS`]:
+/// stored text or numbers out of that range (written by hand or by another tool) never make a
+/// time that cannot be formatted.
 pub(crate) fn from_millis(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms.clamp(0, MAX_MILLIS)).unwrap_or(0))
+}
+
+/// `t + d`, or the latest time a record keeps when that overflows or passes it.
+pub(crate) fn add_clamped(t: SystemTime, d: Duration) -> SystemTime {
+    t.checked_add(d).map_or(from_millis(MAX_MILLIS), truncate)
 }
 
 /// `t` truncated to whole milliseconds, the precision every store keeps.
@@ -360,7 +372,7 @@ mod time_text {
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub(super) fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&humantime::format_rfc3339_millis(*t))
+        s.collect_str(&humantime::format_rfc3339_millis(super::truncate(*t)))
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
@@ -379,7 +391,7 @@ mod opt_time_text {
         s: S,
     ) -> Result<S::Ok, S::Error> {
         match t {
-            Some(t) => s.collect_str(&humantime::format_rfc3339_millis(*t)),
+            Some(t) => s.collect_str(&humantime::format_rfc3339_millis(super::truncate(*t))),
             None => s.serialize_none(),
         }
     }

@@ -6,7 +6,7 @@ use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorK
 
 use super::query::{Change, Claim, Counts, Filter, Page, claim, claim_if_unchanged, claimable};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
-use super::store::{BoxFuture, Store, StoreError, newest_first};
+use super::store::{BoxFuture, Store, StoreError, newest_first, redact_url};
 
 /// A dead-letter store in Redis, shared by many instances (feature `redis`).
 ///
@@ -41,14 +41,51 @@ pub struct RedisStore {
     url: String,
 }
 
+/// `redis {url} prefix {prefix}`, the URL's credentials hidden ([`redact_url`]).
+impl std::fmt::Display for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "redis {} prefix {}", redact_url(&self.url), self.prefix)
+    }
+}
+
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("url", &self.url)
+            .field("url", &redact_url(&self.url))
             .field("prefix", &self.prefix)
             .field("history_limit", &self.history_limit)
             .finish_non_exhaustive()
     }
+}
+
+/// A redis error as text, with the URL's credentials (and the password alone, should the error
+/// quote it) hidden: the source of connection errors, which must not print a password.
+#[derive(Debug)]
+struct RedactedError(String);
+
+impl RedactedError {
+    fn of(error: &redis::RedisError, url: &str) -> Self {
+        let mut text = error.to_string().replace(url, &redact_url(url));
+        if let Some(secret) = password(url).filter(|p| !p.is_empty()) {
+            text = text.replace(secret, "***");
+        }
+        RedactedError(text)
+    }
+}
+
+impl std::fmt::Display for RedactedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RedactedError {}
+
+/// The password of a `scheme://user:password@host` URL, if it has one.
+fn password(url: &str) -> Option<&str> {
+    let rest = &url[url.find("://")? + 3..];
+    let userinfo = &rest[..rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())].rfind('@')?];
+    userinfo.split_once(':').map(|(_, p)| p)
 }
 
 /// Writes a record if its version is still the one read. KEYS: record, time index, retry index,
@@ -87,8 +124,9 @@ fn encode(record: &Record) -> Result<String, StoreError> {
         .map_err(|e| StoreError::with_source("redis dead-letter store: encode record", e))
 }
 
-fn decode(json: &str) -> Result<Record, StoreError> {
-    serde_json::from_str(json)
+/// Decodes a stored record from its bytes: any bytes give a record or an error, never a panic.
+fn decode(json: &[u8]) -> Result<Record, StoreError> {
+    serde_json::from_slice(json)
         .map_err(|e| StoreError::with_source("redis dead-letter store: decode record", e))
 }
 
@@ -125,7 +163,10 @@ impl RedisStore {
         response: Option<Duration>,
     ) -> Result<Self, StoreError> {
         let client = Client::open(url).map_err(|e| {
-            StoreError::with_source(format!("redis dead-letter store: bad url {url:?}"), e)
+            StoreError::with_source(
+                format!("redis dead-letter store: bad url {:?}", redact_url(url)),
+                RedactedError::of(&e, url),
+            )
         })?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(connection)
@@ -136,8 +177,11 @@ impl RedisStore {
             .await
             .map_err(|e| {
                 StoreError::with_source(
-                    format!("cannot connect to redis dead-letter store {url}"),
-                    e,
+                    format!(
+                        "cannot connect to redis dead-letter store {}",
+                        redact_url(url)
+                    ),
+                    RedactedError::of(&e, url),
                 )
             })?;
         for script in [WRITE] {
@@ -244,7 +288,7 @@ impl RedisStore {
     /// Reads the record with `id` and its version.
     async fn read(&self, id: &str) -> Result<(Option<Record>, String), StoreError> {
         let mut conn = self.conn.clone();
-        let (json, version): (Option<String>, Option<String>) = redis::cmd("HMGET")
+        let (json, version): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::cmd("HMGET")
             .arg(self.record_key(id))
             .arg("json")
             .arg("v")
@@ -252,7 +296,10 @@ impl RedisStore {
             .await
             .map_err(redis_error("read record"))?;
         let record = json.as_deref().map(decode).transpose()?;
-        Ok((record, version.unwrap_or_default()))
+        let version = String::from_utf8(version.unwrap_or_default()).map_err(|e| {
+            StoreError::with_source("redis dead-letter store: record version is not text", e)
+        })?;
+        Ok((record, version))
     }
 
     /// Read, change, write if unchanged; again if another writer came first.
@@ -304,7 +351,7 @@ impl RedisStore {
                 .arg("json")
                 .arg("v");
         }
-        let olds: Vec<(Option<String>, Option<String>)> = read
+        let olds: Vec<(Option<Vec<u8>>, Option<String>)> = read
             .query_async(&mut conn)
             .await
             .map_err(redis_error("read records"))?;
@@ -382,7 +429,7 @@ impl RedisStore {
             for id in chunk {
                 pipe.cmd("HGET").arg(self.record_key(id)).arg("json");
             }
-            let jsons: Vec<Option<String>> = pipe
+            let jsons: Vec<Option<Vec<u8>>> = pipe
                 .query_async(&mut conn)
                 .await
                 .map_err(redis_error("read records"))?;

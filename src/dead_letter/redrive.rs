@@ -350,7 +350,7 @@ impl Redrive {
                         &mut service,
                         &record,
                         request,
-                        Some(self.clock.now() + self.lease),
+                        Some(super::record::add_clamped(self.clock.now(), self.lease)),
                         &self.clock,
                     )
                     .await

@@ -94,7 +94,7 @@ impl fmt::Display for Alert {
             Alert::NewCode { code, first_seen } => write!(
                 f,
                 "new code {code:?} first seen {}",
-                humantime::format_rfc3339_seconds(*first_seen)
+                humantime::format_rfc3339_seconds(super::record::truncate(*first_seen))
             ),
         }
     }

@@ -62,6 +62,35 @@ impl std::error::Error for StoreError {
     }
 }
 
+/// `url` with its credentials hidden, for `Debug`, `Display`, errors and logs: everything between
+/// the scheme's `//` and the last `@` before the path becomes `***`
+/// (`redis://:secret@db:6379/2` → `redis://***@db:6379/2`). Text that is not a well-formed URL is
+/// redacted the same way, so a malformed URL with a password never prints it either.
+///
+/// ```
+/// use tower_backstop::dead_letter::redact_url;
+///
+/// assert_eq!(redact_url("redis://user:pw@db:6379/2"), "redis://***@db:6379/2");
+/// assert_eq!(redact_url("redis://db:6379"), "redis://db:6379");
+/// assert_eq!(redact_url("redis//:pw@db"), "***@db");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}***{}", &rest[at..]),
+        None if scheme.is_empty() && url.contains('@') => {
+            // No scheme to anchor on: hide everything up to the last `@`.
+            let at = url.rfind('@').unwrap_or(0);
+            format!("***{}", &url[at..])
+        }
+        None => url.to_owned(),
+    }
+}
+
 /// Where dead letters are kept. One trait, one behaviour, whatever the backend:
 /// [`MemoryStore`] for tests, [`SqliteStore`](super::SqliteStore) (feature `sqlite`) as the
 /// durable default, [`RedisStore`](super::RedisStore) (feature `redis`) for many instances. The
