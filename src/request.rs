@@ -55,6 +55,10 @@ pub struct Envelope {
     /// Request metadata needed to re-send it (for HTTP: `method`, `uri`, and the
     /// `idempotency-key` header).
     pub metadata: BTreeMap<String, String>,
+    /// The request's headers, in order, each a name (lower case for HTTP) and its value byte for
+    /// byte (a value need not be UTF-8). The dead-letter layer redacts the secret ones
+    /// ([`RedactHeaders`](crate::dead_letter::RedactHeaders)) before anything is written.
+    pub headers: Vec<(String, Vec<u8>)>,
     /// Searchable labels (campaign, provider, tenant…). A [`Describe`] implementation may set
     /// them; the dead-letter layer's tag function
     /// ([`DeadLetterLayer::tags`](crate::dead_letter::DeadLetterLayer::tags)) adds to them.
@@ -85,6 +89,12 @@ impl Envelope {
     /// Adds one metadata entry.
     pub fn with_metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds one header (`name`, and its value as bytes).
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        self.headers.push((name.into(), value.into()));
         self
     }
 
@@ -188,6 +198,11 @@ where
         envelope
             .metadata
             .insert("uri".to_owned(), parts.uri.to_string());
+        envelope.headers = parts
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
+            .collect();
         match body.collect().await {
             Ok(collected) => envelope.payload = collected.to_bytes(),
             Err(_) => {

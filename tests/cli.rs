@@ -48,6 +48,9 @@ fn record(id: &str, class: &'static str, code: Code, campaign: &str) -> Record {
             .with_metadata("method", "POST")
             .with_metadata("uri", "http://mail.test/v1/messages")
             .with_metadata("idempotency-key", id)
+            .with_header("x-tenant", "acme")
+            .with_header("x-raw", b"caf\xe9".to_vec())
+            .with_header("authorization", "Bearer not-to-be-seen")
             .with_tag("campaign", campaign),
         &f,
     )
@@ -138,6 +141,17 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
         "{out}"
     );
     assert!(out.contains("history (oldest first, last 1)"), "{out}");
+    // The headers: kept ones with their values, redacted ones by name only.
+    assert!(out.contains("header          x-tenant: acme"), "{out}");
+    assert!(
+        out.contains("header          x-raw: (not UTF-8) hex:636166e9"),
+        "{out}"
+    );
+    assert!(
+        out.contains("header          authorization: (redacted, not stored)"),
+        "{out}"
+    );
+    assert!(!out.contains("not-to-be-seen"), "{out}");
     let o = dlq_on(&db, &["show", "nope"]).await;
     assert!(!o.status.success());
 

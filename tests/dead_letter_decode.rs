@@ -154,11 +154,11 @@ fn arbitrary_sqlite_rows_never_panic_the_reader() {
         .unwrap();
     let mut runner = TestRunner::new(Config::with_cases(256));
     runner
-        .run(&proptest::collection::vec(any_sql_value(), 19), |values| {
+        .run(&proptest::collection::vec(any_sql_value(), 21), |values| {
             raw.execute("DELETE FROM dead_letters", []).unwrap();
             let mut values = values;
             values[0] = rusqlite::types::Value::Text("row".into());
-            let marks = (1..=19)
+            let marks = (1..=21)
                 .map(|i| format!("?{i}"))
                 .collect::<Vec<_>>()
                 .join(", ");

@@ -288,6 +288,18 @@ fn print_record(r: &Record) {
     for (k, v) in &r.metadata {
         println!("metadata        {k}: {v}");
     }
+    for (name, value) in &r.headers {
+        match std::str::from_utf8(value) {
+            Ok(text) => println!("header          {name}: {}", cut(text, 200)),
+            Err(_) => println!(
+                "header          {name}: (not UTF-8) hex:{}",
+                value.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            ),
+        }
+    }
+    for name in &r.redacted_headers {
+        println!("header          {name}: (redacted, not stored)");
+    }
     println!(
         "payload         {} bytes{}{}",
         r.payload_len,

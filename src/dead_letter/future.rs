@@ -91,7 +91,10 @@ where
                             envelope.tags.extend(tags(&envelope));
                         }
                         let id = envelope.id.clone().unwrap_or_else(generated_id);
+                        let (headers, redacted_headers) = config.redact.split(envelope.headers);
                         let mut record = Record {
+                            headers,
+                            redacted_headers,
                             id: id.clone(),
                             payload_len: envelope.payload.len() as u64,
                             payload: envelope.payload.to_vec(),

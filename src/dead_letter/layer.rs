@@ -4,7 +4,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::record::DEFAULT_PAYLOAD_LIMIT;
-use super::{Clock, DeadLetter, Store};
+use super::{Clock, DeadLetter, RedactHeaders, Store};
 use crate::request::Envelope;
 
 /// A function that extracts searchable tags (campaign, provider, tenant…) from a described
@@ -19,6 +19,7 @@ pub(crate) struct Config {
     pub(crate) tags: Option<Arc<TagFn>>,
     pub(crate) payload_limit: usize,
     pub(crate) clock: Clock,
+    pub(crate) redact: RedactHeaders,
 }
 
 impl Config {
@@ -29,6 +30,7 @@ impl Config {
             tags: None,
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
             clock: Clock::system(),
+            redact: RedactHeaders::default(),
         }
     }
 }
@@ -39,6 +41,7 @@ impl fmt::Debug for Config {
             .field("tags", &self.tags.is_some())
             .field("payload_limit", &self.payload_limit)
             .field("clock", &self.clock)
+            .field("redact", &self.redact)
             .finish()
     }
 }
@@ -94,6 +97,20 @@ impl DeadLetterLayer {
     /// re-sent. The default is [`DEFAULT_PAYLOAD_LIMIT`](super::DEFAULT_PAYLOAD_LIMIT) (64 KiB).
     pub fn max_payload(mut self, bytes: usize) -> Self {
         Arc::make_mut(&mut self.config).payload_limit = bytes;
+        self
+    }
+
+    /// Which headers' values are never written ([`RedactHeaders::default`] unless set: credentials,
+    /// cookies and API keys). Every other header is kept whole and sent again on re-drive.
+    ///
+    /// ```
+    /// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, RedactHeaders};
+    ///
+    /// let layer = DeadLetterLayer::new(MemoryStore::new())
+    ///     .redact_headers(RedactHeaders::default().and("x-signature"));
+    /// ```
+    pub fn redact_headers(mut self, redact: RedactHeaders) -> Self {
+        Arc::make_mut(&mut self.config).redact = redact;
         self
     }
 

@@ -96,6 +96,7 @@ use crate::request::{Describe, Replay};
 
 mod budget;
 mod future;
+mod headers;
 mod layer;
 mod query;
 mod record;
@@ -110,6 +111,7 @@ mod store;
 
 pub use self::budget::{AttemptBudget, AttemptBudgetLayer, BudgetFuture, BudgetSpent};
 pub use self::future::ResponseFuture;
+pub use self::headers::RedactHeaders;
 pub use self::layer::{DeadLetterLayer, TagFn};
 pub use self::query::{Change, Claim, Counts, Filter, Page};
 pub use self::record::{
@@ -119,6 +121,7 @@ pub use self::record::{
 pub use self::redis::RedisStore;
 pub use self::redrive::{
     Outcome, RebuildError, Redrive, RedriveError, RedriveReport, Resent, http_request,
+    http_request_restoring,
 };
 pub use self::scheduler::{Clock, Scheduler, SchedulerHandle};
 #[cfg(feature = "sqlite")]

@@ -174,6 +174,18 @@ pub struct Record {
     pub content_type: Option<String>,
     /// Request metadata needed to re-send it (method, uri, idempotency key…).
     pub metadata: BTreeMap<String, String>,
+    /// The request's headers as sent, in order: each name and its value byte for byte, except
+    /// the redacted ones ([`RedactHeaders`](super::RedactHeaders)), whose values are never
+    /// written. A re-drive sends every kept header again
+    /// ([`http_request`](super::http_request)). Empty in records written before headers were kept.
+    #[serde(default, with = "header_list")]
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The names (lower case) of the headers the request had but the record does not keep the
+    /// value of; a re-drive gets them back from a user hook
+    /// ([`http_request_restoring`](super::http_request_restoring)), for example to sign the
+    /// request again.
+    #[serde(default)]
+    pub redacted_headers: Vec<String>,
 }
 
 fn default_status() -> Status {
@@ -246,7 +258,9 @@ impl Record {
     /// it ([`GiveUp::Deferred`]) or no retry layer saw it and it has a hint, and its class is not
     /// permanent or poison. Otherwise the status is [`Dead`](Status::Dead) and `retry_at`
     /// is `None`. The history holds this one failure. The payload is kept whole; see
-    /// [`truncate_payload`](Record::truncate_payload).
+    /// [`truncate_payload`](Record::truncate_payload). The envelope's headers are kept but for
+    /// the secret ones of [`RedactHeaders::default`](super::RedactHeaders), whose names only are
+    /// kept.
     pub fn from_failure<R>(id: String, envelope: Envelope, failure: &Failure<R>) -> Self {
         Record::from_failure_at(id, envelope, failure, SystemTime::now())
     }
@@ -255,10 +269,12 @@ impl Record {
     /// [`Clock`](super::Clock)).
     pub fn from_failure_at<R>(
         id: String,
-        envelope: Envelope,
+        mut envelope: Envelope,
         failure: &Failure<R>,
         now: SystemTime,
     ) -> Self {
+        let (headers, redacted_headers) =
+            super::RedactHeaders::default().split(std::mem::take(&mut envelope.headers));
         let deferred = is_deferred(failure);
         let retry_at = if deferred {
             failure
@@ -307,6 +323,8 @@ impl Record {
             payload_truncated: false,
             content_type: envelope.content_type,
             metadata: envelope.metadata,
+            headers,
+            redacted_headers,
         }
     }
 
@@ -435,29 +453,69 @@ pub(crate) fn decode_hex(hex: &str) -> Result<Vec<u8>, String> {
         .collect()
 }
 
+pub(crate) mod header_list {
+    //! Headers as `[name, value]` pairs in JSON, each value as the payload is (`utf8:` text or
+    //! `hex:` digits), so that a value that is not UTF-8 is kept exactly.
+    use serde::ser::SerializeSeq;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(
+        headers: &[(String, Vec<u8>)],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(headers.len()))?;
+        for (name, value) in headers {
+            seq.serialize_element(&(name, super::payload_text::encode(value)))?;
+        }
+        seq.end()
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Vec<(String, Vec<u8>)>, D::Error> {
+        Vec::<(String, String)>::deserialize(d)?
+            .into_iter()
+            .map(|(name, value)| {
+                super::payload_text::decode(&value)
+                    .map(|v| (name, v))
+                    .map_err(serde::de::Error::custom)
+            })
+            .collect()
+    }
+}
+
 mod payload_text {
     //! Payloads as hex in JSON: readable in a terminal, and exact.
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    /// `utf8:` and the text, or `hex:` and two hex digits a byte.
+    pub(super) fn encode(bytes: &[u8]) -> String {
         match std::str::from_utf8(bytes) {
-            Ok(text) => s.serialize_str(&format!("utf8:{text}")),
+            Ok(text) => format!("utf8:{text}"),
             Err(_) => {
                 let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-                s.serialize_str(&format!("hex:{hex}"))
+                format!("hex:{hex}")
             }
         }
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        let s = String::deserialize(d)?;
+    /// The bytes of `utf8:` or `hex:` text; an error for anything else.
+    pub(super) fn decode(s: &str) -> Result<Vec<u8>, String> {
         if let Some(text) = s.strip_prefix("utf8:") {
             return Ok(text.as_bytes().to_vec());
         }
         let hex = s
             .strip_prefix("hex:")
-            .ok_or_else(|| serde::de::Error::custom("payload must start with utf8: or hex:"))?;
-        super::decode_hex(hex).map_err(serde::de::Error::custom)
+            .ok_or_else(|| "payload must start with utf8: or hex:".to_owned())?;
+        super::decode_hex(hex)
+    }
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&encode(bytes))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        decode(&String::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 

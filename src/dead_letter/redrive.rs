@@ -39,7 +39,8 @@ impl fmt::Display for RebuildError {
 impl std::error::Error for RebuildError {}
 
 /// Rebuilds the HTTP request a record was made from: the stored `method` (default `POST`) and
-/// `uri` metadata, the `Content-Type`, the `Idempotency-Key` the original carried, the original
+/// `uri` metadata, every header the record kept ([`Record::headers`], in order; the redacted
+/// ones are left out: see [`http_request_restoring`]), the original
 /// payload as a `Full<Bytes>` body, and a [`MessageId`] extension with the record's id, so that
 /// the outcome updates the same record.
 ///
@@ -55,6 +56,37 @@ pub fn http_request(
     record: &Record,
     target: Option<&http::Uri>,
 ) -> Result<http::Request<Full<Bytes>>, RebuildError> {
+    http_request_restoring(record, target, |_, _| None)
+}
+
+/// [`http_request`], with the redacted headers ([`Record::redacted_headers`]) given back by
+/// `restore`: called once per redacted header name (lower case) with the record, it returns
+/// the value to send (a token fetched again, a signature computed again over the method, URI and
+/// payload), or `None` to send the request without that header.
+///
+/// ```
+/// use http::HeaderValue;
+/// use tower_backstop::dead_letter::{Record, http_request_restoring};
+///
+/// fn rebuild(record: &Record) -> Result<http::Request<http_body_util::Full<bytes::Bytes>>, tower_backstop::dead_letter::RebuildError> {
+///     http_request_restoring(record, None, |name, _record| match name {
+///         "authorization" => Some(HeaderValue::from_static("Bearer fresh-token")),
+///         _ => None,
+///     })
+/// }
+/// ```
+///
+/// # Errors
+///
+/// As [`http_request`]; also when a kept header's name or value is not a valid HTTP header.
+pub fn http_request_restoring<F>(
+    record: &Record,
+    target: Option<&http::Uri>,
+    mut restore: F,
+) -> Result<http::Request<Full<Bytes>>, RebuildError>
+where
+    F: FnMut(&str, &Record) -> Option<http::HeaderValue>,
+{
     if record.payload_truncated {
         return Err(RebuildError::new(format!(
             "record {} has a truncated payload ({} of {} bytes kept) and cannot be re-sent",
@@ -98,16 +130,52 @@ pub fn http_request(
             )));
         }
     };
-    let mut builder = http::Request::builder().method(method).uri(uri);
-    if let Some(content_type) = &record.content_type {
-        builder = builder.header(http::header::CONTENT_TYPE, content_type);
-    }
-    if let Some(key) = record.metadata.get(IDEMPOTENCY_KEY.as_str()) {
-        builder = builder.header(&IDEMPOTENCY_KEY, key);
-    }
-    let mut request = builder
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(uri)
         .body(Full::new(Bytes::from(record.payload.clone())))
         .map_err(|e| RebuildError::new(format!("record {}: {e}", record.id)))?;
+    let headers = request.headers_mut();
+    for (name, value) in &record.headers {
+        let name = http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            RebuildError::new(format!(
+                "record {}: bad stored header name {name:?}",
+                record.id
+            ))
+        })?;
+        let value = http::HeaderValue::from_bytes(value).map_err(|_| {
+            RebuildError::new(format!(
+                "record {}: bad stored value of header {name}",
+                record.id
+            ))
+        })?;
+        headers.append(name, value);
+    }
+    // Records written before headers were kept still carry these two.
+    if let Some(content_type) = &record.content_type
+        && !headers.contains_key(http::header::CONTENT_TYPE)
+    {
+        let value = http::HeaderValue::from_str(content_type).map_err(|_| {
+            RebuildError::new(format!("record {}: bad stored content type", record.id))
+        })?;
+        headers.insert(http::header::CONTENT_TYPE, value);
+    }
+    if let Some(key) = record.metadata.get(IDEMPOTENCY_KEY.as_str())
+        && !headers.contains_key(&IDEMPOTENCY_KEY)
+    {
+        let value = http::HeaderValue::from_str(key).map_err(|_| {
+            RebuildError::new(format!("record {}: bad stored idempotency key", record.id))
+        })?;
+        headers.insert(&IDEMPOTENCY_KEY, value);
+    }
+    for name in &record.redacted_headers {
+        let Ok(header) = http::HeaderName::from_bytes(name.as_bytes()) else {
+            continue;
+        };
+        if let Some(value) = restore(header.as_str(), record) {
+            headers.append(header, value);
+        }
+    }
     request
         .extensions_mut()
         .insert(MessageId(record.id.clone()));
@@ -120,6 +188,7 @@ pub(crate) fn envelope_of(record: &Record) -> Envelope {
     envelope.content_type = record.content_type.clone();
     envelope.metadata = record.metadata.clone();
     envelope.tags = record.tags.clone();
+    envelope.headers = record.headers.clone();
     envelope
 }
 
@@ -431,8 +500,9 @@ where
                 Some(_) => false,
                 None => {
                     // No dead-letter layer in the stack: write the new failure here.
-                    let new =
+                    let mut new =
                         Record::from_failure(record.id.clone(), envelope_of(record), &failure);
+                    new.redacted_headers = record.redacted_headers.clone();
                     match store.put(new).await {
                         Ok(()) => true,
                         Err(e) => {

@@ -33,7 +33,7 @@ pub struct SqliteStore {
 }
 
 /// The schema version written to `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -55,7 +55,9 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     payload_truncated  INTEGER NOT NULL,
     payload_len        INTEGER NOT NULL,
     content_type       TEXT,
-    metadata           TEXT NOT NULL
+    metadata           TEXT NOT NULL,
+    headers            TEXT NOT NULL DEFAULT '[]',
+    redacted_headers   TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS dead_letters_by_class ON dead_letters (class, last_failed_at_ms);
 CREATE INDEX IF NOT EXISTS dead_letters_by_code ON dead_letters (code, last_failed_at_ms);
@@ -116,7 +118,17 @@ impl SqliteStore {
                 |row| row.get::<_, i64>(0).map(|n| n > 0),
             )
             .map_err(sql_error("read schema"))?;
-        if has_table && version != SCHEMA_VERSION {
+        if has_table && version == 2 {
+            // Version 2 had no headers: add them, empty, in one transaction.
+            conn.execute_batch(
+                "BEGIN IMMEDIATE;
+                 ALTER TABLE dead_letters ADD COLUMN headers TEXT NOT NULL DEFAULT '[]';
+                 ALTER TABLE dead_letters ADD COLUMN redacted_headers TEXT NOT NULL DEFAULT '[]';
+                 PRAGMA user_version = 3;
+                 COMMIT;",
+            )
+            .map_err(sql_error("upgrade schema 2 to 3"))?;
+        } else if has_table && version != SCHEMA_VERSION {
             return Err(StoreError::new(format!(
                 "sqlite dead-letter store {} has schema version {version}, this version of \
                  tower-backstop reads version {SCHEMA_VERSION}",
@@ -219,13 +231,18 @@ impl SqliteStore {
 
 const COLUMNS: &str = "id, class, code, message, attempts, budget_spent, first_failed_at_ms, \
                        last_failed_at_ms, retry_at_ms, status, resends, resolved_at_ms, history, \
-                       tags, payload, payload_truncated, payload_len, content_type, metadata";
+                       tags, payload, payload_truncated, payload_len, content_type, metadata, \
+                       headers, redacted_headers";
 
 fn decode<T: serde::de::DeserializeOwned>(idx: usize, text: &str) -> rusqlite::Result<T> {
     serde_json::from_str(text).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
     })
 }
+
+/// A record's headers in their JSON form (the record's own: `[name, "utf8:…"]` pairs).
+#[derive(serde::Deserialize)]
+struct Headers(#[serde(with = "super::record::header_list")] Vec<(String, Vec<u8>)>);
 
 fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
     let status: String = row.get(9)?;
@@ -235,6 +252,8 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
     let history: Vec<ErrorEntry> = decode(12, &row.get::<_, String>(12)?)?;
     let tags: BTreeMap<String, String> = decode(13, &row.get::<_, String>(13)?)?;
     let metadata: BTreeMap<String, String> = decode(18, &row.get::<_, String>(18)?)?;
+    let headers: Headers = decode(19, &row.get::<_, String>(19)?)?;
+    let redacted_headers: Vec<String> = decode(20, &row.get::<_, String>(20)?)?;
     Ok(Record {
         id: row.get(0)?,
         class: row.get(1)?,
@@ -255,6 +274,8 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
         payload_len: row.get::<_, i64>(16)?.try_into().unwrap_or(0),
         content_type: row.get(17)?,
         metadata,
+        headers: headers.0,
+        redacted_headers,
     })
 }
 
@@ -272,9 +293,20 @@ fn write_row(tx: &Transaction<'_>, record: &Record) -> Result<(), StoreError> {
     let tags = serde_json::to_string(&record.tags).map_err(json_error("encode tags"))?;
     let metadata =
         serde_json::to_string(&record.metadata).map_err(json_error("encode metadata"))?;
+    let mut headers = Vec::new();
+    super::record::header_list::serialize(
+        &record.headers,
+        &mut serde_json::Serializer::new(&mut headers),
+    )
+    .map_err(json_error("encode headers"))?;
+    let headers = String::from_utf8(headers)
+        .map_err(|e| StoreError::with_source("sqlite dead-letter store: encode headers", e))?;
+    let redacted_headers =
+        serde_json::to_string(&record.redacted_headers).map_err(json_error("encode headers"))?;
     tx.prepare_cached(&format!(
         "INSERT OR REPLACE INTO dead_letters ({COLUMNS})
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
+                 ?20, ?21)"
     ))
     .map_err(sql_error("write record"))?
     .execute(params![
@@ -297,6 +329,8 @@ fn write_row(tx: &Transaction<'_>, record: &Record) -> Result<(), StoreError> {
         i64::try_from(record.payload_len).unwrap_or(i64::MAX),
         record.content_type,
         metadata,
+        headers,
+        redacted_headers,
     ])
     .map_err(sql_error("write record"))?;
     tx.prepare_cached("DELETE FROM dead_letter_tags WHERE id = ?1")
