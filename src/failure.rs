@@ -325,6 +325,8 @@ struct Extra<R> {
     dead_letter: Option<DeadLetterStatus>,
     /// A delay hint of `LONG_HINT` nanoseconds or more, exactly as given.
     long_retry_after: Option<Duration>,
+    /// Someone proved the request was not processed (see `Failure::with_not_processed`).
+    not_processed: bool,
 }
 
 impl<R> Default for Extra<R> {
@@ -336,6 +338,7 @@ impl<R> Default for Extra<R> {
             retry_at: None,
             dead_letter: None,
             long_retry_after: None,
+            not_processed: false,
         }
     }
 }
@@ -380,6 +383,22 @@ impl<R> Failure<R> {
     pub fn with_no_retry(mut self) -> Self {
         self.no_retry = true;
         self
+    }
+
+    /// Marks the failure as proof that the request was not processed (DESIGN §3): a status check
+    /// of the provider said it was never delivered
+    /// ([`ReconcileLayer`](crate::dead_letter::ReconcileLayer)). The retry layer then resends
+    /// even a request that is not safe to send twice, by its normal rules, and does not call the
+    /// outcome unknown.
+    pub fn with_not_processed(mut self) -> Self {
+        self.extra_mut().not_processed = true;
+        self
+    }
+
+    /// Whether the failure proves that the request was not processed (see
+    /// [`with_not_processed`](Self::with_not_processed)).
+    pub fn not_processed(&self) -> bool {
+        self.extra.as_ref().is_some_and(|e| e.not_processed)
     }
 
     /// Whether the server asked not to retry (see [`with_no_retry`](Self::with_no_retry)).
@@ -479,6 +498,7 @@ impl<R> Failure<R> {
                     retry_at: e.retry_at,
                     dead_letter: e.dead_letter,
                     long_retry_after: e.long_retry_after,
+                    not_processed: e.not_processed,
                 })
             }),
         }

@@ -315,3 +315,89 @@ async fn list_and_stats_over_redis() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn reconcile_asks_a_status_endpoint_about_outcome_unknown_records() {
+    use axum::extract::Path;
+    let router = axum::Router::new().route(
+        "/v1/messages/{id}",
+        axum::routing::get(|Path(id): Path<String>| async move {
+            match id.as_str() {
+                "evt a/1" => axum::http::StatusCode::OK,
+                "evt-b" => axum::http::StatusCode::NOT_FOUND,
+                _ => axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("dl.db").display().to_string();
+    let store = SqliteStore::open(&db).unwrap();
+    let unknown = |id: &str| {
+        let f: Failure = Failure::new(Class::OUTCOME_UNKNOWN, Code::Timeout);
+        Record::from_failure(
+            id.to_owned(),
+            Envelope::new(format!("{{\"message\":\"{id}\"}}")),
+            &f,
+        )
+    };
+    store
+        .put_many(vec![
+            unknown("evt a/1"),
+            unknown("evt-b"),
+            unknown("evt-c"),
+            record(
+                "thr-0",
+                "throttled",
+                Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
+                "x",
+            ),
+        ])
+        .await
+        .unwrap();
+
+    let o = dlq_on(
+        &db,
+        &["reconcile", "--status-url", &format!("{base}/v1/messages")],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("{id}"), "{}", stderr(&o));
+
+    let url = format!("{base}/v1/messages/{{id}}");
+    let o = dlq_on(
+        &db,
+        &[
+            "reconcile",
+            "--status-url",
+            &url,
+            "--id-from-json",
+            "message",
+        ],
+    )
+    .await;
+    let out = stdout(&o);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.contains("evt a/1  delivered: resolved"), "{out}");
+    assert!(out.contains("evt-b  not delivered"), "{out}");
+    assert!(out.contains("evt-c  still unknown"), "{out}");
+    assert!(
+        out.contains("reconciled 3: 1 delivered, 1 not delivered, 1 still unknown, 0 skipped"),
+        "{out}"
+    );
+    let get = |id: &'static str| {
+        let store = store.clone();
+        async move { store.get(id).await.unwrap().unwrap() }
+    };
+    assert_eq!(get("evt a/1").await.status, Status::Resolved);
+    assert_eq!(get("evt-b").await.status, Status::Deferred);
+    assert_eq!(get("evt-c").await.status, Status::Dead);
+    assert_eq!(
+        get("thr-0").await.status,
+        Status::Dead,
+        "other classes untouched"
+    );
+}

@@ -661,12 +661,12 @@ impl Store for Gated {
     fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
         self.inner.delete(filter)
     }
-    fn claim(
+    fn change_if_unchanged(
         &self,
         seen: &Record,
-        until: SystemTime,
+        change: Change,
     ) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        self.inner.claim(seen, until)
+        self.inner.change_if_unchanged(seen, change)
     }
 }
 

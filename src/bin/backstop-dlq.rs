@@ -7,6 +7,8 @@
 //! backstop-dlq --store dead_letters.db redrive --target http://127.0.0.1:8080 \
 //!     --filter class=throttled --rate 50 --max 200 --dry-run
 //! backstop-dlq --store dead_letters.db purge --filter class=permanent --filter until=2026-04-01T00:00:00Z --yes
+//! backstop-dlq --store dead_letters.db reconcile --status-url 'http://provider/v1/messages/{id}' \
+//!     --id-from-json id
 //! ```
 //!
 //! A filter is `key=value`, repeated (every one must hold): `class`, `code`, `status` (dead,
@@ -25,14 +27,14 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceBuilder;
-use tower_backstop::BoxError;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{
-    AlertRules, DeadLetterLayer, Filter, Outcome, Page, Record, Redrive, SqliteStore, Stats,
-    Status, Store, http_request,
+    AlertRules, DeadLetterLayer, Delivery, Filter, Outcome, Page, Reconciler, Record, Redrive,
+    SqliteStore, Stats, Status, Store, http_request,
 };
 use tower_backstop::retry::{RetryLayer, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
+use tower_backstop::{BoxError, Envelope};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -104,6 +106,27 @@ enum Command {
         attempts: u32,
         /// Timeout per attempt (`10s`, `500ms`).
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// Ask the provider about each outcome-unknown dead letter: `GET` the status URL with the
+    /// message id in it; 200 → delivered (the record is resolved), 404 → never delivered (the
+    /// record is deferred, due now, for the scheduler to send again), anything else → still
+    /// unknown (left as it is).
+    Reconcile {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// The status URL; `{id}` is replaced by the message id (percent-encoded).
+        #[arg(long)]
+        status_url: String,
+        /// Take the message id from this top-level field of the JSON payload instead of the
+        /// record id.
+        #[arg(long)]
+        id_from_json: Option<String>,
+        /// Records in all, at most.
+        #[arg(long, default_value_t = 1000)]
+        max: usize,
+        /// Timeout of each status request (`5s`, `500ms`).
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
         timeout: Duration,
     },
     /// Delete the dead letters that match a filter.
@@ -443,6 +466,49 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 report.skipped()
             );
         }
+        Command::Reconcile {
+            filter,
+            status_url,
+            id_from_json,
+            max,
+            timeout,
+        } => {
+            if !status_url.contains("{id}") {
+                eprintln!("the status URL must contain {{id}}, where the message id goes");
+                return Ok(ExitCode::from(2));
+            }
+            let filter = filter.build(now)?;
+            let store = open(&cli, true).await?;
+            let check = http_status_check(status_url.clone(), id_from_json.clone(), *timeout);
+            let report = Reconciler::new(check)
+                .filter(filter)
+                .max(*max)
+                .run(&*store)
+                .await?;
+            for id in &report.delivered {
+                println!("{id}  delivered: resolved");
+            }
+            for id in &report.not_delivered {
+                println!("{id}  not delivered: deferred, to be sent again");
+            }
+            for id in &report.unknown {
+                println!("{id}  still unknown");
+            }
+            for (id, why) in &report.skipped {
+                println!("{id}  skipped: {why}");
+            }
+            println!(
+                "reconciled {}: {} delivered, {} not delivered, {} still unknown, {} skipped",
+                report.delivered.len()
+                    + report.not_delivered.len()
+                    + report.unknown.len()
+                    + report.skipped.len(),
+                report.delivered.len(),
+                report.not_delivered.len(),
+                report.unknown.len(),
+                report.skipped.len()
+            );
+        }
         Command::Purge { filter, yes } => {
             let filter = filter.build(now)?;
             if filter.is_empty() {
@@ -460,6 +526,53 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The HTTP status check of `reconcile`: `GET` `url` with `{id}` replaced; 200 → delivered,
+/// 404 → not delivered, anything else (an error, no answer within `timeout`) → unknown.
+fn http_status_check(
+    url: String,
+    id_from_json: Option<String>,
+    timeout: Duration,
+) -> impl Fn(Envelope) -> futures_util::future::BoxFuture<'static, Delivery> + Send + Sync + 'static
+{
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    move |envelope: Envelope| {
+        let id = match &id_from_json {
+            None => envelope.id.clone(),
+            Some(field) => serde_json::from_slice::<serde_json::Value>(&envelope.payload)
+                .ok()
+                .and_then(|v| v.get(field).and_then(|id| id.as_str()).map(str::to_owned)),
+        };
+        let uri = id.and_then(|id| {
+            url.replace("{id}", &percent_encode(&id))
+                .parse::<http::Uri>()
+                .ok()
+        });
+        let client = client.clone();
+        Box::pin(async move {
+            let Some(uri) = uri else {
+                return Delivery::Unknown;
+            };
+            match tokio::time::timeout(timeout, client.get(uri)).await {
+                Ok(Ok(r)) if r.status() == http::StatusCode::OK => Delivery::Delivered,
+                Ok(Ok(r)) if r.status() == http::StatusCode::NOT_FOUND => Delivery::NotDelivered,
+                _ => Delivery::Unknown,
+            }
+        })
+    }
+}
+
+/// `id` with every byte but the unreserved ones (RFC 3986 §2.3) percent-encoded.
+fn percent_encode(id: &str) -> String {
+    id.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 fn main() -> ExitCode {

@@ -99,6 +99,7 @@ mod future;
 mod headers;
 mod layer;
 mod query;
+mod reconcile;
 mod record;
 #[cfg(feature = "redis")]
 mod redis;
@@ -114,6 +115,10 @@ pub use self::future::ResponseFuture;
 pub use self::headers::RedactHeaders;
 pub use self::layer::{DeadLetterLayer, TagFn};
 pub use self::query::{Change, Claim, Counts, Filter, Page};
+pub use self::reconcile::{
+    Delivery, Reconcile, ReconcileFuture, ReconcileLayer, ReconcileReport, Reconciled,
+    ReconciledResponse, Reconciler, StatusCheck,
+};
 pub use self::record::{
     DEFAULT_HISTORY_LIMIT, DEFAULT_PAYLOAD_LIMIT, ErrorEntry, ParseStatusError, Record, Status,
 };

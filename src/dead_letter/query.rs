@@ -212,6 +212,21 @@ pub enum Change {
     },
     /// Stop scheduling it: status [`Dead`](Status::Dead), no retry-at.
     Dead,
+    /// A status check of the provider found the request delivered
+    /// ([`Reconciler`](super::Reconciler)): status [`Resolved`](Status::Resolved),
+    /// `resolved_at = at`, no retry-at, and the metadata entry `reconciled: delivered`.
+    Reconciled {
+        /// When.
+        at: SystemTime,
+    },
+    /// A status check of the provider found the request never delivered: it is sent again as if
+    /// it had never been processed, by the [`Scheduler`](super::Scheduler): status
+    /// [`Deferred`](Status::Deferred) with `retry_at`, and the metadata entry
+    /// `reconciled: not_delivered`.
+    NotDelivered {
+        /// When to send it again.
+        retry_at: SystemTime,
+    },
 }
 
 impl Change {
@@ -233,16 +248,32 @@ impl Change {
                 record.status = Status::Dead;
                 record.retry_at = None;
             }
+            Change::Reconciled { at } => {
+                record.status = Status::Resolved;
+                record.resolved_at = Some(super::record::truncate(at));
+                record.retry_at = None;
+                record
+                    .metadata
+                    .insert("reconciled".to_owned(), "delivered".to_owned());
+            }
+            Change::NotDelivered { retry_at } => {
+                record.status = Status::Deferred;
+                record.retry_at = Some(super::record::truncate(retry_at));
+                record
+                    .metadata
+                    .insert("reconciled".to_owned(), "not_delivered".to_owned());
+            }
         }
     }
 }
 
-/// What came of a compare-and-set claim ([`Store::claim`](super::Store::claim)).
+/// What came of a compare-and-set claim ([`Store::claim`](super::Store::claim)) or change
+/// ([`Store::change_if_unchanged`](super::Store::change_if_unchanged)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Claim {
-    /// The record was as it was read and is now claimed: the record as written
-    /// ([`InFlight`](Status::InFlight), `retry_at` the end of the claim, one more resend).
+    /// The record was as it was read and is now claimed (or changed): the record as written (for a
+    /// claim: [`InFlight`](Status::InFlight), `retry_at` the end of the claim, one more resend).
     Claimed(Record),
     /// Someone else changed the record since it was read (another re-drive, a scheduler, an
     /// operator, a new failure's status): nothing was written, and the caller must not send it.
@@ -263,17 +294,17 @@ pub(crate) fn unchanged_since(current: &Record, seen: &Record) -> bool {
     current.status == seen.status && current.resends == seen.resends
 }
 
-/// The compare-and-set claim on `current`, the record now in the store: claims it (in place) if
-/// it is unchanged since `seen`.
-pub(crate) fn claim_if_unchanged(
+/// The compare-and-set change of `current`, the record now in the store: applies `change` (in
+/// place) if it is unchanged since `seen`.
+pub(crate) fn change_if_unchanged(
     current: Option<&mut Record>,
     seen: &Record,
-    until: SystemTime,
+    change: Change,
 ) -> Claim {
     match current {
         None => Claim::Missing,
         Some(current) if unchanged_since(current, seen) => {
-            Change::Redriving { until }.apply(current);
+            change.apply(current);
             Claim::Claimed(current.clone())
         }
         Some(current) => Claim::ClaimedElsewhere {

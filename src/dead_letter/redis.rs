@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
-use super::query::{Change, Claim, Counts, Filter, Page, claim, claim_if_unchanged, claimable};
+use super::query::{Change, Claim, Counts, Filter, Page, change_if_unchanged, claim, claimable};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
 use super::store::{BoxFuture, Store, StoreError, newest_first, redact_url};
 
@@ -602,10 +602,10 @@ impl Store for RedisStore {
         })
     }
 
-    fn claim(
+    fn change_if_unchanged(
         &self,
         seen: &Record,
-        until: SystemTime,
+        change: Change,
     ) -> BoxFuture<'static, Result<Claim, StoreError>> {
         let this = self.clone();
         let seen = seen.clone();
@@ -613,7 +613,7 @@ impl Store for RedisStore {
             for _ in 0..CAS_TRIES {
                 let (mut old, version) = this.read(&seen.id).await?;
                 let before = old.clone();
-                let claim = claim_if_unchanged(old.as_mut(), &seen, until);
+                let claim = change_if_unchanged(old.as_mut(), &seen, change);
                 let Claim::Claimed(new) = &claim else {
                     return Ok(claim);
                 };
@@ -626,7 +626,7 @@ impl Store for RedisStore {
                 }
             }
             Err(StoreError::new(format!(
-                "redis dead-letter store: record {} kept changing, gave up claiming it after \
+                "redis dead-letter store: record {} kept changing, gave up changing it after \
                  {CAS_TRIES} tries",
                 seen.id
             )))

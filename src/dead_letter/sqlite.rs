@@ -8,7 +8,7 @@ use rusqlite::{
     Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
 };
 
-use super::query::{Change, Claim, Counts, Filter, Page, claim, claim_if_unchanged, top_first};
+use super::query::{Change, Claim, Counts, Filter, Page, change_if_unchanged, claim, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status, from_millis, to_millis};
 use super::store::{BoxFuture, Store, StoreError};
 
@@ -594,15 +594,15 @@ impl Store for SqliteStore {
         })
     }
 
-    fn claim(
+    fn change_if_unchanged(
         &self,
         seen: &Record,
-        until: SystemTime,
+        change: Change,
     ) -> BoxFuture<'static, Result<Claim, StoreError>> {
         let seen = seen.clone();
         self.write(move |tx| {
             let mut current = read_record(tx, &seen.id)?;
-            let claim = claim_if_unchanged(current.as_mut(), &seen, until);
+            let claim = change_if_unchanged(current.as_mut(), &seen, change);
             if let Claim::Claimed(record) = &claim {
                 write_row(tx, record)?;
             }

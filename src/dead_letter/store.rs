@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::query::{Change, Claim, Counts, Filter, Page, claim, claim_if_unchanged, claimable};
+use super::query::{Change, Claim, Counts, Filter, Page, change_if_unchanged, claim, claimable};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record};
 use crate::failure::BoxError;
 
@@ -226,6 +226,23 @@ pub trait Store: Send + Sync + 'static {
         &self,
         seen: &Record,
         until: SystemTime,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.change_if_unchanged(seen, Change::Redriving { until })
+    }
+
+    /// Applies `change` to the record `seen` only if the record in the store still has the status
+    /// and the resend count `seen` was read with, in one atomic step, like
+    /// [`claim`](Store::claim) (which is this with [`Change::Redriving`]). [`Claim::Claimed`]
+    /// returns the record as written; [`Claim::ClaimedElsewhere`] and [`Claim::Missing`] say why
+    /// nothing was written.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the read or write fails; nothing is changed.
+    fn change_if_unchanged(
+        &self,
+        seen: &Record,
+        change: Change,
     ) -> BoxFuture<'static, Result<Claim, StoreError>>;
 
     /// How many attempts of the message `id` count against its durable attempt budget
@@ -400,13 +417,15 @@ impl Store for MemoryStore {
         })
     }
 
-    fn claim(
+    fn change_if_unchanged(
         &self,
         seen: &Record,
-        until: SystemTime,
+        change: Change,
     ) -> BoxFuture<'static, Result<Claim, StoreError>> {
         let seen = seen.clone();
-        self.with(move |memory| claim_if_unchanged(memory.records.get_mut(&seen.id), &seen, until))
+        self.with(move |memory| {
+            change_if_unchanged(memory.records.get_mut(&seen.id), &seen, change)
+        })
     }
 
     fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {

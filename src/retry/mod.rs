@@ -99,6 +99,7 @@ pub use self::buffer::{BodyReadError, ReplayBuffer, ReplayBufferFuture, ReplayBu
 pub use self::future::{DeadlineElapsed, ResponseFuture};
 pub use self::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 pub use self::layer::RetryLayer;
+pub(crate) use self::policy::outcome_unknown;
 pub use self::policy::{ClassPolicy, DelaySource, LongDelay, RetryEvent, RetryPolicy};
 
 /// Retries failed calls by a [`RetryPolicy`]; see the [module docs](self).

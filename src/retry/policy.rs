@@ -490,10 +490,12 @@ pub(crate) fn retry_at(now: SystemTime, delay: Duration) -> SystemTime {
 }
 
 /// Failures after which the provider certainly did not act on the request: it refused it (429,
-/// 503), the connection was refused, or our breaker never sent it.
+/// 503), the connection was refused, our breaker never sent it, or a status check said so
+/// ([`Failure::not_processed`]).
 fn proves_unprocessed<R>(failure: &Failure<R>) -> bool {
     use http::StatusCode;
     failure.class() == Class::CIRCUIT_OPEN
+        || failure.not_processed()
         || matches!(
             failure.code(),
             Code::Http(StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
