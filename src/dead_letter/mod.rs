@@ -109,6 +109,7 @@ mod scheduler;
 mod sqlite;
 mod stats;
 mod store;
+mod validate;
 
 pub use self::budget::{AttemptBudget, AttemptBudgetLayer, BudgetFuture, BudgetSpent};
 pub use self::future::ResponseFuture;
@@ -133,6 +134,7 @@ pub use self::scheduler::{Clock, Scheduler, SchedulerHandle};
 pub use self::sqlite::SqliteStore;
 pub use self::stats::{Alert, AlertRules, Stats};
 pub use self::store::{BoxFuture, MemoryStore, Store, StoreError, redact_url};
+pub use self::validate::{Invalid, Validate, ValidateFuture, ValidateLayer, Validator};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).
 #[derive(Clone)]

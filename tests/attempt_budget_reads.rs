@@ -1,0 +1,100 @@
+//! `AttemptBudgetLayer` reads only what it needs per call: the durable attempt count, not the
+//! whole record. Proved by stores whose record is unreadable as a whole but whose count is
+//! intact: the layer still refuses the spent message.
+
+mod redis_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tower::{ServiceBuilder, ServiceExt};
+use tower_backstop::dead_letter::{AttemptBudgetLayer, Record, SqliteStore, Store};
+use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
+
+fn spent(id: &str, attempts: u32) -> Record {
+    let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
+    let mut r = Record::from_failure(id.to_owned(), Envelope::new("x"), &f);
+    r.attempts = attempts;
+    r.budget_spent = attempts;
+    r
+}
+
+/// Sends one request for message `id` through a budget of 3 over `store`; returns the provider's
+/// call count and the failure's code, if any.
+async fn send(store: Arc<dyn Store>, id: &str) -> (usize, Option<Code>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let provider = {
+        let calls = Arc::clone(&calls);
+        tower::service_fn(move |_: http::Request<String>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, BoxError>(()) }
+        })
+    };
+    let svc = ServiceBuilder::new()
+        .layer(AttemptBudgetLayer::from_arc(store, 3))
+        .service(provider);
+    let mut request = http::Request::new(String::new());
+    request.extensions_mut().insert(MessageId(id.to_owned()));
+    let code = svc.oneshot(request).await.err().map(|f| f.code());
+    (calls.load(Ordering::SeqCst), code)
+}
+
+#[tokio::test]
+async fn sqlite_reads_only_the_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dl.db");
+    let store = SqliteStore::open(&path).unwrap();
+    store.put(spent("m-1", 3)).await.unwrap();
+    store.put(spent("m-2", 1)).await.unwrap();
+    // Break the rest of both rows: reading them whole now fails.
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute("UPDATE dead_letters SET history = 'not json'", [])
+        .unwrap();
+    assert!(store.get("m-1").await.is_err());
+    let store: Arc<dyn Store> = Arc::new(store);
+    assert_eq!(
+        send(Arc::clone(&store), "m-1").await,
+        (0, Some(Code::AttemptBudgetSpent))
+    );
+    assert_eq!(send(store, "m-2").await, (1, None));
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_reads_only_the_count() {
+    let Some(store) = redis_support::redis_store("budget_reads").await else {
+        return;
+    };
+    store.put(spent("m-1", 3)).await.unwrap();
+    store.put(spent("m-2", 1)).await.unwrap();
+    let client = redis::Client::open(redis_support::redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for id in ["m-1", "m-2"] {
+        let () = redis::cmd("HSET")
+            .arg(format!("{}:rec:{id}", store.prefix()))
+            .arg("json")
+            .arg("not json")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    assert!(store.get("m-1").await.is_err());
+    let store: Arc<dyn Store> = Arc::new(store);
+    assert_eq!(
+        send(Arc::clone(&store), "m-1").await,
+        (0, Some(Code::AttemptBudgetSpent))
+    );
+    assert_eq!(send(store, "m-2").await, (1, None));
+}
+
+#[tokio::test]
+async fn memory_reads_only_the_count() {
+    let store = tower_backstop::dead_letter::MemoryStore::new();
+    store.put(spent("m-1", 3)).await.unwrap();
+    assert_eq!(store.budget_spent("m-1").await.unwrap(), Some(3));
+    assert_eq!(store.budget_spent("none").await.unwrap(), None);
+    assert_eq!(
+        send(Arc::new(store), "m-1").await,
+        (0, Some(Code::AttemptBudgetSpent))
+    );
+}
