@@ -847,6 +847,80 @@ async fn two_schedulers_send_each_record_once(b: Backend) {
     );
 }
 
+async fn pages_are_exact_across_ties(b: Backend) {
+    let Some(o) = b.open("ties", 10).await else {
+        return;
+    };
+    // 7 records at one instant, 3 newer, 3 older, in one class; 4 of another class between.
+    let mut batch = Vec::new();
+    for (i, t) in [5, 5, 5, 5, 5, 5, 5, 9, 8, 8, 1, 0, 0]
+        .into_iter()
+        .enumerate()
+    {
+        batch.push(rec(&format!("t-{i:02}"), "transient", "http 503", at(t)));
+    }
+    for i in 0..4 {
+        batch.push(rec(&format!("o-{i}"), "throttled", "http 429", at(5)));
+    }
+    o.store.put_many(batch).await.unwrap();
+    let mut want: Vec<Record> = o
+        .store
+        .search(&Filter::new().class("transient"), Page::first(100))
+        .await
+        .unwrap();
+    assert_eq!(want.len(), 13);
+    // Newest first, ties by id: check against a plain sort.
+    let mut sorted = want.clone();
+    sorted.sort_by(|a, b| {
+        b.last_failed_at
+            .cmp(&a.last_failed_at)
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    assert_eq!(ids(&want), ids(&sorted));
+    for limit in [1, 2, 3, 4, 5] {
+        let mut paged = Vec::new();
+        let mut page = Page::first(limit);
+        loop {
+            let got = o
+                .store
+                .search(&Filter::new().class("transient"), page)
+                .await
+                .unwrap();
+            if got.is_empty() {
+                break;
+            }
+            paged.extend(got);
+            page = page.next();
+        }
+        assert_eq!(ids(&paged), ids(&want), "pages of {limit}");
+    }
+    // A time range cuts the ties as it should (since inclusive, until exclusive).
+    let window = o
+        .store
+        .search(
+            &Filter::new().class("transient").since(at(5)).until(at(9)),
+            Page {
+                offset: 2,
+                limit: 4,
+            },
+        )
+        .await
+        .unwrap();
+    want.retain(|r| r.last_failed_at >= at(5) && r.last_failed_at < at(9));
+    assert_eq!(ids(&window), ids(&want[2..6]));
+    // Counts agree with the records.
+    let counts = o.store.counts(at(5)).await.unwrap();
+    assert_eq!(counts.total, 10 + 4);
+    assert_eq!(
+        counts.by_class,
+        [("transient".to_owned(), 10), ("throttled".to_owned(), 4)]
+    );
+    assert_eq!(
+        o.store.count_by_class().await.unwrap(),
+        [("transient".to_owned(), 13), ("throttled".to_owned(), 4)]
+    );
+}
+
 async fn awkward_ids_and_a_big_payload(b: Backend) {
     let Some(o) = b.open("awkward", 10).await else {
         return;
@@ -929,4 +1003,5 @@ conformance!(
     redrive_races_scheduler,
     two_schedulers_send_each_record_once,
     awkward_ids_and_a_big_payload,
+    pages_are_exact_across_ties,
 );

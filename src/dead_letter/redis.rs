@@ -4,7 +4,9 @@ use std::time::{Duration, SystemTime};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
-use super::query::{Change, Claim, Counts, Filter, Page, change_if_unchanged, claim, claimable};
+use super::query::{
+    Change, Claim, Counts, Filter, Page, change_if_unchanged, claim, claimable, top_first,
+};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
 use super::store::{BoxFuture, Store, StoreError, newest_first, redact_url};
 
@@ -19,6 +21,15 @@ use super::store::{BoxFuture, Store, StoreError, newest_first, redact_url};
 /// | `{prefix}:time` | sorted set | every id, scored by last failure time (ms) |
 /// | `{prefix}:class:{class}`, `{prefix}:code:{code}`, `{prefix}:tag:{key}={value}` | sorted sets | the indexes, scored by last failure time |
 /// | `{prefix}:codes` | hash | each code's first sighting (ms) |
+/// | `{prefix}:classes` | set | every class name written (what [`counts`](Store::counts) walks) |
+///
+/// Searches whose filter names at most one indexed condition (a class, a code or one tag) and
+/// perhaps a time range, and no status or ids, read one page straight off that index
+/// (`ZREVRANGEBYSCORE … LIMIT`, with the ties at the page's edges read whole so that the order,
+/// newest first then by id, is exact): their cost grows with the page, not with the store. Other
+/// filters read the narrowest index whole and filter the records. [`counts`](Store::counts) and
+/// [`count_by_class`](Store::count_by_class) count the index sets (`ZCOUNT`, `ZCARD`) per class and
+/// per code and read no record.
 ///
 /// Every write of a record is one Lua script that checks the record's version and writes the
 /// record with its indexes, so a record, its attempt counts and its indexes change together, and
@@ -29,8 +40,14 @@ use super::store::{BoxFuture, Store, StoreError, newest_first, redact_url};
 /// claim it lost to.
 /// [`put_many`](Store::put_many) sends a batch in one pipeline.
 ///
-/// The scripts touch index keys they compute from the prefix, so the store needs a single Redis
-/// server (or a primary), not Redis Cluster. The connection is re-established after Redis
+/// Redis Cluster: every script touches the record's key and the index keys computed from it,
+/// and Cluster runs a script only when all its keys are in one hash slot. The default keys carry
+/// no hash tag, on purpose: one tag would put the whole store in one slot, on one shard, which is
+/// a single server with extra steps. A store that must live in a Cluster can take a prefix that
+/// is a hash tag, `with_prefix("{backstop:dlq}")`: every key then starts with the tag, shares its
+/// slot, and the scripts are valid there. The connection itself is the redis crate's single-node
+/// `ConnectionManager`, which does not follow Cluster redirections: point it at the node that
+/// owns that slot. A cluster-aware connection is not implemented. The connection is re-established after Redis
 /// restarts (the redis crate's `ConnectionManager`), and the scripts are loaded again when the
 /// server forgot them; calls made while Redis is down fail with a [`StoreError`].
 #[derive(Clone)]
@@ -89,9 +106,10 @@ fn password(url: &str) -> Option<&str> {
 }
 
 /// Writes a record if its version is still the one read. KEYS: record, time index, retry index,
-/// codes, then `ARGV[7]` index keys to leave, then index keys to join. ARGV: expected version
+/// codes, classes, then `ARGV[7]` index keys to leave, then index keys to join. ARGV: expected version
 /// (`''`: no record yet), id, json, last failure ms, retry-at ms (`''`: none), code (`''`: do
-/// not note), count of index keys to leave, the code's first sighting ms, the budget spent.
+/// not note), count of index keys to leave, the code's first sighting ms, the budget spent, the
+/// class.
 const WRITE: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
 if not v then v = '' end
@@ -100,8 +118,9 @@ local nv = 1
 if v ~= '' then nv = tonumber(v) + 1 end
 redis.call('HSET', KEYS[1], 'json', ARGV[3], 'v', nv, 'b', ARGV[9])
 local leave = tonumber(ARGV[7])
-for i = 5, 4 + leave do redis.call('ZREM', KEYS[i], ARGV[2]) end
-for i = 5 + leave, #KEYS do redis.call('ZADD', KEYS[i], ARGV[4], ARGV[2]) end
+for i = 6, 5 + leave do redis.call('ZREM', KEYS[i], ARGV[2]) end
+for i = 6 + leave, #KEYS do redis.call('ZADD', KEYS[i], ARGV[4], ARGV[2]) end
+redis.call('SADD', KEYS[5], ARGV[10])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
 if ARGV[5] ~= '' then
   redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
@@ -114,6 +133,19 @@ return 1
 
 /// How many times a write is tried again when another writer changed the record in between.
 const CAS_TRIES: usize = 64;
+
+/// The `ZRANGEBYSCORE` bounds of a filter's time range: `since` inclusive, `until` exclusive.
+fn score_range(filter: &Filter) -> (String, String) {
+    let min = filter
+        .since
+        .map(|t| to_millis(t).to_string())
+        .unwrap_or_else(|| "-inf".to_owned());
+    let max = filter
+        .until
+        .map(|t| format!("({}", to_millis(t)))
+        .unwrap_or_else(|| "+inf".to_owned());
+    (min, max)
+}
 
 fn redis_error(what: &str) -> impl FnOnce(redis::RedisError) -> StoreError + '_ {
     move |e| StoreError::with_source(format!("redis dead-letter store: {what}"), e)
@@ -251,11 +283,12 @@ impl RedisStore {
         };
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(Script::new(WRITE).get_hash())
-            .arg(4 + leave.len() + join.len())
+            .arg(5 + leave.len() + join.len())
             .arg(self.record_key(&record.id))
             .arg(self.key("time"))
             .arg(self.key("retry"))
             .arg(self.key("codes"))
+            .arg(self.key("classes"))
             .arg(&leave)
             .arg(&join)
             .arg(version)
@@ -266,7 +299,8 @@ impl RedisStore {
             .arg(if note_code { record.code.as_str() } else { "" })
             .arg(leave.len())
             .arg(to_millis(record.last_failed_at))
-            .arg(record.budget_spent);
+            .arg(record.budget_spent)
+            .arg(&record.class);
         Ok(cmd)
     }
 
@@ -440,6 +474,149 @@ impl RedisStore {
         Ok(out)
     }
 
+    /// The one index that alone answers `filter` (with its time range), if there is one: at most
+    /// one of class, code and a single tag, and no status or ids.
+    fn sole_index(&self, filter: &Filter) -> Option<String> {
+        if filter.status.is_some() || !filter.ids.is_empty() {
+            return None;
+        }
+        let conditions = usize::from(filter.class.is_some())
+            + usize::from(filter.code.is_some())
+            + filter.tags.len();
+        if conditions > 1 {
+            return None;
+        }
+        Some(if let Some(class) = &filter.class {
+            self.key(&format!("class:{class}"))
+        } else if let Some(code) = &filter.code {
+            self.key(&format!("code:{code}"))
+        } else if let Some((k, v)) = filter.tags.iter().next() {
+            self.key(&format!("tag:{k}={v}"))
+        } else {
+            self.key("time")
+        })
+    }
+
+    /// One page of `index` between the filter's times, newest first, ties by id: read with
+    /// `LIMIT`, then the ties at the page's edges read whole and put in id order.
+    async fn page_of(
+        &self,
+        index: &str,
+        filter: &Filter,
+        page: Page,
+    ) -> Result<Vec<Record>, StoreError> {
+        if page.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let (min, max) = score_range(filter);
+        let mut conn = self.conn.clone();
+        let hits: Vec<(String, i64)> = redis::cmd("ZREVRANGEBYSCORE")
+            .arg(index)
+            .arg(&max)
+            .arg(&min)
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(page.offset)
+            .arg(page.limit)
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("search records"))?;
+        let (Some(&(_, high)), Some(&(_, low))) = (hits.first(), hits.last()) else {
+            return Ok(Vec::new());
+        };
+        // Redis orders equal scores by id descending; we order them ascending. Read every id
+        // with a score between the page's first and last, and how many come before them.
+        let (above, mut window): (usize, Vec<(String, i64)>) = redis::pipe()
+            .cmd("ZCOUNT")
+            .arg(index)
+            .arg(format!("({high}"))
+            .arg(&max)
+            .cmd("ZREVRANGEBYSCORE")
+            .arg(index)
+            .arg(high)
+            .arg(low)
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("search records"))?;
+        window.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let start = page.offset.saturating_sub(above).min(window.len());
+        let end = start.saturating_add(page.limit).min(window.len());
+        let ids: Vec<String> = window.drain(start..end).map(|(id, _)| id).collect();
+        let mut records: Vec<Record> = self
+            .fetch(&ids)
+            .await?
+            .into_iter()
+            .filter(|r| filter.matches(r))
+            .collect();
+        newest_first(&mut records);
+        Ok(records)
+    }
+
+    /// Counts of the records last failed at or after `since`, per class and per code, from the
+    /// index sets; `None` when the store has records but no list of classes (written by a
+    /// version before the list was kept).
+    async fn counts_from_indexes(&self, since: SystemTime) -> Result<Option<Counts>, StoreError> {
+        let mut conn = self.conn.clone();
+        let (classes, codes, any): (Vec<String>, BTreeMap<String, i64>, u64) = redis::pipe()
+            .cmd("SMEMBERS")
+            .arg(self.key("classes"))
+            .cmd("HGETALL")
+            .arg(self.key("codes"))
+            .cmd("ZCARD")
+            .arg(self.key("time"))
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("count records"))?;
+        if classes.is_empty() && any > 0 {
+            return Ok(None);
+        }
+        let from = to_millis(since);
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZCOUNT")
+            .arg(self.key("time"))
+            .arg(from)
+            .arg("+inf");
+        for class in &classes {
+            pipe.cmd("ZCOUNT")
+                .arg(self.key(&format!("class:{class}")))
+                .arg(from)
+                .arg("+inf");
+        }
+        for code in codes.keys() {
+            pipe.cmd("ZCOUNT")
+                .arg(self.key(&format!("code:{code}")))
+                .arg(from)
+                .arg("+inf");
+        }
+        let counted: Vec<u64> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("count records"))?;
+        let (total, rest) = counted.split_first().map_or((0, &[][..]), |(t, r)| (*t, r));
+        let (per_class, per_code) = rest.split_at(classes.len().min(rest.len()));
+        let nonzero = |names: Vec<String>, counts: &[u64]| {
+            top_first(
+                names
+                    .into_iter()
+                    .zip(counts.iter().copied())
+                    .filter(|(_, n)| *n > 0),
+            )
+        };
+        let mut new_codes: Vec<(String, SystemTime)> = codes
+            .iter()
+            .map(|(c, ms)| (c.clone(), from_millis(*ms)))
+            .filter(|(_, t)| *t >= since)
+            .collect();
+        new_codes.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(Some(Counts {
+            total,
+            by_class: nonzero(classes, per_class),
+            by_code: nonzero(codes.into_keys().collect(), per_code),
+            new_codes,
+        }))
+    }
+
     /// Every record that matches `filter`, newest first, read through the narrowest index.
     async fn matching(&self, filter: &Filter) -> Result<Vec<Record>, StoreError> {
         let ids: Vec<String> = if filter.ids.is_empty() {
@@ -509,6 +686,9 @@ impl Store for RedisStore {
         let this = self.clone();
         let filter = filter.clone();
         Box::pin(async move {
+            if let Some(index) = this.sole_index(&filter) {
+                return this.page_of(&index, &filter, page).await;
+            }
             Ok(this
                 .matching(&filter)
                 .await?
@@ -522,6 +702,9 @@ impl Store for RedisStore {
     fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
         let this = self.clone();
         Box::pin(async move {
+            if let Some(counts) = this.counts_from_indexes(since).await? {
+                return Ok(counts);
+            }
             let records = this.matching(&Filter::new().since(since)).await?;
             let mut conn = this.conn.clone();
             let codes: BTreeMap<String, i64> = redis::cmd("HGETALL")
