@@ -4,7 +4,10 @@
 //! (criterion's `elem/s`). Each record is a new id with a 200-byte JSON payload, two tags and a
 //! one-entry history, as the dead-letter layer writes it.
 //!
-//! The target: at least 20,000 records/s to SQLite batched. Redis needs a server at
+//! The target: at least 20,000 records/s to SQLite batched.
+//!
+//! `dead_letter_redis_100k`: reads from a Redis store of 100,000 records, a page of a class
+//! search and the counts by class, each under 50 ms (they read index sets, not records). Redis needs a server at
 //! `BACKSTOP_REDIS_URL` (default `redis://127.0.0.1:6379`) and the `redis` feature; without them
 //! its entries are skipped with a note.
 //!
@@ -114,5 +117,87 @@ fn dead_letter_write(c: &mut Criterion) {
     eprintln!("redis entries skipped: built without the `redis` feature");
 }
 
-criterion_group!(benches, dead_letter_write);
+/// The classes of the 100,000-record Redis store, one record in five each.
+#[cfg(feature = "redis")]
+const SCALE_CLASSES: [&str; 5] = ["transient", "throttled", "unknown", "permanent", "poison"];
+
+/// Reads from a Redis store of 100,000 records (five classes, 20,000 each): a page of 50 of one
+/// class (the first page and one 10,000 records deep), the counts by class and code over all
+/// time, and the counts by class alone. The target: each under 50 ms.
+fn dead_letter_redis_scale(c: &mut Criterion) {
+    #[cfg(feature = "redis")]
+    {
+        use tower_backstop::dead_letter::{Filter, Page, RedisStore};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let url = std::env::var("BACKSTOP_REDIS_URL")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        let store = match rt.block_on(RedisStore::connect(&url)) {
+            Ok(store) => store.with_prefix(format!("backstop-bench-scale:{}", std::process::id())),
+            Err(e) => {
+                eprintln!("redis scale entries skipped: no redis at {url}: {e}");
+                return;
+            }
+        };
+        rt.block_on(async {
+            for chunk in 0..100 {
+                let records: Vec<Record> = (0..BATCH)
+                    .map(|i| {
+                        let mut r = record();
+                        r.class = SCALE_CLASSES[(chunk * BATCH + i) % 5].to_owned();
+                        r
+                    })
+                    .collect();
+                store.put_many(records).await.unwrap();
+            }
+        });
+        let mut group = c.benchmark_group("dead_letter_redis_100k");
+        group.sample_size(20);
+        for (name, page) in [
+            ("search_class_page_50", Page::first(50)),
+            (
+                "search_class_page_50_at_10000",
+                Page {
+                    offset: 10_000,
+                    limit: 50,
+                },
+            ),
+        ] {
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    let got = rt
+                        .block_on(store.search(&Filter::new().class("throttled"), page))
+                        .unwrap();
+                    assert_eq!(got.len(), 50);
+                })
+            });
+        }
+        group.bench_function("counts", |b| {
+            b.iter(|| {
+                let counts = rt.block_on(store.counts(std::time::UNIX_EPOCH)).unwrap();
+                assert_eq!(counts.total, 100_000);
+            })
+        });
+        group.bench_function("count_by_class", |b| {
+            b.iter(|| {
+                let counts = rt.block_on(store.count_by_class()).unwrap();
+                assert_eq!(counts.len(), 5);
+            })
+        });
+        group.finish();
+        for class in SCALE_CLASSES {
+            let _ = rt.block_on(store.delete(&Filter::new().class(class)));
+        }
+    }
+    #[cfg(not(feature = "redis"))]
+    {
+        let _ = c;
+        eprintln!("redis scale entries skipped: built without the `redis` feature");
+    }
+}
+
+criterion_group!(benches, dead_letter_write, dead_letter_redis_scale);
 criterion_main!(benches);
