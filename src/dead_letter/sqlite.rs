@@ -20,16 +20,45 @@ use super::store::{BoxFuture, Store, StoreError};
 /// together. [`put_many`](Store::put_many) writes a whole batch in one transaction, which is what
 /// makes bulk writes fast (one fsync per batch). Calls run on tokio's blocking pool, so the async
 /// worker that hit the failure is not blocked on the disk. Clones share one connection; several
-/// processes may open the same file (writes wait up to 5 s for each other).
+/// processes may open the same file (writes wait up to the busy timeout, 5 s by default, for
+/// each other).
+///
+/// Faults of the file, and recovery without a restart:
+///
+/// - A write that fails because the file is read-only, cannot be opened, or an I/O error drops
+///   the connection; the next call opens the file again, so writes resume once the file is
+///   writable again. (SQLite opens a file it may not write read-only, silently; only reopening
+///   notices the fix.)
+/// - Before each write the store checks that the file it has open is still the one at its path:
+///   when the file or its directory was removed (or replaced), it opens the path again (a new,
+///   empty store when the directory is back) or, while that fails, reports the write as failed,
+///   never writing into a file nobody can reach any more.
+/// - A write lock held by another process past the busy timeout fails the write with SQLite's
+///   "database is locked"; the connection stays, and the next write goes through once the lock is
+///   released.
+///
+/// Every failed write is a [`StoreError`]; through a [`DeadLetterLayer`](super::DeadLetterLayer)
+/// the caller's failure says the record was not written and a `tracing` error reports it.
 ///
 /// Layout: a `dead_letters` table (one row per id, indexed by class, code, last failure time and
 /// retry-at), `dead_letter_tags` (id, key, value; indexed by key and value) and
 /// `dead_letter_codes` (each code's first sighting).
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Option<Connection>>>,
+    conn: Arc<Mutex<Link>>,
     path: PathBuf,
     history_limit: usize,
+}
+
+/// The connection and how to open it again.
+#[derive(Debug)]
+struct Link {
+    conn: Option<Connection>,
+    closed: bool,
+    read_only: bool,
+    busy_timeout: Duration,
+    /// The identity (device, inode) of the file the connection has open, on Unix.
+    file: Option<(u64, u64)>,
 }
 
 /// The schema version written to `PRAGMA user_version`.
@@ -85,6 +114,146 @@ fn json_error(what: &'static str) -> impl FnOnce(serde_json::Error) -> StoreErro
     move |e| StoreError::with_source(format!("sqlite dead-letter store: {what}"), e)
 }
 
+/// The identity of the file at `path` (device and inode, on Unix), or `None` when there is no
+/// file there (or on other systems, where it is not checked).
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
+    }
+}
+
+/// Opens `path` for reading and writing, creating it and its schema when needed.
+fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path).map_err(|e| {
+        StoreError::with_source(
+            format!("cannot open sqlite dead-letter store {}", path.display()),
+            e,
+        )
+    })?;
+    conn.busy_timeout(busy_timeout)
+        .map_err(sql_error("set busy timeout"))?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(sql_error("set WAL mode"))?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(sql_error("set synchronous"))?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(sql_error("read schema version"))?;
+    let has_table: bool = conn
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'dead_letters'",
+            [],
+            |row| row.get::<_, i64>(0).map(|n| n > 0),
+        )
+        .map_err(sql_error("read schema"))?;
+    if has_table && version == 2 {
+        // Version 2 had no headers: add them, empty, in one transaction.
+        conn.execute_batch(
+            "BEGIN IMMEDIATE;
+             ALTER TABLE dead_letters ADD COLUMN headers TEXT NOT NULL DEFAULT '[]';
+             ALTER TABLE dead_letters ADD COLUMN redacted_headers TEXT NOT NULL DEFAULT '[]';
+             PRAGMA user_version = 3;
+             COMMIT;",
+        )
+        .map_err(sql_error("upgrade schema 2 to 3"))?;
+    } else if has_table && version != SCHEMA_VERSION {
+        return Err(StoreError::new(format!(
+            "sqlite dead-letter store {} has schema version {version}, this version of \
+             tower-backstop reads version {SCHEMA_VERSION}",
+            path.display()
+        )));
+    }
+    if !(has_table && version == SCHEMA_VERSION) {
+        // Only a new or upgraded file is written here: a current one opens even when it is
+        // read-only at the moment (its writes then fail, each with its own error).
+        conn.execute_batch(SCHEMA)
+            .map_err(sql_error("create schema"))?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(sql_error("write schema version"))?;
+    }
+    Ok(conn)
+}
+
+/// Opens `path` for reading only.
+fn connect_read_only(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| {
+        StoreError::with_source(
+            format!("cannot open sqlite dead-letter store {}", path.display()),
+            e,
+        )
+    })?;
+    conn.busy_timeout(busy_timeout)
+        .map_err(sql_error("set busy timeout"))?;
+    Ok(conn)
+}
+
+/// Whether a failed write means the connection must be opened again: the file became
+/// read-only or unreachable, or the disk failed under it. A busy or locked database does not.
+fn needs_reopen(error: &StoreError) -> bool {
+    use rusqlite::ErrorCode::*;
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        if let Some(rusqlite::Error::SqliteFailure(f, _)) = e.downcast_ref::<rusqlite::Error>() {
+            return matches!(
+                f.code,
+                ReadOnly | CannotOpen | SystemIoFailure | DiskFull | NotADatabase
+            );
+        }
+        source = e.source();
+    }
+    false
+}
+
+impl Link {
+    /// The connection, opened again first when it was dropped or its file is no longer the one
+    /// at `path`.
+    fn connection(&mut self, path: &Path) -> Result<&mut Connection, StoreError> {
+        if self.closed {
+            return Err(StoreError::closed());
+        }
+        let now = file_id(path);
+        let moved = cfg!(unix) && self.conn.is_some() && now != self.file;
+        if moved {
+            tracing::error!(
+                path = %path.display(),
+                "sqlite dead-letter store: the database file was removed or replaced; opening \
+                 the path again"
+            );
+            self.conn = None;
+        }
+        if self.conn.is_none() {
+            let reopened = if self.read_only {
+                connect_read_only(path, self.busy_timeout)
+            } else if now.is_none()
+                && path
+                    .parent()
+                    .is_some_and(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+            {
+                Err(StoreError::new(format!(
+                    "sqlite dead-letter store {}: the directory of the database is gone",
+                    path.display()
+                )))
+            } else {
+                connect(path, self.busy_timeout)
+            };
+            self.conn = Some(reopened?);
+            self.file = file_id(path);
+        }
+        self.conn.as_mut().ok_or_else(StoreError::closed)
+    }
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path`, keeping the last
     /// [`DEFAULT_HISTORY_LIMIT`] errors per record.
@@ -95,55 +264,7 @@ impl SqliteStore {
     /// permission, not a SQLite database), the schema cannot be written, or the file holds a
     /// dead-letter table of another schema version.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let path = path.as_ref().to_path_buf();
-        let conn = Connection::open(&path).map_err(|e| {
-            StoreError::with_source(
-                format!("cannot open sqlite dead-letter store {}", path.display()),
-                e,
-            )
-        })?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(sql_error("set WAL mode"))?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(sql_error("set synchronous"))?;
-        conn.busy_timeout(Duration::from_secs(5))
-            .map_err(sql_error("set busy timeout"))?;
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |row| row.get(0))
-            .map_err(sql_error("read schema version"))?;
-        let has_table: bool = conn
-            .query_row(
-                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'dead_letters'",
-                [],
-                |row| row.get::<_, i64>(0).map(|n| n > 0),
-            )
-            .map_err(sql_error("read schema"))?;
-        if has_table && version == 2 {
-            // Version 2 had no headers: add them, empty, in one transaction.
-            conn.execute_batch(
-                "BEGIN IMMEDIATE;
-                 ALTER TABLE dead_letters ADD COLUMN headers TEXT NOT NULL DEFAULT '[]';
-                 ALTER TABLE dead_letters ADD COLUMN redacted_headers TEXT NOT NULL DEFAULT '[]';
-                 PRAGMA user_version = 3;
-                 COMMIT;",
-            )
-            .map_err(sql_error("upgrade schema 2 to 3"))?;
-        } else if has_table && version != SCHEMA_VERSION {
-            return Err(StoreError::new(format!(
-                "sqlite dead-letter store {} has schema version {version}, this version of \
-                 tower-backstop reads version {SCHEMA_VERSION}",
-                path.display()
-            )));
-        }
-        conn.execute_batch(SCHEMA)
-            .map_err(sql_error("create schema"))?;
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION)
-            .map_err(sql_error("write schema version"))?;
-        Ok(SqliteStore {
-            conn: Arc::new(Mutex::new(Some(conn))),
-            path,
-            history_limit: DEFAULT_HISTORY_LIMIT,
-        })
+        SqliteStore::open_with(path.as_ref(), false)
     }
 
     /// Opens an existing store for reading only (what `backstop-dlq list` and `stats` use).
@@ -153,22 +274,25 @@ impl SqliteStore {
     ///
     /// [`StoreError`] when the file does not exist or is not a SQLite database.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let path = path.as_ref().to_path_buf();
-        let conn = Connection::open_with_flags(
-            &path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(|e| {
-            StoreError::with_source(
-                format!("cannot open sqlite dead-letter store {}", path.display()),
-                e,
-            )
-        })?;
-        conn.busy_timeout(Duration::from_secs(5))
-            .map_err(sql_error("set busy timeout"))?;
+        SqliteStore::open_with(path.as_ref(), true)
+    }
+
+    fn open_with(path: &Path, read_only: bool) -> Result<Self, StoreError> {
+        let busy_timeout = Duration::from_secs(5);
+        let conn = if read_only {
+            connect_read_only(path, busy_timeout)?
+        } else {
+            connect(path, busy_timeout)?
+        };
         Ok(SqliteStore {
-            conn: Arc::new(Mutex::new(Some(conn))),
-            path,
+            conn: Arc::new(Mutex::new(Link {
+                conn: Some(conn),
+                closed: false,
+                read_only,
+                busy_timeout,
+                file: file_id(path),
+            })),
+            path: path.to_path_buf(),
             history_limit: DEFAULT_HISTORY_LIMIT,
         })
     }
@@ -179,6 +303,18 @@ impl SqliteStore {
         self
     }
 
+    /// How long a write waits for another connection's (or process's) write lock before it
+    /// fails with "database is locked". Default 5 s.
+    pub fn with_busy_timeout(self, timeout: Duration) -> Self {
+        if let Ok(mut link) = self.conn.lock() {
+            link.busy_timeout = timeout;
+            if let Some(conn) = &link.conn {
+                let _ = conn.busy_timeout(timeout);
+            }
+        }
+        self
+    }
+
     /// The path of the database file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -186,8 +322,9 @@ impl SqliteStore {
 
     /// Closes the connection; every later call fails with [`StoreError::closed`].
     pub fn close(&self) {
-        if let Ok(mut conn) = self.conn.lock() {
-            conn.take();
+        if let Ok(mut link) = self.conn.lock() {
+            link.conn = None;
+            link.closed = true;
         }
     }
 
@@ -195,14 +332,21 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
-        let conn = Arc::clone(&self.conn);
+        let link = Arc::clone(&self.conn);
+        let path = self.path.clone();
         Box::pin(async move {
             let job = move || {
-                let mut guard = conn
+                let mut guard = link
                     .lock()
                     .map_err(|_| StoreError::new("sqlite dead-letter store lock poisoned"))?;
-                let conn = guard.as_mut().ok_or_else(StoreError::closed)?;
-                f(conn)
+                let result = f(guard.connection(&path)?);
+                if let Err(e) = &result
+                    && needs_reopen(e)
+                {
+                    // Open the file again on the next call: it may be writable by then.
+                    guard.conn = None;
+                }
+                result
             };
             match tokio::runtime::Handle::try_current() {
                 Ok(handle) => handle.spawn_blocking(job).await.map_err(|e| {
