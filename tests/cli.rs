@@ -401,3 +401,18 @@ async fn reconcile_asks_a_status_endpoint_about_outcome_unknown_records() {
         "other classes untouched"
     );
 }
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_redis_password_never_shows_in_the_cli() {
+    for store in [
+        "redis://:hunter2@127.0.0.1:1/0",
+        "redis://user:hunter2@127.0.0.1:notaport/0",
+    ] {
+        let o = dlq_on(store, &["list"]).await;
+        assert!(!o.status.success());
+        let text = format!("{}{}", stdout(&o), stderr(&o));
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("***@127.0.0.1"), "{text}");
+    }
+}

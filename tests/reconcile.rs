@@ -107,6 +107,8 @@ fn message(base: &str, id: &str) -> http::Request<Full<Bytes>> {
         .unwrap()
 }
 
+type Response = http::Response<http_body_util::combinators::BoxBody<Bytes, hyper::Error>>;
+
 /// Dead letters → retry (3 attempts, 10 ms apart) → reconcile → classify → 50 ms timeout →
 /// hyper-util.
 fn stack(
@@ -114,10 +116,8 @@ fn stack(
     base: &str,
 ) -> impl tower::Service<
     http::Request<Full<Bytes>>,
-    Response = http::Response<http_body_util::combinators::BoxBody<Bytes, hyper::Error>>,
-    Error = tower_backstop::Failure<
-        http::Response<http_body_util::combinators::BoxBody<Bytes, hyper::Error>>,
-    >,
+    Response = Response,
+    Error = tower_backstop::Failure<Response>,
 > + Clone {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     ServiceBuilder::new()
@@ -214,8 +214,8 @@ async fn still_unknown_is_dead_lettered_and_the_reconciler_settles_it_later() {
     // The status endpoint is back: the delivered one is resolved, the lost one is due again.
     provider.status_broken.store(false, Ordering::SeqCst);
     let report = reconciler.run(&store).await.unwrap();
-    assert_eq!(report.delivered, [id.clone()]);
-    assert_eq!(report.not_delivered, [lost_id.clone()]);
+    assert_eq!(report.delivered, std::slice::from_ref(&id));
+    assert_eq!(report.not_delivered, std::slice::from_ref(&lost_id));
     let r = store.get(&id).await.unwrap().unwrap();
     assert_eq!(r.status, Status::Resolved);
     assert_eq!(r.metadata["reconciled"], "delivered");

@@ -201,6 +201,8 @@ fn lock_holder(path: &Path) -> Holder {
         }
         line.clear();
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("the lock holder did not take the lock");
 }
 
@@ -325,11 +327,10 @@ async fn redis_stopped_in_the_middle_of_a_run_and_started_again() {
         })
         .collect();
     // While it was down, every call was told.
-    for i in 20..35 {
+    for (i, t) in told.iter().enumerate().take(35).skip(20) {
         assert!(
-            matches!(&told[i], Told::NotStored(..)),
-            "call {i} while redis was down: {:?}",
-            told[i]
+            matches!(t, Told::NotStored(..)),
+            "call {i} while redis was down: {t:?}"
         );
     }
     // Writes resumed without a restart: the tail of the run is written.

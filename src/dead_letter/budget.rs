@@ -35,7 +35,7 @@ use crate::request::Describe;
 /// ```
 ///
 /// The count lives in the store, in the dead-letter record of the message id
-/// ([`Record::budget_spent`]): the dead-letter layer adds each final failure's attempts to it in
+/// ([`Record::budget_spent`](super::Record::budget_spent)): the dead-letter layer adds each final failure's attempts to it in
 /// the same transaction as the rest of the record, so it survives restarts. Before each call whose
 /// id is known ([`Describe::message_id`]: the `Idempotency-Key`, or a
 /// [`MessageId`](crate::MessageId)), this layer reads the record; when `budget_spent` has reached

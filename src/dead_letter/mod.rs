@@ -82,8 +82,24 @@
 //!   of [`AlertRules`] (a class above 20 % of the last 5 minutes, a code never seen before).
 //! - [`Redrive`]: re-send on purpose, with a filter, a dry run, a rate and a maximum.
 //! - [`Scheduler`]: re-send deferred records when their retry-at time comes.
-//! - The `backstop-dlq` command-line tool (feature `cli`) does all three over a SQLite file or a
-//!   Redis URL.
+//! - [`Reconciler`]: asks the provider, with your [`StatusCheck`], about stored outcome-unknown
+//!   records (`backstop-dlq reconcile` does it with a status URL); [`ReconcileLayer`] asks
+//!   before an outcome-unknown failure reaches the caller.
+//! - The `backstop-dlq` command-line tool (feature `cli`) does all of these over a SQLite file
+//!   or a Redis URL.
+//!
+//! # Trust
+//!
+//! - Claims are compare-and-set ([`Store::claim`]): of two re-drives, a re-drive and a scheduler,
+//!   or two schedulers on one store, exactly one sends; the other reports the record skipped,
+//!   claimed elsewhere.
+//! - A record keeps the whole request: method, URI, every header (values byte for byte) and the
+//!   body; the values of secret headers ([`RedactHeaders`]: `Authorization`, `Cookie`, API
+//!   keys…) are never written, and [`http_request_restoring`] gets them back from your hook.
+//! - [`ValidateLayer`] keeps a request your validator rejects from the provider: it is poison,
+//!   dead-lettered once with the reason.
+//! - Reading a store never panics on what it holds; store URLs print without their password
+//!   ([`redact_url`]).
 
 use std::fmt;
 use std::sync::Arc;

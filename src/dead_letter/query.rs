@@ -274,7 +274,7 @@ impl Change {
 pub enum Claim {
     /// The record was as it was read and is now claimed (or changed): the record as written (for a
     /// claim: [`InFlight`](Status::InFlight), `retry_at` the end of the claim, one more resend).
-    Claimed(Record),
+    Claimed(Box<Record>),
     /// Someone else changed the record since it was read (another re-drive, a scheduler, an
     /// operator, a new failure's status): nothing was written, and the caller must not send it.
     ClaimedElsewhere {
@@ -305,7 +305,7 @@ pub(crate) fn change_if_unchanged(
         None => Claim::Missing,
         Some(current) if unchanged_since(current, seen) => {
             change.apply(current);
-            Claim::Claimed(current.clone())
+            Claim::Claimed(Box::new(current.clone()))
         }
         Some(current) => Claim::ClaimedElsewhere {
             status: current.status,

@@ -109,14 +109,24 @@ impl ReconciledResponse for () {
 }
 
 /// Runs a [`StatusCheck`] on each outcome-unknown failure of a request that is not safe to send
-/// twice, before the failure is handed back; see the [module docs](self).
+/// twice, before the failure is handed back.
+///
+/// A request that is not safe to send twice (a keyless POST) and that timed out or lost its
+/// connection after it was sent may or may not have been acted on: its outcome is unknown
+/// (DESIGN §3). The check decides: delivered → the call succeeds with a stand-in response marked
+/// [`Reconciled`] ([`ReconciledResponse`]); not delivered → the failure carries proof that the
+/// request was not processed ([`Failure::with_not_processed`]) and the retry layer above resends
+/// it by its normal rules, as if it had never been sent; unknown → the failure goes on, the retry
+/// layer calls it outcome-unknown and the dead-letter layer records it, for a [`Reconciler`] to
+/// settle later.
 ///
 /// Place it below [`RetryLayer`](crate::retry::RetryLayer) and above the
 /// [`ClassifyLayer`](crate::classify::ClassifyLayer) (so it sees classified failures and its
 /// verdict reaches the retry layer):
 ///
 /// ```
-/// /// use tower::ServiceBuilder;
+/// use std::time::Duration;
+/// use tower::ServiceBuilder;
 /// use tower_backstop::Envelope;
 /// use tower_backstop::classify::ClassifyLayer;
 /// use tower_backstop::dead_letter::{Delivery, ReconcileLayer};

@@ -434,7 +434,7 @@ pub(crate) fn decode_hex(hex: &str) -> Result<Vec<u8>, String> {
         }
     }
     let bytes = hex.as_bytes();
-    if bytes.len() % 2 != 0 {
+    if !bytes.len().is_multiple_of(2) {
         return Err(format!(
             "payload has an odd number of hex digits ({})",
             bytes.len()
