@@ -23,13 +23,13 @@ async fn check_unwritable(store: Arc<dyn Store>, expect: &str) {
         .layer(DeadLetterLayer::from_arc(store))
         .layer(ClassifyLayer::http())
         .service(upstream);
-    let f = svc
+    let mut f = svc
         .oneshot(post_with_key("/", "payload", "k-unwritable"))
         .await
         .unwrap_err();
     assert_eq!(f.class(), Class::TRANSIENT);
     assert_eq!(
-        f.response().unwrap().status(),
+        f.response_mut().unwrap().status(),
         503,
         "the original failure is kept"
     );

@@ -49,8 +49,13 @@
 //!
 //! # Errors
 //!
-//! [`classify_error`] walks the error's source chain: our [`Elapsed`](crate::timeout::Elapsed)
-//! and tokio's are [`Code::Timeout`], transient; io errors of kind connection refused, reset or
+//! An inner error that already carries a [`Failure`] (one boxed by tower's `Buffer`, `LoadShed`
+//! or `Timeout` between two classifying layers) is passed on as it is, never classified again.
+//!
+//! [`classify_error`] walks the error's source chain: our [`Elapsed`](crate::timeout::Elapsed),
+//! tokio's and tower's are [`Code::Timeout`], transient; tower's `LoadShed` rejection
+//! (`Overloaded`) is [`Code::Overloaded`], transient, and proves the request was not sent; io
+//! errors of kind connection refused, reset or
 //! aborted, broken pipe, not connected and timed out are transient; with the `hyper-util`
 //! feature, a hyper-util client connect error is transient; anything else is
 //! [`Class::UNKNOWN`] with [`Code::Error`] (or the io kind found).
@@ -195,8 +200,14 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
     let mut connect = false;
     let mut current: Option<&(dyn StdError + 'static)> = Some(error);
     while let Some(e) = current {
-        if e.is::<crate::timeout::Elapsed>() || e.is::<tokio::time::error::Elapsed>() {
+        if e.is::<crate::timeout::Elapsed>()
+            || e.is::<tokio::time::error::Elapsed>()
+            || e.is::<tower::timeout::error::Elapsed>()
+        {
             return (Class::TRANSIENT, Code::Timeout);
+        }
+        if e.is::<tower::load_shed::error::Overloaded>() {
+            return (Class::TRANSIENT, Code::Overloaded);
         }
         #[cfg(feature = "hyper-util")]
         if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
@@ -254,9 +265,26 @@ impl<S, C> Classify<S, C> {
     }
 }
 
+/// The failure `error` already carries, else `classifier`'s verdict on it, with `error` as the
+/// source.
+pub(crate) fn classify_boxed<R: 'static, C: Classifier<R>>(
+    classifier: &C,
+    error: BoxError,
+) -> Failure<R> {
+    match Failure::recover(error) {
+        Ok(failure) => failure,
+        Err(error) => {
+            let verdict = classifier.classify_error(&*error);
+            tracing::debug!(class = %verdict.class, code = %verdict.code, error = %error, "error classified");
+            verdict.into_failure().with_source(error)
+        }
+    }
+}
+
 impl<S, C, Req> Service<Req> for Classify<S, C>
 where
     S: Service<Req>,
+    S::Response: 'static,
     S::Error: Into<BoxError>,
     C: Classifier<S::Response> + Clone,
 {
@@ -266,11 +294,9 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(|e| {
-            let e: BoxError = e.into();
-            let verdict = self.classifier.classify_error(&*e);
-            verdict.into_failure().with_source(e)
-        })
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| classify_boxed(&self.classifier, e.into()))
     }
 
     #[inline]
