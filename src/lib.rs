@@ -74,6 +74,7 @@
 //! | `redis` | `RedisStore`, the dead-letter store shared by many instances (redis crate, tokio) | no |
 //! | `cli` | the `backstop-dlq` command-line tool over a SQLite file or a Redis URL (clap) | no |
 //! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain | no |
+//! | `reqwest` | the layers wrap a `reqwest::Client`: `Replay` and `Describe` for `reqwest::Request`, `HttpClassifier` for `reqwest::Response`, reqwest's timeout and connect errors classified | no |
 
 #![warn(
     missing_docs,
@@ -88,6 +89,7 @@ pub mod breaker;
 pub mod classify;
 pub mod dead_letter;
 mod failure;
+mod integration;
 pub mod request;
 pub mod retry;
 pub mod timeout;

@@ -121,13 +121,18 @@ pub trait Describe {
 }
 
 /// The `Idempotency-Key` header's value, when it is text.
-fn key_header(headers: &http::HeaderMap) -> Option<&str> {
+pub(crate) fn key_header(headers: &http::HeaderMap) -> Option<&str> {
     headers.get(&IDEMPOTENCY_KEY).and_then(|v| v.to_str().ok())
 }
 
 /// Whether an HTTP request may be sent twice: an idempotent method, or an `Idempotency-Key`.
 fn http_retry_safe<B>(req: &http::Request<B>) -> bool {
-    method_is_idempotent(req.method()) || req.headers().contains_key(&IDEMPOTENCY_KEY)
+    retry_safe_head(req.method(), req.headers())
+}
+
+/// [`http_retry_safe`] from a request's method and headers, for any HTTP request type.
+pub(crate) fn retry_safe_head(method: &Method, headers: &http::HeaderMap) -> bool {
+    method_is_idempotent(method) || headers.contains_key(&IDEMPOTENCY_KEY)
 }
 
 fn method_is_idempotent(method: &Method) -> bool {
@@ -167,27 +172,10 @@ where
 
     async fn describe(self) -> Envelope {
         let (parts, body) = self.into_parts();
-        let mut envelope = Envelope::default();
-        if let Some(key) = key_header(&parts.headers) {
-            envelope.id = Some(key.to_owned());
-            envelope
-                .metadata
-                .insert(IDEMPOTENCY_KEY.as_str().to_owned(), key.to_owned());
-        }
+        let mut envelope = envelope_head(&parts.method, parts.uri.to_string(), &parts.headers);
         if let Some(MessageId(id)) = parts.extensions.get::<MessageId>() {
             envelope.id = Some(id.clone());
         }
-        envelope.content_type = parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        envelope
-            .metadata
-            .insert("method".to_owned(), parts.method.to_string());
-        envelope
-            .metadata
-            .insert("uri".to_owned(), parts.uri.to_string());
         match body.collect().await {
             Ok(collected) => envelope.payload = collected.to_bytes(),
             Err(_) => {
@@ -199,6 +187,27 @@ where
         }
         envelope
     }
+}
+
+/// What an HTTP request's [`Envelope`] keeps of its head, for any HTTP request type: method, URI,
+/// `Content-Type`, and the `Idempotency-Key` as id and metadata.
+pub(crate) fn envelope_head(method: &Method, uri: String, headers: &http::HeaderMap) -> Envelope {
+    let mut envelope = Envelope::default();
+    if let Some(key) = key_header(headers) {
+        envelope.id = Some(key.to_owned());
+        envelope
+            .metadata
+            .insert(IDEMPOTENCY_KEY.as_str().to_owned(), key.to_owned());
+    }
+    envelope.content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    envelope
+        .metadata
+        .insert("method".to_owned(), method.to_string());
+    envelope.metadata.insert("uri".to_owned(), uri);
+    envelope
 }
 
 macro_rules! plain_payload {

@@ -57,7 +57,9 @@
 //! (`Overloaded`) is [`Code::Overloaded`], transient, and proves the request was not sent; io
 //! errors of kind connection refused, reset or
 //! aborted, broken pipe, not connected and timed out are transient; with the `hyper-util`
-//! feature, a hyper-util client connect error is transient; anything else is
+//! feature, a hyper-util client connect error is transient; with the `reqwest` feature, a
+//! `reqwest::Error` that is a timeout is [`Code::Timeout`] and a connect error a refused
+//! connection; anything else is
 //! [`Class::UNKNOWN`] with [`Code::Error`] (or the io kind found).
 //!
 //! # Example
@@ -208,6 +210,13 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
         }
         if e.is::<tower::load_shed::error::Overloaded>() {
             return (Class::TRANSIENT, Code::Overloaded);
+        }
+        #[cfg(feature = "reqwest")]
+        if let Some(found) = e
+            .downcast_ref::<reqwest::Error>()
+            .and_then(crate::integration::reqwest::classify)
+        {
+            return found;
         }
         #[cfg(feature = "hyper-util")]
         if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
