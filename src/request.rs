@@ -22,6 +22,27 @@ pub static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-ke
 /// The retry layer takes one copy per attempt and the dead-letter layer keeps one to describe a
 /// failure; both happen once per call, so for the success path to allocate nothing, the copy
 /// must be cheap (`Bytes`, `Full<Bytes>`, an `Arc`).
+///
+/// A request type that is not `Replay` does not fit under [`RetryLayer`](crate::retry::RetryLayer)
+/// or [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer), and the compiler says so:
+///
+/// ```compile_fail,E0277
+/// use tower::{Service, ServiceBuilder, service_fn};
+/// use tower_backstop::{BoxError, retry::RetryLayer};
+///
+/// struct Job; // neither `Clone` nor `Replay`
+/// fn serves_jobs<S: Service<Job>>(_: S) {}
+/// serves_jobs(
+///     ServiceBuilder::new()
+///         .layer(RetryLayer::default())
+///         .service(service_fn(|_: Job| async { Ok::<(), BoxError>(()) })),
+/// );
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be sent again: it does not implement `tower_backstop::Replay`",
+    label = "RetryLayer and DeadLetterLayer need a copy of this request",
+    note = "implement `Replay` (and `Describe`) for your request type; `http::Request<B>` is `Replay` when `B: Clone` (use `Full<Bytes>`, or put `ReplayBufferLayer` above `RetryLayer` for a streaming body); `reqwest::Request` is `Replay` with the `reqwest` feature"
+)]
 pub trait Replay: Sized {
     /// A copy of this request for another attempt, or `None` when it cannot be replayed (a
     /// streaming body that was not buffered). A request with no copy is never retried.
@@ -108,6 +129,11 @@ pub struct MessageId(pub String);
 ///
 /// Called on the failure path only, with the copy the dead-letter layer kept; it may allocate and
 /// may await (to collect an HTTP body).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be described in a dead-letter record: it does not implement `tower_backstop::Describe`",
+    label = "DeadLetterLayer keeps a description of this request",
+    note = "implement `Describe` for your request type (an `Envelope` with its payload and id); `reqwest::Request` is `Describe` with the `reqwest` feature"
+)]
 pub trait Describe {
     /// The record's payload and metadata.
     fn describe(self) -> impl Future<Output = Envelope> + Send;
@@ -143,6 +169,9 @@ fn method_is_idempotent(method: &Method) -> bool {
     )
 }
 
+// `do_not_recommend`: a body that is not `Clone` is reported with `Replay`'s own message, which
+// names the fixes, not as a missing `Clone`.
+#[diagnostic::do_not_recommend]
 impl<B: Clone> Replay for http::Request<B> {
     #[inline]
     fn replay(&self) -> Option<Self> {

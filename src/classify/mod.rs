@@ -172,6 +172,27 @@ impl Verdict {
 ///
 /// Implemented by [`HttpClassifier`] for `http::Response<B>`, and for closures
 /// `Fn(&R) -> Option<Verdict>` (errors then use [`classify_error`]).
+///
+/// A classifier that does not know the service's response type is a compile error that names
+/// both:
+///
+/// ```compile_fail,E0277
+/// use tower::{Service, ServiceBuilder, service_fn};
+/// use tower_backstop::{BoxError, classify::ClassifyLayer};
+///
+/// fn serves<S: Service<()>>(_: S) {}
+/// // `HttpClassifier` reads an HTTP status; this service answers a `String`.
+/// serves(
+///     ServiceBuilder::new()
+///         .layer(ClassifyLayer::http())
+///         .service(service_fn(|()| async { Ok::<_, BoxError>(String::new()) })),
+/// );
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot classify a `{R}`",
+    label = "ClassifyLayer's classifier does not read this response type",
+    note = "`HttpClassifier` and `GrpcClassifier` classify `http::Response<B>`; `HttpClassifier` also classifies `reqwest::Response` with the `reqwest` feature; any closure `Fn(&{R}) -> Option<Verdict>` is a classifier"
+)]
 pub trait Classifier<R> {
     /// `None` when `response` is a success; otherwise its verdict.
     fn classify_response(&self, response: &R) -> Option<Verdict>;
@@ -183,6 +204,9 @@ pub trait Classifier<R> {
     }
 }
 
+// `do_not_recommend`: a classifier that does not fit the response type is reported as such (the
+// trait's own message), not as "expected a `Fn(&R)` closure".
+#[diagnostic::do_not_recommend]
 impl<R, F> Classifier<R> for F
 where
     F: Fn(&R) -> Option<Verdict>,
