@@ -70,6 +70,14 @@
 //! # let _ = app;
 //! ```
 //!
+//! How each layer fits an axum `Router`:
+//!
+//! | layer | on a `Router` |
+//! |---|---|
+//! | [`ServerTimeoutLayer`](timeout::ServerTimeoutLayer), [`ServerBreakerLayer`](breaker::ServerBreakerLayer) | `Router::layer` as they are: 504, and 503 with `Retry-After`; errors stay `Infallible` |
+//! | [`TimeoutLayer`](timeout::TimeoutLayer), [`BreakerLayer`](breaker::BreakerLayer) | client side: their error is a `BoxError` or a [`Failure`], which a `Router` does not accept; on a server use the two flavours above |
+//! | [`ClassifyLayer`](classify::ClassifyLayer), [`RetryLayer`](retry::RetryLayer), [`DeadLetterLayer`](dead_letter::DeadLetterLayer) | client side: around the client a handler calls. With the `axum` feature the handler returns `Result<Response, Failure<_>>`: a [`Failure`] answers with the upstream's response, or 503 with `Retry-After` (open breaker), 504 (timeout), 502 (anything else) |
+//!
 //! # Features
 //!
 //! | feature | what | default |
@@ -78,6 +86,7 @@
 //! | `redis` | `RedisStore`, the dead-letter store shared by many instances (redis crate, tokio) | no |
 //! | `cli` | the `backstop-dlq` command-line tool over a SQLite file or a Redis URL (clap) | no |
 //! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain | no |
+//! | `axum` | [`Failure`] is axum's `IntoResponse` (axum-core) | no |
 //! | `reqwest` | the layers wrap a `reqwest::Client`: `Replay` and `Describe` for `reqwest::Request`, `HttpClassifier` for `reqwest::Response`, reqwest's timeout and connect errors classified | no |
 
 #![warn(

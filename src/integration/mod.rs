@@ -2,5 +2,7 @@
 //! feature named after it: the impls of this crate's traits for their types (the orphan rule
 //! means only this crate can write them) and the classification of their errors.
 
+#[cfg(feature = "axum")]
+mod axum;
 #[cfg(feature = "reqwest")]
 pub(crate) mod reqwest;
