@@ -87,6 +87,7 @@
 //! | `cli` | the `backstop-dlq` command-line tool over a SQLite file or a Redis URL (clap) | no |
 //! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain | no |
 //! | `axum` | [`Failure`] is axum's `IntoResponse` (axum-core) | no |
+//! | `tonic` | `GrpcLayer`: a generated tonic client takes the stack around a `Channel` as its channel (bounded replay buffer, the caller's `tonic::Status`) | no |
 //! | `reqwest` | the layers wrap a `reqwest::Client`: `Replay` and `Describe` for `reqwest::Request`, `HttpClassifier` for `reqwest::Response`, reqwest's timeout and connect errors classified | no |
 
 #![warn(
@@ -110,6 +111,11 @@ pub mod retry;
 pub mod timeout;
 
 pub use self::failure::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp};
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub use self::integration::tonic::{
+    DEFAULT_GRPC_BUFFER, Grpc, GrpcFuture, GrpcLayer, GrpcRequest, IntoGrpcRequest,
+};
 pub use self::preset::{Attempts, BackstopLayer};
 pub use self::request::{Describe, Envelope, MessageId, Replay};
 

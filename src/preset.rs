@@ -5,8 +5,9 @@ use std::time::Duration;
 use tower::util::Either;
 use tower_layer::Layer;
 
+use crate::Class;
 use crate::breaker::{Breaker, BreakerLayer};
-use crate::classify::{Classify, ClassifyLayer, HttpClassifier};
+use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
 use crate::dead_letter::{DeadLetter, DeadLetterLayer};
 use crate::retry::{Retry, RetryLayer, RetryPolicy};
 use crate::timeout::{Timeout, TimeoutLayer};
@@ -90,6 +91,32 @@ impl<C> BackstopLayer<C> {
     pub fn breaker(mut self, breaker: BreakerLayer) -> Self {
         self.breaker = breaker;
         self
+    }
+}
+
+impl BackstopLayer<GrpcClassifier> {
+    /// The stack for a gRPC client: [`GrpcClassifier::new`]'s mapping, [`RetryPolicy::grpc`],
+    /// each attempt bounded by `attempt_timeout`, the other defaults above. Around a tonic
+    /// `Channel`, put `GrpcLayer` (feature `tonic`) above it.
+    pub fn grpc(attempt_timeout: Duration) -> Self {
+        BackstopLayer::new(GrpcClassifier::new(), attempt_timeout).retry(RetryPolicy::grpc())
+    }
+}
+
+impl RetryPolicy {
+    /// A retry policy for gRPC clients, after gRFC A6: at most 5 attempts (A6's cap on
+    /// `maxAttempts`); every call treated as safe to send again (every gRPC call is an HTTP POST,
+    /// and A6 leaves retryability to the service config, not the method); `UNAVAILABLE` (and an
+    /// open breaker, a per-attempt timeout, a refused connection: [`Class::TRANSIENT`]) and
+    /// `RESOURCE_EXHAUSTED` ([`Class::THROTTLED`]) retried, `grpc-retry-pushback-ms` honoured
+    /// (a negative value stops); `UNKNOWN`, `INTERNAL` and the other codes of
+    /// [`Class::UNKNOWN`] never retried, as A6 retries only the codes it is told to. The backoff
+    /// is the default one (exponential with full jitter, as A6's).
+    pub fn grpc() -> Self {
+        RetryPolicy::new()
+            .max_attempts(5)
+            .assume_idempotent(true)
+            .never_retry(Class::UNKNOWN)
     }
 }
 

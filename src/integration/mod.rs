@@ -6,3 +6,5 @@
 mod axum;
 #[cfg(feature = "reqwest")]
 pub(crate) mod reqwest;
+#[cfg(feature = "tonic")]
+pub(crate) mod tonic;
