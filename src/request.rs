@@ -54,12 +54,6 @@ pub trait Replay: Sized {
     fn retry_safe(&self) -> bool {
         true
     }
-
-    /// The idempotency key this request carries, if any; the dead-letter layer uses it as the
-    /// record's id. The default is `None`.
-    fn idempotency_key(&self) -> Option<&str> {
-        None
-    }
 }
 
 /// What a dead-letter record keeps of a request: its payload and what is needed to send it again.
@@ -181,10 +175,6 @@ impl<B: Clone> Replay for http::Request<B> {
     fn retry_safe(&self) -> bool {
         http_retry_safe(self)
     }
-
-    fn idempotency_key(&self) -> Option<&str> {
-        key_header(self.headers())
-    }
 }
 
 impl<B> Describe for http::Request<B>
@@ -274,7 +264,7 @@ mod tests {
         assert!(get.retry_safe());
         assert!(!post.retry_safe());
         assert!(keyed.retry_safe());
-        assert_eq!(keyed.idempotency_key(), Some("k1"));
+        assert_eq!(keyed.message_id(), Some("k1"));
     }
 
     async fn collect(chunks: &[&'static [u8]], limit: usize) -> BufferedBody<Chunks> {
@@ -528,10 +518,6 @@ impl<B> Replay for http::Request<BufferedBody<B>> {
 
     fn retry_safe(&self) -> bool {
         http_retry_safe(self)
-    }
-
-    fn idempotency_key(&self) -> Option<&str> {
-        key_header(self.headers())
     }
 }
 

@@ -64,7 +64,7 @@ impl std::error::Error for StoreError {
 
 /// Where dead letters are kept. One trait, one behaviour, whatever the backend:
 /// [`MemoryStore`] for tests, [`SqliteStore`](super::SqliteStore) (feature `sqlite`) as the
-/// durable default, [`RedisStore`](super::RedisStore) (feature `redis`) for many instances. The
+/// durable default, `RedisStore` (feature `redis`) for many instances. The
 /// crate's conformance suite (`tests/store_conformance.rs`) runs the same cases against all three.
 ///
 /// Methods return boxed `'static` futures so that the trait is object-safe and a layer can hold

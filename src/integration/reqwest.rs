@@ -19,6 +19,7 @@ use crate::classify::{Classifier, HttpClassifier, Verdict};
 use crate::failure::{Class, Code};
 use crate::request::{Describe, Envelope, Replay, envelope_head, key_header, retry_safe_head};
 
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 impl Replay for reqwest::Request {
     #[inline]
     fn replay(&self) -> Option<Self> {
@@ -28,12 +29,9 @@ impl Replay for reqwest::Request {
     fn retry_safe(&self) -> bool {
         retry_safe_head(self.method(), self.headers())
     }
-
-    fn idempotency_key(&self) -> Option<&str> {
-        key_header(self.headers())
-    }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 impl Describe for reqwest::Request {
     fn message_id(&self) -> Option<&str> {
         key_header(self.headers())
@@ -55,6 +53,7 @@ impl Describe for reqwest::Request {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 impl Classifier<reqwest::Response> for HttpClassifier {
     fn classify_response(&self, response: &reqwest::Response) -> Option<Verdict> {
         self.classify_head(response.status(), response.headers())

@@ -59,6 +59,7 @@ impl Describe for GrpcRequest {
 
 /// A `Channel` sends a [`GrpcRequest`] as it sends any request (its buffered body is boxed into
 /// a `tonic::body::Body`, one allocation per attempt).
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 impl Service<GrpcRequest> for Channel {
     type Response = http::Response<Body>;
     type Error = tonic::transport::Error;
