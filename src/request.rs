@@ -264,7 +264,7 @@ mod tests {
         assert!(get.retry_safe());
         assert!(!post.retry_safe());
         assert!(keyed.retry_safe());
-        assert_eq!(keyed.message_id(), Some("k1"));
+        assert_eq!(key_header(keyed.headers()), Some("k1"));
     }
 
     async fn collect(chunks: &[&'static [u8]], limit: usize) -> BufferedBody<Chunks> {
