@@ -181,3 +181,83 @@ async fn a_request_larger_than_the_replay_buffer_is_sent_once() {
     assert_eq!(status.message(), "provider down");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// tonic-health's service, answering after `delay`.
+#[derive(Clone)]
+struct Slow<S> {
+    inner: S,
+    delay: Duration,
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Slow<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> tower::Service<http::Request<tonic::body::Body>> for Slow<S>
+where
+    S: tower::Service<http::Request<tonic::body::Body>> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let future = self.inner.call(req);
+        let delay = self.delay;
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            future.await
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_server_flavours_answer_deadline_exceeded_then_unavailable_with_pushback() {
+    use tower_backstop::breaker::ServerBreakerLayer;
+    use tower_backstop::timeout::ServerTimeoutLayer;
+
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tokio::spawn(async move {
+        Server::builder()
+            .layer(ServerBreakerLayer::grpc(
+                BreakerLayer::consecutive_failures(2).open_for(Duration::from_secs(30)),
+            ))
+            .layer(ServerTimeoutLayer::grpc(Duration::from_millis(50)))
+            .add_service(Slow {
+                inner: health,
+                delay: Duration::from_secs(5),
+            })
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap()
+    });
+    let mut client = HealthClient::new(channel(addr));
+    for _ in 0..2 {
+        let status = client.check(check("")).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    }
+    let status = client.check(check("")).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert_eq!(status.message(), "circuit open");
+    let pushback: u64 = status
+        .metadata()
+        .get("grpc-retry-pushback-ms")
+        .expect("grpc-retry-pushback-ms")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((29_000..=30_000).contains(&pushback), "{pushback}");
+}

@@ -103,7 +103,7 @@ use crate::failure::{BoxError, Class, Code, Failure};
 
 mod buffer;
 mod future;
-mod grpc;
+pub(crate) mod grpc;
 mod http;
 mod layer;
 mod smtp;
