@@ -78,6 +78,15 @@
 //! | [`TimeoutLayer`](timeout::TimeoutLayer), [`BreakerLayer`](breaker::BreakerLayer) | client side: their error is a `BoxError` or a [`Failure`], which a `Router` does not accept; on a server use the two flavours above |
 //! | [`ClassifyLayer`](classify::ClassifyLayer), [`RetryLayer`](retry::RetryLayer), [`DeadLetterLayer`](dead_letter::DeadLetterLayer) | client side: around the client a handler calls. With the `axum` feature the handler returns `Result<Response, Failure<_>>`: a [`Failure`] answers with the upstream's response, or 503 with `Retry-After` (open breaker), 504 (timeout), 502 (anything else) |
 //!
+//! With the `reqwest` feature the stack wraps a `reqwest::Client` unchanged: a `reqwest::Request`
+//! is [`Replay`] (by `try_clone`; a streaming body is sent once and its failure says
+//! [`GiveUp::NotReplayable`]; safe to resend: an idempotent method or an `Idempotency-Key`) and
+//! [`Describe`] (method, URL, `Content-Type`, key and body bytes);
+//! [`HttpClassifier`](classify::HttpClassifier) classifies a `reqwest::Response` by status and
+//! hint headers as it does an `http::Response`; a `reqwest::Error` that is a timeout is
+//! [`Code::Timeout`], and a connect error (refused, DNS, connect timeout: nothing was sent) a
+//! refused connection, the proof that lets even a keyless POST be resent.
+//!
 //! # Features
 //!
 //! | feature | what | default |

@@ -76,7 +76,18 @@ impl Service<GrpcRequest> for Channel {
     }
 }
 
-/// The outermost layer of a gRPC client stack: see the [module docs](self).
+/// The outermost layer of a gRPC client stack (feature `tonic`): with it on top, the stack
+/// around a `tonic::transport::Channel` is what a generated client (`HealthClient::new(stack)`)
+/// takes as its channel, with no closures.
+///
+/// - It reads each request body into a bounded replay buffer (gRFC A6: past the limit the call
+///   is sent once and not retried, [`GiveUp::NotReplayable`](crate::GiveUp::NotReplayable)), so
+///   [`RetryLayer`](crate::retry::RetryLayer) can send it again; the request travels down as a
+///   [`GrpcRequest`], which the `Channel` accepts.
+/// - It hands the caller the `tonic::Status` it expects: the server's own status (code and
+///   message) after the last attempt, `UNAVAILABLE` at once for an open breaker,
+///   `DEADLINE_EXCEEDED` for our per-attempt timeout, and for anything else the status tonic
+///   finds in the error (a refused connection is `UNAVAILABLE`).
 ///
 /// ```no_run
 /// use std::time::Duration;
