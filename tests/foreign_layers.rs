@@ -79,7 +79,13 @@ async fn towers_timeout_between_our_layers_keeps_the_failure_and_times_out_as_a_
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
     let f = svc.oneshot(get("http://up.test/")).await.unwrap_err();
-    assert_eq!(upstream.calls(), 2, "the 429 was retried after its hint");
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[1].at - seen[0].at,
+        Duration::from_secs(1),
+        "the 429 was retried after its Retry-After, which crossed tower's Timeout"
+    );
     assert_eq!(f.class(), Class::TRANSIENT);
     assert_eq!(f.code(), Code::Timeout);
     assert_eq!(f.attempts(), 2);
