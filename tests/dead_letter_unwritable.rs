@@ -34,6 +34,14 @@ async fn check_unwritable(store: Arc<dyn Store>, expect: &str) {
         "the original failure is kept"
     );
     assert!(f.dead_letter_failed());
+    assert!(
+        matches!(
+            f.dead_letter(),
+            Some(tower_backstop::DeadLetterStatus::NotStored { error, .. })
+                if error.is::<tower_backstop::dead_letter::StoreError>()
+        ),
+        "the store's own error is kept"
+    );
     let text = f.to_string();
     assert!(
         text.contains("dead letter k-unwritable could not be written"),
