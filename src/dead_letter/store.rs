@@ -73,6 +73,20 @@ impl std::error::Error for StoreError {
 ///
 /// Every write of a record is atomic (one SQLite transaction, one Redis script): the record, its
 /// attempt count and budget, its history and its indexes change together or not at all.
+///
+/// Something that is not a store (here a `Result` whose `?` was forgotten) is a compile error
+/// that names the stores there are:
+///
+/// ```compile_fail,E0277
+/// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+///
+/// let _layer = DeadLetterLayer::new(Ok::<_, std::io::Error>(MemoryStore::new()));
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a dead-letter store",
+    label = "DeadLetterLayer needs a `tower_backstop::dead_letter::Store`",
+    note = "use `MemoryStore` (tests), `SqliteStore::open(path)?` (feature `sqlite`, on by default; note the `?`) or `RedisStore` (feature `redis`), or implement `Store`"
+)]
 pub trait Store: Send + Sync + 'static {
     /// Writes `records` in one transaction (SQLite), one pipeline (Redis). A record with an id
     /// already in the store is merged into it ([`Record::merge_bounded`] with the store's
