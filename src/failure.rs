@@ -11,6 +11,7 @@ use std::io;
 use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
+use sync_wrapper::SyncWrapper;
 
 /// A type-erased error, the `tower` convention: `Box<dyn Error + Send + Sync>`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -116,6 +117,10 @@ pub enum Code {
     /// ([`AttemptBudgetLayer`](crate::dead_letter::AttemptBudgetLayer)); the inner service was not
     /// called.
     AttemptBudgetSpent,
+    /// A layer in this process refused the call before it was sent (tower's `LoadShed`:
+    /// `Overloaded`). Proof that the request was not processed, so even a request that is not
+    /// idempotent may be sent again.
+    Overloaded,
 }
 
 impl fmt::Display for Code {
@@ -131,6 +136,7 @@ impl fmt::Display for Code {
             Code::Provider(code) => write!(f, "provider {code}"),
             Code::Error => f.write_str("error"),
             Code::AttemptBudgetSpent => f.write_str("attempt budget spent"),
+            Code::Overloaded => f.write_str("overloaded, not sent"),
         }
     }
 }
@@ -208,8 +214,11 @@ pub enum DeadLetterStatus {
     NotStored {
         /// The id the record would have had.
         id: String,
-        /// Why the store refused it.
-        error: crate::dead_letter::StoreError,
+        /// Why the store refused it: the store's error (a
+        /// [`StoreError`](crate::dead_letter::StoreError) from this crate's stores; reach it
+        /// with `error.downcast_ref::<StoreError>()`). Boxed so that the shared failure types
+        /// know no layer.
+        error: BoxError,
     },
 }
 
@@ -223,8 +232,11 @@ pub enum DeadLetterStatus {
 ///
 /// `R` is the response type of the service. A `Failure<R>` converts from a [`BoxError`]
 /// (classified by [`classify_error`](crate::classify::classify_error)), so layers work with plain
-/// `BoxError` services too; it is itself an `Error + Send + Sync` when `R: Send + Sync`, so it
-/// converts into a `BoxError`.
+/// `BoxError` services too; it is itself an `Error + Send + Sync` whenever `R: Send` (the response
+/// is held so that it is only reached through `&mut` or by value), so it converts into a
+/// `BoxError` and crosses any tower layer that boxes errors (`Buffer`, `LoadShed`, tower's
+/// `Timeout`). Converting such a `BoxError` back (`Failure::from`) finds the failure again
+/// instead of classifying it anew: class, code, hint and response are kept.
 ///
 /// The common case (class, code, hint) is stored inline and costs no allocation; a response, a
 /// source error or the retry and dead-letter notes live in one boxed extension created on the
@@ -267,6 +279,7 @@ enum CodeKind {
     Provider,
     Error,
     AttemptBudgetSpent,
+    Overloaded,
 }
 
 impl CodeKind {
@@ -288,6 +301,7 @@ impl CodeKind {
             Code::Provider(code) => (CodeKind::Provider, code, io::ErrorKind::Other),
             Code::Error => (CodeKind::Error, 0, io::ErrorKind::Other),
             Code::AttemptBudgetSpent => (CodeKind::AttemptBudgetSpent, 0, io::ErrorKind::Other),
+            Code::Overloaded => (CodeKind::Overloaded, 0, io::ErrorKind::Other),
         };
         (kind, value, io)
     }
@@ -313,12 +327,15 @@ impl CodeKind {
             CodeKind::Provider => Code::Provider(value),
             CodeKind::Error => Code::Error,
             CodeKind::AttemptBudgetSpent => Code::AttemptBudgetSpent,
+            CodeKind::Overloaded => Code::Overloaded,
         }
     }
 }
 
 struct Extra<R> {
-    response: Option<R>,
+    // `SyncWrapper`: the response is only reached by `&mut` or by value, so a failure is `Sync`
+    // even when the response is not (tonic's body, reqwest's), and it fits in a `BoxError`.
+    response: Option<SyncWrapper<R>>,
     source: Option<BoxError>,
     first_failed_at: Option<SystemTime>,
     retry_at: Option<SystemTime>,
@@ -408,7 +425,7 @@ impl<R> Failure<R> {
 
     /// Keeps the response that was classified as this failure.
     pub fn with_response(mut self, response: R) -> Self {
-        self.extra_mut().response = Some(response);
+        self.extra_mut().response = Some(SyncWrapper::new(response));
         self
     }
 
@@ -492,7 +509,7 @@ impl<R> Failure<R> {
             no_retry: self.no_retry,
             extra: self.extra.map(|e| {
                 Box::new(Extra {
-                    response: e.response.map(f),
+                    response: e.response.map(|r| SyncWrapper::new(f(r.into_inner()))),
                     source: e.source,
                     first_failed_at: e.first_failed_at,
                     retry_at: e.retry_at,
@@ -505,13 +522,44 @@ impl<R> Failure<R> {
     }
 
     /// The response that was classified as this failure, if it was a response.
-    pub fn response(&self) -> Option<&R> {
-        self.extra.as_ref().and_then(|e| e.response.as_ref())
+    ///
+    /// It takes `&mut self` because the response is held so that a failure is `Sync` even when
+    /// the response is not (a streaming body): it is never shared, only lent or given away.
+    pub fn response_mut(&mut self) -> Option<&mut R> {
+        self.extra
+            .as_mut()
+            .and_then(|e| e.response.as_mut())
+            .map(SyncWrapper::get_mut)
+    }
+
+    /// Whether this failure holds the response that was classified as it.
+    pub fn has_response(&self) -> bool {
+        self.extra.as_ref().is_some_and(|e| e.response.is_some())
     }
 
     /// Takes the response that was classified as this failure, if it was a response.
     pub fn into_response(self) -> Option<R> {
-        self.extra.and_then(|e| e.response)
+        self.extra
+            .and_then(|e| e.response)
+            .map(SyncWrapper::into_inner)
+    }
+
+    /// A failure of another response type with the same class, code, hint and notes, and no
+    /// response and no source: what an outer layer keeps of a failure it only sees by reference
+    /// (deep in a `BoxError`'s source chain).
+    fn summary<T>(&self) -> Failure<T> {
+        let mut copy = Failure::new(self.class, self.code());
+        copy.retry_after = self.retry_after;
+        copy.attempts = self.attempts;
+        copy.give_up = self.give_up;
+        copy.no_retry = self.no_retry;
+        if let Some(extra) = &self.extra {
+            let notes = copy.extra_mut();
+            notes.first_failed_at = extra.first_failed_at;
+            notes.retry_at = extra.retry_at;
+            notes.long_retry_after = extra.long_retry_after;
+        }
+        copy
     }
 
     /// What the dead-letter layer did with this failure, when one saw it.
@@ -555,12 +603,49 @@ impl<R> Failure<R> {
     }
 }
 
-impl<R> From<BoxError> for Failure<R> {
-    /// Classifies a plain error with [`classify_error`](crate::classify::classify_error) and
-    /// keeps it as the source.
+impl<R: 'static> Failure<R> {
+    /// The failure a [`BoxError`] already carries, if any: a `Failure<R>` boxed by a foreign layer
+    /// (tower's `Buffer`, `LoadShed`, `Timeout`) comes back whole, response included; a `Failure`
+    /// found deeper in the source chain, or a `Failure<()>` (a response dropped with
+    /// [`map_response`](Self::map_response)), keeps its class, code, hint and notes, with the
+    /// error as its source. `Err` gives back an error that was never classified.
+    pub(crate) fn recover(error: BoxError) -> Result<Self, BoxError> {
+        let error = match error.downcast::<Failure<R>>() {
+            Ok(failure) => return Ok(*failure),
+            Err(error) => error,
+        };
+        let mut found = None;
+        let mut current: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
+        while let Some(e) = current {
+            if let Some(f) = e.downcast_ref::<Failure<R>>() {
+                found = Some(f.summary());
+            } else if let Some(f) = e.downcast_ref::<Failure<()>>() {
+                found = Some(f.summary());
+            }
+            if found.is_some() {
+                break;
+            }
+            current = e.source();
+        }
+        match found {
+            Some(failure) => Ok(failure.with_source(error)),
+            None => Err(error),
+        }
+    }
+}
+
+impl<R: 'static> From<BoxError> for Failure<R> {
+    /// The failure the error already carries ([`Failure`] boxed by a layer between ours), else
+    /// the error classified with [`classify_error`](crate::classify::classify_error) and kept as
+    /// the source.
     fn from(error: BoxError) -> Self {
-        let (class, code) = crate::classify::classify_error(&*error);
-        Failure::new(class, code).with_source(error)
+        match Failure::recover(error) {
+            Ok(failure) => failure,
+            Err(error) => {
+                let (class, code) = crate::classify::classify_error(&*error);
+                Failure::new(class, code).with_source(error)
+            }
+        }
     }
 }
 
@@ -661,6 +746,7 @@ mod tests {
             Code::Provider(i64::MAX),
             Code::Error,
             Code::AttemptBudgetSpent,
+            Code::Overloaded,
         ];
         for code in codes {
             let f: Failure<()> = Failure::new(Class::UNKNOWN, code);
@@ -705,6 +791,38 @@ mod tests {
             s,
             "transient failure (http 503) after 4 attempts, attempts exhausted, server asked to retry after 3s"
         );
+    }
+
+    #[test]
+    fn a_failure_deep_in_a_box_error_is_found_not_classified_again() {
+        #[derive(Debug)]
+        struct Wrapped(Failure<u8>);
+        impl fmt::Display for Wrapped {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("buffered service failed")
+            }
+        }
+        impl std::error::Error for Wrapped {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let inner: Failure<u8> =
+            Failure::new(Class::THROTTLED, Code::Http(StatusCode::TOO_MANY_REQUESTS))
+                .with_retry_after(Duration::from_secs(2))
+                .with_response(7);
+        let f = Failure::<u8>::from(Box::new(Wrapped(inner)) as BoxError);
+        assert_eq!(f.class(), Class::THROTTLED);
+        assert_eq!(f.code(), Code::Http(StatusCode::TOO_MANY_REQUESTS));
+        assert_eq!(f.retry_after(), Some(Duration::from_secs(2)));
+        assert!(!f.has_response(), "only reachable by reference");
+        assert_eq!(f.message(), "buffered service failed");
+
+        // A failure whose response was dropped (`map_response(|_| ())`) is found by any `R`.
+        let dropped: Failure<()> = Failure::new(Class::PERMANENT, Code::Grpc(5)).with_no_retry();
+        let f = Failure::<String>::from(Box::new(dropped) as BoxError);
+        assert_eq!((f.class(), f.code()), (Class::PERMANENT, Code::Grpc(5)));
+        assert!(f.no_retry());
     }
 
     #[test]

@@ -11,7 +11,11 @@
 //! | [`TimeoutLayer`](timeout::TimeoutLayer) | bounds each attempt |
 //!
 //! A failure is classified once, by [`ClassifyLayer`](classify::ClassifyLayer); every layer above
-//! reads the class off the [`Failure`] it receives.
+//! reads the class off the [`Failure`] it receives, even through tower's layers that box errors.
+//!
+//! [`BackstopLayer`] builds the five in this order from one set of settings. Stacked by hand, a
+//! wrong order that the compiler cannot reject is reported by a `tracing` warning when the stack
+//! is built.
 //!
 //! # A client
 //!
@@ -66,6 +70,23 @@
 //! # let _ = app;
 //! ```
 //!
+//! How each layer fits an axum `Router`:
+//!
+//! | layer | on a `Router` |
+//! |---|---|
+//! | [`ServerTimeoutLayer`](timeout::ServerTimeoutLayer), [`ServerBreakerLayer`](breaker::ServerBreakerLayer) | `Router::layer` as they are: 504, and 503 with `Retry-After`; errors stay `Infallible` |
+//! | [`TimeoutLayer`](timeout::TimeoutLayer), [`BreakerLayer`](breaker::BreakerLayer) | client side: their error is a `BoxError` or a [`Failure`], which a `Router` does not accept; on a server use the two flavours above |
+//! | [`ClassifyLayer`](classify::ClassifyLayer), [`RetryLayer`](retry::RetryLayer), [`DeadLetterLayer`](dead_letter::DeadLetterLayer) | client side: around the client a handler calls. With the `axum` feature the handler returns `Result<Response, Failure<_>>`: a [`Failure`] answers with the upstream's response, or 503 with `Retry-After` (open breaker), 504 (timeout), 502 (anything else) |
+//!
+//! With the `reqwest` feature the stack wraps a `reqwest::Client` unchanged: a `reqwest::Request`
+//! is [`Replay`] (by `try_clone`; a streaming body is sent once and its failure says
+//! [`GiveUp::NotReplayable`]; safe to resend: an idempotent method or an `Idempotency-Key`) and
+//! [`Describe`] (method, URL, `Content-Type`, key and body bytes);
+//! [`HttpClassifier`](classify::HttpClassifier) classifies a `reqwest::Response` by status and
+//! hint headers as it does an `http::Response`; a `reqwest::Error` that is a timeout is
+//! [`Code::Timeout`], and a connect error (refused, DNS, connect timeout: nothing was sent) a
+//! refused connection, the proof that lets even a keyless POST be resent.
+//!
 //! # Features
 //!
 //! | feature | what | default |
@@ -74,6 +95,9 @@
 //! | `redis` | `RedisStore`, the dead-letter store shared by many instances (redis crate, tokio) | no |
 //! | `cli` | the `backstop-dlq` command-line tool over a SQLite file or a Redis URL (clap) | no |
 //! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain | no |
+//! | `axum` | [`Failure`] is axum's `IntoResponse` (axum-core) | no |
+//! | `tonic` | `GrpcLayer`: a generated tonic client takes the stack around a `Channel` as its channel (bounded replay buffer, the caller's `tonic::Status`) | no |
+//! | `reqwest` | the layers wrap a `reqwest::Client`: `Replay` and `Describe` for `reqwest::Request`, `HttpClassifier` for `reqwest::Response`, reqwest's timeout and connect errors classified | no |
 
 #![warn(
     missing_docs,
@@ -88,11 +112,20 @@ pub mod breaker;
 pub mod classify;
 pub mod dead_letter;
 mod failure;
+mod integration;
+mod order;
+mod preset;
 pub mod request;
 pub mod retry;
 pub mod timeout;
 
 pub use self::failure::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp};
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub use self::integration::tonic::{
+    DEFAULT_GRPC_BUFFER, Grpc, GrpcFuture, GrpcLayer, GrpcRequest, IntoGrpcRequest,
+};
+pub use self::preset::{Attempts, BackstopLayer};
 pub use self::request::{Describe, Envelope, MessageId, Replay};
 
 // The README's code blocks compile as doctests.

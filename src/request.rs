@@ -22,6 +22,27 @@ pub static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-ke
 /// The retry layer takes one copy per attempt and the dead-letter layer keeps one to describe a
 /// failure; both happen once per call, so for the success path to allocate nothing, the copy
 /// must be cheap (`Bytes`, `Full<Bytes>`, an `Arc`).
+///
+/// A request type that is not `Replay` does not fit under [`RetryLayer`](crate::retry::RetryLayer)
+/// or [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer), and the compiler says so:
+///
+/// ```compile_fail,E0277
+/// use tower::{Service, ServiceBuilder, service_fn};
+/// use tower_backstop::{BoxError, retry::RetryLayer};
+///
+/// struct Job; // neither `Clone` nor `Replay`
+/// fn serves_jobs<S: Service<Job>>(_: S) {}
+/// serves_jobs(
+///     ServiceBuilder::new()
+///         .layer(RetryLayer::default())
+///         .service(service_fn(|_: Job| async { Ok::<(), BoxError>(()) })),
+/// );
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be sent again: it does not implement `tower_backstop::Replay`",
+    label = "RetryLayer and DeadLetterLayer need a copy of this request",
+    note = "implement `Replay` (and `Describe`) for your request type; `http::Request<B>` is `Replay` when `B: Clone` (use `Full<Bytes>`, or put `ReplayBufferLayer` above `RetryLayer` for a streaming body); `reqwest::Request` is `Replay` with the `reqwest` feature"
+)]
 pub trait Replay: Sized {
     /// A copy of this request for another attempt, or `None` when it cannot be replayed (a
     /// streaming body that was not buffered). A request with no copy is never retried.
@@ -32,12 +53,6 @@ pub trait Replay: Sized {
     /// `Idempotency-Key` header. The default is `true`.
     fn retry_safe(&self) -> bool {
         true
-    }
-
-    /// The idempotency key this request carries, if any; the dead-letter layer uses it as the
-    /// record's id. The default is `None`.
-    fn idempotency_key(&self) -> Option<&str> {
-        None
     }
 }
 
@@ -118,6 +133,11 @@ pub struct MessageId(pub String);
 ///
 /// Called on the failure path only, with the copy the dead-letter layer kept; it may allocate and
 /// may await (to collect an HTTP body).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be described in a dead-letter record: it does not implement `tower_backstop::Describe`",
+    label = "DeadLetterLayer keeps a description of this request",
+    note = "implement `Describe` for your request type (an `Envelope` with its payload and id); `reqwest::Request` is `Describe` with the `reqwest` feature"
+)]
 pub trait Describe {
     /// The record's payload and metadata.
     fn describe(self) -> impl Future<Output = Envelope> + Send;
@@ -131,13 +151,18 @@ pub trait Describe {
 }
 
 /// The `Idempotency-Key` header's value, when it is text.
-fn key_header(headers: &http::HeaderMap) -> Option<&str> {
+pub(crate) fn key_header(headers: &http::HeaderMap) -> Option<&str> {
     headers.get(&IDEMPOTENCY_KEY).and_then(|v| v.to_str().ok())
 }
 
 /// Whether an HTTP request may be sent twice: an idempotent method, or an `Idempotency-Key`.
 fn http_retry_safe<B>(req: &http::Request<B>) -> bool {
-    method_is_idempotent(req.method()) || req.headers().contains_key(&IDEMPOTENCY_KEY)
+    retry_safe_head(req.method(), req.headers())
+}
+
+/// [`http_retry_safe`] from a request's method and headers, for any HTTP request type.
+pub(crate) fn retry_safe_head(method: &Method, headers: &http::HeaderMap) -> bool {
+    method_is_idempotent(method) || headers.contains_key(&IDEMPOTENCY_KEY)
 }
 
 fn method_is_idempotent(method: &Method) -> bool {
@@ -148,6 +173,9 @@ fn method_is_idempotent(method: &Method) -> bool {
     )
 }
 
+// `do_not_recommend`: a body that is not `Clone` is reported with `Replay`'s own message, which
+// names the fixes, not as a missing `Clone`.
+#[diagnostic::do_not_recommend]
 impl<B: Clone> Replay for http::Request<B> {
     #[inline]
     fn replay(&self) -> Option<Self> {
@@ -156,10 +184,6 @@ impl<B: Clone> Replay for http::Request<B> {
 
     fn retry_safe(&self) -> bool {
         http_retry_safe(self)
-    }
-
-    fn idempotency_key(&self) -> Option<&str> {
-        key_header(self.headers())
     }
 }
 
@@ -177,32 +201,10 @@ where
 
     async fn describe(self) -> Envelope {
         let (parts, body) = self.into_parts();
-        let mut envelope = Envelope::default();
-        if let Some(key) = key_header(&parts.headers) {
-            envelope.id = Some(key.to_owned());
-            envelope
-                .metadata
-                .insert(IDEMPOTENCY_KEY.as_str().to_owned(), key.to_owned());
-        }
+        let mut envelope = envelope_head(&parts.method, parts.uri.to_string(), &parts.headers);
         if let Some(MessageId(id)) = parts.extensions.get::<MessageId>() {
             envelope.id = Some(id.clone());
         }
-        envelope.content_type = parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        envelope
-            .metadata
-            .insert("method".to_owned(), parts.method.to_string());
-        envelope
-            .metadata
-            .insert("uri".to_owned(), parts.uri.to_string());
-        envelope.headers = parts
-            .headers
-            .iter()
-            .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
-            .collect();
         match body.collect().await {
             Ok(collected) => envelope.payload = collected.to_bytes(),
             Err(_) => {
@@ -214,6 +216,33 @@ where
         }
         envelope
     }
+}
+
+/// What an HTTP request's [`Envelope`] keeps of its head, for any HTTP request type: method, URI,
+/// `Content-Type`, and the `Idempotency-Key` as id and metadata.
+pub(crate) fn envelope_head(method: &Method, uri: String, headers: &http::HeaderMap) -> Envelope {
+    let mut envelope = Envelope::default();
+    if let Some(key) = key_header(headers) {
+        envelope.id = Some(key.to_owned());
+        envelope
+            .metadata
+            .insert(IDEMPOTENCY_KEY.as_str().to_owned(), key.to_owned());
+    }
+    envelope.content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    envelope
+        .metadata
+        .insert("method".to_owned(), method.to_string());
+    envelope.metadata.insert("uri".to_owned(), uri);
+    // Every header, in order, values byte for byte; the dead-letter layer redacts secrets
+    // before anything is written.
+    envelope.headers = headers
+        .iter()
+        .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
+        .collect();
+    envelope
 }
 
 macro_rules! plain_payload {
@@ -251,7 +280,7 @@ mod tests {
         assert!(get.retry_safe());
         assert!(!post.retry_safe());
         assert!(keyed.retry_safe());
-        assert_eq!(keyed.idempotency_key(), Some("k1"));
+        assert_eq!(key_header(keyed.headers()), Some("k1"));
     }
 
     async fn collect(chunks: &[&'static [u8]], limit: usize) -> BufferedBody<Chunks> {
@@ -505,10 +534,6 @@ impl<B> Replay for http::Request<BufferedBody<B>> {
 
     fn retry_safe(&self) -> bool {
         http_retry_safe(self)
-    }
-
-    fn idempotency_key(&self) -> Option<&str> {
-        key_header(self.headers())
     }
 }
 

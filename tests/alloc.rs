@@ -439,3 +439,179 @@ fn failover_to_the_fallback_allocates_nothing() {
     assert_adds_nothing("FailoverLayer (primary open, fallback called)", bare(), svc);
     assert!(handle.stats().rejected >= CALLS);
 }
+
+// reqwest (feature `reqwest`): the adapters add nothing beyond the one copy of the request a
+// retry needs, which costs exactly what reqwest's own `try_clone` costs.
+
+#[cfg(feature = "reqwest")]
+#[test]
+fn reqwest_stack_adds_only_the_replay_copy() {
+    use tower_backstop::Replay;
+
+    type Answer = Ready<Result<reqwest::Response, reqwest::Error>>;
+    fn answer(_: reqwest::Request) -> Answer {
+        ready(Ok(reqwest::Response::from(http::Response::new(""))))
+    }
+    let template = reqwest::Client::new()
+        .put("http://127.0.0.1:1/v1/messages")
+        .header("idempotency-key", "k-1")
+        .body("hello")
+        .build()
+        .unwrap();
+
+    // A copy by `Replay` costs what `try_clone` costs (after a first copy, which may initialise
+    // something once).
+    black_box(template.try_clone());
+    let before = allocations();
+    black_box(template.try_clone());
+    let try_clone = allocations() - before;
+    let before = allocations();
+    black_box(template.replay());
+    assert_eq!(allocations() - before, try_clone);
+
+    // Classifying a reqwest response, success or failure with a hint, allocates nothing.
+    let ok = reqwest::Response::from(http::Response::new(""));
+    let busy = reqwest::Response::from(
+        http::Response::builder()
+            .status(429)
+            .header("retry-after", "2")
+            .body("")
+            .unwrap(),
+    );
+    let classifier = HttpClassifier::new();
+    let before = allocations();
+    for _ in 0..CALLS {
+        black_box(tower_backstop::classify::Classifier::classify_response(
+            &classifier,
+            &ok,
+        ));
+        black_box(tower_backstop::classify::Classifier::classify_response(
+            &classifier,
+            &busy,
+        ));
+    }
+    assert_eq!(allocations() - before, 0);
+
+    // The whole stack against the bare service, each driven over the same requests.
+    fn run<S>(mut svc: S, template: &reqwest::Request) -> u64
+    where
+        S: Service<reqwest::Request, Response = reqwest::Response>,
+        S::Error: Debug,
+    {
+        runtime().block_on(async move {
+            let mut total = 0;
+            for i in 0..WARM_UP + CALLS {
+                let request = template.try_clone().unwrap();
+                let before = allocations();
+                poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+                black_box(pin!(svc.call(request)).await.unwrap());
+                if i >= WARM_UP {
+                    total += allocations() - before;
+                }
+            }
+            total
+        })
+    }
+    let bare = run(service_fn(answer), &template);
+    let stack = run(
+        ServiceBuilder::new()
+            .layer(RetryLayer::new(RetryPolicy::new()))
+            .layer(BreakerLayer::consecutive_failures(5))
+            .layer(ClassifyLayer::http())
+            .layer(TimeoutLayer::new(Duration::from_secs(1)))
+            .service(service_fn(answer)),
+        &template,
+    );
+    println!(
+        "reqwest: bare {bare}, stack {stack} allocations over {CALLS} calls; try_clone {try_clone}"
+    );
+    assert_eq!(stack, bare + CALLS * try_clone);
+}
+
+// tonic (feature `tonic`): `GrpcLayer`'s buffering and the retry copy of the buffered request.
+
+#[cfg(feature = "tonic")]
+#[test]
+fn grpc_stack_adds_only_the_replay_copy() {
+    use tower_backstop::classify::GrpcClassifier;
+    use tower_backstop::{GrpcLayer, GrpcRequest, Replay};
+
+    type Response = http::Response<tonic::body::Body>;
+    fn ok() -> Response {
+        // An empty tonic body allocates nothing.
+        http::Response::new(tonic::body::Body::empty())
+    }
+    fn bare(_: http::Request<tonic::body::Body>) -> Ready<Result<Response, BoxError>> {
+        ready(Ok(ok()))
+    }
+    fn inner(_: GrpcRequest) -> Ready<Result<Response, BoxError>> {
+        ready(Ok(ok()))
+    }
+    /// A unary call's request: one length-prefixed message, gRPC headers.
+    fn request() -> http::Request<tonic::body::Body> {
+        http::Request::post("http://127.0.0.1:1/grpc.health.v1.Health/Check")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(tonic::body::Body::new(http_body_util::Full::new(
+                bytes::Bytes::from_static(b"\0\0\0\0\x02\x0a\0"),
+            )))
+            .unwrap()
+    }
+    fn run<S>(mut svc: S) -> u64
+    where
+        S: Service<http::Request<tonic::body::Body>, Response = Response>,
+        S::Error: Debug,
+    {
+        runtime().block_on(async move {
+            let mut total = 0;
+            for i in 0..WARM_UP + CALLS {
+                let request = request();
+                let before = allocations();
+                poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+                black_box(pin!(svc.call(request)).await.unwrap());
+                if i >= WARM_UP {
+                    total += allocations() - before;
+                }
+            }
+            total
+        })
+    }
+
+    let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let keep = slot.clone();
+    let mut svc = ServiceBuilder::new()
+        .layer(GrpcLayer::new())
+        .service(service_fn(move |req: GrpcRequest| {
+            *keep.lock().unwrap() = Some(req);
+            ready(Ok::<_, Failure<Response>>(ok()))
+        }));
+    runtime().block_on(async {
+        poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+        svc.call(request()).await.unwrap();
+    });
+    let buffered: GrpcRequest = slot.lock().unwrap().take().unwrap();
+    // The first copy of a freshly buffered request (its header map, and the body's bytes made
+    // shareable), as the retry layer makes on each call.
+    let before = allocations();
+    black_box(buffered.replay());
+    let copy = allocations() - before;
+
+    let bare = run(service_fn(bare));
+    let stack = run(ServiceBuilder::new()
+        .layer(GrpcLayer::new())
+        .layer(RetryLayer::new(RetryPolicy::new().assume_idempotent(true)))
+        .layer(BreakerLayer::consecutive_failures(5))
+        .layer(ClassifyLayer::new(GrpcClassifier::new()))
+        .layer(TimeoutLayer::new(Duration::from_secs(1)))
+        .service(service_fn(inner)));
+    fn inner_failure(_: GrpcRequest) -> Ready<Result<Response, Failure<Response>>> {
+        ready(Ok(ok()))
+    }
+    // Buffering the body of a unary call allocates nothing (one chunk is kept as it is).
+    let alone = run(ServiceBuilder::new()
+        .layer(GrpcLayer::new())
+        .service(service_fn(inner_failure)));
+    assert_eq!(alone, bare, "GrpcLayer alone");
+    println!("grpc: bare {bare}, stack {stack} allocations over {CALLS} calls; one copy {copy}");
+    assert_eq!(stack, bare + CALLS * copy);
+}

@@ -31,7 +31,7 @@ async fn exhausted_message_becomes_exactly_one_record() {
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
     let body = "{\"to\":\"ops@example.com\",\"subject\":\"report\"}";
-    let failure = svc
+    let mut failure = svc
         .oneshot(post_with_key(
             "http://mail.test/v1/messages",
             body,
@@ -43,7 +43,7 @@ async fn exhausted_message_becomes_exactly_one_record() {
     assert_eq!(stored_id(&failure), "msg-0042");
     assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
     // The caller still has the provider's response.
-    assert_eq!(failure.response().unwrap().status(), 503);
+    assert_eq!(failure.response_mut().unwrap().status(), 503);
 
     let records = store.list(100).await.unwrap();
     assert_eq!(records.len(), 1);
@@ -161,12 +161,12 @@ async fn check_closed(layer: DeadLetterLayer) {
         .layer(layer)
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
-    let f = svc
+    let mut f = svc
         .oneshot(post_with_key("/", "payload", "k-closed"))
         .await
         .unwrap_err();
     assert_eq!(f.class(), Class::TRANSIENT);
-    assert_eq!(f.response().unwrap().status(), 503);
+    assert_eq!(f.response_mut().unwrap().status(), 503);
     assert!(f.dead_letter_failed());
     let text = f.to_string();
     assert!(

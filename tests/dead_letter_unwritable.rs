@@ -23,17 +23,25 @@ async fn check_unwritable(store: Arc<dyn Store>, expect: &str) {
         .layer(DeadLetterLayer::from_arc(store))
         .layer(ClassifyLayer::http())
         .service(upstream);
-    let f = svc
+    let mut f = svc
         .oneshot(post_with_key("/", "payload", "k-unwritable"))
         .await
         .unwrap_err();
     assert_eq!(f.class(), Class::TRANSIENT);
     assert_eq!(
-        f.response().unwrap().status(),
+        f.response_mut().unwrap().status(),
         503,
         "the original failure is kept"
     );
     assert!(f.dead_letter_failed());
+    assert!(
+        matches!(
+            f.dead_letter(),
+            Some(tower_backstop::DeadLetterStatus::NotStored { error, .. })
+                if error.is::<tower_backstop::dead_letter::StoreError>()
+        ),
+        "the store's own error is kept"
+    );
     let text = f.to_string();
     assert!(
         text.contains("dead letter k-unwritable could not be written"),

@@ -122,6 +122,7 @@ impl<S> Layer<S> for BreakerLayer {
     type Service = Breaker<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        crate::order::check::<S>(crate::order::Role::Breaker);
         Breaker::new(inner, self.shared.clone())
     }
 }

@@ -12,7 +12,7 @@ use tower_service::Service;
 use super::future::Guard;
 use super::state::{Outcome, Permit, Rejection, SharedRef};
 use super::{BreakerHandle, BreakerLayer};
-use crate::classify::HttpClassifier;
+use crate::classify::{GrpcClassifier, HttpClassifier};
 
 /// The server flavour of the breaker, for an axum (or any `http`) server protecting itself: the
 /// breaker counts the server's own failed responses, and while it is open the server answers
@@ -42,6 +42,7 @@ use crate::classify::HttpClassifier;
 pub struct ServerBreakerLayer {
     breaker: BreakerLayer,
     classifier: HttpClassifier,
+    grpc: Option<GrpcClassifier>,
 }
 
 impl ServerBreakerLayer {
@@ -50,6 +51,22 @@ impl ServerBreakerLayer {
         ServerBreakerLayer {
             breaker,
             classifier: HttpClassifier::new(),
+            grpc: None,
+        }
+    }
+
+    /// The gRPC flavour, for `tonic::transport::Server::builder().layer(...)`: the breaker counts
+    /// the handlers' trailers-only error statuses by [`GrpcClassifier::new`]'s mapping
+    /// (`UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `UNKNOWN`, `INTERNAL`, `DEADLINE_EXCEEDED` from
+    /// [`ServerTimeoutLayer::grpc`](crate::timeout::ServerTimeoutLayer::grpc)…; a status sent in
+    /// trailers after a message is not seen), and while it is open the server answers a
+    /// trailers-only `UNAVAILABLE` at once, with `grpc-retry-pushback-ms` set to the time left
+    /// until half-open (gRFC A6; left out when the breaker was forced open).
+    pub fn grpc(breaker: BreakerLayer) -> Self {
+        ServerBreakerLayer {
+            breaker,
+            classifier: HttpClassifier::new(),
+            grpc: Some(GrpcClassifier::new()),
         }
     }
 
@@ -73,6 +90,7 @@ impl<S> Layer<S> for ServerBreakerLayer {
             inner,
             shared: self.breaker.shared().clone(),
             classifier: self.classifier.clone(),
+            grpc: self.grpc.clone(),
             decision: None,
         }
     }
@@ -85,6 +103,7 @@ pub struct ServerBreaker<S> {
     shared: SharedRef,
     // Cloned per call: free with the default mapping, one `Arc` with overrides.
     classifier: HttpClassifier,
+    grpc: Option<GrpcClassifier>,
     decision: Option<Result<Permit, Rejection>>,
 }
 
@@ -94,6 +113,7 @@ impl<S: Clone> Clone for ServerBreaker<S> {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
             classifier: self.classifier.clone(),
+            grpc: self.grpc.clone(),
             decision: None,
         }
     }
@@ -142,11 +162,13 @@ where
                     future: self.inner.call(req),
                     guard: Guard::new(&self.shared, permit),
                     classifier: self.classifier.clone(),
+                    grpc: self.grpc.clone(),
                 },
             },
             Err(rejection) => ServerBreakerFuture {
                 kind: ServerKind::Rejected {
                     retry_after: rejection.retry_after(),
+                    grpc: self.grpc.is_some(),
                 },
             },
         }
@@ -171,9 +193,11 @@ pin_project! {
             future: F,
             guard: Guard,
             classifier: HttpClassifier,
+            grpc: Option<GrpcClassifier>,
         },
         Rejected {
             retry_after: Option<Duration>,
+            grpc: bool,
         },
     }
 }
@@ -191,16 +215,30 @@ where
                 future,
                 guard,
                 classifier,
+                grpc,
             } => {
                 let Ok(response) = ready!(future.poll(cx));
-                let outcome = match classifier.class_of(response.status()) {
+                let class = match grpc {
+                    Some(grpc) if response.status() == StatusCode::OK => grpc
+                        .classify_status(response.headers())
+                        .map(|verdict| verdict.class),
+                    _ => classifier.class_of(response.status()),
+                };
+                let outcome = match class {
                     None => Outcome::Success,
                     Some(class) => Outcome::Failure(class),
                 };
                 guard.finish_with(outcome);
                 Poll::Ready(Ok(response))
             }
-            ServerProj::Rejected { retry_after } => {
+            ServerProj::Rejected { retry_after, grpc } => {
+                if *grpc {
+                    return Poll::Ready(Ok(crate::classify::grpc::trailers_only(
+                        crate::classify::codes::UNAVAILABLE,
+                        "circuit open",
+                        *retry_after,
+                    )));
+                }
                 let mut response = Response::new(B::default());
                 *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
                 if let Some(left) = retry_after {

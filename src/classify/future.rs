@@ -71,6 +71,7 @@ impl<F, C> ResponseFuture<F, C> {
 impl<F, C, R, E> Future for ResponseFuture<F, C>
 where
     F: Future<Output = Result<R, E>>,
+    R: 'static,
     E: Into<BoxError>,
     C: Classifier<R>,
 {
@@ -107,12 +108,7 @@ where
                     Poll::Ready(Err(verdict.into_failure().with_response(response)))
                 }
             },
-            Err(error) => {
-                let error: BoxError = error.into();
-                let verdict = this.classifier.classify_error(&*error);
-                tracing::debug!(class = %verdict.class, code = %verdict.code, error = %error, "error classified");
-                Poll::Ready(Err(verdict.into_failure().with_source(error)))
-            }
+            Err(error) => Poll::Ready(Err(super::classify_boxed(&*this.classifier, error.into()))),
         }
     }
 }

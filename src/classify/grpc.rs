@@ -144,6 +144,32 @@ impl GrpcClassifier {
     }
 }
 
+/// A trailers-only gRPC answer (HTTP 200, `content-type: application/grpc`, the status in the
+/// headers): what the server flavours send for a timeout and an open breaker. `pushback` becomes
+/// `grpc-retry-pushback-ms` (gRFC A6), in whole milliseconds rounded up.
+pub(crate) fn trailers_only<B: Default>(
+    code: i32,
+    message: &'static str,
+    pushback: Option<Duration>,
+) -> http::Response<B> {
+    let mut response = http::Response::new(B::default());
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert("grpc-status", http::HeaderValue::from(code));
+    headers.insert("grpc-message", http::HeaderValue::from_static(message));
+    if let Some(left) = pushback {
+        let millis = left.as_nanos().div_ceil(1_000_000);
+        headers.insert(
+            "grpc-retry-pushback-ms",
+            http::HeaderValue::from(u64::try_from(millis).unwrap_or(u64::MAX)),
+        );
+    }
+    response
+}
+
 fn default_class(code: i32) -> Option<Class> {
     use codes::*;
     match code {

@@ -80,15 +80,22 @@ pub(crate) fn default_class(status: StatusCode) -> Option<Class> {
     }
 }
 
-impl<B> Classifier<http::Response<B>> for HttpClassifier {
-    fn classify_response(&self, response: &http::Response<B>) -> Option<Verdict> {
-        let status = response.status();
+impl HttpClassifier {
+    /// The verdict on a response's status and headers, for any HTTP response type
+    /// (`http::Response`, `reqwest::Response`): `None` for success.
+    pub(crate) fn classify_head(&self, status: StatusCode, headers: &HeaderMap) -> Option<Verdict> {
         let class = self.class_of(status)?;
         let verdict = Verdict::new(class, Code::Http(status));
-        Some(match retry_after_hint(response.headers()) {
+        Some(match retry_after_hint(headers) {
             Some(delay) => verdict.with_retry_after(delay),
             None => verdict,
         })
+    }
+}
+
+impl<B> Classifier<http::Response<B>> for HttpClassifier {
+    fn classify_response(&self, response: &http::Response<B>) -> Option<Verdict> {
+        self.classify_head(response.status(), response.headers())
     }
 }
 

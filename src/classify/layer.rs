@@ -30,6 +30,7 @@ impl<S, C: Clone> Layer<S> for ClassifyLayer<C> {
     type Service = Classify<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        crate::order::check::<S>(crate::order::Role::Classify);
         Classify::new(inner, self.classifier.clone())
     }
 }

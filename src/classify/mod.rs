@@ -49,10 +49,17 @@
 //!
 //! # Errors
 //!
-//! [`classify_error`] walks the error's source chain: our [`Elapsed`](crate::timeout::Elapsed)
-//! and tokio's are [`Code::Timeout`], transient; io errors of kind connection refused, reset or
+//! An inner error that already carries a [`Failure`] (one boxed by tower's `Buffer`, `LoadShed`
+//! or `Timeout` between two classifying layers) is passed on as it is, never classified again.
+//!
+//! [`classify_error`] walks the error's source chain: our [`Elapsed`](crate::timeout::Elapsed),
+//! tokio's and tower's are [`Code::Timeout`], transient; tower's `LoadShed` rejection
+//! (`Overloaded`) is [`Code::Overloaded`], transient, and proves the request was not sent; io
+//! errors of kind connection refused, reset or
 //! aborted, broken pipe, not connected and timed out are transient; with the `hyper-util`
-//! feature, a hyper-util client connect error is transient; anything else is
+//! feature, a hyper-util client connect error is transient; with the `reqwest` feature, a
+//! `reqwest::Error` that is a timeout is [`Code::Timeout`] and a connect error a refused
+//! connection; anything else is
 //! [`Class::UNKNOWN`] with [`Code::Error`] (or the io kind found).
 //!
 //! # Example
@@ -96,7 +103,7 @@ use crate::failure::{BoxError, Class, Code, Failure};
 
 mod buffer;
 mod future;
-mod grpc;
+pub(crate) mod grpc;
 mod http;
 mod layer;
 mod smtp;
@@ -165,6 +172,27 @@ impl Verdict {
 ///
 /// Implemented by [`HttpClassifier`] for `http::Response<B>`, and for closures
 /// `Fn(&R) -> Option<Verdict>` (errors then use [`classify_error`]).
+///
+/// A classifier that does not know the service's response type is a compile error that names
+/// both:
+///
+/// ```compile_fail,E0277
+/// use tower::{Service, ServiceBuilder, service_fn};
+/// use tower_backstop::{BoxError, classify::ClassifyLayer};
+///
+/// fn serves<S: Service<()>>(_: S) {}
+/// // `HttpClassifier` reads an HTTP status; this service answers a `String`.
+/// serves(
+///     ServiceBuilder::new()
+///         .layer(ClassifyLayer::http())
+///         .service(service_fn(|()| async { Ok::<_, BoxError>(String::new()) })),
+/// );
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot classify a `{R}`",
+    label = "ClassifyLayer's classifier does not read this response type",
+    note = "`HttpClassifier` and `GrpcClassifier` classify `http::Response<B>`; `HttpClassifier` also classifies `reqwest::Response` with the `reqwest` feature; any closure `Fn(&{R}) -> Option<Verdict>` is a classifier"
+)]
 pub trait Classifier<R> {
     /// `None` when `response` is a success; otherwise its verdict.
     fn classify_response(&self, response: &R) -> Option<Verdict>;
@@ -176,6 +204,9 @@ pub trait Classifier<R> {
     }
 }
 
+// `do_not_recommend`: a classifier that does not fit the response type is reported as such (the
+// trait's own message), not as "expected a `Fn(&R)` closure".
+#[diagnostic::do_not_recommend]
 impl<R, F> Classifier<R> for F
 where
     F: Fn(&R) -> Option<Verdict>,
@@ -195,8 +226,21 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
     let mut connect = false;
     let mut current: Option<&(dyn StdError + 'static)> = Some(error);
     while let Some(e) = current {
-        if e.is::<crate::timeout::Elapsed>() || e.is::<tokio::time::error::Elapsed>() {
+        if e.is::<crate::timeout::Elapsed>()
+            || e.is::<tokio::time::error::Elapsed>()
+            || e.is::<tower::timeout::error::Elapsed>()
+        {
             return (Class::TRANSIENT, Code::Timeout);
+        }
+        if e.is::<tower::load_shed::error::Overloaded>() {
+            return (Class::TRANSIENT, Code::Overloaded);
+        }
+        #[cfg(feature = "reqwest")]
+        if let Some(found) = e
+            .downcast_ref::<reqwest::Error>()
+            .and_then(crate::integration::reqwest::classify)
+        {
+            return found;
         }
         #[cfg(feature = "hyper-util")]
         if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
@@ -254,9 +298,26 @@ impl<S, C> Classify<S, C> {
     }
 }
 
+/// The failure `error` already carries, else `classifier`'s verdict on it, with `error` as the
+/// source.
+pub(crate) fn classify_boxed<R: 'static, C: Classifier<R>>(
+    classifier: &C,
+    error: BoxError,
+) -> Failure<R> {
+    match Failure::recover(error) {
+        Ok(failure) => failure,
+        Err(error) => {
+            let verdict = classifier.classify_error(&*error);
+            tracing::debug!(class = %verdict.class, code = %verdict.code, error = %error, "error classified");
+            verdict.into_failure().with_source(error)
+        }
+    }
+}
+
 impl<S, C, Req> Service<Req> for Classify<S, C>
 where
     S: Service<Req>,
+    S::Response: 'static,
     S::Error: Into<BoxError>,
     C: Classifier<S::Response> + Clone,
 {
@@ -266,11 +327,9 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(|e| {
-            let e: BoxError = e.into();
-            let verdict = self.classifier.classify_error(&*e);
-            verdict.into_failure().with_source(e)
-        })
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| classify_boxed(&self.classifier, e.into()))
     }
 
     #[inline]

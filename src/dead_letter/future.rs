@@ -135,7 +135,10 @@ where
                                 error = %error,
                                 "dead letter could not be written"
                             );
-                            failure.note_dead_letter(DeadLetterStatus::NotStored { id, error });
+                            failure.note_dead_letter(DeadLetterStatus::NotStored {
+                                id,
+                                error: Box::new(error),
+                            });
                         }
                     }
                     return Poll::Ready(Err(failure));

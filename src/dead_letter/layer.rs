@@ -135,6 +135,7 @@ impl<S> Layer<S> for DeadLetterLayer {
     type Service = DeadLetter<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        crate::order::check::<S>(crate::order::Role::DeadLetter);
         DeadLetter {
             inner,
             config: Arc::clone(&self.config),

@@ -140,6 +140,7 @@ pub use self::record::{
     DEFAULT_HISTORY_LIMIT, DEFAULT_PAYLOAD_LIMIT, ErrorEntry, ParseStatusError, Record, Status,
 };
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::RedisStore;
 pub use self::redrive::{
     Outcome, RebuildError, Redrive, RedriveError, RedriveReport, Resent, http_request,
@@ -147,6 +148,7 @@ pub use self::redrive::{
 };
 pub use self::scheduler::{Clock, Scheduler, SchedulerHandle};
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use self::sqlite::SqliteStore;
 pub use self::stats::{Alert, AlertRules, Stats};
 pub use self::store::{BoxFuture, MemoryStore, Store, StoreError, redact_url};

@@ -93,7 +93,7 @@ pub fn redact_url(url: &str) -> String {
 
 /// Where dead letters are kept. One trait, one behaviour, whatever the backend:
 /// [`MemoryStore`] for tests, [`SqliteStore`](super::SqliteStore) (feature `sqlite`) as the
-/// durable default, [`RedisStore`](super::RedisStore) (feature `redis`) for many instances. The
+/// durable default, `RedisStore` (feature `redis`) for many instances. The
 /// crate's conformance suite (`tests/store_conformance.rs`) runs the same cases against all three.
 ///
 /// Methods return boxed `'static` futures so that the trait is object-safe and a layer can hold
@@ -102,6 +102,20 @@ pub fn redact_url(url: &str) -> String {
 ///
 /// Every write of a record is atomic (one SQLite transaction, one Redis script): the record, its
 /// attempt count and budget, its history and its indexes change together or not at all.
+///
+/// Something that is not a store (here a `Result` whose `?` was forgotten) is a compile error
+/// that names the stores there are:
+///
+/// ```compile_fail,E0277
+/// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+///
+/// let _layer = DeadLetterLayer::new(Ok::<_, std::io::Error>(MemoryStore::new()));
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a dead-letter store",
+    label = "DeadLetterLayer needs a `tower_backstop::dead_letter::Store`",
+    note = "use `MemoryStore` (tests), `SqliteStore::open(path)?` (feature `sqlite`, on by default; note the `?`) or `RedisStore` (feature `redis`), or implement `Store`"
+)]
 pub trait Store: Send + Sync + 'static {
     /// Writes `records` in one transaction (SQLite), one pipeline (Redis). A record with an id
     /// already in the store is merged into it ([`Record::merge_bounded`] with the store's

@@ -22,6 +22,7 @@ impl<S> Layer<S> for RetryLayer {
     type Service = Retry<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        crate::order::check::<S>(crate::order::Role::Retry);
         Retry::new(inner, self.policy.clone())
     }
 }

@@ -501,6 +501,7 @@ fn proves_unprocessed<R>(failure: &Failure<R>) -> bool {
             Code::Http(StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
                 | Code::Io(std::io::ErrorKind::ConnectionRefused)
                 | Code::CircuitOpen
+                | Code::Overloaded
         )
 }
 

@@ -37,6 +37,7 @@ use tower_service::Service;
 pub struct ServerTimeoutLayer {
     timeout: Duration,
     status: StatusCode,
+    grpc: bool,
 }
 
 impl ServerTimeoutLayer {
@@ -45,6 +46,18 @@ impl ServerTimeoutLayer {
         ServerTimeoutLayer {
             timeout,
             status: StatusCode::GATEWAY_TIMEOUT,
+            grpc: false,
+        }
+    }
+
+    /// The gRPC flavour, for `tonic::transport::Server::builder().layer(...)`: a handler that
+    /// takes longer than `timeout` is dropped and the client gets a trailers-only
+    /// `DEADLINE_EXCEEDED` (HTTP 200, `grpc-status: 4` in the headers).
+    pub const fn grpc(timeout: Duration) -> Self {
+        ServerTimeoutLayer {
+            timeout,
+            status: StatusCode::OK,
+            grpc: true,
         }
     }
 
@@ -63,6 +76,7 @@ impl<S> Layer<S> for ServerTimeoutLayer {
             inner,
             timeout: self.timeout,
             status: self.status,
+            grpc: self.grpc,
         }
     }
 }
@@ -73,6 +87,7 @@ pub struct ServerTimeout<S> {
     inner: S,
     timeout: Duration,
     status: StatusCode,
+    grpc: bool,
 }
 
 impl<S, Req, B> Service<Req> for ServerTimeout<S>
@@ -95,6 +110,7 @@ where
             sleep: tokio::time::sleep(self.timeout),
             timeout: self.timeout,
             status: self.status,
+            grpc: self.grpc,
         }
     }
 }
@@ -109,6 +125,7 @@ pin_project! {
         sleep: Sleep,
         timeout: Duration,
         status: StatusCode,
+        grpc: bool,
     }
 }
 
@@ -127,6 +144,13 @@ where
         match this.sleep.poll(cx) {
             Poll::Ready(()) => {
                 tracing::debug!(timeout = ?this.timeout, status = this.status.as_u16(), "handler timed out");
+                if *this.grpc {
+                    return Poll::Ready(Ok(crate::classify::grpc::trailers_only(
+                        crate::classify::codes::DEADLINE_EXCEEDED,
+                        "handler timed out",
+                        None,
+                    )));
+                }
                 let mut response = Response::new(B::default());
                 *response.status_mut() = *this.status;
                 Poll::Ready(Ok(response))

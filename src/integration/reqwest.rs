@@ -1,0 +1,72 @@
+//! `reqwest` (feature `reqwest`): the five layers wrap a `reqwest::Client` as it is.
+//!
+//! - [`Replay`] for `reqwest::Request`: a copy by `try_clone`. A request whose body is a stream
+//!   cannot be copied: it is sent once, and its failure says
+//!   [`GiveUp::NotReplayable`](crate::GiveUp::NotReplayable). Safe to resend: an idempotent
+//!   method (RFC 9110 §9.2.2) or an `Idempotency-Key` header, as for `http::Request`.
+//! - [`Describe`] for `reqwest::Request`: method, URL, `Content-Type`, `Idempotency-Key` (the
+//!   record id) and the body bytes, in the same [`Envelope`] fields as an `http::Request`.
+//! - [`HttpClassifier`] classifies a `reqwest::Response` by status and hint headers
+//!   (`Retry-After`, `RateLimit-Reset`, `X-RateLimit-Reset`) exactly as an `http::Response`.
+//! - [`classify_error`](crate::classify::classify_error) reads a `reqwest::Error`: a timeout
+//!   (reqwest's own or the connection's) is [`Code::Timeout`], transient; a connect error (refused,
+//!   DNS, connect timeout: no byte of the request was sent) is transient with
+//!   [`Code::Io`]`(ConnectionRefused)`, the proof that lets even a keyless POST be resent.
+
+use std::io;
+
+use crate::classify::{Classifier, HttpClassifier, Verdict};
+use crate::failure::{Class, Code};
+use crate::request::{Describe, Envelope, Replay, envelope_head, key_header, retry_safe_head};
+
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+impl Replay for reqwest::Request {
+    #[inline]
+    fn replay(&self) -> Option<Self> {
+        self.try_clone()
+    }
+
+    fn retry_safe(&self) -> bool {
+        retry_safe_head(self.method(), self.headers())
+    }
+}
+
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+impl Describe for reqwest::Request {
+    fn message_id(&self) -> Option<&str> {
+        key_header(self.headers())
+    }
+
+    async fn describe(self) -> Envelope {
+        let mut envelope = envelope_head(self.method(), self.url().to_string(), self.headers());
+        match self.body().map(|body| body.as_bytes()) {
+            None => {}
+            Some(Some(bytes)) => envelope.payload = bytes::Bytes::copy_from_slice(bytes),
+            Some(None) => {
+                envelope.metadata.insert(
+                    "payload_error".to_owned(),
+                    "streaming body, not kept".to_owned(),
+                );
+            }
+        }
+        envelope
+    }
+}
+
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+impl Classifier<reqwest::Response> for HttpClassifier {
+    fn classify_response(&self, response: &reqwest::Response) -> Option<Verdict> {
+        self.classify_head(response.status(), response.headers())
+    }
+}
+
+/// The class and code of a `reqwest::Error`, when reqwest says what it was.
+pub(crate) fn classify(error: &reqwest::Error) -> Option<(Class, Code)> {
+    if error.is_connect() {
+        Some((Class::TRANSIENT, Code::Io(io::ErrorKind::ConnectionRefused)))
+    } else if error.is_timeout() {
+        Some((Class::TRANSIENT, Code::Timeout))
+    } else {
+        None
+    }
+}

@@ -1,0 +1,103 @@
+//! Layer order checks, made once when a layer wraps its inner service (never per call): a wrong
+//! order that the compiler cannot reject is reported as a `tracing` warning that names the
+//! misplaced or missing layer and the fix.
+//!
+//! The checks read the inner service's type name (`std::any::type_name`), so they see every
+//! layer of this crate below the one being built, up to a layer that erases its inner type
+//! (tower's `Buffer`, `BoxService`): past such a layer nothing is reported.
+
+/// The layers whose place is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    DeadLetter,
+    Retry,
+    Breaker,
+    Classify,
+}
+
+const DEAD_LETTER: &str = "tower_backstop::dead_letter::DeadLetter<";
+const RETRY: &str = "tower_backstop::retry::Retry<";
+const BREAKER: &str = "tower_backstop::breaker::Breaker<";
+const CLASSIFY: &str = "tower_backstop::classify::Classify<";
+
+/// Clients whose responses need a classifier to become failures (a 503 is an `Ok` response).
+const CLIENTS: [&str; 3] = [
+    "hyper_util::client::legacy::client::Client<",
+    "reqwest::async_impl::client::Client",
+    "tonic::transport::channel::Channel",
+];
+
+/// What is wrong with placing `role` directly above a service of type `inner`, if anything.
+pub(crate) fn problem(role: Role, inner: &str) -> Option<&'static str> {
+    let below = |layer: &str| inner.contains(layer);
+    let client_without_classifier = CLIENTS.iter().any(|client| below(client)) && !below(CLASSIFY);
+    match role {
+        Role::Classify if below(RETRY) || below(BREAKER) || below(DEAD_LETTER) => Some(
+            "ClassifyLayer is above RetryLayer, BreakerLayer or DeadLetterLayer, which then see \
+             error responses as successes: put ClassifyLayer directly above TimeoutLayer, below \
+             the others (or build the stack with BackstopLayer)",
+        ),
+        Role::Retry | Role::Breaker if below(DEAD_LETTER) => Some(
+            "DeadLetterLayer is below RetryLayer or BreakerLayer, so every failed attempt becomes \
+             a dead letter, even for a request that then succeeds: put DeadLetterLayer outermost \
+             (or build the stack with BackstopLayer)",
+        ),
+        Role::DeadLetter | Role::Retry | Role::Breaker if client_without_classifier => Some(
+            "no ClassifyLayer below this layer, so an error response (a 503, a gRPC UNAVAILABLE) \
+             is returned as a success and never retried, counted or dead-lettered: add \
+             ClassifyLayer directly above TimeoutLayer (or build the stack with BackstopLayer)",
+        ),
+        _ => None,
+    }
+}
+
+/// Warns once, when the layer is built, if `role` above `S` is a wrong order.
+#[inline]
+pub(crate) fn check<S>(role: Role) {
+    let inner = std::any::type_name::<S>();
+    if let Some(problem) = problem(role, inner) {
+        tracing::warn!(layer = ?role, inner, "layer order: {problem}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn right_order_is_quiet_and_each_wrong_one_is_named() {
+        let timeout =
+            "tower_backstop::timeout::Timeout<hyper_util::client::legacy::client::Client<C, B>>";
+        let classify =
+            format!("{CLASSIFY}{timeout}, tower_backstop::classify::http::HttpClassifier>");
+        let breaker = format!("{BREAKER}{classify}>");
+        let retry = format!("{RETRY}{breaker}>");
+        assert_eq!(problem(Role::Classify, timeout), None);
+        assert_eq!(problem(Role::Breaker, &classify), None);
+        assert_eq!(problem(Role::Retry, &breaker), None);
+        assert_eq!(problem(Role::DeadLetter, &retry), None);
+        // A plain service with no known client: nothing to say.
+        assert_eq!(
+            problem(Role::Retry, "tower::util::service_fn::ServiceFn<F>"),
+            None
+        );
+
+        assert!(
+            problem(Role::Classify, &retry)
+                .unwrap()
+                .starts_with("ClassifyLayer is above")
+        );
+        let dead_letter = format!("{DEAD_LETTER}{classify}>");
+        assert!(
+            problem(Role::Retry, &dead_letter)
+                .unwrap()
+                .starts_with("DeadLetterLayer is below")
+        );
+        assert!(
+            problem(Role::Retry, timeout)
+                .unwrap()
+                .starts_with("no ClassifyLayer")
+        );
+        assert!(problem(Role::DeadLetter, "reqwest::async_impl::client::Client").is_some());
+    }
+}

@@ -1,0 +1,101 @@
+//! Layer order: each wrong order the compiler cannot reject is reported once, when the stack is
+//! built, by a `tracing` warning that names the misplaced or missing layer and the fix; the right
+//! order (by hand or by `BackstopLayer`) says nothing. In a binary of its own: it captures logs.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::ServiceBuilder;
+use tower_backstop::breaker::BreakerLayer;
+use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+use tower_backstop::retry::RetryLayer;
+use tower_backstop::timeout::TimeoutLayer;
+
+fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// The warnings logged while `build` runs.
+fn warnings(build: impl FnOnce()) -> String {
+    let logs = support::LogCapture::start(tracing::Level::WARN);
+    build();
+    logs.text()
+}
+
+#[tokio::test]
+async fn each_wrong_order_is_named_when_the_stack_is_built() {
+    let right = warnings(|| {
+        let _ = ServiceBuilder::new()
+            .layer(DeadLetterLayer::new(MemoryStore::new()))
+            .layer(RetryLayer::default())
+            .layer(BreakerLayer::consecutive_failures(5))
+            .layer(ClassifyLayer::http())
+            .layer(TimeoutLayer::new(Duration::from_secs(2)))
+            .service(client());
+    });
+    assert!(!right.contains("layer order"), "{right}");
+
+    let classify_above_retry = warnings(|| {
+        let _ = ServiceBuilder::new()
+            .layer(ClassifyLayer::http())
+            .layer(RetryLayer::default())
+            .layer(TimeoutLayer::new(Duration::from_secs(2)))
+            .service(client());
+    });
+    assert!(
+        classify_above_retry.contains("ClassifyLayer is above RetryLayer"),
+        "{classify_above_retry}"
+    );
+
+    let no_classify = warnings(|| {
+        let _ = ServiceBuilder::new()
+            .layer(RetryLayer::default())
+            .layer(TimeoutLayer::new(Duration::from_secs(2)))
+            .service(client());
+    });
+    assert!(
+        no_classify.contains("no ClassifyLayer below this layer"),
+        "{no_classify}"
+    );
+
+    let dead_letter_below_retry = warnings(|| {
+        let _ = ServiceBuilder::new()
+            .layer(RetryLayer::default())
+            .layer(DeadLetterLayer::new(MemoryStore::new()))
+            .layer(ClassifyLayer::http())
+            .service(client());
+    });
+    assert!(
+        dead_letter_below_retry.contains("DeadLetterLayer is below RetryLayer"),
+        "{dead_letter_below_retry}"
+    );
+
+    #[cfg(feature = "reqwest")]
+    {
+        let reqwest_without_classify = warnings(|| {
+            let _ = ServiceBuilder::new()
+                .layer(BreakerLayer::consecutive_failures(5))
+                .service(reqwest::Client::new());
+        });
+        assert!(
+            reqwest_without_classify.contains("no ClassifyLayer"),
+            "{reqwest_without_classify}"
+        );
+    }
+    let tonic_without_classify = warnings(|| {
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let _ = ServiceBuilder::new()
+            .layer(DeadLetterLayer::new(MemoryStore::new()))
+            .service(channel);
+    });
+    assert!(
+        tonic_without_classify.contains("no ClassifyLayer"),
+        "{tonic_without_classify}"
+    );
+}

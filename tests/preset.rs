@@ -1,0 +1,48 @@
+//! `BackstopLayer`: the five layers in order from one set of settings. In-process upstream,
+//! paused clock.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{Scripted, Step, get, status};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, Store};
+use tower_backstop::retry::RetryPolicy;
+use tower_backstop::{BackstopLayer, Class, Code, DeadLetterStatus, GiveUp};
+
+#[tokio::test(start_paused = true)]
+async fn retries_classifies_times_out_and_dead_letters_in_order() {
+    let upstream = Scripted::new([status(503), status(503)], status(200));
+    let svc = ServiceBuilder::new()
+        .layer(
+            BackstopLayer::http(Duration::from_secs(1)).retry(RetryPolicy::new().max_attempts(3)),
+        )
+        .service(upstream.clone());
+    let response = svc.oneshot(get("http://up.test/")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(upstream.calls(), 3);
+
+    // Each attempt hangs past the per-attempt timeout: two attempts, then a dead letter.
+    let upstream = Scripted::always(Step::After(Duration::from_secs(60), Box::new(status(200))));
+    let store = Arc::new(MemoryStore::new());
+    let svc = ServiceBuilder::new()
+        .layer(
+            BackstopLayer::http(Duration::from_millis(100))
+                .retry(RetryPolicy::new().max_attempts(2))
+                .dead_letters(DeadLetterLayer::from_arc(store.clone())),
+        )
+        .service(upstream.clone());
+    let f = svc.oneshot(get("http://up.test/")).await.unwrap_err();
+    assert_eq!((f.class(), f.code()), (Class::TRANSIENT, Code::Timeout));
+    assert_eq!(f.attempts(), 2);
+    assert_eq!(f.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert!(matches!(
+        f.dead_letter(),
+        Some(DeadLetterStatus::Stored { .. })
+    ));
+    assert_eq!(store.list(10).await.unwrap().len(), 1);
+    assert_eq!(upstream.calls(), 2);
+    assert_eq!(upstream.finished(), 0);
+}
