@@ -534,8 +534,10 @@ fn http_status_check(
     url: String,
     id_from_json: Option<String>,
     timeout: Duration,
-) -> impl Fn(Envelope) -> futures_util::future::BoxFuture<'static, Delivery> + Send + Sync + 'static
-{
+) -> impl Fn(Envelope) -> std::pin::Pin<Box<dyn std::future::Future<Output = Delivery> + Send>>
++ Send
++ Sync
++ 'static {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     move |envelope: Envelope| {
         let id = match &id_from_json {
