@@ -504,6 +504,10 @@ impl<R> Failure<R> {
         matches!(self.dead_letter(), Some(DeadLetterStatus::NotStored { .. }))
     }
 
+    fn source_ref(&self) -> Option<&BoxError> {
+        self.extra.as_ref().and_then(|e| e.source.as_ref())
+    }
+
     pub(crate) fn note_attempts(
         &mut self,
         attempts: u32,
@@ -578,8 +582,12 @@ impl<R> fmt::Display for Failure<R> {
         if let Some(at) = self.retry_at() {
             write!(f, " until {}", httpdate::fmt_http_date(at))?;
         }
-        if let Some(delay) = self.retry_after() {
-            write!(f, ", server asked to retry after {delay:?}")?;
+        match (self.retry_after(), self.code_kind) {
+            // Our own breaker's time left: its source (naming the breaker) says it, if any.
+            (Some(_), CodeKind::CircuitOpen) if self.source_ref().is_some() => {}
+            (Some(delay), CodeKind::CircuitOpen) => write!(f, ", half-opens in {delay:?}")?,
+            (Some(delay), _) => write!(f, ", server asked to retry after {delay:?}")?,
+            (None, _) => {}
         }
         if let Some(extra) = &self.extra {
             if let Some(source) = &extra.source {

@@ -346,41 +346,151 @@ fn unavailable() -> Failure<()> {
     )
 }
 
-/// Two breaker rejections, then 503s, under a transient cap of 4 and `max_attempts` overall.
+/// Two breaker rejections (each half-opening in 1 s), then 503s, under a transient cap of 4 and
+/// `max_attempts` overall, with in-process waiting for the breaker opted in up to 2 s.
 async fn rejections_then_503s(max_attempts: u32) -> (Failing, Failure<()>) {
     let upstream = Failing::new(vec![rejected(), rejected()], unavailable);
     let policy = RetryPolicy::new()
         .max_attempts(max_attempts)
         .backoff(no_jitter(10))
+        .wait_for_breaker(Duration::from_secs(2))
         .retry_at_most(Class::TRANSIENT, 4);
     let failure = fail_through(policy, &upstream).await;
     (upstream, failure)
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_open_breaker_fails_fast_and_is_deferred_to_the_half_open_instant() {
+    // By default a rejection comes back at once: no sleep, no second call, not an attempt.
+    let upstream = Failing::new(vec![], rejected);
+    let start = Instant::now();
+    let before = SystemTime::now();
+    let failure = fail_through(RetryPolicy::new().max_attempts(5), &upstream).await;
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(failure.class(), Class::CIRCUIT_OPEN);
+    assert_eq!(failure.attempts(), 0, "a rejection is not an attempt");
+    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    // Deferred to the half-open instant (1 s from now), rounded up to the second.
+    let at = failure.retry_at().expect("a retry-at time");
+    assert!(at >= before + Duration::from_secs(1));
+    assert!(at <= SystemTime::now() + Duration::from_secs(2));
+    let text = failure.to_string();
+    assert!(!text.contains("server asked"), "{text}");
+    assert!(text.contains("half-opens in 1s"), "{text}");
+
+    // After real attempts, the rejection still adds none.
+    let upstream = Failing::new(vec![unavailable(), unavailable()], rejected);
+    let failure = fail_through(
+        RetryPolicy::new().max_attempts(5).backoff(no_jitter(10)),
+        &upstream,
+    )
+    .await;
+    assert_eq!(upstream.calls(), 3);
+    assert_eq!(failure.attempts(), 2);
+    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+
+    // Without a retry copy at all (one attempt), a rejection is deferred too.
+    let upstream = Failing::new(vec![], rejected);
+    let failure = fail_through(RetryPolicy::new().max_attempts(1), &upstream).await;
+    assert_eq!(
+        (failure.attempts(), failure.give_up()),
+        (0, Some(GiveUp::Deferred))
+    );
+
+    // Under `LongDelay::GiveUp`, it is given up instead, at once.
+    let upstream = Failing::new(vec![], rejected);
+    let failure = fail_through(
+        RetryPolicy::new().on_long_delay(LongDelay::GiveUp),
+        &upstream,
+    )
+    .await;
+    assert_eq!(failure.give_up(), Some(GiveUp::HintTooLong));
+    assert_eq!(upstream.calls(), 1);
+
+    // A forced-open breaker names no half-open instant: the request stops, not retried.
+    let upstream = Failing::new(vec![], || {
+        Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen)
+    });
+    let failure = fail_through(RetryPolicy::new(), &upstream).await;
+    assert_eq!(failure.give_up(), Some(GiveUp::NotRetryable));
+    assert_eq!(upstream.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_for_the_breaker_is_an_opt_in_with_a_bound() {
+    // Opted in up to 2 s: two rejections waited, then 503s up to the transient cap. The
+    // rejections are calls to the layer below but not attempts.
+    let (events, on_retry) = recorder();
+    let upstream = Failing::new(vec![rejected(), rejected()], unavailable);
+    let policy = RetryPolicy::new()
+        .max_attempts(8)
+        .backoff(no_jitter(10))
+        .wait_for_breaker(Duration::from_secs(2))
+        .retry_at_most(Class::TRANSIENT, 4)
+        .on_retry(on_retry);
+    let failure = fail_through(policy, &upstream).await;
+    assert_eq!(upstream.calls(), 6, "2 rejections + 4 transient failures");
+    assert_eq!(failure.attempts(), 4);
+    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+    let waits: Vec<_> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .take(2)
+        .map(|e| (e.source, e.delay))
+        .collect();
+    for (source, delay) in waits {
+        assert_eq!(source, DelaySource::Breaker);
+        // The time left, spread by up to +25 % and kept within the bound.
+        assert!(
+            delay >= Duration::from_secs(1) && delay <= Duration::from_millis(1250),
+            "{delay:?}"
+        );
+    }
+
+    // A breaker that half-opens later than the bound is deferred, not waited.
+    let upstream = Failing::new(vec![], || {
+        Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen)
+            .with_retry_after(Duration::from_secs(3))
+    });
+    let start = Instant::now();
+    let failure = fail_through(
+        RetryPolicy::new().wait_for_breaker(Duration::from_secs(2)),
+        &upstream,
+    )
+    .await;
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    assert_eq!(upstream.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn class_caps_count_only_failures_of_that_class() {
-    // Two breaker rejections, then 503s: the rejections do not eat into the transient cap.
+    // Two waited breaker rejections, then 503s: the rejections eat into neither cap.
     let (upstream, failure) = rejections_then_503s(8).await;
     assert_eq!(upstream.calls(), 6, "2 rejections + 4 transient failures");
-    assert_eq!(failure.attempts(), 6);
+    assert_eq!(failure.attempts(), 4);
     assert_eq!(failure.class(), Class::TRANSIENT);
     assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
 
-    // The overall cap still bounds the calls, whatever the classes.
+    // The overall cap bounds the attempts, whatever the classes; rejections are not attempts.
     let (upstream, failure) = rejections_then_503s(3).await;
-    assert_eq!(upstream.calls(), 3);
+    assert_eq!(upstream.calls(), 5);
     assert_eq!(failure.attempts(), 3);
     assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
 
-    // A class cap alone: circuit_open capped at 2 attempts ends the series on the second
-    // rejection, whatever the transient cap.
+    // A class cap alone: circuit_open capped at 2 ends the series on the second rejection,
+    // whatever the transient cap.
     let upstream = Failing::new(vec![], rejected);
     let policy = RetryPolicy::new()
         .max_attempts(8)
+        .wait_for_breaker(Duration::from_secs(2))
         .retry_at_most(Class::CIRCUIT_OPEN, 2);
     let failure = fail_through(policy, &upstream).await;
     assert_eq!(upstream.calls(), 2);
     assert_eq!(failure.class(), Class::CIRCUIT_OPEN);
+    assert_eq!(failure.attempts(), 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -202,14 +202,10 @@ impl Default for Builder {
 impl Builder {
     /// Opens after `n` failures in a row (a count of calls).
     ///
-    /// A success ends the row, except a success whose call started while the count was zero:
-    /// every failure of the row came after that call started, so its success is no evidence that
-    /// the provider recovered since, and it leaves the count alone. That is what lets such a
-    /// call hold no reference to the breaker (see [`BreakerLayer::into_static`]). A success
-    /// whose call started after a failure ends the whole row, failures counted while it ran
-    /// included.
-    ///
-    /// [`BreakerLayer::into_static`]: super::BreakerLayer::into_static
+    /// Any success whose call started after the breaker last opened or closed ends the row,
+    /// failures counted while it ran included; a success from before (a slow call admitted in
+    /// an earlier closed period) changes nothing. A failure of a class that does not count
+    /// ([`failure_classes`](Self::failure_classes)) neither adds to the row nor ends it.
     pub fn consecutive_failures(mut self, n: u32) -> Self {
         self.consecutive = Some(n);
         self
@@ -372,8 +368,8 @@ impl Builder {
         })
     }
 
-    /// The breaker this configuration describes, registered (`registry`).
+    /// The breaker this configuration describes.
     pub(crate) fn shared(&self) -> std::sync::Arc<Shared> {
-        Shared::counted(self)
+        std::sync::Arc::new(Shared::new(self))
     }
 }

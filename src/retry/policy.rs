@@ -21,6 +21,9 @@ pub enum DelaySource {
     ServerHint,
     /// The class's [`Backoff`] (the policy's, unless the class has its own).
     Backoff,
+    /// Our own breaker's time left until half-open, waited in process only when the policy
+    /// opted in with [`RetryPolicy::wait_for_breaker`].
+    Breaker,
 }
 
 impl DelaySource {
@@ -29,6 +32,7 @@ impl DelaySource {
         match self {
             DelaySource::ServerHint => "server hint",
             DelaySource::Backoff => "backoff",
+            DelaySource::Breaker => "breaker half-opens",
         }
     }
 }
@@ -129,6 +133,7 @@ struct Inner {
     backoff: Backoff,
     max_delay: Duration,
     long_delay: LongDelay,
+    breaker_wait: Duration,
     rules: Vec<(Class, ClassPolicy)>,
     budget: Option<Budget>,
     deadline: Option<Duration>,
@@ -155,7 +160,10 @@ struct Inner {
 /// | [`deadline`](Self::deadline) | none |
 /// | [`retry_unprocessed`](Self::retry_unprocessed) | on |
 /// | [`assume_idempotent`](Self::assume_idempotent) | off |
-/// | retried classes | [`Class::TRANSIENT`], [`Class::THROTTLED`], [`Class::UNKNOWN`], [`Class::CIRCUIT_OPEN`], each within `max_attempts` with the policy's backoff; throttled waits the server's delay first, then slower ([`ClassPolicy::slow_down`]) |
+/// | [`wait_for_breaker`](Self::wait_for_breaker) | off: an open breaker's rejection comes back at once, deferred to the half-open instant |
+/// | retried classes | [`Class::TRANSIENT`] and [`Class::THROTTLED`] within `max_attempts` with the policy's backoff; throttled waits the server's delay first, then slower ([`ClassPolicy::slow_down`]) |
+/// | [`Class::UNKNOWN`] | cautiously: at most 2 attempts failed with it (one retry), with the throttled class's slower backoff (see below) |
+/// | [`Class::CIRCUIT_OPEN`] | not an attempt; deferred (see [`wait_for_breaker`](Self::wait_for_breaker)), at most 3 rejections waited per request when waiting is on |
 /// | never retried | [`Class::PERMANENT`], [`Class::POISON`], [`Class::OUTCOME_UNKNOWN`], and any class the policy does not name |
 ///
 /// # Counting attempts
@@ -172,11 +180,21 @@ struct Inner {
 ///
 /// # Delays
 ///
-/// The delay is the server's hint when it gave one, never shortened by jitter (only the
-/// breaker's own time left, the same for every caller it rejected, is spread by up to +25 %);
-/// else the class's [`Backoff`], computed from the number of attempts that failed with that
+/// The delay is the server's hint when it gave one, never shortened by jitter; else the class's [`Backoff`], computed from the number of attempts that failed with that
 /// class. A delay above [`max_delay`](Self::max_delay) is never slept: the request is deferred
 /// or given up ([`on_long_delay`](Self::on_long_delay)).
+///
+/// # Why `unknown` is cautious
+///
+/// An [`Class::UNKNOWN`] failure (HTTP 500, an unmapped code, gRPC `UNKNOWN` or `INTERNAL`)
+/// says nothing about whether trying again helps: it is as often a bug that fails every time
+/// (a payload the provider cannot handle) as a passing fault. The design's class table says "a
+/// few times, cautiously"; the default is one retry (2 attempts failed with it, a count of
+/// attempts, not retries) and [`ClassPolicy::slow_down`], the throttled class's rule: after
+/// an earlier delay, wait at least that long again and up to twice it. A request that keeps
+/// failing with 500 is then handed to the dead-letter layer after 2 calls instead of 3, and
+/// a provider that crashes on it is hit once more, not twice. Give it more with
+/// `retry_at_most(Class::UNKNOWN, n)` (which keeps the slow-down).
 ///
 /// # Safety to resend
 ///
@@ -200,11 +218,15 @@ impl Default for RetryPolicy {
                 backoff: Backoff::default(),
                 max_delay: Duration::from_secs(60),
                 long_delay: LongDelay::Defer,
+                breaker_wait: Duration::ZERO,
                 rules: vec![
                     (Class::TRANSIENT, ClassPolicy::retry()),
                     (Class::THROTTLED, ClassPolicy::retry().slow_down(true)),
-                    (Class::UNKNOWN, ClassPolicy::retry()),
-                    (Class::CIRCUIT_OPEN, ClassPolicy::retry()),
+                    (
+                        Class::UNKNOWN,
+                        ClassPolicy::retry().max_attempts(2).slow_down(true),
+                    ),
+                    (Class::CIRCUIT_OPEN, ClassPolicy::retry().max_attempts(3)),
                     (Class::PERMANENT, ClassPolicy::never()),
                     (Class::POISON, ClassPolicy::never()),
                     (Class::OUTCOME_UNKNOWN, ClassPolicy::never()),
@@ -275,6 +297,30 @@ impl RetryPolicy {
     /// not slept: see [`on_long_delay`](Self::on_long_delay). Default 60 s.
     pub fn max_delay(self, max_delay: Duration) -> Self {
         self.edit(|p| p.max_delay = max_delay)
+    }
+
+    /// Lets the layer wait in process for an open breaker below it, when the breaker half-opens
+    /// within `max` (a [`Duration`]; keep it small, such as 1 or 2 s). Off by default
+    /// ([`Duration::ZERO`]): a rejection comes back at once.
+    ///
+    /// A breaker rejection ([`Class::CIRCUIT_OPEN`]) is not an attempt: the request never left.
+    /// By default it is returned at once, marked [`GiveUp::Deferred`] with
+    /// [`Failure::retry_at`] at the instant the breaker half-opens (rounded up to the second), so
+    /// that a [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer) keeps it as a deferred
+    /// record and its [`Scheduler`](crate::dead_letter::Scheduler) sends it again then; a
+    /// [`FailoverLayer`](crate::breaker::FailoverLayer) below this layer takes the call instead
+    /// and never rejects. Sleeping out an open period in process is what makes callers pile up
+    /// behind an outage and wake together: the design's "an open breaker fails fast" (§5).
+    ///
+    /// With `wait_for_breaker(max)`, a rejection whose time left is at most `max` is waited out
+    /// in process (spread by up to +25 %, within `max`, so that the callers it rejected do not
+    /// wake together), then the call is made again; a longer one is deferred as above (or given
+    /// up under [`LongDelay::GiveUp`]). The rejections waited per request are capped by the
+    /// class's attempts ([`ClassPolicy::max_attempts`] of [`Class::CIRCUIT_OPEN`], 3 by default).
+    /// A rejection that says nothing of when the breaker half-opens (forced open by an operator)
+    /// is never waited: the request stops with [`GiveUp::NotRetryable`].
+    pub fn wait_for_breaker(self, max: Duration) -> Self {
+        self.edit(|p| p.breaker_wait = max)
     }
 
     /// What to do with a delay above [`max_delay`](Self::max_delay): defer (the default) or
@@ -408,7 +454,10 @@ impl RetryPolicy {
         let Some(rule) = self.rule(class) else {
             return Decision::Stop(GiveUp::NotRetryable);
         };
-        if let Some(budget) = &self.inner.budget {
+        if let Some(budget) = &self.inner.budget
+            && class != Class::CIRCUIT_OPEN
+        {
+            // A rejection is not an attempt: it costs the provider nothing.
             budget.failure();
         }
         if failure.no_retry() {
@@ -424,20 +473,10 @@ impl RetryPolicy {
             Spare::NotSafe => return Decision::Stop(GiveUp::NotIdempotent),
             Spare::NotReplayable => return Decision::Stop(GiveUp::NotReplayable),
         }
+        if class == Class::CIRCUIT_OPEN {
+            return self.decide_rejection(failure.retry_after());
+        }
         let (delay, source) = match failure.retry_after() {
-            Some(hint) if class == Class::CIRCUIT_OPEN && hint <= self.inner.max_delay => {
-                // Our own breaker's time left: every caller it rejected got the same value, so
-                // spread their wake-ups by up to +25 % (never less than the time left).
-                let spread = self.with_rng(|rng| {
-                    Backoff::constant(hint / 4)
-                        .jitter(super::Jitter::Full)
-                        .delay_with(1, None, rng)
-                });
-                (
-                    hint.saturating_add(spread).min(self.inner.max_delay),
-                    DelaySource::ServerHint,
-                )
-            }
             Some(hint) if hint > Duration::ZERO => (hint, DelaySource::ServerHint),
             _ => {
                 let backoff = rule.backoff.as_ref().unwrap_or(&self.inner.backoff);
@@ -459,6 +498,30 @@ impl RetryPolicy {
             };
         }
         Decision::Retry(delay, source)
+    }
+
+    /// A breaker rejection: deferred to the half-open instant, or waited in process when the
+    /// policy opted in and the breaker half-opens soon enough.
+    fn decide_rejection(&self, left: Option<Duration>) -> Decision {
+        let Some(left) = left else {
+            // Forced open: nobody knows when it closes.
+            return Decision::Stop(GiveUp::NotRetryable);
+        };
+        let bound = self.inner.breaker_wait.min(self.inner.max_delay);
+        if !bound.is_zero() && left <= bound {
+            // Every caller the breaker rejected got the same time left: spread their wake-ups by
+            // up to +25 % (never less than the time left, never more than the bound).
+            let spread = self.with_rng(|rng| {
+                Backoff::constant(left / 4)
+                    .jitter(super::Jitter::Full)
+                    .delay_with(1, None, rng)
+            });
+            return Decision::Retry(left.saturating_add(spread).min(bound), DelaySource::Breaker);
+        }
+        match self.inner.long_delay {
+            LongDelay::Defer => Decision::Defer(retry_at(SystemTime::now(), left), left),
+            LongDelay::GiveUp => Decision::Stop(GiveUp::HintTooLong),
+        }
     }
 
     fn with_rng<T>(&self, f: impl FnOnce(&mut SmallRng) -> T) -> T {
@@ -520,6 +583,7 @@ impl fmt::Debug for RetryPolicy {
             .field("backoff", &self.inner.backoff)
             .field("max_delay", &self.inner.max_delay)
             .field("long_delay", &self.inner.long_delay)
+            .field("breaker_wait", &self.inner.breaker_wait)
             .field("rules", &self.inner.rules)
             .field("budget", &self.inner.budget)
             .field("deadline", &self.inner.deadline)
