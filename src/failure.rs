@@ -41,7 +41,7 @@ pub struct Class {
 
 impl Class {
     /// A fault that is likely to pass on its own: connection refused or reset, a per-attempt
-    /// timeout, HTTP 408, 502, 503, 504. Retried with exponential backoff by default.
+    /// timeout, HTTP 408, 425, 502, 503, 504. Retried with exponential backoff by default.
     pub const TRANSIENT: Class = Class::new("transient");
     /// The provider asks us to slow down: HTTP 429. Retried after the server's delay by default.
     pub const THROTTLED: Class = Class::new("throttled");

@@ -632,6 +632,55 @@ fn open_duration_never_grows_past_its_cap() {
     assert_eq!(huge.nth(1_000), Duration::MAX);
 }
 
+/// 20 breakers with an open duration doubling from 1 s to 4 s, jitter 0.5, each tripped by a
+/// failed call and then by failed probes: from the third trip on the nominal duration is the
+/// cap, and the jitter must still spread them inside it.
+#[tokio::test(start_paused = true)]
+async fn twenty_breakers_at_the_cap_do_not_half_open_together() {
+    let mut by_trip: Vec<Vec<Duration>> = vec![Vec::new(); 5];
+    for _ in 0..20 {
+        let upstream = Scripted::always(status(503));
+        let layer = BreakerLayer::builder()
+            .consecutive_failures(1)
+            .open_duration(
+                OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(4)).jitter(0.5),
+            )
+            .build()
+            .unwrap();
+        let (handle, svc) = stack(layer, &upstream);
+        for trip in by_trip.iter_mut() {
+            // The first call trips it; later ones are probes, admitted after the open period.
+            send(&svc, 1).await;
+            assert_eq!(handle.state(), State::Open);
+            let open_for = handle.retry_after().unwrap();
+            trip.push(open_for);
+            tokio::time::advance(open_for).await;
+        }
+    }
+    for (n, durations) in by_trip.iter().enumerate() {
+        let nominal = Duration::from_secs(1 << n.min(2));
+        let (min, max) = (
+            *durations.iter().min().unwrap(),
+            *durations.iter().max().unwrap(),
+        );
+        assert!(
+            max <= Duration::from_secs(4),
+            "trip {n}: {max:?} over the cap"
+        );
+        assert!(
+            min >= nominal.min(Duration::from_secs(2)),
+            "trip {n}: {min:?}"
+        );
+        let mut distinct = durations.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert!(
+            distinct.len() >= 15 && max - min >= Duration::from_millis(200),
+            "trip {n}: the 20 breakers half-open together: {durations:?}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn only_the_configured_failure_classes_count() {
     // Throttling (429) is the provider asking us to slow down, not failing: count only transient.

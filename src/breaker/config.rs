@@ -63,8 +63,11 @@ impl OpenDuration {
     }
 
     /// Spreads each duration by a random amount up to `fraction` of it (bounded additive jitter:
-    /// `0.25` is up to +25 %), still capped; so that many clients' breakers do not half-open in
-    /// the same instant. [`Builder::build`] rejects a fraction outside `0.0..=1.0`.
+    /// `0.25` is up to +25 %), so that many clients' breakers do not half-open in the same
+    /// instant. A doubling duration never exceeds its cap: where the +`fraction` band would cross
+    /// the cap it is moved below it, so durations at the cap are spread over
+    /// `[cap − fraction × cap, cap]` rather than all being the cap. [`Builder::build`] rejects a
+    /// fraction outside `0.0..=1.0`.
     pub const fn jitter(mut self, fraction: f64) -> Self {
         self.jitter = fraction;
         self
@@ -79,19 +82,25 @@ impl OpenDuration {
         self.base.saturating_mul(factor).min(self.cap)
     }
 
-    /// The duration after trip `n`, with jitter.
+    /// The duration after trip `n`, with jitter: uniform over a band `jitter × d` wide that
+    /// starts at `d` (up to +`jitter`), moved down when it would cross the cap so that it ends
+    /// at the cap. So durations at the cap are still spread (over `[cap − jitter × cap, cap]`)
+    /// instead of all being the cap, and breakers that trip together do not half-open together
+    /// ("Exponential Backoff And Jitter", AWS Architecture Blog: jitter inside the cap).
     pub(crate) fn pick(&self, n: u32) -> Duration {
         let d = self.nth(n);
         if self.jitter <= 0.0 {
             return d;
         }
-        let spread = d.mul_f64(self.jitter * rand::random::<f64>());
+        let width = d.mul_f64(self.jitter);
         let cap = if self.growing {
             self.cap
         } else {
-            d.saturating_add(d.mul_f64(self.jitter))
+            d.saturating_add(width)
         };
-        d.saturating_add(spread).min(cap)
+        let low = d.min(cap.saturating_sub(width));
+        low.saturating_add(width.mul_f64(rand::random::<f64>()))
+            .min(cap)
     }
 
     fn validate(&self) -> Result<(), BuildError> {
