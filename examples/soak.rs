@@ -416,6 +416,8 @@ struct Outcome {
     provider: Arc<Provider>,
     outage_messages: u64,
     scheduler_pass: Option<Duration>,
+    /// Messages deferred when the first pass ended, before the scheduler's.
+    deferred_first_pass: usize,
 }
 
 fn request(uri: &http::Uri, n: usize) -> Result<(String, Req), BoxError> {
@@ -574,6 +576,7 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
         messages.push(sent?);
     }
     let wall = start.elapsed();
+    let deferred_first_pass = messages.iter().filter(|m| m.end == End::Deferred).count();
 
     // Ours: the scheduler re-sends the deferred records when due, through the same stack.
     let mut scheduler_pass = None;
@@ -627,6 +630,7 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
         provider,
         outage_messages,
         scheduler_pass,
+        deferred_first_pass,
     })
 }
 
@@ -695,7 +699,11 @@ fn figures(o: &Outcome) -> Figures {
 fn row(o: &Outcome, f: &Figures) -> String {
     let outage = f.outage_ratio.map_or("-".to_owned(), |r| format!("{r:.2}"));
     let pass = o.scheduler_pass.map_or(String::new(), |d| {
-        format!(" (+{:.1} s scheduler)", d.as_secs_f64())
+        format!(
+            " (+{:.1} s scheduler for {} deferred)",
+            d.as_secs_f64(),
+            o.deferred_first_pass
+        )
     });
     format!(
         "| {} | {:?} | {} | {} / {} / {} / {} | {} | {} | {:.2} / {} | {} | {:.2} / {:.2} / {:.2} s | {:.1} s{} |",
