@@ -441,3 +441,25 @@ fn failover_to_the_fallback_allocates_nothing() {
     assert_adds_nothing("FailoverLayer (primary open, fallback called)", bare(), svc);
     assert!(handle.stats().rejected >= CALLS);
 }
+
+#[test]
+fn keyed_breaker_for_a_known_host_allocates_nothing() {
+    // The key ("mail.test:80", normalised from the URI with the scheme's default port) is built
+    // in a stack buffer and looked up under a read lock; only a new key allocates its breaker.
+    let req = http_request();
+    let bare = || service_fn(|_: HttpReq| ready(Ok::<_, BoxError>(http::Response::new(()))));
+    let keyed = tower_backstop::breaker::KeyedBreakerLayer::new(BreakerLayer::builder())
+        .expect("a valid template");
+    let svc = ServiceBuilder::new()
+        .layer(keyed.clone())
+        .layer(ClassifyLayer::http())
+        .service(bare());
+    let base = count_http(bare(), &req);
+    let layered = count_http(svc, &req);
+    println!(
+        "KeyedBreakerLayer, known host: {} allocations over {CALLS} calls (bare {base})",
+        layered
+    );
+    assert_eq!(layered, base, "a known host's call allocates");
+    assert_eq!(keyed.keys(), ["mail.test:80"]);
+}
