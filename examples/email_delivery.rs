@@ -306,8 +306,8 @@ struct Outcome {
     delivery: Delivery,
 }
 
-/// Retries per class, and how many of them waited for a server hint (`Retry-After`, or the
-/// breaker's time left open) instead of the computed backoff.
+/// Retries per class, and how many of them waited for a server hint (`Retry-After`) instead of
+/// the computed backoff.
 #[derive(Debug, Default)]
 struct RetryCounts {
     by_class: BTreeMap<&'static str, (u64, u64)>,

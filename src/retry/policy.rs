@@ -17,7 +17,7 @@ use crate::failure::{Class, Code, Failure, GiveUp};
 #[non_exhaustive]
 pub enum DelaySource {
     /// The server's hint: `Retry-After` (RFC 9110 §10.2.3), `grpc-retry-pushback-ms` (gRFC A6),
-    /// `RateLimit-Reset`, or the breaker's time left open. Never shortened by jitter.
+    /// or a rate-limit reset header. Never shortened by jitter.
     ServerHint,
     /// The class's [`Backoff`] (the policy's, unless the class has its own).
     Backoff,
