@@ -144,8 +144,8 @@ pub enum GiveUp {
     /// The attempt cap of the failure's class was reached.
     AttemptsExhausted,
     /// The delay before the next attempt (a server hint such as `Retry-After`, the breaker's time
-    /// left until half-open, or the class's own schedule) is longer than the policy's maximum in-process
-    /// delay, and the policy is set to give up rather than defer
+    /// left until half-open, or the class's own schedule) is longer than the policy's maximum
+    /// in-process delay, and the policy is set to give up rather than defer
     /// ([`LongDelay::GiveUp`](crate::retry::LongDelay::GiveUp)).
     HintTooLong,
     /// The delay before the next attempt is longer than the policy's maximum in-process delay, so

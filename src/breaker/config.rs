@@ -66,7 +66,7 @@ impl OpenDuration {
     /// `0.25` is up to +25 %), so that many clients' breakers do not half-open in the same
     /// instant. A doubling duration never exceeds its cap: where the +`fraction` band would cross
     /// the cap it is moved below it, so durations at the cap are spread over
-    /// `[cap − fraction × cap, cap]` rather than all being the cap. [`Builder::build`] rejects a
+    /// `[cap − fraction × cap, cap]` (never below half the cap) rather than all being the cap. [`Builder::build`] rejects a
     /// fraction outside `0.0..=1.0`.
     pub const fn jitter(mut self, fraction: f64) -> Self {
         self.jitter = fraction;
@@ -84,8 +84,9 @@ impl OpenDuration {
 
     /// The duration after trip `n`, with jitter: uniform over a band `jitter × d` wide that
     /// starts at `d` (up to +`jitter`), moved down when it would cross the cap so that it ends
-    /// at the cap. So durations at the cap are still spread (over `[cap − jitter × cap, cap]`)
-    /// instead of all being the cap, and breakers that trip together do not half-open together
+    /// at the cap, and never starting below `d / 2`. So durations at the cap are still spread
+    /// (over `[cap − jitter × cap, cap]`, or `[cap / 2, cap]` for a jitter above 0.5) instead of
+    /// all being the cap, and breakers that trip together do not half-open together
     /// ("Exponential Backoff And Jitter", AWS Architecture Blog: jitter inside the cap).
     pub(crate) fn pick(&self, n: u32) -> Duration {
         let d = self.nth(n);
@@ -98,9 +99,10 @@ impl OpenDuration {
         } else {
             d.saturating_add(width)
         };
-        let low = d.min(cap.saturating_sub(width));
-        low.saturating_add(width.mul_f64(rand::random::<f64>()))
-            .min(cap)
+        // Never below half the nominal duration, even with a band as wide as the cap.
+        let low = d.min(cap.saturating_sub(width)).max(d / 2);
+        let high = low.saturating_add(width).min(cap);
+        low.saturating_add((high - low).mul_f64(rand::random::<f64>()))
     }
 
     fn validate(&self) -> Result<(), BuildError> {
@@ -380,5 +382,33 @@ impl Builder {
     /// The breaker this configuration describes.
     pub(crate) fn shared(&self) -> std::sync::Arc<Shared> {
         std::sync::Arc::new(Shared::new(self))
+    }
+}
+
+#[cfg(all(test, not(tower_backstop_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jittered_durations_stay_within_half_and_the_cap() {
+        let cap = Duration::from_secs(4);
+        for jitter in [0.1, 0.5, 1.0] {
+            let d = OpenDuration::doubling(Duration::from_secs(1), cap).jitter(jitter);
+            for n in 0..6 {
+                let nominal = d.nth(n);
+                let picks: Vec<Duration> = (0..200).map(|_| d.pick(n)).collect();
+                assert!(
+                    picks.iter().all(|p| *p <= cap && *p >= nominal / 2),
+                    "{jitter} {n}"
+                );
+                let distinct: std::collections::BTreeSet<_> = picks.iter().collect();
+                assert!(distinct.len() > 100, "{jitter} {n}: not spread");
+            }
+        }
+        let fixed = OpenDuration::fixed(Duration::from_secs(10)).jitter(0.25);
+        for _ in 0..200 {
+            let p = fixed.pick(0);
+            assert!(p >= Duration::from_secs(10) && p <= Duration::from_millis(12_500));
+        }
     }
 }
