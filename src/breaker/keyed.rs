@@ -27,8 +27,15 @@ pub struct Key {
     heap: Option<String>,
 }
 
+impl Default for Key {
+    fn default() -> Self {
+        Key::new()
+    }
+}
+
 impl Key {
-    fn new() -> Self {
+    /// An empty key (for testing a [`KeyOf`] implementation; the layer makes its own).
+    pub fn new() -> Self {
         Key {
             inline: [0; INLINE],
             len: 0,
