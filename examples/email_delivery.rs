@@ -20,14 +20,15 @@
 //! | `@broken.example` | 500, always | unknown: retried, then dead letter |
 //! | `@slow.example` | hangs for 5 s | per-attempt timeout (transient): retried, then dead letter |
 //!
-//! Each class of failure gets at most 4 attempts of its own (a class's cap counts only the
-//! attempts that failed with that class), and no message is sent more than 8 times in all,
-//! breaker rejections included: 300 ms per attempt, exponential backoff from 50 ms capped at
-//! 1 s, a `Retry-After` of up to 2 s honoured. Broken and slow recipients fail every attempt, so
-//! they trip the circuit breaker (one for the provider: 5 failures in a row open it for 500 ms).
-//! While it is open, other messages are rejected at once with `circuit_open` and retried when the
-//! breaker's time left has passed. Even so, a message to a healthy recipient can end as a dead
-//! letter if the breaker stays open through its attempts: the summary says how many did.
+//! No message is sent more than 4 times: 300 ms per attempt, exponential backoff from 50 ms
+//! capped at 1 s, a `Retry-After` of up to 2 s honoured; `unknown` failures (the 500s) are
+//! retried once, cautiously (the policy's default). The circuit breaker is the README's: one per
+//! host (here one host), opening when half of the last 100 calls failed once 20 were seen, for
+//! 1 s doubling up to 30 s. Broken and slow recipients fail every attempt, but they are a small
+//! share of the traffic, so the breaker should stay closed; if it opens, the calls it rejects
+//! come back at once, are not attempts, and are stored as deferred records with the half-open
+//! instant as their retry-at time, for the dead-letter scheduler to send again (a last step of
+//! the example does that).
 //!
 //! Each dead letter is tagged with the recipient's domain. At the end the example prints the
 //! attempts, the retries by class, the breaker's transitions,
@@ -68,9 +69,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::breaker::BreakerLayer;
+use tower_backstop::breaker::{BreakerLayer, KeyedBreakerLayer, OpenDuration};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{AlertRules, DeadLetterLayer, Record, SqliteStore, Stats, Store};
+use tower_backstop::dead_letter::{
+    AlertRules, DeadLetterLayer, Record, Scheduler, SqliteStore, Stats, Status, Store, http_request,
+};
 use tower_backstop::retry::{Backoff, DelaySource, RetryLayer, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Class, Code, DeadLetterStatus};
@@ -82,22 +85,25 @@ const CONCURRENCY: usize = 16;
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(300);
 /// How long the slow provider domain hangs before it answers (well past the attempt timeout).
 const HANG: Duration = Duration::from_secs(5);
-/// Attempts per message for each class of the provider's own failures (transient, throttled,
-/// unknown): a class's cap counts only the attempts that failed with that class.
+/// Attempts per message in all, whatever their class (a breaker rejection is not one: it never
+/// reaches the provider).
 const MAX_ATTEMPTS: u32 = 4;
-/// Attempts per message in all, whatever their class, breaker rejections included (a rejection
-/// never reaches the provider, but it is a call through the stack below the retry layer).
-const MAX_ATTEMPTS_WITH_REJECTIONS: u32 = 8;
 /// Exponential backoff (full jitter) from this base…
 const BACKOFF_BASE: Duration = Duration::from_millis(50);
 /// …capped at this.
 const BACKOFF_CAP: Duration = Duration::from_secs(1);
 /// The longest server hint slept in process: `Retry-After: 1` is honoured.
 const MAX_DELAY: Duration = Duration::from_secs(2);
-/// Consecutive provider failures that open the breaker.
-const BREAKER_THRESHOLD: u32 = 5;
-/// How long the breaker stays open before it admits a probe.
-const BREAKER_OPEN_FOR: Duration = Duration::from_millis(500);
+/// The breaker opens when at least this share of the last `BREAKER_WINDOW` calls failed…
+const BREAKER_FAILURE_RATE: f64 = 0.5;
+/// …over this many calls…
+const BREAKER_WINDOW: u32 = 100;
+/// …once it has seen this many.
+const BREAKER_MINIMUM_CALLS: u32 = 20;
+/// How long the breaker stays open after its first trip (doubling while probes fail)…
+const BREAKER_OPEN_FOR: Duration = Duration::from_secs(1);
+/// …up to this.
+const BREAKER_OPEN_CAP: Duration = Duration::from_secs(30);
 
 const DEFAULT_INPUT: &str = "examples/data/messages.jsonl";
 
@@ -279,6 +285,15 @@ enum Delivery {
         /// The provider's answer, when the final failure was a response (a 400, a 500).
         provider_said: Option<String>,
     },
+    /// Rejected by the open breaker (or asked to wait longer than the in-process bound): stored
+    /// as a deferred record, for the scheduler to send again.
+    Deferred,
+    /// Deferred, then delivered by the scheduler's re-send.
+    Redelivered,
+    /// Deferred, then re-sent by the scheduler and dead-lettered.
+    DeadAfterResend {
+        class: String,
+    },
     /// Neither delivered nor stored: the dead letter could not be written, or the answer was a
     /// success that is not 202.
     Lost(String),
@@ -291,8 +306,8 @@ struct Outcome {
     delivery: Delivery,
 }
 
-/// Retries per class, and how many of them waited for a server hint (`Retry-After`, or the
-/// breaker's time left open) instead of the computed backoff.
+/// Retries per class, and how many of them waited for a server hint (`Retry-After`) instead of
+/// the computed backoff.
 #[derive(Debug, Default)]
 struct RetryCounts {
     by_class: BTreeMap<&'static str, (u64, u64)>,
@@ -396,6 +411,9 @@ where
         Err(failure) => {
             let (class, code, attempts) = (failure.class(), failure.code(), failure.attempts());
             match failure.dead_letter() {
+                Some(DeadLetterStatus::Stored { .. }) if failure.is_deferred() => {
+                    return outcome(Delivery::Deferred);
+                }
                 Some(DeadLetterStatus::Stored { .. }) => {}
                 Some(DeadLetterStatus::NotStored { error, .. }) => {
                     return outcome(Delivery::Lost(format!("dead letter not stored: {error}")));
@@ -451,10 +469,7 @@ async fn main() -> Result<ExitCode, BoxError> {
 
     let retries = Arc::new(Mutex::new(RetryCounts::default()));
     let policy = RetryPolicy::new()
-        .max_attempts(MAX_ATTEMPTS_WITH_REJECTIONS)
-        .retry_at_most(Class::TRANSIENT, MAX_ATTEMPTS)
-        .retry_at_most(Class::THROTTLED, MAX_ATTEMPTS)
-        .retry_at_most(Class::UNKNOWN, MAX_ATTEMPTS)
+        .max_attempts(MAX_ATTEMPTS)
         .backoff(Backoff::exponential(BACKOFF_BASE, BACKOFF_CAP))
         .max_delay(MAX_DELAY)
         .on_retry({
@@ -468,10 +483,14 @@ async fn main() -> Result<ExitCode, BoxError> {
                 }
             }
         });
-    let breaker = BreakerLayer::consecutive_failures(BREAKER_THRESHOLD)
-        .open_for(BREAKER_OPEN_FOR)
-        .name("mail-provider");
-    let breaker_handle = breaker.handle();
+    let breaker = KeyedBreakerLayer::new(
+        BreakerLayer::builder()
+            .failure_rate(BREAKER_FAILURE_RATE)
+            .count_window(BREAKER_WINDOW)
+            .minimum_calls(BREAKER_MINIMUM_CALLS)
+            .open_duration(OpenDuration::doubling(BREAKER_OPEN_FOR, BREAKER_OPEN_CAP).jitter(0.5)),
+    )?;
+    let breakers = breaker.clone();
 
     // Attempts that reached the client (the breaker's rejections never do).
     let attempts = Arc::new(AtomicU64::new(0));
@@ -493,10 +512,12 @@ async fn main() -> Result<ExitCode, BoxError> {
 
     println!(
         "sending {CONCURRENCY} at a time: {ATTEMPT_TIMEOUT:?} per attempt, at most \
-         {MAX_ATTEMPTS} attempts per class of failure, {MAX_ATTEMPTS_WITH_REJECTIONS} per message \
-         in all,\n  backoff {BACKOFF_BASE:?}..{BACKOFF_CAP:?} with full jitter, server \
-         hints up to {MAX_DELAY:?}, breaker opens for {BREAKER_OPEN_FOR:?} after \
-         {BREAKER_THRESHOLD} failures in a row"
+         {MAX_ATTEMPTS} attempts per message (2 for unknown failures),\n  backoff \
+         {BACKOFF_BASE:?}..{BACKOFF_CAP:?} with full jitter, server hints up to {MAX_DELAY:?}, \
+         a breaker per host opening at {}% failed of the last {BREAKER_WINDOW} calls \
+         (at least {BREAKER_MINIMUM_CALLS}) for {BREAKER_OPEN_FOR:?} doubling to \
+         {BREAKER_OPEN_CAP:?}",
+        BREAKER_FAILURE_RATE * 100.0
     );
 
     let started = Instant::now();
@@ -517,6 +538,56 @@ async fn main() -> Result<ExitCode, BoxError> {
     while let Some(joined) = tasks.join_next().await {
         outcomes.push(joined?);
     }
+    let first_pass = started.elapsed();
+
+    // Deferred records (breaker rejections) are re-sent by the dead-letter scheduler when due,
+    // through the same stack, so that each re-send updates its own record.
+    let deferred = outcomes
+        .iter()
+        .filter(|o| matches!(o.delivery, Delivery::Deferred))
+        .count();
+    if deferred > 0 {
+        println!(
+            "re-sending {deferred} deferred messages with the dead-letter scheduler, when due"
+        );
+        let store: Arc<dyn Store> = Arc::new(dead_letters.clone());
+        let scheduler = Scheduler::new(Arc::clone(&store), svc.clone(), |record: &Record| {
+            http_request(record, None)
+        })
+        .poll_every(Duration::from_millis(100))
+        .concurrency(CONCURRENCY)
+        .spawn();
+        let give_up = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < give_up {
+            let waiting = store
+                .list(usize::MAX)
+                .await?
+                .iter()
+                .filter(|r| matches!(r.status, Status::Deferred | Status::InFlight))
+                .count();
+            if waiting == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        scheduler.shutdown().await;
+        let records: HashMap<String, Record> = store
+            .list(usize::MAX)
+            .await?
+            .into_iter()
+            .map(|r| (r.id.clone(), r))
+            .collect();
+        for o in &mut outcomes {
+            if !matches!(o.delivery, Delivery::Deferred) {
+                continue;
+            }
+            match records.get(&o.id).map(|r| (r.status, r.class.clone())) {
+                Some((Status::Resolved, _)) => o.delivery = Delivery::Redelivered,
+                Some((Status::Dead, class)) => o.delivery = Delivery::DeadAfterResend { class },
+                _ => {}
+            }
+        }
+    }
     let elapsed = started.elapsed();
     server.abort();
 
@@ -527,7 +598,8 @@ async fn main() -> Result<ExitCode, BoxError> {
         outcomes,
         attempts: attempts.load(Ordering::Relaxed),
         retries,
-        breaker: breaker_handle,
+        breaker: breakers.handle(&addr.to_string()),
+        first_pass,
         log,
         dead_letters_by_class: dead_letters.count_by_class().await?,
         records: dead_letters.list(usize::MAX).await?,
@@ -566,7 +638,8 @@ struct Report {
     outcomes: Vec<Outcome>,
     attempts: u64,
     retries: RetryCounts,
-    breaker: tower_backstop::breaker::BreakerHandle,
+    breaker: Option<tower_backstop::breaker::BreakerHandle>,
+    first_pass: Duration,
     log: ProviderLog,
     dead_letters_by_class: Vec<(String, u64)>,
     records: Vec<Record>,
@@ -575,20 +648,35 @@ struct Report {
 }
 
 impl Report {
-    fn delivered(&self) -> BTreeSet<&str> {
+    fn ids(&self, pick: impl Fn(&Delivery) -> bool) -> BTreeSet<&str> {
         self.outcomes
             .iter()
-            .filter(|o| matches!(o.delivery, Delivery::Delivered))
+            .filter(|o| pick(&o.delivery))
             .map(|o| o.id.as_str())
             .collect()
     }
 
+    /// Delivered on the first pass or by the scheduler's re-send.
+    fn delivered(&self) -> BTreeSet<&str> {
+        self.ids(|d| matches!(d, Delivery::Delivered | Delivery::Redelivered))
+    }
+
     fn dead_lettered(&self) -> BTreeSet<&str> {
-        self.outcomes
-            .iter()
-            .filter(|o| matches!(o.delivery, Delivery::DeadLetter { .. }))
-            .map(|o| o.id.as_str())
-            .collect()
+        self.ids(|d| {
+            matches!(
+                d,
+                Delivery::DeadLetter { .. } | Delivery::DeadAfterResend { .. }
+            )
+        })
+    }
+
+    /// Still deferred after the scheduler's pass.
+    fn deferred(&self) -> BTreeSet<&str> {
+        self.ids(|d| matches!(d, Delivery::Deferred))
+    }
+
+    fn redelivered(&self) -> BTreeSet<&str> {
+        self.ids(|d| matches!(d, Delivery::Redelivered))
     }
 
     /// Keys the provider accepted more than once.
@@ -645,9 +733,15 @@ impl Report {
             let Some(record) = records.get(o.id.as_str()) else {
                 continue; // reported above
             };
+            // A breaker rejection is not an attempt; any other failure made at least one.
+            let expected = if *code == Code::CircuitOpen {
+                *attempts
+            } else {
+                (*attempts).max(1)
+            };
             if record.class != class.name()
                 || record.code != code.to_string()
-                || record.attempts != (*attempts).max(1)
+                || record.attempts != expected
             {
                 problems.push(format!(
                     "{}: stored record ({}, {}, {} attempts) differs from the failure \
@@ -656,7 +750,13 @@ impl Report {
                 ));
             }
         }
-        for id in stored.difference(&dead) {
+        let accounted: BTreeSet<&str> = dead
+            .iter()
+            .chain(&self.deferred())
+            .chain(&self.redelivered())
+            .copied()
+            .collect();
+        for id in stored.difference(&accounted) {
             problems.push(format!(
                 "{id} is in the store but the sender did not see it fail"
             ));
@@ -697,15 +797,21 @@ fn truncate(text: &str, max: usize) -> String {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let delivered = self.delivered().len();
+        let redelivered = self.redelivered().len();
         let dead = self.dead_lettered().len();
-        let lost = self.outcomes.len() - delivered - dead;
+        let deferred = self.deferred().len();
+        let lost = self.outcomes.len() - delivered - dead - deferred;
         let provider_requests: u64 = self.log.requests.values().map(|n| u64::from(*n)).sum();
 
         writeln!(f)?;
         writeln!(f, "=== email delivery summary ===")?;
         writeln!(f, "messages read        {}", self.total)?;
-        writeln!(f, "delivered (202)      {delivered}")?;
+        writeln!(
+            f,
+            "delivered (202)      {delivered} ({redelivered} of them deferred by the breaker and re-sent by the scheduler)"
+        )?;
         writeln!(f, "dead letters         {dead}")?;
+        writeln!(f, "still deferred       {deferred}")?;
         writeln!(f, "unaccounted for      {lost}")?;
         write!(
             f,
@@ -727,27 +833,29 @@ impl fmt::Display for Report {
             let sep = if i == 0 { " " } else { ", " };
             write!(f, "{sep}{class} {n}")?;
             if *hinted > 0 {
-                let hint = if *class == Class::CIRCUIT_OPEN.name() {
-                    "the breaker's time left"
-                } else {
-                    "Retry-After"
-                };
-                write!(f, " ({hinted} waited for {hint})")?;
+                write!(f, " ({hinted} waited for Retry-After)")?;
             }
         }
         writeln!(f)?;
 
-        let stats = self.breaker.stats();
+        let stats = self.breaker.as_ref().map(|b| b.stats()).unwrap_or_default();
         writeln!(
             f,
             "breaker              opened {}, half-opened {}, closed {}, rejected {} calls, \
-             {} probes; now {:?}",
+             {} probes; now {}",
             stats.opened,
             stats.half_opened,
             stats.closed,
             stats.rejected,
             stats.probes,
-            self.breaker.state()
+            self.breaker
+                .as_ref()
+                .map_or("never used".to_owned(), |b| b.state().to_string())
+        )?;
+        writeln!(
+            f,
+            "elapsed              {:.2?} for the first pass",
+            self.first_pass
         )?;
 
         write!(f, "dead letters by class")?;
@@ -779,15 +887,18 @@ impl fmt::Display for Report {
             }
             let ok = of_kind
                 .iter()
-                .filter(|o| matches!(o.delivery, Delivery::Delivered))
+                .filter(|o| matches!(o.delivery, Delivery::Delivered | Delivery::Redelivered))
                 .count();
             let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
             for o in &of_kind {
-                if let Delivery::DeadLetter { class, .. } = o.delivery {
-                    *classes.entry(class.name()).or_default() += 1;
-                    if behaviour.deliverable() {
-                        collateral += 1;
-                    }
+                let class = match &o.delivery {
+                    Delivery::DeadLetter { class, .. } => class.name(),
+                    Delivery::DeadAfterResend { class } => class.as_str(),
+                    _ => continue,
+                };
+                *classes.entry(class).or_default() += 1;
+                if behaviour.deliverable() {
+                    collateral += 1;
                 }
             }
             let classes = if classes.is_empty() {
@@ -810,16 +921,15 @@ impl fmt::Display for Report {
         if collateral > 0 {
             writeln!(
                 f,
-                "note: {} to recipients that would have accepted them ended as dead letters:\n      \
-                 while the breaker was open, its rejections used up their attempts. They are in\n      \
-                 the store, with the class that stopped them, to be re-driven.",
+                "note: {} to recipients that would have accepted them ended as dead letters.\n      \
+                 They are in the store, with the class that stopped them, to be re-driven.",
                 plural(collateral as u64, "message", "messages")
             )?;
         } else if stats.rejected > 0 {
             writeln!(
                 f,
-                "note: the breaker rejected {} while open; every deliverable message got \
-                 through on a later attempt.",
+                "note: the breaker rejected {} while open, at once; each was deferred and \
+                 re-sent by the scheduler.",
                 plural(stats.rejected, "call", "calls")
             )?;
         }
@@ -827,10 +937,7 @@ impl fmt::Display for Report {
         // One sample dead letter per class, read back from the store.
         if !self.records.is_empty() {
             writeln!(f)?;
-            writeln!(
-                f,
-                "sample dead letters (one per class, from the store; attempts include breaker rejections):"
-            )?;
+            writeln!(f, "sample dead letters (one per class, from the store):")?;
             let by_id: HashMap<&str, &Outcome> =
                 self.outcomes.iter().map(|o| (o.id.as_str(), o)).collect();
             let mut seen = BTreeSet::new();
@@ -882,7 +989,7 @@ impl fmt::Display for Report {
         if problems.is_empty() {
             writeln!(
                 f,
-                "accounting           ok: {delivered} delivered + {dead} dead letters = {} messages",
+                "accounting           ok: {delivered} delivered + {dead} dead letters + {deferred} deferred = {} messages",
                 self.total
             )?;
         } else {
@@ -891,7 +998,11 @@ impl fmt::Display for Report {
                 writeln!(f, "  - {p}")?;
             }
         }
-        writeln!(f, "elapsed              {:.2?}", self.elapsed)?;
+        writeln!(
+            f,
+            "elapsed              {:.2?} in all, the scheduler's pass included",
+            self.elapsed
+        )?;
         writeln!(f, "dead-letter store    {}", self.db_path.display())?;
         Ok(())
     }

@@ -42,7 +42,7 @@ pub struct Class {
 
 impl Class {
     /// A fault that is likely to pass on its own: connection refused or reset, a per-attempt
-    /// timeout, HTTP 408, 502, 503, 504. Retried with exponential backoff by default.
+    /// timeout, HTTP 408, 425, 502, 503, 504. Retried with exponential backoff by default.
     pub const TRANSIENT: Class = Class::new("transient");
     /// The provider asks us to slow down: HTTP 429. Retried after the server's delay by default.
     pub const THROTTLED: Class = Class::new("throttled");
@@ -150,8 +150,8 @@ pub enum GiveUp {
     /// The attempt cap of the failure's class was reached.
     AttemptsExhausted,
     /// The delay before the next attempt (a server hint such as `Retry-After`, the breaker's time
-    /// left open, or the class's own schedule) is longer than the policy's maximum in-process
-    /// delay, and the policy is set to give up rather than defer
+    /// left until half-open, or the class's own schedule) is longer than the policy's maximum
+    /// in-process delay, and the policy is set to give up rather than defer
     /// ([`LongDelay::GiveUp`](crate::retry::LongDelay::GiveUp)).
     HintTooLong,
     /// The delay before the next attempt is longer than the policy's maximum in-process delay, so
@@ -572,6 +572,10 @@ impl<R> Failure<R> {
         matches!(self.dead_letter(), Some(DeadLetterStatus::NotStored { .. }))
     }
 
+    fn source_ref(&self) -> Option<&BoxError> {
+        self.extra.as_ref().and_then(|e| e.source.as_ref())
+    }
+
     pub(crate) fn note_attempts(
         &mut self,
         attempts: u32,
@@ -683,8 +687,12 @@ impl<R> fmt::Display for Failure<R> {
         if let Some(at) = self.retry_at() {
             write!(f, " until {}", httpdate::fmt_http_date(at))?;
         }
-        if let Some(delay) = self.retry_after() {
-            write!(f, ", server asked to retry after {delay:?}")?;
+        match (self.retry_after(), self.code_kind) {
+            // Our own breaker's time left: its source (naming the breaker) says it, if any.
+            (Some(_), CodeKind::CircuitOpen) if self.source_ref().is_some() => {}
+            (Some(delay), CodeKind::CircuitOpen) => write!(f, ", half-opens in {delay:?}")?,
+            (Some(delay), _) => write!(f, ", server asked to retry after {delay:?}")?,
+            (None, _) => {}
         }
         if let Some(extra) = &self.extra {
             if let Some(source) = &extra.source {

@@ -296,11 +296,12 @@ fn whole_stack_http() {
     assert_adds_nothing("whole stack (HttpClassifier)", bare_http(), svc);
 }
 
-// The failure side: an open breaker rejects without allocating (the rejection is an inline
-// `Failure` of class CIRCUIT_OPEN with the time left in it, no boxed extension).
+// The failure side: an open breaker's rejection allocates only its message, which names the
+// breaker: the `Failure`'s boxed extension and the boxed `OpenError` source (the name itself is
+// an `Arc<str>` clone). Exactly 2 per rejection, whatever the number of rejections.
 
 #[test]
-fn open_breaker_rejects_without_allocating() {
+fn open_breaker_rejects_with_only_its_message_allocated() {
     let layer = BreakerLayer::consecutive_failures(1).open_for(Duration::from_secs(3600));
     let handle = layer.handle();
     runtime().block_on(async {
@@ -340,7 +341,8 @@ fn open_breaker_rejects_without_allocating() {
         assert_eq!(handle.stats().rejected - rejected_before, CALLS);
         println!("BreakerLayer open rejection: {allocated} allocations over {CALLS} calls");
         assert_eq!(
-            allocated, 0,
+            allocated,
+            2 * CALLS,
             "an open breaker's rejection allocates {allocated} times over {CALLS} calls"
         );
     });
@@ -614,4 +616,26 @@ fn grpc_stack_adds_only_the_replay_copy() {
     assert_eq!(alone, bare, "GrpcLayer alone");
     println!("grpc: bare {bare}, stack {stack} allocations over {CALLS} calls; one copy {copy}");
     assert_eq!(stack, bare + CALLS * copy);
+}
+
+#[test]
+fn keyed_breaker_for_a_known_host_allocates_nothing() {
+    // The key ("mail.test:80", normalised from the URI with the scheme's default port) is built
+    // in a stack buffer and looked up under a read lock; only a new key allocates its breaker.
+    let req = http_request();
+    let bare = || service_fn(|_: HttpReq| ready(Ok::<_, BoxError>(http::Response::new(()))));
+    let keyed = tower_backstop::breaker::KeyedBreakerLayer::new(BreakerLayer::builder())
+        .expect("a valid template");
+    let svc = ServiceBuilder::new()
+        .layer(keyed.clone())
+        .layer(ClassifyLayer::http())
+        .service(bare());
+    let base = count_http(bare(), &req);
+    let layered = count_http(svc, &req);
+    println!(
+        "KeyedBreakerLayer, known host: {} allocations over {CALLS} calls (bare {base})",
+        layered
+    );
+    assert_eq!(layered, base, "a known host's call allocates");
+    assert_eq!(keyed.keys(), ["mail.test:80"]);
 }

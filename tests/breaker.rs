@@ -632,6 +632,55 @@ fn open_duration_never_grows_past_its_cap() {
     assert_eq!(huge.nth(1_000), Duration::MAX);
 }
 
+/// 20 breakers with an open duration doubling from 1 s to 4 s, jitter 0.5, each tripped by a
+/// failed call and then by failed probes: from the third trip on the nominal duration is the
+/// cap, and the jitter must still spread them inside it.
+#[tokio::test(start_paused = true)]
+async fn twenty_breakers_at_the_cap_do_not_half_open_together() {
+    let mut by_trip: Vec<Vec<Duration>> = vec![Vec::new(); 5];
+    for _ in 0..20 {
+        let upstream = Scripted::always(status(503));
+        let layer = BreakerLayer::builder()
+            .consecutive_failures(1)
+            .open_duration(
+                OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(4)).jitter(0.5),
+            )
+            .build()
+            .unwrap();
+        let (handle, svc) = stack(layer, &upstream);
+        for trip in by_trip.iter_mut() {
+            // The first call trips it; later ones are probes, admitted after the open period.
+            send(&svc, 1).await;
+            assert_eq!(handle.state(), State::Open);
+            let open_for = handle.retry_after().unwrap();
+            trip.push(open_for);
+            tokio::time::advance(open_for).await;
+        }
+    }
+    for (n, durations) in by_trip.iter().enumerate() {
+        let nominal = Duration::from_secs(1 << n.min(2));
+        let (min, max) = (
+            *durations.iter().min().unwrap(),
+            *durations.iter().max().unwrap(),
+        );
+        assert!(
+            max <= Duration::from_secs(4),
+            "trip {n}: {max:?} over the cap"
+        );
+        assert!(
+            min >= nominal.min(Duration::from_secs(2)),
+            "trip {n}: {min:?}"
+        );
+        let mut distinct = durations.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert!(
+            distinct.len() >= 15 && max - min >= Duration::from_millis(200),
+            "trip {n}: the 20 breakers half-open together: {durations:?}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn only_the_configured_failure_classes_count() {
     // Throttling (429) is the provider asking us to slow down, not failing: count only transient.
@@ -710,7 +759,7 @@ async fn a_probe_whose_inner_future_panics_gives_its_permit_back() {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
-// ---- calls that hold only the breaker's id (the closed-state fast path) ----
+// ---- which successes end the row of failures, and calls that outlive their breaker ----
 
 /// A breaker of 2 sees one failure and one slow success (5 s), the success admitted before the
 /// failure or after it, then one more failure. Returns the consecutive count once the slow
@@ -740,10 +789,42 @@ async fn late_success(admitted_after_the_failure: bool) -> (u32, State) {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_success_admitted_before_a_failure_does_not_clear_it() {
-    // Started while nothing had failed, its late success is no evidence that the provider
-    // recovered after the failure: the next failure makes two in a row.
-    assert_eq!(late_success(false).await, (1, State::Open));
+async fn a_success_admitted_before_a_failure_in_the_same_closed_period_ends_the_row() {
+    // The plain rule: any success that started after the breaker last opened or closed ends
+    // the row, failures counted while it ran included.
+    assert_eq!(late_success(false).await, (0, State::Closed));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_success_from_before_the_breaker_last_closed_does_not_end_the_row() {
+    // A slow call admitted in the first closed period; the breaker (2 in a row) trips,
+    // half-opens, closes on a probe, and counts one failure; then the slow call succeeds. It
+    // started before the breaker last closed, so it changes nothing: the next failure trips it.
+    let upstream = Scripted::new(
+        [
+            after(30, 200),
+            status(503),
+            status(503),
+            status(200),
+            status(503),
+        ],
+        status(503),
+    );
+    let (handle, svc) = stack(breaker(2, Duration::from_secs(10)), &upstream);
+    let slow = tokio::spawn(svc.clone().oneshot(get("/slow")));
+    tokio::task::yield_now().await;
+    send(&svc, 2).await;
+    assert_eq!(handle.state(), State::Open);
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert!(svc.clone().oneshot(get("/")).await.is_ok());
+    assert_eq!(handle.state(), State::Closed);
+    send(&svc, 1).await;
+    assert_eq!(handle.stats().consecutive_failures, 1);
+    tokio::time::advance(Duration::from_secs(20)).await;
+    assert!(slow.await.unwrap().is_ok());
+    assert_eq!(handle.stats().consecutive_failures, 1);
+    send(&svc, 1).await;
+    assert_eq!(handle.state(), State::Open);
 }
 
 #[tokio::test(start_paused = true)]
@@ -753,9 +834,9 @@ async fn a_success_admitted_after_a_failure_clears_it_even_if_it_ends_late() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failure_that_ends_after_its_breaker_is_dropped_is_returned_and_not_counted() {
-    // The slow call holds only the breaker's id; by the time it fails, every service, layer and
-    // handle of that breaker is gone, so there is nothing to count it in. The caller still gets
-    // the failure, unchanged.
+    // The slow call holds its own reference to the breaker; by the time it fails, every service,
+    // layer and handle of that breaker is gone. Its outcome is recorded in the breaker it holds,
+    // which goes with it, and the caller gets the failure, unchanged.
     let upstream = Scripted::new([after(5, 503)], status(200));
     let (handle, svc) = stack(breaker(1, Duration::from_secs(10)), &upstream);
     drop(handle);
@@ -774,8 +855,8 @@ async fn a_failure_that_ends_after_its_breaker_is_dropped_is_returned_and_not_co
 
 #[tokio::test(start_paused = true)]
 async fn a_failure_of_a_call_admitted_with_nothing_counted_still_trips_a_live_breaker() {
-    // Every one of these calls starts with no failure counted (a breaker of 1), so each holds
-    // only the breaker's id; the failure finds the breaker again and trips it.
+    // The call starts with no failure counted (a breaker of 1); its failure, ending later,
+    // reaches the breaker through the future's reference and trips it.
     let upstream = Scripted::new([after(1, 503)], status(200));
     let (handle, svc) = stack(breaker(1, Duration::from_secs(10)), &upstream);
     let slow = tokio::spawn(svc.clone().oneshot(get("/slow")));

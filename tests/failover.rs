@@ -164,12 +164,17 @@ async fn keyed_breakers_open_per_host() {
     for _ in 0..2 {
         let _ = svc.clone().oneshot(to("a.test")).await;
     }
-    let a = layer.handle("a.test").unwrap();
+    let a = layer.handle("a.test:80").unwrap();
     assert_eq!(a.state(), State::Open);
-    assert_eq!(a.name(), "a.test");
+    assert_eq!(a.name(), "a.test:80");
     let f = fail(&svc, to("a.test")).await;
     assert_eq!(f.class(), Class::CIRCUIT_OPEN);
     assert_eq!(f.retry_after(), Some(Duration::from_secs(10)));
+    assert!(
+        f.to_string()
+            .contains("breaker \"a.test:80\" is open; half-opens in 10s"),
+        "{f}"
+    );
     // Another host has its own, closed breaker.
     assert_eq!(
         svc.clone()
@@ -180,29 +185,103 @@ async fn keyed_breakers_open_per_host() {
         200
     );
     assert_eq!(layer.handle("b.test:8080").unwrap().state(), State::Closed);
-    assert_eq!(layer.keys(), ["a.test", "b.test:8080"]);
+    assert_eq!(layer.keys(), ["a.test:80", "b.test:8080"]);
     assert_eq!(upstream.calls(), 3);
 }
 
+/// The small input: a keyed breaker that opens after 2 failures, 4 keys at most, over a
+/// service answering 503.
 #[tokio::test(start_paused = true)]
-async fn keyed_breakers_are_bounded_and_share_one_beyond_the_bound() {
+async fn spellings_of_one_host_share_one_breaker_and_do_not_fill_the_keys() {
+    let upstream = Scripted::always(status(503));
+    let layer = KeyedBreakerLayer::new(BreakerLayer::builder().consecutive_failures(2))
+        .unwrap()
+        .max_keys(4);
+    let svc = over(layer.clone(), &upstream);
+    let _ = svc.clone().oneshot(to("API.mail.test")).await;
+    let _ = svc.clone().oneshot(to("api.mail.test")).await;
+    assert_eq!(layer.keys(), ["api.mail.test:80"]);
+    assert_eq!(
+        layer.handle("api.mail.test:80").unwrap().state(),
+        State::Open,
+        "one breaker saw both failures"
+    );
+    for spelling in [
+        "Api.Mail.Test",
+        "api.mail.test.",
+        "API.MAIL.TEST:80",
+        "api.MAIL.test",
+    ] {
+        assert_eq!(fail(&svc, to(spelling)).await.class(), Class::CIRCUIT_OPEN);
+    }
+    assert_eq!(layer.keys(), ["api.mail.test:80"]);
+    assert_eq!(upstream.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keyed_breakers_are_bounded_and_evict_the_least_recently_used_idle_one() {
     let upstream = Scripted::always(status(503));
     let layer = KeyedBreakerLayer::new(BreakerLayer::builder().consecutive_failures(3))
         .unwrap()
         .max_keys(2);
     let svc = over(layer.clone(), &upstream);
-    for host in ["a.test", "b.test", "c.test", "d.test", "e.test"] {
-        let _ = svc.clone().oneshot(to(host)).await;
+    // a.test trips its breaker.
+    for _ in 0..3 {
+        let _ = svc.clone().oneshot(to("a.test")).await;
     }
-    assert_eq!(layer.keys(), ["a.test", "b.test"]);
-    // c, d and e share the `other` breaker: three failures in a row opened it.
-    assert_eq!(layer.other().state(), State::Open);
-    assert_eq!(layer.handle("a.test").unwrap().state(), State::Closed);
-    let f = fail(&svc, to("f.test")).await;
-    assert_eq!(f.class(), Class::CIRCUIT_OPEN);
-    // A request without an authority or Host header goes to `other` too.
-    let f = fail(&svc, get("/relative")).await;
-    assert_eq!(f.class(), Class::CIRCUIT_OPEN);
+    assert_eq!(layer.handle("a.test:80").unwrap().state(), State::Open);
+    let _ = svc.clone().oneshot(to("b.test")).await;
+    // a.test is used again (rejected), so b.test is the least recently used when c.test comes.
+    assert_eq!(fail(&svc, to("a.test")).await.class(), Class::CIRCUIT_OPEN);
+    for host in ["c.test", "d.test", "e.test"] {
+        let f = fail(&svc, to(host)).await;
+        // Never another host's breaker: each new host's first call reaches the provider.
+        assert_eq!(f.class(), Class::TRANSIENT, "{host}");
+        assert_eq!(fail(&svc, to("a.test")).await.class(), Class::CIRCUIT_OPEN);
+    }
+    assert_eq!(layer.keys(), ["a.test:80", "e.test:80"]);
+    assert_eq!(upstream.calls(), 3 + 1 + 3);
+
+    // A held handle keeps its breaker: with both kept breakers in use, a new key's call goes
+    // through a breaker of its own that is not kept.
+    let _a = layer.handle("a.test:80").unwrap();
+    let _e = layer.handle("e.test:80").unwrap();
+    assert_eq!(fail(&svc, to("f.test")).await.class(), Class::TRANSIENT);
+    assert_eq!(layer.keys(), ["a.test:80", "e.test:80"]);
+
+    // A request without an authority or Host header goes to the `unkeyed` breaker.
+    for _ in 0..3 {
+        let _ = fail(&svc, get("/relative")).await;
+    }
+    assert_eq!(layer.unkeyed().state(), State::Open);
+    assert_eq!(
+        fail(&svc, get("/relative")).await.class(),
+        Class::CIRCUIT_OPEN
+    );
+    assert_eq!(layer.keys(), ["a.test:80", "e.test:80"]);
+}
+
+/// Bad input: IP literals, IPv6 authorities and a missing authority each have a defined key.
+#[tokio::test(start_paused = true)]
+async fn ip_literals_ipv6_and_missing_authorities_have_defined_keys() {
+    let upstream = Scripted::always(status(503));
+    let layer = KeyedBreakerLayer::new(BreakerLayer::builder().consecutive_failures(1)).unwrap();
+    let svc = over(layer.clone(), &upstream);
+    for host in [
+        "127.0.0.1:3000",
+        "[::1]",
+        "[0:0:0:0:0:0:0:1]:80",
+        "[FE80::1]:8443",
+    ] {
+        let _ = fail(&svc, to(host)).await;
+    }
+    let _ = fail(&svc, get("/relative")).await;
+    assert_eq!(
+        layer.keys(),
+        ["127.0.0.1:3000", "[::1]:80", "[fe80::1]:8443"],
+        "[::1] and [0:0:0:0:0:0:0:1]:80 are one origin"
+    );
+    assert_eq!(layer.unkeyed().state(), State::Open);
 }
 
 #[tokio::test(start_paused = true)]

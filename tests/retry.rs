@@ -346,41 +346,151 @@ fn unavailable() -> Failure<()> {
     )
 }
 
-/// Two breaker rejections, then 503s, under a transient cap of 4 and `max_attempts` overall.
+/// Two breaker rejections (each half-opening in 1 s), then 503s, under a transient cap of 4 and
+/// `max_attempts` overall, with in-process waiting for the breaker opted in up to 2 s.
 async fn rejections_then_503s(max_attempts: u32) -> (Failing, Failure<()>) {
     let upstream = Failing::new(vec![rejected(), rejected()], unavailable);
     let policy = RetryPolicy::new()
         .max_attempts(max_attempts)
         .backoff(no_jitter(10))
+        .wait_for_breaker(Duration::from_secs(2))
         .retry_at_most(Class::TRANSIENT, 4);
     let failure = fail_through(policy, &upstream).await;
     (upstream, failure)
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_open_breaker_fails_fast_and_is_deferred_to_the_half_open_instant() {
+    // By default a rejection comes back at once: no sleep, no second call, not an attempt.
+    let upstream = Failing::new(vec![], rejected);
+    let start = Instant::now();
+    let before = SystemTime::now();
+    let failure = fail_through(RetryPolicy::new().max_attempts(5), &upstream).await;
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(failure.class(), Class::CIRCUIT_OPEN);
+    assert_eq!(failure.attempts(), 0, "a rejection is not an attempt");
+    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    // Deferred to the half-open instant (1 s from now), rounded up to the second.
+    let at = failure.retry_at().expect("a retry-at time");
+    assert!(at >= before + Duration::from_secs(1));
+    assert!(at <= SystemTime::now() + Duration::from_secs(2));
+    let text = failure.to_string();
+    assert!(!text.contains("server asked"), "{text}");
+    assert!(text.contains("half-opens in 1s"), "{text}");
+
+    // After real attempts, the rejection still adds none.
+    let upstream = Failing::new(vec![unavailable(), unavailable()], rejected);
+    let failure = fail_through(
+        RetryPolicy::new().max_attempts(5).backoff(no_jitter(10)),
+        &upstream,
+    )
+    .await;
+    assert_eq!(upstream.calls(), 3);
+    assert_eq!(failure.attempts(), 2);
+    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+
+    // Without a retry copy at all (one attempt), a rejection is deferred too.
+    let upstream = Failing::new(vec![], rejected);
+    let failure = fail_through(RetryPolicy::new().max_attempts(1), &upstream).await;
+    assert_eq!(
+        (failure.attempts(), failure.give_up()),
+        (0, Some(GiveUp::Deferred))
+    );
+
+    // Under `LongDelay::GiveUp`, it is given up instead, at once.
+    let upstream = Failing::new(vec![], rejected);
+    let failure = fail_through(
+        RetryPolicy::new().on_long_delay(LongDelay::GiveUp),
+        &upstream,
+    )
+    .await;
+    assert_eq!(failure.give_up(), Some(GiveUp::HintTooLong));
+    assert_eq!(upstream.calls(), 1);
+
+    // A forced-open breaker names no half-open instant: the request stops, not retried.
+    let upstream = Failing::new(vec![], || {
+        Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen)
+    });
+    let failure = fail_through(RetryPolicy::new(), &upstream).await;
+    assert_eq!(failure.give_up(), Some(GiveUp::NotRetryable));
+    assert_eq!(upstream.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_for_the_breaker_is_an_opt_in_with_a_bound() {
+    // Opted in up to 2 s: two rejections waited, then 503s up to the transient cap. The
+    // rejections are calls to the layer below but not attempts.
+    let (events, on_retry) = recorder();
+    let upstream = Failing::new(vec![rejected(), rejected()], unavailable);
+    let policy = RetryPolicy::new()
+        .max_attempts(8)
+        .backoff(no_jitter(10))
+        .wait_for_breaker(Duration::from_secs(2))
+        .retry_at_most(Class::TRANSIENT, 4)
+        .on_retry(on_retry);
+    let failure = fail_through(policy, &upstream).await;
+    assert_eq!(upstream.calls(), 6, "2 rejections + 4 transient failures");
+    assert_eq!(failure.attempts(), 4);
+    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+    let waits: Vec<_> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .take(2)
+        .map(|e| (e.source, e.delay))
+        .collect();
+    for (source, delay) in waits {
+        assert_eq!(source, DelaySource::Breaker);
+        // The time left, spread by up to +25 % and kept within the bound.
+        assert!(
+            delay >= Duration::from_secs(1) && delay <= Duration::from_millis(1250),
+            "{delay:?}"
+        );
+    }
+
+    // A breaker that half-opens later than the bound is deferred, not waited.
+    let upstream = Failing::new(vec![], || {
+        Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen)
+            .with_retry_after(Duration::from_secs(3))
+    });
+    let start = Instant::now();
+    let failure = fail_through(
+        RetryPolicy::new().wait_for_breaker(Duration::from_secs(2)),
+        &upstream,
+    )
+    .await;
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    assert_eq!(upstream.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn class_caps_count_only_failures_of_that_class() {
-    // Two breaker rejections, then 503s: the rejections do not eat into the transient cap.
+    // Two waited breaker rejections, then 503s: the rejections eat into neither cap.
     let (upstream, failure) = rejections_then_503s(8).await;
     assert_eq!(upstream.calls(), 6, "2 rejections + 4 transient failures");
-    assert_eq!(failure.attempts(), 6);
+    assert_eq!(failure.attempts(), 4);
     assert_eq!(failure.class(), Class::TRANSIENT);
     assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
 
-    // The overall cap still bounds the calls, whatever the classes.
+    // The overall cap bounds the attempts, whatever the classes; rejections are not attempts.
     let (upstream, failure) = rejections_then_503s(3).await;
-    assert_eq!(upstream.calls(), 3);
+    assert_eq!(upstream.calls(), 5);
     assert_eq!(failure.attempts(), 3);
     assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
 
-    // A class cap alone: circuit_open capped at 2 attempts ends the series on the second
-    // rejection, whatever the transient cap.
+    // A class cap alone: circuit_open capped at 2 ends the series on the second rejection,
+    // whatever the transient cap.
     let upstream = Failing::new(vec![], rejected);
     let policy = RetryPolicy::new()
         .max_attempts(8)
+        .wait_for_breaker(Duration::from_secs(2))
         .retry_at_most(Class::CIRCUIT_OPEN, 2);
     let failure = fail_through(policy, &upstream).await;
     assert_eq!(upstream.calls(), 2);
     assert_eq!(failure.class(), Class::CIRCUIT_OPEN);
+    assert_eq!(failure.attempts(), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -921,4 +1031,198 @@ async fn the_service_is_cloned_only_when_another_attempt_is_possible() {
     }
     assert_eq!(clones_per_call(RetryPolicy::new()).await, 1);
     assert_eq!(clones_per_call(RetryPolicy::new().max_attempts(1)).await, 0);
+}
+
+// ---- real servers' headers and statuses ----
+
+/// Sends `req` through the default policy over a provider that answers `first`, then `then`;
+/// the result, the upstream, and the paused-clock time it took.
+async fn first_then(
+    policy: RetryPolicy,
+    first: Step,
+    then: u16,
+    req: http::Request<String>,
+) -> (
+    Result<http::Response<()>, Failure<http::Response<()>>>,
+    Scripted,
+    Duration,
+) {
+    let upstream = Scripted::new([first], status(then));
+    let svc = stack(policy, &upstream);
+    let start = Instant::now();
+    let result = svc.oneshot(req).await;
+    (result, upstream, start.elapsed())
+}
+
+fn unix_now() -> Duration {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyless_post_answered_408_is_retried() {
+    // 408: the server never read the whole request, so even a keyless POST may be sent again.
+    let (result, upstream, _) =
+        first_then(RetryPolicy::new(), status(408), 202, post("/mail", "{}")).await;
+    assert_eq!(result.unwrap().status(), 202);
+    assert_eq!(upstream.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn too_early_425_is_transient_and_proves_the_request_was_not_processed() {
+    let (result, upstream, _) =
+        first_then(RetryPolicy::new(), status(425), 200, get("/mail")).await;
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(upstream.calls(), 2);
+    // Even a keyless POST.
+    let (result, upstream, _) =
+        first_then(RetryPolicy::new(), status(425), 202, post("/mail", "{}")).await;
+    assert_eq!(result.unwrap().status(), 202);
+    assert_eq!(upstream.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn x_ratelimit_reset_in_epoch_milliseconds_waits_about_thirty_seconds() {
+    let reset = (unix_now() + Duration::from_secs(30))
+        .as_millis()
+        .to_string();
+    assert_eq!(reset.len(), 13);
+    let (result, upstream, waited) = first_then(
+        RetryPolicy::new(),
+        status_with(429, "x-ratelimit-reset", reset),
+        200,
+        get("/mail"),
+    )
+    .await;
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(upstream.calls(), 2);
+    assert!(
+        waited >= Duration::from_secs(29) && waited <= Duration::from_secs(31),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_absurd_reset_is_ignored_not_turned_into_a_deferral_of_years() {
+    // Epoch milliseconds read as seconds would be the year 58,900: the reset is ignored and the
+    // throttled backoff applies.
+    let reset = (unix_now() + Duration::from_secs(30))
+        .as_millis()
+        .to_string();
+    let (result, upstream, waited) = first_then(
+        RetryPolicy::new().backoff(no_jitter(100)),
+        status_with(429, "ratelimit-reset", reset),
+        200,
+        get("/mail"),
+    )
+    .await;
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(upstream.calls(), 2);
+    assert_eq!(waited, Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_x_rate_limit_reset_spelling_is_honoured() {
+    let reset = (unix_now() + Duration::from_secs(30)).as_secs().to_string();
+    let (result, upstream, waited) = first_then(
+        RetryPolicy::new(),
+        status_with(429, "x-rate-limit-reset", reset),
+        200,
+        get("/mail"),
+    )
+    .await;
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(upstream.calls(), 2);
+    assert!(
+        waited >= Duration::from_secs(29) && waited <= Duration::from_secs(31),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_absolute_reset_second_is_never_reached_early() {
+    // The reset is the next whole second: the retry goes out once it has passed.
+    let now = unix_now();
+    let reset_second = now.as_secs() + 1;
+    let upstream = Scripted::new(
+        [status_with(
+            429,
+            "x-ratelimit-reset",
+            reset_second.to_string(),
+        )],
+        status(200),
+    );
+    let svc = stack(RetryPolicy::new(), &upstream);
+    let result = svc.oneshot(get("/mail")).await;
+    assert_eq!(result.unwrap().status(), 200);
+    let seen = upstream.seen();
+    let waited = seen[1].at - seen[0].at;
+    // Real time at the retry = now + waited (give or take the test's own running time): past
+    // the end of the reset second.
+    let at_retry = now + waited;
+    assert!(
+        at_retry >= Duration::from_secs(reset_second + 1),
+        "retried at {at_retry:?}, the reset second {reset_second} had not passed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_503_proves_not_processed_by_default_and_a_user_can_exclude_it() {
+    let (result, upstream, _) =
+        first_then(RetryPolicy::new(), status(503), 202, post("/mail", "{}")).await;
+    assert_eq!(result.unwrap().status(), 202);
+    assert_eq!(upstream.calls(), 2);
+
+    let without_503 = RetryPolicy::new().unprocessed_statuses(&[
+        http::StatusCode::REQUEST_TIMEOUT,
+        http::StatusCode::TOO_EARLY,
+        http::StatusCode::TOO_MANY_REQUESTS,
+    ]);
+    let (result, upstream, _) =
+        first_then(without_503, status(503), 202, post("/mail", "{}")).await;
+    let failure = result.unwrap_err();
+    assert_eq!(failure.give_up(), Some(GiveUp::NotIdempotent));
+    assert_eq!(upstream.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_is_retried_once_and_more_slowly() {
+    // Default policy: two 500s end it after 2 attempts, with one backoff delay between them.
+    let upstream = Scripted::always(status(500));
+    let (events, on_retry) = recorder();
+    let svc = stack(
+        RetryPolicy::new()
+            .max_attempts(5)
+            .backoff(no_jitter(100))
+            .on_retry(on_retry),
+        &upstream,
+    );
+    let failure = svc.oneshot(get("/mail")).await.unwrap_err();
+    assert_eq!(failure.class(), Class::UNKNOWN);
+    assert_eq!(failure.attempts(), 2);
+    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(upstream.calls(), 2);
+    assert_eq!(events.lock().unwrap().len(), 1);
+
+    // Given more attempts, it keeps the throttled class's slow-down: after a 503 retried at
+    // 100 ms, the 500's delay is at least that again and up to twice it.
+    let upstream = Scripted::new([status(503), status(500)], status(500));
+    let (events, on_retry) = recorder();
+    let svc = stack(
+        RetryPolicy::new()
+            .max_attempts(5)
+            .backoff(no_jitter(100))
+            .retry_at_most(Class::UNKNOWN, 3)
+            .on_retry(on_retry),
+        &upstream,
+    );
+    let failure = svc.oneshot(get("/mail")).await.unwrap_err();
+    assert_eq!(failure.attempts(), 4);
+    let delays: Vec<_> = events.lock().unwrap().iter().map(|e| e.delay).collect();
+    assert_eq!(
+        delays,
+        [100, 200, 400].map(Duration::from_millis).to_vec(),
+        "503 at 100 ms, then the unknown backoff (100 ms) slowed to twice the previous delay"
+    );
 }

@@ -302,3 +302,104 @@ async fn schedule_survives_a_restart() {
         );
     }
 }
+
+/// Fail fast: an open breaker's rejection comes back at once, is stored as deferred to the
+/// half-open instant (not an attempt), and the scheduler re-sends it then.
+#[tokio::test(start_paused = true)]
+async fn an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens() {
+    use tower::ServiceExt;
+    use tower_backstop::breaker::BreakerLayer;
+    use tower_backstop::retry::{RetryLayer, RetryPolicy};
+
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let upstream = Scripted::new([status(503)], status(202));
+    let breaker = BreakerLayer::consecutive_failures(1)
+        .open_for(Duration::from_secs(10))
+        .name("mail.test");
+    let handle = breaker.handle();
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
+        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(5)))
+        .layer(breaker)
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    let before = SystemTime::now();
+
+    // The 503 trips the breaker; the retry is rejected and comes back at once, deferred.
+    let start = Instant::now();
+    let f = stack
+        .clone()
+        .oneshot(support::post_with_key(
+            "http://mail.test/v1/messages",
+            "{}",
+            "k-1",
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(f.class(), Class::CIRCUIT_OPEN);
+    assert_eq!(f.give_up(), Some(tower_backstop::GiveUp::Deferred));
+    assert_eq!(f.attempts(), 1, "the 503; the rejection is not an attempt");
+    // A second message is rejected before it is sent: no attempt at all.
+    let f = stack
+        .clone()
+        .oneshot(support::post_with_key(
+            "http://mail.test/v1/messages",
+            "{}",
+            "k-2",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(f.attempts(), 0);
+    assert_eq!(upstream.calls(), 1);
+
+    for (id, attempts) in [("k-1", 1), ("k-2", 0)] {
+        let r = store.get(id).await.unwrap().unwrap();
+        assert_eq!(r.status, Status::Deferred, "{id}");
+        assert_eq!(r.attempts, attempts, "{id}");
+        assert!(
+            r.message
+                .contains("breaker \"mail.test\" is open; half-opens in"),
+            "{id}: {}",
+            r.message
+        );
+        // Deferred to the half-open instant, 10 s after the trip (less the backoff the first
+        // message slept on the paused clock, under 100 ms), rounded up to the second.
+        let at = r.retry_at.unwrap();
+        assert!(
+            at >= before + Duration::from_millis(9_900),
+            "{id}: {:?}",
+            at.duration_since(before)
+        );
+        assert!(at <= SystemTime::now() + Duration::from_secs(11), "{id}");
+    }
+
+    // One at a time: the first re-send is the half-open probe, its success closes the breaker.
+    let scheduler = Scheduler::new(Arc::clone(&store), stack.clone(), as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .concurrency(1)
+        .clock(clock)
+        .spawn();
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert_eq!(
+        upstream.calls(),
+        1,
+        "nothing is re-sent before the breaker half-opens"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    scheduler.shutdown().await;
+    assert_eq!(upstream.calls(), 3);
+    for id in ["k-1", "k-2"] {
+        assert_eq!(
+            store.get(id).await.unwrap().unwrap().status,
+            Status::Resolved,
+            "{id}"
+        );
+    }
+    assert_eq!(handle.state(), tower_backstop::breaker::State::Closed);
+}

@@ -63,8 +63,11 @@ impl OpenDuration {
     }
 
     /// Spreads each duration by a random amount up to `fraction` of it (bounded additive jitter:
-    /// `0.25` is up to +25 %), still capped; so that many clients' breakers do not half-open in
-    /// the same instant. [`Builder::build`] rejects a fraction outside `0.0..=1.0`.
+    /// `0.25` is up to +25 %), so that many clients' breakers do not half-open in the same
+    /// instant. A doubling duration never exceeds its cap: where the +`fraction` band would cross
+    /// the cap it is moved below it, so durations at the cap are spread over
+    /// `[cap − fraction × cap, cap]` (never below half the cap) rather than all being the cap. [`Builder::build`] rejects a
+    /// fraction outside `0.0..=1.0`.
     pub const fn jitter(mut self, fraction: f64) -> Self {
         self.jitter = fraction;
         self
@@ -79,19 +82,27 @@ impl OpenDuration {
         self.base.saturating_mul(factor).min(self.cap)
     }
 
-    /// The duration after trip `n`, with jitter.
+    /// The duration after trip `n`, with jitter: uniform over a band `jitter × d` wide that
+    /// starts at `d` (up to +`jitter`), moved down when it would cross the cap so that it ends
+    /// at the cap, and never starting below `d / 2`. So durations at the cap are still spread
+    /// (over `[cap − jitter × cap, cap]`, or `[cap / 2, cap]` for a jitter above 0.5) instead of
+    /// all being the cap, and breakers that trip together do not half-open together
+    /// ("Exponential Backoff And Jitter", AWS Architecture Blog: jitter inside the cap).
     pub(crate) fn pick(&self, n: u32) -> Duration {
         let d = self.nth(n);
         if self.jitter <= 0.0 {
             return d;
         }
-        let spread = d.mul_f64(self.jitter * rand::random::<f64>());
+        let width = d.mul_f64(self.jitter);
         let cap = if self.growing {
             self.cap
         } else {
-            d.saturating_add(d.mul_f64(self.jitter))
+            d.saturating_add(width)
         };
-        d.saturating_add(spread).min(cap)
+        // Never below half the nominal duration, even with a band as wide as the cap.
+        let low = d.min(cap.saturating_sub(width)).max(d / 2);
+        let high = low.saturating_add(width).min(cap);
+        low.saturating_add((high - low).mul_f64(rand::random::<f64>()))
     }
 
     fn validate(&self) -> Result<(), BuildError> {
@@ -202,14 +213,10 @@ impl Default for Builder {
 impl Builder {
     /// Opens after `n` failures in a row (a count of calls).
     ///
-    /// A success ends the row, except a success whose call started while the count was zero:
-    /// every failure of the row came after that call started, so its success is no evidence that
-    /// the provider recovered since, and it leaves the count alone. That is what lets such a
-    /// call hold no reference to the breaker (see [`BreakerLayer::into_static`]). A success
-    /// whose call started after a failure ends the whole row, failures counted while it ran
-    /// included.
-    ///
-    /// [`BreakerLayer::into_static`]: super::BreakerLayer::into_static
+    /// Any success whose call started after the breaker last opened or closed ends the row,
+    /// failures counted while it ran included; a success from before (a slow call admitted in
+    /// an earlier closed period) changes nothing. A failure of a class that does not count
+    /// ([`failure_classes`](Self::failure_classes)) neither adds to the row nor ends it.
     pub fn consecutive_failures(mut self, n: u32) -> Self {
         self.consecutive = Some(n);
         self
@@ -372,8 +379,36 @@ impl Builder {
         })
     }
 
-    /// The breaker this configuration describes, registered (`registry`).
+    /// The breaker this configuration describes.
     pub(crate) fn shared(&self) -> std::sync::Arc<Shared> {
-        Shared::counted(self)
+        std::sync::Arc::new(Shared::new(self))
+    }
+}
+
+#[cfg(all(test, not(tower_backstop_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jittered_durations_stay_within_half_and_the_cap() {
+        let cap = Duration::from_secs(4);
+        for jitter in [0.1, 0.5, 1.0] {
+            let d = OpenDuration::doubling(Duration::from_secs(1), cap).jitter(jitter);
+            for n in 0..6 {
+                let nominal = d.nth(n);
+                let picks: Vec<Duration> = (0..200).map(|_| d.pick(n)).collect();
+                assert!(
+                    picks.iter().all(|p| *p <= cap && *p >= nominal / 2),
+                    "{jitter} {n}"
+                );
+                let distinct: std::collections::BTreeSet<_> = picks.iter().collect();
+                assert!(distinct.len() > 100, "{jitter} {n}: not spread");
+            }
+        }
+        let fixed = OpenDuration::fixed(Duration::from_secs(10)).jitter(0.25);
+        for _ in 0..200 {
+            let p = fixed.pick(0);
+            assert!(p >= Duration::from_secs(10) && p <= Duration::from_millis(12_500));
+        }
     }
 }

@@ -1,7 +1,10 @@
+use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
@@ -29,49 +32,39 @@ pin_project! {
         },
         Rejected {
             rejection: Rejection,
+            breaker: Arc<str>,
             _response: PhantomData<fn() -> R>,
         },
     }
 }
 
 /// Holds a permit until the call ends; a call dropped before it ended gives it back.
+///
+/// It holds a reference to the breaker (an `Arc` clone, or nothing to count after
+/// [`BreakerLayer::into_static`](super::BreakerLayer::into_static)): a call's outcome reaches its
+/// breaker even when the service that made it is gone, and no process-wide state is needed to
+/// find it.
 #[derive(Debug)]
 pub(crate) struct Guard {
-    link: Link,
+    shared: SharedRef,
     // A plain permit, not an `Option`: `Permit::DONE` once the outcome is recorded.
     permit: Permit,
-}
-
-/// How a call reaches its breaker when it ends.
-#[derive(Debug)]
-enum Link {
-    /// A reference, for a call whose every outcome counts (a probe, a rate or slow-call rule, a
-    /// success that clears the failures counted before it).
-    Held(SharedRef),
-    /// Only the breaker's id, for a call whose success changes nothing: see
-    /// [`Shared::detaches`](super::state::Shared::detaches). A failure looks the breaker up.
-    Detached(u64),
 }
 
 impl Guard {
     #[inline]
     pub(crate) fn new(shared: &SharedRef, permit: Permit) -> Self {
-        let link = match detached(shared, &permit) {
-            Some(id) => Link::Detached(id),
-            None => Link::Held(shared.clone()),
-        };
-        Guard { link, permit }
+        Guard {
+            shared: shared.clone(),
+            permit,
+        }
     }
 
     /// Like [`new`](Self::new), for a caller that owns its reference already (and would
     /// otherwise clone it only to drop its own).
     #[inline]
     pub(crate) fn owned(shared: SharedRef, permit: Permit) -> Self {
-        let link = match detached(&shared, &permit) {
-            Some(id) => Link::Detached(id),
-            None => Link::Held(shared),
-        };
-        Guard { link, permit }
+        Guard { shared, permit }
     }
 
     /// Records the outcome of a finished call.
@@ -83,41 +76,20 @@ impl Guard {
         });
     }
 
+    #[inline]
     pub(crate) fn finish_with(&mut self, outcome: Outcome) {
         if let Some(permit) = self.permit.take() {
-            match &self.link {
-                Link::Held(shared) => shared.complete(permit, outcome),
-                // A detached success: nothing to record.
-                Link::Detached(_) if outcome == Outcome::Success => {}
-                Link::Detached(id) => {
-                    if let Some(shared) = super::registry::find(*id) {
-                        shared.complete(permit, outcome);
-                    }
-                }
-            }
+            self.shared.complete(permit, outcome);
         }
-    }
-}
-
-/// The id a call keeps instead of a reference, when it can (`Shared::detaches`); a static breaker
-/// costs nothing to hold, so its calls never detach.
-#[inline]
-fn detached(shared: &SharedRef, permit: &Permit) -> Option<u64> {
-    match shared {
-        SharedRef::Counted(s) if s.detaches(permit) => Some(s.id),
-        _ => None,
     }
 }
 
 impl Drop for Guard {
     #[inline]
     fn drop(&mut self) {
-        // Dropped or cancelled before it ended: a probe's permit goes back, nothing counts. A
-        // detached call is a closed-state one: it holds no permit that could go back.
-        if let Link::Held(shared) = &self.link
-            && let Some(permit) = self.permit.take()
-        {
-            shared.cancel(permit);
+        // Dropped or cancelled before it ended: a probe's permit goes back, nothing counts.
+        if let Some(permit) = self.permit.take() {
+            self.shared.cancel(permit);
         }
     }
 }
@@ -130,10 +102,11 @@ impl<F, R> ResponseFuture<F, R> {
         }
     }
 
-    pub(crate) fn rejected(rejection: Rejection) -> Self {
+    pub(crate) fn rejected(rejection: Rejection, breaker: &Arc<str>) -> Self {
         ResponseFuture {
             kind: Kind::Rejected {
                 rejection,
+                breaker: Arc::clone(breaker),
                 _response: PhantomData,
             },
         }
@@ -155,18 +128,67 @@ where
                 guard.finish(&result);
                 Poll::Ready(result)
             }
-            KindProj::Rejected { rejection, .. } => {
-                Poll::Ready(Err(rejection_failure(rejection.retry_after())))
-            }
+            KindProj::Rejected {
+                rejection, breaker, ..
+            } => Poll::Ready(Err(rejection_failure(breaker, rejection.retry_after()))),
         }
     }
 }
 
-/// The failure an open breaker answers with.
-pub(crate) fn rejection_failure<R>(retry_after: Option<std::time::Duration>) -> Failure<R> {
-    let failure = Failure::new(Class::CIRCUIT_OPEN, crate::failure::Code::CircuitOpen);
-    match retry_after {
+/// The failure an open breaker answers with: class [`Class::CIRCUIT_OPEN`], code
+/// [`Code::CircuitOpen`](crate::Code::CircuitOpen), the time left until half-open as its
+/// [`retry_after`](Failure::retry_after), and an [`OpenError`] naming the breaker as its source.
+pub(crate) fn rejection_failure<R>(
+    breaker: &Arc<str>,
+    half_opens_in: Option<Duration>,
+) -> Failure<R> {
+    let failure = Failure::new(Class::CIRCUIT_OPEN, crate::failure::Code::CircuitOpen).with_source(
+        OpenError {
+            breaker: Arc::clone(breaker),
+            half_opens_in,
+        },
+    );
+    match half_opens_in {
         Some(left) => failure.with_retry_after(left),
         None => failure,
     }
 }
+
+/// The source of an open breaker's rejection ([`Class::CIRCUIT_OPEN`]): which breaker, and when
+/// it half-opens.
+///
+/// Its `Display` reads `breaker "api.mail.test:443" is open; half-opens in 2.5s` (or `is forced
+/// open` when an operator opened it and no time is known). It is the message a dead-letter
+/// record keeps.
+#[derive(Clone, Debug)]
+pub struct OpenError {
+    breaker: Arc<str>,
+    half_opens_in: Option<Duration>,
+}
+
+impl OpenError {
+    /// The breaker's name ([`Builder::name`](super::Builder::name); a keyed breaker's key).
+    pub fn breaker(&self) -> &str {
+        &self.breaker
+    }
+
+    /// The time left until the breaker half-opens, as of the rejection; `None` when forced open.
+    pub fn half_opens_in(&self) -> Option<Duration> {
+        self.half_opens_in
+    }
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.half_opens_in {
+            Some(left) => write!(
+                f,
+                "breaker {:?} is open; half-opens in {left:?}",
+                &*self.breaker
+            ),
+            None => write!(f, "breaker {:?} is forced open", &*self.breaker),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}

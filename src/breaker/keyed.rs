@@ -1,7 +1,8 @@
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::net::Ipv6Addr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::task::{Context, Poll};
 
 use tower_layer::Layer;
@@ -9,33 +10,211 @@ use tower_service::Service;
 
 use super::config::{BuildError, Builder};
 use super::future::Guard;
-use super::state::{Shared, SharedRef};
+use super::state::{Shared, SharedRef, State};
 use super::{BreakerHandle, ResponseFuture};
 use crate::failure::Failure;
+
+/// The most bytes a [`Key`] holds inline; a longer key is moved to the heap.
+const INLINE: usize = 272;
+
+/// A breaker key being built: a small buffer on the stack, so that taking the key of a request
+/// allocates nothing (a host name is at most 253 bytes, plus `:` and a port). A longer key moves
+/// to a `String`. Written by [`KeyOf::key`] through [`push_str`](Key::push_str) or
+/// [`fmt::Write`].
+pub struct Key {
+    inline: [u8; INLINE],
+    len: usize,
+    heap: Option<String>,
+}
+
+impl Default for Key {
+    fn default() -> Self {
+        Key::new()
+    }
+}
+
+impl Key {
+    /// An empty key (for testing a [`KeyOf`] implementation; the layer makes its own).
+    pub fn new() -> Self {
+        Key {
+            inline: [0; INLINE],
+            len: 0,
+            heap: None,
+        }
+    }
+
+    /// Appends `s` to the key.
+    pub fn push_str(&mut self, s: &str) {
+        if let Some(heap) = &mut self.heap {
+            heap.push_str(s);
+            return;
+        }
+        let end = self.len + s.len();
+        if end <= INLINE {
+            self.inline[self.len..end].copy_from_slice(s.as_bytes());
+            self.len = end;
+        } else {
+            let mut heap = String::with_capacity(end);
+            heap.push_str(self.as_str());
+            heap.push_str(s);
+            self.heap = Some(heap);
+        }
+    }
+
+    /// The key so far.
+    pub fn as_str(&self) -> &str {
+        match &self.heap {
+            Some(heap) => heap,
+            // Only whole `&str`s are copied in, so the bytes are valid UTF-8.
+            None => std::str::from_utf8(&self.inline[..self.len]).unwrap_or_default(),
+        }
+    }
+
+    /// Whether nothing was written.
+    pub fn is_empty(&self) -> bool {
+        self.as_str().is_empty()
+    }
+}
+
+impl fmt::Write for Key {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.push_str(s);
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Key").field(&self.as_str()).finish()
+    }
+}
 
 /// Takes the key of a request: which breaker of a [`KeyedBreakerLayer`] guards it.
 ///
 /// Implemented by [`Authority`] (the default) and by closures `Fn(&Req) -> Option<String>`.
-/// `None` sends the request to the layer's shared `other` breaker.
+/// A request without a key (the method returns `false`, or writes nothing) goes through the
+/// layer's one [`unkeyed`](KeyedBreakerLayer::unkeyed) breaker.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot take a breaker key from a `{Req}`",
+    note = "use `Authority` for `http::Request`s, or a closure `Fn(&Req) -> Option<String>`"
+)]
 pub trait KeyOf<Req>: Send + Sync + 'static {
-    /// The key of `req`, borrowed from it when possible.
-    fn key<'r>(&self, req: &'r Req) -> Option<Cow<'r, str>>;
+    /// Writes the key of `req` into `key`; `false` when the request has none.
+    fn key(&self, req: &Req, key: &mut Key) -> bool;
 }
 
-/// The default key of an HTTP request: the authority of its URI (`host:port`), else its `Host`
-/// header. Borrowed from the request: taking it allocates nothing.
+/// The default key of an HTTP request: its host and port, normalised, so that every spelling
+/// of one origin shares one breaker.
+///
+/// The host comes from the URI's authority, else from the `Host` header. Then:
+///
+/// - the host is lower-cased (host names are case-insensitive, RFC 3986 §3.2.2) and a trailing
+///   dot is removed (`api.mail.test.` is `api.mail.test`);
+/// - the port is the explicit one, else the scheme's default (`http` and `ws` 80, `https` and
+///   `wss` 443, RFC 9110 §4.2); a URI with no scheme (a `Host` header with a relative URI) and
+///   no port keeps the host alone;
+/// - an IPv6 literal is written in its canonical form (RFC 5952: `[0:0::1]` is `[::1]`), in
+///   brackets; an IPv4 literal is kept as written; a zone or a literal that does not parse is
+///   kept lower-cased;
+/// - user information (`user@`) is not part of the key.
+///
+/// A request with no authority and no valid `Host` header (a relative URI), or with an empty
+/// host, has no key. Taking the key allocates nothing.
+///
+/// ```
+/// use tower_backstop::breaker::Authority;
+/// # fn key(uri: &str) -> String {
+/// #     let req = http::Request::get(uri).body(()).unwrap();
+/// #     Authority::key_of(&req).unwrap()
+/// # }
+/// assert_eq!(key("https://API.mail.test./send"), "api.mail.test:443");
+/// assert_eq!(key("http://api.mail.test:8080/"), "api.mail.test:8080");
+/// assert_eq!(key("http://[0:0::1]/"), "[::1]:80");
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Authority;
 
-impl<B> KeyOf<http::Request<B>> for Authority {
-    fn key<'r>(&self, req: &'r http::Request<B>) -> Option<Cow<'r, str>> {
-        if let Some(authority) = req.uri().authority() {
-            return Some(Cow::Borrowed(authority.as_str()));
+impl Authority {
+    /// The key of `req` as a `String`, or `None` when it has none (a convenience for logs and
+    /// tests; the layer itself takes keys without allocating).
+    pub fn key_of<B>(req: &http::Request<B>) -> Option<String> {
+        let mut key = Key::new();
+        Authority
+            .key(req, &mut key)
+            .then(|| key.as_str().to_owned())
+    }
+}
+
+fn default_port(scheme: Option<&str>) -> Option<u16> {
+    let scheme = scheme?;
+    if scheme.eq_ignore_ascii_case("https") || scheme.eq_ignore_ascii_case("wss") {
+        Some(443)
+    } else if scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("ws") {
+        Some(80)
+    } else {
+        None
+    }
+}
+
+/// Writes `host` (as it appears in an authority: a name, an IPv4 literal, or an IPv6 literal in
+/// brackets) and `port` into `key`, normalised; `false` for an empty host.
+fn write_authority(host: &str, port: Option<u16>, key: &mut Key) -> bool {
+    use std::fmt::Write;
+    if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        match inner.parse::<Ipv6Addr>() {
+            Ok(ip) => {
+                let _ = write!(key, "[{ip}]");
+            }
+            Err(_) => push_lower(key, host),
         }
-        req.headers()
+    } else {
+        let host = host.strip_suffix('.').unwrap_or(host);
+        if host.is_empty() {
+            return false;
+        }
+        push_lower(key, host);
+    }
+    if let Some(port) = port {
+        let _ = write!(key, ":{port}");
+    }
+    true
+}
+
+fn push_lower(key: &mut Key, s: &str) {
+    if !s.bytes().any(|b| b.is_ascii_uppercase()) {
+        key.push_str(s);
+        return;
+    }
+    for chunk in s.split_inclusive(|c: char| c.is_ascii_uppercase()) {
+        match chunk.char_indices().last() {
+            Some((i, c)) if c.is_ascii_uppercase() => {
+                key.push_str(&chunk[..i]);
+                let lower = [c.to_ascii_lowercase() as u8];
+                key.push_str(std::str::from_utf8(&lower).unwrap_or_default());
+            }
+            _ => key.push_str(chunk),
+        }
+    }
+}
+
+impl<B> KeyOf<http::Request<B>> for Authority {
+    fn key(&self, req: &http::Request<B>, key: &mut Key) -> bool {
+        let uri = req.uri();
+        let scheme = uri.scheme_str();
+        if let Some(authority) = uri.authority() {
+            let port = authority.port_u16().or_else(|| default_port(scheme));
+            return write_authority(authority.host(), port, key);
+        }
+        let Some(host) = req
+            .headers()
             .get(http::header::HOST)
             .and_then(|v| v.to_str().ok())
-            .map(Cow::Borrowed)
+            .and_then(|v| v.parse::<http::uri::Authority>().ok())
+        else {
+            return false;
+        };
+        let port = host.port_u16().or_else(|| default_port(scheme));
+        write_authority(host.host(), port, key)
     }
 }
 
@@ -43,56 +222,133 @@ impl<Req, F> KeyOf<Req> for F
 where
     F: Fn(&Req) -> Option<String> + Send + Sync + 'static,
 {
-    fn key<'r>(&self, req: &'r Req) -> Option<Cow<'r, str>> {
-        self(req).map(Cow::Owned)
+    fn key(&self, req: &Req, key: &mut Key) -> bool {
+        match self(req) {
+            Some(k) => {
+                key.push_str(&k);
+                true
+            }
+            None => false,
+        }
     }
+}
+
+/// One key's breaker, and when it was last used (in `Registry::epoch` units).
+struct Entry {
+    shared: Arc<Shared>,
+    last_used: AtomicU64,
 }
 
 struct Registry {
     template: Builder,
     max_keys: usize,
-    breakers: RwLock<HashMap<Box<str>, Arc<Shared>>>,
-    other: Arc<Shared>,
+    breakers: RwLock<HashMap<Box<str>, Entry>>,
+    /// Advanced each time a key is added: a coarse clock for "least recently used" that the hot
+    /// path only reads.
+    epoch: AtomicU64,
+    unkeyed: Arc<Shared>,
 }
 
 impl Registry {
+    fn new(template: Builder, max_keys: usize) -> Self {
+        let unkeyed = template.clone().name("unkeyed").shared();
+        Registry {
+            template,
+            max_keys: max_keys.max(1),
+            breakers: RwLock::default(),
+            epoch: AtomicU64::new(0),
+            unkeyed,
+        }
+    }
+
     fn get(&self, key: Option<&str>) -> Arc<Shared> {
         let Some(key) = key else {
-            return Arc::clone(&self.other);
+            return Arc::clone(&self.unkeyed);
         };
         // A poisoned lock only means another thread panicked while inserting: the map is whole.
-        let read = self.breakers.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(shared) = read.get(key) {
-            return Arc::clone(shared);
+        {
+            let read = self.breakers.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(entry) = read.get(key) {
+                let epoch = self.epoch.load(Ordering::Relaxed);
+                // Written only when it changed, so that a busy key's line is not written by
+                // every call.
+                if entry.last_used.load(Ordering::Relaxed) != epoch {
+                    entry.last_used.store(epoch, Ordering::Relaxed);
+                }
+                return Arc::clone(&entry.shared);
+            }
         }
-        drop(read);
-        let mut write = self.breakers.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(shared) = write.get(key) {
-            return Arc::clone(shared);
+        self.insert(key)
+    }
+
+    #[cold]
+    fn insert(&self, key: &str) -> Arc<Shared> {
+        let mut map = self
+            .breakers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = map.get(key) {
+            return Arc::clone(&entry.shared);
         }
-        if write.len() >= self.max_keys {
-            tracing::debug!(
-                key,
-                max_keys = self.max_keys,
-                "breaker key over the bound; using the shared breaker"
-            );
-            return Arc::clone(&self.other);
-        }
+        let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
         let shared = self.template.clone().name(key).shared();
-        write.insert(key.into(), Arc::clone(&shared));
+        if map.len() >= self.max_keys {
+            // Evict an idle breaker (no call in flight, no handle held): a closed one first,
+            // then the least recently used. Its state goes with it, and the key starts afresh
+            // if it comes back; an open breaker, which is what protects a failing host, goes
+            // last.
+            let idle = map
+                .iter()
+                .filter(|(_, e)| Arc::strong_count(&e.shared) == 1)
+                .min_by_key(|(_, e)| {
+                    (
+                        e.shared.state() != State::Closed,
+                        e.last_used.load(Ordering::Relaxed),
+                    )
+                })
+                .map(|(k, _)| k.clone());
+            match idle {
+                Some(old) => {
+                    tracing::debug!(evicted = &*old, key, "idle breaker evicted for a new key");
+                    map.remove(&old);
+                }
+                None => {
+                    // Every breaker has calls in flight: this call gets a breaker of its own,
+                    // kept nowhere, rather than another key's.
+                    tracing::debug!(
+                        key,
+                        max_keys = self.max_keys,
+                        "every keyed breaker is in use; this call's breaker is not kept"
+                    );
+                    return shared;
+                }
+            }
+        }
+        map.insert(
+            key.into(),
+            Entry {
+                shared: Arc::clone(&shared),
+                last_used: AtomicU64::new(epoch),
+            },
+        );
         shared
     }
 }
 
-/// One breaker per key taken from the request: per host by default ([`Authority`]), or per
-/// provider with a closure. See the [module docs](super) for what each breaker does.
+/// One breaker per key taken from the request: per host by default ([`Authority`], the host
+/// normalised), or per provider with a closure. See the [module docs](super) for what each
+/// breaker does. A client that calls many hosts should use this rather than one
+/// [`BreakerLayer`](super::BreakerLayer): one host's outage then never fails calls to another.
 ///
-/// The number of keys is bounded ([`max_keys`](Self::max_keys), 64 by default): requests with a
-/// new key beyond the bound, and requests without a key, share one more breaker named `other`.
-/// Each breaker is built from the same [`Builder`], named after its key.
+/// Each breaker is built from the same [`Builder`], named after its key. The number of keys is
+/// bounded ([`max_keys`](Self::max_keys), 64 by default): when a new key comes and the bound is
+/// reached, an idle breaker (no call in flight, no handle held) is evicted, a closed one before
+/// an open one and then the least recently used, and the new key gets a fresh breaker; if every breaker has calls in flight, the new
+/// key's call goes through a fresh breaker that is not kept. Requests without a key (a relative
+/// URI with no `Host` header) share one breaker named `unkeyed`.
 ///
-/// The lookup takes a read lock on the key map (a write lock the first time a key is seen), so
-/// unlike [`Breaker`](super::Breaker) this path is not lock-free; the breakers themselves are.
+/// A call to a known key takes a read lock on the key map (never a write lock), clones the
+/// key's `Arc`, and allocates nothing; a new key takes the write lock once.
 ///
 /// ```
 /// use std::time::Duration;
@@ -134,7 +390,7 @@ impl<K> fmt::Debug for KeyedBreakerLayer<K> {
 }
 
 impl KeyedBreakerLayer<Authority> {
-    /// Breakers built from `template`, one per request authority.
+    /// Breakers built from `template`, one per normalised request authority ([`Authority`]).
     ///
     /// # Errors
     ///
@@ -152,49 +408,39 @@ impl<K> KeyedBreakerLayer<K> {
     /// The [`BuildError`] of `template`, if it is invalid.
     pub fn with_key(template: Builder, key: K) -> Result<Self, BuildError> {
         template.validate()?;
-        let other = template.clone().name("other").shared();
         Ok(KeyedBreakerLayer {
             key: Arc::new(key),
-            registry: Arc::new(Registry {
-                template,
-                max_keys: 64,
-                breakers: RwLock::default(),
-                other,
-            }),
+            registry: Arc::new(Registry::new(template, 64)),
         })
     }
 
-    /// The most keys with a breaker of their own (a count; 0 sends everything to `other`).
-    /// Builds a fresh set of breakers.
+    /// The most keys with a breaker kept for them (a count; 0 is raised to 1). Builds a fresh
+    /// set of breakers.
     pub fn max_keys(self, n: usize) -> Self {
-        let registry = &self.registry;
         KeyedBreakerLayer {
+            registry: Arc::new(Registry::new(self.registry.template.clone(), n)),
             key: self.key,
-            registry: Arc::new(Registry {
-                template: registry.template.clone(),
-                max_keys: n,
-                breakers: RwLock::default(),
-                other: registry.template.clone().name("other").shared(),
-            }),
         }
     }
 
-    /// The handle of the breaker of `key`, once a request with that key was seen.
+    /// The handle of the breaker of `key` (as normalised by the key function: for
+    /// [`Authority`], `host:port` in lower case), once a request with that key was seen. While
+    /// the handle is held, that breaker is not evicted.
     pub fn handle(&self, key: &str) -> Option<BreakerHandle> {
         let map = self
             .registry
             .breakers
             .read()
-            .unwrap_or_else(|e| e.into_inner());
-        map.get(key).map(|shared| BreakerHandle {
-            shared: SharedRef::Counted(Arc::clone(shared)),
+            .unwrap_or_else(PoisonError::into_inner);
+        map.get(key).map(|entry| BreakerHandle {
+            shared: SharedRef::Counted(Arc::clone(&entry.shared)),
         })
     }
 
-    /// The handle of the `other` breaker, shared by requests without a key or over the bound.
-    pub fn other(&self) -> BreakerHandle {
+    /// The handle of the breaker shared by requests without a key.
+    pub fn unkeyed(&self) -> BreakerHandle {
         BreakerHandle {
-            shared: SharedRef::Counted(Arc::clone(&self.registry.other)),
+            shared: SharedRef::Counted(Arc::clone(&self.registry.unkeyed)),
         }
     }
 
@@ -204,7 +450,7 @@ impl<K> KeyedBreakerLayer<K> {
             .registry
             .breakers
             .read()
-            .unwrap_or_else(|e| e.into_inner());
+            .unwrap_or_else(PoisonError::into_inner);
         let mut keys: Vec<String> = map.keys().map(|k| k.to_string()).collect();
         keys.sort();
         keys
@@ -265,13 +511,80 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let shared = self.registry.get(self.key.key(&req).as_deref());
+        let mut key = Key::new();
+        let keyed = self.key.key(&req, &mut key) && !key.is_empty();
+        let shared = self.registry.get(keyed.then(|| key.as_str()));
         match shared.admit() {
             Ok(permit) => ResponseFuture::called(
                 self.inner.call(req),
                 Guard::owned(SharedRef::Counted(shared), permit),
             ),
-            Err(r) => ResponseFuture::rejected(r),
+            Err(r) => ResponseFuture::rejected(r, &shared.name),
         }
+    }
+}
+
+#[cfg(all(test, not(tower_backstop_loom)))]
+mod tests {
+    use super::*;
+
+    fn key_of(uri: &str, host: Option<&str>) -> Option<String> {
+        let mut req = http::Request::get(uri);
+        if let Some(host) = host {
+            req = req.header(http::header::HOST, host);
+        }
+        Authority::key_of(&req.body(()).unwrap())
+    }
+
+    #[test]
+    fn authorities_are_normalised() {
+        let cases = [
+            ("https://API.Mail.Test/x", None, Some("api.mail.test:443")),
+            (
+                "https://api.mail.test.:443/x",
+                None,
+                Some("api.mail.test:443"),
+            ),
+            ("http://api.mail.test/", None, Some("api.mail.test:80")),
+            ("HTTP://api.mail.test:80/", None, Some("api.mail.test:80")),
+            (
+                "http://api.mail.test:8080/",
+                None,
+                Some("api.mail.test:8080"),
+            ),
+            ("wss://Chat.test/", None, Some("chat.test:443")),
+            ("ftp://files.test/", None, Some("files.test")),
+            ("http://user:pw@api.test/", None, Some("api.test:80")),
+            ("http://127.0.0.1:3000/", None, Some("127.0.0.1:3000")),
+            ("http://[::1]/", None, Some("[::1]:80")),
+            ("http://[0:0:0:0:0:0:0:1]:8443/", None, Some("[::1]:8443")),
+            ("https://[2001:DB8::A]/", None, Some("[2001:db8::a]:443")),
+            ("/relative", Some("API.mail.test"), Some("api.mail.test")),
+            (
+                "/relative",
+                Some("api.mail.test:8025"),
+                Some("api.mail.test:8025"),
+            ),
+            ("/relative", Some("[::1]:80"), Some("[::1]:80")),
+            ("/relative", None, None),
+            ("/relative", Some("bad host"), None),
+            ("/relative", Some(""), None),
+        ];
+        for (uri, host, want) in cases {
+            assert_eq!(key_of(uri, host).as_deref(), want, "{uri} {host:?}");
+        }
+    }
+
+    #[test]
+    fn a_long_key_moves_to_the_heap_whole() {
+        let mut key = Key::new();
+        let long = "a".repeat(200);
+        key.push_str(&long);
+        key.push_str(&long);
+        assert_eq!(key.as_str().len(), 400);
+        assert!(key.as_str().bytes().all(|b| b == b'a'));
+        let mut key = Key::new();
+        push_lower(&mut key, "ÄbC.Test");
+        assert_eq!(key.as_str(), "Äbc.test");
     }
 }

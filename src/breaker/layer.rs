@@ -88,14 +88,7 @@ impl BreakerLayer {
     /// Makes this breaker's state live until the process ends, so that each call skips the
     /// reference count: the services and response futures reach the state through a
     /// `&'static` reference instead of cloning and dropping an `Arc` (two atomic read-modify-write
-    /// operations per call, on a cache line all threads share).
-    ///
-    /// Without it, most calls already skip the count: a closed-state call under the consecutive
-    /// rule (the default), started while no failure is counted, keeps only the breaker's id and
-    /// finds the breaker again by that id if it fails. What still holds an `Arc` is a call under
-    /// a failure-rate or slow-call rule (its every outcome is recorded), a half-open probe, a
-    /// call started after a failure (its success clears the count), and a call while disabled.
-    /// Those are what this speeds up; a static breaker's calls never look it up.
+    /// operations per call, on a cache line all threads share; `benches/breaker.rs`).
     ///
     /// The state (a few hundred bytes, plus a count window's byte per call) is then never freed:
     /// use it for breakers built once, at startup, not for layers built per request. Handles

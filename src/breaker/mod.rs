@@ -17,15 +17,13 @@
 //! of resilience4j's `CircuitBreaker`.
 //!
 //! The state lives in atomics; the closed-state success path takes no lock, reads no clock when
-//! no time-based rule needs it, and allocates nothing. Under the consecutive rule a
-//! [`Breaker`]'s call does not even touch the breaker's reference count: a call that starts while
-//! no failure is counted keeps only the breaker's id, and looks the breaker up by it only if it
-//! fails. Calls whose every outcome counts (rate rules, probes, calls that start after a failure,
-//! and calls while disabled) hold an `Arc` clone, which a breaker built once at startup can skip
-//! with [`BreakerLayer::into_static`]. A [`Keyed`] breaker clones its key's `Arc` on every call,
-//! for the lookup. An open breaker answers `Ready(Ok)` from
-//! `poll_ready` without waiting for the inner service, and its future fails at once, like tower's
-//! `load_shed`.
+//! no time-based rule needs it, and allocates nothing. Each call's future holds a reference to
+//! its breaker (an `Arc` clone, so that the outcome is recorded even if the service is dropped
+//! first; [`BreakerLayer::into_static`] spares breakers built once at startup that reference
+//! count). There is no process-wide state: each breaker is its own `Arc`. An open breaker
+//! answers `Ready(Ok)` from `poll_ready` without waiting for the inner service, and its future
+//! fails at once, like tower's `load_shed`. The rejection's source is an [`OpenError`] naming the
+//! breaker and the time left until it half-opens.
 //!
 //! Around it: [`BreakerHandle`] for operators (read, force open, disable, reset: an axum admin
 //! route is shown on [`BreakerHandle`]), [`Listener`] for metrics, [`KeyedBreakerLayer`] for one
@@ -104,7 +102,6 @@ mod failover;
 mod future;
 mod keyed;
 mod layer;
-mod registry;
 mod server;
 mod state;
 mod sync;
@@ -113,8 +110,8 @@ mod window;
 pub use self::config::{BuildError, Builder, MAX_PROBES, OpenDuration};
 pub use self::event::{Event, Listener};
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
-pub use self::future::ResponseFuture;
-pub use self::keyed::{Authority, KeyOf, Keyed, KeyedBreakerLayer};
+pub use self::future::{OpenError, ResponseFuture};
+pub use self::keyed::{Authority, Key, KeyOf, Keyed, KeyedBreakerLayer};
 pub use self::layer::BreakerLayer;
 pub use self::server::{ServerBreaker, ServerBreakerFuture, ServerBreakerLayer};
 pub use self::state::{State, Stats};
@@ -219,7 +216,7 @@ where
             Ok(permit) => {
                 ResponseFuture::called(self.inner.call(req), Guard::new(&self.shared, permit))
             }
-            Err(r) => ResponseFuture::rejected(r),
+            Err(r) => ResponseFuture::rejected(r, &self.shared.name),
         }
     }
 }

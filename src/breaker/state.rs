@@ -8,10 +8,9 @@
 //! - a probe permit is taken and given back by a compare-and-swap on the same word that decides
 //!   the transitions, so "exactly N probes" and "a failure and a success racing" have one order.
 //!
-//! The closed-state success path with the consecutive rule is two atomic loads at admission (the
-//! word, and the failure count, which decides whether the call needs a reference to the breaker
-//! at all: see `registry`) and nothing at completion: no lock, no clock read, no write, and no
-//! reference count.
+//! The closed-state success path with the consecutive rule is one atomic load at admission (the
+//! word) and one at completion (the failure count, written only when a row of failures is to
+//! end): no lock, no clock read, and no write.
 
 use std::fmt;
 use std::sync::Arc;
@@ -301,11 +300,6 @@ pub(crate) struct Shared {
     clock_on_complete: bool,
     /// Whether a call's start time is needed (the slow-call rule).
     needs_start: bool,
-    /// Whether a closed-state success changes nothing while no failure is counted (the
-    /// consecutive rule alone), so that such a call need not hold a reference (`registry`).
-    detachable: bool,
-    /// This breaker's id in the registry (every `Shared` is built registered, by `counted`).
-    pub(crate) id: u64,
 
     word: AtomicU64,
     failures: AtomicU32,
@@ -325,12 +319,6 @@ pub(crate) struct Shared {
     failed: AtomicU64,
 }
 
-impl Drop for Shared {
-    fn drop(&mut self) {
-        super::registry::unregister(self.id);
-    }
-}
-
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shared")
@@ -341,7 +329,7 @@ impl fmt::Debug for Shared {
 }
 
 impl Shared {
-    fn new(config: &Builder, id: u64) -> Self {
+    pub(crate) fn new(config: &Builder) -> Self {
         let consecutive = match (config.consecutive, config.has_rates()) {
             (Some(n), _) => Some(n.max(1)),
             (None, false) => Some(5),
@@ -355,7 +343,6 @@ impl Shared {
         });
         let slow = config.slow.map(|(d, r)| (saturating_nanos(d), r));
         let clock_on_complete = slow.is_some() || window.as_ref().is_some_and(Window::needs_clock);
-        let detachable = consecutive.is_some() && window.is_none() && !clock_on_complete;
         Shared {
             name: config.name.clone(),
             config: config.clone(),
@@ -372,8 +359,6 @@ impl Shared {
             window,
             clock_on_complete,
             needs_start: slow.is_some(),
-            detachable,
-            id,
             word: AtomicU64::new(CLOSED),
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
@@ -387,26 +372,6 @@ impl Shared {
             probes_admitted: AtomicU64::new(0),
             failed: AtomicU64::new(0),
         }
-    }
-
-    /// A breaker shared by services and futures, findable by its id (`registry`).
-    pub(crate) fn counted(config: &Builder) -> Arc<Shared> {
-        let id = super::registry::next_id();
-        let shared = Arc::new(Shared::new(config, id));
-        super::registry::register(id, &shared);
-        shared
-    }
-
-    /// Whether a call admitted with `permit` can leave the breaker behind: it is a closed-state
-    /// call under the consecutive rule alone and no failure is counted as it starts, so its
-    /// success changes nothing and its failure can find the breaker by id. Every failure that
-    /// such a success could clear was counted after the call started, and it leaves them be
-    /// (see [`Builder::consecutive_failures`]).
-    #[inline]
-    pub(crate) fn detaches(&self, permit: &Permit) -> bool {
-        self.detachable
-            && state_of(permit.word) == CLOSED
-            && self.failures.load(Ordering::Relaxed) == 0
     }
 
     pub(crate) fn counts(&self, class: Class) -> bool {
@@ -633,8 +598,11 @@ impl Shared {
             Outcome::Failure(_) => return,
         };
         if !failed && !self.clock_on_complete && self.window.is_none() {
-            // The hot path: a success under the consecutive rule alone.
-            if self.failures.load(Ordering::Relaxed) != 0 {
+            // The hot path: a success under the consecutive rule alone. It ends the row of
+            // failures if it started in this closed period (after the breaker last closed).
+            if self.failures.load(Ordering::Relaxed) != 0
+                && self.word.load(Ordering::Acquire) == permit.word
+            {
                 self.failures.store(0, Ordering::Relaxed);
             }
             return;

@@ -73,7 +73,7 @@ impl HttpClassifier {
 pub(crate) fn default_class(status: StatusCode) -> Option<Class> {
     match status.as_u16() {
         100..=399 => None,
-        408 | 502 | 503 | 504 => Some(Class::TRANSIENT),
+        408 | 425 | 502 | 503 | 504 => Some(Class::TRANSIENT),
         429 => Some(Class::THROTTLED),
         400..=499 => Some(Class::PERMANENT),
         _ => Some(Class::UNKNOWN),
@@ -100,10 +100,9 @@ impl<B> Classifier<http::Response<B>> for HttpClassifier {
 }
 
 /// The server's delay hint in `headers`, as a positive delay from now: `Retry-After` (RFC 9110
-/// §10.2.3) when present and valid, else `RateLimit-Reset` (draft-ietf-httpapi-ratelimit-headers:
-/// delta-seconds), else `X-RateLimit-Reset` (delta-seconds, or, for a value of at least
-/// 1,000,000,000, a Unix time in seconds as GitHub and others send it). A malformed value is
-/// logged and ignored; a time in the past, or zero, gives no hint.
+/// §10.2.3) when present and valid, else a rate-limit reset header (see
+/// [`rate_limit_reset_hint`]). A malformed value is logged and ignored; a time in the past, or
+/// zero, gives no hint.
 pub(crate) fn retry_after_hint(headers: &HeaderMap) -> Option<Duration> {
     retry_after_header(headers).or_else(|| rate_limit_reset_hint(headers, SystemTime::now()))
 }
@@ -149,9 +148,32 @@ where
     }
 }
 
-/// Reads `RateLimit-Reset`, then `X-RateLimit-Reset`, as a positive delay from `now`.
-pub(crate) fn rate_limit_reset_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    for name in ["ratelimit-reset", "x-ratelimit-reset"] {
+/// The longest wait a rate-limit reset header may name: a week. A reset further ahead is
+/// nonsense (a misread unit, a clock far off) and is ignored, never turned into a deferral of
+/// years; quotas reset within a day in every API we know of.
+pub const MAX_RESET_HINT: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+/// Unix times in seconds from this value up (2001-09-09); below it, delta-seconds.
+const EPOCH_SECONDS_FROM: u64 = 1_000_000_000;
+/// Unix times in milliseconds from this value up (13 digits, 2001-09-09 in milliseconds).
+const EPOCH_MILLIS_FROM: u64 = 1_000_000_000_000;
+
+/// Reads the rate-limit reset headers, in this order, as a positive delay from `now`:
+///
+/// - `RateLimit-Reset` (draft-ietf-httpapi-ratelimit-headers): delta-seconds;
+/// - `X-RateLimit-Reset` (GitHub, GitLab, many others) and `X-Rate-Limit-Reset` (Twitter/X and
+///   others): delta-seconds below 1,000,000,000; a Unix time in **seconds** from
+///   1,000,000,000 (10 digits); a Unix time in **milliseconds** from 1,000,000,000,000
+///   (13 digits).
+///
+/// An absolute time is never reached early: the wait lasts until its whole second (or whole
+/// millisecond) has passed, since a server that truncates its clock is still in the reset second
+/// until it ends. A value that is not a plain non-negative integer (a sign, a fraction, a word)
+/// is malformed: logged and ignored. A value too large for 64 bits, or naming a wait above
+/// [`MAX_RESET_HINT`], is ignored as nonsense. A reset in the past, or zero, gives no hint. In
+/// each case the next header is tried, then the class's backoff applies.
+pub fn rate_limit_reset_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    for name in ["ratelimit-reset", "x-ratelimit-reset", "x-rate-limit-reset"] {
         let Some(value) = headers.get(name) else {
             continue;
         };
@@ -160,22 +182,39 @@ pub(crate) fn rate_limit_reset_hint(headers: &HeaderMap, now: SystemTime) -> Opt
             .ok()
             .map(|v| v.trim_matches([' ', '\t']))
             .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-            .map(|v| v.parse::<u64>().unwrap_or(u64::MAX));
-        let Some(secs) = parsed else {
+            .map(|v| v.parse::<u64>().ok());
+        let Some(number) = parsed else {
             tracing::warn!(header = name, value = ?value, "ignoring malformed rate-limit reset");
             continue;
         };
-        let delay = if name == "x-ratelimit-reset" && secs >= 1_000_000_000 {
-            // A Unix time: the wait until then, rounded up to whole seconds by construction.
-            (std::time::UNIX_EPOCH + Duration::from_secs(secs))
-                .duration_since(now)
-                .unwrap_or(Duration::ZERO)
-        } else {
-            Duration::from_secs(secs)
+        let absolute = name != "ratelimit-reset";
+        let delay = match number {
+            None => None,
+            Some(n) if absolute && n >= EPOCH_MILLIS_FROM => {
+                until(now, Duration::from_millis(n.saturating_add(1)))
+            }
+            Some(n) if absolute && n >= EPOCH_SECONDS_FROM => {
+                until(now, Duration::from_secs(n.saturating_add(1)))
+            }
+            Some(n) => Some(Duration::from_secs(n)),
         };
-        return (delay > Duration::ZERO).then_some(delay);
+        match delay {
+            Some(d) if d <= MAX_RESET_HINT => return (d > Duration::ZERO).then_some(d),
+            _ => tracing::warn!(
+                header = name,
+                value = ?value,
+                "ignoring a rate-limit reset absurdly far ahead"
+            ),
+        }
     }
     None
+}
+
+/// The wait from `now` until `since_epoch` after the Unix epoch; zero when it has passed, `None`
+/// when the time is not representable.
+fn until(now: SystemTime, since_epoch: Duration) -> Option<Duration> {
+    let at = std::time::UNIX_EPOCH.checked_add(since_epoch)?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 fn retry_after_header(headers: &HeaderMap) -> Option<Duration> {
@@ -316,6 +355,70 @@ mod tests {
     }
 
     #[test]
+    fn reset_values_of_every_shape_have_a_defined_meaning() {
+        use std::time::UNIX_EPOCH;
+        let headers = |name: &'static str, value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(name, value.parse().unwrap());
+            h
+        };
+        // Now is 0.3 s before a whole second T.
+        let t = 1_800_000_000u64;
+        let now = UNIX_EPOCH + Duration::from_secs(t) - Duration::from_millis(300);
+        let hint = |name, value: &str| rate_limit_reset_hint(&headers(name, value), now);
+        // An absolute reset second is never reached early: the wait lasts until T + 1.
+        for name in ["x-ratelimit-reset", "x-rate-limit-reset"] {
+            assert_eq!(
+                hint(name, &t.to_string()),
+                Some(Duration::from_millis(1_300))
+            );
+            // Epoch milliseconds (13 digits): 30 s ahead, to the millisecond.
+            let ms = t * 1000 + 30_000;
+            assert_eq!(
+                hint(name, &ms.to_string()),
+                Some(Duration::from_millis(30_301))
+            );
+            // Delta-seconds.
+            assert_eq!(hint(name, "30"), Some(Duration::from_secs(30)));
+        }
+        // `RateLimit-Reset` is always delta-seconds.
+        assert_eq!(hint("ratelimit-reset", "30"), Some(Duration::from_secs(30)));
+        // Bad input: ignored, never a panic, never a deferral of years.
+        for bad in [
+            "-5",
+            "1.5",
+            "0x10",
+            "soon",
+            "",
+            "99999999999999999999999",
+            "18446744073709551615",
+            "9999999999999",
+            "4000000000",
+        ] {
+            for name in ["ratelimit-reset", "x-ratelimit-reset", "x-rate-limit-reset"] {
+                assert_eq!(hint(name, bad), None, "{name}: {bad:?}");
+            }
+        }
+        // A week ahead is still a hint; a second more is nonsense.
+        let week = MAX_RESET_HINT.as_secs();
+        assert_eq!(
+            hint("ratelimit-reset", &week.to_string()),
+            Some(MAX_RESET_HINT)
+        );
+        assert_eq!(hint("ratelimit-reset", &(week + 1).to_string()), None);
+        // A past reset, or zero: no hint.
+        assert_eq!(hint("x-ratelimit-reset", "1000000000"), None);
+        assert_eq!(hint("ratelimit-reset", "0"), None);
+        // A nonsense first header does not hide a good later one.
+        let mut both = headers("ratelimit-reset", "soon");
+        both.insert("x-rate-limit-reset", "12".parse().unwrap());
+        assert_eq!(
+            rate_limit_reset_hint(&both, now),
+            Some(Duration::from_secs(12))
+        );
+    }
+
+    #[test]
     fn rate_limit_reset_headers_are_hints() {
         let c = HttpClassifier::new();
         let r = |name: &str, value: &str| {
@@ -339,8 +442,9 @@ mod tests {
             .unwrap()
             .as_secs();
         let d = hint(r("x-ratelimit-reset", &(now + 100).to_string())).unwrap();
+        // Until the whole reset second has passed.
         assert!(
-            d > Duration::from_secs(98) && d <= Duration::from_secs(100),
+            d > Duration::from_secs(100) && d <= Duration::from_secs(101),
             "{d:?}"
         );
         assert_eq!(

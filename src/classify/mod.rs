@@ -15,7 +15,7 @@
 //! | status | class |
 //! |---|---|
 //! | 1xx, 2xx, 3xx | success |
-//! | 408, 502, 503, 504 | [`Class::TRANSIENT`] |
+//! | 408, 425, 502, 503, 504 | [`Class::TRANSIENT`] |
 //! | 429 | [`Class::THROTTLED`] |
 //! | 500 and any other 5xx | [`Class::UNKNOWN`] |
 //! | any other 4xx | [`Class::PERMANENT`] |
@@ -34,7 +34,9 @@
 //!   permanent), for any response type that implements [`SmtpReply`].
 //! - [`HttpClassifier::with_body`]: a user function reads the provider's own code from the
 //!   body (a JSON error), with [`BufferResponseLayer`] below to hold the body in memory.
-//! - `RateLimit-Reset` and `X-RateLimit-Reset` are read as hints when `Retry-After` is absent.
+//! - `RateLimit-Reset`, `X-RateLimit-Reset` and `X-Rate-Limit-Reset` are read as hints when
+//!   `Retry-After` is absent (seconds, or a Unix time in seconds or milliseconds; see
+//!   [`rate_limit_reset_hint`]).
 //!
 //! Every mapping can be overridden code by code (`map_status`, `map_code`, `map_reply`) to user
 //! classes; the original code is always kept on the failure ([`Code`]).
@@ -111,7 +113,10 @@ mod smtp;
 pub use self::buffer::{BufferResponse, BufferResponseFuture, BufferResponseLayer};
 pub use self::future::{Panicked, ResponseFuture};
 pub use self::grpc::{GrpcClassifier, Trailers, codes};
-pub use self::http::{BodyClassifier, HttpClassifier, InvalidRetryAfter, parse_retry_after};
+pub use self::http::{
+    BodyClassifier, HttpClassifier, InvalidRetryAfter, MAX_RESET_HINT, parse_retry_after,
+    rate_limit_reset_hint,
+};
 pub use self::layer::ClassifyLayer;
 pub use self::smtp::{SmtpClassifier, SmtpReply};
 

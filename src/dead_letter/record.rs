@@ -283,9 +283,12 @@ impl Record {
         } else {
             None
         };
-        // A failure refused by the durable attempt budget made no attempt.
+        // A failure refused by the durable attempt budget made no attempt; a breaker rejection
+        // is not an attempt either (only the real attempts before it count).
         let attempts = if failure.code() == Code::AttemptBudgetSpent {
             0
+        } else if failure.code() == Code::CircuitOpen {
+            failure.attempts()
         } else {
             failure.attempts().max(1)
         };

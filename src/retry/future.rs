@@ -8,7 +8,9 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::policy::{Attempted, Decision, RetryEvent, RetryPolicy, Spare, outcome_unknown};
+use super::policy::{
+    Attempted, Decision, RetryEvent, RetryPolicy, Spare, outcome_unknown, retry_at,
+};
 use crate::failure::{Class, Code, Failure, GiveUp};
 use crate::request::Replay;
 
@@ -247,7 +249,16 @@ where
                     if unknown {
                         failure.set_class(Class::OUTCOME_UNKNOWN);
                     }
+                    // A breaker rejection is not an attempt: the request never left.
+                    let rejected = failure.code() == Code::CircuitOpen;
                     let Some(r) = this.retry.as_mut() else {
+                        if rejected && let Some(left) = failure.retry_after() {
+                            // Not retried here, but it never left: deferred to the half-open
+                            // instant, like any rejection.
+                            failure.note_retry_at(retry_at(SystemTime::now(), left));
+                            failure.note_attempts(0, Some(SystemTime::now()), GiveUp::Deferred);
+                            return Poll::Ready(Err(failure));
+                        }
                         let reason = if unknown {
                             GiveUp::NotIdempotent
                         } else {
@@ -255,11 +266,14 @@ where
                         };
                         return Poll::Ready(Err(give_up(
                             failure,
-                            1,
+                            u32::from(!rejected),
                             Some(SystemTime::now()),
                             reason,
                         )));
                     };
+                    if rejected {
+                        r.attempts -= 1;
+                    }
                     let history = r.history();
                     let class_failures = history.count(failure.class());
                     let first = *history.first_failed_at.get_or_insert_with(SystemTime::now);

@@ -7,16 +7,18 @@
 //! 1. Is the class retried, and are attempts left? [`RetryPolicy::max_attempts`] caps the calls
 //!    (the first included: with `max_attempts(4)` a service that always fails is called exactly
 //!    4 times); a class's [`ClassPolicy::max_attempts`] caps the attempts that failed with that
-//!    class, so breaker rejections do not eat into the transient cap.
+//!    class, so failures of one class do not eat into another's cap. A breaker rejection is
+//!    not an attempt at all (the request never left): by default it comes back at once,
+//!    deferred to the instant the breaker half-opens ([`RetryPolicy::wait_for_breaker`]).
 //! 2. Is the request safe to send again? Idempotent methods (RFC 9110 §9.2.2) and requests with
 //!    an `Idempotency-Key` are; others only after a failure that proves they were not processed
-//!    (429, 503, a refused connection, an open breaker). A timeout or reset after such a request
+//!    (408, 425, 429, 503, a refused connection, an open breaker). A timeout or reset after such a request
 //!    becomes [`Class::OUTCOME_UNKNOWN`](crate::Class::OUTCOME_UNKNOWN) and is not retried.
 //!    [`IdempotencyKeyLayer`] stamps a key once per logical request. A request whose body
 //!    cannot be copied ([`Replay`]) is never retried, and the failure says so.
 //! 3. How long to wait? The server's hint (`Retry-After`, RFC 9110 §10.2.3; gRFC A6's
-//!    `grpc-retry-pushback-ms`; `RateLimit-Reset`; the breaker's time left open) when it gave
-//!    one, else the class's [`Backoff`] with its [`Jitter`]. A delay above
+//!    `grpc-retry-pushback-ms`; `RateLimit-Reset` and `X-RateLimit-Reset`) when it gave one,
+//!    else the class's [`Backoff`] with its [`Jitter`]. A delay above
 //!    [`max_delay`](RetryPolicy::max_delay) is not slept: the request is deferred
 //!    ([`GiveUp::Deferred`], with
 //!    [`Failure::retry_at`](crate::Failure::retry_at)) or given up, as configured.

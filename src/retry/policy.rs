@@ -17,10 +17,13 @@ use crate::failure::{Class, Code, Failure, GiveUp};
 #[non_exhaustive]
 pub enum DelaySource {
     /// The server's hint: `Retry-After` (RFC 9110 §10.2.3), `grpc-retry-pushback-ms` (gRFC A6),
-    /// `RateLimit-Reset`, or the breaker's time left open. Never shortened by jitter.
+    /// or a rate-limit reset header. Never shortened by jitter.
     ServerHint,
     /// The class's [`Backoff`] (the policy's, unless the class has its own).
     Backoff,
+    /// Our own breaker's time left until half-open, waited in process only when the policy
+    /// opted in with [`RetryPolicy::wait_for_breaker`].
+    Breaker,
 }
 
 impl DelaySource {
@@ -29,6 +32,7 @@ impl DelaySource {
         match self {
             DelaySource::ServerHint => "server hint",
             DelaySource::Backoff => "backoff",
+            DelaySource::Breaker => "breaker half-opens",
         }
     }
 }
@@ -129,10 +133,12 @@ struct Inner {
     backoff: Backoff,
     max_delay: Duration,
     long_delay: LongDelay,
+    breaker_wait: Duration,
     rules: Vec<(Class, ClassPolicy)>,
     budget: Option<Budget>,
     deadline: Option<Duration>,
     retry_unprocessed: bool,
+    unprocessed_statuses: Vec<http::StatusCode>,
     assume_idempotent: bool,
     rng: Option<Arc<Mutex<SmallRng>>>,
     on_retry: Option<OnRetry>,
@@ -155,7 +161,10 @@ struct Inner {
 /// | [`deadline`](Self::deadline) | none |
 /// | [`retry_unprocessed`](Self::retry_unprocessed) | on |
 /// | [`assume_idempotent`](Self::assume_idempotent) | off |
-/// | retried classes | [`Class::TRANSIENT`], [`Class::THROTTLED`], [`Class::UNKNOWN`], [`Class::CIRCUIT_OPEN`], each within `max_attempts` with the policy's backoff; throttled waits the server's delay first, then slower ([`ClassPolicy::slow_down`]) |
+/// | [`wait_for_breaker`](Self::wait_for_breaker) | off: an open breaker's rejection comes back at once, deferred to the half-open instant |
+/// | retried classes | [`Class::TRANSIENT`] and [`Class::THROTTLED`] within `max_attempts` with the policy's backoff; throttled waits the server's delay first, then slower ([`ClassPolicy::slow_down`]) |
+/// | [`Class::UNKNOWN`] | cautiously: at most 2 attempts failed with it (one retry), with the throttled class's slower backoff (see below) |
+/// | [`Class::CIRCUIT_OPEN`] | not an attempt; deferred (see [`wait_for_breaker`](Self::wait_for_breaker)), at most 3 rejections waited per request when waiting is on |
 /// | never retried | [`Class::PERMANENT`], [`Class::POISON`], [`Class::OUTCOME_UNKNOWN`], and any class the policy does not name |
 ///
 /// # Counting attempts
@@ -172,11 +181,21 @@ struct Inner {
 ///
 /// # Delays
 ///
-/// The delay is the server's hint when it gave one, never shortened by jitter (only the
-/// breaker's own time left, the same for every caller it rejected, is spread by up to +25 %);
-/// else the class's [`Backoff`], computed from the number of attempts that failed with that
+/// The delay is the server's hint when it gave one, never shortened by jitter; else the class's [`Backoff`], computed from the number of attempts that failed with that
 /// class. A delay above [`max_delay`](Self::max_delay) is never slept: the request is deferred
 /// or given up ([`on_long_delay`](Self::on_long_delay)).
+///
+/// # Why `unknown` is cautious
+///
+/// An [`Class::UNKNOWN`] failure (HTTP 500, an unmapped code, gRPC `UNKNOWN` or `INTERNAL`)
+/// says nothing about whether trying again helps: it is as often a bug that fails every time
+/// (a payload the provider cannot handle) as a passing fault. The design's class table says "a
+/// few times, cautiously"; the default is one retry (2 attempts failed with it, a count of
+/// attempts, not retries) and [`ClassPolicy::slow_down`], the throttled class's rule: after
+/// an earlier delay, wait at least that long again and up to twice it. A request that keeps
+/// failing with 500 is then handed to the dead-letter layer after 2 calls instead of 3, and
+/// a provider that crashes on it is hit once more, not twice. Give it more with
+/// `retry_at_most(Class::UNKNOWN, n)` (which keeps the slow-down).
 ///
 /// # Safety to resend
 ///
@@ -200,11 +219,15 @@ impl Default for RetryPolicy {
                 backoff: Backoff::default(),
                 max_delay: Duration::from_secs(60),
                 long_delay: LongDelay::Defer,
+                breaker_wait: Duration::ZERO,
                 rules: vec![
                     (Class::TRANSIENT, ClassPolicy::retry()),
                     (Class::THROTTLED, ClassPolicy::retry().slow_down(true)),
-                    (Class::UNKNOWN, ClassPolicy::retry()),
-                    (Class::CIRCUIT_OPEN, ClassPolicy::retry()),
+                    (
+                        Class::UNKNOWN,
+                        ClassPolicy::retry().max_attempts(2).slow_down(true),
+                    ),
+                    (Class::CIRCUIT_OPEN, ClassPolicy::retry().max_attempts(3)),
                     (Class::PERMANENT, ClassPolicy::never()),
                     (Class::POISON, ClassPolicy::never()),
                     (Class::OUTCOME_UNKNOWN, ClassPolicy::never()),
@@ -212,6 +235,7 @@ impl Default for RetryPolicy {
                 budget: None,
                 deadline: None,
                 retry_unprocessed: true,
+                unprocessed_statuses: UNPROCESSED_STATUSES.to_vec(),
                 assume_idempotent: false,
                 rng: None,
                 on_retry: None,
@@ -277,6 +301,30 @@ impl RetryPolicy {
         self.edit(|p| p.max_delay = max_delay)
     }
 
+    /// Lets the layer wait in process for an open breaker below it, when the breaker half-opens
+    /// within `max` (a [`Duration`]; keep it small, such as 1 or 2 s). Off by default
+    /// ([`Duration::ZERO`]): a rejection comes back at once.
+    ///
+    /// A breaker rejection ([`Class::CIRCUIT_OPEN`]) is not an attempt: the request never left.
+    /// By default it is returned at once, marked [`GiveUp::Deferred`] with
+    /// [`Failure::retry_at`] at the instant the breaker half-opens (rounded up to the second), so
+    /// that a [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer) keeps it as a deferred
+    /// record and its [`Scheduler`](crate::dead_letter::Scheduler) sends it again then; a
+    /// [`FailoverLayer`](crate::breaker::FailoverLayer) below this layer takes the call instead
+    /// and never rejects. Sleeping out an open period in process is what makes callers pile up
+    /// behind an outage and wake together: the design's "an open breaker fails fast" (§5).
+    ///
+    /// With `wait_for_breaker(max)`, a rejection whose time left is at most `max` is waited out
+    /// in process (spread by up to +25 %, within `max`, so that the callers it rejected do not
+    /// wake together), then the call is made again; a longer one is deferred as above (or given
+    /// up under [`LongDelay::GiveUp`]). The rejections waited per request are capped by the
+    /// class's attempts ([`ClassPolicy::max_attempts`] of [`Class::CIRCUIT_OPEN`], 3 by default).
+    /// A rejection that says nothing of when the breaker half-opens (forced open by an operator)
+    /// is never waited: the request stops with [`GiveUp::NotRetryable`].
+    pub fn wait_for_breaker(self, max: Duration) -> Self {
+        self.edit(|p| p.breaker_wait = max)
+    }
+
     /// What to do with a delay above [`max_delay`](Self::max_delay): defer (the default) or
     /// give up.
     pub fn on_long_delay(self, long_delay: LongDelay) -> Self {
@@ -329,12 +377,44 @@ impl RetryPolicy {
     }
 
     /// Whether a request that is not safe to send twice (a POST without an `Idempotency-Key`) may
-    /// still be retried after a failure that proves it was not processed: HTTP 429 and 503
-    /// (RFC 9110 §15.5.30, §15.6.4 and RFC 6585 §4: the server refused the request), a refused
-    /// connection, and an open breaker (the request never left). Default on; it costs one copy
-    /// of such requests per call.
+    /// still be retried after a failure that proves it was not processed: one of the
+    /// [`unprocessed_statuses`](Self::unprocessed_statuses) (by default 408, 425, 429 and 503),
+    /// a refused connection, and an open breaker (the request never left). Default on; it costs
+    /// one copy of such requests per call.
     pub fn retry_unprocessed(self, enabled: bool) -> Self {
         self.edit(|p| p.retry_unprocessed = enabled)
+    }
+
+    /// The HTTP statuses that prove a request was not processed, so that even a keyless POST
+    /// may be sent again after them (with [`retry_unprocessed`](Self::retry_unprocessed) on).
+    /// Replaces the list. The default, from RFC 9110 and RFC 8470:
+    ///
+    /// | status | why it proves "not processed" |
+    /// |---|---|
+    /// | 408 Request Timeout | the server closed the connection before it read the whole request (RFC 9110 §15.5.9) |
+    /// | 425 Too Early | the server refused to process early data at all (RFC 8470 §5.2) |
+    /// | 429 Too Many Requests | the request was refused by a rate limit (RFC 6585 §4) |
+    /// | 503 Service Unavailable | the server is unable to handle the request (RFC 9110 §15.6.4) |
+    ///
+    /// 503 is kept by default because origin servers and most proxies send it before they
+    /// touch the request (overload, maintenance, no healthy upstream). A gateway that can
+    /// answer 503 after it forwarded the request (some load balancers do when the upstream
+    /// drops mid-response) breaks that promise: leave 503 out for such a provider, and a
+    /// keyless POST answered 503 stops with [`GiveUp::NotIdempotent`]:
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_backstop::retry::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::new().unprocessed_statuses(&[
+    ///     StatusCode::REQUEST_TIMEOUT,
+    ///     StatusCode::TOO_EARLY,
+    ///     StatusCode::TOO_MANY_REQUESTS,
+    /// ]);
+    /// # let _ = policy;
+    /// ```
+    pub fn unprocessed_statuses(self, statuses: &[http::StatusCode]) -> Self {
+        self.edit(|p| p.unprocessed_statuses = statuses.to_vec())
     }
 
     /// Treats every request as safe to send twice, whatever its method and headers. For gRPC
@@ -408,7 +488,10 @@ impl RetryPolicy {
         let Some(rule) = self.rule(class) else {
             return Decision::Stop(GiveUp::NotRetryable);
         };
-        if let Some(budget) = &self.inner.budget {
+        if let Some(budget) = &self.inner.budget
+            && class != Class::CIRCUIT_OPEN
+        {
+            // A rejection is not an attempt: it costs the provider nothing.
             budget.failure();
         }
         if failure.no_retry() {
@@ -420,24 +503,16 @@ impl RetryPolicy {
         }
         match at.spare {
             Spare::Ready => {}
-            Spare::NotSafe if self.inner.retry_unprocessed && proves_unprocessed(failure) => {}
+            Spare::NotSafe
+                if self.inner.retry_unprocessed
+                    && proves_unprocessed(failure, &self.inner.unprocessed_statuses) => {}
             Spare::NotSafe => return Decision::Stop(GiveUp::NotIdempotent),
             Spare::NotReplayable => return Decision::Stop(GiveUp::NotReplayable),
         }
+        if class == Class::CIRCUIT_OPEN {
+            return self.decide_rejection(failure.retry_after());
+        }
         let (delay, source) = match failure.retry_after() {
-            Some(hint) if class == Class::CIRCUIT_OPEN && hint <= self.inner.max_delay => {
-                // Our own breaker's time left: every caller it rejected got the same value, so
-                // spread their wake-ups by up to +25 % (never less than the time left).
-                let spread = self.with_rng(|rng| {
-                    Backoff::constant(hint / 4)
-                        .jitter(super::Jitter::Full)
-                        .delay_with(1, None, rng)
-                });
-                (
-                    hint.saturating_add(spread).min(self.inner.max_delay),
-                    DelaySource::ServerHint,
-                )
-            }
             Some(hint) if hint > Duration::ZERO => (hint, DelaySource::ServerHint),
             _ => {
                 let backoff = rule.backoff.as_ref().unwrap_or(&self.inner.backoff);
@@ -459,6 +534,30 @@ impl RetryPolicy {
             };
         }
         Decision::Retry(delay, source)
+    }
+
+    /// A breaker rejection: deferred to the half-open instant, or waited in process when the
+    /// policy opted in and the breaker half-opens soon enough.
+    fn decide_rejection(&self, left: Option<Duration>) -> Decision {
+        let Some(left) = left else {
+            // Forced open: nobody knows when it closes.
+            return Decision::Stop(GiveUp::NotRetryable);
+        };
+        let bound = self.inner.breaker_wait.min(self.inner.max_delay);
+        if !bound.is_zero() && left <= bound {
+            // Every caller the breaker rejected got the same time left: spread their wake-ups by
+            // up to +25 % (never less than the time left, never more than the bound).
+            let spread = self.with_rng(|rng| {
+                Backoff::constant(left / 4)
+                    .jitter(super::Jitter::Full)
+                    .delay_with(1, None, rng)
+            });
+            return Decision::Retry(left.saturating_add(spread).min(bound), DelaySource::Breaker);
+        }
+        match self.inner.long_delay {
+            LongDelay::Defer => Decision::Defer(retry_at(SystemTime::now(), left), left),
+            LongDelay::GiveUp => Decision::Stop(GiveUp::HintTooLong),
+        }
     }
 
     fn with_rng<T>(&self, f: impl FnOnce(&mut SmallRng) -> T) -> T {
@@ -489,20 +588,27 @@ pub(crate) fn retry_at(now: SystemTime, delay: Duration) -> SystemTime {
     }
 }
 
-/// Failures after which the provider certainly did not act on the request: it refused it (429,
-/// 503), the connection was refused, our breaker never sent it, or a status check said so
-/// ([`Failure::not_processed`]).
-fn proves_unprocessed<R>(failure: &Failure<R>) -> bool {
-    use http::StatusCode;
+/// The default [`RetryPolicy::unprocessed_statuses`].
+const UNPROCESSED_STATUSES: [http::StatusCode; 4] = [
+    http::StatusCode::REQUEST_TIMEOUT,
+    http::StatusCode::TOO_EARLY,
+    http::StatusCode::TOO_MANY_REQUESTS,
+    http::StatusCode::SERVICE_UNAVAILABLE,
+];
+
+/// Failures after which the provider certainly did not act on the request: it refused it (one
+/// of `statuses`), the connection was refused, a load-shedding layer never sent it, our breaker
+/// never sent it, or a status check said so ([`Failure::not_processed`]).
+fn proves_unprocessed<R>(failure: &Failure<R>, statuses: &[http::StatusCode]) -> bool {
     failure.class() == Class::CIRCUIT_OPEN
         || failure.not_processed()
-        || matches!(
-            failure.code(),
-            Code::Http(StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)
-                | Code::Io(std::io::ErrorKind::ConnectionRefused)
-                | Code::CircuitOpen
-                | Code::Overloaded
-        )
+        || match failure.code() {
+            Code::Http(status) => statuses.contains(&status),
+            Code::Io(std::io::ErrorKind::ConnectionRefused)
+            | Code::CircuitOpen
+            | Code::Overloaded => true,
+            _ => false,
+        }
 }
 
 /// Failures after which a request may or may not have been acted on: it was sent (or may have
@@ -523,10 +629,12 @@ impl fmt::Debug for RetryPolicy {
             .field("backoff", &self.inner.backoff)
             .field("max_delay", &self.inner.max_delay)
             .field("long_delay", &self.inner.long_delay)
+            .field("breaker_wait", &self.inner.breaker_wait)
             .field("rules", &self.inner.rules)
             .field("budget", &self.inner.budget)
             .field("deadline", &self.inner.deadline)
             .field("retry_unprocessed", &self.inner.retry_unprocessed)
+            .field("unprocessed_statuses", &self.inner.unprocessed_statuses)
             .field("assume_idempotent", &self.inner.assume_idempotent)
             .field("seeded", &self.inner.rng.is_some())
             .field("on_retry", &self.inner.on_retry.is_some())
