@@ -19,7 +19,11 @@ pin_project! {
     /// When the request cannot be retried at all (`max_attempts(1)`, a request that could not
     /// be copied, a request not safe to resend with
     /// [`retry_unprocessed`](super::RetryPolicy::retry_unprocessed) off) it holds no service
-    /// clone and no policy: it only forwards the single attempt.
+    /// clone and no policy: it only forwards the single attempt. With the unedited
+    /// [`RetryPolicy::default`] it holds no reference to the policy either until an attempt
+    /// fails (the default is rebuilt then), so a first attempt that succeeds costs no shared
+    /// counter. The overall deadline, when there is one, reads the clock only when an attempt
+    /// first waits or fails (see [`RetryPolicy::deadline`]).
     pub struct ResponseFuture<S, Req>
     where
         S: Service<Req>,
@@ -27,6 +31,7 @@ pin_project! {
         #[pin]
         state: State<S::Future>,
         retry: Option<Retrying<S, Req, S::Response>>,
+        deadline: Deadline,
         // Whether the request is safe to send twice (for the outcome-unknown rule).
         safe: bool,
         // Why the request was not retryable, when `retry` is `None`.
@@ -40,7 +45,8 @@ pin_project! {
         Called {
             #[pin]
             future: F,
-            // The overall deadline, raced against the attempt.
+            // The overall deadline, raced against the attempt: created at the attempt's first
+            // `Pending`, and only when there is a deadline.
             #[pin]
             deadline: Option<Sleep>,
         },
@@ -52,15 +58,48 @@ pin_project! {
     }
 }
 
+/// The overall deadline of one logical request.
+#[derive(Clone, Copy, Debug)]
+enum Deadline {
+    /// No deadline (none configured, or one too far to represent, such as `Duration::MAX`).
+    None,
+    /// A deadline this long after the clock is first read.
+    After(Duration),
+    /// The instant it ends.
+    At(Instant),
+}
+
+impl Deadline {
+    fn new(after: Option<Duration>) -> Self {
+        after.map_or(Deadline::None, Deadline::After)
+    }
+
+    /// The instant the deadline ends, fixed at the first call of this method: the first time
+    /// an attempt waits (its first `Pending`) or fails.
+    #[inline]
+    fn at(&mut self) -> Option<Instant> {
+        match *self {
+            Deadline::None => None,
+            Deadline::At(at) => Some(at),
+            Deadline::After(after) => {
+                *self = Instant::now()
+                    .checked_add(after)
+                    .map_or(Deadline::None, Deadline::At);
+                self.at()
+            }
+        }
+    }
+}
+
 /// What a request that may be retried keeps between attempts: built on the call, used on the
 /// failure path only. Kept small: what only failures need is boxed on the first failure.
 struct Retrying<S, Req, R> {
     service: S,
-    policy: RetryPolicy,
+    /// The layer's policy; `None` for the unedited default, rebuilt at the first failure.
+    policy: Option<RetryPolicy>,
     spare: Option<Req>,
     spare_state: Spare,
     attempts: u32,
-    deadline: Option<Instant>,
     history: Option<Box<History<R>>>,
 }
 
@@ -74,18 +113,19 @@ struct History<R> {
     previous_delay: Option<Duration>,
 }
 
-impl<S, Req, R> Retrying<S, Req, R> {
-    fn history(&mut self) -> &mut History<R> {
-        self.history.get_or_insert_with(|| {
-            Box::new(History {
-                failed: Vec::new(),
-                first_failed_at: None,
-                last: None,
-                previous_delay: None,
-            })
+/// The failure path's record, created at the first failure.
+fn history_of<R>(history: &mut Option<Box<History<R>>>) -> &mut History<R> {
+    history.get_or_insert_with(|| {
+        Box::new(History {
+            failed: Vec::new(),
+            first_failed_at: None,
+            last: None,
+            previous_delay: None,
         })
-    }
+    })
+}
 
+impl<S, Req, R> Retrying<S, Req, R> {
     fn first_failed_at(&self) -> Option<SystemTime> {
         self.history.as_ref().and_then(|h| h.first_failed_at)
     }
@@ -114,35 +154,39 @@ impl<S, Req> ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {
+    #[inline]
     pub(crate) fn single(
         future: S::Future,
         safe: bool,
         reason: GiveUp,
-        deadline: Option<Instant>,
+        deadline: Option<Duration>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
                 future,
-                deadline: deadline.map(tokio::time::sleep_until),
+                deadline: None,
             },
             retry: None,
+            deadline: Deadline::new(deadline),
             safe,
             single: reason,
         }
     }
 
+    /// `policy` is `None` for the unedited default policy.
+    #[inline]
     pub(crate) fn retrying(
         future: S::Future,
         service: S,
         spare: Req,
         safe: bool,
-        policy: RetryPolicy,
-        deadline: Option<Instant>,
+        policy: Option<RetryPolicy>,
+        deadline: Option<Duration>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
                 future,
-                deadline: deadline.map(tokio::time::sleep_until),
+                deadline: None,
             },
             retry: Some(Retrying {
                 service,
@@ -150,9 +194,9 @@ where
                 spare: Some(spare),
                 spare_state: if safe { Spare::Ready } else { Spare::NotSafe },
                 attempts: 1,
-                deadline,
                 history: None,
             }),
+            deadline: Deadline::new(deadline),
             safe,
             single: GiveUp::AttemptsExhausted,
         }
@@ -207,10 +251,21 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Called { future, deadline } => {
+                StateProj::Called {
+                    future,
+                    mut deadline,
+                } => {
                     let result = match future.poll(cx) {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
+                            if deadline.is_none() {
+                                // The attempt's first `Pending`: only now race it against the
+                                // deadline (and, for the first attempt, start the deadline).
+                                let Some(at) = this.deadline.at() else {
+                                    return Poll::Pending;
+                                };
+                                deadline.set(Some(tokio::time::sleep_until(at)));
+                            }
                             if let Some(deadline) = deadline.as_pin_mut() {
                                 ready!(deadline.poll(cx));
                                 // The deadline ended this attempt: return the last real failure.
@@ -231,8 +286,11 @@ where
                     };
                     let mut failure: Failure<S::Response> = match result {
                         Ok(response) => {
-                            if let Some(budget) =
-                                this.retry.as_ref().and_then(|r| r.policy.budget_ref())
+                            if let Some(budget) = this
+                                .retry
+                                .as_ref()
+                                .and_then(|r| r.policy.as_ref())
+                                .and_then(RetryPolicy::budget_ref)
                             {
                                 budget.success();
                             }
@@ -259,7 +317,11 @@ where
                             reason,
                         )));
                     };
-                    let history = r.history();
+                    // A first attempt that failed without waiting starts the deadline here.
+                    let deadline_at = this.deadline.at();
+                    // The default policy is rebuilt at the first failure (see `Retrying`).
+                    let policy = r.policy.get_or_insert_with(RetryPolicy::default);
+                    let history = history_of(&mut r.history);
                     let class_failures = history.count(failure.class());
                     let first = *history.first_failed_at.get_or_insert_with(SystemTime::now);
                     let previous_delay = history.previous_delay;
@@ -277,7 +339,7 @@ where
                         spare: r.spare_state,
                         previous_delay,
                     };
-                    let (delay, source) = match r.policy.decide(&failure, &attempted) {
+                    let (delay, source) = match policy.decide(&failure, &attempted) {
                         Decision::Stop(reason) => {
                             return Poll::Ready(Err(give_up(
                                 failure,
@@ -301,7 +363,7 @@ where
                         }
                         Decision::Retry(delay, source) => (delay, source),
                     };
-                    if let Some(deadline) = r.deadline
+                    if let Some(deadline) = deadline_at
                         && Instant::now()
                             .checked_add(delay)
                             .is_none_or(|wake| wake >= deadline)
@@ -313,7 +375,7 @@ where
                             GiveUp::DeadlineExceeded,
                         )));
                     }
-                    if let Some(budget) = r.policy.budget_ref()
+                    if let Some(budget) = policy.budget_ref()
                         && !budget.withdraw()
                     {
                         return Poll::Ready(Err(give_up(
@@ -338,8 +400,8 @@ where
                         why = source.as_str(),
                         "retrying"
                     );
-                    r.policy.notify(&event);
-                    let history = r.history();
+                    policy.notify(&event);
+                    let history = history_of(&mut r.history);
                     history.last = Some(failure);
                     history.previous_delay = Some(delay);
                     this.state.set(State::Sleeping {
@@ -377,7 +439,8 @@ where
                         }
                     };
                     r.attempts += 1;
-                    if r.attempts < r.policy.attempts() {
+                    let max_attempts = r.policy.get_or_insert_with(RetryPolicy::default).attempts();
+                    if r.attempts < max_attempts {
                         match request.replay() {
                             Some(copy) => r.spare = Some(copy),
                             None => r.spare_state = Spare::NotReplayable,
@@ -386,7 +449,7 @@ where
                     let future = r.service.call(request);
                     this.state.set(State::Called {
                         future,
-                        deadline: r.deadline.map(tokio::time::sleep_until),
+                        deadline: None,
                     });
                 }
             }

@@ -141,9 +141,8 @@ where
         if let Some(budget) = policy.budget_ref() {
             budget.first_attempt();
         }
-        let deadline = policy
-            .deadline_after()
-            .and_then(|d| tokio::time::Instant::now().checked_add(d));
+        // No clock read here: the deadline starts when an attempt first waits or fails.
+        let deadline = policy.deadline_after();
         let safe = policy.assumes_idempotent() || req.retry_safe();
         let copy = if policy.wants_copy(safe) {
             req.replay()
@@ -159,7 +158,8 @@ where
                 self.inner.clone(),
                 spare,
                 safe,
-                policy.clone(),
+                // The unedited default is rebuilt on a failure: no shared counter per call.
+                (!policy.is_default()).then(|| policy.clone()),
                 deadline,
             ),
             None => {
