@@ -36,8 +36,16 @@ pin_project! {
         safe: bool,
         // Why the request was not retryable, when `retry` is `None`.
         single: GiveUp,
+        // Set under a dead-letter layer that reuses this layer's copy of the request
+        // (`RetryLayer::dead_letters`): every failure carries the unsent copy up.
+        hand_back: Option<HandBack<S::Response, Req>>,
+        // The copy handed back when `retry` is `None`.
+        kept: Option<Req>,
     }
 }
+
+/// Puts an unsent copy of the request on a failure (see [`Failure::note_request`]).
+pub(crate) type HandBack<R, Req> = fn(&mut Failure<R>, Req);
 
 pin_project! {
     #[project = StateProj]
@@ -154,12 +162,15 @@ impl<S, Req> ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {
+    /// `kept` is the copy handed back by `hand_back`, when there is one.
     #[inline]
     pub(crate) fn single(
         future: S::Future,
         safe: bool,
         reason: GiveUp,
         deadline: Option<Duration>,
+        hand_back: Option<HandBack<S::Response, Req>>,
+        kept: Option<Req>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
@@ -170,6 +181,8 @@ where
             deadline: Deadline::new(deadline),
             safe,
             single: reason,
+            hand_back,
+            kept,
         }
     }
 
@@ -182,6 +195,7 @@ where
         safe: bool,
         policy: Option<RetryPolicy>,
         deadline: Option<Duration>,
+        hand_back: Option<HandBack<S::Response, Req>>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
@@ -199,6 +213,8 @@ where
             deadline: Deadline::new(deadline),
             safe,
             single: GiveUp::AttemptsExhausted,
+            hand_back,
+            kept: None,
         }
     }
 }
@@ -247,7 +263,35 @@ where
 {
     type Output = Result<S::Response, Failure<S::Response>>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut output = self.as_mut().poll_attempts(cx);
+        if let Poll::Ready(Err(failure)) = &mut output {
+            let this = self.project();
+            if let Some(hand_back) = *this.hand_back {
+                let spare = match this.retry.as_mut() {
+                    Some(r) => r.spare.take(),
+                    None => this.kept.take(),
+                };
+                if let Some(spare) = spare {
+                    hand_back(failure, spare);
+                }
+            }
+        }
+        output
+    }
+}
+
+impl<S, Req> ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<Failure<S::Response>>,
+    Req: Replay,
+{
+    fn poll_attempts(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<S::Response, Failure<S::Response>>> {
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
@@ -440,7 +484,9 @@ where
                     };
                     r.attempts += 1;
                     let max_attempts = r.policy.get_or_insert_with(RetryPolicy::default).attempts();
-                    if r.attempts < max_attempts {
+                    // Under a dead-letter layer that reuses the copy, keep one for the last
+                    // attempt too: it goes up with the failure.
+                    if r.attempts < max_attempts || this.hand_back.is_some() {
                         match request.replay() {
                             Some(copy) => r.spare = Some(copy),
                             None => r.spare_state = Spare::NotReplayable,

@@ -88,6 +88,7 @@ use crate::request::Replay;
 mod backoff;
 mod budget;
 mod buffer;
+mod dead_letters;
 mod future;
 mod idempotency;
 mod layer;
@@ -96,6 +97,7 @@ mod policy;
 pub use self::backoff::{Backoff, EmptySchedule, Jitter};
 pub use self::budget::{Budget, InvalidBudget};
 pub use self::buffer::{BodyReadError, ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
+pub use self::dead_letters::{DeadLetterRetry, DeadLetterRetryLayer};
 pub use self::future::{DeadlineElapsed, ResponseFuture};
 pub use self::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 pub use self::layer::RetryLayer;
@@ -137,6 +139,25 @@ where
 
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
+        self.start(req, None)
+    }
+}
+
+impl<S> Retry<S> {
+    /// One call: the first attempt, and what the future needs for the next ones. With
+    /// `hand_back`, a copy of the request is always kept (when [`Replay`] can make one), even
+    /// when no retry is possible, and goes up on the failure.
+    #[inline]
+    pub(crate) fn start<Req>(
+        &mut self,
+        req: Req,
+        hand_back: Option<future::HandBack<S::Response, Req>>,
+    ) -> ResponseFuture<S, Req>
+    where
+        S: Service<Req> + Clone,
+        S::Error: Into<Failure<S::Response>>,
+        Req: Replay,
+    {
         let policy = &self.policy;
         if let Some(budget) = policy.budget_ref() {
             budget.first_attempt();
@@ -144,7 +165,8 @@ where
         // No clock read here: the deadline starts when an attempt first waits or fails.
         let deadline = policy.deadline_after();
         let safe = policy.assumes_idempotent() || req.retry_safe();
-        let copy = if policy.wants_copy(safe) {
+        let retries = policy.wants_copy(safe);
+        let copy = if retries || hand_back.is_some() {
             req.replay()
         } else {
             None
@@ -153,7 +175,7 @@ where
         match copy {
             // Keep a clone of the service (driven to readiness before each later attempt) and
             // of the policy only when another attempt is possible.
-            Some(spare) => ResponseFuture::retrying(
+            Some(spare) if retries => ResponseFuture::retrying(
                 future,
                 self.inner.clone(),
                 spare,
@@ -161,16 +183,17 @@ where
                 // The unedited default is rebuilt on a failure: no shared counter per call.
                 (!policy.is_default()).then(|| policy.clone()),
                 deadline,
+                hand_back,
             ),
-            None => {
+            kept => {
                 let reason = if policy.attempts() <= 1 {
                     GiveUp::AttemptsExhausted
-                } else if !policy.wants_copy(safe) {
+                } else if !retries {
                     GiveUp::NotIdempotent
                 } else {
                     GiveUp::NotReplayable
                 };
-                ResponseFuture::single(future, safe, reason, deadline)
+                ResponseFuture::single(future, safe, reason, deadline, hand_back, kept)
             }
         }
     }
