@@ -249,6 +249,20 @@ fn give_up<R>(
     failure
 }
 
+/// `failure`, with the unsent copy of the request on it when a dead-letter layer above reuses
+/// it (see `HandBack`).
+#[inline]
+fn handed<R, Req>(
+    hand_back: Option<HandBack<R, Req>>,
+    spare: Option<Req>,
+    mut failure: Failure<R>,
+) -> Failure<R> {
+    if let (Some(hand_back), Some(spare)) = (hand_back, spare) {
+        hand_back(&mut failure, spare);
+    }
+    failure
+}
+
 fn deadline_failure<R>(last: Option<Failure<R>>) -> Failure<R> {
     last.unwrap_or_else(|| {
         Failure::new(Class::TRANSIENT, Code::Timeout).with_source(DeadlineElapsed(()))
@@ -263,35 +277,7 @@ where
 {
     type Output = Result<S::Response, Failure<S::Response>>;
 
-    #[inline]
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut output = self.as_mut().poll_attempts(cx);
-        if let Poll::Ready(Err(failure)) = &mut output {
-            let this = self.project();
-            if let Some(hand_back) = *this.hand_back {
-                let spare = match this.retry.as_mut() {
-                    Some(r) => r.spare.take(),
-                    None => this.kept.take(),
-                };
-                if let Some(spare) = spare {
-                    hand_back(failure, spare);
-                }
-            }
-        }
-        output
-    }
-}
-
-impl<S, Req> ResponseFuture<S, Req>
-where
-    S: Service<Req>,
-    S::Error: Into<Failure<S::Response>>,
-    Req: Replay,
-{
-    fn poll_attempts(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<S::Response, Failure<S::Response>>> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
@@ -313,16 +299,25 @@ where
                             if let Some(deadline) = deadline.as_pin_mut() {
                                 ready!(deadline.poll(cx));
                                 // The deadline ended this attempt: return the last real failure.
-                                let (attempts, first, last) = match this.retry.as_mut() {
-                                    Some(r) => (r.attempts, r.first_failed_at(), r.take_last()),
-                                    None => (1, None, None),
+                                let (attempts, first, last, spare) = match this.retry.as_mut() {
+                                    Some(r) => (
+                                        r.attempts,
+                                        r.first_failed_at(),
+                                        r.take_last(),
+                                        r.spare.take(),
+                                    ),
+                                    None => (1, None, None, this.kept.take()),
                                 };
                                 let failure = deadline_failure(last);
-                                return Poll::Ready(Err(give_up(
-                                    failure,
-                                    attempts,
-                                    first.or_else(|| Some(SystemTime::now())),
-                                    GiveUp::DeadlineExceeded,
+                                return Poll::Ready(Err(handed(
+                                    *this.hand_back,
+                                    spare,
+                                    give_up(
+                                        failure,
+                                        attempts,
+                                        first.or_else(|| Some(SystemTime::now())),
+                                        GiveUp::DeadlineExceeded,
+                                    ),
                                 )));
                             }
                             return Poll::Pending;
@@ -354,11 +349,10 @@ where
                         } else {
                             *this.single
                         };
-                        return Poll::Ready(Err(give_up(
-                            failure,
-                            1,
-                            Some(SystemTime::now()),
-                            reason,
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            this.kept.take(),
+                            give_up(failure, 1, Some(SystemTime::now()), reason),
                         )));
                     };
                     // A first attempt that failed without waiting starts the deadline here.
@@ -370,11 +364,10 @@ where
                     let first = *history.first_failed_at.get_or_insert_with(SystemTime::now);
                     let previous_delay = history.previous_delay;
                     if unknown {
-                        return Poll::Ready(Err(give_up(
-                            failure,
-                            r.attempts,
-                            Some(first),
-                            GiveUp::NotIdempotent,
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            r.spare.take(),
+                            give_up(failure, r.attempts, Some(first), GiveUp::NotIdempotent),
                         )));
                     }
                     let attempted = Attempted {
@@ -385,11 +378,10 @@ where
                     };
                     let (delay, source) = match policy.decide(&failure, &attempted) {
                         Decision::Stop(reason) => {
-                            return Poll::Ready(Err(give_up(
-                                failure,
-                                r.attempts,
-                                Some(first),
-                                reason,
+                            return Poll::Ready(Err(handed(
+                                *this.hand_back,
+                                r.spare.take(),
+                                give_up(failure, r.attempts, Some(first), reason),
                             )));
                         }
                         Decision::Defer(at, delay) => {
@@ -403,7 +395,11 @@ where
                             );
                             failure.note_retry_at(at);
                             failure.note_attempts(r.attempts, Some(first), GiveUp::Deferred);
-                            return Poll::Ready(Err(failure));
+                            return Poll::Ready(Err(handed(
+                                *this.hand_back,
+                                r.spare.take(),
+                                failure,
+                            )));
                         }
                         Decision::Retry(delay, source) => (delay, source),
                     };
@@ -412,21 +408,19 @@ where
                             .checked_add(delay)
                             .is_none_or(|wake| wake >= deadline)
                     {
-                        return Poll::Ready(Err(give_up(
-                            failure,
-                            r.attempts,
-                            Some(first),
-                            GiveUp::DeadlineExceeded,
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            r.spare.take(),
+                            give_up(failure, r.attempts, Some(first), GiveUp::DeadlineExceeded),
                         )));
                     }
                     if let Some(budget) = policy.budget_ref()
                         && !budget.withdraw()
                     {
-                        return Poll::Ready(Err(give_up(
-                            failure,
-                            r.attempts,
-                            Some(first),
-                            GiveUp::BudgetExhausted,
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            r.spare.take(),
+                            give_up(failure, r.attempts, Some(first), GiveUp::BudgetExhausted),
                         )));
                     }
                     let event = RetryEvent {
@@ -459,26 +453,33 @@ where
                 StateProj::Readying => {
                     let Some(r) = this.retry.as_mut() else {
                         // Only a retrying future sleeps.
-                        return Poll::Ready(Err(deadline_failure(None)));
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            this.kept.take(),
+                            deadline_failure(None),
+                        )));
                     };
                     if let Err(e) = ready!(r.service.poll_ready(cx)) {
                         let failure: Failure<S::Response> = e.into();
-                        return Poll::Ready(Err(give_up(
-                            failure,
-                            r.attempts,
-                            r.first_failed_at(),
-                            GiveUp::NotReady,
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            r.spare.take(),
+                            give_up(failure, r.attempts, r.first_failed_at(), GiveUp::NotReady),
                         )));
                     }
                     let request = match r.spare.take() {
                         Some(request) => request,
                         None => {
                             let failure = deadline_failure(r.take_last());
-                            return Poll::Ready(Err(give_up(
-                                failure,
-                                r.attempts,
-                                r.first_failed_at(),
-                                GiveUp::NotReplayable,
+                            return Poll::Ready(Err(handed(
+                                *this.hand_back,
+                                r.spare.take(),
+                                give_up(
+                                    failure,
+                                    r.attempts,
+                                    r.first_failed_at(),
+                                    GiveUp::NotReplayable,
+                                ),
                             )));
                         }
                     };
