@@ -28,7 +28,10 @@
 //! allocated. Each logical request has its own attempt counts. The request is copied with
 //! [`Replay`] once per attempt, the one cost of the success path; it is free for `Bytes`,
 //! `Full<Bytes>` or `Arc` payloads. A request that cannot be retried at all costs no copy, no
-//! service clone and no policy clone.
+//! service clone and no policy clone; with the unedited [`RetryPolicy::default`] no call clones
+//! the policy until an attempt fails. A [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer)
+//! directly above keeps a second copy of its own, unless both are built as one
+//! [`DeadLetterRetryLayer`], which shares this layer's spare.
 //!
 //! When it stops, the failure records the number of attempts and why
 //! ([`Failure::attempts`](crate::Failure::attempts), [`Failure::give_up`](crate::Failure::give_up)).
