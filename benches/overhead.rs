@@ -191,6 +191,20 @@ fn five_layers_shared_copy() -> impl Service<Req, Error: Debug> + Clone + Send +
         .service(bare())
 }
 
+/// Our five layers sharing one copy, with a breaker built with `into_static` (no reference
+/// count per call on the breaker's shared state): what the two-thread case loses to it.
+fn five_layers_static_breaker() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
+    ServiceBuilder::new()
+        .layer(DeadLetterRetryLayer::new(
+            DeadLetterLayer::new(MemoryStore::new()),
+            RetryLayer::default(),
+        ))
+        .layer(BreakerLayer::new().into_static())
+        .layer(ClassifyLayer::new(all_ok::<Req>))
+        .layer(TimeoutLayer::new(TIMEOUT))
+        .service(bare())
+}
+
 /// tower's retry around tower's timeout: the part of the stack tower has.
 fn tower_retry_timeout() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
     ServiceBuilder::new()
@@ -389,6 +403,13 @@ fn overhead_2_threads(c: &mut Criterion) {
             }
         }
     }
+    let mut one = Tower(five_layers_static_breaker());
+    group.bench_function("stack/backstop_five_layers_static_breaker/1_thread", |b| {
+        run(&rt, b, &mut one)
+    });
+    group.bench_function("stack/backstop_five_layers_static_breaker/2_threads", |b| {
+        run_2_threads(b, &one)
+    });
     let mut one = Tower(tower_retry_timeout());
     group.bench_function("stack/tower_retry_timeout/1_thread", |b| {
         run(&rt, b, &mut one)
