@@ -1,39 +1,56 @@
-//! What each layer costs on the success path, next to a bare `service_fn` and, where tower has
-//! one, tower's own equivalent, in the same `benchmark_group`. The model is tokio's
-//! `benches/time_timeout.rs`: `iter_custom` times a loop of calls inside one `block_on` on a
-//! `current_thread` runtime, so the runtime's entry cost is paid once per sample, not per call.
+//! What each layer and the whole stack cost on the success path, side by side with tower's own
+//! `Timeout`, `Retry` and `Retry` + `Timeout`, failsafe's breaker and tower-resilience's retry
+//! and breaker, all in one `benchmark_group` (`overhead`), so that the figures of one run can be
+//! compared; then the whole stack on two threads sharing one stack (`overhead_2_threads`).
 //!
-//! Every entry is driven by [`run`]: `poll_ready`, then `call`, the response future awaited in
-//! place. The inner service is ready at once and answers at once, so the figures are the layers'
-//! own overhead. Allocation counts are not measured here; `tests/alloc.rs` proves them.
+//! Every entry is driven the same way: `poll_ready`, then `call`, the response future awaited in
+//! place, `iter_custom` timing a loop of calls inside one `block_on` on a `current_thread`
+//! runtime (the model of tokio's `benches/time_timeout.rs`). The inner service is ready at once
+//! and answers at once (`benches/support`), so the figures are the layers' own overhead. Our
+//! layers get `&'static str` requests, the peers the same. failsafe is not a tower layer: its
+//! entry calls `StateMachine::call(inner.call(req))`, how failsafe wraps a future.
+//!
+//! Before the timed runs, every entry's allocations per call are counted over 10,000 untimed
+//! calls with the counting global allocator of `tests/support/counting.rs` and printed:
+//! `allocations/call <entry>: <n>`.
+//!
+//! Configurations: retries allow 3 attempts (ours: `RetryLayer::default()`, or the same policy
+//! edited, which keeps a policy reference per call; tower's: a policy retrying every error;
+//! tower-resilience's: `max_attempts(3)`, fixed 100 ms interval); breakers trip on 5
+//! consecutive failures (tower-resilience: a failure rate over a count window of 5 calls);
+//! timeouts are 30 s, never reached.
 //!
 //! ```text
-//! cargo bench --bench overhead -- --warm-up-time 1 --measurement-time 2
+//! cargo bench --bench overhead -- --warm-up-time 1 --measurement-time 3
 //! ```
 
 use std::fmt::Debug;
-use std::future::{Ready, ready};
-use std::time::Duration;
+use std::future::{Future, Ready, poll_fn, ready};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 mod support;
 
 use support::*;
 
-use criterion::{Criterion, criterion_group, criterion_main};
-use tower::{Layer, ServiceBuilder, service_fn};
+use criterion::{Bencher, Criterion, criterion_group, criterion_main};
+use failsafe::futures::CircuitBreaker as _;
+use tokio::runtime::Runtime;
+use tower::{Layer, Service, ServiceBuilder};
+use tower_backstop::BoxError;
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::{ClassifyLayer, Verdict};
 use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
-use tower_backstop::retry::RetryLayer;
+use tower_backstop::retry::{DeadLetterRetryLayer, RetryLayer, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
+
+#[path = "../tests/support/counting.rs"]
+mod counting;
+
+use counting::allocations;
 
 /// A timeout long enough never to fire.
 const TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A bare inner service answering an `http::Response<()>` (200 OK).
-fn bare_http() -> BareOf<http::Response<()>> {
-    service_fn(|_: Req| ready(Ok(http::Response::new(()))))
-}
 
 /// A closure classifier that calls every response a success.
 fn all_ok<R>(_: &R) -> Option<Verdict> {
@@ -73,110 +90,335 @@ impl<Req: Clone, Res, E> tower::retry::Policy<Req, Res, E> for RetryErrors {
     }
 }
 
-fn timeout(c: &mut Criterion) {
-    let rt = runtime();
-    let mut group = c.benchmark_group("timeout");
-    group.bench_function("bare", |b| run(&rt, b, bare()));
-    group.bench_function("backstop", |b| {
-        run(&rt, b, TimeoutLayer::new(TIMEOUT).layer(bare()))
+/// One call of anything measured.
+trait Call {
+    fn call_once(&mut self) -> impl Future<Output = ()>;
+}
+
+/// A tower service: `poll_ready`, `call`, await; the call must succeed.
+#[derive(Clone)]
+struct Tower<S>(S);
+
+impl<S> Call for Tower<S>
+where
+    S: Service<Req>,
+    S::Error: Debug,
+{
+    #[inline]
+    async fn call_once(&mut self) {
+        poll_fn(|cx| self.0.poll_ready(cx))
+            .await
+            .expect("service ready");
+        let response = self
+            .0
+            .call(black_box(REQUEST))
+            .await
+            .expect("call succeeds");
+        black_box(response);
+    }
+}
+
+type Failsafe = failsafe::StateMachine<
+    failsafe::failure_policy::ConsecutiveFailures<failsafe::backoff::Constant>,
+    (),
+>;
+
+/// failsafe around the bare service's future.
+#[derive(Clone)]
+struct FailsafeCall(Failsafe, Bare);
+
+impl Call for FailsafeCall {
+    async fn call_once(&mut self) {
+        poll_fn(|cx| self.1.poll_ready(cx))
+            .await
+            .expect("service ready");
+        let response = self
+            .0
+            .call(self.1.call(black_box(REQUEST)))
+            .await
+            .expect("call succeeds");
+        black_box(response);
+    }
+}
+
+fn failsafe() -> Failsafe {
+    failsafe::Config::new()
+        .failure_policy(failsafe::failure_policy::consecutive_failures(
+            5,
+            failsafe::backoff::constant(Duration::from_secs(3600)),
+        ))
+        .build()
+}
+
+fn resilience_breaker() -> tower_resilience_circuitbreaker::CircuitBreakerLayer {
+    tower_resilience_circuitbreaker::CircuitBreakerLayer::builder()
+        .failure_rate_threshold(1.0)
+        .sliding_window_size(5)
+        .minimum_number_of_calls(5)
+        .wait_duration_in_open(Duration::from_secs(3600))
+        .build()
+        .expect("a valid configuration")
+}
+
+fn resilience_retry() -> tower_resilience_retry::RetryLayer<Req, Req, BoxError> {
+    tower_resilience_retry::RetryLayer::<Req, Req, BoxError>::builder()
+        .max_attempts(3)
+        .fixed_backoff(Duration::from_millis(100))
+        .build()
+}
+
+/// Our five layers, stacked one by one.
+fn five_layers() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
+    ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(MemoryStore::new()))
+        .layer(RetryLayer::default())
+        .layer(BreakerLayer::new())
+        .layer(ClassifyLayer::new(all_ok::<Req>))
+        .layer(TimeoutLayer::new(TIMEOUT))
+        .service(bare())
+}
+
+/// Our five layers, the dead-letter and retry layers built as one (one request copy).
+fn five_layers_shared_copy() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
+    ServiceBuilder::new()
+        .layer(DeadLetterRetryLayer::new(
+            DeadLetterLayer::new(MemoryStore::new()),
+            RetryLayer::default(),
+        ))
+        .layer(BreakerLayer::new())
+        .layer(ClassifyLayer::new(all_ok::<Req>))
+        .layer(TimeoutLayer::new(TIMEOUT))
+        .service(bare())
+}
+
+/// Our five layers sharing one copy, with a breaker built with `into_static` (no reference
+/// count per call on the breaker's shared state): what the two-thread case loses to it.
+fn five_layers_static_breaker() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
+    ServiceBuilder::new()
+        .layer(DeadLetterRetryLayer::new(
+            DeadLetterLayer::new(MemoryStore::new()),
+            RetryLayer::default(),
+        ))
+        .layer(BreakerLayer::new().into_static())
+        .layer(ClassifyLayer::new(all_ok::<Req>))
+        .layer(TimeoutLayer::new(TIMEOUT))
+        .service(bare())
+}
+
+/// tower's retry around tower's timeout: the part of the stack tower has.
+fn tower_retry_timeout() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
+    ServiceBuilder::new()
+        .layer(tower::retry::RetryLayer::new(RetryErrors::attempts(3)))
+        .layer(tower::timeout::TimeoutLayer::new(TIMEOUT))
+        .service(bare())
+}
+
+/// Times `iters` calls inside one `block_on`.
+fn run<C: Call>(rt: &Runtime, b: &mut Bencher<'_>, c: &mut C) {
+    b.iter_custom(|iters| {
+        rt.block_on(async {
+            let start = Instant::now();
+            for _ in 0..iters {
+                c.call_once().await;
+            }
+            start.elapsed()
+        })
     });
-    group.bench_function("tower", |b| {
-        run(
-            &rt,
-            b,
-            tower::timeout::TimeoutLayer::new(TIMEOUT).layer(bare()),
-        )
+}
+
+/// Counts allocations per call over 10,000 calls after a warm-up, and prints them.
+fn count<C: Call>(rt: &Runtime, name: &str, c: &mut C) {
+    let per_call = rt.block_on(async {
+        for _ in 0..100 {
+            c.call_once().await;
+        }
+        let before = allocations();
+        for _ in 0..10_000 {
+            c.call_once().await;
+        }
+        (allocations() - before) as f64 / 10_000.0
+    });
+    println!("allocations/call {name}: {per_call}");
+}
+
+/// Counts, then times, one entry of `group`.
+fn entry<C: Call>(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &Runtime,
+    name: &str,
+    mut c: C,
+) {
+    count(rt, &format!("overhead/{name}"), &mut c);
+    group.bench_function(name, |b| run(rt, b, &mut c));
+}
+
+fn overhead(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("overhead");
+    entry(&mut group, &rt, "bare", Tower(bare()));
+
+    entry(
+        &mut group,
+        &rt,
+        "timeout/backstop",
+        Tower(TimeoutLayer::new(TIMEOUT).layer(bare())),
+    );
+    entry(
+        &mut group,
+        &rt,
+        "timeout/tower",
+        Tower(tower::timeout::TimeoutLayer::new(TIMEOUT).layer(bare())),
+    );
+
+    entry(
+        &mut group,
+        &rt,
+        "retry/backstop",
+        Tower(RetryLayer::default().layer(bare())),
+    );
+    // The same policy, edited: the call keeps a reference to the shared policy.
+    entry(
+        &mut group,
+        &rt,
+        "retry/backstop_edited_policy",
+        Tower(RetryLayer::new(RetryPolicy::new().max_attempts(3)).layer(bare())),
+    );
+    entry(
+        &mut group,
+        &rt,
+        "retry/tower",
+        Tower(tower::retry::RetryLayer::new(RetryErrors::attempts(3)).layer(bare())),
+    );
+    entry(
+        &mut group,
+        &rt,
+        "retry/tower_resilience",
+        Tower(resilience_retry().layer(bare())),
+    );
+
+    entry(
+        &mut group,
+        &rt,
+        "breaker/backstop",
+        Tower(BreakerLayer::new().layer(bare())),
+    );
+    entry(
+        &mut group,
+        &rt,
+        "breaker/failsafe",
+        FailsafeCall(failsafe(), bare()),
+    );
+    entry(
+        &mut group,
+        &rt,
+        "breaker/tower_resilience",
+        Tower(resilience_breaker().layer(bare())),
+    );
+
+    entry(
+        &mut group,
+        &rt,
+        "classify/backstop",
+        Tower(ClassifyLayer::new(all_ok::<Req>).layer(bare())),
+    );
+    entry(
+        &mut group,
+        &rt,
+        "dead_letter/backstop",
+        Tower(DeadLetterLayer::new(MemoryStore::new()).layer(bare())),
+    );
+
+    entry(
+        &mut group,
+        &rt,
+        "stack/backstop_five_layers",
+        Tower(five_layers()),
+    );
+    entry(
+        &mut group,
+        &rt,
+        "stack/backstop_five_layers_shared_copy",
+        Tower(five_layers_shared_copy()),
+    );
+    entry(
+        &mut group,
+        &rt,
+        "stack/tower_retry_timeout",
+        Tower(tower_retry_timeout()),
+    );
+    group.finish();
+}
+
+/// Two threads, each with its own runtime and its own clone of one stack (shared breaker,
+/// store and policy); the time is the wall time for `iters` calls split between them.
+fn run_2_threads<C>(b: &mut Bencher<'_>, c: &C)
+where
+    C: Call + Clone + Send,
+{
+    let runtimes = [runtime(), runtime()];
+    b.iter_custom(|iters| {
+        let half = iters / 2 + 1;
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for rt in &runtimes {
+                let mut c = c.clone();
+                s.spawn(move || {
+                    rt.block_on(async {
+                        for _ in 0..half {
+                            c.call_once().await;
+                        }
+                    })
+                });
+            }
+        });
+        start.elapsed()
+    });
+}
+
+fn overhead_2_threads(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("overhead_2_threads");
+    let stacks = [
+        ("bare", None),
+        ("stack/backstop_five_layers", Some(false)),
+        ("stack/backstop_five_layers_shared_copy", Some(true)),
+    ];
+    for (name, shared) in stacks {
+        // The same stack on one thread, then on two, in the same group.
+        match shared {
+            None => {
+                let mut one = Tower(bare());
+                group.bench_function(format!("{name}/1_thread"), |b| run(&rt, b, &mut one));
+                group.bench_function(format!("{name}/2_threads"), |b| run_2_threads(b, &one));
+            }
+            Some(false) => {
+                let mut one = Tower(five_layers());
+                group.bench_function(format!("{name}/1_thread"), |b| run(&rt, b, &mut one));
+                group.bench_function(format!("{name}/2_threads"), |b| run_2_threads(b, &one));
+            }
+            Some(true) => {
+                let mut one = Tower(five_layers_shared_copy());
+                group.bench_function(format!("{name}/1_thread"), |b| run(&rt, b, &mut one));
+                group.bench_function(format!("{name}/2_threads"), |b| run_2_threads(b, &one));
+            }
+        }
+    }
+    let mut one = Tower(five_layers_static_breaker());
+    group.bench_function("stack/backstop_five_layers_static_breaker/1_thread", |b| {
+        run(&rt, b, &mut one)
+    });
+    group.bench_function("stack/backstop_five_layers_static_breaker/2_threads", |b| {
+        run_2_threads(b, &one)
+    });
+    let mut one = Tower(tower_retry_timeout());
+    group.bench_function("stack/tower_retry_timeout/1_thread", |b| {
+        run(&rt, b, &mut one)
+    });
+    group.bench_function("stack/tower_retry_timeout/2_threads", |b| {
+        run_2_threads(b, &one)
     });
     group.finish();
 }
 
-fn retry(c: &mut Criterion) {
-    let rt = runtime();
-    let mut group = c.benchmark_group("retry");
-    group.bench_function("bare", |b| run(&rt, b, bare()));
-    group.bench_function("backstop", |b| {
-        run(&rt, b, RetryLayer::default().layer(bare()))
-    });
-    group.bench_function("tower", |b| {
-        run(
-            &rt,
-            b,
-            tower::retry::RetryLayer::new(RetryErrors::attempts(3)).layer(bare()),
-        )
-    });
-    group.finish();
-}
-
-fn classify(c: &mut Criterion) {
-    let rt = runtime();
-    let mut group = c.benchmark_group("classify");
-    group.bench_function("bare", |b| run(&rt, b, bare()));
-    group.bench_function("backstop_closure", |b| {
-        run(&rt, b, ClassifyLayer::new(all_ok::<Req>).layer(bare()))
-    });
-    group.bench_function("bare_http", |b| run(&rt, b, bare_http()));
-    group.bench_function("backstop_http", |b| {
-        run(&rt, b, ClassifyLayer::http().layer(bare_http()))
-    });
-    group.finish();
-}
-
-fn breaker(c: &mut Criterion) {
-    let rt = runtime();
-    let mut group = c.benchmark_group("breaker");
-    group.bench_function("bare", |b| run(&rt, b, bare()));
-    group.bench_function("backstop", |b| {
-        run(&rt, b, BreakerLayer::new().layer(bare()))
-    });
-    group.finish();
-}
-
-fn dead_letter(c: &mut Criterion) {
-    let rt = runtime();
-    let mut group = c.benchmark_group("dead_letter");
-    group.bench_function("bare", |b| run(&rt, b, bare()));
-    group.bench_function("backstop_memory", |b| {
-        run(
-            &rt,
-            b,
-            DeadLetterLayer::new(MemoryStore::new()).layer(bare()),
-        )
-    });
-    group.finish();
-}
-
-fn stack(c: &mut Criterion) {
-    let rt = runtime();
-    let mut group = c.benchmark_group("stack");
-    group.bench_function("bare", |b| run(&rt, b, bare()));
-    group.bench_function("backstop_five_layers", |b| {
-        let svc = ServiceBuilder::new()
-            .layer(DeadLetterLayer::new(MemoryStore::new()))
-            .layer(RetryLayer::default())
-            .layer(BreakerLayer::new())
-            .layer(ClassifyLayer::new(all_ok::<Req>))
-            .layer(TimeoutLayer::new(TIMEOUT))
-            .service(bare());
-        run(&rt, b, svc)
-    });
-    // The part of the stack tower has: its retry around its timeout.
-    group.bench_function("tower_retry_timeout", |b| {
-        let svc = ServiceBuilder::new()
-            .layer(tower::retry::RetryLayer::new(RetryErrors::attempts(3)))
-            .layer(tower::timeout::TimeoutLayer::new(TIMEOUT))
-            .service(bare());
-        run(&rt, b, svc)
-    });
-    group.finish();
-}
-
-criterion_group!(
-    overhead,
-    timeout,
-    retry,
-    classify,
-    breaker,
-    dead_letter,
-    stack
-);
-criterion_main!(overhead);
+criterion_group!(benches, overhead, overhead_2_threads);
+criterion_main!(benches);

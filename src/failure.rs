@@ -344,6 +344,9 @@ struct Extra<R> {
     long_retry_after: Option<Duration>,
     /// Someone proved the request was not processed (see `Failure::with_not_processed`).
     not_processed: bool,
+    /// An unsent copy of the request, handed up by the retry layer to the dead-letter layer
+    /// (issue #12: one request copy per call). A `Mutex<Q>`, so that `Failure` stays `Sync`.
+    request: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl<R> Default for Extra<R> {
@@ -356,6 +359,7 @@ impl<R> Default for Extra<R> {
             dead_letter: None,
             long_retry_after: None,
             not_processed: false,
+            request: None,
         }
     }
 }
@@ -516,6 +520,7 @@ impl<R> Failure<R> {
                     dead_letter: e.dead_letter,
                     long_retry_after: e.long_retry_after,
                     not_processed: e.not_processed,
+                    request: e.request,
                 })
             }),
         }
@@ -591,6 +596,23 @@ impl<R> Failure<R> {
 
     pub(crate) fn note_retry_at(&mut self, at: SystemTime) {
         self.extra_mut().retry_at = Some(at);
+    }
+
+    /// Keeps an unsent copy of the request on the failure, for the dead-letter layer above.
+    pub(crate) fn note_request<Q: Send + 'static>(&mut self, request: Q) {
+        self.extra_mut().request = Some(Box::new(std::sync::Mutex::new(request)));
+    }
+
+    /// Takes the copy [`note_request`](Self::note_request) kept, if it is a `Q`.
+    pub(crate) fn take_request<Q: Send + 'static>(&mut self) -> Option<Q> {
+        let extra = self.extra.as_mut()?;
+        match extra.request.take()?.downcast::<std::sync::Mutex<Q>>() {
+            Ok(request) => Some(request.into_inner().unwrap_or_else(|e| e.into_inner())),
+            Err(other) => {
+                extra.request = Some(other);
+                None
+            }
+        }
     }
 
     pub(crate) fn note_dead_letter(&mut self, status: DeadLetterStatus) {

@@ -18,7 +18,7 @@ use tower::{Layer, Service, ServiceBuilder, service_fn};
 use tower_backstop::breaker::{BreakerLayer, FailoverLayer, State};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier, Verdict};
 use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
-use tower_backstop::retry::{Budget, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Budget, DeadLetterRetryLayer, RetryLayer, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Class, Code, Failure};
 
@@ -415,12 +415,77 @@ fn whole_stack_with_http_request_adds_only_the_replay_copies() {
          ({per_copy} per request copy)",
         added as f64 / CALLS as f64
     );
-    // Two copies per call: the dead-letter layer's kept copy and the retry layer's spare.
+    // Two copies per call when the layers are stacked one by one: the dead-letter layer's kept
+    // copy and the retry layer's spare. `DeadLetterRetryLayer` shares one (tested below).
     assert!(
         added <= 2 * per_copy * CALLS,
         "the stack allocates {added} times over {CALLS} calls, more than its two request \
          copies ({per_copy} allocations each)"
     );
+}
+
+/// The five layers with the dead-letter and retry layers built as one
+/// ([`DeadLetterRetryLayer`]), over `inner`.
+fn five_layers_sharing_one_copy<S, Req>(
+    inner: S,
+) -> impl Service<Req, Response = S::Response, Error = Failure<S::Response>>
+where
+    S: Service<Req, Error = BoxError> + Clone,
+    S::Response: Send + Sync + 'static,
+    Req: tower_backstop::Replay + tower_backstop::Describe + Send + 'static,
+    ClassifyLayer<HttpClassifier>: Layer<TimeoutLayerService<S>>,
+    <ClassifyLayer<HttpClassifier> as Layer<TimeoutLayerService<S>>>::Service:
+        Service<Req, Response = S::Response, Error = Failure<S::Response>> + Clone,
+{
+    ServiceBuilder::new()
+        .layer(DeadLetterRetryLayer::new(
+            DeadLetterLayer::new(MemoryStore::new()),
+            RetryLayer::default(),
+        ))
+        .layer(BreakerLayer::new())
+        .layer(ClassifyLayer::http())
+        .layer(TimeoutLayer::new(Duration::from_secs(30)))
+        .service(inner)
+}
+
+type TimeoutLayerService<S> = tower_backstop::timeout::Timeout<S>;
+
+#[test]
+fn whole_stack_sharing_one_copy_allocates_nothing_with_a_cheap_request() {
+    assert_adds_nothing(
+        "whole stack, DeadLetterRetryLayer (HttpClassifier)",
+        bare_http(),
+        five_layers_sharing_one_copy(bare_http()),
+    );
+}
+
+#[test]
+fn whole_stack_sharing_one_copy_copies_an_http_request_once() {
+    let req = http_request();
+    black_box(tower_backstop::Replay::replay(&req));
+    let before = allocations();
+    black_box(tower_backstop::Replay::replay(&req));
+    let per_copy = allocations() - before;
+    assert_eq!(
+        per_copy, 2,
+        "a 2-header request's copy allocates its HeaderMap twice"
+    );
+
+    let bare = || service_fn(|_: HttpReq| ready(Ok::<_, BoxError>(http::Response::new(()))));
+    let bare_count = count_http(bare(), &req);
+    let layered = count_http(five_layers_sharing_one_copy(bare()), &req);
+    let added = layered - bare_count;
+    println!(
+        "whole stack sharing one copy, http::Request with 2 headers: {} allocations per call \
+         added",
+        added as f64 / CALLS as f64
+    );
+    // One copy per call: the retry layer's spare, which the dead-letter layer would reuse.
+    assert!(
+        added <= 2 * CALLS,
+        "the stack allocates {added} times over {CALLS} calls: more than one request copy (2)"
+    );
+    assert!(added > 0, "the retry layer's spare is a real copy");
 }
 
 #[test]

@@ -1226,3 +1226,141 @@ async fn unknown_is_retried_once_and_more_slowly() {
         "503 at 100 ms, then the unknown backoff (100 ms) slowed to twice the previous delay"
     );
 }
+
+// Issue #12: the unedited default policy is not referenced by a call until it fails, and the
+// overall deadline reads the clock only when an attempt first waits or fails.
+
+#[tokio::test(start_paused = true)]
+async fn the_default_policy_rebuilt_at_a_failure_retries_like_the_default() {
+    // 3 attempts in all, transient retried, permanent not: the default's table.
+    let upstream = Scripted::always(status(503));
+    let failure = ServiceBuilder::new()
+        .layer(RetryLayer::default())
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone())
+        .oneshot(get("/"))
+        .await
+        .unwrap_err();
+    assert_eq!(upstream.calls(), 3);
+    assert_eq!(failure.attempts(), 3);
+    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+
+    let upstream = Scripted::new([status(503)], status(200));
+    let response = stack(RetryPolicy::default(), &upstream)
+        .oneshot(get("/"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(upstream.calls(), 2);
+
+    let upstream = Scripted::always(status(404));
+    let failure = stack(RetryPolicy::default(), &upstream)
+        .oneshot(get("/"))
+        .await
+        .unwrap_err();
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(failure.give_up(), Some(GiveUp::NotRetryable));
+}
+
+/// An upstream that answers 200 after `delay`, or at its first poll for a zero delay.
+fn ok_after(
+    delay: Duration,
+) -> impl tower::Service<
+    &'static str,
+    Response = &'static str,
+    Error = tower_backstop::BoxError,
+    Future: Send,
+> + Clone {
+    tower::service_fn(move |req: &'static str| async move {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        Ok(req)
+    })
+}
+
+#[test]
+fn a_first_attempt_ready_at_its_first_poll_never_starts_the_deadline_timer() {
+    // No time driver: creating a tokio timer here panics, so the calls prove none was made.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime without time");
+    rt.block_on(async {
+        let policy = RetryPolicy::new().deadline(Duration::from_secs(2));
+        let svc = RetryLayer::new(policy).layer(ok_after(Duration::ZERO));
+        assert_eq!(svc.oneshot("m").await.unwrap(), "m");
+        let svc = RetryLayer::default().layer(ok_after(Duration::ZERO));
+        assert_eq!(svc.oneshot("m").await.unwrap(), "m");
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_counts_from_the_first_pending_not_from_call() {
+    use std::pin::pin;
+    use tower::Service;
+    let policy = RetryPolicy::new().deadline(Duration::from_millis(200));
+    let mut svc = RetryLayer::new(policy).layer(ok_after(Duration::from_millis(100)));
+    svc.ready().await.unwrap();
+    let future = pin!(svc.call("m"));
+    // 150 ms between `call` and the first poll are not counted; the 100 ms wait is.
+    tokio::time::advance(Duration::from_millis(150)).await;
+    assert_eq!(future.await.unwrap(), "m");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_zero_deadline_lets_only_an_answer_at_the_first_poll_through() {
+    let policy = || RetryPolicy::new().deadline(Duration::ZERO);
+    // Ready at once: the deadline never starts.
+    let svc = RetryLayer::new(policy()).layer(ok_after(Duration::ZERO));
+    assert_eq!(svc.oneshot("m").await.unwrap(), "m");
+
+    // Waits: cut at once (tokio's timer resolution is 1 ms), with nothing earlier to return.
+    let start = Instant::now();
+    let failure = RetryLayer::new(policy())
+        .layer(ok_after(Duration::from_secs(1)))
+        .oneshot("m")
+        .await
+        .unwrap_err();
+    assert!(
+        start.elapsed() <= Duration::from_millis(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(failure.give_up(), Some(GiveUp::DeadlineExceeded));
+    assert_eq!(failure.code(), Code::Timeout);
+    assert_eq!(failure.attempts(), 1);
+
+    // Fails at once: already past the deadline, so not retried; the caller gets the 503.
+    let upstream = Scripted::new([status(503)], status(200));
+    let failure = stack(policy(), &upstream)
+        .oneshot(get("/"))
+        .await
+        .unwrap_err();
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(failure.give_up(), Some(GiveUp::DeadlineExceeded));
+    assert_eq!(failure.attempts(), 1);
+    assert_eq!(
+        failure.code(),
+        Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_of_duration_max_is_no_deadline() {
+    let upstream = Scripted::new(
+        [status(503), status(503)],
+        Step::After(Duration::from_secs(3600), Box::new(status(200))),
+    );
+    let policy = RetryPolicy::new()
+        .backoff(no_jitter(100))
+        .deadline(Duration::MAX);
+    let start = Instant::now();
+    let response = stack(policy, &upstream).oneshot(get("/")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(upstream.calls(), 3);
+    // 100 ms + 200 ms of backoff, then the one-hour attempt: nothing cut it.
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(3600) + Duration::from_millis(300)
+    );
+}

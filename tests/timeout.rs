@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use support::{Scripted, Step, get, status};
 use tokio::time::Instant;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::retry::{Backoff, Jitter, RetryLayer, RetryPolicy};
 use tower_backstop::timeout::{Elapsed, TimeoutLayer};
@@ -69,4 +69,89 @@ async fn every_attempt_is_cut_and_classified_transient() {
     let seen = upstream.seen();
     assert_eq!(seen[1].at - seen[0].at, Duration::from_millis(300));
     assert_eq!(seen[2].at - seen[1].at, Duration::from_millis(400));
+}
+
+// The lazy timer (issue #12): a call ready at its first poll never touches tokio's timer; the
+// timer starts at the inner future's first `Pending`.
+
+/// An inner service that answers `"ok"` after `delay`, or at its first poll for a zero delay.
+fn answers_after(
+    delay: Duration,
+) -> impl tower::Service<(), Response = &'static str, Error = std::convert::Infallible, Future: Send>
++ Clone {
+    tower::service_fn(move |()| async move {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        Ok("ok")
+    })
+}
+
+#[test]
+fn a_call_ready_at_its_first_poll_never_touches_the_timer() {
+    // A runtime without a time driver: creating a tokio timer in it panics ("timers are
+    // disabled"), so these calls prove that neither layer created one.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime without time");
+    rt.block_on(async {
+        let svc =
+            TimeoutLayer::new(Duration::from_millis(200)).layer(answers_after(Duration::ZERO));
+        assert_eq!(svc.oneshot(()).await.unwrap(), "ok");
+        let svc = tower_backstop::timeout::ServerTimeoutLayer::new(Duration::from_millis(200))
+            .layer(tower::service_fn(|()| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(()))
+            }));
+        assert_eq!(svc.oneshot(()).await.unwrap().status(), 200);
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_timer_starts_at_the_first_pending_not_at_call() {
+    use std::pin::pin;
+    use tower::Service;
+    let mut svc = TimeoutLayer::new(Duration::from_millis(200))
+        .layer(answers_after(Duration::from_millis(100)));
+    std::future::poll_fn(|cx| svc.poll_ready(cx)).await.unwrap();
+    let future = pin!(svc.call(()));
+    // 150 ms pass between `call` and the first poll: not counted. The inner call then waits
+    // 100 ms, within the 200 ms timeout (a timer started in `call` would have cut it at 200 ms).
+    tokio::time::advance(Duration::from_millis(150)).await;
+    let start = Instant::now();
+    assert_eq!(future.await.unwrap(), "ok");
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_zero_timeout_passes_ready_calls_and_cuts_the_rest() {
+    let svc = TimeoutLayer::new(Duration::ZERO).layer(answers_after(Duration::ZERO));
+    assert_eq!(svc.oneshot(()).await.unwrap(), "ok");
+
+    let svc = TimeoutLayer::new(Duration::ZERO).layer(answers_after(Duration::from_millis(10)));
+    let start = Instant::now();
+    let err = svc.oneshot(()).await.unwrap_err();
+    let elapsed = err.downcast_ref::<Elapsed>().expect("an Elapsed error");
+    assert_eq!(elapsed.after(), Duration::ZERO);
+    // Cut at the first tick of tokio's timer (1 ms resolution), before the call's 10 ms.
+    assert!(
+        start.elapsed() <= Duration::from_millis(1),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_of_duration_max_never_fires_and_never_panics() {
+    let year = Duration::from_secs(365 * 24 * 3600);
+    let svc = TimeoutLayer::new(Duration::MAX).layer(answers_after(year));
+    let start = Instant::now();
+    assert_eq!(svc.oneshot(()).await.unwrap(), "ok");
+    assert_eq!(start.elapsed(), year);
+    let svc = tower_backstop::timeout::ServerTimeoutLayer::new(Duration::MAX).layer(
+        tower::service_fn(move |()| async move {
+            tokio::time::sleep(year).await;
+            Ok::<_, std::convert::Infallible>(http::Response::new(()))
+        }),
+    );
+    assert_eq!(svc.oneshot(()).await.unwrap().status(), 200);
 }

@@ -65,11 +65,12 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Called { future } => {
-                    let failure: Failure<R> = match ready!(future.poll(cx)) {
+                    let mut failure: Failure<R> = match ready!(future.poll(cx)) {
                         Ok(response) => return Poll::Ready(Ok(response)),
                         Err(e) => e.into(),
                     };
-                    let kept = this.kept.take();
+                    // Our own copy, or the retry layer's unsent one (`RetryLayer::dead_letters`).
+                    let kept = this.kept.take().or_else(|| failure.take_request::<Req>());
                     let config = Arc::clone(this.config);
                     // Everything the record needs from the failure, taken now: the failure
                     // itself goes back to the caller.

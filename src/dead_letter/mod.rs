@@ -172,6 +172,24 @@ impl<S> DeadLetter<S> {
     }
 }
 
+impl<S> DeadLetter<S> {
+    /// A call that keeps no copy of its own: `call` gets the inner service and returns its
+    /// future, and the copy comes back on the failure (the retry layer's unsent spare, see
+    /// `RetryLayer::dead_letters`).
+    #[inline]
+    pub(crate) fn call_reusing<F, Req, R>(
+        &mut self,
+        call: impl FnOnce(&mut S) -> F,
+    ) -> ResponseFuture<F, Req, R> {
+        ResponseFuture::new(call(&mut self.inner), None, Arc::clone(&self.config))
+    }
+
+    /// The inner service.
+    pub(crate) fn inner_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+}
+
 impl<S: fmt::Debug> fmt::Debug for DeadLetter<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeadLetter")

@@ -21,7 +21,11 @@ pin_project! {
     /// When the request cannot be retried at all (`max_attempts(1)`, a request that could not
     /// be copied, a request not safe to resend with
     /// [`retry_unprocessed`](super::RetryPolicy::retry_unprocessed) off) it holds no service
-    /// clone and no policy: it only forwards the single attempt.
+    /// clone and no policy: it only forwards the single attempt. With the unedited
+    /// [`RetryPolicy::default`] it holds no reference to the policy either until an attempt
+    /// fails (the default is rebuilt then), so a first attempt that succeeds costs no shared
+    /// counter. The overall deadline, when there is one, reads the clock only when an attempt
+    /// first waits or fails (see [`RetryPolicy::deadline`]).
     pub struct ResponseFuture<S, Req>
     where
         S: Service<Req>,
@@ -29,12 +33,21 @@ pin_project! {
         #[pin]
         state: State<S::Future>,
         retry: Option<Retrying<S, Req, S::Response>>,
+        deadline: Deadline,
         // Whether the request is safe to send twice (for the outcome-unknown rule).
         safe: bool,
         // Why the request was not retryable, when `retry` is `None`.
         single: GiveUp,
+        // Set under a dead-letter layer that reuses this layer's copy of the request
+        // (`RetryLayer::dead_letters`): every failure carries the unsent copy up.
+        hand_back: Option<HandBack<S::Response, Req>>,
+        // The copy handed back when `retry` is `None`.
+        kept: Option<Req>,
     }
 }
+
+/// Puts an unsent copy of the request on a failure (see [`Failure::note_request`]).
+pub(crate) type HandBack<R, Req> = fn(&mut Failure<R>, Req);
 
 pin_project! {
     #[project = StateProj]
@@ -42,7 +55,8 @@ pin_project! {
         Called {
             #[pin]
             future: F,
-            // The overall deadline, raced against the attempt.
+            // The overall deadline, raced against the attempt: created at the attempt's first
+            // `Pending`, and only when there is a deadline.
             #[pin]
             deadline: Option<Sleep>,
         },
@@ -54,15 +68,48 @@ pin_project! {
     }
 }
 
+/// The overall deadline of one logical request.
+#[derive(Clone, Copy, Debug)]
+enum Deadline {
+    /// No deadline (none configured, or one too far to represent, such as `Duration::MAX`).
+    None,
+    /// A deadline this long after the clock is first read.
+    After(Duration),
+    /// The instant it ends.
+    At(Instant),
+}
+
+impl Deadline {
+    fn new(after: Option<Duration>) -> Self {
+        after.map_or(Deadline::None, Deadline::After)
+    }
+
+    /// The instant the deadline ends, fixed at the first call of this method: the first time
+    /// an attempt waits (its first `Pending`) or fails.
+    #[inline]
+    fn at(&mut self) -> Option<Instant> {
+        match *self {
+            Deadline::None => None,
+            Deadline::At(at) => Some(at),
+            Deadline::After(after) => {
+                *self = Instant::now()
+                    .checked_add(after)
+                    .map_or(Deadline::None, Deadline::At);
+                self.at()
+            }
+        }
+    }
+}
+
 /// What a request that may be retried keeps between attempts: built on the call, used on the
 /// failure path only. Kept small: what only failures need is boxed on the first failure.
 struct Retrying<S, Req, R> {
     service: S,
-    policy: RetryPolicy,
+    /// The layer's policy; `None` for the unedited default, rebuilt at the first failure.
+    policy: Option<RetryPolicy>,
     spare: Option<Req>,
     spare_state: Spare,
     attempts: u32,
-    deadline: Option<Instant>,
     history: Option<Box<History<R>>>,
 }
 
@@ -76,18 +123,19 @@ struct History<R> {
     previous_delay: Option<Duration>,
 }
 
-impl<S, Req, R> Retrying<S, Req, R> {
-    fn history(&mut self) -> &mut History<R> {
-        self.history.get_or_insert_with(|| {
-            Box::new(History {
-                failed: Vec::new(),
-                first_failed_at: None,
-                last: None,
-                previous_delay: None,
-            })
+/// The failure path's record, created at the first failure.
+fn history_of<R>(history: &mut Option<Box<History<R>>>) -> &mut History<R> {
+    history.get_or_insert_with(|| {
+        Box::new(History {
+            failed: Vec::new(),
+            first_failed_at: None,
+            last: None,
+            previous_delay: None,
         })
-    }
+    })
+}
 
+impl<S, Req, R> Retrying<S, Req, R> {
     fn first_failed_at(&self) -> Option<SystemTime> {
         self.history.as_ref().and_then(|h| h.first_failed_at)
     }
@@ -116,35 +164,45 @@ impl<S, Req> ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {
+    /// `kept` is the copy handed back by `hand_back`, when there is one.
+    #[inline]
     pub(crate) fn single(
         future: S::Future,
         safe: bool,
         reason: GiveUp,
-        deadline: Option<Instant>,
+        deadline: Option<Duration>,
+        hand_back: Option<HandBack<S::Response, Req>>,
+        kept: Option<Req>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
                 future,
-                deadline: deadline.map(tokio::time::sleep_until),
+                deadline: None,
             },
             retry: None,
+            deadline: Deadline::new(deadline),
             safe,
             single: reason,
+            hand_back,
+            kept,
         }
     }
 
+    /// `policy` is `None` for the unedited default policy.
+    #[inline]
     pub(crate) fn retrying(
         future: S::Future,
         service: S,
         spare: Req,
         safe: bool,
-        policy: RetryPolicy,
-        deadline: Option<Instant>,
+        policy: Option<RetryPolicy>,
+        deadline: Option<Duration>,
+        hand_back: Option<HandBack<S::Response, Req>>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
                 future,
-                deadline: deadline.map(tokio::time::sleep_until),
+                deadline: None,
             },
             retry: Some(Retrying {
                 service,
@@ -152,11 +210,13 @@ where
                 spare: Some(spare),
                 spare_state: if safe { Spare::Ready } else { Spare::NotSafe },
                 attempts: 1,
-                deadline,
                 history: None,
             }),
+            deadline: Deadline::new(deadline),
             safe,
             single: GiveUp::AttemptsExhausted,
+            hand_back,
+            kept: None,
         }
     }
 }
@@ -191,6 +251,20 @@ fn give_up<R>(
     failure
 }
 
+/// `failure`, with the unsent copy of the request on it when a dead-letter layer above reuses
+/// it (see `HandBack`).
+#[inline]
+fn handed<R, Req>(
+    hand_back: Option<HandBack<R, Req>>,
+    spare: Option<Req>,
+    mut failure: Failure<R>,
+) -> Failure<R> {
+    if let (Some(hand_back), Some(spare)) = (hand_back, spare) {
+        hand_back(&mut failure, spare);
+    }
+    failure
+}
+
 fn deadline_failure<R>(last: Option<Failure<R>>) -> Failure<R> {
     last.unwrap_or_else(|| {
         Failure::new(Class::TRANSIENT, Code::Timeout).with_source(DeadlineElapsed(()))
@@ -209,23 +283,43 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Called { future, deadline } => {
+                StateProj::Called {
+                    future,
+                    mut deadline,
+                } => {
                     let result = match future.poll(cx) {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
+                            if deadline.is_none() {
+                                // The attempt's first `Pending`: only now race it against the
+                                // deadline (and, for the first attempt, start the deadline).
+                                let Some(at) = this.deadline.at() else {
+                                    return Poll::Pending;
+                                };
+                                deadline.set(Some(tokio::time::sleep_until(at)));
+                            }
                             if let Some(deadline) = deadline.as_pin_mut() {
                                 ready!(deadline.poll(cx));
                                 // The deadline ended this attempt: return the last real failure.
-                                let (attempts, first, last) = match this.retry.as_mut() {
-                                    Some(r) => (r.attempts, r.first_failed_at(), r.take_last()),
-                                    None => (1, None, None),
+                                let (attempts, first, last, spare) = match this.retry.as_mut() {
+                                    Some(r) => (
+                                        r.attempts,
+                                        r.first_failed_at(),
+                                        r.take_last(),
+                                        r.spare.take(),
+                                    ),
+                                    None => (1, None, None, this.kept.take()),
                                 };
                                 let failure = deadline_failure(last);
-                                return Poll::Ready(Err(give_up(
-                                    failure,
-                                    attempts,
-                                    first.or_else(|| Some(SystemTime::now())),
-                                    GiveUp::DeadlineExceeded,
+                                return Poll::Ready(Err(handed(
+                                    *this.hand_back,
+                                    spare,
+                                    give_up(
+                                        failure,
+                                        attempts,
+                                        first.or_else(|| Some(SystemTime::now())),
+                                        GiveUp::DeadlineExceeded,
+                                    ),
                                 )));
                             }
                             return Poll::Pending;
@@ -233,8 +327,11 @@ where
                     };
                     let mut failure: Failure<S::Response> = match result {
                         Ok(response) => {
-                            if let Some(budget) =
-                                this.retry.as_ref().and_then(|r| r.policy.budget_ref())
+                            if let Some(budget) = this
+                                .retry
+                                .as_ref()
+                                .and_then(|r| r.policy.as_ref())
+                                .and_then(RetryPolicy::budget_ref)
                             {
                                 budget.success();
                             }
@@ -257,33 +354,44 @@ where
                             // instant, like any rejection.
                             failure.note_retry_at(retry_at(SystemTime::now(), left));
                             failure.note_attempts(0, Some(SystemTime::now()), GiveUp::Deferred);
-                            return Poll::Ready(Err(failure));
+                            return Poll::Ready(Err(handed(
+                                *this.hand_back,
+                                this.kept.take(),
+                                failure,
+                            )));
                         }
                         let reason = if unknown {
                             GiveUp::NotIdempotent
                         } else {
                             *this.single
                         };
-                        return Poll::Ready(Err(give_up(
-                            failure,
-                            u32::from(!rejected),
-                            Some(SystemTime::now()),
-                            reason,
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            this.kept.take(),
+                            give_up(
+                                failure,
+                                u32::from(!rejected),
+                                Some(SystemTime::now()),
+                                reason,
+                            ),
                         )));
                     };
                     if rejected {
                         r.attempts -= 1;
                     }
-                    let history = r.history();
+                    // A first attempt that failed without waiting starts the deadline here.
+                    let deadline_at = this.deadline.at();
+                    // The default policy is rebuilt at the first failure (see `Retrying`).
+                    let policy = r.policy.get_or_insert_with(RetryPolicy::default);
+                    let history = history_of(&mut r.history);
                     let class_failures = history.count(failure.class());
                     let first = *history.first_failed_at.get_or_insert_with(SystemTime::now);
                     let previous_delay = history.previous_delay;
                     if unknown {
-                        return Poll::Ready(Err(give_up(
-                            failure,
-                            r.attempts,
-                            Some(first),
-                            GiveUp::NotIdempotent,
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            r.spare.take(),
+                            give_up(failure, r.attempts, Some(first), GiveUp::NotIdempotent),
                         )));
                     }
                     let attempted = Attempted {
@@ -292,13 +400,12 @@ where
                         spare: r.spare_state,
                         previous_delay,
                     };
-                    let (delay, source) = match r.policy.decide(&failure, &attempted) {
+                    let (delay, source) = match policy.decide(&failure, &attempted) {
                         Decision::Stop(reason) => {
-                            return Poll::Ready(Err(give_up(
-                                failure,
-                                r.attempts,
-                                Some(first),
-                                reason,
+                            return Poll::Ready(Err(handed(
+                                *this.hand_back,
+                                r.spare.take(),
+                                give_up(failure, r.attempts, Some(first), reason),
                             )));
                         }
                         Decision::Defer(at, delay) => {
@@ -312,30 +419,32 @@ where
                             );
                             failure.note_retry_at(at);
                             failure.note_attempts(r.attempts, Some(first), GiveUp::Deferred);
-                            return Poll::Ready(Err(failure));
+                            return Poll::Ready(Err(handed(
+                                *this.hand_back,
+                                r.spare.take(),
+                                failure,
+                            )));
                         }
                         Decision::Retry(delay, source) => (delay, source),
                     };
-                    if let Some(deadline) = r.deadline
+                    if let Some(deadline) = deadline_at
                         && Instant::now()
                             .checked_add(delay)
                             .is_none_or(|wake| wake >= deadline)
                     {
-                        return Poll::Ready(Err(give_up(
-                            failure,
-                            r.attempts,
-                            Some(first),
-                            GiveUp::DeadlineExceeded,
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            r.spare.take(),
+                            give_up(failure, r.attempts, Some(first), GiveUp::DeadlineExceeded),
                         )));
                     }
-                    if let Some(budget) = r.policy.budget_ref()
+                    if let Some(budget) = policy.budget_ref()
                         && !budget.withdraw()
                     {
-                        return Poll::Ready(Err(give_up(
-                            failure,
-                            r.attempts,
-                            Some(first),
-                            GiveUp::BudgetExhausted,
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            r.spare.take(),
+                            give_up(failure, r.attempts, Some(first), GiveUp::BudgetExhausted),
                         )));
                     }
                     let event = RetryEvent {
@@ -353,8 +462,8 @@ where
                         why = source.as_str(),
                         "retrying"
                     );
-                    r.policy.notify(&event);
-                    let history = r.history();
+                    policy.notify(&event);
+                    let history = history_of(&mut r.history);
                     history.last = Some(failure);
                     history.previous_delay = Some(delay);
                     this.state.set(State::Sleeping {
@@ -368,31 +477,41 @@ where
                 StateProj::Readying => {
                     let Some(r) = this.retry.as_mut() else {
                         // Only a retrying future sleeps.
-                        return Poll::Ready(Err(deadline_failure(None)));
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            this.kept.take(),
+                            deadline_failure(None),
+                        )));
                     };
                     if let Err(e) = ready!(r.service.poll_ready(cx)) {
                         let failure: Failure<S::Response> = e.into();
-                        return Poll::Ready(Err(give_up(
-                            failure,
-                            r.attempts,
-                            r.first_failed_at(),
-                            GiveUp::NotReady,
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            r.spare.take(),
+                            give_up(failure, r.attempts, r.first_failed_at(), GiveUp::NotReady),
                         )));
                     }
                     let request = match r.spare.take() {
                         Some(request) => request,
                         None => {
                             let failure = deadline_failure(r.take_last());
-                            return Poll::Ready(Err(give_up(
-                                failure,
-                                r.attempts,
-                                r.first_failed_at(),
-                                GiveUp::NotReplayable,
+                            return Poll::Ready(Err(handed(
+                                *this.hand_back,
+                                r.spare.take(),
+                                give_up(
+                                    failure,
+                                    r.attempts,
+                                    r.first_failed_at(),
+                                    GiveUp::NotReplayable,
+                                ),
                             )));
                         }
                     };
                     r.attempts += 1;
-                    if r.attempts < r.policy.attempts() {
+                    let max_attempts = r.policy.get_or_insert_with(RetryPolicy::default).attempts();
+                    // Under a dead-letter layer that reuses the copy, keep one for the last
+                    // attempt too: it goes up with the failure.
+                    if r.attempts < max_attempts || this.hand_back.is_some() {
                         match request.replay() {
                             Some(copy) => r.spare = Some(copy),
                             None => r.spare_state = Spare::NotReplayable,
@@ -401,7 +520,7 @@ where
                     let future = r.service.call(request);
                     this.state.set(State::Called {
                         future,
-                        deadline: r.deadline.map(tokio::time::sleep_until),
+                        deadline: None,
                     });
                 }
             }

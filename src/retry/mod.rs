@@ -30,7 +30,10 @@
 //! allocated. Each logical request has its own attempt counts. The request is copied with
 //! [`Replay`] once per attempt, the one cost of the success path; it is free for `Bytes`,
 //! `Full<Bytes>` or `Arc` payloads. A request that cannot be retried at all costs no copy, no
-//! service clone and no policy clone.
+//! service clone and no policy clone; with the unedited [`RetryPolicy::default`] no call clones
+//! the policy until an attempt fails. A [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer)
+//! directly above keeps a second copy of its own, unless both are built as one
+//! [`DeadLetterRetryLayer`], which shares this layer's spare.
 //!
 //! When it stops, the failure records the number of attempts and why
 //! ([`Failure::attempts`](crate::Failure::attempts), [`Failure::give_up`](crate::Failure::give_up)).
@@ -90,6 +93,7 @@ use crate::request::Replay;
 mod backoff;
 mod budget;
 mod buffer;
+mod dead_letters;
 mod future;
 mod idempotency;
 mod layer;
@@ -98,6 +102,7 @@ mod policy;
 pub use self::backoff::{Backoff, EmptySchedule, Jitter};
 pub use self::budget::{Budget, InvalidBudget};
 pub use self::buffer::{BodyReadError, ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
+pub use self::dead_letters::{DeadLetterRetry, DeadLetterRetryLayer};
 pub use self::future::{DeadlineElapsed, ResponseFuture};
 pub use self::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 pub use self::layer::RetryLayer;
@@ -140,15 +145,34 @@ where
 
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
+        self.start(req, None)
+    }
+}
+
+impl<S> Retry<S> {
+    /// One call: the first attempt, and what the future needs for the next ones. With
+    /// `hand_back`, a copy of the request is always kept (when [`Replay`] can make one), even
+    /// when no retry is possible, and goes up on the failure.
+    #[inline]
+    pub(crate) fn start<Req>(
+        &mut self,
+        req: Req,
+        hand_back: Option<future::HandBack<S::Response, Req>>,
+    ) -> ResponseFuture<S, Req>
+    where
+        S: Service<Req> + Clone,
+        S::Error: Into<Failure<S::Response>>,
+        Req: Replay,
+    {
         let policy = &self.policy;
         if let Some(budget) = policy.budget_ref() {
             budget.first_attempt();
         }
-        let deadline = policy
-            .deadline_after()
-            .and_then(|d| tokio::time::Instant::now().checked_add(d));
+        // No clock read here: the deadline starts when an attempt first waits or fails.
+        let deadline = policy.deadline_after();
         let safe = policy.assumes_idempotent() || req.retry_safe();
-        let copy = if policy.wants_copy(safe) {
+        let retries = policy.wants_copy(safe);
+        let copy = if retries || hand_back.is_some() {
             req.replay()
         } else {
             None
@@ -157,23 +181,25 @@ where
         match copy {
             // Keep a clone of the service (driven to readiness before each later attempt) and
             // of the policy only when another attempt is possible.
-            Some(spare) => ResponseFuture::retrying(
+            Some(spare) if retries => ResponseFuture::retrying(
                 future,
                 self.inner.clone(),
                 spare,
                 safe,
-                policy.clone(),
+                // The unedited default is rebuilt on a failure: no shared counter per call.
+                (!policy.is_default()).then(|| policy.clone()),
                 deadline,
+                hand_back,
             ),
-            None => {
+            kept => {
                 let reason = if policy.attempts() <= 1 {
                     GiveUp::AttemptsExhausted
-                } else if !policy.wants_copy(safe) {
+                } else if !retries {
                     GiveUp::NotIdempotent
                 } else {
                     GiveUp::NotReplayable
                 };
-                ResponseFuture::single(future, safe, reason, deadline)
+                ResponseFuture::single(future, safe, reason, deadline, hand_back, kept)
             }
         }
     }

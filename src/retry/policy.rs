@@ -209,6 +209,9 @@ struct Inner {
 #[derive(Clone)]
 pub struct RetryPolicy {
     inner: Arc<Inner>,
+    // Whether a builder method changed this policy: an unedited one is the default, which the
+    // retry future rebuilds on a failure instead of cloning the `Arc` on every call.
+    edited: bool,
 }
 
 impl Default for RetryPolicy {
@@ -240,6 +243,7 @@ impl Default for RetryPolicy {
                 rng: None,
                 on_retry: None,
             }),
+            edited: false,
         }
     }
 }
@@ -280,7 +284,15 @@ impl RetryPolicy {
 
     fn edit(mut self, f: impl FnOnce(&mut Inner)) -> Self {
         f(Arc::make_mut(&mut self.inner));
+        self.edited = true;
         self
+    }
+
+    /// Whether this is [`RetryPolicy::default`], unedited: then it equals a fresh
+    /// `RetryPolicy::default()` (no budget, no seeded random source and no hook to share), and
+    /// the retry future keeps no reference to it until a failure.
+    pub(crate) fn is_default(&self) -> bool {
+        !self.edited
     }
 
     /// The most calls for one request, the first included (a count of attempts, not retries),
@@ -368,10 +380,17 @@ impl RetryPolicy {
         self.edit(|p| p.budget = Some(budget))
     }
 
-    /// An overall deadline per request, counted from its first call: no attempt starts and no
-    /// delay is slept past it, and an attempt still running when it ends is dropped (so each
-    /// attempt's timeout is the smaller of its own and the time remaining). The caller gets the
-    /// last real failure, marked [`GiveUp::DeadlineExceeded`].
+    /// An overall deadline per request: no attempt starts and no delay is slept past it, and an
+    /// attempt still running when it ends is dropped (so each attempt's timeout is the smaller
+    /// of its own and the time remaining). The caller gets the last real failure, marked
+    /// [`GiveUp::DeadlineExceeded`].
+    ///
+    /// The clock is read lazily: the deadline counts from the first attempt's first `Pending`
+    /// (or its failure, when it fails without waiting), not from `call`. A first attempt that
+    /// answers at its first poll never reads the clock; its synchronous first poll is not
+    /// counted. A zero deadline lets only such an answer through: a first attempt that waits
+    /// fails at once with [`DeadlineElapsed`](super::DeadlineElapsed), one that fails is not
+    /// retried. A deadline too far to represent (`Duration::MAX`) is no deadline.
     pub fn deadline(self, deadline: Duration) -> Self {
         self.edit(|p| p.deadline = Some(deadline))
     }
@@ -801,6 +820,25 @@ mod tests {
         };
         assert_eq!(seeded(3), seeded(3));
         assert_ne!(seeded(3), seeded(4));
+    }
+
+    #[test]
+    fn the_default_policy_shares_nothing_so_a_rebuilt_one_is_the_same() {
+        // The retry future rebuilds an unedited default policy on a failure instead of holding
+        // the layer's `Arc`: that is only right while the default has no shared state.
+        let p = RetryPolicy::default();
+        assert!(p.is_default());
+        assert!(
+            p.inner.budget.is_none(),
+            "a budget must be shared by every call"
+        );
+        assert!(
+            p.inner.rng.is_none(),
+            "a seeded random source must be shared"
+        );
+        assert!(p.inner.on_retry.is_none());
+        assert!(!p.clone().max_attempts(3).is_default());
+        assert!(!p.clone().never_retry(Class::UNKNOWN).is_default());
     }
 
     #[test]

@@ -12,7 +12,9 @@ pub struct TimeoutLayer {
 
 impl TimeoutLayer {
     /// A layer whose services fail each call that takes longer than `timeout` with
-    /// [`Elapsed`](super::Elapsed). A zero timeout fails every call that is not ready at once.
+    /// [`Elapsed`](super::Elapsed), counted from the inner future's first `Pending` (see
+    /// [when the timer starts](super#when-the-timer-starts)). A zero timeout fails every call
+    /// that is not ready at its first poll; `Duration::MAX` never fires.
     pub const fn new(timeout: Duration) -> Self {
         TimeoutLayer { timeout }
     }

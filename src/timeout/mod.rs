@@ -6,6 +6,21 @@
 //! the retry layer retries it like any other transient fault. The overall deadline of a request
 //! (all attempts and delays) belongs to [`RetryLayer`](crate::retry::RetryLayer).
 //!
+//! # When the timer starts
+//!
+//! The timer is lazy. A call whose inner future is ready at its first poll (a cache hit, an
+//! in-process handler, a pooled answer) never touches tokio's timer or clock: it costs a few
+//! nanoseconds over the bare call. Otherwise the timer starts at the inner future's first
+//! `Pending`, so the measured duration runs from the end of that first poll, not from
+//! [`call`](Service::call). The synchronous part of the first poll (for a client, building the
+//! request and handing it to the connection) and any time between `call` and the first poll
+//! are not counted; a timeout bounds the time spent *waiting*. With tower's own `Timeout` the
+//! timer starts in `call`.
+//!
+//! A zero timeout fails every call that is not ready at its first poll (within tokio's timer
+//! resolution of 1 ms). `Duration::MAX` never fires: tokio saturates it to its far future
+//! (about 30 years), without panicking.
+//!
 //! For a server, [`ServerTimeoutLayer`] answers `504 Gateway Timeout` (or a configured status)
 //! when a handler takes too long, and stays `Infallible` for axum's `Router::layer`.
 //!

@@ -107,7 +107,7 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         ServerTimeoutFuture {
             response: self.inner.call(req),
-            sleep: tokio::time::sleep(self.timeout),
+            sleep: None,
             timeout: self.timeout,
             status: self.status,
             grpc: self.grpc,
@@ -117,12 +117,15 @@ where
 
 pin_project! {
     /// Response future of [`ServerTimeout`]: the handler raced against a timer stored inline.
+    ///
+    /// Like [`ResponseFuture`](super::ResponseFuture), the timer starts at the handler's first
+    /// `Pending`: a handler that answers at its first poll never touches the timer or the clock.
     #[derive(Debug)]
     pub struct ServerTimeoutFuture<F> {
         #[pin]
         response: F,
         #[pin]
-        sleep: Sleep,
+        sleep: Option<Sleep>,
         timeout: Duration,
         status: StatusCode,
         grpc: bool,
@@ -137,25 +140,28 @@ where
     type Output = Result<Response<B>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
+        let mut this = self.project();
         if let Poll::Ready(result) = this.response.poll(cx) {
             return Poll::Ready(result);
         }
-        match this.sleep.poll(cx) {
-            Poll::Ready(()) => {
-                tracing::debug!(timeout = ?this.timeout, status = this.status.as_u16(), "handler timed out");
-                if *this.grpc {
-                    return Poll::Ready(Ok(crate::classify::grpc::trailers_only(
-                        crate::classify::codes::DEADLINE_EXCEEDED,
-                        "handler timed out",
-                        None,
-                    )));
-                }
-                let mut response = Response::new(B::default());
-                *response.status_mut() = *this.status;
-                Poll::Ready(Ok(response))
-            }
-            Poll::Pending => Poll::Pending,
+        if this.sleep.is_none() {
+            this.sleep.set(Some(tokio::time::sleep(*this.timeout)));
         }
+        if let Some(sleep) = this.sleep.as_pin_mut()
+            && sleep.poll(cx).is_ready()
+        {
+            tracing::debug!(timeout = ?this.timeout, status = this.status.as_u16(), "handler timed out");
+            if *this.grpc {
+                return Poll::Ready(Ok(crate::classify::grpc::trailers_only(
+                    crate::classify::codes::DEADLINE_EXCEEDED,
+                    "handler timed out",
+                    None,
+                )));
+            }
+            let mut response = Response::new(B::default());
+            *response.status_mut() = *this.status;
+            return Poll::Ready(Ok(response));
+        }
+        Poll::Pending
     }
 }

@@ -1,0 +1,112 @@
+//! The dead-letter layer directly above the retry layer, sharing one copy of each request.
+
+use std::task::{Context, Poll};
+
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::{ResponseFuture, Retry, RetryLayer};
+use crate::dead_letter::{self, DeadLetter, DeadLetterLayer};
+use crate::failure::Failure;
+use crate::request::{Describe, Replay};
+
+/// [`DeadLetterLayer`] directly above [`RetryLayer`], built as one layer so that both share a
+/// single copy of each request.
+///
+/// Stacked as two layers, each keeps its own copy: the dead-letter layer one to describe a
+/// request that finally fails, the retry layer a spare for the next attempt. Both are free for
+/// cheap requests (`Bytes`, `Full<Bytes>`, `&'static str`), but an `http::Request` with headers
+/// allocates its `HeaderMap` for each. Built together, the dead-letter layer keeps no copy: the
+/// retry layer keeps its spare for the last attempt too (and keeps one even when it cannot
+/// retry, for example with `max_attempts(1)`), and hands the unsent spare up with the failure.
+/// A call that succeeds at its first attempt makes one copy instead of two; a call of `n`
+/// attempts makes `n`, as when stacked. A request that [`Replay`] cannot copy is recorded as
+/// before, with its payload missing.
+///
+/// The two layers behave exactly as when stacked: same attempts, same records. Stacked with
+/// other layers between them, or with [`DeadLetterLayer`] alone, each layer keeps its own copy
+/// as before: the dead-letter layer cannot know, before the call, that a layer below will
+/// hand a copy back.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::ServiceBuilder;
+/// use tower_backstop::breaker::BreakerLayer;
+/// use tower_backstop::classify::ClassifyLayer;
+/// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+/// use tower_backstop::retry::{DeadLetterRetryLayer, RetryLayer, RetryPolicy};
+/// use tower_backstop::timeout::TimeoutLayer;
+///
+/// # let client = tower::service_fn(|_: http::Request<String>| async {
+/// #     Ok::<_, tower_backstop::BoxError>(http::Response::new(()))
+/// # });
+/// let svc = ServiceBuilder::new()
+///     .layer(DeadLetterRetryLayer::new(
+///         DeadLetterLayer::new(MemoryStore::new()),
+///         RetryLayer::new(RetryPolicy::new().max_attempts(5)),
+///     ))
+///     .layer(BreakerLayer::new())
+///     .layer(ClassifyLayer::http())
+///     .layer(TimeoutLayer::new(Duration::from_secs(2)))
+///     .service(client);
+/// # let _ = svc;
+/// ```
+#[derive(Clone, Debug)]
+pub struct DeadLetterRetryLayer {
+    dead_letters: DeadLetterLayer,
+    retry: RetryLayer,
+}
+
+impl DeadLetterRetryLayer {
+    /// `dead_letters` directly above `retry`, sharing one request copy.
+    pub fn new(dead_letters: DeadLetterLayer, retry: RetryLayer) -> Self {
+        DeadLetterRetryLayer {
+            dead_letters,
+            retry,
+        }
+    }
+}
+
+impl<S> Layer<S> for DeadLetterRetryLayer {
+    type Service = DeadLetterRetry<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        DeadLetterRetry {
+            inner: self.dead_letters.layer(self.retry.layer(inner)),
+        }
+    }
+}
+
+/// The service of [`DeadLetterRetryLayer`]: a [`DeadLetter`] over a [`Retry`] that share one
+/// request copy.
+#[derive(Clone, Debug)]
+pub struct DeadLetterRetry<S> {
+    inner: DeadLetter<Retry<S>>,
+}
+
+/// Puts the retry layer's unsent copy on the failure, for the dead-letter layer above.
+fn hand_back<R, Req: Send + 'static>(failure: &mut Failure<R>, request: Req) {
+    failure.note_request(request);
+}
+
+impl<S, Req> Service<Req> for DeadLetterRetry<S>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<Failure<S::Response>>,
+    Req: Replay + Describe + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = Failure<S::Response>;
+    type Future = dead_letter::ResponseFuture<ResponseFuture<S, Req>, Req, S::Response>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Service::<Req>::poll_ready(self.inner.inner_mut(), cx)
+    }
+
+    #[inline]
+    fn call(&mut self, req: Req) -> Self::Future {
+        self.inner
+            .call_reusing(|retry| retry.start(req, Some(hand_back::<S::Response, Req>)))
+    }
+}
