@@ -17,11 +17,10 @@ use tonic::transport::{Channel, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tower::ServiceBuilder;
-use tower::util::Either;
+use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::GrpcClassifier;
-use tower_backstop::dead_letter::DeadLetter;
 use tower_backstop::retry::{Backoff, RetryPolicy};
-use tower_backstop::{Attempts, BackstopLayer, Grpc, GrpcLayer};
+use tower_backstop::{Backstop, BackstopLayer, Grpc, GrpcLayer};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -48,10 +47,8 @@ async fn server(failures: u32) -> Result<(String, Arc<AtomicU32>), Error> {
     Ok((url, calls))
 }
 
-/// The stack's type, spelled out: `GrpcLayer` over `BackstopLayer::grpc` (without a dead-letter
-/// store, `BackstopLayer` is the `Right` side of its `Either`).
-type Stack =
-    Grpc<Either<DeadLetter<Attempts<Channel, GrpcClassifier>>, Attempts<Channel, GrpcClassifier>>>;
+/// The stack's type: `GrpcLayer` over `BackstopLayer::grpc` around the channel.
+type Stack = Grpc<Backstop<Channel, GrpcClassifier, BreakerLayer>>;
 
 fn client(url: String) -> Result<HealthClient<Stack>, Error> {
     let channel = Channel::from_shared(url)?.connect_lazy();

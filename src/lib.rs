@@ -19,6 +19,9 @@
 //!
 //! # A client
 //!
+//! [`BackstopLayer`] builds the five layers in order from one set of settings: one breaker per
+//! host tripping on a failure rate, the dead-letter and retry layers sharing one request copy.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use bytes::Bytes;
@@ -27,19 +30,18 @@
 //! use hyper_util::rt::TokioExecutor;
 //! use tower::{ServiceBuilder, ServiceExt};
 //! use tower_backstop::{
-//!     breaker::BreakerLayer, classify::ClassifyLayer, dead_letter::{DeadLetterLayer, SqliteStore},
-//!     retry::{RetryLayer, RetryPolicy}, timeout::TimeoutLayer,
+//!     BackstopLayer, dead_letter::{DeadLetterLayer, SqliteStore}, retry::RetryPolicy,
 //! };
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
 //! let dead_letters = SqliteStore::open("dead_letters.db")?;
 //! let svc = ServiceBuilder::new()
-//!     .layer(DeadLetterLayer::new(dead_letters))
-//!     .layer(RetryLayer::new(RetryPolicy::new().max_attempts(5)))
-//!     .layer(BreakerLayer::consecutive_failures(5).open_for(Duration::from_secs(30)))
-//!     .layer(ClassifyLayer::http())
-//!     .layer(TimeoutLayer::new(Duration::from_secs(2)))
+//!     .layer(
+//!         BackstopLayer::http(Duration::from_secs(2))
+//!             .retry(RetryPolicy::new().max_attempts(5))
+//!             .dead_letters(DeadLetterLayer::new(dead_letters)),
+//!     )
 //!     .service(client);
 //! let request = http::Request::post("http://127.0.0.1:8080/v1/messages")
 //!     .header("Idempotency-Key", "msg-1")
@@ -50,6 +52,12 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! By hand, outermost first: [`DeadLetterLayer`](dead_letter::DeadLetterLayer) (or
+//! [`DeadLetterRetryLayer`](retry::DeadLetterRetryLayer) for both it and the retry layer),
+//! [`RetryLayer`](retry::RetryLayer), [`KeyedBreakerLayer`](breaker::KeyedBreakerLayer) (or one
+//! [`BreakerLayer`](breaker::BreakerLayer)), [`ClassifyLayer`](classify::ClassifyLayer),
+//! [`TimeoutLayer`](timeout::TimeoutLayer); the README shows the same stack written out.
 //!
 //! # A server
 //!
@@ -125,7 +133,7 @@ pub use self::failure::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp
 pub use self::integration::tonic::{
     DEFAULT_GRPC_BUFFER, Grpc, GrpcFuture, GrpcLayer, GrpcRequest, IntoGrpcRequest,
 };
-pub use self::preset::{Attempts, BackstopLayer};
+pub use self::preset::{Backstop, BackstopLayer, Guarded};
 pub use self::request::{Describe, Envelope, MessageId, Replay};
 
 // The README's code blocks compile as doctests.

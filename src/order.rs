@@ -19,6 +19,10 @@ const DEAD_LETTER: &str = "tower_backstop::dead_letter::DeadLetter<";
 const RETRY: &str = "tower_backstop::retry::Retry<";
 const BREAKER: &str = "tower_backstop::breaker::Breaker<";
 const CLASSIFY: &str = "tower_backstop::classify::Classify<";
+/// `DeadLetterRetryLayer`'s service: a dead-letter layer and a retry layer in one.
+const DEAD_LETTER_RETRY: &str = "tower_backstop::retry::dead_letters::DeadLetterRetry<";
+/// `KeyedBreakerLayer`'s service: a breaker per key.
+const KEYED_BREAKER: &str = "tower_backstop::breaker::keyed::Keyed<";
 
 /// Clients whose responses need a classifier to become failures (a 503 is an `Ok` response).
 const CLIENTS: [&str; 3] = [
@@ -31,13 +35,16 @@ const CLIENTS: [&str; 3] = [
 pub(crate) fn problem(role: Role, inner: &str) -> Option<&'static str> {
     let below = |layer: &str| inner.contains(layer);
     let client_without_classifier = CLIENTS.iter().any(|client| below(client)) && !below(CLASSIFY);
+    let retry_below = below(RETRY) || below(DEAD_LETTER_RETRY);
+    let breaker_below = below(BREAKER) || below(KEYED_BREAKER);
+    let dead_letter_below = below(DEAD_LETTER) || below(DEAD_LETTER_RETRY);
     match role {
-        Role::Classify if below(RETRY) || below(BREAKER) || below(DEAD_LETTER) => Some(
+        Role::Classify if retry_below || breaker_below || dead_letter_below => Some(
             "ClassifyLayer is above RetryLayer, BreakerLayer or DeadLetterLayer, which then see \
              error responses as successes: put ClassifyLayer directly above TimeoutLayer, below \
              the others (or build the stack with BackstopLayer)",
         ),
-        Role::Retry | Role::Breaker if below(DEAD_LETTER) => Some(
+        Role::Retry | Role::Breaker if dead_letter_below => Some(
             "DeadLetterLayer is below RetryLayer or BreakerLayer, so every failed attempt becomes \
              a dead letter, even for a request that then succeeds: put DeadLetterLayer outermost \
              (or build the stack with BackstopLayer)",
@@ -99,5 +106,26 @@ mod tests {
                 .starts_with("no ClassifyLayer")
         );
         assert!(problem(Role::DeadLetter, "reqwest::async_impl::client::Client").is_some());
+
+        // The combined dead-letter and retry layer, and the keyed breaker, are seen too.
+        let keyed =
+            format!("{KEYED_BREAKER}{classify}, tower_backstop::breaker::keyed::Authority>");
+        assert_eq!(problem(Role::Retry, &keyed), None);
+        let combined = format!("{DEAD_LETTER_RETRY}{keyed}>");
+        assert!(
+            problem(Role::Classify, &combined)
+                .unwrap()
+                .starts_with("ClassifyLayer is above")
+        );
+        assert!(
+            problem(Role::Breaker, &combined)
+                .unwrap()
+                .starts_with("DeadLetterLayer is below")
+        );
+        assert!(
+            problem(Role::Classify, &keyed)
+                .unwrap()
+                .starts_with("ClassifyLayer is above")
+        );
     }
 }

@@ -6,21 +6,42 @@ use tower::util::Either;
 use tower_layer::Layer;
 
 use crate::Class;
-use crate::breaker::{Breaker, BreakerLayer};
+use crate::breaker::{BreakerLayer, Builder, KeyedBreakerLayer, OpenDuration};
 use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
-use crate::dead_letter::{DeadLetter, DeadLetterLayer};
-use crate::retry::{Retry, RetryLayer, RetryPolicy};
+use crate::dead_letter::DeadLetterLayer;
+use crate::retry::{DeadLetterRetry, DeadLetterRetryLayer, Retry, RetryLayer, RetryPolicy};
 use crate::timeout::{Timeout, TimeoutLayer};
+
+/// The breaker rule of the presets and the README: open when at least half of the last 100 calls
+/// failed, once 20 were seen (resilience4j's defaults: a 50 % failure-rate threshold over a
+/// 100-call window, minimum 100 calls; ours acts after 20 so a small service is covered too),
+/// for 1 s, doubling at each trip while the provider keeps failing, up to 30 s, jittered by half
+/// so that many breakers do not half-open together. Noise (a few failures in a healthy provider's
+/// traffic) stays under the rate; an outage crosses it within 20 calls.
+fn client_rule() -> Builder {
+    BreakerLayer::builder()
+        .failure_rate(0.5)
+        .count_window(100)
+        .minimum_calls(20)
+        .open_duration(
+            OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(30)).jitter(0.5),
+        )
+}
 
 /// The five layers in the order the crate is designed for, built from one set of settings:
 /// [`DeadLetterLayer`] (when a store is given), [`RetryLayer`], [`BreakerLayer`],
 /// [`ClassifyLayer`], [`TimeoutLayer`], outermost first (DESIGN §2).
 ///
 /// Defaults: [`RetryPolicy::default`] (3 attempts, jittered capped backoff, `Retry-After`
-/// honoured, idempotent requests only), [`BreakerLayer::default`] (open after 5 consecutive
-/// failures for 30 s), no dead-letter store (a final failure is returned to the caller, not
-/// recorded). The per-attempt timeout has no default: it depends on the provider, so it is the
-/// one required setting.
+/// honoured, idempotent requests only); for HTTP clients one breaker per host
+/// ([`KeyedBreakerLayer`], so one host's outage never fails calls to another), each opening when
+/// at least half of its last 100 calls failed (once 20 were seen), for 1 s doubling to 30 s with
+/// jitter; no dead-letter store (a final failure is returned to the caller, not recorded). The
+/// per-attempt timeout has no default: it depends on the provider, so it is the one required
+/// setting.
+///
+/// With a store, the dead-letter and retry layers are built as one
+/// ([`DeadLetterRetryLayer`]), so a request is copied once per call, not twice.
 ///
 /// ```
 /// use std::time::Duration;
@@ -45,10 +66,10 @@ use crate::timeout::{Timeout, TimeoutLayer};
 /// The service is an [`Either`]: with a dead-letter store, `Left` (the five layers); without,
 /// `Right` (the four below it). Both have the same request, response and error types.
 #[derive(Clone, Debug)]
-pub struct BackstopLayer<C = HttpClassifier> {
+pub struct BackstopLayer<C = HttpClassifier, B = KeyedBreakerLayer> {
     dead_letters: Option<DeadLetterLayer>,
     retry: RetryLayer,
-    breaker: BreakerLayer,
+    breaker: B,
     classify: ClassifyLayer<C>,
     timeout: TimeoutLayer,
 }
@@ -64,17 +85,21 @@ impl BackstopLayer<HttpClassifier> {
 impl<C> BackstopLayer<C> {
     /// The stack classifying with `classifier` (for example
     /// [`GrpcClassifier`](crate::classify::GrpcClassifier)), each attempt bounded by
-    /// `attempt_timeout`, the other defaults above.
+    /// `attempt_timeout`, the other defaults above (one breaker per request authority).
     pub fn new(classifier: C, attempt_timeout: Duration) -> Self {
+        let per_host = KeyedBreakerLayer::new(client_rule())
+            .expect("the preset breaker rule is valid (checked by a unit test)");
         BackstopLayer {
             dead_letters: None,
             retry: RetryLayer::default(),
-            breaker: BreakerLayer::default(),
+            breaker: per_host,
             classify: ClassifyLayer::new(classifier),
             timeout: TimeoutLayer::new(attempt_timeout),
         }
     }
+}
 
+impl<C, B> BackstopLayer<C, B> {
     /// Records requests that finally fail in this dead-letter layer's store (outermost).
     pub fn dead_letters(mut self, layer: DeadLetterLayer) -> Self {
         self.dead_letters = Some(layer);
@@ -87,19 +112,29 @@ impl<C> BackstopLayer<C> {
         self
     }
 
-    /// Uses this breaker (its state is shared by every service this layer wraps).
-    pub fn breaker(mut self, breaker: BreakerLayer) -> Self {
-        self.breaker = breaker;
-        self
+    /// Uses this breaker layer instead: a [`BreakerLayer`] (one breaker, whose state every
+    /// service this layer wraps shares), a [`KeyedBreakerLayer`] with a rule or key of yours,
+    /// or any layer between the retry and classify layers.
+    pub fn breaker<B2>(self, breaker: B2) -> BackstopLayer<C, B2> {
+        BackstopLayer {
+            dead_letters: self.dead_letters,
+            retry: self.retry,
+            breaker,
+            classify: self.classify,
+            timeout: self.timeout,
+        }
     }
 }
 
-impl BackstopLayer<GrpcClassifier> {
+impl BackstopLayer<GrpcClassifier, BreakerLayer> {
     /// The stack for a gRPC client: [`GrpcClassifier::new`]'s mapping, [`RetryPolicy::grpc`],
-    /// each attempt bounded by `attempt_timeout`, the other defaults above. Around a tonic
-    /// `Channel`, put `GrpcLayer` (feature `tonic`) above it.
+    /// each attempt bounded by `attempt_timeout`, one breaker (a `Channel` is one endpoint) with
+    /// the failure-rate rule above, the other defaults above. Around a tonic `Channel`, put
+    /// `GrpcLayer` (feature `tonic`) above it.
     pub fn grpc(attempt_timeout: Duration) -> Self {
-        BackstopLayer::new(GrpcClassifier::new(), attempt_timeout).retry(RetryPolicy::grpc())
+        BackstopLayer::new(GrpcClassifier::new(), attempt_timeout)
+            .retry(RetryPolicy::grpc())
+            .breaker(BreakerLayer::from_builder(client_rule()))
     }
 }
 
@@ -120,20 +155,42 @@ impl RetryPolicy {
     }
 }
 
-/// The four layers below [`DeadLetterLayer`] in a [`BackstopLayer`].
-pub type Attempts<S, C> = Retry<Breaker<Classify<Timeout<S>, C>>>;
+/// The breaker, classify and timeout layers of a [`BackstopLayer`] with breaker layer `B`.
+pub type Guarded<S, C, B> = <B as Layer<Classify<Timeout<S>, C>>>::Service;
 
-impl<S, C: Clone> Layer<S> for BackstopLayer<C> {
-    type Service = Either<DeadLetter<Attempts<S, C>>, Attempts<S, C>>;
+/// The service a [`BackstopLayer`] builds around `S`: with a dead-letter store, `Left` (the
+/// five layers); without, `Right` (the four below the dead-letter layer). For example the type of
+/// `BackstopLayer::grpc(..)` around a tonic `Channel` is
+/// `Backstop<Channel, GrpcClassifier, BreakerLayer>`.
+pub type Backstop<S, C = HttpClassifier, B = KeyedBreakerLayer> =
+    Either<DeadLetterRetry<Guarded<S, C, B>>, Retry<Guarded<S, C, B>>>;
+
+impl<S, C: Clone, B> Layer<S> for BackstopLayer<C, B>
+where
+    B: Layer<Classify<Timeout<S>, C>>,
+{
+    type Service = Backstop<S, C, B>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let attempts = self.retry.layer(
-            self.breaker
-                .layer(self.classify.layer(self.timeout.layer(inner))),
-        );
+        let guarded = self
+            .breaker
+            .layer(self.classify.layer(self.timeout.layer(inner)));
         match &self.dead_letters {
-            Some(dead_letters) => Either::Left(dead_letters.layer(attempts)),
-            None => Either::Right(attempts),
+            Some(dead_letters) => Either::Left(
+                DeadLetterRetryLayer::new(dead_letters.clone(), self.retry.clone()).layer(guarded),
+            ),
+            None => Either::Right(self.retry.layer(guarded)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_preset_breaker_rule_is_valid() {
+        client_rule().build().expect("valid");
+        KeyedBreakerLayer::new(client_rule()).expect("valid");
     }
 }

@@ -46,3 +46,40 @@ async fn retries_classifies_times_out_and_dead_letters_in_order() {
     assert_eq!(upstream.calls(), 2);
     assert_eq!(upstream.finished(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn one_hosts_outage_never_fails_calls_to_another() {
+    // The preset keeps one breaker per host: `down.test` answers 503 to everything until its
+    // breaker opens (half of at least 20 calls failed); `up.test`, on the same stack, is still
+    // called and answers.
+    let upstream = tower::service_fn(|req: http::Request<String>| async move {
+        let host = req.uri().host().unwrap_or_default().to_ascii_lowercase();
+        let code = if host.trim_end_matches('.') == "down.test" {
+            503
+        } else {
+            200
+        };
+        let mut response = http::Response::new(());
+        *response.status_mut() = http::StatusCode::from_u16(code).unwrap();
+        Ok::<_, tower_backstop::BoxError>(response)
+    });
+    let svc = ServiceBuilder::new()
+        .layer(
+            BackstopLayer::http(Duration::from_secs(1)).retry(RetryPolicy::new().max_attempts(1)),
+        )
+        .service(upstream);
+    let mut last = None;
+    for _ in 0..25 {
+        last = Some(
+            svc.clone()
+                .oneshot(get("http://DOWN.test./"))
+                .await
+                .unwrap_err(),
+        );
+    }
+    let last = last.unwrap();
+    assert_eq!(last.class(), Class::CIRCUIT_OPEN, "{last}");
+    assert!(last.to_string().contains("down.test:80"), "{last}");
+    let response = svc.clone().oneshot(get("http://up.test/")).await.unwrap();
+    assert_eq!(response.status(), 200);
+}

@@ -158,7 +158,7 @@ fn default_port(scheme: Option<&str>) -> Option<u16> {
 
 /// Writes `host` (as it appears in an authority: a name, an IPv4 literal, or an IPv6 literal in
 /// brackets) and `port` into `key`, normalised; `false` for an empty host.
-fn write_authority(host: &str, port: Option<u16>, key: &mut Key) -> bool {
+pub(crate) fn write_authority(host: &str, port: Option<u16>, key: &mut Key) -> bool {
     use std::fmt::Write;
     if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         match inner.parse::<Ipv6Addr>() {
@@ -461,6 +461,7 @@ impl<S, K> Layer<S> for KeyedBreakerLayer<K> {
     type Service = Keyed<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        crate::order::check::<S>(crate::order::Role::Breaker);
         Keyed {
             inner,
             key: Arc::clone(&self.key),

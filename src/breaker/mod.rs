@@ -100,7 +100,7 @@ mod config;
 mod event;
 mod failover;
 mod future;
-mod keyed;
+pub(crate) mod keyed;
 mod layer;
 mod server;
 mod state;

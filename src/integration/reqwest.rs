@@ -6,6 +6,10 @@
 //!   method (RFC 9110 §9.2.2) or an `Idempotency-Key` header, as for `http::Request`.
 //! - [`Describe`] for `reqwest::Request`: method, URL, `Content-Type`, `Idempotency-Key` (the
 //!   record id) and the body bytes, in the same [`Envelope`] fields as an `http::Request`.
+//! - [`Authority`](crate::breaker::Authority) keys a `reqwest::Request` for
+//!   [`KeyedBreakerLayer`](crate::breaker::KeyedBreakerLayer) (one breaker per host, the
+//!   default of [`BackstopLayer`](crate::BackstopLayer)) exactly as an `http::Request`: host
+//!   lower-cased without a trailing dot, the scheme's default port.
 //! - [`HttpClassifier`] classifies a `reqwest::Response` by status and hint headers
 //!   (`Retry-After`, `RateLimit-Reset`, `X-RateLimit-Reset`) exactly as an `http::Response`.
 //! - [`classify_error`](crate::classify::classify_error) reads a `reqwest::Error`: a timeout
@@ -15,9 +19,25 @@
 
 use std::io;
 
+use crate::breaker::{Authority, Key, KeyOf};
 use crate::classify::{Classifier, HttpClassifier, Verdict};
 use crate::failure::{Class, Code};
 use crate::request::{Describe, Envelope, Replay, envelope_head, key_header, retry_safe_head};
+
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+impl KeyOf<reqwest::Request> for Authority {
+    /// The URL's host (lower-cased by the URL parser, a trailing dot removed) and its port or the
+    /// scheme's default; no key for a URL without a host.
+    fn key(&self, req: &reqwest::Request, key: &mut Key) -> bool {
+        let url = req.url();
+        match url.host_str() {
+            Some(host) => {
+                crate::breaker::keyed::write_authority(host, url.port_or_known_default(), key)
+            }
+            None => false,
+        }
+    }
+}
 
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 impl Replay for reqwest::Request {
