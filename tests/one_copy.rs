@@ -48,6 +48,10 @@ impl Replay for Counted {
 }
 
 impl Describe for Counted {
+    fn message_id(&self) -> Option<&str> {
+        Some(self.body)
+    }
+
     async fn describe(self) -> Envelope {
         Envelope::new(self.body).with_id(format!("id-{}", self.body))
     }
@@ -294,6 +298,8 @@ async fn a_request_that_cannot_be_copied_is_recorded_without_its_payload_as_befo
         assert_eq!(records.len(), 1);
         assert!(records[0].payload.is_empty());
         assert!(records[0].metadata.contains_key("payload_missing"));
+        // The record still has the id the request names, found without copying it.
+        assert_eq!(records[0].id, "hello", "shared copy: {shared_copy}");
     }
 }
 

@@ -233,6 +233,8 @@ async fn a_streaming_body_is_sent_once_and_kept_as_far_as_it_can_be() {
     let records = store.list(10).await.unwrap();
     assert_eq!(records.len(), 1);
     assert!(records[0].metadata.contains_key("payload_missing"));
+    // Its id is still the request's idempotency key, read before it was sent.
+    assert_eq!(records[0].id, "k-stream");
     assert!(matches!(
         f.dead_letter(),
         Some(DeadLetterStatus::Stored { .. })

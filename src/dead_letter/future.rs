@@ -17,8 +17,30 @@ pin_project! {
     pub struct ResponseFuture<F, Req, R> {
         #[pin]
         state: State<F, R>,
-        kept: Option<Req>,
+        kept: Kept<Req>,
         config: Arc<Config>,
+    }
+}
+
+/// What the dead-letter layer keeps of a request while it is sent.
+pub(crate) enum Kept<Req> {
+    /// Its own copy.
+    Copy(Req),
+    /// Nothing yet: the retry layer below hands its unsent copy up with the failure.
+    HandedBack,
+    /// No copy could be made (a streaming body): only the record id the request names
+    /// ([`Describe::message_id`]), taken before the call so that the record keeps it.
+    Uncopyable(Option<String>),
+}
+
+impl<Req: Describe> Kept<Req> {
+    /// `copy` of `req` if there is one, else what the record can still keep of it.
+    #[inline]
+    pub(crate) fn of(req: &Req, copy: Option<Req>) -> Self {
+        match copy {
+            Some(copy) => Kept::Copy(copy),
+            None => Kept::Uncopyable(req.message_id().map(str::to_owned)),
+        }
     }
 }
 
@@ -39,7 +61,7 @@ pin_project! {
 }
 
 impl<F, Req, R> ResponseFuture<F, Req, R> {
-    pub(crate) fn new(future: F, kept: Option<Req>, config: Arc<Config>) -> Self {
+    pub(crate) fn new(future: F, kept: Kept<Req>, config: Arc<Config>) -> Self {
         ResponseFuture {
             state: State::Called { future },
             kept,
@@ -70,7 +92,11 @@ where
                         Err(e) => e.into(),
                     };
                     // Our own copy, or the retry layer's unsent one (`RetryLayer::dead_letters`).
-                    let kept = this.kept.take().or_else(|| failure.take_request::<Req>());
+                    let (kept, id) = match std::mem::replace(this.kept, Kept::HandedBack) {
+                        Kept::Copy(copy) => (Some(copy), None),
+                        Kept::HandedBack => (failure.take_request::<Req>(), None),
+                        Kept::Uncopyable(id) => (None, id),
+                    };
                     let config = Arc::clone(this.config);
                     // Everything the record needs from the failure, taken now: the failure
                     // itself goes back to the caller.
@@ -83,10 +109,14 @@ where
                     let write: Write = Box::pin(async move {
                         let mut envelope = match kept {
                             Some(request) => request.describe().await,
-                            None => Envelope::default().with_metadata(
-                                "payload_missing",
-                                "the request could not be copied before the call",
-                            ),
+                            None => {
+                                let mut envelope = Envelope::default().with_metadata(
+                                    "payload_missing",
+                                    "the request could not be copied before the call",
+                                );
+                                envelope.id = id;
+                                envelope
+                            }
                         };
                         if let Some(tags) = &config.tags {
                             envelope.tags.extend(tags(&envelope));

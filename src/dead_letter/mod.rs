@@ -179,9 +179,14 @@ impl<S> DeadLetter<S> {
     #[inline]
     pub(crate) fn call_reusing<F, Req, R>(
         &mut self,
-        call: impl FnOnce(&mut S) -> F,
+        call: impl FnOnce(&mut S) -> (F, Option<Option<String>>),
     ) -> ResponseFuture<F, Req, R> {
-        ResponseFuture::new(call(&mut self.inner), None, Arc::clone(&self.config))
+        let (future, uncopyable) = call(&mut self.inner);
+        let kept = match uncopyable {
+            None => future::Kept::HandedBack,
+            Some(id) => future::Kept::Uncopyable(id),
+        };
+        ResponseFuture::new(future, kept, Arc::clone(&self.config))
     }
 
     /// The inner service.
@@ -215,7 +220,7 @@ where
 
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
-        let kept = req.replay();
+        let kept = future::Kept::of(&req, req.replay());
         ResponseFuture::new(self.inner.call(req), kept, Arc::clone(&self.config))
     }
 }

@@ -106,7 +106,13 @@ where
 
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
-        self.inner
-            .call_reusing(|retry| retry.start(req, Some(hand_back::<S::Response, Req>)))
+        self.inner.call_reusing(|retry| {
+            // A request that cannot be copied keeps at least its record id.
+            let mut uncopyable = None;
+            let future = retry.start(req, Some(hand_back::<S::Response, Req>), |req| {
+                uncopyable = Some(req.message_id().map(str::to_owned));
+            });
+            (future, uncopyable)
+        })
     }
 }

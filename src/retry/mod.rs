@@ -145,7 +145,7 @@ where
 
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
-        self.start(req, None)
+        self.start(req, None, |_| ())
     }
 }
 
@@ -154,10 +154,13 @@ impl<S> Retry<S> {
     /// `hand_back`, a copy of the request is always kept (when [`Replay`] can make one), even
     /// when no retry is possible, and goes up on the failure.
     #[inline]
+    /// `uncopyable` sees the request before it is sent when a copy was wanted and [`Replay`]
+    /// could not make one.
     pub(crate) fn start<Req>(
         &mut self,
         req: Req,
         hand_back: Option<future::HandBack<S::Response, Req>>,
+        uncopyable: impl FnOnce(&Req),
     ) -> ResponseFuture<S, Req>
     where
         S: Service<Req> + Clone,
@@ -173,7 +176,11 @@ impl<S> Retry<S> {
         let safe = policy.assumes_idempotent() || req.retry_safe();
         let retries = policy.wants_copy(safe);
         let copy = if retries || hand_back.is_some() {
-            req.replay()
+            let copy = req.replay();
+            if copy.is_none() {
+                uncopyable(&req);
+            }
+            copy
         } else {
             None
         };
