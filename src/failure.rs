@@ -660,21 +660,6 @@ impl<R: 'static> Failure<R> {
     }
 }
 
-impl<R: 'static> From<BoxError> for Failure<R> {
-    /// The failure the error already carries ([`Failure`] boxed by a layer between ours), else
-    /// the error classified with [`classify_error`](crate::classify::classify_error) and kept as
-    /// the source.
-    fn from(error: BoxError) -> Self {
-        match Failure::recover(error) {
-            Ok(failure) => failure,
-            Err(error) => {
-                let (class, code) = crate::classify::classify_error(&*error);
-                Failure::new(class, code).with_source(error)
-            }
-        }
-    }
-}
-
 impl<R> fmt::Debug for Failure<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("Failure");

@@ -221,6 +221,23 @@ where
     }
 }
 
+// The conversion lives here, beside the classifier it uses, so that `failure.rs` (the shared
+// types) calls into no layer.
+impl<R: 'static> From<BoxError> for Failure<R> {
+    /// The failure the error already carries ([`Failure`] boxed by a layer between ours, see
+    /// [`Failure::recover`]), else the error classified with [`classify_error`] and kept as the
+    /// source.
+    fn from(error: BoxError) -> Self {
+        match Failure::recover(error) {
+            Ok(failure) => failure,
+            Err(error) => {
+                let (class, code) = classify_error(&*error);
+                Failure::new(class, code).with_source(error)
+            }
+        }
+    }
+}
+
 /// Classifies an error by walking its source chain (see the [module docs](self)).
 ///
 /// Returns the class and the most specific original code found: [`Code::Timeout`] for an elapsed
