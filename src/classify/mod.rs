@@ -224,9 +224,9 @@ where
 // The conversion lives here, beside the classifier it uses, so that `failure.rs` (the shared
 // types) calls into no layer.
 impl<R: 'static> From<BoxError> for Failure<R> {
-    /// The failure the error already carries ([`Failure`] boxed by a layer between ours, see
-    /// [`Failure::recover`]), else the error classified with [`classify_error`] and kept as the
-    /// source.
+    /// The failure the error already carries (a [`Failure`] boxed by a layer between ours, on
+    /// top of the error or deeper in its source chain), else the error classified with
+    /// [`classify_error`] and kept as the source.
     fn from(error: BoxError) -> Self {
         match Failure::recover(error) {
             Ok(failure) => failure,
