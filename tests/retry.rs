@@ -1158,12 +1158,20 @@ async fn an_absolute_reset_second_is_never_reached_early() {
     assert_eq!(result.unwrap().status(), 200);
     let seen = upstream.seen();
     let waited = seen[1].at - seen[0].at;
-    // Real time at the retry = now + waited (give or take the test's own running time): past
-    // the end of the reset second.
-    let at_retry = now + waited;
+    // The layer read the wall clock somewhere between `now` and `after` (the clock is paused
+    // for timers only), and the retry went out `waited` later: so at the latest at
+    // `after + waited`, which must be past the end of the reset second. Reading the clock at
+    // `now` alone would blame the layer for the test's own running time.
+    let after = unix_now();
     assert!(
-        at_retry >= Duration::from_secs(reset_second + 1),
-        "retried at {at_retry:?}, the reset second {reset_second} had not passed"
+        after + waited >= Duration::from_secs(reset_second + 1),
+        "retried by {:?} at the latest, the reset second {reset_second} had not passed",
+        after + waited
+    );
+    // And not a whole extra second later (timers round up to the millisecond).
+    assert!(
+        now + waited <= Duration::from_secs(reset_second + 1) + Duration::from_millis(20),
+        "waited {waited:?} from {now:?}"
     );
 }
 
