@@ -1,6 +1,8 @@
 //! Layer order: each wrong order the compiler cannot reject is reported once, when the stack is
 //! built, by a `tracing` warning that names the misplaced or missing layer and the fix; the right
 //! order (by hand or by `BackstopLayer`) says nothing. In a binary of its own: it captures logs.
+//! With the `hyper-util` feature, a layer of ours directly over the client compiles in any order.
+#![cfg(feature = "hyper-util")]
 
 mod support;
 
@@ -20,6 +22,9 @@ use tower_backstop::timeout::TimeoutLayer;
 fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
 }
+
+/// Compiles only when `svc` is a service of the client's requests.
+fn is_a_service<S: tower::Service<http::Request<Full<Bytes>>>>(_: &S) {}
 
 /// The warnings logged while `build` runs.
 fn warnings(build: impl FnOnce()) -> String {
@@ -53,12 +58,36 @@ async fn each_wrong_order_is_named_when_the_stack_is_built() {
         "{classify_above_retry}"
     );
 
+    // Directly over the client, too: the stack is a service (it compiles and can be called),
+    // and the order is named.
+    let classify_above_retry_over_client = warnings(|| {
+        let svc = ServiceBuilder::new()
+            .layer(ClassifyLayer::http())
+            .layer(RetryLayer::default())
+            .service(client());
+        is_a_service(&svc);
+    });
+    assert!(
+        classify_above_retry_over_client.contains("ClassifyLayer is above RetryLayer"),
+        "{classify_above_retry_over_client}"
+    );
+
     let no_classify = warnings(|| {
         let _ = ServiceBuilder::new()
             .layer(RetryLayer::default())
             .layer(TimeoutLayer::new(Duration::from_secs(2)))
             .service(client());
     });
+    let no_classify_over_client = warnings(|| {
+        let svc = ServiceBuilder::new()
+            .layer(RetryLayer::default())
+            .service(client());
+        is_a_service(&svc);
+    });
+    assert!(
+        no_classify_over_client.contains("no ClassifyLayer below this layer"),
+        "{no_classify_over_client}"
+    );
     assert!(
         no_classify.contains("no ClassifyLayer below this layer"),
         "{no_classify}"
@@ -78,10 +107,13 @@ async fn each_wrong_order_is_named_when_the_stack_is_built() {
 
     #[cfg(feature = "reqwest")]
     {
+        fn is_a_reqwest_service<S: tower::Service<reqwest::Request>>(_: &S) {}
         let reqwest_without_classify = warnings(|| {
-            let _ = ServiceBuilder::new()
+            let svc = ServiceBuilder::new()
+                .layer(RetryLayer::default())
                 .layer(BreakerLayer::consecutive_failures(5))
                 .service(reqwest::Client::new());
+            is_a_reqwest_service(&svc);
         });
         assert!(
             reqwest_without_classify.contains("no ClassifyLayer"),
