@@ -65,7 +65,9 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -77,6 +79,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -88,17 +91,24 @@ use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, KeyedBreakerLayer, OpenDuration};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{
-    DeadLetterLayer, MemoryStore, Record, Scheduler, Status, Store, http_request,
+    DeadLetterLayer, Delivery, MemoryStore, ReconcileLayer, Reconciled, Record, Scheduler, Status,
+    Store, http_request,
 };
 use tower_backstop::retry::{RetryLayer, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
-use tower_backstop::{DeadLetterStatus, Failure};
+use tower_backstop::{DeadLetterStatus, Envelope, Failure};
 
 type Req = http::Request<Full<Bytes>>;
+/// tower's stack's response: hyper-util's, as it comes.
 type Resp = http::Response<hyper::body::Incoming>;
+/// Our stack's response: the body boxed, so that `ReconcileLayer` can stand in with an empty
+/// one (`ReconciledResponse` needs a body with a `Default`).
+type OurResp = http::Response<BoxBody<Bytes, hyper::Error>>;
 
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
 const MAX_ATTEMPTS: u32 = 5;
+/// How long our reconciliation status check waits for the provider's answer.
+const STATUS_CHECK_TIMEOUT: Duration = Duration::from_millis(250);
 /// The longest delay our policy can choose in the mixed scenario (see the module docs).
 const LONGEST_DELAY: Duration = Duration::from_secs(2);
 
@@ -252,7 +262,7 @@ async fn send_message(
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct MessageStatus {
     id: String,
     committed: bool,
@@ -368,6 +378,42 @@ impl tower::retry::Policy<Req, Resp, BoxError> for TowerPolicy {
     }
 }
 
+/// The reconciliation status check of ours: `GET /v1/messages/{id}` on the provider at `addr`
+/// (the id read from the JSON payload: a keyless POST has no other), through a plain
+/// hyper-util client, within 250 ms. `committed: true` → delivered, `false` → not delivered;
+/// anything else (an error, another status, a body that is not the status JSON, no answer in
+/// time) → unknown, and the message stays outcome-unknown in the dead-letter store.
+fn status_check(
+    addr: SocketAddr,
+) -> impl Fn(Envelope) -> Pin<Box<dyn Future<Output = Delivery> + Send>> + Send + Sync + 'static {
+    let client = client();
+    move |envelope: Envelope| {
+        let client = client.clone();
+        Box::pin(async move {
+            let Ok(message) = serde_json::from_slice::<Message>(&envelope.payload) else {
+                return Delivery::Unknown;
+            };
+            let Ok(uri) = format!("http://{addr}/v1/messages/{}", message.id).parse::<http::Uri>()
+            else {
+                return Delivery::Unknown;
+            };
+            let ask = async {
+                let response = client.get(uri).await.ok()?;
+                if response.status() != StatusCode::OK {
+                    return None;
+                }
+                let body = response.into_body().collect().await.ok()?.to_bytes();
+                serde_json::from_slice::<MessageStatus>(&body).ok()
+            };
+            match tokio::time::timeout(STATUS_CHECK_TIMEOUT, ask).await {
+                Ok(Some(status)) if status.committed => Delivery::Delivered,
+                Ok(Some(_)) => Delivery::NotDelivered,
+                _ => Delivery::Unknown,
+            }
+        })
+    }
+}
+
 /// The README's breaker, keyed per host.
 fn readme_breaker() -> Result<KeyedBreakerLayer, BoxError> {
     Ok(KeyedBreakerLayer::new(
@@ -435,21 +481,25 @@ fn request(uri: &http::Uri, n: usize) -> Result<(String, Req), BoxError> {
 }
 
 /// Sends one request through `svc` and says how it ended, with our failure's dead-letter record.
-async fn send<S>(svc: S, req: Req) -> (End, Option<String>)
+/// A response `ReconcileLayer` stood in with (the provider committed the message, its answer
+/// was lost) is a delivery.
+async fn send<S, B>(svc: S, req: Req) -> (End, Option<String>)
 where
-    S: Service<Req, Response = Resp>,
+    S: Service<Req, Response = http::Response<B>>,
     S::Error: Into<BoxError>,
+    B: http_body::Body + Send + 'static,
 {
     match svc.oneshot(req).await {
         Ok(response) => {
-            let ok = response.status() == StatusCode::ACCEPTED;
+            let ok = response.status() == StatusCode::ACCEPTED
+                || response.extensions().get::<Reconciled>().is_some();
             let _ = response.into_body().collect().await;
             (if ok { End::Delivered } else { End::Failed }, None)
         }
         Err(error) => {
             let error: BoxError = error.into();
             match error
-                .downcast_ref::<Failure<Resp>>()
+                .downcast_ref::<Failure<http::Response<B>>>()
                 .and_then(|f| f.dead_letter().map(|d| (d, f.is_deferred())))
             {
                 Some((DeadLetterStatus::Stored { id }, deferred)) => (
@@ -462,6 +512,22 @@ where
                 ),
                 _ => (End::Failed, None),
             }
+        }
+    }
+}
+
+/// The stack under test, boxed (the two answer with different body types).
+#[derive(Clone)]
+enum Under {
+    Ours(tower::util::BoxCloneSyncService<Req, OurResp, BoxError>),
+    Tower(tower::util::BoxCloneSyncService<Req, Resp, BoxError>),
+}
+
+impl Under {
+    async fn send(self, req: Req) -> (End, Option<String>) {
+        match self {
+            Under::Ours(svc) => send(svc, req).await,
+            Under::Tower(svc) => send(svc, req).await,
         }
     }
 }
@@ -491,13 +557,15 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
         .layer(RetryLayer::new(
             RetryPolicy::new().max_attempts(MAX_ATTEMPTS),
         ))
+        .layer(ReconcileLayer::new(status_check(addr)))
         .layer(readme_breaker()?)
         .layer(ClassifyLayer::http())
         .layer(TimeoutLayer::new(ATTEMPT_TIMEOUT))
+        .map_response(|r: Resp| r.map(BodyExt::boxed))
         .service(client());
     let ours = ours_typed
         .clone()
-        .map_err(|f: Failure<Resp>| -> BoxError { Box::new(f) });
+        .map_err(|f: Failure<OurResp>| -> BoxError { Box::new(f) });
     let theirs = ServiceBuilder::new()
         .layer(tower::retry::RetryLayer::new(TowerPolicy {
             left: MAX_ATTEMPTS - 1,
@@ -505,8 +573,8 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
         .layer(tower::timeout::TimeoutLayer::new(ATTEMPT_TIMEOUT))
         .service(client());
     let svc = match stack {
-        Stack::Ours => tower::util::BoxCloneSyncService::new(ours),
-        Stack::Tower => tower::util::BoxCloneSyncService::new(theirs),
+        Stack::Ours => Under::Ours(tower::util::BoxCloneSyncService::new(ours)),
+        Stack::Tower => Under::Tower(tower::util::BoxCloneSyncService::new(theirs)),
     };
 
     let start = Instant::now();
@@ -521,7 +589,7 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
                 let svc = svc.clone();
                 tasks.spawn(async move {
                     let started = start.elapsed();
-                    let (end, record) = send(svc, req).await;
+                    let (end, record) = svc.send(req).await;
                     drop(slot);
                     Sent {
                         id,
@@ -559,7 +627,7 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
                 let svc = svc.clone();
                 tasks.spawn(async move {
                     let started = start.elapsed();
-                    let (end, record) = send(svc, req).await;
+                    let (end, record) = svc.send(req).await;
                     Sent {
                         id,
                         record,
@@ -818,6 +886,13 @@ async fn main() -> Result<ExitCode, BoxError> {
         format!("mixed: {} duplicates (target 0)", mo.duplicates),
     );
     check(
+        mo.lost_track == 0,
+        format!(
+            "mixed: {} lost track, the provider committed what the caller saw fail (target 0)",
+            mo.lost_track
+        ),
+    );
+    check(
         mo.delivered * 1000 >= mo.sent * 925,
         format!(
             "mixed: {} of {} delivered (target at least 92.5 %)",
@@ -834,7 +909,9 @@ async fn main() -> Result<ExitCode, BoxError> {
         mixed_ours.wall.as_secs_f64(),
         mixed_tower.wall.as_secs_f64()
     );
-    let bound = ATTEMPT_TIMEOUT * MAX_ATTEMPTS + LONGEST_DELAY * (MAX_ATTEMPTS - 1);
+    // Each attempt may be followed by the status check (an outcome-unknown keyless POST).
+    let bound = (ATTEMPT_TIMEOUT + STATUS_CHECK_TIMEOUT) * MAX_ATTEMPTS
+        + LONGEST_DELAY * (MAX_ATTEMPTS - 1);
     // A little room for the loopback and the scheduler of this process itself.
     let over = mixed_ours
         .messages
@@ -855,6 +932,13 @@ async fn main() -> Result<ExitCode, BoxError> {
         format!(
             "outage: {ratio:.2} provider requests per message sent during the outage ({} messages; target at most 1.1)",
             outage_ours.outage_messages
+        ),
+    );
+    check(
+        oo.lost_track == 0,
+        format!(
+            "outage: {} lost track, the provider committed what the caller saw fail (target 0)",
+            oo.lost_track
         ),
     );
     check(
