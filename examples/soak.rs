@@ -94,8 +94,8 @@
 //! The hints alone are 78.0 s / 32 callers = 2.4 s of wall time, more than tower's whole run:
 //! even with no backoff at all ours would take at least 1.75 s (tower's summed latency / 32) +
 //! 2.4 s, above 2×. Without them ours would be about (151.8 − 78.0) s / 32 + the drain, near
-//! 1.4× tower's. The 2× target cannot be met while `Retry-After` is honoured in this scenario,
-//! so it is printed, not gated. Found while measuring this: no delay longer than its policy or
+//! 1.4× tower's (an estimate, not a measurement). The 2× target cannot be met while
+//! `Retry-After` is honoured in this scenario, so it is printed, not gated. Found while measuring this: no delay longer than its policy or
 //! hint, no jitter outside its range, no per-attempt timeout counted from the wrong instant
 //! (a hang ends 500 ms after the attempt started, in both stacks).
 //!
