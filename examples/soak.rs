@@ -95,9 +95,10 @@
 //! even with no backoff at all ours would take at least 1.75 s (tower's summed latency / 32) +
 //! 2.4 s, above 2×. Without them ours would be about (151.8 − 78.0) s / 32 + the drain, near
 //! 1.4× tower's (an estimate, not a measurement). The 2× target cannot be met while
-//! `Retry-After` is honoured in this scenario, so it is printed, not gated. Found while measuring this: no delay longer than its policy or
-//! hint, no jitter outside its range, no per-attempt timeout counted from the wrong instant
-//! (a hang ends 500 ms after the attempt started, in both stacks).
+//! `Retry-After` is honoured in this scenario, so it is printed, not gated. Found while
+//! measuring this: no delay longer than its policy or hint, no jitter outside its range, no
+//! per-attempt timeout counted from the wrong instant (a hang ends 500 ms after the attempt
+//! started, in both stacks).
 //!
 //! `--small` runs the same with 600 messages in the mixed scenario and an outage of 1 s healthy,
 //! 2 s down, 1.5 s healthy.
