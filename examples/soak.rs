@@ -2,7 +2,7 @@
 //! `Retry` + `Timeout` in the same process.
 //!
 //! ```text
-//! cargo run --release --example soak            # the full run (about a minute)
+//! cargo run --release --example soak            # the full run (about 40 s)
 //! cargo run --example soak -- --small           # the small run `.ci/run` makes (seconds)
 //! ```
 //!
@@ -36,9 +36,19 @@
 //! # The stacks
 //!
 //! - **ours**, the README's: `DeadLetterLayer` (in-memory store) → `RetryLayer` (5 attempts,
-//!   default backoff) → `KeyedBreakerLayer` (per host, 50 % of the last 100 calls with at least
-//!   20, open 1 s doubling to 30 s, jitter 0.5) → `ClassifyLayer::http()` → `TimeoutLayer`
-//!   (500 ms per attempt) → hyper-util client.
+//!   default backoff) → `ReconcileLayer` → `KeyedBreakerLayer` (per host, 50 % of the last 100
+//!   calls with at least 20, open 1 s doubling to 30 s, jitter 0.5) → `ClassifyLayer::http()` →
+//!   `TimeoutLayer` (500 ms per attempt) → hyper-util client.
+//!
+//!   `ReconcileLayer` sits where its docs put it, below the retry layer (its verdict decides
+//!   whether the retry layer may resend) and above the classify layer (it reads the class);
+//!   above the breaker too, so that a timeout or reset still counts against the provider when
+//!   the check then finds the message delivered. Its status check asks the provider's
+//!   `GET /v1/messages/{id}` (the id read from the JSON payload: a keyless POST has no other)
+//!   through a plain hyper-util client, within 250 ms: `committed: true` → delivered (the caller
+//!   gets a stand-in response marked `Reconciled`, counted delivered), `committed: false` → not
+//!   delivered (resent by the normal retry rules), anything else → unknown (dead-lettered as
+//!   outcome-unknown). It runs only for an outcome-unknown failure of a keyless POST.
 //! - **tower**: `tower::retry::Retry` (5 attempts, no backoff, retries every error and 408, 429,
 //!   5xx) → `tower::timeout::Timeout` (500 ms) → the same client.
 //!
@@ -49,15 +59,46 @@
 //! during the outage, p50/p99/max latency, wall time, and where each message ended (delivered,
 //! dead letter, deferred). The run exits with status 1 when one of ours misses a target:
 //!
-//! - mixed: no duplicates; at least 92.5 % delivered (1,850 of 2,000); no caller waits longer
-//!   than its bound (5 attempts × 500 ms + 4 delays of at most 2 s: the 1 s `Retry-After` doubled
-//!   by the throttled slow-down, above every backoff cap here). The wall time against tower's
-//!   (target at most 2×) is printed but does not fail the run: honouring `Retry-After: 1` holds a
-//!   caller's slot for a second where tower's retry goes out at once, and in a closed loop of 32
-//!   callers that alone is more than the allowance (`SOAK_DEBUG=1` prints the latency summed per
-//!   fault, which shows it).
-//! - outage: at most 1.1 provider requests per message sent during the outage; every message
-//!   delivered or in the store; after the scheduler's pass at least 99 % delivered, each once.
+//! - mixed: no duplicates; no lost track; at least 92.5 % delivered (1,850 of 2,000); no caller
+//!   waits longer than its bound (5 attempts × (500 ms + the 250 ms status check) + 4 delays of
+//!   at most 2 s: the 1 s `Retry-After` doubled by the throttled slow-down, above every backoff
+//!   cap here). The wall time against tower's (target at most 2×) is printed but does not fail
+//!   the run: see "Where the wall time goes" below.
+//! - outage: at most 1.1 provider requests per message sent during the outage; no lost track;
+//!   every message delivered or in the store; after the scheduler's pass at least 99 %
+//!   delivered, each once.
+//!
+//! # Where the wall time goes
+//!
+//! `SOAK_DEBUG=1` prints, per stack and scenario, the callers' latency summed by the fault of
+//! the message's first request, and for ours every delay the retry layer slept, by source
+//! (server hint or backoff) and class (through `RetryPolicy::on_retry`, installed only then).
+//! The mixed scenario is a closed loop of 32 callers, so its wall time is about the summed
+//! latency divided by 32, plus the drain of the last messages.
+//!
+//! One full run (release build, 2 shared cores): ours 5.41 s, tower's 2.02 s (2.7×). The
+//! callers' latency summed to 151.8 s for ours and 56.0 s for tower's: 95.8 s more, of which
+//!
+//! - 78.0 s is `Retry-After: 1` honoured: 78 messages met the 503 with it, the retry layer slept
+//!   78 server-hint delays of exactly 1.000 s (one per message: no hint honoured twice, none
+//!   lengthened), where tower's retry goes out at once (RFC 9110 §10.2.3 is the promise here,
+//!   not a cost to tune away);
+//! - 17.2 s is the default backoff (exponential from 100 ms, full jitter, so 0 to 100 ms before
+//!   a second attempt): 352 delays after a 503, 429, 500, reset or per-attempt timeout, the
+//!   longest 99 ms, about 50 ms on average, as the policy says; none slowed down (each message
+//!   faults once, so no delay follows another);
+//! - the rest (about 0.6 s) is noise: a healthy message takes 0.2 ms in both stacks, a 2 s hang
+//!   ends at the 500 ms timeout in both (ours then backs off), and a keyless POST that was reset
+//!   after commit is settled by the status check in under a millisecond.
+//!
+//! The hints alone are 78.0 s / 32 callers = 2.4 s of wall time, more than tower's whole run:
+//! even with no backoff at all ours would take at least 1.75 s (tower's summed latency / 32) +
+//! 2.4 s, above 2×. Without them ours would be about (151.8 − 78.0) s / 32 + the drain, near
+//! 1.4× tower's (an estimate, not a measurement). The 2× target cannot be met while
+//! `Retry-After` is honoured in this scenario, so it is printed, not gated. Found while
+//! measuring this: no delay longer than its policy or hint, no jitter outside its range, no
+//! per-attempt timeout counted from the wrong instant (a hang ends 500 ms after the attempt
+//! started, in both stacks).
 //!
 //! `--small` runs the same with 600 messages in the mixed scenario and an outage of 1 s healthy,
 //! 2 s down, 1.5 s healthy.
@@ -65,7 +106,9 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fmt::Write as _;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -77,6 +120,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -88,17 +132,24 @@ use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, KeyedBreakerLayer, OpenDuration};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{
-    DeadLetterLayer, MemoryStore, Record, Scheduler, Status, Store, http_request,
+    DeadLetterLayer, Delivery, MemoryStore, ReconcileLayer, Reconciled, Record, Scheduler, Status,
+    Store, http_request,
 };
-use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::retry::{RetryEvent, RetryLayer, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
-use tower_backstop::{DeadLetterStatus, Failure};
+use tower_backstop::{DeadLetterStatus, Envelope, Failure};
 
 type Req = http::Request<Full<Bytes>>;
+/// tower's stack's response: hyper-util's, as it comes.
 type Resp = http::Response<hyper::body::Incoming>;
+/// Our stack's response: the body boxed, so that `ReconcileLayer` can stand in with an empty
+/// one (`ReconciledResponse` needs a body with a `Default`).
+type OurResp = http::Response<BoxBody<Bytes, hyper::Error>>;
 
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
 const MAX_ATTEMPTS: u32 = 5;
+/// How long our reconciliation status check waits for the provider's answer.
+const STATUS_CHECK_TIMEOUT: Duration = Duration::from_millis(250);
 /// The longest delay our policy can choose in the mixed scenario (see the module docs).
 const LONGEST_DELAY: Duration = Duration::from_secs(2);
 
@@ -252,7 +303,7 @@ async fn send_message(
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct MessageStatus {
     id: String,
     committed: bool,
@@ -368,6 +419,42 @@ impl tower::retry::Policy<Req, Resp, BoxError> for TowerPolicy {
     }
 }
 
+/// The reconciliation status check of ours: `GET /v1/messages/{id}` on the provider at `addr`
+/// (the id read from the JSON payload: a keyless POST has no other), through a plain
+/// hyper-util client, within 250 ms. `committed: true` → delivered, `false` → not delivered;
+/// anything else (an error, another status, a body that is not the status JSON, no answer in
+/// time) → unknown, and the message stays outcome-unknown in the dead-letter store.
+fn status_check(
+    addr: SocketAddr,
+) -> impl Fn(Envelope) -> Pin<Box<dyn Future<Output = Delivery> + Send>> + Send + Sync + 'static {
+    let client = client();
+    move |envelope: Envelope| {
+        let client = client.clone();
+        Box::pin(async move {
+            let Ok(message) = serde_json::from_slice::<Message>(&envelope.payload) else {
+                return Delivery::Unknown;
+            };
+            let Ok(uri) = format!("http://{addr}/v1/messages/{}", message.id).parse::<http::Uri>()
+            else {
+                return Delivery::Unknown;
+            };
+            let ask = async {
+                let response = client.get(uri).await.ok()?;
+                if response.status() != StatusCode::OK {
+                    return None;
+                }
+                let body = response.into_body().collect().await.ok()?.to_bytes();
+                serde_json::from_slice::<MessageStatus>(&body).ok()
+            };
+            match tokio::time::timeout(STATUS_CHECK_TIMEOUT, ask).await {
+                Ok(Some(status)) if status.committed => Delivery::Delivered,
+                Ok(Some(_)) => Delivery::NotDelivered,
+                _ => Delivery::Unknown,
+            }
+        })
+    }
+}
+
 /// The README's breaker, keyed per host.
 fn readme_breaker() -> Result<KeyedBreakerLayer, BoxError> {
     Ok(KeyedBreakerLayer::new(
@@ -408,7 +495,16 @@ struct Sent {
     latency: Duration,
 }
 
+/// The delays our retry layer slept, by source and class: count, sum, longest (`SOAK_DEBUG`).
+type Delays = std::collections::BTreeMap<(&'static str, String), (usize, Duration, Duration)>;
+
+fn debug() -> bool {
+    std::env::var_os("SOAK_DEBUG").is_some()
+}
+
 struct Outcome {
+    /// Ours under `SOAK_DEBUG`: the delays the retry layer slept.
+    delays: Delays,
     stack: Stack,
     scenario: &'static str,
     messages: Vec<Sent>,
@@ -435,21 +531,25 @@ fn request(uri: &http::Uri, n: usize) -> Result<(String, Req), BoxError> {
 }
 
 /// Sends one request through `svc` and says how it ended, with our failure's dead-letter record.
-async fn send<S>(svc: S, req: Req) -> (End, Option<String>)
+/// A response `ReconcileLayer` stood in with (the provider committed the message, its answer
+/// was lost) is a delivery.
+async fn send<S, B>(svc: S, req: Req) -> (End, Option<String>)
 where
-    S: Service<Req, Response = Resp>,
+    S: Service<Req, Response = http::Response<B>>,
     S::Error: Into<BoxError>,
+    B: http_body::Body + Send + 'static,
 {
     match svc.oneshot(req).await {
         Ok(response) => {
-            let ok = response.status() == StatusCode::ACCEPTED;
+            let ok = response.status() == StatusCode::ACCEPTED
+                || response.extensions().get::<Reconciled>().is_some();
             let _ = response.into_body().collect().await;
             (if ok { End::Delivered } else { End::Failed }, None)
         }
         Err(error) => {
             let error: BoxError = error.into();
             match error
-                .downcast_ref::<Failure<Resp>>()
+                .downcast_ref::<Failure<http::Response<B>>>()
                 .and_then(|f| f.dead_letter().map(|d| (d, f.is_deferred())))
             {
                 Some((DeadLetterStatus::Stored { id }, deferred)) => (
@@ -462,6 +562,22 @@ where
                 ),
                 _ => (End::Failed, None),
             }
+        }
+    }
+}
+
+/// The stack under test, boxed (the two answer with different body types).
+#[derive(Clone)]
+enum Under {
+    Ours(tower::util::BoxCloneSyncService<Req, OurResp, BoxError>),
+    Tower(tower::util::BoxCloneSyncService<Req, Resp, BoxError>),
+}
+
+impl Under {
+    async fn send(self, req: Req) -> (End, Option<String>) {
+        match self {
+            Under::Ours(svc) => send(svc, req).await,
+            Under::Tower(svc) => send(svc, req).await,
         }
     }
 }
@@ -484,20 +600,35 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
     let (addr, provider) = start_provider(matches!(load, Load::Closed { .. })).await?;
     let uri: http::Uri = format!("http://{addr}/v1/messages").parse()?;
     let store = Arc::new(MemoryStore::new());
+    let delays = Arc::new(Mutex::new(Delays::new()));
+    let mut policy = RetryPolicy::new().max_attempts(MAX_ATTEMPTS);
+    if debug() {
+        // Only under SOAK_DEBUG: the hook costs a lock per retry.
+        let delays = Arc::clone(&delays);
+        policy = policy.on_retry(move |e: &RetryEvent| {
+            let mut delays = delays.lock().unwrap_or_else(PoisonError::into_inner);
+            let entry = delays
+                .entry((e.source.as_str(), e.class.name().to_owned()))
+                .or_default();
+            entry.0 += 1;
+            entry.1 += e.delay;
+            entry.2 = entry.2.max(e.delay);
+        });
+    }
     let ours_typed = ServiceBuilder::new()
         .layer(DeadLetterLayer::from_arc(
             Arc::clone(&store) as Arc<dyn Store>
         ))
-        .layer(RetryLayer::new(
-            RetryPolicy::new().max_attempts(MAX_ATTEMPTS),
-        ))
+        .layer(RetryLayer::new(policy))
+        .layer(ReconcileLayer::new(status_check(addr)))
         .layer(readme_breaker()?)
         .layer(ClassifyLayer::http())
         .layer(TimeoutLayer::new(ATTEMPT_TIMEOUT))
+        .map_response(|r: Resp| r.map(BodyExt::boxed))
         .service(client());
     let ours = ours_typed
         .clone()
-        .map_err(|f: Failure<Resp>| -> BoxError { Box::new(f) });
+        .map_err(|f: Failure<OurResp>| -> BoxError { Box::new(f) });
     let theirs = ServiceBuilder::new()
         .layer(tower::retry::RetryLayer::new(TowerPolicy {
             left: MAX_ATTEMPTS - 1,
@@ -505,8 +636,8 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
         .layer(tower::timeout::TimeoutLayer::new(ATTEMPT_TIMEOUT))
         .service(client());
     let svc = match stack {
-        Stack::Ours => tower::util::BoxCloneSyncService::new(ours),
-        Stack::Tower => tower::util::BoxCloneSyncService::new(theirs),
+        Stack::Ours => Under::Ours(tower::util::BoxCloneSyncService::new(ours)),
+        Stack::Tower => Under::Tower(tower::util::BoxCloneSyncService::new(theirs)),
     };
 
     let start = Instant::now();
@@ -521,7 +652,7 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
                 let svc = svc.clone();
                 tasks.spawn(async move {
                     let started = start.elapsed();
-                    let (end, record) = send(svc, req).await;
+                    let (end, record) = svc.send(req).await;
                     drop(slot);
                     Sent {
                         id,
@@ -559,7 +690,7 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
                 let svc = svc.clone();
                 tasks.spawn(async move {
                     let started = start.elapsed();
-                    let (end, record) = send(svc, req).await;
+                    let (end, record) = svc.send(req).await;
                     Sent {
                         id,
                         record,
@@ -622,7 +753,9 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
         }
         scheduler_pass = Some(pass.elapsed());
     }
+    let delays = std::mem::take(&mut *delays.lock().unwrap_or_else(PoisonError::into_inner));
     Ok(Outcome {
+        delays,
         stack,
         scenario,
         messages,
@@ -779,7 +912,10 @@ async fn main() -> Result<ExitCode, BoxError> {
         let _ = writeln!(table, "{}", row(o, f));
     }
     println!("{table}");
-    if std::env::var_os("SOAK_DEBUG").is_some() {
+    if debug() {
+        // Where the callers' time goes: latency summed per fault of the message's first request
+        // (mixed scenario: closed loop, so wall time is about the sum over the callers), and
+        // the delays our retry layer slept, by source and class.
         for o in &outcomes {
             let mut by: std::collections::BTreeMap<String, (usize, Duration)> = Default::default();
             for m in &o.messages {
@@ -792,8 +928,53 @@ async fn main() -> Result<ExitCode, BoxError> {
                 e.0 += 1;
                 e.1 += m.latency;
             }
-            println!("{} {:?}: {by:?}", o.scenario, o.stack);
+            let total: Duration = o.messages.iter().map(|m| m.latency).sum();
+            println!(
+                "{} {:?}: latency summed {:.1} s over {} messages, by first fault:",
+                o.scenario,
+                o.stack,
+                total.as_secs_f64(),
+                o.messages.len()
+            );
+            for (k, (n, sum)) in &by {
+                println!(
+                    "  {k:<36} {n:>5} messages  {:>8.2} s summed  {:>7.1} ms mean",
+                    sum.as_secs_f64(),
+                    sum.as_secs_f64() * 1000.0 / *n as f64
+                );
+            }
+            for ((source, class), (n, sum, max)) in &o.delays {
+                println!(
+                    "  slept ({source}, {class}): {n} delays, {:.2} s summed, longest {:.3} s",
+                    sum.as_secs_f64(),
+                    max.as_secs_f64()
+                );
+            }
         }
+        let summed = |scenario, stack| -> Duration {
+            outcomes
+                .iter()
+                .filter(|o| o.scenario == scenario && o.stack == stack)
+                .flat_map(|o| o.messages.iter().map(|m| m.latency))
+                .sum()
+        };
+        let slept = |source| -> Duration {
+            outcomes
+                .iter()
+                .filter(|o| o.scenario == "mixed" && o.stack == Stack::Ours)
+                .flat_map(|o| o.delays.iter())
+                .filter(|((s, _), _)| *s == source)
+                .map(|(_, (_, sum, _))| *sum)
+                .sum()
+        };
+        let ours = summed("mixed", Stack::Ours);
+        let tower = summed("mixed", Stack::Tower);
+        println!(
+            "mixed: ours' callers waited {:.1} s more than tower's in all; ours slept {:.1} s of server hints and {:.1} s of backoff",
+            ours.saturating_sub(tower).as_secs_f64(),
+            slept("server hint").as_secs_f64(),
+            slept("backoff").as_secs_f64()
+        );
     }
 
     // The targets, for our stack.
@@ -818,23 +999,32 @@ async fn main() -> Result<ExitCode, BoxError> {
         format!("mixed: {} duplicates (target 0)", mo.duplicates),
     );
     check(
+        mo.lost_track == 0,
+        format!(
+            "mixed: {} lost track, the provider committed what the caller saw fail (target 0)",
+            mo.lost_track
+        ),
+    );
+    check(
         mo.delivered * 1000 >= mo.sent * 925,
         format!(
             "mixed: {} of {} delivered (target at least 92.5 %)",
             mo.delivered, mo.sent
         ),
     );
-    // Reported, not gating: honouring the provider's `Retry-After: 1` keeps 32 callers' slots
-    // busy for about a second each time (tower's retries ignore it), which alone is more than
-    // the 2x allowance in a closed loop of 32. See the README's soak section.
-    let wall_ok = mixed_ours.wall <= mixed_tower.wall * 2;
+    // Reported, not gating: honouring the provider's `Retry-After: 1` holds a caller's slot for
+    // a second for each message that meets it (tower's retries ignore it); summed over the run
+    // that alone is more than the 2x allowance in a closed loop of 32 (module docs, "Where the
+    // wall time goes").
+    let ratio = mixed_ours.wall.as_secs_f64() / mixed_tower.wall.as_secs_f64().max(1e-9);
     println!(
-        "{} mixed: wall time {:.2} s, tower's {:.2} s (target at most 2x; reported, not gating)",
-        if wall_ok { "ok    " } else { "MISSED" },
+        "{} mixed: wall time {:.2} s, tower's {:.2} s: {ratio:.2}x (target at most 2x; reported, not gating)",
+        if ratio <= 2.0 { "ok    " } else { "MISSED" },
         mixed_ours.wall.as_secs_f64(),
         mixed_tower.wall.as_secs_f64()
     );
-    let bound = ATTEMPT_TIMEOUT * MAX_ATTEMPTS + LONGEST_DELAY * (MAX_ATTEMPTS - 1);
+    let bound = (ATTEMPT_TIMEOUT + STATUS_CHECK_TIMEOUT) * MAX_ATTEMPTS
+        + LONGEST_DELAY * (MAX_ATTEMPTS - 1);
     // A little room for the loopback and the scheduler of this process itself.
     let over = mixed_ours
         .messages
@@ -855,6 +1045,13 @@ async fn main() -> Result<ExitCode, BoxError> {
         format!(
             "outage: {ratio:.2} provider requests per message sent during the outage ({} messages; target at most 1.1)",
             outage_ours.outage_messages
+        ),
+    );
+    check(
+        oo.lost_track == 0,
+        format!(
+            "outage: {} lost track, the provider committed what the caller saw fail (target 0)",
+            oo.lost_track
         ),
     );
     check(
