@@ -115,9 +115,11 @@ impl ClassPolicy {
         self
     }
 
-    /// When the server gives no hint, wait at least the previous delay, and up to twice it
-    /// (within the larger of the backoff's cap and the previous delay): a provider that asked us
-    /// to slow down once is not hit sooner the next time. On by default for
+    /// When the server gives no hint, wait at least twice the previous delay (or the backoff's
+    /// own delay, if longer), capped at the larger of the backoff's cap and the previous delay: a
+    /// provider that asked us to slow down once is not hit sooner the next time. With a previous
+    /// delay `p` and a backoff delay `b` (capped at `c`), the delay is
+    /// `max(b, min(2 × p, max(c, p)))`, never less than `p`. On by default for
     /// [`Class::THROTTLED`] ("the server's delay first, then slower").
     pub fn slow_down(mut self, enabled: bool) -> Self {
         self.slow_down = enabled;
@@ -192,7 +194,8 @@ struct Inner {
 /// (a payload the provider cannot handle) as a passing fault. The design's class table says "a
 /// few times, cautiously"; the default is one retry (2 attempts failed with it, a count of
 /// attempts, not retries) and [`ClassPolicy::slow_down`], the throttled class's rule: after
-/// an earlier delay, wait at least that long again and up to twice it. A request that keeps
+/// an earlier delay, wait twice that long (within the backoff's cap, and never less than the
+/// earlier delay). A request that keeps
 /// failing with 500 is then handed to the dead-letter layer after 2 calls instead of 3, and
 /// a provider that crashes on it is hit once more, not twice. Give it more with
 /// `retry_at_most(Class::UNKNOWN, n)` (which keeps the slow-down).
