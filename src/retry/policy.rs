@@ -195,9 +195,9 @@ struct Inner {
 /// few times, cautiously"; the default is one retry (2 attempts failed with it, a count of
 /// attempts, not retries) and [`ClassPolicy::slow_down`], the throttled class's rule: after
 /// an earlier delay, wait twice that long (within the backoff's cap, and never less than the
-/// earlier delay). A request that keeps
-/// failing with 500 is then handed to the dead-letter layer after 2 calls instead of 3, and
-/// a provider that crashes on it is hit once more, not twice. Give it more with
+/// earlier delay). A request that keeps failing with 500 is then handed to the dead-letter
+/// layer after 2 calls instead of 3, and a provider that crashes on it is hit once more, not
+/// twice. Give it more with
 /// `retry_at_most(Class::UNKNOWN, n)` (which keeps the slow-down).
 ///
 /// # Safety to resend
