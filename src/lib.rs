@@ -102,7 +102,7 @@
 //! | `sqlite` | [`SqliteStore`](dead_letter::SqliteStore), the durable dead-letter store (bundled SQLite) | yes |
 //! | `redis` | `RedisStore`, the dead-letter store shared by many instances (redis crate, tokio) | no |
 //! | `cli` | the `backstop-dlq` command-line tool over a SQLite file or a Redis URL (clap) | no |
-//! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain | no |
+//! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain; a layer of ours can sit directly over a hyper-util client | yes |
 //! | `axum` | [`Failure`] is axum's `IntoResponse` (axum-core) | no |
 //! | `tonic` | `GrpcLayer`: a generated tonic client takes the stack around a `Channel` as its channel (bounded replay buffer, the caller's `tonic::Status`) | no |
 //! | `reqwest` | the layers wrap a `reqwest::Client`: `Replay` and `Describe` for `reqwest::Request`, `HttpClassifier` for `reqwest::Response`, reqwest's timeout and connect errors classified | no |
