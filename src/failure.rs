@@ -679,6 +679,17 @@ impl<R> fmt::Debug for Failure<R> {
     }
 }
 
+/// `delay` rounded up to a whole millisecond, for messages: `1.331s`, not `1.331029271s`. Up,
+/// so that a message never names a time earlier than the real one.
+/// A delay too long for 64 bits of milliseconds (over about 584 million years) is kept as it is.
+pub(crate) fn millis_up(delay: Duration) -> Duration {
+    match u64::try_from(delay.as_millis()) {
+        Ok(ms) if Duration::from_millis(ms) == delay => delay,
+        Ok(ms) => Duration::from_millis(ms).saturating_add(Duration::from_millis(1)),
+        Err(_) => delay,
+    }
+}
+
 impl<R> fmt::Display for Failure<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} failure ({})", self.class, self.code())?;
@@ -697,8 +708,10 @@ impl<R> fmt::Display for Failure<R> {
         match (self.retry_after(), self.code_kind) {
             // Our own breaker's time left: its source (naming the breaker) says it, if any.
             (Some(_), CodeKind::CircuitOpen) if self.source_ref().is_some() => {}
-            (Some(delay), CodeKind::CircuitOpen) => write!(f, ", half-opens in {delay:?}")?,
-            (Some(delay), _) => write!(f, ", server asked to retry after {delay:?}")?,
+            (Some(delay), CodeKind::CircuitOpen) => {
+                write!(f, ", half-opens in {:?}", millis_up(delay))?
+            }
+            (Some(delay), _) => write!(f, ", server asked to retry after {:?}", millis_up(delay))?,
             (None, _) => {}
         }
         if let Some(extra) = &self.extra {
@@ -838,6 +851,22 @@ mod tests {
         let f = Failure::<String>::from(Box::new(dropped) as BoxError);
         assert_eq!((f.class(), f.code()), (Class::PERMANENT, Code::Grpc(5)));
         assert!(f.no_retry());
+    }
+
+    #[test]
+    fn message_delays_are_whole_milliseconds_rounded_up() {
+        assert_eq!(
+            millis_up(Duration::from_nanos(1_331_029_271)),
+            Duration::from_millis(1332)
+        );
+        assert_eq!(millis_up(Duration::from_secs(3)), Duration::from_secs(3));
+        assert_eq!(millis_up(Duration::ZERO), Duration::ZERO);
+        assert_eq!(millis_up(Duration::from_nanos(1)), Duration::from_millis(1));
+        // No overflow at the top.
+        assert_eq!(millis_up(Duration::MAX), Duration::MAX);
+        let f: Failure = Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen)
+            .with_retry_after(Duration::from_nanos(1_331_029_271));
+        assert!(f.to_string().ends_with(", half-opens in 1.332s"), "{f}");
     }
 
     #[test]

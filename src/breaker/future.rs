@@ -157,9 +157,9 @@ pub(crate) fn rejection_failure<R>(
 /// The source of an open breaker's rejection ([`Class::CIRCUIT_OPEN`]): which breaker, and when
 /// it half-opens.
 ///
-/// Its `Display` reads `breaker "api.mail.test:443" is open; half-opens in 2.5s` (or `is forced
-/// open` when an operator opened it and no time is known). It is the message a dead-letter
-/// record keeps.
+/// Its `Display` reads `breaker "api.mail.test:443" is open; half-opens in 2.5s`, the time
+/// rounded up to the millisecond (or `is forced open` when an operator opened it and no time is
+/// known). It is the message a dead-letter record keeps.
 #[derive(Clone, Debug)]
 pub struct OpenError {
     breaker: Arc<str>,
@@ -183,8 +183,9 @@ impl fmt::Display for OpenError {
         match self.half_opens_in {
             Some(left) => write!(
                 f,
-                "breaker {:?} is open; half-opens in {left:?}",
-                &*self.breaker
+                "breaker {:?} is open; half-opens in {:?}",
+                &*self.breaker,
+                crate::failure::millis_up(left)
             ),
             None => write!(f, "breaker {:?} is forced open", &*self.breaker),
         }
