@@ -679,8 +679,9 @@ impl<R> fmt::Debug for Failure<R> {
     }
 }
 
-/// `delay` rounded up to a whole millisecond, for messages: `1.331s`, not `1.331029271s`. Up,
+/// `delay` rounded up to a whole millisecond, for messages: `1.332s`, not `1.331029271s`. Up,
 /// so that a message never names a time earlier than the real one.
+///
 /// A delay too long for 64 bits of milliseconds (over about 584 million years) is kept as it is.
 pub(crate) fn millis_up(delay: Duration) -> Duration {
     match u64::try_from(delay.as_millis()) {
