@@ -101,17 +101,20 @@ fn no_jitter() -> RetryPolicy {
 
 /// Calls `layer` over `outcomes` once; returns the result, the copies made, the calls made and
 /// the store's records.
+/// The outcome, the copies made, the upstream's calls, and the records written.
+type Ran = (
+    Result<(), Failure>,
+    usize,
+    usize,
+    Vec<tower_backstop::dead_letter::Record>,
+);
+
 async fn run<L>(
     layer: L,
     store: &MemoryStore,
     outcomes: Vec<Result<(), Failure>>,
     replayable: bool,
-) -> (
-    Result<(), Failure>,
-    usize,
-    usize,
-    Vec<tower_backstop::dead_letter::Record>,
-)
+) -> Ran
 where
     L: Layer<Upstream>,
     L::Service: tower::Service<Counted, Response = (), Error = Failure>,
@@ -143,6 +146,21 @@ fn stacked(
 /// The two layers built as one, sharing the copy.
 fn shared(store: &MemoryStore, policy: RetryPolicy) -> DeadLetterRetryLayer {
     DeadLetterRetryLayer::new(DeadLetterLayer::new(store.clone()), RetryLayer::new(policy))
+}
+
+/// [`run`] through the two layers built as one (`shared_copy`) or stacked.
+async fn run_either(
+    shared_copy: bool,
+    store: &MemoryStore,
+    policy: RetryPolicy,
+    outcomes: Vec<Result<(), Failure>>,
+    replayable: bool,
+) -> Ran {
+    if shared_copy {
+        run(shared(store, policy), store, outcomes, replayable).await
+    } else {
+        run(stacked(store, policy), store, outcomes, replayable).await
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -192,11 +210,8 @@ async fn an_exhausted_request_is_recorded_the_same_from_the_retry_layers_copy() 
     for (name, shared_copy) in [("stacked", false), ("shared", true)] {
         let store = MemoryStore::new();
         let policy = no_jitter().max_attempts(3);
-        let (result, copies, calls, records) = if shared_copy {
-            run(shared(&store, policy), &store, vec![transient()], true).await
-        } else {
-            run(stacked(&store, policy), &store, vec![transient()], true).await
-        };
+        let (result, copies, calls, records) =
+            run_either(shared_copy, &store, policy, vec![transient()], true).await;
         let failure = result.expect_err("every attempt fails");
         assert_eq!(calls, 3, "{name}");
         // One copy per attempt either way: the spares (and the dead-letter layer's own when
@@ -276,23 +291,8 @@ async fn a_deferred_or_deadline_ended_request_keeps_its_payload() {
 async fn a_request_that_cannot_be_copied_is_recorded_without_its_payload_as_before() {
     for shared_copy in [false, true] {
         let store = MemoryStore::new();
-        let (result, copies, calls, records) = if shared_copy {
-            run(
-                shared(&store, no_jitter()),
-                &store,
-                vec![transient()],
-                false,
-            )
-            .await
-        } else {
-            run(
-                stacked(&store, no_jitter()),
-                &store,
-                vec![transient()],
-                false,
-            )
-            .await
-        };
+        let (result, copies, calls, records) =
+            run_either(shared_copy, &store, no_jitter(), vec![transient()], false).await;
         assert_eq!(result.unwrap_err().give_up(), Some(GiveUp::NotReplayable));
         assert_eq!((copies, calls), (0, 1));
         assert_eq!(records.len(), 1);

@@ -1054,6 +1054,20 @@ async fn first_then(
     (result, upstream, start.elapsed())
 }
 
+/// A GET answered 429 with `header: value`, then 200: asserts it was retried once and
+/// succeeded, and returns how long the retry waited (paused clock).
+async fn waited_after_429_with(
+    policy: RetryPolicy,
+    header: &'static str,
+    value: String,
+) -> Duration {
+    let (result, upstream, waited) =
+        first_then(policy, status_with(429, header, value), 200, get("/mail")).await;
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(upstream.calls(), 2);
+    waited
+}
+
 fn unix_now() -> Duration {
     SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1088,15 +1102,7 @@ async fn x_ratelimit_reset_in_epoch_milliseconds_waits_about_thirty_seconds() {
         .as_millis()
         .to_string();
     assert_eq!(reset.len(), 13);
-    let (result, upstream, waited) = first_then(
-        RetryPolicy::new(),
-        status_with(429, "x-ratelimit-reset", reset),
-        200,
-        get("/mail"),
-    )
-    .await;
-    assert_eq!(result.unwrap().status(), 200);
-    assert_eq!(upstream.calls(), 2);
+    let waited = waited_after_429_with(RetryPolicy::new(), "x-ratelimit-reset", reset).await;
     assert!(
         waited >= Duration::from_secs(29) && waited <= Duration::from_secs(31),
         "{waited:?}"
@@ -1110,30 +1116,15 @@ async fn an_absurd_reset_is_ignored_not_turned_into_a_deferral_of_years() {
     let reset = (unix_now() + Duration::from_secs(30))
         .as_millis()
         .to_string();
-    let (result, upstream, waited) = first_then(
-        RetryPolicy::new().backoff(no_jitter(100)),
-        status_with(429, "ratelimit-reset", reset),
-        200,
-        get("/mail"),
-    )
-    .await;
-    assert_eq!(result.unwrap().status(), 200);
-    assert_eq!(upstream.calls(), 2);
+    let policy = RetryPolicy::new().backoff(no_jitter(100));
+    let waited = waited_after_429_with(policy, "ratelimit-reset", reset).await;
     assert_eq!(waited, Duration::from_millis(100));
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_x_rate_limit_reset_spelling_is_honoured() {
     let reset = (unix_now() + Duration::from_secs(30)).as_secs().to_string();
-    let (result, upstream, waited) = first_then(
-        RetryPolicy::new(),
-        status_with(429, "x-rate-limit-reset", reset),
-        200,
-        get("/mail"),
-    )
-    .await;
-    assert_eq!(result.unwrap().status(), 200);
-    assert_eq!(upstream.calls(), 2);
+    let waited = waited_after_429_with(RetryPolicy::new(), "x-rate-limit-reset", reset).await;
     assert!(
         waited >= Duration::from_secs(29) && waited <= Duration::from_secs(31),
         "{waited:?}"
