@@ -455,6 +455,22 @@ impl RedisStore {
     }
 
     /// The records with these ids, in order, skipping ids with no record.
+    /// The records with these ids that match `filter`, newest first.
+    async fn fetch_matching(
+        &self,
+        ids: &[String],
+        filter: &Filter,
+    ) -> Result<Vec<Record>, StoreError> {
+        let mut records: Vec<Record> = self
+            .fetch(ids)
+            .await?
+            .into_iter()
+            .filter(|r| filter.matches(r))
+            .collect();
+        newest_first(&mut records);
+        Ok(records)
+    }
+
     async fn fetch(&self, ids: &[String]) -> Result<Vec<Record>, StoreError> {
         let mut conn = self.conn.clone();
         let mut out = Vec::with_capacity(ids.len());
@@ -543,14 +559,7 @@ impl RedisStore {
         let start = page.offset.saturating_sub(above).min(window.len());
         let end = start.saturating_add(page.limit).min(window.len());
         let ids: Vec<String> = window.drain(start..end).map(|(id, _)| id).collect();
-        let mut records: Vec<Record> = self
-            .fetch(&ids)
-            .await?
-            .into_iter()
-            .filter(|r| filter.matches(r))
-            .collect();
-        newest_first(&mut records);
-        Ok(records)
+        self.fetch_matching(&ids, filter).await
     }
 
     /// Counts of the records last failed at or after `since`, per class and per code, from the
@@ -648,14 +657,7 @@ impl RedisStore {
         } else {
             filter.ids.clone()
         };
-        let mut records: Vec<Record> = self
-            .fetch(&ids)
-            .await?
-            .into_iter()
-            .filter(|r| filter.matches(r))
-            .collect();
-        newest_first(&mut records);
-        Ok(records)
+        self.fetch_matching(&ids, filter).await
     }
 }
 
