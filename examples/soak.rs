@@ -36,9 +36,11 @@
 //! # The stacks
 //!
 //! - **ours**, the README's: `DeadLetterLayer` (in-memory store) → `RetryLayer` (5 attempts,
-//!   default backoff) → `ReconcileLayer` → `KeyedBreakerLayer` (per host, 50 % of the last 100
-//!   calls with at least 20, open 1 s doubling to 30 s, jitter 0.5) → `ClassifyLayer::http()` →
-//!   `TimeoutLayer` (500 ms per attempt) → hyper-util client.
+//!   default backoff, in-process waits of at most one per-attempt timeout: a longer one is
+//!   deferred to the store, and the dead-letter scheduler sends it when due) →
+//!   `ReconcileLayer` → `KeyedBreakerLayer` (per host, 50 % of the last 100 calls with at least
+//!   20, open 1 s doubling to 30 s, jitter 0.5) → `ClassifyLayer::http()` → `TimeoutLayer`
+//!   (500 ms per attempt) → hyper-util client.
 //!
 //!   `ReconcileLayer` sits where its docs put it, below the retry layer (its verdict decides
 //!   whether the retry layer may resend) and above the classify layer (it reads the class);
@@ -59,11 +61,14 @@
 //! during the outage, p50/p99/max latency, wall time, and where each message ended (delivered,
 //! dead letter, deferred). The run exits with status 1 when one of ours misses a target:
 //!
-//! - mixed: no duplicates; no lost track; at least 92.5 % delivered (1,850 of 2,000); no caller
-//!   waits longer than its bound (5 attempts × (500 ms + the 250 ms status check) + 4 delays of
-//!   at most 2 s: the 1 s `Retry-After` doubled by the throttled slow-down, above every backoff
-//!   cap here). The wall time against tower's (target at most 2×) is printed but does not fail
-//!   the run: see "Where the wall time goes" below.
+//! - mixed: no duplicates; no lost track; at least 92.5 % delivered (1,850 of 2,000), counting
+//!   the scheduler's pass over what was deferred; no caller waits longer than its bound (5
+//!   attempts × (500 ms + the 250 ms status check) + 4 delays of at most 2 s: the 1 s
+//!   `Retry-After` doubled by the throttled slow-down, above every backoff cap here); every
+//!   message settled (the callers' run plus the scheduler's pass) within 2× tower's wall time.
+//!   The small run gates on the callers' run alone and prints the settled ratio: its scheduler
+//!   pass is a fixed tail of about a second (the last deferral's `Retry-After`), which does not
+//!   shrink with the run.
 //! - outage: at most 1.1 provider requests per message sent during the outage; no lost track;
 //!   every message delivered or in the store; after the scheduler's pass at least 99 %
 //!   delivered, each once.
@@ -76,29 +81,19 @@
 //! The mixed scenario is a closed loop of 32 callers, so its wall time is about the summed
 //! latency divided by 32, plus the drain of the last messages.
 //!
-//! One full run (release build, 2 shared cores): ours 5.41 s, tower's 2.02 s (2.7×). The
-//! callers' latency summed to 151.8 s for ours and 56.0 s for tower's: 95.8 s more, of which
+//! One full run (release build, 2 shared cores): ours 2.66 s for the callers and 0.62 s for the
+//! scheduler's pass, tower's 2.02 s (1.62× until every message settled, 1.31× for the callers).
+//! Ours' callers waited 18.0 s more than tower's in all, and ours slept 17.6 s of default backoff
+//! (352 delays of 0 to 100 ms, full jitter) and no server hint: the 78 messages answered `503`
+//! with `Retry-After: 1` were deferred to the store at once (a 1 s wait is above the stack's
+//! in-process bound of one 500 ms attempt), and the scheduler sent them 1 s later, after the
+//! callers had moved on to other messages.
 //!
-//! - 78.0 s is `Retry-After: 1` honoured: 78 messages met the 503 with it, the retry layer slept
-//!   78 server-hint delays of exactly 1.000 s (one per message: no hint honoured twice, none
-//!   lengthened), where tower's retry goes out at once (RFC 9110 §10.2.3 is the promise here,
-//!   not a cost to tune away);
-//! - 17.2 s is the default backoff (exponential from 100 ms, full jitter, so 0 to 100 ms before
-//!   a second attempt): 352 delays after a 503, 429, 500, reset or per-attempt timeout, the
-//!   longest 99 ms, about 50 ms on average, as the policy says; none slowed down (each message
-//!   faults once, so no delay follows another);
-//! - the rest (about 0.6 s) is noise: a healthy message takes 0.2 ms in both stacks, a 2 s hang
-//!   ends at the 500 ms timeout in both (ours then backs off), and a keyless POST that was reset
-//!   after commit is settled by the status check in under a millisecond.
-//!
-//! The hints alone are 78.0 s / 32 callers = 2.4 s of wall time, more than tower's whole run:
-//! even with no backoff at all ours would take at least 1.75 s (tower's summed latency / 32) +
-//! 2.4 s, above 2×. Without them ours would be about (151.8 − 78.0) s / 32 + the drain, near
-//! 1.4× tower's (an estimate, not a measurement). The 2× target cannot be met while
-//! `Retry-After` is honoured in this scenario, so it is printed, not gated. Found while
-//! measuring this: no delay longer than its policy or hint, no jitter outside its range, no
-//! per-attempt timeout counted from the wrong instant (a hang ends 500 ms after the attempt
-//! started, in both stacks).
+//! Before that bound (the policy's default `max_delay` of 60 s, every hint slept in process), the
+//! same run took 5.41 s (2.7×): the 78 hints held 78.0 caller-seconds, 2.4 s of wall time for 32
+//! callers, more than tower's whole run. Tower's retry ignores the hint and goes out at once;
+//! ours still never sends before the server's second (RFC 9110 §10.2.3): it parks the wait in the
+//! store instead of in a caller.
 //!
 //! `--small` runs the same with 600 messages in the mixed scenario and an outage of 1 s healthy,
 //! 2 s down, 1.5 s healthy.
@@ -601,7 +596,11 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
     let uri: http::Uri = format!("http://{addr}/v1/messages").parse()?;
     let store = Arc::new(MemoryStore::new());
     let delays = Arc::new(Mutex::new(Delays::new()));
-    let mut policy = RetryPolicy::new().max_attempts(MAX_ATTEMPTS);
+    // The README's rule with a store: sleep in process at most one per-attempt timeout; a
+    // longer wait (`Retry-After: 1`) is deferred to the store and the scheduler sends it then.
+    let mut policy = RetryPolicy::new()
+        .max_attempts(MAX_ATTEMPTS)
+        .max_delay(ATTEMPT_TIMEOUT);
     if debug() {
         // Only under SOAK_DEBUG: the hook costs a lock per retry.
         let delays = Arc::clone(&delays);
@@ -1012,16 +1011,32 @@ async fn main() -> Result<ExitCode, BoxError> {
             mo.delivered, mo.sent
         ),
     );
-    // Reported, not gating: honouring the provider's `Retry-After: 1` holds a caller's slot for
-    // a second for each message that meets it (tower's retries ignore it); summed over the run
-    // that alone is more than the 2x allowance in a closed loop of 32 (module docs, "Where the
-    // wall time goes").
-    let ratio = mixed_ours.wall.as_secs_f64() / mixed_tower.wall.as_secs_f64().max(1e-9);
-    println!(
-        "{} mixed: wall time {:.2} s, tower's {:.2} s: {ratio:.2}x (target at most 2x; reported, not gating)",
-        if ratio <= 2.0 { "ok    " } else { "MISSED" },
-        mixed_ours.wall.as_secs_f64(),
-        mixed_tower.wall.as_secs_f64()
+    // Until every message is settled: the callers' run, then the scheduler's pass over what was
+    // deferred (the `Retry-After: 1` messages), against tower's run. The small run gates on the
+    // callers' run alone: its scheduler pass is a fixed tail (the last deferral's second) that
+    // does not shrink with the run, so it is printed there, not gated.
+    let pass = mixed_ours.scheduler_pass.unwrap_or_default();
+    let tower_wall = mixed_tower.wall.as_secs_f64().max(1e-9);
+    let settled = (mixed_ours.wall + pass).as_secs_f64() / tower_wall;
+    let callers = mixed_ours.wall.as_secs_f64() / tower_wall;
+    check(
+        if small {
+            callers <= 2.0
+        } else {
+            settled <= 2.0
+        },
+        format!(
+            "mixed: wall time {:.2} s + {:.2} s scheduler, tower's {:.2} s: {settled:.2}x until \
+             settled, {callers:.2}x for the callers (target at most 2x; gated: {})",
+            mixed_ours.wall.as_secs_f64(),
+            pass.as_secs_f64(),
+            mixed_tower.wall.as_secs_f64(),
+            if small {
+                "the callers' run"
+            } else {
+                "until settled"
+            }
+        ),
     );
     let bound = (ATTEMPT_TIMEOUT + STATUS_CHECK_TIMEOUT) * MAX_ATTEMPTS
         + LONGEST_DELAY * (MAX_ATTEMPTS - 1);

@@ -484,7 +484,7 @@ impl<R> Failure<R> {
     }
 
     /// When the request should be sent again, for a failure the retry layer deferred
-    /// ([`GiveUp::Deferred`]): an absolute time, rounded up to the next whole second and never
+    /// ([`GiveUp::Deferred`]): an absolute time, rounded up to the next whole millisecond and never
     /// before the instant the server named (`Retry-After`, RFC 9110 §10.2.3). `None` for any
     /// other failure.
     ///

@@ -41,7 +41,12 @@ fn client_rule() -> Builder {
 /// setting.
 ///
 /// With a store, the dead-letter and retry layers are built as one
-/// ([`DeadLetterRetryLayer`]), so a request is copied once per call, not twice.
+/// ([`DeadLetterRetryLayer`]), so a request is copied once per call, not twice, and the retry
+/// layer sleeps in process at most one per-attempt timeout (unless
+/// [`RetryPolicy::max_delay`] was set): a longer wait (a `Retry-After: 1` with a 500 ms
+/// timeout, a late backoff) is deferred to the store, whose
+/// [`Scheduler`](crate::dead_letter::Scheduler) sends the request again when it is due, and the
+/// caller's slot goes on to the next request. Run a `Scheduler` beside such a stack.
 ///
 /// ```
 /// use std::time::Duration;
@@ -68,10 +73,10 @@ fn client_rule() -> Builder {
 #[derive(Clone, Debug)]
 pub struct BackstopLayer<C = HttpClassifier, B = KeyedBreakerLayer> {
     dead_letters: Option<DeadLetterLayer>,
-    retry: RetryLayer,
+    retry: RetryPolicy,
     breaker: B,
     classify: ClassifyLayer<C>,
-    timeout: TimeoutLayer,
+    attempt_timeout: Duration,
 }
 
 impl BackstopLayer<HttpClassifier> {
@@ -91,10 +96,10 @@ impl<C> BackstopLayer<C> {
             .expect("the preset breaker rule is valid (checked by a unit test)");
         BackstopLayer {
             dead_letters: None,
-            retry: RetryLayer::default(),
+            retry: RetryPolicy::default(),
             breaker: per_host,
             classify: ClassifyLayer::new(classifier),
-            timeout: TimeoutLayer::new(attempt_timeout),
+            attempt_timeout,
         }
     }
 }
@@ -108,7 +113,7 @@ impl<C, B> BackstopLayer<C, B> {
 
     /// Retries by `policy`.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = RetryLayer::new(policy);
+        self.retry = policy;
         self
     }
 
@@ -121,7 +126,7 @@ impl<C, B> BackstopLayer<C, B> {
             retry: self.retry,
             breaker,
             classify: self.classify,
-            timeout: self.timeout,
+            attempt_timeout: self.attempt_timeout,
         }
     }
 }
@@ -172,14 +177,23 @@ where
     type Service = Backstop<S, C, B>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let guarded = self
-            .breaker
-            .layer(self.classify.layer(self.timeout.layer(inner)));
+        let guarded = self.breaker.layer(
+            self.classify
+                .layer(TimeoutLayer::new(self.attempt_timeout).layer(inner)),
+        );
         match &self.dead_letters {
-            Some(dead_letters) => Either::Left(
-                DeadLetterRetryLayer::new(dead_letters.clone(), self.retry.clone()).layer(guarded),
-            ),
-            None => Either::Right(self.retry.layer(guarded)),
+            Some(dead_letters) => {
+                // With a store, a wait longer than one attempt is the store's job.
+                let policy = self
+                    .retry
+                    .clone()
+                    .max_delay_unless_chosen(self.attempt_timeout);
+                Either::Left(
+                    DeadLetterRetryLayer::new(dead_letters.clone(), RetryLayer::new(policy))
+                        .layer(guarded),
+                )
+            }
+            None => Either::Right(RetryLayer::new(self.retry.clone()).layer(guarded)),
         }
     }
 }

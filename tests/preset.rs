@@ -83,3 +83,66 @@ async fn one_hosts_outage_never_fails_calls_to_another() {
     let response = svc.clone().oneshot(get("http://up.test/")).await.unwrap();
     assert_eq!(response.status(), 200);
 }
+
+#[tokio::test(start_paused = true)]
+async fn with_a_store_a_wait_longer_than_one_attempt_is_deferred_not_slept() {
+    // 503 with `Retry-After: 1`, then 200. Per-attempt timeout 500 ms.
+    let script = || Scripted::new([support::status_with(503, "retry-after", "1")], status(200));
+
+    // With a store: the 1 s wait is above one attempt's 500 ms, so the request is stored as
+    // deferred to about 1 s from now and the caller gets it back at once.
+    let upstream = script();
+    let store = Arc::new(MemoryStore::new());
+    let svc = ServiceBuilder::new()
+        .layer(
+            BackstopLayer::http(Duration::from_millis(500))
+                .dead_letters(DeadLetterLayer::from_arc(store.clone())),
+        )
+        .service(upstream.clone());
+    let started = tokio::time::Instant::now();
+    let before = std::time::SystemTime::now();
+    let f = svc.oneshot(get("http://up.test/")).await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::ZERO, "the caller did not wait");
+    assert_eq!(f.give_up(), Some(GiveUp::Deferred));
+    assert_eq!(f.retry_after(), Some(Duration::from_secs(1)));
+    let at = f.retry_at().expect("a retry-at time");
+    assert!(
+        at >= before + Duration::from_secs(1),
+        "never before the server's second"
+    );
+    assert!(at <= before + Duration::from_secs(3));
+    let records = store.list(10).await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        records[0].status,
+        tower_backstop::dead_letter::Status::Deferred
+    );
+    assert_eq!(upstream.calls(), 1);
+
+    // Without a store, the same wait is slept in process (a deferral would be a failure to the
+    // caller): the default `max_delay` of 60 s holds.
+    let upstream = script();
+    let svc = ServiceBuilder::new()
+        .layer(BackstopLayer::http(Duration::from_millis(500)))
+        .service(upstream.clone());
+    let started = tokio::time::Instant::now();
+    let response = svc.oneshot(get("http://up.test/")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(upstream.calls(), 2);
+
+    // A `max_delay` the user chose is kept, store or not.
+    let upstream = script();
+    let store = Arc::new(MemoryStore::new());
+    let svc = ServiceBuilder::new()
+        .layer(
+            BackstopLayer::http(Duration::from_millis(500))
+                .retry(RetryPolicy::new().max_delay(Duration::from_secs(5)))
+                .dead_letters(DeadLetterLayer::from_arc(store.clone())),
+        )
+        .service(upstream.clone());
+    let response = svc.oneshot(get("http://up.test/")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(upstream.calls(), 2);
+    assert!(store.list(10).await.unwrap().is_empty());
+}
