@@ -159,7 +159,7 @@ struct Inner {
 /// |---|---|
 /// | [`max_attempts`](Self::max_attempts) | 3 calls in all |
 /// | [`backoff`](Self::backoff) | exponential from 100 ms, capped at 20 s, full jitter |
-/// | [`max_delay`](Self::max_delay) | 60 s: the longest delay the layer sleeps in process |
+/// | [`max_delay`](Self::max_delay) | 60 s: the longest delay the layer sleeps in process (in a [`BackstopLayer`](crate::BackstopLayer) with a dead-letter store: one per-attempt timeout) |
 /// | [`on_long_delay`](Self::on_long_delay) | [`LongDelay::Defer`] |
 /// | [`budget`](Self::budget) | none |
 /// | [`deadline`](Self::deadline) | none |
@@ -322,11 +322,11 @@ impl RetryPolicy {
     /// [`Scheduler`](crate::dead_letter::Scheduler) running, a short bound is the better choice:
     /// a deferred request is kept in the store and sent again at its retry-at time, while the
     /// caller's slot (a worker, a place in a concurrency limit) goes on to the next request
-    /// instead of sitting idle through the wait. In the soak's mixed run (`examples/soak.rs`), a
-    /// bound of one per-attempt timeout (500 ms) deferred the 78 messages answered `503` with
-    /// `Retry-After: 1` instead of holding 78 caller-seconds, and every message was settled in
-    /// less than 60 % of the time (see the README's soak table). Without a store, a deferred
-    /// request is a failure the caller handles, so keep the default there.
+    /// instead of sitting idle through the wait. In the soak (`examples/soak.rs`, the README's
+    /// soak table), a bound of one per-attempt timeout (500 ms) deferred the messages answered
+    /// `503` with `Retry-After: 1` instead of holding a caller for each second, and every message
+    /// was settled sooner. Without a store, a deferred request is a failure the caller handles,
+    /// so keep the default there.
     pub fn max_delay(self, max_delay: Duration) -> Self {
         self.edit(|p| {
             p.max_delay = max_delay;
