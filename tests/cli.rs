@@ -416,3 +416,37 @@ async fn a_redis_password_never_shows_in_the_cli() {
         assert!(text.contains("***@127.0.0.1"), "{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pipe_ends_the_tool_quietly() {
+    // `backstop-dlq show … | head -1`: the reader is gone before the tool writes. It must end
+    // with success and no panic, as the shell tools do, not "failed printing to stdout".
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    SqliteStore::open(&path)
+        .unwrap()
+        .put_many(sample())
+        .await
+        .unwrap();
+    let db = path.to_str().unwrap().to_owned();
+    for args in [
+        vec!["show", "thr-3"],
+        vec!["list"],
+        vec!["stats", "--window", "24h"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut command = Command::new(env!("CARGO_BIN_EXE_backstop-dlq"));
+        command
+            .arg("--store")
+            .arg(&db)
+            .args(&args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped());
+        let o = tokio::task::spawn_blocking(move || command.output().unwrap())
+            .await
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{args:?}: {}", stderr(&o));
+    }
+}

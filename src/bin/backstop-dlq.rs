@@ -36,6 +36,33 @@ use tower_backstop::retry::{RetryLayer, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Envelope};
 
+/// `println!` to standard output, except that a closed pipe (`backstop-dlq list | head`) ends the
+/// program quietly with success, as the shell tools do, instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` with the same handling of a closed pipe.
+macro_rules! out_raw {
+    ($($arg:tt)*) => {
+        write_out(format_args!($($arg)*))
+    };
+}
+
+fn write_out(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(args).and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("backstop-dlq: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "backstop-dlq",
@@ -279,7 +306,7 @@ fn print_table(records: &[Record]) {
                 out.push_str(&format!("{cell:<w$}  "));
             }
         }
-        println!("{}", out.trim_end());
+        out!("{}", out.trim_end());
     };
     line(header.to_vec());
     for row in &rows {
@@ -288,42 +315,44 @@ fn print_table(records: &[Record]) {
 }
 
 fn print_record(r: &Record) {
-    println!("id              {}", r.id);
-    println!("status          {}", r.status);
-    println!("class           {}", r.class);
-    println!("code            {}", r.code);
-    println!("message         {}", r.message);
-    println!(
+    out!("id              {}", r.id);
+    out!("status          {}", r.status);
+    out!("class           {}", r.class);
+    out!("code            {}", r.code);
+    out!("message         {}", r.message);
+    out!(
         "attempts        {} (budget spent {}, re-sent {} times)",
-        r.attempts, r.budget_spent, r.resends
+        r.attempts,
+        r.budget_spent,
+        r.resends
     );
-    println!("first failed    {}", time(r.first_failed_at));
-    println!("last failed     {}", time(r.last_failed_at));
+    out!("first failed    {}", time(r.first_failed_at));
+    out!("last failed     {}", time(r.last_failed_at));
     if let Some(t) = r.retry_at {
-        println!("retry at        {}", time(t));
+        out!("retry at        {}", time(t));
     }
     if let Some(t) = r.resolved_at {
-        println!("resolved at     {}", time(t));
+        out!("resolved at     {}", time(t));
     }
     if !r.tags.is_empty() {
-        println!("tags            {}", tags(r));
+        out!("tags            {}", tags(r));
     }
     for (k, v) in &r.metadata {
-        println!("metadata        {k}: {v}");
+        out!("metadata        {k}: {v}");
     }
     for (name, value) in &r.headers {
         match std::str::from_utf8(value) {
-            Ok(text) => println!("header          {name}: {}", cut(text, 200)),
-            Err(_) => println!(
+            Ok(text) => out!("header          {name}: {}", cut(text, 200)),
+            Err(_) => out!(
                 "header          {name}: (not UTF-8) hex:{}",
                 value.iter().map(|b| format!("{b:02x}")).collect::<String>()
             ),
         }
     }
     for name in &r.redacted_headers {
-        println!("header          {name}: (redacted, not stored)");
+        out!("header          {name}: (redacted, not stored)");
     }
-    println!(
+    out!(
         "payload         {} bytes{}{}",
         r.payload_len,
         if r.payload_truncated {
@@ -337,8 +366,8 @@ fn print_record(r: &Record) {
             .unwrap_or_default()
     );
     match std::str::from_utf8(&r.payload) {
-        Ok(text) => println!("{text}"),
-        Err(_) => println!(
+        Ok(text) => out!("{text}"),
+        Err(_) => out!(
             "{}",
             r.payload
                 .iter()
@@ -346,9 +375,9 @@ fn print_record(r: &Record) {
                 .collect::<String>()
         ),
     }
-    println!("history (oldest first, last {}):", r.history.len());
+    out!("history (oldest first, last {}):", r.history.len());
     for e in &r.history {
-        println!(
+        out!(
             "  {}  {}  {}  {} attempt(s)  {}",
             time(e.at),
             e.class,
@@ -377,7 +406,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
             let records = store.search(&filter, page).await?;
             if *json {
                 for r in &records {
-                    println!("{}", serde_json::to_string(r)?);
+                    out!("{}", serde_json::to_string(r)?);
                 }
             } else {
                 print_table(&records);
@@ -396,7 +425,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 return Ok(ExitCode::FAILURE);
             };
             if *json {
-                println!("{}", serde_json::to_string_pretty(&record)?);
+                out!("{}", serde_json::to_string_pretty(&record)?);
             } else {
                 print_record(&record);
             }
@@ -404,7 +433,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
         Command::Stats { window } => {
             let store = open(&cli, false).await?;
             let stats = Stats::gather(&*store, now, *window, AlertRules::default()).await?;
-            print!("{stats}");
+            out_raw!("{stats}");
         }
         Command::Redrive {
             filter,
@@ -427,9 +456,9 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                     let to = http_request(r, Some(&target))
                         .map(|req| format!("{} {}", req.method(), req.uri()))
                         .unwrap_or_else(|e| format!("(skipped: {e})"));
-                    println!("would send {}  {}  {}  {to}", r.id, r.class, r.code);
+                    out!("would send {}  {}  {}  {to}", r.id, r.class, r.code);
                 }
-                println!("dry run: {} would be sent, nothing sent", plan.len());
+                out!("dry run: {} would be sent, nothing sent", plan.len());
                 return Ok(ExitCode::SUCCESS);
             }
             let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
@@ -456,9 +485,9 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                     Outcome::Skipped { reason } => format!("skipped: {reason}"),
                     other => format!("{other:?}"),
                 };
-                println!("{}  {}", r.id, outcome);
+                out!("{}  {}", r.id, outcome);
             }
-            println!(
+            out!(
                 "re-drove {}: {} resolved, {} failed again, {} skipped",
                 report.records.len(),
                 report.resolved(),
@@ -486,18 +515,18 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 .run(&*store)
                 .await?;
             for id in &report.delivered {
-                println!("{id}  delivered: resolved");
+                out!("{id}  delivered: resolved");
             }
             for id in &report.not_delivered {
-                println!("{id}  not delivered: deferred, to be sent again");
+                out!("{id}  not delivered: deferred, to be sent again");
             }
             for id in &report.unknown {
-                println!("{id}  still unknown");
+                out!("{id}  still unknown");
             }
             for (id, why) in &report.skipped {
-                println!("{id}  skipped: {why}");
+                out!("{id}  skipped: {why}");
             }
-            println!(
+            out!(
                 "reconciled {}: {} delivered, {} not delivered, {} still unknown, {} skipped",
                 report.delivered.len()
                     + report.not_delivered.len()
@@ -522,7 +551,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 return Ok(ExitCode::from(2));
             }
             let n = store.delete(&filter).await?;
-            println!("deleted {n} dead letters");
+            out!("deleted {n} dead letters");
         }
     }
     Ok(ExitCode::SUCCESS)
