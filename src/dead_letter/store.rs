@@ -114,7 +114,7 @@ pub fn redact_url(url: &str) -> String {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a dead-letter store",
     label = "DeadLetterLayer needs a `tower_backstop::dead_letter::Store`",
-    note = "use `MemoryStore` (tests), `SqliteStore::open(path)?` (feature `sqlite`, on by default; note the `?`) or `RedisStore` (feature `redis`), or implement `Store`"
+    note = "use `MemoryStore` (tests), `SqliteStore::open(path)?` (feature `sqlite`, on by default; note the `?`) or `RedisStore` (feature `redis`), or implement `Store`; a store you share as an `Arc` (for a `Scheduler`) goes in with `DeadLetterLayer::from_arc(store)`"
 )]
 pub trait Store: Send + Sync + 'static {
     /// Writes `records` in one transaction (SQLite), one pipeline (Redis). A record with an id
