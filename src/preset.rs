@@ -42,11 +42,13 @@ fn client_rule() -> Builder {
 ///
 /// With a store, the dead-letter and retry layers are built as one
 /// ([`DeadLetterRetryLayer`]), so a request is copied once per call, not twice, and the retry
-/// layer sleeps in process at most one per-attempt timeout (unless
-/// [`RetryPolicy::max_delay`] was set): a longer wait (a `Retry-After: 1` with a 500 ms
-/// timeout, a late backoff) is deferred to the store, whose
+/// layer sleeps a server's hint in process only up to one per-attempt timeout (unless
+/// [`RetryPolicy::max_hint_delay`] or [`RetryPolicy::max_delay`] was set): a longer hint (a
+/// `Retry-After: 1` with a 500 ms timeout) is deferred to the store, whose
 /// [`Scheduler`](crate::dead_letter::Scheduler) sends the request again when it is due, and the
-/// caller's slot goes on to the next request. Run a `Scheduler` beside such a stack.
+/// caller's slot goes on to the next request. Backoff delays are still slept, so
+/// `max_attempts` still caps one pass. Run a `Scheduler` beside such a stack (the README's
+/// "Sending deferred requests again").
 ///
 /// ```
 /// use std::time::Duration;
@@ -183,11 +185,11 @@ where
         );
         match &self.dead_letters {
             Some(dead_letters) => {
-                // With a store, a wait longer than one attempt is the store's job.
+                // With a store, a server's wait longer than one attempt is the store's job.
                 let policy = self
                     .retry
                     .clone()
-                    .max_delay_unless_chosen(self.attempt_timeout);
+                    .max_hint_delay_unless_chosen(self.attempt_timeout);
                 Either::Left(
                     DeadLetterRetryLayer::new(dead_letters.clone(), RetryLayer::new(policy))
                         .layer(guarded),

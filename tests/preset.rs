@@ -85,7 +85,7 @@ async fn one_hosts_outage_never_fails_calls_to_another() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn with_a_store_a_wait_longer_than_one_attempt_is_deferred_not_slept() {
+async fn with_a_store_a_server_hint_longer_than_one_attempt_is_deferred_not_slept() {
     // 503 with `Retry-After: 1`, then 200. Per-attempt timeout 500 ms.
     let script = || Scripted::new([support::status_with(503, "retry-after", "1")], status(200));
 
@@ -145,4 +145,55 @@ async fn with_a_store_a_wait_longer_than_one_attempt_is_deferred_not_slept() {
     assert_eq!(response.status(), 200);
     assert_eq!(upstream.calls(), 2);
     assert!(store.list(10).await.unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_a_store_backoff_is_still_slept_so_max_attempts_caps_the_pass() {
+    // 503 without a hint, twice, then 200; backoff 2 s then 4 s, above the 500 ms timeout. The
+    // store bound is for server hints only: the backoff is slept, and the three attempts are one
+    // pass, capped by `max_attempts`.
+    let upstream = Scripted::new([status(503), status(503)], status(200));
+    let store = Arc::new(MemoryStore::new());
+    let svc = ServiceBuilder::new()
+        .layer(
+            BackstopLayer::http(Duration::from_millis(500))
+                .retry(
+                    RetryPolicy::new()
+                        .max_attempts(3)
+                        .backoff(support::no_jitter(2_000)),
+                )
+                .dead_letters(DeadLetterLayer::from_arc(store.clone())),
+        )
+        .service(upstream.clone());
+    let started = tokio::time::Instant::now();
+    let response = svc.oneshot(get("http://up.test/")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        started.elapsed() >= Duration::from_secs(6),
+        "2 s and 4 s slept"
+    );
+    assert_eq!(upstream.calls(), 3);
+    assert!(store.list(10).await.unwrap().is_empty());
+
+    // The same 503s with `max_attempts(2)`: the pass ends after 2 calls, dead-lettered, not
+    // deferred.
+    let upstream = Scripted::new([status(503), status(503)], status(200));
+    let store = Arc::new(MemoryStore::new());
+    let svc = ServiceBuilder::new()
+        .layer(
+            BackstopLayer::http(Duration::from_millis(500))
+                .retry(
+                    RetryPolicy::new()
+                        .max_attempts(2)
+                        .backoff(support::no_jitter(2_000)),
+                )
+                .dead_letters(DeadLetterLayer::from_arc(store.clone())),
+        )
+        .service(upstream.clone());
+    let f = svc.oneshot(get("http://up.test/")).await.unwrap_err();
+    assert_eq!(f.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(upstream.calls(), 2);
+    let records = store.list(10).await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].status, tower_backstop::dead_letter::Status::Dead);
 }

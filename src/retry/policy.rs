@@ -134,8 +134,11 @@ struct Inner {
     max_attempts: u32,
     backoff: Backoff,
     max_delay: Duration,
-    /// Whether the user chose `max_delay` (a preset's own bound then leaves it alone).
-    max_delay_chosen: bool,
+    /// The longest server hint slept in process, when lower than `max_delay`.
+    max_hint_delay: Option<Duration>,
+    /// Whether the user chose `max_delay` or `max_hint_delay` (a preset's own bound then leaves
+    /// them alone).
+    delay_bounds_chosen: bool,
     long_delay: LongDelay,
     breaker_wait: Duration,
     rules: Vec<(Class, ClassPolicy)>,
@@ -159,7 +162,8 @@ struct Inner {
 /// |---|---|
 /// | [`max_attempts`](Self::max_attempts) | 3 calls in all |
 /// | [`backoff`](Self::backoff) | exponential from 100 ms, capped at 20 s, full jitter |
-/// | [`max_delay`](Self::max_delay) | 60 s: the longest delay the layer sleeps in process (in a [`BackstopLayer`](crate::BackstopLayer) with a dead-letter store: one per-attempt timeout) |
+/// | [`max_delay`](Self::max_delay) | 60 s: the longest delay the layer sleeps in process |
+/// | [`max_hint_delay`](Self::max_hint_delay) | none: server hints bounded by `max_delay` (in a [`BackstopLayer`](crate::BackstopLayer) with a dead-letter store: one per-attempt timeout) |
 /// | [`on_long_delay`](Self::on_long_delay) | [`LongDelay::Defer`] |
 /// | [`budget`](Self::budget) | none |
 /// | [`deadline`](Self::deadline) | none |
@@ -226,7 +230,8 @@ impl Default for RetryPolicy {
                 max_attempts: 3,
                 backoff: Backoff::default(),
                 max_delay: Duration::from_secs(60),
-                max_delay_chosen: false,
+                max_hint_delay: None,
+                delay_bounds_chosen: false,
                 long_delay: LongDelay::Defer,
                 breaker_wait: Duration::ZERO,
                 rules: vec![
@@ -314,33 +319,46 @@ impl RetryPolicy {
     }
 
     /// The longest delay (server hint or backoff) the layer sleeps in process. A longer one is
-    /// not slept: see [`on_long_delay`](Self::on_long_delay). Default 60 s; in a
-    /// [`BackstopLayer`](crate::BackstopLayer) with a dead-letter store, one per-attempt timeout
-    /// unless set here.
-    ///
-    /// With a dead-letter store above the layer and its
-    /// [`Scheduler`](crate::dead_letter::Scheduler) running, a short bound is the better choice:
-    /// a deferred request is kept in the store and sent again at its retry-at time, while the
-    /// caller's slot (a worker, a place in a concurrency limit) goes on to the next request
-    /// instead of sitting idle through the wait. In the soak (`examples/soak.rs`, the README's
-    /// soak table), a bound of one per-attempt timeout (500 ms) deferred the messages answered
-    /// `503` with `Retry-After: 1` instead of holding a caller for each second, and every message
-    /// was settled sooner. Without a store, a deferred request is a failure the caller handles,
-    /// so keep the default there.
+    /// not slept: see [`on_long_delay`](Self::on_long_delay). Default 60 s.
     pub fn max_delay(self, max_delay: Duration) -> Self {
         self.edit(|p| {
             p.max_delay = max_delay;
-            p.max_delay_chosen = true;
+            p.delay_bounds_chosen = true;
         })
     }
 
-    /// Bounds the in-process wait by `bound` unless [`max_delay`](Self::max_delay) was chosen:
-    /// the rule of a [`BackstopLayer`](crate::BackstopLayer) with a dead-letter store.
-    pub(crate) fn max_delay_unless_chosen(self, bound: Duration) -> Self {
-        if self.inner.max_delay_chosen {
+    /// The longest **server hint** (`Retry-After`, a rate-limit reset, `grpc-retry-pushback-ms`)
+    /// the layer sleeps in process; a longer hint is not slept but handled as a delay above
+    /// [`max_delay`](Self::max_delay) (deferred by default, see
+    /// [`on_long_delay`](Self::on_long_delay)). Backoff delays are not affected, so
+    /// [`max_attempts`](Self::max_attempts) still caps the calls of one pass. Default: none
+    /// (hints are bounded by `max_delay` alone); in a [`BackstopLayer`](crate::BackstopLayer)
+    /// with a dead-letter store, one per-attempt timeout unless this or `max_delay` is set.
+    ///
+    /// With a dead-letter store above the layer and its
+    /// [`Scheduler`](crate::dead_letter::Scheduler) running, a short bound is the better choice:
+    /// the request is kept in the store, deferred to the instant the server named (never
+    /// earlier), and sent again then, while the caller's slot (a worker, a place in a
+    /// concurrency limit) goes on to the next request instead of sitting idle through the wait.
+    /// In the soak (`examples/soak.rs`, the README's soak table) a bound of one per-attempt
+    /// timeout (500 ms) deferred the messages answered `503` with `Retry-After: 1` instead of
+    /// holding a caller for each second, and every message was settled sooner. Without a store a
+    /// deferred request is a failure the caller handles, so leave it unset there.
+    pub fn max_hint_delay(self, max: Duration) -> Self {
+        self.edit(|p| {
+            p.max_hint_delay = Some(max);
+            p.delay_bounds_chosen = true;
+        })
+    }
+
+    /// Bounds server hints slept in process by `bound` unless [`max_delay`](Self::max_delay) or
+    /// [`max_hint_delay`](Self::max_hint_delay) was chosen: the rule of a
+    /// [`BackstopLayer`](crate::BackstopLayer) with a dead-letter store.
+    pub(crate) fn max_hint_delay_unless_chosen(self, bound: Duration) -> Self {
+        if self.inner.delay_bounds_chosen {
             return self;
         }
-        self.edit(|p| p.max_delay = bound)
+        self.edit(|p| p.max_hint_delay = Some(bound))
     }
 
     /// Lets the layer wait in process for an open breaker below it, when the breaker half-opens
@@ -576,7 +594,11 @@ impl RetryPolicy {
                 (delay, DelaySource::Backoff)
             }
         };
-        if delay > self.inner.max_delay {
+        let limit = match (source, self.inner.max_hint_delay) {
+            (DelaySource::ServerHint, Some(hint_limit)) => hint_limit.min(self.inner.max_delay),
+            _ => self.inner.max_delay,
+        };
+        if delay > limit {
             return match self.inner.long_delay {
                 LongDelay::Defer => Decision::Defer(retry_at(SystemTime::now(), delay), delay),
                 LongDelay::GiveUp => Decision::Stop(GiveUp::HintTooLong),
@@ -741,6 +763,43 @@ mod tests {
         assert!(matches!(
             p.decide(&failure(Class::PERMANENT, None), &at(1, 1, Spare::Ready)),
             Decision::Stop(GiveUp::NotRetryable)
+        ));
+    }
+
+    #[test]
+    fn max_hint_delay_bounds_hints_not_backoff() {
+        let p = RetryPolicy::new()
+            .max_hint_delay(Duration::from_millis(500))
+            .backoff(Backoff::constant(Duration::from_secs(2)).jitter(super::super::Jitter::None));
+        // A 1 s hint is above the hint bound: deferred, to the server's instant.
+        let hinted = failure(Class::THROTTLED, Some(Duration::from_secs(1)));
+        assert!(matches!(
+            p.decide(&hinted, &at(1, 1, Spare::Ready)),
+            Decision::Defer(_, d) if d == Duration::from_secs(1)
+        ));
+        // A hint within it is slept.
+        let short = failure(Class::THROTTLED, Some(Duration::from_millis(500)));
+        assert!(matches!(
+            p.decide(&short, &at(1, 1, Spare::Ready)),
+            Decision::Retry(d, DelaySource::ServerHint) if d == Duration::from_millis(500)
+        ));
+        // A 2 s backoff is above it too, but only hints are bounded: slept.
+        assert!(matches!(
+            p.decide(&failure(Class::TRANSIENT, None), &at(1, 1, Spare::Ready)),
+            Decision::Retry(d, DelaySource::Backoff) if d == Duration::from_secs(2)
+        ));
+        // `max_delay` still bounds everything, hints included.
+        let p = p.max_delay(Duration::from_millis(100));
+        assert!(matches!(
+            p.decide(&short, &at(1, 1, Spare::Ready)),
+            Decision::Defer(..)
+        ));
+        // The preset's bound leaves a chosen one alone.
+        let chosen = RetryPolicy::new().max_hint_delay(Duration::from_secs(5));
+        let kept = chosen.max_hint_delay_unless_chosen(Duration::from_millis(500));
+        assert!(matches!(
+            kept.decide(&hinted, &at(1, 1, Spare::Ready)),
+            Decision::Retry(d, DelaySource::ServerHint) if d == Duration::from_secs(1)
         ));
     }
 
