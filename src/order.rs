@@ -13,6 +13,8 @@ pub(crate) enum Role {
     Retry,
     Breaker,
     Classify,
+    /// The service a `Scheduler` or a `Redrive` re-sends records through.
+    Resend,
 }
 
 const DEAD_LETTER: &str = "tower_backstop::dead_letter::DeadLetter<";
@@ -49,6 +51,12 @@ pub(crate) fn problem(role: Role, inner: &str) -> Option<&'static str> {
              a dead letter, even for a request that then succeeds: put DeadLetterLayer outermost \
              (or build the stack with BackstopLayer)",
         ),
+        Role::Resend if client_without_classifier => Some(
+            "the service records are re-sent through has no ClassifyLayer, so an error response \
+             (a 503, a gRPC UNAVAILABLE) counts as delivered and the record is marked resolved: \
+             re-send through the same stack the calls go through (or one built with \
+             BackstopLayer)",
+        ),
         Role::DeadLetter | Role::Retry | Role::Breaker if client_without_classifier => Some(
             "no ClassifyLayer below this layer, so an error response (a 503, a gRPC UNAVAILABLE) \
              is returned as a success and never retried, counted or dead-lettered: add \
@@ -83,6 +91,12 @@ mod tests {
         assert_eq!(problem(Role::Breaker, &classify), None);
         assert_eq!(problem(Role::Retry, &breaker), None);
         assert_eq!(problem(Role::DeadLetter, &retry), None);
+        assert_eq!(problem(Role::Resend, &retry), None);
+        assert!(
+            problem(Role::Resend, timeout)
+                .unwrap()
+                .starts_with("the service records are re-sent through has no ClassifyLayer")
+        );
         // A plain service with no known client: nothing to say.
         assert_eq!(
             problem(Role::Retry, "tower::util::service_fn::ServiceFn<F>"),

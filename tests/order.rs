@@ -131,3 +131,31 @@ async fn each_wrong_order_is_named_when_the_stack_is_built() {
         "{tonic_without_classify}"
     );
 }
+
+#[tokio::test]
+async fn a_scheduler_over_a_bare_client_is_named() {
+    use std::sync::Arc;
+    use tower_backstop::dead_letter::{Scheduler, Store, http_request};
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+
+    // A bare client: a 503 would count as delivered.
+    let bare = warnings(|| {
+        let _ = Scheduler::new(Arc::clone(&store), client(), |r| http_request(r, None));
+    });
+    assert!(
+        bare.contains("the service records are re-sent through has no ClassifyLayer"),
+        "{bare}"
+    );
+
+    // The stack the calls go through: nothing to say.
+    let stack = warnings(|| {
+        let svc = ServiceBuilder::new()
+            .layer(DeadLetterLayer::from_arc(Arc::clone(&store)))
+            .layer(RetryLayer::default())
+            .layer(ClassifyLayer::http())
+            .layer(TimeoutLayer::new(Duration::from_secs(2)))
+            .service(client());
+        let _ = Scheduler::new(Arc::clone(&store), svc, |r| http_request(r, None));
+    });
+    assert!(!stack.contains("layer order"), "{stack}");
+}

@@ -387,6 +387,10 @@ impl Redrive {
     /// Re-sends the planned records through `service`, one at a time, at most the rate, building
     /// each request with `rebuild`, and records each outcome.
     ///
+    /// A `service` that is a known client (hyper-util, reqwest, tonic) with no
+    /// [`ClassifyLayer`](crate::classify::ClassifyLayer) in it is reported by a `tracing` warning
+    /// (an error response would count as delivered).
+    ///
     /// # Errors
     ///
     /// [`StoreError`] when the store cannot be read to plan. A store error while re-sending one
@@ -403,6 +407,8 @@ impl Redrive {
         F: FnMut(&Record) -> Result<Req, E>,
         E: fmt::Display,
     {
+        // A client with no classifier would count an error response as delivered.
+        crate::order::check::<S>(crate::order::Role::Resend);
         let plan = self.plan(store).await?;
         let mut report = RedriveReport::default();
         let mut ticks = tokio::time::interval(self.interval);

@@ -113,10 +113,15 @@ impl<S, F> fmt::Debug for Scheduler<S, F> {
 impl<S, F> Scheduler<S, F> {
     /// A scheduler over `store` that rebuilds each due record into a request with `rebuild` (for
     /// HTTP, [`http_request`](super::http_request)) and sends it through `service`.
+    ///
+    /// A `service` that is a known client (hyper-util, reqwest, tonic) with no
+    /// [`ClassifyLayer`](crate::classify::ClassifyLayer) in it is reported by a `tracing` warning
+    /// (an error response would count as delivered).
     pub fn new<Req, E>(store: Arc<dyn Store>, service: S, rebuild: F) -> Self
     where
         F: FnMut(&Record) -> Result<Req, E>,
     {
+        crate::order::check::<S>(crate::order::Role::Resend);
         Scheduler {
             store,
             service,
