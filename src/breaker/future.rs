@@ -67,15 +67,7 @@ impl Guard {
         Guard { shared, permit }
     }
 
-    /// Records the outcome of a finished call.
-    #[inline]
-    pub(crate) fn finish<R>(&mut self, result: &Result<R, Failure<R>>) {
-        self.finish_with(match result {
-            Ok(_) => Outcome::Success,
-            Err(f) => Outcome::Failure(f.class()),
-        });
-    }
-
+    /// Records how a finished call ended.
     #[inline]
     pub(crate) fn finish_with(&mut self, outcome: Outcome) {
         if let Some(permit) = self.permit.take() {
@@ -123,11 +115,19 @@ where
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Called { future, guard } => {
-                let result = ready!(future.poll(cx)).map_err(Into::into);
-                guard.finish(&result);
-                Poll::Ready(result)
-            }
+            KindProj::Called { future, guard } => match ready!(future.poll(cx)) {
+                // The outcome is recorded before the result is built, so that the response
+                // stays in registers across the call instead of being spilled and reloaded.
+                Ok(response) => {
+                    guard.finish_with(Outcome::Success);
+                    Poll::Ready(Ok(response))
+                }
+                Err(e) => {
+                    let failure: Failure<R> = e.into();
+                    guard.finish_with(Outcome::Failure(failure.class()));
+                    Poll::Ready(Err(failure))
+                }
+            },
             KindProj::Rejected {
                 rejection, breaker, ..
             } => Poll::Ready(Err(rejection_failure(breaker, rejection.retry_after()))),
