@@ -720,6 +720,10 @@ impl<R> fmt::Display for Failure<R> {
                 write!(f, ": {source}")?;
             }
             match &extra.dead_letter {
+                // A deferred request is kept for the scheduler's re-send, not given up on.
+                Some(DeadLetterStatus::Stored { id }) if self.is_deferred() => {
+                    write!(f, "; stored as {id} for a re-send when due")?
+                }
                 Some(DeadLetterStatus::Stored { id }) => write!(f, "; dead letter stored as {id}")?,
                 Some(DeadLetterStatus::NotStored { id, error }) => {
                     write!(f, "; dead letter {id} could not be written: {error}")?

@@ -118,6 +118,10 @@ async fn with_a_store_a_server_hint_longer_than_one_attempt_is_deferred_not_slep
         tower_backstop::dead_letter::Status::Deferred
     );
     assert_eq!(upstream.calls(), 1);
+    // The caller is told it is kept for a re-send, not given up on.
+    let message = f.to_string();
+    assert!(message.contains("for a re-send when due"), "{message}");
+    assert!(!message.contains("dead letter stored"), "{message}");
 
     // Without a store, the same wait is slept in process (a deferral would be a failure to the
     // caller): the default `max_delay` of 60 s holds.

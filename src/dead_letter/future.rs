@@ -148,6 +148,18 @@ where
                         .take()
                         .expect("dead-letter future polled after completion");
                     match result {
+                        Ok(()) if failure.is_deferred() => {
+                            // Kept for the scheduler's re-send: expected, not a dead letter.
+                            tracing::info!(
+                                id = %id,
+                                class = %failure.class(),
+                                code = %failure.code(),
+                                attempts = failure.attempts(),
+                                retry_at = ?failure.retry_at(),
+                                "deferred request stored for a re-send"
+                            );
+                            failure.note_dead_letter(DeadLetterStatus::Stored { id });
+                        }
                         Ok(()) => {
                             tracing::warn!(
                                 id = %id,

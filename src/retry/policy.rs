@@ -181,11 +181,16 @@ struct Inner {
 ///
 /// - [`max_attempts`](Self::max_attempts) caps the **calls** this layer makes to the service
 ///   below it for one request, whatever their outcome: with `max_attempts(4)` a service that
-///   always fails is called exactly 4 times. A breaker rejection below the layer is a call.
+///   always fails is called exactly 4 times. A breaker rejection below the layer does not count
+///   toward it: the request never left (see [`wait_for_breaker`](Self::wait_for_breaker)).
 /// - A class's [`ClassPolicy::max_attempts`] caps the attempts that **failed with that class**.
-///   With `max_attempts(8)` and `class(Class::TRANSIENT, ClassPolicy::retry().max_attempts(4))`,
-///   a request that sees two [`Class::CIRCUIT_OPEN`] rejections and then only 503s is called 6
-///   times: the rejections do not eat into the transient cap.
+///   With `max_attempts(8)`, `class(Class::TRANSIENT, ClassPolicy::retry().max_attempts(4))` and
+///   `wait_for_breaker` on, a request that sees two [`Class::CIRCUIT_OPEN`] rejections and then
+///   only 503s reaches the provider 4 times: the rejections eat into neither cap.
+///
+/// A request the scheduler sends again ([`Scheduler`](crate::dead_letter::Scheduler)) starts a
+/// new series: `max_attempts` counts the calls of one pass, and the scheduler's
+/// `max_resends` bounds the passes.
 ///
 /// # Delays
 ///
