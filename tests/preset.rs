@@ -151,11 +151,12 @@ async fn with_a_store_a_server_hint_longer_than_one_attempt_is_deferred_not_slep
     assert!(store.list(10).await.unwrap().is_empty());
 }
 
-#[tokio::test(start_paused = true)]
-async fn with_a_store_backoff_is_still_slept_so_max_attempts_caps_the_pass() {
-    // 503 without a hint, twice, then 200; backoff 2 s then 4 s, above the 500 ms timeout. The
-    // store bound is for server hints only: the backoff is slept, and the three attempts are one
-    // pass, capped by `max_attempts`.
+/// The preset's service over the scripted upstream.
+type Stack = tower_backstop::Backstop<Scripted>;
+
+/// Two 503s without a hint, then 200, behind the preset with a store, a 500 ms attempt timeout,
+/// `max_attempts` attempts and a backoff of 2 s then 4 s (above the timeout).
+fn twice_503_with_a_store(max_attempts: u32) -> (Stack, Scripted, Arc<MemoryStore>) {
     let upstream = Scripted::new([status(503), status(503)], status(200));
     let store = Arc::new(MemoryStore::new());
     let svc = ServiceBuilder::new()
@@ -163,12 +164,20 @@ async fn with_a_store_backoff_is_still_slept_so_max_attempts_caps_the_pass() {
             BackstopLayer::http(Duration::from_millis(500))
                 .retry(
                     RetryPolicy::new()
-                        .max_attempts(3)
+                        .max_attempts(max_attempts)
                         .backoff(support::no_jitter(2_000)),
                 )
                 .dead_letters(DeadLetterLayer::from_arc(store.clone())),
         )
         .service(upstream.clone());
+    (svc, upstream, store)
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_a_store_backoff_is_still_slept_so_max_attempts_caps_the_pass() {
+    // The store bound is for server hints only: the backoff is slept, and the three attempts are
+    // one pass, capped by `max_attempts`.
+    let (svc, upstream, store) = twice_503_with_a_store(3);
     let started = tokio::time::Instant::now();
     let response = svc.oneshot(get("http://up.test/")).await.unwrap();
     assert_eq!(response.status(), 200);
@@ -179,21 +188,8 @@ async fn with_a_store_backoff_is_still_slept_so_max_attempts_caps_the_pass() {
     assert_eq!(upstream.calls(), 3);
     assert!(store.list(10).await.unwrap().is_empty());
 
-    // The same 503s with `max_attempts(2)`: the pass ends after 2 calls, dead-lettered, not
-    // deferred.
-    let upstream = Scripted::new([status(503), status(503)], status(200));
-    let store = Arc::new(MemoryStore::new());
-    let svc = ServiceBuilder::new()
-        .layer(
-            BackstopLayer::http(Duration::from_millis(500))
-                .retry(
-                    RetryPolicy::new()
-                        .max_attempts(2)
-                        .backoff(support::no_jitter(2_000)),
-                )
-                .dead_letters(DeadLetterLayer::from_arc(store.clone())),
-        )
-        .service(upstream.clone());
+    // With `max_attempts(2)`: the pass ends after 2 calls, dead-lettered, not deferred.
+    let (svc, upstream, store) = twice_503_with_a_store(2);
     let f = svc.oneshot(get("http://up.test/")).await.unwrap_err();
     assert_eq!(f.give_up(), Some(GiveUp::AttemptsExhausted));
     assert_eq!(upstream.calls(), 2);
