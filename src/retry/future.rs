@@ -8,9 +8,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::policy::{
-    Attempted, Decision, RetryEvent, RetryPolicy, Spare, outcome_unknown, retry_at,
-};
+use super::policy::{Attempted, Decision, PolicyRef, RetryEvent, Spare, outcome_unknown, retry_at};
 use crate::failure::{Class, Code, Failure, GiveUp};
 use crate::request::Replay;
 
@@ -105,8 +103,9 @@ impl Deadline {
 /// failure path only. Kept small: what only failures need is boxed on the first failure.
 struct Retrying<S, Req, R> {
     service: S,
-    /// The layer's policy; `None` for the unedited default, rebuilt at the first failure.
-    policy: Option<RetryPolicy>,
+    /// The layer's policy; for the unedited default nothing shared, rebuilt at the first
+    /// failure.
+    policy: PolicyRef,
     spare: Option<Req>,
     spare_state: Spare,
     attempts: u32,
@@ -188,14 +187,14 @@ where
         }
     }
 
-    /// `policy` is `None` for the unedited default policy.
+    /// `policy` is [`RetryPolicy::for_call`].
     #[inline]
     pub(crate) fn retrying(
         future: S::Future,
         service: S,
         spare: Req,
         safe: bool,
-        policy: Option<RetryPolicy>,
+        policy: PolicyRef,
         deadline: Option<Duration>,
         hand_back: Option<HandBack<S::Response, Req>>,
     ) -> Self {
@@ -327,11 +326,8 @@ where
                     };
                     let mut failure: Failure<S::Response> = match result {
                         Ok(response) => {
-                            if let Some(budget) = this
-                                .retry
-                                .as_ref()
-                                .and_then(|r| r.policy.as_ref())
-                                .and_then(RetryPolicy::budget_ref)
+                            if let Some(budget) =
+                                this.retry.as_ref().and_then(|r| r.policy.budget())
                             {
                                 budget.success();
                             }
@@ -382,7 +378,7 @@ where
                     // A first attempt that failed without waiting starts the deadline here.
                     let deadline_at = this.deadline.at();
                     // The default policy is rebuilt at the first failure (see `Retrying`).
-                    let policy = r.policy.get_or_insert_with(RetryPolicy::default);
+                    let policy = r.policy.resolve();
                     let history = history_of(&mut r.history);
                     let class_failures = history.count(failure.class());
                     let first = *history.first_failed_at.get_or_insert_with(SystemTime::now);
@@ -508,7 +504,7 @@ where
                         }
                     };
                     r.attempts += 1;
-                    let max_attempts = r.policy.get_or_insert_with(RetryPolicy::default).attempts();
+                    let max_attempts = r.policy.resolve().attempts();
                     // Under a dead-letter layer that reuses the copy, keep one for the last
                     // attempt too: it goes up with the failure.
                     if r.attempts < max_attempts || this.hand_back.is_some() {

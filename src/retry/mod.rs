@@ -194,7 +194,7 @@ impl<S> Retry<S> {
                 spare,
                 safe,
                 // The unedited default is rebuilt on a failure: no shared counter per call.
-                (!policy.is_default()).then(|| policy.clone()),
+                policy.for_call(),
                 deadline,
                 hand_back,
             ),

@@ -226,6 +226,45 @@ pub struct RetryPolicy {
     // Whether a builder method changed this policy: an unedited one is the default, which the
     // retry future rebuilds on a failure instead of cloning the `Arc` on every call.
     edited: bool,
+    // A preset's bound on server hints for an unedited policy, in whole milliseconds
+    // (`NO_PRESET_HINT` when none): kept beside the `Arc`, not in it, so that the default stays
+    // unedited and the retry future can rebuild it (see `PolicyRef`).
+    preset_hint_ms: u32,
+}
+
+/// `RetryPolicy::preset_hint_ms` when no preset set a hint bound.
+const NO_PRESET_HINT: u32 = u32::MAX;
+
+/// What a retry future keeps of its layer's policy: nothing shared for the unedited default
+/// (rebuilt at the first failure, with a preset's hint bound), else a clone of the policy.
+pub(crate) enum PolicyRef {
+    Default { preset_hint_ms: u32 },
+    Shared(RetryPolicy),
+}
+
+impl PolicyRef {
+    /// The policy, rebuilding the default at the first call (a failure: the path that may
+    /// allocate).
+    pub(crate) fn resolve(&mut self) -> &RetryPolicy {
+        if let PolicyRef::Default { preset_hint_ms } = *self {
+            *self = PolicyRef::Shared(RetryPolicy {
+                preset_hint_ms,
+                ..RetryPolicy::default()
+            });
+        }
+        match self {
+            PolicyRef::Shared(policy) => policy,
+            PolicyRef::Default { .. } => unreachable!("rebuilt above"),
+        }
+    }
+
+    /// The policy's retry budget, without rebuilding the default (which has none).
+    pub(crate) fn budget(&self) -> Option<&Budget> {
+        match self {
+            PolicyRef::Shared(policy) => policy.budget_ref(),
+            PolicyRef::Default { .. } => None,
+        }
+    }
 }
 
 impl Default for RetryPolicy {
@@ -260,6 +299,7 @@ impl Default for RetryPolicy {
                 on_retry: None,
             }),
             edited: false,
+            preset_hint_ms: NO_PRESET_HINT,
         }
     }
 }
@@ -304,6 +344,7 @@ impl RetryPolicy {
         self
     }
 
+    #[cfg(test)]
     /// Whether this is [`RetryPolicy::default`], unedited: then it equals a fresh
     /// `RetryPolicy::default()` (no budget, no seeded random source and no hook to share), and
     /// the retry future keeps no reference to it until a failure.
@@ -359,11 +400,44 @@ impl RetryPolicy {
     /// Bounds server hints slept in process by `bound` unless [`max_delay`](Self::max_delay) or
     /// [`max_hint_delay`](Self::max_hint_delay) was chosen: the rule of a
     /// [`BackstopLayer`](crate::BackstopLayer) with a dead-letter store.
+    ///
+    /// An unedited policy stays unedited (the bound is kept beside its `Arc`), so that a first
+    /// attempt that succeeds still costs no shared counter.
     pub(crate) fn max_hint_delay_unless_chosen(self, bound: Duration) -> Self {
         if self.inner.delay_bounds_chosen {
             return self;
         }
-        self.edit(|p| p.max_hint_delay = Some(bound))
+        if self.edited {
+            // Its `Arc` goes with every call anyway.
+            return self.edit(|p| p.max_hint_delay = Some(bound));
+        }
+        let ms = u32::try_from(crate::failure::millis_up(bound).as_millis())
+            .unwrap_or(NO_PRESET_HINT - 1)
+            .min(NO_PRESET_HINT - 1);
+        RetryPolicy {
+            preset_hint_ms: ms,
+            ..self
+        }
+    }
+
+    /// What a retry future keeps of this policy (see [`PolicyRef`]).
+    pub(crate) fn for_call(&self) -> PolicyRef {
+        if self.edited {
+            PolicyRef::Shared(self.clone())
+        } else {
+            PolicyRef::Default {
+                preset_hint_ms: self.preset_hint_ms,
+            }
+        }
+    }
+
+    /// The bound on server hints slept in process, if any (see
+    /// [`max_hint_delay`](Self::max_hint_delay)).
+    fn hint_limit(&self) -> Option<Duration> {
+        self.inner
+            .max_hint_delay
+            .or((self.preset_hint_ms != NO_PRESET_HINT)
+                .then(|| Duration::from_millis(u64::from(self.preset_hint_ms))))
     }
 
     /// Lets the layer wait in process for an open breaker below it, when the breaker half-opens
@@ -599,7 +673,7 @@ impl RetryPolicy {
                 (delay, DelaySource::Backoff)
             }
         };
-        let limit = match (source, self.inner.max_hint_delay) {
+        let limit = match (source, self.hint_limit()) {
             (DelaySource::ServerHint, Some(hint_limit)) => hint_limit.min(self.inner.max_delay),
             _ => self.inner.max_delay,
         };
@@ -797,6 +871,34 @@ mod tests {
         let p = p.max_delay(Duration::from_millis(100));
         assert!(matches!(
             p.decide(&short, &at(1, 1, Spare::Ready)),
+            Decision::Defer(..)
+        ));
+        // The preset's bound on an unedited policy keeps it unedited: the retry future holds
+        // no shared reference, and rebuilds the default with the bound at the first failure.
+        let preset = RetryPolicy::new().max_hint_delay_unless_chosen(Duration::from_millis(500));
+        assert!(preset.is_default());
+        let mut kept = preset.for_call();
+        assert!(matches!(
+            kept,
+            PolicyRef::Default {
+                preset_hint_ms: 500
+            }
+        ));
+        assert!(matches!(
+            kept.resolve().decide(&hinted, &at(1, 1, Spare::Ready)),
+            Decision::Defer(_, d) if d == Duration::from_secs(1)
+        ));
+        assert!(matches!(
+            preset.decide(&failure(Class::TRANSIENT, None), &at(1, 1, Spare::Ready)),
+            Decision::Retry(_, DelaySource::Backoff)
+        ));
+        // On an edited policy it goes into the shared policy.
+        let edited = RetryPolicy::new()
+            .max_attempts(5)
+            .max_hint_delay_unless_chosen(Duration::from_millis(500));
+        assert!(matches!(edited.for_call(), PolicyRef::Shared(_)));
+        assert!(matches!(
+            edited.decide(&hinted, &at(1, 1, Spare::Ready)),
             Decision::Defer(..)
         ));
         // The preset's bound leaves a chosen one alone.
