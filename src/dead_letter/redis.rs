@@ -502,7 +502,13 @@ impl RedisStore {
         if conditions > 1 {
             return None;
         }
-        Some(if let Some(class) = &filter.class {
+        Some(self.narrowest_index(filter))
+    }
+
+    /// The narrowest index for `filter`: its class's, else its code's, else its first tag's, else
+    /// the time index.
+    fn narrowest_index(&self, filter: &Filter) -> String {
+        if let Some(class) = &filter.class {
             self.key(&format!("class:{class}"))
         } else if let Some(code) = &filter.code {
             self.key(&format!("code:{code}"))
@@ -510,7 +516,7 @@ impl RedisStore {
             self.key(&format!("tag:{k}={v}"))
         } else {
             self.key("time")
-        })
+        }
     }
 
     /// One page of `index` between the filter's times, newest first, ties by id: read with
@@ -629,15 +635,7 @@ impl RedisStore {
     /// Every record that matches `filter`, newest first, read through the narrowest index.
     async fn matching(&self, filter: &Filter) -> Result<Vec<Record>, StoreError> {
         let ids: Vec<String> = if filter.ids.is_empty() {
-            let index = if let Some(class) = &filter.class {
-                self.key(&format!("class:{class}"))
-            } else if let Some(code) = &filter.code {
-                self.key(&format!("code:{code}"))
-            } else if let Some((k, v)) = filter.tags.iter().next() {
-                self.key(&format!("tag:{k}={v}"))
-            } else {
-                self.key("time")
-            };
+            let index = self.narrowest_index(filter);
             let max = filter
                 .until
                 .map(|t| format!("({}", to_millis(t)))
