@@ -48,6 +48,9 @@
 //! Logging is off by default so the summary stays readable: `RUST_LOG=tower_backstop=warn` prints
 //! each dead letter and breaker trip as it happens, `RUST_LOG=tower_backstop=info` each retry too.
 
+#[path = "support/settle.rs"]
+mod settle;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -557,19 +560,7 @@ async fn main() -> Result<ExitCode, BoxError> {
         .poll_every(Duration::from_millis(100))
         .concurrency(CONCURRENCY)
         .spawn();
-        let give_up = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < give_up {
-            let waiting = store
-                .list(usize::MAX)
-                .await?
-                .iter()
-                .filter(|r| matches!(r.status, Status::Deferred | Status::InFlight))
-                .count();
-            if waiting == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        settle::until_settled(&*store, Duration::from_secs(60)).await?;
         scheduler.shutdown().await;
         let records: HashMap<String, Record> = store
             .list(usize::MAX)

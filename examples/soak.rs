@@ -98,6 +98,9 @@
 //! `--small` runs the same with 600 messages in the mixed scenario and an outage of 1 s healthy,
 //! 2 s down, 1.5 s healthy.
 
+#[path = "support/settle.rs"]
+mod settle;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fmt::Write as _;
@@ -721,19 +724,7 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
         .poll_every(Duration::from_millis(50))
         .concurrency(64)
         .spawn();
-        let give_up = Instant::now() + Duration::from_secs(90);
-        while Instant::now() < give_up {
-            let waiting = store
-                .list(usize::MAX)
-                .await?
-                .iter()
-                .filter(|r| matches!(r.status, Status::Deferred | Status::InFlight))
-                .count();
-            if waiting == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        settle::until_settled(&*store, Duration::from_secs(90)).await?;
         scheduler.shutdown().await;
         let records: HashMap<String, Status> = store
             .list(usize::MAX)
