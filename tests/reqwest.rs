@@ -20,7 +20,8 @@ use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Class, Code, DeadLetterStatus, GiveUp};
 
-/// A server whose `/flaky` answers 503 twice then 200, `/missing` 404, `/busy` 429 with
+/// A server whose `/flaky` answers 503 twice then 200, `/once-busy` (as its first call) 503 with
+/// `Retry-After: 1` then 202, `/missing` 404, `/busy` 429 with
 /// `Retry-After: 1`, `/bad-hint` 429 with a `Retry-After` that is not UTF-8, `/slow` after
 /// 500 ms. Returns its base URL and the count of calls it saw.
 async fn server() -> (String, Arc<AtomicU32>) {
@@ -41,6 +42,10 @@ async fn handler(
         "/flaky" if n <= 2 => StatusCode::SERVICE_UNAVAILABLE.into_response(),
         "/flaky" => (StatusCode::OK, body).into_response(),
         "/missing" => StatusCode::NOT_FOUND.into_response(),
+        "/once-busy" if n == 1 => {
+            (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "1")]).into_response()
+        }
+        "/once-busy" => StatusCode::ACCEPTED.into_response(),
         "/busy" => (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")]).into_response(),
         "/bad-hint" => {
             let mut headers = HeaderMap::new();
@@ -239,4 +244,59 @@ async fn a_streaming_body_is_sent_once_and_kept_as_far_as_it_can_be() {
         f.dead_letter(),
         Some(DeadLetterStatus::Stored { .. })
     ));
+}
+
+#[tokio::test]
+async fn the_preset_with_a_store_behind_a_buffer_defers_a_long_hint_and_the_scheduler_sends_it() {
+    use tower_backstop::BackstopLayer;
+    use tower_backstop::dead_letter::{Scheduler, Status, reqwest_request};
+
+    let (url, calls) = server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        Arc::new(SqliteStore::open(dir.path().join("dead_letters.db")).unwrap());
+    let client = reqwest::Client::new();
+    // The README's preset as a user writes it, with a 200 ms attempt timeout, shared through
+    // tower's `Buffer`.
+    let svc = ServiceBuilder::new()
+        .layer(tower::buffer::BufferLayer::new(16))
+        .layer(
+            BackstopLayer::http(Duration::from_millis(200))
+                .dead_letters(DeadLetterLayer::from_arc(store.clone())),
+        )
+        .service(client.clone());
+    let request = client
+        .post(format!("{url}/once-busy"))
+        .header("idempotency-key", "msg-busy")
+        .body("hello")
+        .build()
+        .unwrap();
+    let error = svc.clone().oneshot(request).await.unwrap_err();
+    // Through the `Buffer` the failure comes back whole.
+    let failure = tower_backstop::Failure::<reqwest::Response>::from(error);
+    assert!(failure.is_deferred(), "{failure}");
+    assert_eq!(failure.retry_after(), Some(Duration::from_secs(1)));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the 1 s hint was not slept"
+    );
+    let record = store.get("msg-busy").await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Deferred);
+
+    // The scheduler, over the same stack, sends it when due: once.
+    let scheduler = Scheduler::new(store.clone(), svc, |record| reqwest_request(record, None))
+        .poll_every(Duration::from_millis(50))
+        .spawn();
+    let mut status = Status::Deferred;
+    for _ in 0..100 {
+        status = store.get("msg-busy").await.unwrap().unwrap().status;
+        if status == Status::Resolved {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    scheduler.shutdown().await;
+    assert_eq!(status, Status::Resolved);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

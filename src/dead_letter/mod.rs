@@ -142,6 +142,9 @@ pub use self::record::{
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::RedisStore;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use self::redrive::reqwest_request;
 pub use self::redrive::{
     Outcome, RebuildError, Redrive, RedriveError, RedriveReport, Resent, http_request,
     http_request_restoring,

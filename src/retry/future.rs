@@ -220,8 +220,8 @@ where
     }
 }
 
-/// The overall deadline of [`RetryPolicy::deadline`] ended the first attempt before it
-/// answered: there is no earlier failure to return.
+/// The overall deadline of [`RetryPolicy::deadline`](super::RetryPolicy::deadline) ended the
+/// first attempt before it answered: there is no earlier failure to return.
 #[derive(Debug)]
 pub struct DeadlineElapsed(());
 
