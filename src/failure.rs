@@ -238,14 +238,20 @@ pub enum DeadLetterStatus {
 /// `Timeout`). Converting such a `BoxError` back (`Failure::from`) finds the failure again
 /// instead of classifying it anew: class, code, hint and response are kept.
 ///
-/// The common case (class, code, hint) is stored inline and costs no allocation; a response, a
-/// source error or the retry and dead-letter notes live in one boxed extension created on the
-/// failure path only.
+/// A `Failure` is one pointer: everything it carries lives in one allocation, made when the
+/// failure is created (on the failure path only; a success allocates nothing). A source error
+/// is a second allocation, its own `Box`. Being one word keeps `Result<R, Failure<R>>`, which
+/// every layer moves on the success path too, at most a word larger than `R` (16 bytes for a
+/// `&str` response): a 48-byte inline failure made every layer copy 48 bytes or more per call,
+/// and the copy of a result built piece by piece stalled store-to-load forwarding (seen with
+/// `perf` in `benches/breaker.rs`, where the breaker's closed path went from about 34 ns to
+/// about 28 ns).
 pub struct Failure<R = ()> {
-    // Every field is a plain word or byte, not an enum with a payload, so that moving a
-    // `Result<R, Failure<R>>` (which every layer does on the success path too) is a straight copy
-    // of 48 bytes: an enum payload at an odd offset is copied in overlapping pieces, which stalls
-    // store-to-load forwarding (measured in `benches/breaker.rs`).
+    core: Box<Core<R>>,
+}
+
+/// What a [`Failure`] carries, boxed.
+struct Core<R> {
     class: Class,
     /// The code's number (status, gRPC code, SMTP reply code, provider code), or 0.
     code_value: i64,
@@ -258,7 +264,7 @@ pub struct Failure<R = ()> {
     attempts: u32,
     give_up: Option<GiveUp>,
     no_retry: bool,
-    extra: Option<Box<Extra<R>>>,
+    extra: Extra<R>,
 }
 
 /// "No delay hint" in [`Failure`]'s `retry_after` word.
@@ -369,30 +375,32 @@ impl<R> Failure<R> {
     pub fn new(class: Class, code: Code) -> Self {
         let (code_kind, code_value, code_io) = CodeKind::pack(code);
         Failure {
-            class,
-            code_value,
-            code_kind,
-            code_io,
-            retry_after: NO_HINT,
-            attempts: 0,
-            give_up: None,
-            no_retry: false,
-            extra: None,
+            core: Box::new(Core {
+                class,
+                code_value,
+                code_kind,
+                code_io,
+                retry_after: NO_HINT,
+                attempts: 0,
+                give_up: None,
+                no_retry: false,
+                extra: Extra::default(),
+            }),
         }
     }
 
     fn extra_mut(&mut self) -> &mut Extra<R> {
-        self.extra.get_or_insert_with(Box::default)
+        &mut self.core.extra
     }
 
     /// Sets the server's delay hint: how long to wait before the next attempt
     /// (`Retry-After`, RFC 9110 §10.2.3, already resolved to a [`Duration`] from now).
     pub fn with_retry_after(mut self, delay: Duration) -> Self {
         match u64::try_from(delay.as_nanos()) {
-            Ok(nanos) if nanos < LONG_HINT => self.retry_after = nanos,
+            Ok(nanos) if nanos < LONG_HINT => self.core.retry_after = nanos,
             // An absurd hint (over about 584 years) is kept exactly, off the common path.
             _ => {
-                self.retry_after = LONG_HINT;
+                self.core.retry_after = LONG_HINT;
                 self.extra_mut().long_retry_after = Some(delay);
             }
         }
@@ -402,7 +410,7 @@ impl<R> Failure<R> {
     /// Marks the failure as one the server asked not to retry (a negative or unparseable
     /// `grpc-retry-pushback-ms`, gRFC A6). The retry layer stops with [`GiveUp::ServerSaidNo`].
     pub fn with_no_retry(mut self) -> Self {
-        self.no_retry = true;
+        self.core.no_retry = true;
         self
     }
 
@@ -419,12 +427,12 @@ impl<R> Failure<R> {
     /// Whether the failure proves that the request was not processed (see
     /// [`with_not_processed`](Self::with_not_processed)).
     pub fn not_processed(&self) -> bool {
-        self.extra.as_ref().is_some_and(|e| e.not_processed)
+        self.core.extra.not_processed
     }
 
     /// Whether the server asked not to retry (see [`with_no_retry`](Self::with_no_retry)).
     pub fn no_retry(&self) -> bool {
-        self.no_retry
+        self.core.no_retry
     }
 
     /// Keeps the response that was classified as this failure.
@@ -443,26 +451,28 @@ impl<R> Failure<R> {
 
     /// The failure's class.
     pub fn class(&self) -> Class {
-        self.class
+        self.core.class
     }
 
     /// Replaces the failure's class, keeping everything else.
     pub fn set_class(&mut self, class: Class) {
-        self.class = class;
+        self.core.class = class;
     }
 
     /// The original code: HTTP status, gRPC code, io kind, or one of ours.
     pub fn code(&self) -> Code {
-        self.code_kind.unpack(self.code_value, self.code_io)
+        self.core
+            .code_kind
+            .unpack(self.core.code_value, self.core.code_io)
     }
 
     /// The server's delay hint, a [`Duration`] counted from when the failure was classified:
     /// `Retry-After` for an HTTP failure, the time left until half-open for
     /// [`Class::CIRCUIT_OPEN`].
     pub fn retry_after(&self) -> Option<Duration> {
-        match self.retry_after {
+        match self.core.retry_after {
             NO_HINT => None,
-            LONG_HINT => self.extra.as_ref().and_then(|e| e.long_retry_after),
+            LONG_HINT => self.core.extra.long_retry_after,
             nanos => Some(Duration::from_nanos(nanos)),
         }
     }
@@ -470,17 +480,17 @@ impl<R> Failure<R> {
     /// The number of attempts made for this request, the first call included. Zero when no
     /// [`RetryLayer`](crate::retry::RetryLayer) counted them.
     pub fn attempts(&self) -> u32 {
-        self.attempts
+        self.core.attempts
     }
 
     /// Why the retry layer stopped, when it did.
     pub fn give_up(&self) -> Option<GiveUp> {
-        self.give_up
+        self.core.give_up
     }
 
     /// When the first attempt of this request failed, as recorded by the retry layer.
     pub fn first_failed_at(&self) -> Option<SystemTime> {
-        self.extra.as_ref().and_then(|e| e.first_failed_at)
+        self.core.extra.first_failed_at
     }
 
     /// When the request should be sent again, for a failure the retry layer deferred
@@ -491,28 +501,30 @@ impl<R> Failure<R> {
     /// A dead-letter layer stores the record with this retry-at time, so that a scheduler sends
     /// it again then.
     pub fn retry_at(&self) -> Option<SystemTime> {
-        self.extra.as_ref().and_then(|e| e.retry_at)
+        self.core.extra.retry_at
     }
 
     /// Whether the retry layer deferred this failure rather than giving up on it.
     pub fn is_deferred(&self) -> bool {
-        self.give_up == Some(GiveUp::Deferred)
+        self.core.give_up == Some(GiveUp::Deferred)
     }
 
     /// The same failure with its response (if any) mapped by `f`; for example `|_| ()` to drop a
     /// response that is not `Sync` before boxing the failure.
     pub fn map_response<T>(self, f: impl FnOnce(R) -> T) -> Failure<T> {
+        let core = *self.core;
+        let e = core.extra;
         Failure {
-            class: self.class,
-            code_value: self.code_value,
-            code_kind: self.code_kind,
-            code_io: self.code_io,
-            retry_after: self.retry_after,
-            attempts: self.attempts,
-            give_up: self.give_up,
-            no_retry: self.no_retry,
-            extra: self.extra.map(|e| {
-                Box::new(Extra {
+            core: Box::new(Core {
+                class: core.class,
+                code_value: core.code_value,
+                code_kind: core.code_kind,
+                code_io: core.code_io,
+                retry_after: core.retry_after,
+                attempts: core.attempts,
+                give_up: core.give_up,
+                no_retry: core.no_retry,
+                extra: Extra {
                     response: e.response.map(|r| SyncWrapper::new(f(r.into_inner()))),
                     source: e.source,
                     first_failed_at: e.first_failed_at,
@@ -521,7 +533,7 @@ impl<R> Failure<R> {
                     long_retry_after: e.long_retry_after,
                     not_processed: e.not_processed,
                     request: e.request,
-                })
+                },
             }),
         }
     }
@@ -531,45 +543,38 @@ impl<R> Failure<R> {
     /// It takes `&mut self` because the response is held so that a failure is `Sync` even when
     /// the response is not (a streaming body): it is never shared, only lent or given away.
     pub fn response_mut(&mut self) -> Option<&mut R> {
-        self.extra
-            .as_mut()
-            .and_then(|e| e.response.as_mut())
-            .map(SyncWrapper::get_mut)
+        self.core.extra.response.as_mut().map(SyncWrapper::get_mut)
     }
 
     /// Whether this failure holds the response that was classified as it.
     pub fn has_response(&self) -> bool {
-        self.extra.as_ref().is_some_and(|e| e.response.is_some())
+        self.core.extra.response.is_some()
     }
 
     /// Takes the response that was classified as this failure, if it was a response.
     pub fn into_response(self) -> Option<R> {
-        self.extra
-            .and_then(|e| e.response)
-            .map(SyncWrapper::into_inner)
+        self.core.extra.response.map(SyncWrapper::into_inner)
     }
 
     /// A failure of another response type with the same class, code, hint and notes, and no
     /// response and no source: what an outer layer keeps of a failure it only sees by reference
     /// (deep in a `BoxError`'s source chain).
     fn summary<T>(&self) -> Failure<T> {
-        let mut copy = Failure::new(self.class, self.code());
-        copy.retry_after = self.retry_after;
-        copy.attempts = self.attempts;
-        copy.give_up = self.give_up;
-        copy.no_retry = self.no_retry;
-        if let Some(extra) = &self.extra {
-            let notes = copy.extra_mut();
-            notes.first_failed_at = extra.first_failed_at;
-            notes.retry_at = extra.retry_at;
-            notes.long_retry_after = extra.long_retry_after;
-        }
+        let mut copy = Failure::new(self.core.class, self.code());
+        copy.core.retry_after = self.core.retry_after;
+        copy.core.attempts = self.core.attempts;
+        copy.core.give_up = self.core.give_up;
+        copy.core.no_retry = self.core.no_retry;
+        let (extra, notes) = (&self.core.extra, copy.extra_mut());
+        notes.first_failed_at = extra.first_failed_at;
+        notes.retry_at = extra.retry_at;
+        notes.long_retry_after = extra.long_retry_after;
         copy
     }
 
     /// What the dead-letter layer did with this failure, when one saw it.
     pub fn dead_letter(&self) -> Option<&DeadLetterStatus> {
-        self.extra.as_ref().and_then(|e| e.dead_letter.as_ref())
+        self.core.extra.dead_letter.as_ref()
     }
 
     /// Whether a dead-letter layer tried to store this failure and could not.
@@ -578,7 +583,7 @@ impl<R> Failure<R> {
     }
 
     fn source_ref(&self) -> Option<&BoxError> {
-        self.extra.as_ref().and_then(|e| e.source.as_ref())
+        self.core.extra.source.as_ref()
     }
 
     pub(crate) fn note_attempts(
@@ -587,8 +592,8 @@ impl<R> Failure<R> {
         first_failed_at: Option<SystemTime>,
         give_up: GiveUp,
     ) {
-        self.attempts = attempts;
-        self.give_up = Some(give_up);
+        self.core.attempts = attempts;
+        self.core.give_up = Some(give_up);
         if first_failed_at.is_some() {
             self.extra_mut().first_failed_at = first_failed_at;
         }
@@ -605,7 +610,7 @@ impl<R> Failure<R> {
 
     /// Takes the copy [`note_request`](Self::note_request) kept, if it is a `Q`.
     pub(crate) fn take_request<Q: Send + 'static>(&mut self) -> Option<Q> {
-        let extra = self.extra.as_mut()?;
+        let extra = &mut self.core.extra;
         match extra.request.take()?.downcast::<std::sync::Mutex<Q>>() {
             Ok(request) => Some(request.into_inner().unwrap_or_else(|e| e.into_inner())),
             Err(other) => {
@@ -622,9 +627,9 @@ impl<R> Failure<R> {
     /// The message a dead-letter record keeps: the `Display` of the source error if there is one,
     /// else the class and code.
     pub fn message(&self) -> String {
-        match self.extra.as_ref().and_then(|e| e.source.as_ref()) {
+        match self.core.extra.source.as_ref() {
             Some(source) => source.to_string(),
-            None => format!("{} ({})", self.class, self.code()),
+            None => format!("{} ({})", self.core.class, self.code()),
         }
     }
 }
@@ -663,18 +668,17 @@ impl<R: 'static> Failure<R> {
 impl<R> fmt::Debug for Failure<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("Failure");
-        d.field("class", &self.class)
+        d.field("class", &self.core.class)
             .field("code", &self.code())
             .field("retry_after", &self.retry_after())
-            .field("attempts", &self.attempts)
-            .field("give_up", &self.give_up)
-            .field("no_retry", &self.no_retry);
-        if let Some(extra) = &self.extra {
-            d.field("has_response", &extra.response.is_some())
-                .field("source", &extra.source)
-                .field("retry_at", &extra.retry_at)
-                .field("dead_letter", &extra.dead_letter);
-        }
+            .field("attempts", &self.core.attempts)
+            .field("give_up", &self.core.give_up)
+            .field("no_retry", &self.core.no_retry);
+        let extra = &self.core.extra;
+        d.field("has_response", &extra.response.is_some())
+            .field("source", &extra.source)
+            .field("retry_at", &extra.retry_at)
+            .field("dead_letter", &extra.dead_letter);
         d.finish()
     }
 }
@@ -693,20 +697,20 @@ pub(crate) fn millis_up(delay: Duration) -> Duration {
 
 impl<R> fmt::Display for Failure<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} failure ({})", self.class, self.code())?;
-        if self.attempts > 0 {
-            write!(f, " after {} attempt", self.attempts)?;
-            if self.attempts > 1 {
+        write!(f, "{} failure ({})", self.core.class, self.code())?;
+        if self.core.attempts > 0 {
+            write!(f, " after {} attempt", self.core.attempts)?;
+            if self.core.attempts > 1 {
                 f.write_str("s")?;
             }
         }
-        if let Some(reason) = self.give_up {
+        if let Some(reason) = self.core.give_up {
             write!(f, ", {reason}")?;
         }
         if let Some(at) = self.retry_at() {
             write!(f, " until {}", httpdate::fmt_http_date(at))?;
         }
-        match (self.retry_after(), self.code_kind) {
+        match (self.retry_after(), self.core.code_kind) {
             // Our own breaker's time left: its source (naming the breaker) says it, if any.
             (Some(_), CodeKind::CircuitOpen) if self.source_ref().is_some() => {}
             (Some(delay), CodeKind::CircuitOpen) => {
@@ -715,21 +719,20 @@ impl<R> fmt::Display for Failure<R> {
             (Some(delay), _) => write!(f, ", server asked to retry after {:?}", millis_up(delay))?,
             (None, _) => {}
         }
-        if let Some(extra) = &self.extra {
-            if let Some(source) = &extra.source {
-                write!(f, ": {source}")?;
+        let extra = &self.core.extra;
+        if let Some(source) = &extra.source {
+            write!(f, ": {source}")?;
+        }
+        match &extra.dead_letter {
+            // A deferred request is kept for the scheduler's re-send, not given up on.
+            Some(DeadLetterStatus::Stored { id }) if self.is_deferred() => {
+                write!(f, "; stored as {id} for a re-send when due")?
             }
-            match &extra.dead_letter {
-                // A deferred request is kept for the scheduler's re-send, not given up on.
-                Some(DeadLetterStatus::Stored { id }) if self.is_deferred() => {
-                    write!(f, "; stored as {id} for a re-send when due")?
-                }
-                Some(DeadLetterStatus::Stored { id }) => write!(f, "; dead letter stored as {id}")?,
-                Some(DeadLetterStatus::NotStored { id, error }) => {
-                    write!(f, "; dead letter {id} could not be written: {error}")?
-                }
-                None => {}
+            Some(DeadLetterStatus::Stored { id }) => write!(f, "; dead letter stored as {id}")?,
+            Some(DeadLetterStatus::NotStored { id, error }) => {
+                write!(f, "; dead letter {id} could not be written: {error}")?
             }
+            None => {}
         }
         Ok(())
     }
@@ -737,9 +740,10 @@ impl<R> fmt::Display for Failure<R> {
 
 impl<R> std::error::Error for Failure<R> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.extra
+        self.core
+            .extra
+            .source
             .as_ref()
-            .and_then(|e| e.source.as_ref())
             .map(|s| &**s as &(dyn std::error::Error + 'static))
     }
 }
@@ -749,11 +753,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn inline_part_is_small() {
-        // class (16) + code (8 + 2 bytes) + hint (8) + counters (6 bytes) + one pointer: no response inline.
-        assert_eq!(std::mem::size_of::<Failure<[u8; 256]>>(), 48);
-        // The class's pointer is the niche: a result costs nothing over the failure.
-        assert_eq!(std::mem::size_of::<Result<&str, Failure<&str>>>(), 48);
+    fn a_failure_is_one_word() {
+        // Whatever the response type: everything is behind the one pointer.
+        assert_eq!(std::mem::size_of::<Failure<[u8; 256]>>(), 8);
+        // A result is at most the response plus a word, often no more than the response: the
+        // response's own niche (here the `&str`'s pointer) tells the failure apart, or the box's.
+        assert_eq!(std::mem::size_of::<Result<&str, Failure<&str>>>(), 16);
+        assert_eq!(std::mem::size_of::<Result<(), Failure<()>>>(), 8);
     }
 
     #[test]

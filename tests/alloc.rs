@@ -297,7 +297,7 @@ fn whole_stack_http() {
 }
 
 // The failure side: an open breaker's rejection allocates only its message, which names the
-// breaker: the `Failure`'s boxed extension and the boxed `OpenError` source (the name itself is
+// breaker: the `Failure`'s one box and the boxed `OpenError` source (the name itself is
 // an `Arc<str>` clone). Exactly 2 per rejection, whatever the number of rejections.
 
 #[test]
