@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::io;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
@@ -238,14 +239,16 @@ pub enum DeadLetterStatus {
 /// `Timeout`). Converting such a `BoxError` back (`Failure::from`) finds the failure again
 /// instead of classifying it anew: class, code, hint and response are kept.
 ///
-/// A `Failure` is one pointer: everything it carries lives in one allocation, made when the
-/// failure is created (on the failure path only; a success allocates nothing). A source error
-/// is a second allocation, its own `Box`. Being one word keeps `Result<R, Failure<R>>`, which
-/// every layer moves on the success path too, at most a word larger than `R` (16 bytes for a
-/// `&str` response): a 48-byte inline failure made every layer copy 48 bytes or more per call,
-/// and the copy of a result built piece by piece stalled store-to-load forwarding (seen with
-/// `perf` in `benches/breaker.rs`, where the breaker's closed path went from about 34 ns to
-/// about 28 ns).
+/// A `Failure` is one pointer. Its class, code and hint live in one small allocation, made when
+/// the failure is created (on the failure path only: a success allocates nothing); a response,
+/// a source error or the retry and dead-letter notes take a second one, created when first
+/// needed. An open breaker's rejection ([`OpenError`]) takes only the first.
+///
+/// Being one word keeps `Result<R, Failure<R>>`, which every layer moves on the success path
+/// too, at most a word larger than `R` (16 bytes for a `&str` response). An inline failure of 48
+/// bytes made every layer copy 48 bytes or more per call, and copying a result built piece by
+/// piece stalled store-to-load forwarding (seen with `perf` in `benches/breaker.rs`, where the
+/// breaker's closed path went from about 34 ns to about 28 ns).
 pub struct Failure<R = ()> {
     core: Box<Core<R>>,
 }
@@ -264,8 +267,60 @@ struct Core<R> {
     attempts: u32,
     give_up: Option<GiveUp>,
     no_retry: bool,
-    extra: Extra<R>,
+    /// An open breaker's rejection, kept here rather than as a boxed source in `extra`: its
+    /// [`Error::source`](std::error::Error::source).
+    open: Option<OpenError>,
+    extra: Option<Box<Extra<R>>>,
 }
+
+/// The source of an open breaker's rejection ([`Class::CIRCUIT_OPEN`],
+/// [`Code::CircuitOpen`]): which breaker, and when it half-opens. Re-exported as
+/// [`breaker::OpenError`](crate::breaker::OpenError).
+///
+/// Its `Display` reads `breaker "api.mail.test:443" is open; half-opens in 2.5s`, the time
+/// rounded up to the millisecond (or `is forced open` when an operator opened it and no time is
+/// known). It is the message a dead-letter record keeps.
+#[derive(Clone, Debug)]
+pub struct OpenError {
+    breaker: Arc<str>,
+    half_opens_in: Option<Duration>,
+}
+
+impl OpenError {
+    pub(crate) fn new(breaker: Arc<str>, half_opens_in: Option<Duration>) -> Self {
+        OpenError {
+            breaker,
+            half_opens_in,
+        }
+    }
+
+    /// The breaker's name ([`Builder::name`](crate::breaker::Builder::name); a keyed breaker's
+    /// key).
+    pub fn breaker(&self) -> &str {
+        &self.breaker
+    }
+
+    /// The time left until the breaker half-opens, as of the rejection; `None` when forced open.
+    pub fn half_opens_in(&self) -> Option<Duration> {
+        self.half_opens_in
+    }
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.half_opens_in {
+            Some(left) => write!(
+                f,
+                "breaker {:?} is open; half-opens in {:?}",
+                &*self.breaker,
+                millis_up(left)
+            ),
+            None => write!(f, "breaker {:?} is forced open", &*self.breaker),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
 
 /// "No delay hint" in [`Failure`]'s `retry_after` word.
 const NO_HINT: u64 = u64::MAX;
@@ -384,13 +439,14 @@ impl<R> Failure<R> {
                 attempts: 0,
                 give_up: None,
                 no_retry: false,
-                extra: Extra::default(),
+                open: None,
+                extra: None,
             }),
         }
     }
 
     fn extra_mut(&mut self) -> &mut Extra<R> {
-        &mut self.core.extra
+        self.core.extra.get_or_insert_with(Box::default)
     }
 
     /// Sets the server's delay hint: how long to wait before the next attempt
@@ -427,7 +483,7 @@ impl<R> Failure<R> {
     /// Whether the failure proves that the request was not processed (see
     /// [`with_not_processed`](Self::with_not_processed)).
     pub fn not_processed(&self) -> bool {
-        self.core.extra.not_processed
+        self.core.extra.as_ref().is_some_and(|e| e.not_processed)
     }
 
     /// Whether the server asked not to retry (see [`with_no_retry`](Self::with_no_retry)).
@@ -445,7 +501,14 @@ impl<R> Failure<R> {
     ///
     /// [`Error::source`]: std::error::Error::source
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.core.open = None;
         self.extra_mut().source = Some(source.into());
+        self
+    }
+
+    /// The failure an open breaker answers with: its source is `open`.
+    pub(crate) fn with_open(mut self, open: OpenError) -> Self {
+        self.core.open = Some(open);
         self
     }
 
@@ -472,7 +535,7 @@ impl<R> Failure<R> {
     pub fn retry_after(&self) -> Option<Duration> {
         match self.core.retry_after {
             NO_HINT => None,
-            LONG_HINT => self.core.extra.long_retry_after,
+            LONG_HINT => self.core.extra.as_ref().and_then(|e| e.long_retry_after),
             nanos => Some(Duration::from_nanos(nanos)),
         }
     }
@@ -490,7 +553,7 @@ impl<R> Failure<R> {
 
     /// When the first attempt of this request failed, as recorded by the retry layer.
     pub fn first_failed_at(&self) -> Option<SystemTime> {
-        self.core.extra.first_failed_at
+        self.core.extra.as_ref().and_then(|e| e.first_failed_at)
     }
 
     /// When the request should be sent again, for a failure the retry layer deferred
@@ -501,7 +564,7 @@ impl<R> Failure<R> {
     /// A dead-letter layer stores the record with this retry-at time, so that a scheduler sends
     /// it again then.
     pub fn retry_at(&self) -> Option<SystemTime> {
-        self.core.extra.retry_at
+        self.core.extra.as_ref().and_then(|e| e.retry_at)
     }
 
     /// Whether the retry layer deferred this failure rather than giving up on it.
@@ -513,7 +576,6 @@ impl<R> Failure<R> {
     /// response that is not `Sync` before boxing the failure.
     pub fn map_response<T>(self, f: impl FnOnce(R) -> T) -> Failure<T> {
         let core = *self.core;
-        let e = core.extra;
         Failure {
             core: Box::new(Core {
                 class: core.class,
@@ -524,16 +586,19 @@ impl<R> Failure<R> {
                 attempts: core.attempts,
                 give_up: core.give_up,
                 no_retry: core.no_retry,
-                extra: Extra {
-                    response: e.response.map(|r| SyncWrapper::new(f(r.into_inner()))),
-                    source: e.source,
-                    first_failed_at: e.first_failed_at,
-                    retry_at: e.retry_at,
-                    dead_letter: e.dead_letter,
-                    long_retry_after: e.long_retry_after,
-                    not_processed: e.not_processed,
-                    request: e.request,
-                },
+                open: core.open,
+                extra: core.extra.map(|e| {
+                    Box::new(Extra {
+                        response: e.response.map(|r| SyncWrapper::new(f(r.into_inner()))),
+                        source: e.source,
+                        first_failed_at: e.first_failed_at,
+                        retry_at: e.retry_at,
+                        dead_letter: e.dead_letter,
+                        long_retry_after: e.long_retry_after,
+                        not_processed: e.not_processed,
+                        request: e.request,
+                    })
+                }),
             }),
         }
     }
@@ -543,17 +608,27 @@ impl<R> Failure<R> {
     /// It takes `&mut self` because the response is held so that a failure is `Sync` even when
     /// the response is not (a streaming body): it is never shared, only lent or given away.
     pub fn response_mut(&mut self) -> Option<&mut R> {
-        self.core.extra.response.as_mut().map(SyncWrapper::get_mut)
+        self.core
+            .extra
+            .as_mut()
+            .and_then(|e| e.response.as_mut())
+            .map(SyncWrapper::get_mut)
     }
 
     /// Whether this failure holds the response that was classified as it.
     pub fn has_response(&self) -> bool {
-        self.core.extra.response.is_some()
+        self.core
+            .extra
+            .as_ref()
+            .is_some_and(|e| e.response.is_some())
     }
 
     /// Takes the response that was classified as this failure, if it was a response.
     pub fn into_response(self) -> Option<R> {
-        self.core.extra.response.map(SyncWrapper::into_inner)
+        self.core
+            .extra
+            .and_then(|e| e.response)
+            .map(SyncWrapper::into_inner)
     }
 
     /// A failure of another response type with the same class, code, hint and notes, and no
@@ -565,16 +640,21 @@ impl<R> Failure<R> {
         copy.core.attempts = self.core.attempts;
         copy.core.give_up = self.core.give_up;
         copy.core.no_retry = self.core.no_retry;
-        let (extra, notes) = (&self.core.extra, copy.extra_mut());
-        notes.first_failed_at = extra.first_failed_at;
-        notes.retry_at = extra.retry_at;
-        notes.long_retry_after = extra.long_retry_after;
+        if let Some(extra) = &self.core.extra {
+            let notes = copy.extra_mut();
+            notes.first_failed_at = extra.first_failed_at;
+            notes.retry_at = extra.retry_at;
+            notes.long_retry_after = extra.long_retry_after;
+        }
         copy
     }
 
     /// What the dead-letter layer did with this failure, when one saw it.
     pub fn dead_letter(&self) -> Option<&DeadLetterStatus> {
-        self.core.extra.dead_letter.as_ref()
+        self.core
+            .extra
+            .as_ref()
+            .and_then(|e| e.dead_letter.as_ref())
     }
 
     /// Whether a dead-letter layer tried to store this failure and could not.
@@ -582,8 +662,11 @@ impl<R> Failure<R> {
         matches!(self.dead_letter(), Some(DeadLetterStatus::NotStored { .. }))
     }
 
-    fn source_ref(&self) -> Option<&BoxError> {
-        self.core.extra.source.as_ref()
+    fn source_ref(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match &self.core.open {
+            Some(open) => Some(open),
+            None => self.core.extra.as_ref().and_then(|e| e.source.as_deref()),
+        }
     }
 
     pub(crate) fn note_attempts(
@@ -610,7 +693,7 @@ impl<R> Failure<R> {
 
     /// Takes the copy [`note_request`](Self::note_request) kept, if it is a `Q`.
     pub(crate) fn take_request<Q: Send + 'static>(&mut self) -> Option<Q> {
-        let extra = &mut self.core.extra;
+        let extra = self.core.extra.as_mut()?;
         match extra.request.take()?.downcast::<std::sync::Mutex<Q>>() {
             Ok(request) => Some(request.into_inner().unwrap_or_else(|e| e.into_inner())),
             Err(other) => {
@@ -627,7 +710,7 @@ impl<R> Failure<R> {
     /// The message a dead-letter record keeps: the `Display` of the source error if there is one,
     /// else the class and code.
     pub fn message(&self) -> String {
-        match self.core.extra.source.as_ref() {
+        match self.source_ref() {
             Some(source) => source.to_string(),
             None => format!("{} ({})", self.core.class, self.code()),
         }
@@ -674,11 +757,12 @@ impl<R> fmt::Debug for Failure<R> {
             .field("attempts", &self.core.attempts)
             .field("give_up", &self.core.give_up)
             .field("no_retry", &self.core.no_retry);
-        let extra = &self.core.extra;
-        d.field("has_response", &extra.response.is_some())
-            .field("source", &extra.source)
-            .field("retry_at", &extra.retry_at)
-            .field("dead_letter", &extra.dead_letter);
+        if let Some(extra) = &self.core.extra {
+            d.field("has_response", &extra.response.is_some())
+                .field("source", &self.source_ref())
+                .field("retry_at", &extra.retry_at)
+                .field("dead_letter", &extra.dead_letter);
+        }
         d.finish()
     }
 }
@@ -719,20 +803,21 @@ impl<R> fmt::Display for Failure<R> {
             (Some(delay), _) => write!(f, ", server asked to retry after {:?}", millis_up(delay))?,
             (None, _) => {}
         }
-        let extra = &self.core.extra;
-        if let Some(source) = &extra.source {
+        if let Some(source) = self.source_ref() {
             write!(f, ": {source}")?;
         }
-        match &extra.dead_letter {
-            // A deferred request is kept for the scheduler's re-send, not given up on.
-            Some(DeadLetterStatus::Stored { id }) if self.is_deferred() => {
-                write!(f, "; stored as {id} for a re-send when due")?
+        if let Some(extra) = &self.core.extra {
+            match &extra.dead_letter {
+                // A deferred request is kept for the scheduler's re-send, not given up on.
+                Some(DeadLetterStatus::Stored { id }) if self.is_deferred() => {
+                    write!(f, "; stored as {id} for a re-send when due")?
+                }
+                Some(DeadLetterStatus::Stored { id }) => write!(f, "; dead letter stored as {id}")?,
+                Some(DeadLetterStatus::NotStored { id, error }) => {
+                    write!(f, "; dead letter {id} could not be written: {error}")?
+                }
+                None => {}
             }
-            Some(DeadLetterStatus::Stored { id }) => write!(f, "; dead letter stored as {id}")?,
-            Some(DeadLetterStatus::NotStored { id, error }) => {
-                write!(f, "; dead letter {id} could not be written: {error}")?
-            }
-            None => {}
         }
         Ok(())
     }
@@ -740,11 +825,8 @@ impl<R> fmt::Display for Failure<R> {
 
 impl<R> std::error::Error for Failure<R> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.core
-            .extra
-            .source
-            .as_ref()
-            .map(|s| &**s as &(dyn std::error::Error + 'static))
+        self.source_ref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -760,6 +842,35 @@ mod tests {
         // response's own niche (here the `&str`'s pointer) tells the failure apart, or the box's.
         assert_eq!(std::mem::size_of::<Result<&str, Failure<&str>>>(), 16);
         assert_eq!(std::mem::size_of::<Result<(), Failure<()>>>(), 8);
+    }
+
+    #[test]
+    fn an_open_breakers_failure_has_its_open_error_as_source() {
+        let open = OpenError::new(
+            Arc::from("api.mail.test:443"),
+            Some(Duration::from_millis(2500)),
+        );
+        let f = Failure::<u8>::new(Class::CIRCUIT_OPEN, Code::CircuitOpen)
+            .with_open(open)
+            .with_retry_after(Duration::from_millis(2500));
+        let source = std::error::Error::source(&f).expect("a source");
+        let open = source.downcast_ref::<OpenError>().expect("the OpenError");
+        assert_eq!(open.breaker(), "api.mail.test:443");
+        assert_eq!(open.half_opens_in(), Some(Duration::from_millis(2500)));
+        let message = r#"breaker "api.mail.test:443" is open; half-opens in 2.5s"#;
+        assert_eq!(f.message(), message);
+        assert!(f.to_string().ends_with(message), "{f}");
+        // Kept when the response type changes; replaced by a later source.
+        let f = f.map_response(|_| ());
+        assert_eq!(f.message(), message);
+        let f = f.with_source("another cause");
+        assert_eq!(f.message(), "another cause");
+        assert!(
+            std::error::Error::source(&f)
+                .unwrap()
+                .downcast_ref::<OpenError>()
+                .is_none()
+        );
     }
 
     #[test]

@@ -1,4 +1,3 @@
-use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
@@ -9,6 +8,7 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 
 use super::state::{Outcome, Permit, Rejection, SharedRef};
+pub use crate::failure::OpenError;
 use crate::failure::{Class, Failure};
 
 pin_project! {
@@ -32,7 +32,8 @@ pin_project! {
         },
         Rejected {
             rejection: Rejection,
-            breaker: Arc<str>,
+            // Moved into the failure's `OpenError` when polled.
+            breaker: Option<Arc<str>>,
             _response: PhantomData<fn() -> R>,
         },
     }
@@ -98,7 +99,7 @@ impl<F, R> ResponseFuture<F, R> {
         ResponseFuture {
             kind: Kind::Rejected {
                 rejection,
-                breaker: Arc::clone(breaker),
+                breaker: Some(Arc::clone(breaker)),
                 _response: PhantomData,
             },
         }
@@ -130,7 +131,12 @@ where
             },
             KindProj::Rejected {
                 rejection, breaker, ..
-            } => Poll::Ready(Err(rejection_failure(breaker, rejection.retry_after()))),
+            } => {
+                let breaker = breaker
+                    .take()
+                    .expect("a breaker's rejection polled after completion");
+                Poll::Ready(Err(rejection_failure(breaker, rejection.retry_after())))
+            }
         }
     }
 }
@@ -139,57 +145,13 @@ where
 /// [`Code::CircuitOpen`](crate::Code::CircuitOpen), the time left until half-open as its
 /// [`retry_after`](Failure::retry_after), and an [`OpenError`] naming the breaker as its source.
 pub(crate) fn rejection_failure<R>(
-    breaker: &Arc<str>,
+    breaker: Arc<str>,
     half_opens_in: Option<Duration>,
 ) -> Failure<R> {
-    let failure = Failure::new(Class::CIRCUIT_OPEN, crate::failure::Code::CircuitOpen).with_source(
-        OpenError {
-            breaker: Arc::clone(breaker),
-            half_opens_in,
-        },
-    );
+    let failure = Failure::new(Class::CIRCUIT_OPEN, crate::failure::Code::CircuitOpen)
+        .with_open(OpenError::new(breaker, half_opens_in));
     match half_opens_in {
         Some(left) => failure.with_retry_after(left),
         None => failure,
     }
 }
-
-/// The source of an open breaker's rejection ([`Class::CIRCUIT_OPEN`]): which breaker, and when
-/// it half-opens.
-///
-/// Its `Display` reads `breaker "api.mail.test:443" is open; half-opens in 2.5s`, the time
-/// rounded up to the millisecond (or `is forced open` when an operator opened it and no time is
-/// known). It is the message a dead-letter record keeps.
-#[derive(Clone, Debug)]
-pub struct OpenError {
-    breaker: Arc<str>,
-    half_opens_in: Option<Duration>,
-}
-
-impl OpenError {
-    /// The breaker's name ([`Builder::name`](super::Builder::name); a keyed breaker's key).
-    pub fn breaker(&self) -> &str {
-        &self.breaker
-    }
-
-    /// The time left until the breaker half-opens, as of the rejection; `None` when forced open.
-    pub fn half_opens_in(&self) -> Option<Duration> {
-        self.half_opens_in
-    }
-}
-
-impl fmt::Display for OpenError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.half_opens_in {
-            Some(left) => write!(
-                f,
-                "breaker {:?} is open; half-opens in {:?}",
-                &*self.breaker,
-                crate::failure::millis_up(left)
-            ),
-            None => write!(f, "breaker {:?} is forced open", &*self.breaker),
-        }
-    }
-}
-
-impl std::error::Error for OpenError {}
