@@ -757,9 +757,12 @@ impl<R> fmt::Debug for Failure<R> {
             .field("attempts", &self.core.attempts)
             .field("give_up", &self.core.give_up)
             .field("no_retry", &self.core.no_retry);
+        if let Some(open) = &self.core.open {
+            d.field("source", open);
+        }
         if let Some(extra) = &self.core.extra {
             d.field("has_response", &extra.response.is_some())
-                .field("source", &self.source_ref())
+                .field("source", &extra.source)
                 .field("retry_at", &extra.retry_at)
                 .field("dead_letter", &extra.dead_letter);
         }
@@ -860,6 +863,7 @@ mod tests {
         let message = r#"breaker "api.mail.test:443" is open; half-opens in 2.5s"#;
         assert_eq!(f.message(), message);
         assert!(f.to_string().ends_with(message), "{f}");
+        assert!(format!("{f:?}").contains("api.mail.test:443"), "{f:?}");
         // Kept when the response type changes; replaced by a later source.
         let f = f.map_response(|_| ());
         assert_eq!(f.message(), message);
