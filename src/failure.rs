@@ -256,14 +256,8 @@ pub struct Failure<R = ()> {
 /// What a [`Failure`] carries, boxed.
 struct Core<R> {
     class: Class,
-    /// The code's number (status, gRPC code, SMTP reply code, provider code), or 0.
-    code_value: i64,
-    code_kind: CodeKind,
-    /// The io kind of `Code::Io`, else `Other`.
-    code_io: io::ErrorKind,
-    /// The delay hint in nanoseconds; `NO_HINT` when there is none, `LONG_HINT` when it is too
-    /// long for 64 bits of nanoseconds (about 584 years) and kept whole in `extra`.
-    retry_after: u64,
+    code: Code,
+    retry_after: Option<Duration>,
     attempts: u32,
     give_up: Option<GiveUp>,
     no_retry: bool,
@@ -322,77 +316,6 @@ impl fmt::Display for OpenError {
 
 impl std::error::Error for OpenError {}
 
-/// "No delay hint" in [`Failure`]'s `retry_after` word.
-const NO_HINT: u64 = u64::MAX;
-/// "The delay hint is in `Extra::long_retry_after`".
-const LONG_HINT: u64 = u64::MAX - 1;
-
-/// The variant of a [`Code`], kept apart from its payload in [`Failure`].
-#[derive(Clone, Copy)]
-enum CodeKind {
-    Http,
-    Grpc,
-    Smtp,
-    Io,
-    Timeout,
-    CircuitOpen,
-    Panic,
-    Provider,
-    Error,
-    AttemptBudgetSpent,
-    Overloaded,
-}
-
-impl CodeKind {
-    /// A [`Code`] as its variant, its number and its io kind.
-    #[inline]
-    fn pack(code: Code) -> (CodeKind, i64, io::ErrorKind) {
-        let (kind, value, io) = match code {
-            Code::Http(status) => (
-                CodeKind::Http,
-                i64::from(status.as_u16()),
-                io::ErrorKind::Other,
-            ),
-            Code::Grpc(code) => (CodeKind::Grpc, i64::from(code), io::ErrorKind::Other),
-            Code::Smtp(code) => (CodeKind::Smtp, i64::from(code), io::ErrorKind::Other),
-            Code::Io(kind) => (CodeKind::Io, 0, kind),
-            Code::Timeout => (CodeKind::Timeout, 0, io::ErrorKind::Other),
-            Code::CircuitOpen => (CodeKind::CircuitOpen, 0, io::ErrorKind::Other),
-            Code::Panic => (CodeKind::Panic, 0, io::ErrorKind::Other),
-            Code::Provider(code) => (CodeKind::Provider, code, io::ErrorKind::Other),
-            Code::Error => (CodeKind::Error, 0, io::ErrorKind::Other),
-            Code::AttemptBudgetSpent => (CodeKind::AttemptBudgetSpent, 0, io::ErrorKind::Other),
-            Code::Overloaded => (CodeKind::Overloaded, 0, io::ErrorKind::Other),
-        };
-        (kind, value, io)
-    }
-
-    /// The [`Code`] that [`pack`](Self::pack) took apart.
-    #[inline]
-    fn unpack(self, value: i64, io: io::ErrorKind) -> Code {
-        match self {
-            // Packed from a `StatusCode`, so always a valid one.
-            CodeKind::Http => Code::Http(
-                u16::try_from(value)
-                    .ok()
-                    .and_then(|v| StatusCode::from_u16(v).ok())
-                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            ),
-            // Packed from an `i32` and a `u16`.
-            CodeKind::Grpc => Code::Grpc(value as i32),
-            CodeKind::Smtp => Code::Smtp(value as u16),
-            CodeKind::Io => Code::Io(io),
-            CodeKind::Timeout => Code::Timeout,
-            CodeKind::CircuitOpen => Code::CircuitOpen,
-            CodeKind::Panic => Code::Panic,
-            CodeKind::Provider => Code::Provider(value),
-            CodeKind::Error => Code::Error,
-            CodeKind::AttemptBudgetSpent => Code::AttemptBudgetSpent,
-            CodeKind::Overloaded => Code::Overloaded,
-        }
-    }
-}
-
 struct Extra<R> {
     // `SyncWrapper`: the response is only reached by `&mut` or by value, so a failure is `Sync`
     // even when the response is not (tonic's body, reqwest's), and it fits in a `BoxError`.
@@ -401,8 +324,6 @@ struct Extra<R> {
     first_failed_at: Option<SystemTime>,
     retry_at: Option<SystemTime>,
     dead_letter: Option<DeadLetterStatus>,
-    /// A delay hint of `LONG_HINT` nanoseconds or more, exactly as given.
-    long_retry_after: Option<Duration>,
     /// Someone proved the request was not processed (see `Failure::with_not_processed`).
     not_processed: bool,
     /// An unsent copy of the request, handed up by the retry layer to the dead-letter layer
@@ -418,7 +339,6 @@ impl<R> Default for Extra<R> {
             first_failed_at: None,
             retry_at: None,
             dead_letter: None,
-            long_retry_after: None,
             not_processed: false,
             request: None,
         }
@@ -428,14 +348,11 @@ impl<R> Default for Extra<R> {
 impl<R> Failure<R> {
     /// A failure of `class` with the original `code`, no hint, no response and no source.
     pub fn new(class: Class, code: Code) -> Self {
-        let (code_kind, code_value, code_io) = CodeKind::pack(code);
         Failure {
             core: Box::new(Core {
                 class,
-                code_value,
-                code_kind,
-                code_io,
-                retry_after: NO_HINT,
+                code,
+                retry_after: None,
                 attempts: 0,
                 give_up: None,
                 no_retry: false,
@@ -452,14 +369,7 @@ impl<R> Failure<R> {
     /// Sets the server's delay hint: how long to wait before the next attempt
     /// (`Retry-After`, RFC 9110 §10.2.3, already resolved to a [`Duration`] from now).
     pub fn with_retry_after(mut self, delay: Duration) -> Self {
-        match u64::try_from(delay.as_nanos()) {
-            Ok(nanos) if nanos < LONG_HINT => self.core.retry_after = nanos,
-            // An absurd hint (over about 584 years) is kept exactly, off the common path.
-            _ => {
-                self.core.retry_after = LONG_HINT;
-                self.extra_mut().long_retry_after = Some(delay);
-            }
-        }
+        self.core.retry_after = Some(delay);
         self
     }
 
@@ -524,20 +434,14 @@ impl<R> Failure<R> {
 
     /// The original code: HTTP status, gRPC code, io kind, or one of ours.
     pub fn code(&self) -> Code {
-        self.core
-            .code_kind
-            .unpack(self.core.code_value, self.core.code_io)
+        self.core.code
     }
 
     /// The server's delay hint, a [`Duration`] counted from when the failure was classified:
     /// `Retry-After` for an HTTP failure, the time left until half-open for
     /// [`Class::CIRCUIT_OPEN`].
     pub fn retry_after(&self) -> Option<Duration> {
-        match self.core.retry_after {
-            NO_HINT => None,
-            LONG_HINT => self.core.extra.as_ref().and_then(|e| e.long_retry_after),
-            nanos => Some(Duration::from_nanos(nanos)),
-        }
+        self.core.retry_after
     }
 
     /// The number of attempts made for this request, the first call included. Zero when no
@@ -579,9 +483,7 @@ impl<R> Failure<R> {
         Failure {
             core: Box::new(Core {
                 class: core.class,
-                code_value: core.code_value,
-                code_kind: core.code_kind,
-                code_io: core.code_io,
+                code: core.code,
                 retry_after: core.retry_after,
                 attempts: core.attempts,
                 give_up: core.give_up,
@@ -594,7 +496,6 @@ impl<R> Failure<R> {
                         first_failed_at: e.first_failed_at,
                         retry_at: e.retry_at,
                         dead_letter: e.dead_letter,
-                        long_retry_after: e.long_retry_after,
                         not_processed: e.not_processed,
                         request: e.request,
                     })
@@ -644,7 +545,6 @@ impl<R> Failure<R> {
             let notes = copy.extra_mut();
             notes.first_failed_at = extra.first_failed_at;
             notes.retry_at = extra.retry_at;
-            notes.long_retry_after = extra.long_retry_after;
         }
         copy
     }
@@ -797,10 +697,10 @@ impl<R> fmt::Display for Failure<R> {
         if let Some(at) = self.retry_at() {
             write!(f, " until {}", httpdate::fmt_http_date(at))?;
         }
-        match (self.retry_after(), self.core.code_kind) {
+        match (self.retry_after(), self.core.code) {
             // Our own breaker's time left: its source (naming the breaker) says it, if any.
-            (Some(_), CodeKind::CircuitOpen) if self.source_ref().is_some() => {}
-            (Some(delay), CodeKind::CircuitOpen) => {
+            (Some(_), Code::CircuitOpen) if self.source_ref().is_some() => {}
+            (Some(delay), Code::CircuitOpen) => {
                 write!(f, ", half-opens in {:?}", millis_up(delay))?
             }
             (Some(delay), _) => write!(f, ", server asked to retry after {:?}", millis_up(delay))?,

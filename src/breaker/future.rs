@@ -3,7 +3,6 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
@@ -31,9 +30,8 @@ pin_project! {
             guard: Guard,
         },
         Rejected {
-            rejection: Rejection,
-            // Moved into the failure's `OpenError` when polled.
-            breaker: Option<Arc<str>>,
+            // Moved into the failure when polled.
+            open: Option<OpenError>,
             _response: PhantomData<fn() -> R>,
         },
     }
@@ -98,8 +96,7 @@ impl<F, R> ResponseFuture<F, R> {
     pub(crate) fn rejected(rejection: Rejection, breaker: &Arc<str>) -> Self {
         ResponseFuture {
             kind: Kind::Rejected {
-                rejection,
-                breaker: Some(Arc::clone(breaker)),
+                open: Some(OpenError::new(Arc::clone(breaker), rejection.retry_after())),
                 _response: PhantomData,
             },
         }
@@ -129,13 +126,11 @@ where
                     Poll::Ready(Err(failure))
                 }
             },
-            KindProj::Rejected {
-                rejection, breaker, ..
-            } => {
-                let breaker = breaker
+            KindProj::Rejected { open, .. } => {
+                let open = open
                     .take()
                     .expect("a breaker's rejection polled after completion");
-                Poll::Ready(Err(rejection_failure(breaker, rejection.retry_after())))
+                Poll::Ready(Err(rejection_failure(open)))
             }
         }
     }
@@ -144,12 +139,10 @@ where
 /// The failure an open breaker answers with: class [`Class::CIRCUIT_OPEN`], code
 /// [`Code::CircuitOpen`](crate::Code::CircuitOpen), the time left until half-open as its
 /// [`retry_after`](Failure::retry_after), and an [`OpenError`] naming the breaker as its source.
-pub(crate) fn rejection_failure<R>(
-    breaker: Arc<str>,
-    half_opens_in: Option<Duration>,
-) -> Failure<R> {
-    let failure = Failure::new(Class::CIRCUIT_OPEN, crate::failure::Code::CircuitOpen)
-        .with_open(OpenError::new(breaker, half_opens_in));
+fn rejection_failure<R>(open: OpenError) -> Failure<R> {
+    let half_opens_in = open.half_opens_in();
+    let failure =
+        Failure::new(Class::CIRCUIT_OPEN, crate::failure::Code::CircuitOpen).with_open(open);
     match half_opens_in {
         Some(left) => failure.with_retry_after(left),
         None => failure,
