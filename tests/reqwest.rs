@@ -72,6 +72,16 @@ fn fast_policy(attempts: u32) -> RetryPolicy {
         ))
 }
 
+/// A POST of `hello` to `url` with an `Idempotency-Key`: the message the examples send.
+fn post_hello(client: &reqwest::Client, url: &str, key: &str) -> reqwest::Request {
+    client
+        .post(url)
+        .header("idempotency-key", key)
+        .body("hello")
+        .build()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn the_readme_stack_wraps_a_reqwest_client_unchanged() {
     let (url, calls) = server().await;
@@ -87,12 +97,7 @@ async fn the_readme_stack_wraps_a_reqwest_client_unchanged() {
         .layer(ClassifyLayer::http())
         .layer(TimeoutLayer::new(Duration::from_secs(2)))
         .service(client.clone());
-    let request = client
-        .post(format!("{url}/flaky"))
-        .header("idempotency-key", "msg-1")
-        .body("hello")
-        .build()
-        .unwrap();
+    let request = post_hello(&client, &format!("{url}/flaky"), "msg-1");
     let response = svc.clone().oneshot(request).await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(
@@ -265,12 +270,7 @@ async fn the_preset_with_a_store_behind_a_buffer_defers_a_long_hint_and_the_sche
                 .dead_letters(DeadLetterLayer::from_arc(store.clone())),
         )
         .service(client.clone());
-    let request = client
-        .post(format!("{url}/once-busy"))
-        .header("idempotency-key", "msg-busy")
-        .body("hello")
-        .build()
-        .unwrap();
+    let request = post_hello(&client, &format!("{url}/once-busy"), "msg-busy");
     let error = svc.clone().oneshot(request).await.unwrap_err();
     // Through the `Buffer` the failure comes back whole.
     let failure = tower_backstop::Failure::<reqwest::Response>::from(error);
