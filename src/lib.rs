@@ -116,6 +116,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod anchor;
 pub mod breaker;
 pub mod classify;
 pub mod dead_letter;

@@ -270,6 +270,14 @@ fn dead_letter_alone() {
     assert_adds_nothing("DeadLetterLayer(MemoryStore)", bare(), svc);
 }
 
+#[test]
+fn static_dead_letter_alone() {
+    let svc = DeadLetterLayer::new(MemoryStore::new())
+        .into_static()
+        .layer(bare());
+    assert_adds_nothing("DeadLetterLayer::into_static", bare(), svc);
+}
+
 // The whole stack, outermost first: DeadLetter → Retry → Breaker → Classify → Timeout.
 
 #[test]
@@ -282,6 +290,22 @@ fn whole_stack() {
         .layer(TimeoutLayer::new(Duration::from_secs(30)))
         .service(bare());
     assert_adds_nothing("whole stack (closure classifier)", bare(), svc);
+}
+
+#[test]
+fn whole_stack_built_static() {
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(MemoryStore::new()).into_static())
+        .layer(RetryLayer::default())
+        .layer(BreakerLayer::new().into_static())
+        .layer(ClassifyLayer::new(all_ok::<Req>))
+        .layer(TimeoutLayer::new(Duration::from_secs(30)))
+        .service(bare());
+    assert_adds_nothing(
+        "whole stack, breaker and dead letters into_static",
+        bare(),
+        svc,
+    );
 }
 
 #[test]

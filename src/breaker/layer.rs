@@ -1,4 +1,3 @@
-use std::sync::Arc;
 use std::time::Duration;
 
 use tower_layer::Layer;
@@ -94,15 +93,8 @@ impl BreakerLayer {
     /// use it for breakers built once, at startup, not for layers built per request. Handles
     /// taken before or after keep pointing at the same breaker.
     pub fn into_static(self) -> Self {
-        let shared = match self.shared {
-            SharedRef::Counted(shared) => {
-                let leaked: &'static Arc<_> = Box::leak(Box::new(shared));
-                &**leaked
-            }
-            SharedRef::Static(shared) => shared,
-        };
         BreakerLayer {
-            shared: SharedRef::Static(shared),
+            shared: self.shared.leak(),
         }
     }
 

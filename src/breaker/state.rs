@@ -22,6 +22,7 @@ use super::config::{Builder, OpenDuration, WindowKind};
 use super::event::{Event, Listener};
 use super::sync::{AtomicU32, AtomicU64, Ordering};
 use super::window::{Counts, FAILED, SLOW, Window};
+use crate::anchor::Anchor;
 use crate::failure::Class;
 
 const CLOSED: u64 = 0;
@@ -254,33 +255,7 @@ pub(crate) enum Outcome {
 /// How services, futures and handles reach a breaker's state: counted (an `Arc`, the default), or
 /// `'static` after [`BreakerLayer::into_static`](super::BreakerLayer::into_static), which spares
 /// each call the two atomic reference-count updates of cloning and dropping an `Arc`.
-#[derive(Debug)]
-pub(crate) enum SharedRef {
-    Counted(Arc<Shared>),
-    Static(&'static Shared),
-}
-
-impl Clone for SharedRef {
-    #[inline]
-    fn clone(&self) -> Self {
-        match self {
-            SharedRef::Counted(shared) => SharedRef::Counted(Arc::clone(shared)),
-            SharedRef::Static(shared) => SharedRef::Static(shared),
-        }
-    }
-}
-
-impl std::ops::Deref for SharedRef {
-    type Target = Shared;
-
-    #[inline]
-    fn deref(&self) -> &Shared {
-        match self {
-            SharedRef::Counted(shared) => shared,
-            SharedRef::Static(shared) => shared,
-        }
-    }
-}
+pub(crate) type SharedRef = Anchor<Shared>;
 
 pub(crate) struct Shared {
     pub(crate) name: Arc<str>,

@@ -1,6 +1,5 @@
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
@@ -8,6 +7,7 @@ use pin_project_lite::pin_project;
 use super::layer::Config;
 use super::record::Record;
 use super::store::{BoxFuture, StoreError};
+use crate::anchor::Anchor;
 use crate::failure::{DeadLetterStatus, Failure};
 use crate::request::{Describe, Envelope};
 
@@ -18,7 +18,7 @@ pin_project! {
         #[pin]
         state: State<F, R>,
         kept: Kept<Req>,
-        config: Arc<Config>,
+        config: Anchor<Config>,
     }
 }
 
@@ -61,7 +61,7 @@ pin_project! {
 }
 
 impl<F, Req, R> ResponseFuture<F, Req, R> {
-    pub(crate) fn new(future: F, kept: Kept<Req>, config: Arc<Config>) -> Self {
+    pub(crate) fn new(future: F, kept: Kept<Req>, config: Anchor<Config>) -> Self {
         ResponseFuture {
             state: State::Called { future },
             kept,
@@ -97,7 +97,7 @@ where
                         Kept::HandedBack => (failure.take_request::<Req>(), None),
                         Kept::Uncopyable(id) => (None, id),
                     };
-                    let config = Arc::clone(this.config);
+                    let config = this.config.clone();
                     // Everything the record needs from the failure, taken now: the failure
                     // itself goes back to the caller.
                     let draft = Record::from_failure_at(

@@ -107,6 +107,7 @@ use std::task::{Context, Poll};
 
 use tower_service::Service;
 
+use crate::anchor::Anchor;
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
 
@@ -161,7 +162,7 @@ pub use self::validate::{Invalid, Validate, ValidateFuture, ValidateLayer, Valid
 #[derive(Clone)]
 pub struct DeadLetter<S> {
     inner: S,
-    config: Arc<layer::Config>,
+    config: Anchor<layer::Config>,
 }
 
 impl<S> DeadLetter<S> {
@@ -170,7 +171,7 @@ impl<S> DeadLetter<S> {
     pub fn new(inner: S, store: Arc<dyn Store>) -> Self {
         DeadLetter {
             inner,
-            config: Arc::new(layer::Config::new(store)),
+            config: Anchor::Counted(Arc::new(layer::Config::new(store))),
         }
     }
 }
@@ -189,7 +190,7 @@ impl<S> DeadLetter<S> {
             None => future::Kept::HandedBack,
             Some(id) => future::Kept::Uncopyable(id),
         };
-        ResponseFuture::new(future, kept, Arc::clone(&self.config))
+        ResponseFuture::new(future, kept, self.config.clone())
     }
 
     /// The inner service.
@@ -224,6 +225,6 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let kept = future::Kept::of(&req, req.replay());
-        ResponseFuture::new(self.inner.call(req), kept, Arc::clone(&self.config))
+        ResponseFuture::new(self.inner.call(req), kept, self.config.clone())
     }
 }
