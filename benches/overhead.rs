@@ -171,10 +171,21 @@ fn resilience_retry() -> tower_resilience_retry::RetryLayer<Req, Req, BoxError> 
 
 /// Our five layers, stacked one by one.
 fn five_layers() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
+    five_layers_of(
+        DeadLetterLayer::new(MemoryStore::new()),
+        BreakerLayer::new(),
+    )
+}
+
+/// The five layers stacked one by one, with this dead-letter layer and this breaker.
+fn five_layers_of(
+    dead_letters: DeadLetterLayer,
+    breaker: BreakerLayer,
+) -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
     ServiceBuilder::new()
-        .layer(DeadLetterLayer::new(MemoryStore::new()))
+        .layer(dead_letters)
         .layer(RetryLayer::default())
-        .layer(BreakerLayer::new())
+        .layer(breaker)
         .layer(ClassifyLayer::new(all_ok::<Req>))
         .layer(TimeoutLayer::new(TIMEOUT))
         .service(bare())
@@ -197,13 +208,10 @@ fn five_layers_shared_copy() -> impl Service<Req, Error: Debug> + Clone + Send +
 /// count per call on their shared state: the breaker's, twice, and the dead-letter layer's
 /// configuration).
 fn five_layers_static() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
-    ServiceBuilder::new()
-        .layer(DeadLetterLayer::new(MemoryStore::new()).into_static())
-        .layer(RetryLayer::default())
-        .layer(BreakerLayer::new().into_static())
-        .layer(ClassifyLayer::new(all_ok::<Req>))
-        .layer(TimeoutLayer::new(TIMEOUT))
-        .service(bare())
+    five_layers_of(
+        DeadLetterLayer::new(MemoryStore::new()).into_static(),
+        BreakerLayer::new().into_static(),
+    )
 }
 
 /// tower's retry around tower's timeout: the part of the stack tower has.

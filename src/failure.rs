@@ -657,12 +657,12 @@ impl<R> fmt::Debug for Failure<R> {
             .field("attempts", &self.core.attempts)
             .field("give_up", &self.core.give_up)
             .field("no_retry", &self.core.no_retry);
-        if let Some(open) = &self.core.open {
-            d.field("source", open);
+        // One `source`: the open breaker's, else the one given.
+        if let Some(source) = self.source_ref() {
+            d.field("source", &source);
         }
         if let Some(extra) = &self.core.extra {
             d.field("has_response", &extra.response.is_some())
-                .field("source", &extra.source)
                 .field("retry_at", &extra.retry_at)
                 .field("dead_letter", &extra.dead_letter);
         }
@@ -764,6 +764,13 @@ mod tests {
         assert_eq!(f.message(), message);
         assert!(f.to_string().ends_with(message), "{f}");
         assert!(format!("{f:?}").contains("api.mail.test:443"), "{f:?}");
+        // With the retry layer's notes too, `Debug` still names one source.
+        let mut noted = Failure::<u8>::new(Class::CIRCUIT_OPEN, Code::CircuitOpen)
+            .with_open(OpenError::new(Arc::from("api.mail.test:443"), None));
+        noted.note_attempts(0, Some(SystemTime::now()), GiveUp::Deferred);
+        let debug = format!("{noted:?}");
+        assert_eq!(debug.matches("source:").count(), 1, "{debug}");
+        assert!(debug.contains("api.mail.test:443"), "{debug}");
         // Kept when the response type changes; replaced by a later source.
         let f = f.map_response(|_| ());
         assert_eq!(f.message(), message);

@@ -280,27 +280,35 @@ fn static_dead_letter_alone() {
 
 // The whole stack, outermost first: DeadLetter → Retry → Breaker → Classify → Timeout.
 
-#[test]
-fn whole_stack() {
-    let svc = ServiceBuilder::new()
-        .layer(DeadLetterLayer::new(MemoryStore::new()))
+/// The five layers around `bare()`, with this dead-letter layer and this breaker.
+fn stack_of(
+    dead_letters: DeadLetterLayer,
+    breaker: BreakerLayer,
+) -> impl Service<Req, Response = Req, Error: Debug> {
+    ServiceBuilder::new()
+        .layer(dead_letters)
         .layer(RetryLayer::default())
-        .layer(BreakerLayer::new())
+        .layer(breaker)
         .layer(ClassifyLayer::new(all_ok::<Req>))
         .layer(TimeoutLayer::new(Duration::from_secs(30)))
-        .service(bare());
+        .service(bare())
+}
+
+#[test]
+fn whole_stack() {
+    let svc = stack_of(
+        DeadLetterLayer::new(MemoryStore::new()),
+        BreakerLayer::new(),
+    );
     assert_adds_nothing("whole stack (closure classifier)", bare(), svc);
 }
 
 #[test]
 fn whole_stack_built_static() {
-    let svc = ServiceBuilder::new()
-        .layer(DeadLetterLayer::new(MemoryStore::new()).into_static())
-        .layer(RetryLayer::default())
-        .layer(BreakerLayer::new().into_static())
-        .layer(ClassifyLayer::new(all_ok::<Req>))
-        .layer(TimeoutLayer::new(Duration::from_secs(30)))
-        .service(bare());
+    let svc = stack_of(
+        DeadLetterLayer::new(MemoryStore::new()).into_static(),
+        BreakerLayer::new().into_static(),
+    );
     assert_adds_nothing(
         "whole stack, breaker and dead letters into_static",
         bare(),
