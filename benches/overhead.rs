@@ -42,8 +42,9 @@ use tower::{Layer, Service, ServiceBuilder};
 use tower_backstop::BoxError;
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::{ClassifyLayer, Verdict};
-use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::retry::{DeadLetterRetryLayer, RetryLayer, RetryPolicy};
+use tower_backstop::store::MemoryStore;
 use tower_backstop::timeout::TimeoutLayer;
 
 #[path = "../tests/support/counting.rs"]

@@ -216,7 +216,7 @@ pub enum DeadLetterStatus {
         /// The id the record would have had.
         id: String,
         /// Why the store refused it: the store's error (a
-        /// [`StoreError`](crate::dead_letter::StoreError) from this crate's stores; reach it
+        /// [`StoreError`](crate::store::StoreError) from this crate's stores; reach it
         /// with `error.downcast_ref::<StoreError>()`). Boxed so that the shared failure types
         /// know no layer.
         error: BoxError,

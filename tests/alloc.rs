@@ -17,8 +17,9 @@ use std::time::Duration;
 use tower::{Layer, Service, ServiceBuilder, service_fn};
 use tower_backstop::breaker::{BreakerLayer, FailoverLayer, State};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier, Verdict};
-use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::retry::{Budget, DeadLetterRetryLayer, RetryLayer, RetryPolicy};
+use tower_backstop::store::MemoryStore;
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Class, Code, Failure};
 

@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::dead_letter::{AttemptBudgetLayer, Record, SqliteStore, Store};
+use tower_backstop::dead_letter::{AttemptBudgetLayer, record_of};
+use tower_backstop::store::{Record, SqliteStore, Store};
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 
 fn spent(id: &str, attempts: u32) -> Record {
     let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
-    let mut r = Record::from_failure(id.to_owned(), Envelope::new("x"), &f);
+    let mut r = record_of(id.to_owned(), Envelope::new("x"), &f);
     r.attempts = attempts;
     r.budget_spent = attempts;
     r
@@ -89,7 +90,7 @@ async fn redis_reads_only_the_count() {
 
 #[tokio::test]
 async fn memory_reads_only_the_count() {
-    let store = tower_backstop::dead_letter::MemoryStore::new();
+    let store = tower_backstop::store::MemoryStore::new();
     store.put(spent("m-1", 3)).await.unwrap();
     assert_eq!(store.budget_spent("m-1").await.unwrap(), Some(3));
     assert_eq!(store.budget_spent("none").await.unwrap(), None);

@@ -8,8 +8,9 @@ use support::{Scripted, Step, post_with_key, status, status_with};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, SqliteStore, Store};
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::store::{MemoryStore, SqliteStore, Store};
 use tower_backstop::{Class, DeadLetterStatus, GiveUp};
 
 fn stored_id<R>(f: &tower_backstop::Failure<R>) -> String {

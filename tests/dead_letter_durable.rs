@@ -9,11 +9,10 @@ use std::sync::Arc;
 use support::{Scripted, post_with_key, status};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{
-    AttemptBudgetLayer, DeadLetterLayer, Filter, MemoryStore, Page, Redrive, SqliteStore, Status,
-    Store, http_request,
-};
+use tower_backstop::dead_letter::{AttemptBudgetLayer, DeadLetterLayer};
+use tower_backstop::resend::{Redrive, http_request};
 use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::store::{Filter, MemoryStore, Page, SqliteStore, Status, Store};
 use tower_backstop::{Class, Code, DeadLetterStatus, Failure};
 
 /// Sends one message that fails every attempt through DeadLetter → Retry(3) → Classify and

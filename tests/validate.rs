@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::dead_letter::{DeadLetterLayer, Invalid, MemoryStore, Store, ValidateLayer};
+use tower_backstop::dead_letter::{DeadLetterLayer, Invalid, ValidateLayer};
 use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::store::{MemoryStore, Store};
 use tower_backstop::{BoxError, Class, DeadLetterStatus};
 
 /// The seed's `validate_job`: required fields and an `@` in the recipient.

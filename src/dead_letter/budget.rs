@@ -10,9 +10,9 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::store::{BoxFuture, Store, StoreError};
 use crate::failure::{Class, Code, Failure};
 use crate::request::Describe;
+use crate::store::{BoxFuture, Store, StoreError};
 
 /// Refuses a message whose whole attempt budget was spent in earlier runs, without calling the
 /// inner service: the message is poison.
@@ -23,7 +23,8 @@ use crate::request::Describe;
 ///
 /// ```
 /// use tower::ServiceBuilder;
-/// use tower_backstop::dead_letter::{AttemptBudgetLayer, DeadLetterLayer, MemoryStore};
+/// use tower_backstop::dead_letter::{AttemptBudgetLayer, DeadLetterLayer};
+/// use tower_backstop::store::MemoryStore;
 /// use tower_backstop::retry::{RetryLayer, RetryPolicy};
 ///
 /// let store = MemoryStore::new();
@@ -35,7 +36,7 @@ use crate::request::Describe;
 /// ```
 ///
 /// The count lives in the store, in the dead-letter record of the message id
-/// ([`Record::budget_spent`](super::Record::budget_spent)): the dead-letter layer adds each final failure's attempts to it in
+/// ([`Record::budget_spent`](crate::store::Record::budget_spent)): the dead-letter layer adds each final failure's attempts to it in
 /// the same transaction as the rest of the record, so it survives restarts. Before each call whose
 /// id is known ([`Describe::message_id`]: the `Idempotency-Key`, or a
 /// [`MessageId`](crate::MessageId)), this layer reads the record; when `budget_spent` has reached

@@ -5,11 +5,11 @@ use std::task::{Context, Poll, ready};
 use pin_project_lite::pin_project;
 
 use super::layer::Config;
-use super::record::Record;
-use super::store::{BoxFuture, StoreError};
+use super::record::record_at;
 use crate::anchor::Anchor;
 use crate::failure::{DeadLetterStatus, Failure};
 use crate::request::{Describe, Envelope};
+use crate::store::{BoxFuture, Record, StoreError};
 
 pin_project! {
     /// Response future of [`DeadLetter`](super::DeadLetter): the inner call, then, on failure,
@@ -100,7 +100,7 @@ where
                     let config = this.config.clone();
                     // Everything the record needs from the failure, taken now: the failure
                     // itself goes back to the caller.
-                    let draft = Record::from_failure_at(
+                    let draft = record_at(
                         String::new(),
                         Envelope::default(),
                         &failure,

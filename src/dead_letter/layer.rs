@@ -3,10 +3,16 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use super::record::DEFAULT_PAYLOAD_LIMIT;
-use super::{Clock, DeadLetter, RedactHeaders, Store};
+use super::DeadLetter;
 use crate::anchor::Anchor;
+use crate::clock::Clock;
 use crate::request::Envelope;
+use crate::store::{RedactHeaders, Store};
+
+/// The largest payload a record keeps by default, in bytes (64 KiB); a longer payload is stored
+/// truncated, with [`Record::payload_truncated`](crate::store::Record::payload_truncated) set
+/// ([`DeadLetterLayer::max_payload`]).
+pub const DEFAULT_PAYLOAD_LIMIT: usize = 64 * 1024;
 
 /// A function that extracts searchable tags (campaign, provider, tenant…) from a described
 /// request. See [`DeadLetterLayer::tags`].
@@ -55,7 +61,7 @@ pub struct DeadLetterLayer {
 
 impl DeadLetterLayer {
     /// A layer that writes dead letters to `store`, keeping payloads up to
-    /// [`DEFAULT_PAYLOAD_LIMIT`](super::DEFAULT_PAYLOAD_LIMIT) bytes and no tags. Keep a clone of
+    /// [`DEFAULT_PAYLOAD_LIMIT`] bytes and no tags. Keep a clone of
     /// the store to search it.
     pub fn new(store: impl Store) -> Self {
         DeadLetterLayer::from_arc(Arc::new(store))
@@ -73,7 +79,8 @@ impl DeadLetterLayer {
     /// [`Describe`](crate::Describe) set. Runs on the failure path only.
     ///
     /// ```
-    /// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+    /// use tower_backstop::dead_letter::DeadLetterLayer;
+    /// use tower_backstop::store::MemoryStore;
     ///
     /// let layer = DeadLetterLayer::new(MemoryStore::new()).tags(|envelope| {
     ///     let message: serde_json::Value =
@@ -94,8 +101,8 @@ impl DeadLetterLayer {
     }
 
     /// Keeps at most `bytes` of each payload; a longer payload is stored cut, with
-    /// [`Record::payload_truncated`](super::Record::payload_truncated) set, and cannot be
-    /// re-sent. The default is [`DEFAULT_PAYLOAD_LIMIT`](super::DEFAULT_PAYLOAD_LIMIT) (64 KiB).
+    /// [`Record::payload_truncated`](crate::store::Record::payload_truncated) set, and cannot be
+    /// re-sent. The default is [`DEFAULT_PAYLOAD_LIMIT`] (64 KiB).
     pub fn max_payload(mut self, bytes: usize) -> Self {
         self.config.edit(|c| c.payload_limit = bytes);
         self
@@ -105,7 +112,8 @@ impl DeadLetterLayer {
     /// cookies and API keys). Every other header is kept whole and sent again on re-drive.
     ///
     /// ```
-    /// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, RedactHeaders};
+    /// use tower_backstop::dead_letter::DeadLetterLayer;
+    /// use tower_backstop::store::{MemoryStore, RedactHeaders};
     ///
     /// let layer = DeadLetterLayer::new(MemoryStore::new())
     ///     .redact_headers(RedactHeaders::default().and("x-signature"));
@@ -117,7 +125,7 @@ impl DeadLetterLayer {
 
     /// The clock for record times (failure times, retry-at). Default [`Clock::system`]; tests on
     /// tokio's paused clock use [`Clock::tokio`], the same clock as their
-    /// [`Scheduler`](super::Scheduler).
+    /// [`Scheduler`](crate::resend::Scheduler).
     pub fn clock(mut self, clock: Clock) -> Self {
         self.config.edit(|c| c.clock = clock);
         self
@@ -139,7 +147,8 @@ impl DeadLetterLayer {
     /// every record. A setter called after it leaks one more copy of the configuration.
     ///
     /// ```
-    /// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+    /// use tower_backstop::dead_letter::DeadLetterLayer;
+    /// use tower_backstop::store::MemoryStore;
     ///
     /// let store = MemoryStore::new();
     /// let layer = DeadLetterLayer::new(store.clone()).max_payload(4096).into_static();

@@ -5,7 +5,7 @@
 //! permanent or poison failure, a breaker open with no attempt left), it writes one [`Record`]:
 //! the id (the request's `Idempotency-Key`, or a generated message id), the class, the original
 //! code, the message, the attempt count, the first and last failure times, the retry-at time when
-//! the failure is deferred (see [`Record::from_failure`]), tags from your function, and the
+//! the failure is deferred (see [`record_of`]), tags from your function, and the
 //! original payload (up to a size limit) with what is needed to re-send it. Writing the same id
 //! again updates the record instead of duplicating it, keeping the last K errors in its history.
 //!
@@ -23,7 +23,8 @@
 //!
 //! ```
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, Store};
+//! use tower_backstop::dead_letter::DeadLetterLayer;
+//! use tower_backstop::store::{MemoryStore, Store};
 //! use tower_backstop::{BoxError, DeadLetterStatus};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -41,7 +42,7 @@
 //! # }
 //! ```
 //!
-//! For a durable store, use [`SqliteStore::open`] (feature `sqlite`, on by default); for many
+//! For a durable store, use [`SqliteStore::open`](crate::store::SqliteStore::open) (feature `sqlite`, on by default); for many
 //! instances, `RedisStore` (feature `redis`). Every store implements the one [`Store`] trait
 //! with one behaviour: writes merge by id, search with a [`Filter`] and a [`Page`], [`Counts`] over
 //! a window, atomic claims of due records.
@@ -53,7 +54,8 @@
 //!
 //! ```
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use tower_backstop::dead_letter::{AttemptBudgetLayer, DeadLetterLayer, Filter, MemoryStore, Page, Store};
+//! use tower_backstop::dead_letter::{AttemptBudgetLayer, DeadLetterLayer};
+//! use tower_backstop::store::{Filter, MemoryStore, Page, Store};
 //! use tower_backstop::BoxError;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -78,11 +80,11 @@
 //!
 //! # Afterwards
 //!
-//! - [`Stats`]: top classes and codes over a window, the dead-letter rate, and the alert signals
-//!   of [`AlertRules`] (a class above 20 % of the last 5 minutes, a code never seen before).
-//! - [`Redrive`]: re-send on purpose, with a filter, a dry run, a rate and a maximum.
-//! - [`Scheduler`]: re-send deferred records when their retry-at time comes.
-//! - [`Reconciler`]: asks the provider, with your [`StatusCheck`], about stored outcome-unknown
+//! - [`Stats`](crate::store::Stats): top classes and codes over a window, the dead-letter rate, and the alert signals
+//!   of [`AlertRules`](crate::store::AlertRules) (a class above 20 % of the last 5 minutes, a code never seen before).
+//! - [`Redrive`](crate::resend::Redrive): re-send on purpose, with a filter, a dry run, a rate and a maximum.
+//! - [`Scheduler`](crate::resend::Scheduler): re-send deferred records when their retry-at time comes.
+//! - [`Reconciler`](crate::resend::Reconciler): asks the provider, with your [`StatusCheck`], about stored outcome-unknown
 //!   records (`backstop-dlq reconcile` does it with a status URL); [`ReconcileLayer`] asks
 //!   before an outcome-unknown failure reaches the caller.
 //! - The `backstop-dlq` command-line tool (feature `cli`) does all of these over a SQLite file
@@ -94,12 +96,18 @@
 //!   or two schedulers on one store, exactly one sends; the other reports the record skipped,
 //!   claimed elsewhere.
 //! - A record keeps the whole request: method, URI, every header (values byte for byte) and the
-//!   body; the values of secret headers ([`RedactHeaders`]: `Authorization`, `Cookie`, API
-//!   keys…) are never written, and [`http_request_restoring`] gets them back from your hook.
+//!   body; the values of secret headers ([`RedactHeaders`](crate::store::RedactHeaders): `Authorization`, `Cookie`, API
+//!   keys…) are never written, and [`http_request_restoring`](crate::resend::http_request_restoring) gets them back from your hook.
 //! - [`ValidateLayer`] keeps a request your validator rejects from the provider: it is poison,
 //!   dead-lettered once with the reason.
 //! - Reading a store never panics on what it holds; store URLs print without their password
-//!   ([`redact_url`]).
+//!   ([`redact_url`](crate::store::redact_url)).
+//!
+//! [`Store`]: crate::store::Store
+//! [`Record`]: crate::store::Record
+//! [`Filter`]: crate::store::Filter
+//! [`Page`]: crate::store::Page
+//! [`Counts`]: crate::store::Counts
 
 use std::fmt;
 use std::sync::Arc;
@@ -110,52 +118,23 @@ use tower_service::Service;
 use crate::anchor::Anchor;
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
+use crate::store::Store;
 
 mod budget;
 mod future;
-mod headers;
 mod layer;
-mod query;
 mod reconcile;
 mod record;
-#[cfg(feature = "redis")]
-mod redis;
-mod redrive;
-mod scheduler;
-#[cfg(feature = "sqlite")]
-mod sqlite;
-mod stats;
-mod store;
 mod validate;
 
 pub use self::budget::{AttemptBudget, AttemptBudgetLayer, BudgetFuture, BudgetSpent};
 pub use self::future::ResponseFuture;
-pub use self::headers::RedactHeaders;
-pub use self::layer::{DeadLetterLayer, TagFn};
-pub use self::query::{Change, Claim, Counts, Filter, Page};
+pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer, TagFn};
 pub use self::reconcile::{
-    Delivery, Reconcile, ReconcileFuture, ReconcileLayer, ReconcileReport, Reconciled,
-    ReconciledResponse, Reconciler, StatusCheck,
+    Delivery, Reconcile, ReconcileFuture, ReconcileLayer, Reconciled, ReconciledResponse,
+    StatusCheck,
 };
-pub use self::record::{
-    DEFAULT_HISTORY_LIMIT, DEFAULT_PAYLOAD_LIMIT, ErrorEntry, ParseStatusError, Record, Status,
-};
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use self::redis::RedisStore;
-#[cfg(feature = "reqwest")]
-#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
-pub use self::redrive::reqwest_request;
-pub use self::redrive::{
-    Outcome, RebuildError, Redrive, RedriveError, RedriveReport, Resent, http_request,
-    http_request_restoring,
-};
-pub use self::scheduler::{Clock, Scheduler, SchedulerHandle};
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use self::sqlite::SqliteStore;
-pub use self::stats::{Alert, AlertRules, Stats};
-pub use self::store::{BoxFuture, MemoryStore, Store, StoreError, redact_url};
+pub use self::record::record_of;
 pub use self::validate::{Invalid, Validate, ValidateFuture, ValidateLayer, Validator};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).

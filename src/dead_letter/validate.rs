@@ -73,7 +73,8 @@ impl std::error::Error for Invalid {}
 ///
 /// ```
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
-/// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, Store, ValidateLayer};
+/// use tower_backstop::dead_letter::{DeadLetterLayer, ValidateLayer};
+/// use tower_backstop::store::{MemoryStore, Store};
 /// use tower_backstop::BoxError;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
