@@ -271,14 +271,6 @@ fn dead_letter_alone() {
     assert_adds_nothing("DeadLetterLayer(MemoryStore)", bare(), svc);
 }
 
-#[test]
-fn static_dead_letter_alone() {
-    let svc = DeadLetterLayer::new(MemoryStore::new())
-        .into_static()
-        .layer(bare());
-    assert_adds_nothing("DeadLetterLayer::into_static", bare(), svc);
-}
-
 // The whole stack, outermost first: DeadLetter → Retry → Breaker → Classify → Timeout.
 
 /// The five layers around `bare()`, with this dead-letter layer and this breaker.
@@ -307,14 +299,10 @@ fn whole_stack() {
 #[test]
 fn whole_stack_built_static() {
     let svc = stack_of(
-        DeadLetterLayer::new(MemoryStore::new()).into_static(),
+        DeadLetterLayer::new(MemoryStore::new()),
         BreakerLayer::new().into_static(),
     );
-    assert_adds_nothing(
-        "whole stack, breaker and dead letters into_static",
-        bare(),
-        svc,
-    );
+    assert_adds_nothing("whole stack, breaker into_static", bare(), svc);
 }
 
 #[test]

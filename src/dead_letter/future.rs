@@ -1,12 +1,12 @@
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 
 use super::layer::Config;
 use super::record::record_at;
-use crate::anchor::Anchor;
 use crate::failure::{DeadLetterStatus, Failure};
 use crate::request::{Describe, Envelope};
 use crate::store::{BoxFuture, Record, StoreError};
@@ -18,7 +18,7 @@ pin_project! {
         #[pin]
         state: State<F, R>,
         kept: Kept<Req>,
-        config: Anchor<Config>,
+        config: Arc<Config>,
     }
 }
 
@@ -61,7 +61,7 @@ pin_project! {
 }
 
 impl<F, Req, R> ResponseFuture<F, Req, R> {
-    pub(crate) fn new(future: F, kept: Kept<Req>, config: Anchor<Config>) -> Self {
+    pub(crate) fn new(future: F, kept: Kept<Req>, config: Arc<Config>) -> Self {
         ResponseFuture {
             state: State::Called { future },
             kept,

@@ -4,7 +4,6 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::DeadLetter;
-use crate::anchor::Anchor;
 use crate::clock::Clock;
 use crate::request::Envelope;
 use crate::store::{RedactHeaders, Store};
@@ -56,7 +55,7 @@ impl fmt::Debug for Config {
 /// Applies [`DeadLetter`] to a service: a request that finally fails is written to `store`.
 #[derive(Clone)]
 pub struct DeadLetterLayer {
-    config: Anchor<Config>,
+    config: Arc<Config>,
 }
 
 impl DeadLetterLayer {
@@ -70,7 +69,7 @@ impl DeadLetterLayer {
     /// A layer over a store that is already shared.
     pub fn from_arc(store: Arc<dyn Store>) -> Self {
         DeadLetterLayer {
-            config: Anchor::Counted(Arc::new(Config::new(store))),
+            config: Arc::new(Config::new(store)),
         }
     }
 
@@ -96,7 +95,7 @@ impl DeadLetterLayer {
     where
         F: Fn(&Envelope) -> Vec<(String, String)> + Send + Sync + 'static,
     {
-        self.config.edit(|c| c.tags = Some(Arc::new(f)));
+        Arc::make_mut(&mut self.config).tags = Some(Arc::new(f));
         self
     }
 
@@ -104,7 +103,7 @@ impl DeadLetterLayer {
     /// [`Record::payload_truncated`](crate::store::Record::payload_truncated) set, and cannot be
     /// re-sent. The default is [`DEFAULT_PAYLOAD_LIMIT`] (64 KiB).
     pub fn max_payload(mut self, bytes: usize) -> Self {
-        self.config.edit(|c| c.payload_limit = bytes);
+        Arc::make_mut(&mut self.config).payload_limit = bytes;
         self
     }
 
@@ -119,7 +118,7 @@ impl DeadLetterLayer {
     ///     .redact_headers(RedactHeaders::default().and("x-signature"));
     /// ```
     pub fn redact_headers(mut self, redact: RedactHeaders) -> Self {
-        self.config.edit(|c| c.redact = redact);
+        Arc::make_mut(&mut self.config).redact = redact;
         self
     }
 
@@ -127,35 +126,7 @@ impl DeadLetterLayer {
     /// tokio's paused clock use [`Clock::tokio`], the same clock as their
     /// [`Scheduler`](crate::resend::Scheduler).
     pub fn clock(mut self, clock: Clock) -> Self {
-        self.config.edit(|c| c.clock = clock);
-        self
-    }
-}
-
-impl DeadLetterLayer {
-    /// Makes this layer's configuration live until the process ends, so that each call skips
-    /// its reference count: the response futures reach the store and the settings through a
-    /// `&'static` reference instead of cloning and dropping an `Arc` (two atomic
-    /// read-modify-write operations per call, on a cache line every thread's calls share;
-    /// `benches/overhead.rs` measures the five layers with it, on one thread and on two). Like
-    /// [`BreakerLayer::into_static`](crate::breaker::BreakerLayer::into_static).
-    ///
-    /// The configuration (a few words) is then never freed, and the store it holds is never
-    /// dropped: a `SqliteStore`'s connection stays open until the process
-    /// exits (SQLite's own recovery makes that safe). Use it for layers built once, at startup,
-    /// not for layers built per request. The clones of the store you keep to search it still see
-    /// every record. A setter called after it leaks one more copy of the configuration.
-    ///
-    /// ```
-    /// use tower_backstop::dead_letter::DeadLetterLayer;
-    /// use tower_backstop::store::MemoryStore;
-    ///
-    /// let store = MemoryStore::new();
-    /// let layer = DeadLetterLayer::new(store.clone()).max_payload(4096).into_static();
-    /// # let _ = layer;
-    /// ```
-    pub fn into_static(mut self) -> Self {
-        self.config = self.config.leak();
+        Arc::make_mut(&mut self.config).clock = clock;
         self
     }
 }

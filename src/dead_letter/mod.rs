@@ -115,7 +115,6 @@ use std::task::{Context, Poll};
 
 use tower_service::Service;
 
-use crate::anchor::Anchor;
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
 use crate::store::Store;
@@ -141,7 +140,7 @@ pub use self::validate::{Invalid, Validate, ValidateFuture, ValidateLayer, Valid
 #[derive(Clone)]
 pub struct DeadLetter<S> {
     inner: S,
-    config: Anchor<layer::Config>,
+    config: Arc<layer::Config>,
 }
 
 impl<S> DeadLetter<S> {
@@ -150,7 +149,7 @@ impl<S> DeadLetter<S> {
     pub fn new(inner: S, store: Arc<dyn Store>) -> Self {
         DeadLetter {
             inner,
-            config: Anchor::Counted(Arc::new(layer::Config::new(store))),
+            config: Arc::new(layer::Config::new(store)),
         }
     }
 }
