@@ -143,8 +143,9 @@ pub trait Describe {
     fn describe(self) -> impl Future<Output = Envelope> + Send;
 
     /// The id the record of this request will have, when it is known before the call: what
-    /// [`AttemptBudgetLayer`](crate::dead_letter::AttemptBudgetLayer) looks up. For HTTP: the
-    /// [`MessageId`] extension, else the `Idempotency-Key` header. The default is `None`.
+    /// [`DeadLetterLayer::attempt_budget`](crate::dead_letter::DeadLetterLayer::attempt_budget)
+    /// looks up. For HTTP: the [`MessageId`] extension, else the `Idempotency-Key` header. The
+    /// default is `None`.
     fn message_id(&self) -> Option<&str> {
         None
     }

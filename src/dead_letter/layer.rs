@@ -1,5 +1,6 @@
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use tower_layer::Layer;
 
@@ -26,6 +27,11 @@ pub(crate) struct Config {
     pub(crate) payload_limit: usize,
     pub(crate) clock: Clock,
     pub(crate) redact: RedactHeaders,
+    /// The durable attempt budget per message id, when set.
+    pub(crate) budget: Option<u32>,
+    /// Whether the warning that a [`DeadLetterRetryLayer`](crate::retry::DeadLetterRetryLayer)
+    /// cannot apply the budget was given.
+    pub(crate) budget_warned: Arc<AtomicBool>,
 }
 
 impl Config {
@@ -37,6 +43,8 @@ impl Config {
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
             clock: Clock::system(),
             redact: RedactHeaders::default(),
+            budget: None,
+            budget_warned: Arc::default(),
         }
     }
 }
@@ -48,6 +56,7 @@ impl fmt::Debug for Config {
             .field("payload_limit", &self.payload_limit)
             .field("clock", &self.clock)
             .field("redact", &self.redact)
+            .field("budget", &self.budget)
             .finish()
     }
 }
@@ -127,6 +136,50 @@ impl DeadLetterLayer {
     /// [`Scheduler`](crate::resend::Scheduler).
     pub fn clock(mut self, clock: Clock) -> Self {
         Arc::make_mut(&mut self.config).clock = clock;
+        self
+    }
+}
+
+impl DeadLetterLayer {
+    /// A durable attempt budget of `attempts` per message id (the first call included), counted
+    /// in the layer's store across restarts. A budget of 0 is taken as 1.
+    ///
+    /// For queue consumers, where the same message comes back after a crash or a restart. The
+    /// count lives in the message's record ([`Record::budget_spent`]): each final failure adds
+    /// its attempts to it in the same write as the rest of the record, so it survives restarts.
+    /// Before each call whose id is known ([`Describe::message_id`](crate::Describe::message_id):
+    /// the `Idempotency-Key`, or a [`MessageId`](crate::MessageId)), the layer reads that count;
+    /// when it has reached the budget, the inner service is not called: the call fails at once
+    /// with class [`Class::POISON`](crate::Class::POISON) and a [`BudgetSpent`](super::BudgetSpent)
+    /// source, and the layer records it (adding no attempt). A re-drive on purpose sets the count
+    /// back to zero.
+    ///
+    /// This costs one store read per call with an id, success or not, so use it where a message
+    /// may come back across restarts; requests without an id pass straight through. When the
+    /// store cannot be read, the call goes through and a `tracing` warning says so: the budget
+    /// fails open.
+    ///
+    /// The budget is read by this layer's own service, stacked above the retry layer as its own
+    /// layer. [`DeadLetterRetryLayer`](crate::retry::DeadLetterRetryLayer), and so
+    /// [`BackstopLayer`](crate::BackstopLayer), start the retry layer's call before this layer
+    /// could read the count: they do not apply the budget, and a `tracing` warning says so at
+    /// their first call.
+    ///
+    /// ```
+    /// use tower::ServiceBuilder;
+    /// use tower_backstop::dead_letter::DeadLetterLayer;
+    /// use tower_backstop::retry::{RetryLayer, RetryPolicy};
+    /// use tower_backstop::store::MemoryStore;
+    ///
+    /// let stack = ServiceBuilder::new()
+    ///     .layer(DeadLetterLayer::new(MemoryStore::new()).attempt_budget(5))
+    ///     .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)));
+    /// # let _ = stack;
+    /// ```
+    ///
+    /// [`Record::budget_spent`]: crate::store::Record::budget_spent
+    pub fn attempt_budget(mut self, attempts: u32) -> Self {
+        Arc::make_mut(&mut self.config).budget = Some(attempts.max(1));
         self
     }
 }

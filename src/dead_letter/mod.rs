@@ -54,7 +54,7 @@
 //!
 //! ```
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use tower_backstop::dead_letter::{AttemptBudgetLayer, DeadLetterLayer};
+//! use tower_backstop::dead_letter::DeadLetterLayer;
 //! use tower_backstop::store::{Filter, MemoryStore, Page, Store};
 //! use tower_backstop::BoxError;
 //!
@@ -68,9 +68,9 @@
 //!                 let v: serde_json::Value =
 //!                     serde_json::from_slice(&envelope.payload).unwrap_or_default();
 //!                 v["campaign"].as_str().map(|c| vec![("campaign".into(), c.into())]).unwrap_or_default()
-//!             }),
+//!             })
+//!             .attempt_budget(5),
 //!     )
-//!     .layer(AttemptBudgetLayer::new(store.clone(), 5))
 //!     .service(service_fn(|_: String| async { Err::<(), BoxError>("smtp 421".into()) }));
 //! let _ = svc.oneshot("{\"campaign\":\"spring\"}".to_owned()).await;
 //! let spring = store.search(&Filter::new().tag("campaign", "spring"), Page::first(10)).await.unwrap();
@@ -111,6 +111,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use tower_service::Service;
@@ -126,8 +127,8 @@ mod reconcile;
 mod record;
 mod validate;
 
-pub use self::budget::{AttemptBudget, AttemptBudgetLayer, BudgetFuture, BudgetSpent};
-pub use self::future::ResponseFuture;
+pub use self::budget::BudgetSpent;
+pub use self::future::{InnerFuture, ResponseFuture};
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer, TagFn};
 pub use self::reconcile::{
     Delivery, Reconcile, ReconcileFuture, ReconcileLayer, Reconciled, ReconciledResponse,
@@ -163,6 +164,13 @@ impl<S> DeadLetter<S> {
         &mut self,
         call: impl FnOnce(&mut S) -> (F, Option<Option<String>>),
     ) -> ResponseFuture<F, Req, R> {
+        if self.config.budget.is_some() && !self.config.budget_warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                "the dead-letter layer's attempt budget is not applied under DeadLetterRetryLayer \
+                 or BackstopLayer: stack DeadLetterLayer above RetryLayer as two layers for it"
+            );
+        }
         let (future, uncopyable) = call(&mut self.inner);
         let kept = match uncopyable {
             None => future::Kept::HandedBack,
@@ -187,13 +195,13 @@ impl<S: fmt::Debug> fmt::Debug for DeadLetter<S> {
 
 impl<S, Req> Service<Req> for DeadLetter<S>
 where
-    S: Service<Req>,
+    S: Service<Req> + Clone,
     S::Error: Into<Failure<S::Response>>,
     Req: Replay + Describe + Send + 'static,
 {
     type Response = S::Response;
     type Error = Failure<S::Response>;
-    type Future = ResponseFuture<S::Future, Req, S::Response>;
+    type Future = ResponseFuture<InnerFuture<S, Req>, Req, S::Response>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -203,6 +211,15 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let kept = future::Kept::of(&req, req.replay());
-        ResponseFuture::new(self.inner.call(req), kept, self.config.clone())
+        if let (Some(budget), Some(id)) = (self.config.budget, req.message_id()) {
+            // The budget is read before the call: take the service that is ready, leave a clone.
+            let id = id.to_owned();
+            let clone = self.inner.clone();
+            let service = std::mem::replace(&mut self.inner, clone);
+            let call = InnerFuture::waiting(service, req);
+            return ResponseFuture::checking(call, id, budget, kept, self.config.clone());
+        }
+        let call = InnerFuture::called(self.inner.call(req));
+        ResponseFuture::new(call, kept, self.config.clone())
     }
 }

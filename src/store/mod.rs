@@ -325,9 +325,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<Claim, StoreError>>;
 
     /// How many attempts of the message `id` count against its durable attempt budget
-    /// ([`Record::budget_spent`]), or `None` when there is no record: what
-    /// [`AttemptBudgetLayer`](crate::dead_letter::AttemptBudgetLayer) reads on each call. Stores read only
-    /// that number, not the whole record; the default reads the record.
+    /// ([`Record::budget_spent`]), or `None` when there is no record: what the dead-letter layer's
+    /// attempt budget
+    /// ([`DeadLetterLayer::attempt_budget`](crate::dead_letter::DeadLetterLayer::attempt_budget))
+    /// reads on each call. Stores read only that number, not the whole record; the default reads
+    /// the record.
     ///
     /// # Errors
     ///

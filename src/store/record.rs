@@ -127,8 +127,8 @@ pub struct Record {
     /// adds the new attempts to this count.
     pub attempts: u32,
     /// The attempts counted against a durable attempt budget
-    /// ([`AttemptBudgetLayer`](crate::dead_letter::AttemptBudgetLayer)): like `attempts`, but set back to zero
-    /// when someone re-drives the record on purpose.
+    /// ([`DeadLetterLayer::attempt_budget`](crate::dead_letter::DeadLetterLayer::attempt_budget)):
+    /// like `attempts`, but set back to zero when someone re-drives the record on purpose.
     #[serde(default)]
     pub budget_spent: u32,
     /// When the first attempt failed.
