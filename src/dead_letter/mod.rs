@@ -98,8 +98,9 @@
 //! - A record keeps the whole request: method, URI, every header (values byte for byte) and the
 //!   body; the values of secret headers ([`RedactHeaders`](crate::store::RedactHeaders): `Authorization`, `Cookie`, API
 //!   keys…) are never written, and [`http_request_restoring`](crate::resend::http_request_restoring) gets them back from your hook.
-//! - [`ValidateLayer`] keeps a request your validator rejects from the provider: it is poison,
-//!   dead-lettered once with the reason.
+//! - A request your validation rejects never reaches the provider: validate with tower's
+//!   `FilterLayer` below the retry layer, rejecting with an [`Invalid`](crate::classify::Invalid)
+//!   error; it is poison, dead-lettered once with the reason.
 //! - Reading a store never panics on what it holds; store URLs print without their password
 //!   ([`redact_url`](crate::store::redact_url)).
 //!
@@ -125,7 +126,6 @@ mod future;
 mod layer;
 mod reconcile;
 mod record;
-mod validate;
 
 pub use self::budget::BudgetSpent;
 pub use self::future::{InnerFuture, ResponseFuture};
@@ -135,7 +135,6 @@ pub use self::reconcile::{
     StatusCheck,
 };
 pub use self::record::record_of;
-pub use self::validate::{Invalid, Validate, ValidateFuture, ValidateLayer, Validator};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).
 #[derive(Clone)]
