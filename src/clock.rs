@@ -2,7 +2,10 @@
 
 use std::time::SystemTime;
 
-/// Where record times come from.
+/// Where record times come from: the failure and retry-at times the
+/// [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer) writes, and the times the
+/// [`Scheduler`](crate::resend::Scheduler), [`Redrive`](crate::resend::Redrive) and
+/// [`Reconciler`](crate::resend::Reconciler) compare and write.
 ///
 /// [`Clock::system`] reads the system clock. [`Clock::tokio`] counts tokio's clock from the
 /// system time when it was made, so that tests on tokio's paused clock (`start_paused`,

@@ -16,7 +16,7 @@ pub const DEFAULT_PAYLOAD_LIMIT: usize = 64 * 1024;
 
 /// A function that extracts searchable tags (campaign, provider, tenant…) from a described
 /// request. See [`DeadLetterLayer::tags`].
-pub type TagFn = dyn Fn(&Envelope) -> Vec<(String, String)> + Send + Sync;
+pub(crate) type TagFn = dyn Fn(&Envelope) -> Vec<(String, String)> + Send + Sync;
 
 /// Where a [`DeadLetter`] service writes its records, and what it does with a record before it
 /// writes it. One `Arc` of it per call, not one per field.

@@ -42,10 +42,10 @@
 //! # }
 //! ```
 //!
-//! For a durable store, use [`SqliteStore::open`](crate::store::SqliteStore::open) (feature `sqlite`, on by default); for many
-//! instances, `RedisStore` (feature `redis`). Every store implements the one [`Store`] trait
-//! with one behaviour: writes merge by id, search with a [`Filter`] and a [`Page`], [`Counts`] over
-//! a window, atomic claims of due records.
+//! For a durable store, use [`SqliteStore::open`] (feature `sqlite`, on by default); for many
+//! instances, `RedisStore` (feature `redis`). The stores, their records and their queries are in
+//! [`store`](crate::store): writes merge by id, search with a [`Filter`] and a [`Page`],
+//! [`Counts`] over a window, atomic claims of due records.
 //!
 //! # Customised
 //!
@@ -67,7 +67,8 @@
 //!             .tags(|envelope| {
 //!                 let v: serde_json::Value =
 //!                     serde_json::from_slice(&envelope.payload).unwrap_or_default();
-//!                 v["campaign"].as_str().map(|c| vec![("campaign".into(), c.into())]).unwrap_or_default()
+//!                 let campaign = v["campaign"].as_str();
+//!                 campaign.map(|c| vec![("campaign".into(), c.into())]).unwrap_or_default()
 //!             })
 //!             .attempt_budget(5),
 //!     )
@@ -78,37 +79,47 @@
 //! # }
 //! ```
 //!
+//! # Options
+//!
+//! - [`tags`](DeadLetterLayer::tags), [`max_payload`](DeadLetterLayer::max_payload),
+//!   [`redact_headers`](DeadLetterLayer::redact_headers), [`clock`](DeadLetterLayer::clock):
+//!   what a record holds.
+//! - [`attempt_budget`](DeadLetterLayer::attempt_budget): a durable attempt budget per message
+//!   id; a message that spent it in earlier runs is refused at once, poison, with a
+//!   [`BudgetSpent`] source.
+//! - Validation before sending is tower's `FilterLayer` below the retry layer, rejecting with
+//!   [`Invalid`](crate::classify::Invalid): the request never reaches the provider, is poison, and
+//!   is dead-lettered once with the reason.
+//! - [`ReconcileLayer`] asks your [`StatusCheck`] before an outcome-unknown failure reaches the
+//!   caller.
+//!
 //! # Afterwards
 //!
-//! - [`Stats`](crate::store::Stats): top classes and codes over a window, the dead-letter rate, and the alert signals
-//!   of [`AlertRules`](crate::store::AlertRules) (a class above 20 % of the last 5 minutes, a code never seen before).
-//! - [`Redrive`](crate::resend::Redrive): re-send on purpose, with a filter, a dry run, a rate and a maximum.
-//! - [`Scheduler`](crate::resend::Scheduler): re-send deferred records when their retry-at time comes.
-//! - [`Reconciler`](crate::resend::Reconciler): asks the provider, with your [`StatusCheck`], about stored outcome-unknown
-//!   records (`backstop-dlq reconcile` does it with a status URL); [`ReconcileLayer`] asks
-//!   before an outcome-unknown failure reaches the caller.
+//! - [`Stats`]: top classes and codes over a window, the dead-letter rate, and the alert signals
+//!   of [`AlertRules`] (a class above 20 % of the last 5 minutes, a code never seen before).
+//! - [`resend`](crate::resend): [`Scheduler`] re-sends deferred records when their retry-at time
+//!   comes, [`Redrive`] re-sends on purpose (a filter, a dry run, a rate and a maximum), and
+//!   [`Reconciler`] asks your [`StatusCheck`] about stored outcome-unknown records.
 //! - The `backstop-dlq` command-line tool (feature `cli`) does all of these over a SQLite file
 //!   or a Redis URL.
 //!
-//! # Trust
-//!
-//! - Claims are compare-and-set ([`Store::claim`]): of two re-drives, a re-drive and a scheduler,
-//!   or two schedulers on one store, exactly one sends; the other reports the record skipped,
-//!   claimed elsewhere.
-//! - A record keeps the whole request: method, URI, every header (values byte for byte) and the
-//!   body; the values of secret headers ([`RedactHeaders`](crate::store::RedactHeaders): `Authorization`, `Cookie`, API
-//!   keys…) are never written, and [`http_request_restoring`](crate::resend::http_request_restoring) gets them back from your hook.
-//! - A request your validation rejects never reaches the provider: validate with tower's
-//!   `FilterLayer` below the retry layer, rejecting with an [`Invalid`](crate::classify::Invalid)
-//!   error; it is poison, dead-lettered once with the reason.
-//! - Reading a store never panics on what it holds; store URLs print without their password
-//!   ([`redact_url`](crate::store::redact_url)).
+//! A record keeps the whole request: method, URI, every header (values byte for byte) and the
+//! body; the values of secret headers ([`RedactHeaders`]: `Authorization`, `Cookie`, API keys…)
+//! are never written, and [`http_request_restoring`] gets them back from your hook.
 //!
 //! [`Store`]: crate::store::Store
 //! [`Record`]: crate::store::Record
 //! [`Filter`]: crate::store::Filter
 //! [`Page`]: crate::store::Page
 //! [`Counts`]: crate::store::Counts
+//! [`SqliteStore::open`]: crate::store::SqliteStore::open
+//! [`Stats`]: crate::store::Stats
+//! [`AlertRules`]: crate::store::AlertRules
+//! [`RedactHeaders`]: crate::store::RedactHeaders
+//! [`Scheduler`]: crate::resend::Scheduler
+//! [`Redrive`]: crate::resend::Redrive
+//! [`Reconciler`]: crate::resend::Reconciler
+//! [`http_request_restoring`]: crate::resend::http_request_restoring
 
 use std::fmt;
 use std::sync::Arc;
@@ -129,7 +140,7 @@ mod record;
 
 pub use self::budget::BudgetSpent;
 pub use self::future::{InnerFuture, ResponseFuture};
-pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer, TagFn};
+pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
 pub use self::reconcile::{
     Delivery, Reconcile, ReconcileFuture, ReconcileLayer, Reconciled, ReconciledResponse,
     StatusCheck,

@@ -113,8 +113,8 @@ impl ReconciledResponse for () {
 /// [`Reconciled`] ([`ReconciledResponse`]); not delivered → the failure carries proof that the
 /// request was not processed ([`Failure::with_not_processed`]) and the retry layer above resends
 /// it by its normal rules, as if it had never been sent; unknown → the failure goes on, the retry
-/// layer calls it outcome-unknown and the dead-letter layer records it, for a [`Reconciler`](crate::resend::Reconciler) to
-/// settle later.
+/// layer calls it outcome-unknown and the dead-letter layer records it, for a
+/// [`Reconciler`](crate::resend::Reconciler) to settle later.
 ///
 /// Place it below [`RetryLayer`](crate::retry::RetryLayer) and above the
 /// [`ClassifyLayer`](crate::classify::ClassifyLayer) (so it sees classified failures and its
