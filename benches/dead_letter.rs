@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tokio::runtime::Runtime;
-use tower_backstop::dead_letter::{MemoryStore, Record, SqliteStore, Store};
+use tower_backstop::dead_letter::record_of;
+use tower_backstop::store::{MemoryStore, Record, SqliteStore, Store};
 use tower_backstop::{Class, Code, Envelope, Failure};
 
 const BATCH: usize = 1_000;
@@ -38,7 +39,7 @@ fn record() -> Record {
          shipped\",\"body\":\"Hi, good news: your order left our warehouse today. Tracking: \
          1Z{n:012}\"}}"
     );
-    Record::from_failure(
+    record_of(
         format!("msg-{n:010}"),
         Envelope::new(payload)
             .with_content_type("application/json")
@@ -101,13 +102,13 @@ fn dead_letter_write(c: &mut Criterion) {
     {
         let url = std::env::var("BACKSTOP_REDIS_URL")
             .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-        match rt.block_on(tower_backstop::dead_letter::RedisStore::connect(&url)) {
+        match rt.block_on(tower_backstop::store::RedisStore::connect(&url)) {
             Ok(store) => {
                 let store = store.with_prefix(format!("backstop-bench:{}", std::process::id()));
                 bench_store(c, &rt, "redis", &store);
                 // Leave no bench keys behind.
-                let all = tower_backstop::dead_letter::Filter::new()
-                    .status(tower_backstop::dead_letter::Status::Dead);
+                let all = tower_backstop::store::Filter::new()
+                    .status(tower_backstop::store::Status::Dead);
                 let _ = rt.block_on(store.delete(&all));
             }
             Err(e) => eprintln!("redis entries skipped: no redis at {url}: {e}"),
@@ -127,7 +128,7 @@ const SCALE_CLASSES: [&str; 5] = ["transient", "throttled", "unknown", "permanen
 fn dead_letter_redis_scale(c: &mut Criterion) {
     #[cfg(feature = "redis")]
     {
-        use tower_backstop::dead_letter::{Filter, Page, RedisStore};
+        use tower_backstop::store::{Filter, Page, RedisStore};
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()

@@ -19,8 +19,8 @@
 //! tower-resilience's: `max_attempts(3)`, fixed 100 ms interval); breakers trip on 5
 //! consecutive failures (tower-resilience: a failure rate over a count window of 5 calls);
 //! timeouts are 30 s, never reached. `stack/backstop_five_layers_static` is the five layers with
-//! the breaker and the dead-letter layer built with `into_static` (their state leaked once, so no
-//! call counts references to it).
+//! the breaker built with `into_static` (its state leaked once, so no call counts references to
+//! it).
 //!
 //! ```text
 //! cargo bench --bench overhead -- --warm-up-time 1 --measurement-time 3
@@ -42,8 +42,9 @@ use tower::{Layer, Service, ServiceBuilder};
 use tower_backstop::BoxError;
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::{ClassifyLayer, Verdict};
-use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::retry::{DeadLetterRetryLayer, RetryLayer, RetryPolicy};
+use tower_backstop::store::MemoryStore;
 use tower_backstop::timeout::TimeoutLayer;
 
 #[path = "../tests/support/counting.rs"]
@@ -204,12 +205,11 @@ fn five_layers_shared_copy() -> impl Service<Req, Error: Debug> + Clone + Send +
         .service(bare())
 }
 
-/// Our five layers, the breaker and the dead-letter layer built with `into_static` (no reference
-/// count per call on their shared state: the breaker's, twice, and the dead-letter layer's
-/// configuration).
+/// Our five layers, the breaker built with `into_static` (no reference count per call on its
+/// shared state).
 fn five_layers_static() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
     five_layers_of(
-        DeadLetterLayer::new(MemoryStore::new()).into_static(),
+        DeadLetterLayer::new(MemoryStore::new()),
         BreakerLayer::new().into_static(),
     )
 }

@@ -74,10 +74,10 @@ use tokio::task::JoinSet;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, KeyedBreakerLayer, OpenDuration};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{
-    AlertRules, DeadLetterLayer, Record, Scheduler, SqliteStore, Stats, Status, Store, http_request,
-};
+use tower_backstop::dead_letter::DeadLetterLayer;
+use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::retry::{Backoff, DelaySource, RetryLayer, RetryPolicy};
+use tower_backstop::store::{AlertRules, Record, SqliteStore, Stats, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Class, Code, DeadLetterStatus};
 use tracing_subscriber::EnvFilter;

@@ -15,8 +15,9 @@ use axum::routing::post;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, SqliteStore, Store};
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
+use tower_backstop::store::{SqliteStore, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Class, DeadLetterStatus};
 

@@ -129,11 +129,10 @@ use tokio::task::JoinSet;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, KeyedBreakerLayer, OpenDuration};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{
-    DeadLetterLayer, Delivery, MemoryStore, ReconcileLayer, Reconciled, Record, Scheduler, Status,
-    Store, http_request,
-};
+use tower_backstop::dead_letter::{DeadLetterLayer, Delivery, ReconcileLayer, Reconciled};
+use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::retry::{RetryEvent, RetryLayer, RetryPolicy};
+use tower_backstop::store::{MemoryStore, Record, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{DeadLetterStatus, Envelope, Failure};
 

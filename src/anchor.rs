@@ -1,14 +1,14 @@
 //! How a layer's services and futures reach the state the layer built once: through a counted
 //! reference (an `Arc`, the default), or through a leaked `'static` one that needs no count.
 //!
-//! Every call's future that must reach shared state when it ends (a breaker's counts, the
-//! dead-letter layer's store) holds one of these. Counted, that is one atomic increment when the
+//! Every call's future that must reach shared state when it ends (a breaker's counts) holds one
+//! of these. Counted, that is one atomic increment when the
 //! call starts and one decrement when it ends, on a cache line that every thread's calls share,
 //! so that on two threads the line moves between cores on every call (`benches/overhead.rs`
 //! measures both, `overhead_2_threads` the second). A layer's `into_static` leaks its state once
 //! instead, for layers built once at startup.
 //!
-//! This module knows no layer: the breaker and the dead-letter layer use it, never the reverse.
+//! This module knows no layer: the breaker uses it, never the reverse.
 
 use std::fmt;
 use std::ops::Deref;
@@ -38,22 +38,6 @@ impl<T: ?Sized> Anchor<T> {
     #[cfg(test)]
     pub(crate) fn is_static(&self) -> bool {
         matches!(self, Anchor::Static(_))
-    }
-}
-
-impl<T: Clone> Anchor<T> {
-    /// Edits the state before it is shared: in place when this is the only counted reference, on
-    /// a copy otherwise (`Arc::make_mut`). A `'static` state is copied, edited and leaked again,
-    /// so that it stays uncounted.
-    pub(crate) fn edit(&mut self, f: impl FnOnce(&mut T)) {
-        match self {
-            Anchor::Counted(shared) => f(Arc::make_mut(shared)),
-            Anchor::Static(shared) => {
-                let mut copy = T::clone(shared);
-                f(&mut copy);
-                *self = Anchor::Counted(Arc::new(copy)).leak();
-            }
-        }
     }
 }
 
@@ -107,19 +91,5 @@ mod tests {
             "clones of it count nothing"
         );
         assert!(copies.iter().all(|c| **c == 7));
-    }
-
-    #[test]
-    fn editing_a_leaked_anchor_keeps_it_static_and_leaves_the_old_state_alone() {
-        let mut leaked = Anchor::Counted(Arc::new(String::from("a"))).leak();
-        let before = leaked.clone();
-        leaked.edit(|s| s.push('b'));
-        assert!(leaked.is_static());
-        assert_eq!((before.as_str(), leaked.as_str()), ("a", "ab"));
-
-        let mut counted = Anchor::Counted(Arc::new(String::from("a")));
-        counted.edit(|s| s.push('c'));
-        assert!(!counted.is_static());
-        assert_eq!(&*counted, "ac");
     }
 }

@@ -114,10 +114,6 @@ pub enum Code {
     Provider(i64),
     /// An error whose type the classifier does not know; its message is in the failure's source.
     Error,
-    /// The message's durable attempt budget was already spent in earlier runs
-    /// ([`AttemptBudgetLayer`](crate::dead_letter::AttemptBudgetLayer)); the inner service was not
-    /// called.
-    AttemptBudgetSpent,
     /// A layer in this process refused the call before it was sent (tower's `LoadShed`:
     /// `Overloaded`). Proof that the request was not processed, so even a request that is not
     /// idempotent may be sent again.
@@ -136,7 +132,6 @@ impl fmt::Display for Code {
             Code::Panic => f.write_str("panic"),
             Code::Provider(code) => write!(f, "provider {code}"),
             Code::Error => f.write_str("error"),
-            Code::AttemptBudgetSpent => f.write_str("attempt budget spent"),
             Code::Overloaded => f.write_str("overloaded, not sent"),
         }
     }
@@ -216,7 +211,7 @@ pub enum DeadLetterStatus {
         /// The id the record would have had.
         id: String,
         /// Why the store refused it: the store's error (a
-        /// [`StoreError`](crate::dead_letter::StoreError) from this crate's stores; reach it
+        /// [`StoreError`](crate::store::StoreError) from this crate's stores; reach it
         /// with `error.downcast_ref::<StoreError>()`). Boxed so that the shared failure types
         /// know no layer.
         error: BoxError,
@@ -806,7 +801,6 @@ mod tests {
             Code::Provider(0),
             Code::Provider(i64::MAX),
             Code::Error,
-            Code::AttemptBudgetSpent,
             Code::Overloaded,
         ];
         for code in codes {

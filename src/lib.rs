@@ -30,7 +30,7 @@
 //! use hyper_util::rt::TokioExecutor;
 //! use tower::{ServiceBuilder, ServiceExt};
 //! use tower_backstop::{
-//!     BackstopLayer, dead_letter::{DeadLetterLayer, SqliteStore}, retry::RetryPolicy,
+//!     BackstopLayer, dead_letter::DeadLetterLayer, retry::RetryPolicy, store::SqliteStore,
 //! };
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -99,7 +99,7 @@
 //!
 //! | feature | what | default |
 //! |---|---|---|
-//! | `sqlite` | [`SqliteStore`](dead_letter::SqliteStore), the durable dead-letter store (bundled SQLite) | yes |
+//! | `sqlite` | [`SqliteStore`](store::SqliteStore), the durable dead-letter store (bundled SQLite) | yes |
 //! | `redis` | `RedisStore`, the dead-letter store shared by many instances (redis crate, tokio) | no |
 //! | `cli` | the `backstop-dlq` command-line tool over a SQLite file or a Redis URL (clap) | no |
 //! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain; a layer of ours can sit directly over a hyper-util client | yes |
@@ -119,15 +119,19 @@
 mod anchor;
 pub mod breaker;
 pub mod classify;
+mod clock;
 pub mod dead_letter;
 mod failure;
 mod integration;
 mod order;
 mod preset;
 pub mod request;
+pub mod resend;
 pub mod retry;
+pub mod store;
 pub mod timeout;
 
+pub use self::clock::Clock;
 pub use self::failure::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp};
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]

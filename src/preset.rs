@@ -45,7 +45,7 @@ fn client_rule() -> Builder {
 /// layer sleeps a server's hint in process only up to one per-attempt timeout (unless
 /// [`RetryPolicy::max_hint_delay`] or [`RetryPolicy::max_delay`] was set): a longer hint (a
 /// `Retry-After: 1` with a 500 ms timeout) is deferred to the store, whose
-/// [`Scheduler`](crate::dead_letter::Scheduler) sends the request again when it is due, and the
+/// [`Scheduler`](crate::resend::Scheduler) sends the request again when it is due, and the
 /// caller's slot goes on to the next request. Backoff delays are still slept, so
 /// `max_attempts` still caps one pass. Run a `Scheduler` beside such a stack (the README's
 /// "Sending deferred requests again").
@@ -54,7 +54,8 @@ fn client_rule() -> Builder {
 /// use std::time::Duration;
 /// use tower::ServiceBuilder;
 /// use tower_backstop::BackstopLayer;
-/// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+/// use tower_backstop::dead_letter::DeadLetterLayer;
+/// use tower_backstop::store::MemoryStore;
 /// use tower_backstop::retry::RetryPolicy;
 ///
 /// # let client = tower::service_fn(|_: http::Request<String>| async {

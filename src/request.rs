@@ -72,7 +72,7 @@ pub struct Envelope {
     pub metadata: BTreeMap<String, String>,
     /// The request's headers, in order, each a name (lower case for HTTP) and its value byte for
     /// byte (a value need not be UTF-8). The dead-letter layer redacts the secret ones
-    /// ([`RedactHeaders`](crate::dead_letter::RedactHeaders)) before anything is written.
+    /// ([`RedactHeaders`](crate::store::RedactHeaders)) before anything is written.
     pub headers: Vec<(String, Vec<u8>)>,
     /// Searchable labels (campaign, provider, tenant…). A [`Describe`] implementation may set
     /// them; the dead-letter layer's tag function
@@ -124,7 +124,7 @@ impl Envelope {
 ///
 /// When a request has no `Idempotency-Key` header, its dead-letter record gets this id instead of
 /// a generated one. Re-drives and the scheduler set it on the requests they rebuild from a record
-/// ([`http_request`](crate::dead_letter::http_request)), so that the outcome updates the same
+/// ([`http_request`](crate::resend::http_request)), so that the outcome updates the same
 /// record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MessageId(pub String);
@@ -143,8 +143,9 @@ pub trait Describe {
     fn describe(self) -> impl Future<Output = Envelope> + Send;
 
     /// The id the record of this request will have, when it is known before the call: what
-    /// [`AttemptBudgetLayer`](crate::dead_letter::AttemptBudgetLayer) looks up. For HTTP: the
-    /// [`MessageId`] extension, else the `Idempotency-Key` header. The default is `None`.
+    /// [`DeadLetterLayer::attempt_budget`](crate::dead_letter::DeadLetterLayer::attempt_budget)
+    /// looks up. For HTTP: the [`MessageId`] extension, else the `Idempotency-Key` header. The
+    /// default is `None`.
     fn message_id(&self) -> Option<&str> {
         None
     }

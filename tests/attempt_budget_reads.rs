@@ -1,6 +1,6 @@
-//! `AttemptBudgetLayer` reads only what it needs per call: the durable attempt count, not the
+//! The dead-letter layer's attempt budget reads only what it needs per call: the durable attempt count, not the
 //! whole record. Proved by stores whose record is unreadable as a whole but whose count is
-//! intact: the layer still refuses the spent message.
+//! intact: the layer still refuses the spent message (poison, its source `BudgetSpent`).
 
 mod redis_support;
 
@@ -8,20 +8,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::dead_letter::{AttemptBudgetLayer, Record, SqliteStore, Store};
+use tower_backstop::dead_letter::{BudgetSpent, DeadLetterLayer, record_of};
+use tower_backstop::store::{Record, SqliteStore, Store};
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 
 fn spent(id: &str, attempts: u32) -> Record {
     let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
-    let mut r = Record::from_failure(id.to_owned(), Envelope::new("x"), &f);
+    let mut r = record_of(id.to_owned(), Envelope::new("x"), &f);
     r.attempts = attempts;
     r.budget_spent = attempts;
     r
 }
 
 /// Sends one request for message `id` through a budget of 3 over `store`; returns the provider's
-/// call count and the failure's code, if any.
-async fn send(store: Arc<dyn Store>, id: &str) -> (usize, Option<Code>) {
+/// call count and, for a failure, its class and whether its source is `BudgetSpent`.
+async fn send(store: Arc<dyn Store>, id: &str) -> (usize, Option<(Class, bool)>) {
     let calls = Arc::new(AtomicUsize::new(0));
     let provider = {
         let calls = Arc::clone(&calls);
@@ -31,12 +32,15 @@ async fn send(store: Arc<dyn Store>, id: &str) -> (usize, Option<Code>) {
         })
     };
     let svc = ServiceBuilder::new()
-        .layer(AttemptBudgetLayer::from_arc(store, 3))
+        .layer(DeadLetterLayer::from_arc(store).attempt_budget(3))
         .service(provider);
     let mut request = http::Request::new(String::new());
     request.extensions_mut().insert(MessageId(id.to_owned()));
-    let code = svc.oneshot(request).await.err().map(|f| f.code());
-    (calls.load(Ordering::SeqCst), code)
+    let refused = svc.oneshot(request).await.err().map(|f| {
+        let budget = std::error::Error::source(&f).is_some_and(|s| s.is::<BudgetSpent>());
+        (f.class(), budget)
+    });
+    (calls.load(Ordering::SeqCst), refused)
 }
 
 #[tokio::test]
@@ -54,7 +58,7 @@ async fn sqlite_reads_only_the_count() {
     let store: Arc<dyn Store> = Arc::new(store);
     assert_eq!(
         send(Arc::clone(&store), "m-1").await,
-        (0, Some(Code::AttemptBudgetSpent))
+        (0, Some((Class::POISON, true)))
     );
     assert_eq!(send(store, "m-2").await, (1, None));
 }
@@ -82,19 +86,19 @@ async fn redis_reads_only_the_count() {
     let store: Arc<dyn Store> = Arc::new(store);
     assert_eq!(
         send(Arc::clone(&store), "m-1").await,
-        (0, Some(Code::AttemptBudgetSpent))
+        (0, Some((Class::POISON, true)))
     );
     assert_eq!(send(store, "m-2").await, (1, None));
 }
 
 #[tokio::test]
 async fn memory_reads_only_the_count() {
-    let store = tower_backstop::dead_letter::MemoryStore::new();
+    let store = tower_backstop::store::MemoryStore::new();
     store.put(spent("m-1", 3)).await.unwrap();
     assert_eq!(store.budget_spent("m-1").await.unwrap(), Some(3));
     assert_eq!(store.budget_spent("none").await.unwrap(), None);
     assert_eq!(
         send(Arc::new(store), "m-1").await,
-        (0, Some(Code::AttemptBudgetSpent))
+        (0, Some((Class::POISON, true)))
     );
 }

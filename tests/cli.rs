@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::HeaderMap;
 use axum::routing::post;
-use tower_backstop::dead_letter::{Filter, Page, Record, SqliteStore, Status, Store};
+use tower_backstop::dead_letter::record_of;
+use tower_backstop::store::{Filter, Page, Record, SqliteStore, Status, Store};
 use tower_backstop::{Class, Code, Envelope, Failure};
 
 fn dlq(args: &[&str]) -> Output {
@@ -41,7 +42,7 @@ fn stderr(o: &Output) -> String {
 
 fn record(id: &str, class: &'static str, code: Code, campaign: &str) -> Record {
     let f: Failure = Failure::new(Class::new(class), code);
-    Record::from_failure(
+    record_of(
         id.to_owned(),
         Envelope::new(format!("{{\"id\":\"{id}\"}}"))
             .with_content_type("application/json")
@@ -338,7 +339,7 @@ async fn reconcile_asks_a_status_endpoint_about_outcome_unknown_records() {
     let store = SqliteStore::open(&db).unwrap();
     let unknown = |id: &str| {
         let f: Failure = Failure::new(Class::OUTCOME_UNKNOWN, Code::Timeout);
-        Record::from_failure(
+        record_of(
             id.to_owned(),
             Envelope::new(format!("{{\"message\":\"{id}\"}}")),
             &f,

@@ -5,11 +5,12 @@ mod support;
 use std::time::Duration;
 
 use support::{Scripted, Step, post_with_key, status, status_with};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, SqliteStore, Store};
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::store::{MemoryStore, SqliteStore, Store};
 use tower_backstop::{Class, DeadLetterStatus, GiveUp};
 
 fn stored_id<R>(f: &tower_backstop::Failure<R>) -> String {
@@ -208,36 +209,4 @@ async fn requests_without_a_key_get_a_generated_id() {
     assert_eq!(r.payload, b"hello");
     assert_eq!(r.message, "render failed");
     assert_eq!(r.class, "unknown");
-}
-
-#[tokio::test]
-async fn a_static_layer_writes_to_the_same_store_with_its_settings() {
-    let store = MemoryStore::new();
-    // `max_payload` set before `into_static`, `tags` after: both apply.
-    let layer = DeadLetterLayer::new(store.clone())
-        .max_payload(4)
-        .into_static()
-        .tags(|_| vec![("tenant".to_owned(), "acme".to_owned())]);
-    let fail = |_: String| async { Err::<(), tower_backstop::BoxError>("render failed".into()) };
-    let mut svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .service(tower::service_fn(fail));
-    // The service is dropped before its future ends: the leaked configuration is still there.
-    let call = svc.ready().await.unwrap().call("hello".to_owned());
-    drop(svc);
-    let f = call.await.unwrap_err();
-    let r = store.get(&stored_id(&f)).await.unwrap().unwrap();
-    assert_eq!(r.payload, b"hell");
-    assert!(r.payload_truncated);
-    assert_eq!(r.tags["tenant"], "acme");
-    assert_eq!(r.message, "render failed");
-
-    // A second service from the same layer writes to the same store.
-    let f = ServiceBuilder::new()
-        .layer(layer)
-        .service(tower::service_fn(fail))
-        .oneshot("again".to_owned())
-        .await
-        .unwrap_err();
-    assert_eq!(store.list(10).await.unwrap().len(), 2, "{f:?}");
 }

@@ -12,12 +12,13 @@ use std::time::{Duration, SystemTime};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use tower_backstop::dead_letter::{Filter, Page, Record, Store, redact_url};
+use tower_backstop::dead_letter::record_of;
+use tower_backstop::store::{Filter, Page, Record, Store, redact_url};
 use tower_backstop::{Class, Code, Envelope, Failure};
 
 fn valid_json() -> serde_json::Value {
     let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
-    let r = Record::from_failure(
+    let r = record_of(
         "m-1".into(),
         Envelope::new(vec![0u8, 255, 7]).with_metadata("method", "POST"),
         &f,
@@ -49,7 +50,7 @@ fn any_json() -> impl Strategy<Value = serde_json::Value> {
 /// Reading a record back and using it (re-encoding, rebuilding a request) never panics.
 fn use_record(record: &Record) {
     let _ = serde_json::to_vec(record);
-    let _ = tower_backstop::dead_letter::http_request(record, None);
+    let _ = tower_backstop::resend::http_request(record, None);
     let _ = format!("{record:?}");
 }
 
@@ -146,7 +147,7 @@ fn any_sql_value() -> impl Strategy<Value = rusqlite::types::Value> {
 fn arbitrary_sqlite_rows_never_panic_the_reader() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dl.db");
-    let store = tower_backstop::dead_letter::SqliteStore::open(&path).unwrap();
+    let store = tower_backstop::store::SqliteStore::open(&path).unwrap();
     let raw = rusqlite::Connection::open(&path).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -198,7 +199,7 @@ async fn read_everything(store: &dyn Store, id: &str) {
     // A new failure of the same id merges into what is stored, or fails clearly.
     let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
     let _ = store
-        .put(Record::from_failure(id.to_owned(), Envelope::new("x"), &f))
+        .put(record_of(id.to_owned(), Envelope::new("x"), &f))
         .await;
 }
 
@@ -292,7 +293,7 @@ fn urls_lose_their_credentials() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_store_urls_never_show_the_password() {
-    use tower_backstop::dead_letter::RedisStore;
+    use tower_backstop::store::RedisStore;
     // A malformed URL.
     let err = RedisStore::connect("redis://:hunter2@db:notaport/0")
         .await

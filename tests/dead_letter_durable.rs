@@ -9,12 +9,11 @@ use std::sync::Arc;
 use support::{Scripted, post_with_key, status};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{
-    AttemptBudgetLayer, DeadLetterLayer, Filter, MemoryStore, Page, Redrive, SqliteStore, Status,
-    Store, http_request,
-};
+use tower_backstop::dead_letter::{BudgetSpent, DeadLetterLayer};
+use tower_backstop::resend::{Redrive, http_request};
 use tower_backstop::retry::{RetryLayer, RetryPolicy};
-use tower_backstop::{Class, Code, DeadLetterStatus, Failure};
+use tower_backstop::store::{Filter, MemoryStore, Page, SqliteStore, Status, Store};
+use tower_backstop::{Class, DeadLetterStatus, Failure};
 
 /// Sends one message that fails every attempt through DeadLetter → Retry(3) → Classify and
 /// checks the one record it leaves.
@@ -76,14 +75,13 @@ async fn always_failing_with_3_attempts_is_one_record_redis() {
     three_attempts_one_record(Arc::new(store)).await;
 }
 
-/// DeadLetter → AttemptBudget(3) → Retry(3) → Classify → `upstream`, over `store`.
+/// DeadLetter with an attempt budget of 3 → Retry(3) → Classify → `upstream`, over `store`.
 async fn send_through_budget(
     store: SqliteStore,
     upstream: &Scripted,
 ) -> Failure<http::Response<()>> {
     let svc = ServiceBuilder::new()
-        .layer(DeadLetterLayer::new(store.clone()))
-        .layer(AttemptBudgetLayer::new(store, 3))
+        .layer(DeadLetterLayer::new(store).attempt_budget(3))
         .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)))
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
@@ -117,23 +115,30 @@ async fn a_budget_spent_across_restarts_is_poison_without_calling_the_provider()
     let f = send_through_budget(store.clone(), &upstream).await;
     assert_eq!(upstream.calls(), 0, "the provider is not called again");
     assert_eq!(f.class(), Class::POISON);
-    assert_eq!(f.code(), Code::AttemptBudgetSpent);
+    let spent = std::error::Error::source(&f)
+        .and_then(|s| s.downcast_ref::<BudgetSpent>())
+        .expect("the source is the budget's refusal");
+    assert_eq!(
+        (spent.id(), spent.spent(), spent.budget()),
+        ("queue-msg-9", 3, 3)
+    );
     assert!(
         f.to_string().contains("already used 3 of its 3 attempts"),
         "{f}"
     );
     let r = store.get("queue-msg-9").await.unwrap().unwrap();
-    assert_eq!(
-        (r.class.as_str(), r.code.as_str()),
-        ("poison", "attempt budget spent")
+    assert_eq!((r.class.as_str(), r.code.as_str()), ("poison", "error"));
+    assert!(
+        r.message.contains("already used 3 of its 3 attempts"),
+        "the record says why: {}",
+        r.message
     );
     assert_eq!(r.attempts, 3, "no attempt was made");
     assert_eq!(r.history.len(), 2);
 
     // A re-drive on purpose starts the budget again, through the same stack.
     let svc = ServiceBuilder::new()
-        .layer(DeadLetterLayer::new(store.clone()))
-        .layer(AttemptBudgetLayer::new(store.clone(), 3))
+        .layer(DeadLetterLayer::new(store.clone()).attempt_budget(3))
         .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)))
         .layer(ClassifyLayer::http())
         .service(upstream.clone());

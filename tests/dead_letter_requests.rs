@@ -7,10 +7,9 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request};
 use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::dead_letter::{
-    DeadLetterLayer, Filter, RedactHeaders, Redrive, SqliteStore, Store, http_request,
-    http_request_restoring,
-};
+use tower_backstop::dead_letter::DeadLetterLayer;
+use tower_backstop::resend::{Redrive, http_request, http_request_restoring};
+use tower_backstop::store::{Filter, RedactHeaders, SqliteStore, Store};
 use tower_backstop::{BoxError, Class, Code, DeadLetterStatus, Failure};
 
 const SECRET: &str = "s3cret-Zq9";
@@ -139,7 +138,7 @@ async fn a_dead_letter_keeps_every_header_but_the_secrets_and_redrive_sends_them
     // The JSON form round-trips the non-UTF-8 value exactly.
     let json = serde_json::to_string(&r).unwrap();
     assert_eq!(
-        serde_json::from_str::<tower_backstop::dead_letter::Record>(&json).unwrap(),
+        serde_json::from_str::<tower_backstop::store::Record>(&json).unwrap(),
         r
     );
 
@@ -180,7 +179,7 @@ async fn a_dead_letter_keeps_every_header_but_the_secrets_and_redrive_sends_them
 
 #[tokio::test]
 async fn the_redaction_list_is_configurable() {
-    let store = tower_backstop::dead_letter::MemoryStore::new();
+    let store = tower_backstop::store::MemoryStore::new();
     let provider = Provider::default();
     let svc = ServiceBuilder::new()
         .layer(
@@ -204,7 +203,7 @@ async fn the_redaction_list_is_configurable() {
 
 #[tokio::test]
 async fn a_stored_header_that_is_not_valid_http_is_a_clear_rebuild_error() {
-    let store = tower_backstop::dead_letter::MemoryStore::new();
+    let store = tower_backstop::store::MemoryStore::new();
     let provider = Provider::default();
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))

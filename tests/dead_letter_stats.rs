@@ -3,12 +3,13 @@
 
 use std::time::{Duration, SystemTime};
 
-use tower_backstop::dead_letter::{Alert, AlertRules, MemoryStore, Record, Stats, Store};
+use tower_backstop::dead_letter::record_of;
+use tower_backstop::store::{Alert, AlertRules, MemoryStore, Record, Stats, Store};
 use tower_backstop::{Class, Code, Envelope, Failure};
 
 fn rec(id: String, class: &'static str, code: &str, t: SystemTime) -> Record {
     let f: Failure = Failure::new(Class::new(class), Code::Error);
-    let mut r = Record::from_failure(id, Envelope::new("p"), &f);
+    let mut r = record_of(id, Envelope::new("p"), &f);
     r.code = code.to_owned();
     r.first_failed_at = t;
     r.last_failed_at = t;

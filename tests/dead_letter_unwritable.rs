@@ -11,7 +11,8 @@ use std::sync::Arc;
 use support::{Scripted, post_with_key, status};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, SqliteStore, Store};
+use tower_backstop::dead_letter::DeadLetterLayer;
+use tower_backstop::store::{SqliteStore, Store};
 use tower_backstop::{Class, Failure};
 
 /// The caller gets the original failure, told the dead letter could not be written; tracing
@@ -38,7 +39,7 @@ async fn check_unwritable(store: Arc<dyn Store>, expect: &str) {
         matches!(
             f.dead_letter(),
             Some(tower_backstop::DeadLetterStatus::NotStored { error, .. })
-                if error.is::<tower_backstop::dead_letter::StoreError>()
+                if error.is::<tower_backstop::store::StoreError>()
         ),
         "the store's own error is kept"
     );
@@ -82,8 +83,8 @@ fn spawn_redis(port: u16) -> std::io::Result<std::process::Child> {
 
 /// A dead-letter record `id` with `payload`, failed with the message "boom".
 #[cfg(feature = "redis")]
-fn boom(id: &str, payload: &'static str) -> tower_backstop::dead_letter::Record {
-    tower_backstop::dead_letter::Record::from_failure(
+fn boom(id: &str, payload: &'static str) -> tower_backstop::store::Record {
+    tower_backstop::dead_letter::record_of(
         id.into(),
         tower_backstop::Envelope::new(payload),
         &Failure::<()>::from(tower_backstop::BoxError::from("boom")),
@@ -93,7 +94,7 @@ fn boom(id: &str, payload: &'static str) -> tower_backstop::dead_letter::Record 
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_stopped_redis_is_a_clear_error_and_a_restarted_one_works_again() {
-    use tower_backstop::dead_letter::RedisStore;
+    use tower_backstop::store::RedisStore;
 
     // A Redis server of our own, so that stopping it does not disturb the other tests.
     let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -9,9 +9,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tower::{Layer, ServiceExt, service_fn};
-use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, Status, Store};
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::request::{Describe, Envelope, Replay};
 use tower_backstop::retry::{DeadLetterRetryLayer, RetryLayer, RetryPolicy};
+use tower_backstop::store::{MemoryStore, Status, Store};
 use tower_backstop::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp};
 
 /// A request that counts its copies; `replayable: false` cannot be copied at all.
@@ -106,7 +107,7 @@ type Ran = (
     Result<(), Failure>,
     usize,
     usize,
-    Vec<tower_backstop::dead_letter::Record>,
+    Vec<tower_backstop::store::Record>,
 );
 
 async fn run<L>(

@@ -15,8 +15,9 @@ use hyper_util::rt::TokioExecutor;
 use tower::ServiceBuilder;
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::retry::RetryLayer;
+use tower_backstop::store::MemoryStore;
 use tower_backstop::timeout::TimeoutLayer;
 
 fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
@@ -135,7 +136,8 @@ async fn each_wrong_order_is_named_when_the_stack_is_built() {
 #[tokio::test]
 async fn a_scheduler_over_a_bare_client_is_named() {
     use std::sync::Arc;
-    use tower_backstop::dead_letter::{Scheduler, Store, http_request};
+    use tower_backstop::resend::{Scheduler, http_request};
+    use tower_backstop::store::Store;
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
 
     // A bare client: a 503 would count as delivered.

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use support::{Scripted, Step, get, status};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, Store};
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::retry::RetryPolicy;
+use tower_backstop::store::{MemoryStore, Store};
 use tower_backstop::{BackstopLayer, Class, Code, DeadLetterStatus, GiveUp};
 
 #[tokio::test(start_paused = true)]
@@ -113,10 +114,7 @@ async fn with_a_store_a_server_hint_longer_than_one_attempt_is_deferred_not_slep
     assert!(at <= before + Duration::from_secs(3));
     let records = store.list(10).await.unwrap();
     assert_eq!(records.len(), 1);
-    assert_eq!(
-        records[0].status,
-        tower_backstop::dead_letter::Status::Deferred
-    );
+    assert_eq!(records[0].status, tower_backstop::store::Status::Deferred);
     assert_eq!(upstream.calls(), 1);
     // The caller is told it is kept for a re-send, not given up on.
     let message = f.to_string();
@@ -195,5 +193,5 @@ async fn with_a_store_backoff_is_still_slept_so_max_attempts_caps_the_pass() {
     assert_eq!(upstream.calls(), 2);
     let records = store.list(10).await.unwrap();
     assert_eq!(records.len(), 1);
-    assert_eq!(records[0].status, tower_backstop::dead_letter::Status::Dead);
+    assert_eq!(records[0].status, tower_backstop::store::Status::Dead);
 }

@@ -18,11 +18,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{
-    DeadLetterLayer, Delivery, Filter, MemoryStore, Page, ReconcileLayer, Reconciled, Reconciler,
-    Status, Store,
-};
+use tower_backstop::dead_letter::{DeadLetterLayer, Delivery, ReconcileLayer, Reconciled};
+use tower_backstop::resend::Reconciler;
 use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
+use tower_backstop::store::{Filter, MemoryStore, Page, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Class, DeadLetterStatus, Envelope};
 
@@ -246,7 +245,7 @@ async fn a_record_changed_while_checked_is_left_alone() {
     let f: tower_backstop::Failure =
         tower_backstop::Failure::new(Class::OUTCOME_UNKNOWN, tower_backstop::Code::Timeout);
     store
-        .put(tower_backstop::dead_letter::Record::from_failure(
+        .put(tower_backstop::dead_letter::record_of(
             "m-5".into(),
             Envelope::new("{\"id\":\"m-5\"}"),
             &f,

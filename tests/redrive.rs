@@ -10,11 +10,11 @@ use http_body_util::Full;
 use support::{Scripted, post_with_key, status};
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_backstop::Clock;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{
-    Clock, DeadLetterLayer, Filter, MemoryStore, Outcome, Page, Record, Redrive, Status, Store,
-    http_request,
-};
+use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
+use tower_backstop::resend::{Outcome, Redrive, http_request};
+use tower_backstop::store::{Filter, MemoryStore, Page, Record, Status, Store};
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 
 /// Calls seen: when, the message id, the idempotency key.
@@ -29,7 +29,7 @@ fn as_string_request(record: &Record) -> Result<http::Request<String>, BoxError>
 
 fn dead(id: &str, class: &'static str) -> Record {
     let f: Failure = Failure::new(Class::new(class), Code::Error);
-    Record::from_failure(
+    record_of(
         id.to_owned(),
         Envelope::new(format!("{{\"id\":\"{id}\"}}"))
             .with_content_type("application/json")

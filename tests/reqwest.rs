@@ -15,8 +15,9 @@ use axum::routing::any;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, SqliteStore, Store};
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
+use tower_backstop::store::{MemoryStore, SqliteStore, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Class, Code, DeadLetterStatus, GiveUp};
 
@@ -254,7 +255,8 @@ async fn a_streaming_body_is_sent_once_and_kept_as_far_as_it_can_be() {
 #[tokio::test]
 async fn the_preset_with_a_store_behind_a_buffer_defers_a_long_hint_and_the_scheduler_sends_it() {
     use tower_backstop::BackstopLayer;
-    use tower_backstop::dead_letter::{Scheduler, Status, reqwest_request};
+    use tower_backstop::resend::{Scheduler, reqwest_request};
+    use tower_backstop::store::Status;
 
     let (url, calls) = server().await;
     let dir = tempfile::tempdir().unwrap();

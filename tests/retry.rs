@@ -800,7 +800,8 @@ async fn payment_post_timing_out_is_retried_with_the_same_stamped_key() {
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_a_day_is_deferred_and_the_dead_letter_record_has_the_retry_at_time() {
-    use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, Store};
+    use tower_backstop::dead_letter::DeadLetterLayer;
+    use tower_backstop::store::{MemoryStore, Store};
     let store = MemoryStore::new();
     let upstream = Scripted::always(status_with(503, "retry-after", "86400"));
     let svc = ServiceBuilder::new()
@@ -913,8 +914,9 @@ async fn rate_limit_reset_and_grpc_pushback_are_server_hints() {
 
 #[tokio::test(start_paused = true)]
 async fn the_stamped_key_is_the_dead_letter_id_and_outcome_unknown_is_recorded() {
-    use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, Store};
+    use tower_backstop::dead_letter::DeadLetterLayer;
     use tower_backstop::retry::IdempotencyKeyLayer;
+    use tower_backstop::store::{MemoryStore, Store};
     use tower_backstop::timeout::TimeoutLayer;
 
     // With the key layer outermost: every attempt carries the stamped key, and the dead-letter

@@ -12,11 +12,11 @@ use http_body_util::Full;
 use support::{Scripted, status, status_with};
 use tokio::time::Instant;
 use tower::ServiceBuilder;
+use tower_backstop::Clock;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{
-    Clock, DeadLetterLayer, MemoryStore, Record, Scheduler, SqliteStore, Status, Store,
-    http_request,
-};
+use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
+use tower_backstop::resend::{Scheduler, http_request};
+use tower_backstop::store::{MemoryStore, Record, SqliteStore, Status, Store};
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 
 fn as_string_request(record: &Record) -> Result<http::Request<String>, BoxError> {
@@ -30,7 +30,7 @@ fn deferred(id: &str, retry_at: SystemTime) -> Record {
         Class::THROTTLED,
         Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
     );
-    let mut r = Record::from_failure(
+    let mut r = record_of(
         id.to_owned(),
         Envelope::new(format!("{{\"id\":\"{id}\"}}"))
             .with_metadata("method", "POST")

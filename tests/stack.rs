@@ -20,8 +20,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, SqliteStore, Store};
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
+use tower_backstop::store::{SqliteStore, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Class, Code, DeadLetterStatus, GiveUp};
 
@@ -297,7 +298,7 @@ async fn slow_handler_is_cut_per_attempt_and_breaker_stops_calls() {
 #[test]
 fn the_stack_is_clone_send_sync() {
     fn check<T: Clone + Send + Sync + 'static>(_: &T) {}
-    let store = tower_backstop::dead_letter::MemoryStore::new();
+    let store = tower_backstop::store::MemoryStore::new();
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store))
         .layer(RetryLayer::default())

@@ -10,9 +10,11 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::Full;
-use tower_backstop::dead_letter::{
-    BoxFuture, Change, Claim, Counts, Filter, MemoryStore, Outcome, Page, Record, Redrive,
-    Scheduler, SqliteStore, Status, Store, StoreError, http_request,
+use tower_backstop::dead_letter::record_of;
+use tower_backstop::resend::{Outcome, Redrive, Scheduler, http_request};
+use tower_backstop::store::{
+    BoxFuture, Change, Claim, Counts, Filter, MemoryStore, Page, Record, SqliteStore, Status,
+    Store, StoreError,
 };
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 
@@ -60,7 +62,7 @@ impl Backend {
             #[cfg(feature = "redis")]
             Backend::Redis => {
                 let store = redis_support::redis_store(test).await?;
-                let other = tower_backstop::dead_letter::RedisStore::connect_with_timeouts(
+                let other = tower_backstop::store::RedisStore::connect_with_timeouts(
                     &redis_support::redis_url(),
                     None,
                     None,
@@ -93,7 +95,7 @@ fn rec(id: &str, class: &'static str, code: &str, t: SystemTime) -> Record {
         Class::new(class),
         Code::Http(StatusCode::SERVICE_UNAVAILABLE),
     );
-    let mut r = Record::from_failure(
+    let mut r = record_of(
         id.to_owned(),
         Envelope::new(format!("payload of {id}"))
             .with_content_type("application/json")

@@ -21,7 +21,8 @@ use support::{Scripted, post_with_key, status};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::DeadLetterStatus;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, SqliteStore, Store};
+use tower_backstop::dead_letter::DeadLetterLayer;
+use tower_backstop::store::{SqliteStore, Store};
 
 /// What one call through the dead-letter layer reported.
 #[derive(Debug)]
@@ -269,7 +270,7 @@ fn spawn_redis(port: u16, dir: &Path) -> std::io::Result<Child> {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_stopped_in_the_middle_of_a_run_and_started_again() {
-    use tower_backstop::dead_letter::RedisStore;
+    use tower_backstop::store::RedisStore;
 
     let logs = support::LogCapture::start(tracing::Level::WARN);
     let data = tempfile::tempdir().unwrap();

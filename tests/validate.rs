@@ -1,12 +1,16 @@
-//! Validation before sending (seed 002 §5): a rejected request never reaches the provider, is
-//! poison with the validator's reason, and is dead-lettered once.
+//! Validation before sending, with tower's `FilterLayer` and an `Invalid` error: a rejected
+//! request never reaches the provider, is poison with the validator's reason, and is
+//! dead-lettered once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use tower::filter::FilterLayer;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::dead_letter::{DeadLetterLayer, Invalid, MemoryStore, Store, ValidateLayer};
+use tower_backstop::classify::Invalid;
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::store::{MemoryStore, Store};
 use tower_backstop::{BoxError, Class, DeadLetterStatus};
 
 /// The seed's `validate_job`: required fields and an `@` in the recipient.
@@ -47,7 +51,11 @@ async fn a_rejected_request_never_reaches_the_provider_and_is_one_poison_dead_le
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
         .layer(RetryLayer::new(RetryPolicy::default().max_attempts(5)))
-        .layer(ValidateLayer::new(validate_job))
+        .layer(FilterLayer::new(|request: http::Request<String>| {
+            validate_job(&request)
+                .map(|()| request)
+                .map_err(Invalid::new)
+        }))
         .service(provider);
 
     let failure = svc

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use tower_backstop::dead_letter::{Status, Store, StoreError};
+use tower_backstop::store::{Status, Store, StoreError};
 
 /// Waits until no record in `store` is deferred or in flight (the scheduler has settled every
 /// one), polling every 100 ms, for at most `give_up`.

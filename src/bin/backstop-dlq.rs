@@ -28,11 +28,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceBuilder;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{
-    AlertRules, DeadLetterLayer, Delivery, Filter, Outcome, Page, Reconciler, Record, Redrive,
-    SqliteStore, Stats, Status, Store, http_request,
-};
+use tower_backstop::dead_letter::{DeadLetterLayer, Delivery};
+use tower_backstop::resend::{Outcome, Reconciler, Redrive, http_request};
 use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::store::{AlertRules, Filter, Page, Record, SqliteStore, Stats, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Envelope};
 
@@ -220,7 +219,7 @@ async fn open(cli: &Cli, write: bool) -> Result<Arc<dyn Store>, BoxError> {
     if cli.store.starts_with("redis://") || cli.store.starts_with("rediss://") {
         #[cfg(feature = "redis")]
         {
-            let store = tower_backstop::dead_letter::RedisStore::connect(&cli.store)
+            let store = tower_backstop::store::RedisStore::connect(&cli.store)
                 .await?
                 .with_prefix(cli.prefix.clone());
             return Ok(Arc::new(store));

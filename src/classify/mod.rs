@@ -61,8 +61,9 @@
 //! aborted, broken pipe, not connected and timed out are transient; with the `hyper-util`
 //! feature, a hyper-util client connect error is transient; with the `reqwest` feature, a
 //! `reqwest::Error` that is a timeout is [`Code::Timeout`] and a connect error a refused
-//! connection; anything else is
-//! [`Class::UNKNOWN`] with [`Code::Error`] (or the io kind found).
+//! connection; an [`Invalid`] request (your validation's error) is [`Class::POISON`] with
+//! [`Code::Error`]; anything else is [`Class::UNKNOWN`] with [`Code::Error`] (or the io kind
+//! found).
 //!
 //! # Example
 //!
@@ -107,6 +108,7 @@ mod buffer;
 mod future;
 pub(crate) mod grpc;
 mod http;
+mod invalid;
 mod layer;
 mod smtp;
 
@@ -117,6 +119,7 @@ pub use self::http::{
     BodyClassifier, HttpClassifier, InvalidRetryAfter, MAX_RESET_HINT, parse_retry_after,
     rate_limit_reset_hint,
 };
+pub use self::invalid::Invalid;
 pub use self::layer::ClassifyLayer;
 pub use self::smtp::{SmtpClassifier, SmtpReply};
 
@@ -280,6 +283,9 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
         }
         if e.is::<tower::load_shed::error::Overloaded>() {
             return (Class::TRANSIENT, Code::Overloaded);
+        }
+        if e.is::<Invalid>() {
+            return (Class::POISON, Code::Error);
         }
         #[cfg(feature = "reqwest")]
         if let Some(found) = e

@@ -1,15 +1,17 @@
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
+use tower_service::Service;
 
+use super::budget::refusal;
 use super::layer::Config;
-use super::record::Record;
-use super::store::{BoxFuture, StoreError};
-use crate::anchor::Anchor;
+use super::record::record_at;
 use crate::failure::{DeadLetterStatus, Failure};
 use crate::request::{Describe, Envelope};
+use crate::store::{BoxFuture, Record, StoreError};
 
 pin_project! {
     /// Response future of [`DeadLetter`](super::DeadLetter): the inner call, then, on failure,
@@ -17,8 +19,9 @@ pin_project! {
     pub struct ResponseFuture<F, Req, R> {
         #[pin]
         state: State<F, R>,
+        check: Option<Check>,
         kept: Kept<Req>,
-        config: Anchor<Config>,
+        config: Arc<Config>,
     }
 }
 
@@ -46,6 +49,13 @@ impl<Req: Describe> Kept<Req> {
 
 type Write = BoxFuture<'static, (String, Result<(), StoreError>)>;
 
+/// The attempt budget's store read for message `id`: the attempts it already used, if any.
+pub(crate) struct Check {
+    read: BoxFuture<'static, Result<Option<u32>, StoreError>>,
+    id: String,
+    budget: u32,
+}
+
 pin_project! {
     #[project = StateProj]
     enum State<F, R> {
@@ -61,13 +71,91 @@ pin_project! {
 }
 
 impl<F, Req, R> ResponseFuture<F, Req, R> {
-    pub(crate) fn new(future: F, kept: Kept<Req>, config: Anchor<Config>) -> Self {
+    pub(crate) fn new(future: F, kept: Kept<Req>, config: Arc<Config>) -> Self {
         ResponseFuture {
             state: State::Called { future },
+            check: None,
             kept,
             config,
         }
     }
+
+    /// Reads the attempt budget of message `id` before it first polls `future` (which must not
+    /// call the inner service before it is polled), and drops `future` unpolled when the budget
+    /// is spent.
+    pub(crate) fn checking(
+        future: F,
+        id: String,
+        budget: u32,
+        kept: Kept<Req>,
+        config: Arc<Config>,
+    ) -> Self {
+        let read = config.store.budget_spent(&id);
+        ResponseFuture {
+            state: State::Called { future },
+            check: Some(Check { read, id, budget }),
+            kept,
+            config,
+        }
+    }
+}
+
+/// The one store write for `failure`: its record, built from the request kept (or handed back
+/// on the failure), described on the failure path only.
+fn start_write<Req, R>(
+    kept: &mut Kept<Req>,
+    config: &Arc<Config>,
+    failure: &mut Failure<R>,
+) -> Write
+where
+    Req: Describe + Send + 'static,
+{
+    // Our own copy, or the retry layer's unsent one (`RetryLayer::dead_letters`).
+    let (kept, id) = match std::mem::replace(kept, Kept::HandedBack) {
+        Kept::Copy(copy) => (Some(copy), None),
+        Kept::HandedBack => (failure.take_request::<Req>(), None),
+        Kept::Uncopyable(id) => (None, id),
+    };
+    let config = Arc::clone(config);
+    // Everything the record needs from the failure, taken now: the failure
+    // itself goes back to the caller.
+    let draft = record_at(
+        String::new(),
+        Envelope::default(),
+        failure,
+        config.clock.now(),
+    );
+    Box::pin(async move {
+        let mut envelope = match kept {
+            Some(request) => request.describe().await,
+            None => {
+                let mut envelope = Envelope::default().with_metadata(
+                    "payload_missing",
+                    "the request could not be copied before the call",
+                );
+                envelope.id = id;
+                envelope
+            }
+        };
+        if let Some(tags) = &config.tags {
+            envelope.tags.extend(tags(&envelope));
+        }
+        let id = envelope.id.clone().unwrap_or_else(generated_id);
+        let (headers, redacted_headers) = config.redact.split(envelope.headers);
+        let mut record = Record {
+            headers,
+            redacted_headers,
+            id: id.clone(),
+            payload_len: envelope.payload.len() as u64,
+            payload: envelope.payload.to_vec(),
+            content_type: envelope.content_type,
+            metadata: envelope.metadata,
+            tags: envelope.tags,
+            ..draft
+        };
+        record.truncate_payload(config.payload_limit);
+        (id, config.store.put(record).await)
+    })
 }
 
 fn generated_id() -> String {
@@ -84,6 +172,29 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        if let Some(check) = this.check.as_mut() {
+            let spent = match ready!(check.read.as_mut().poll(cx)) {
+                Ok(spent) => spent.unwrap_or(0),
+                Err(error) => {
+                    tracing::warn!(
+                        id = %check.id,
+                        error = %error,
+                        "attempt budget not checked: the dead-letter store cannot be read"
+                    );
+                    0
+                }
+            };
+            let Check { id, budget, .. } = this.check.take().expect("checked above");
+            if spent >= budget {
+                // The inner call was never polled, so never made: drop it, record the refusal.
+                let mut failure = refusal(id, spent, budget);
+                let write = start_write(this.kept, this.config, &mut failure);
+                this.state.set(State::Writing {
+                    write,
+                    failure: Some(failure),
+                });
+            }
+        }
         loop {
             match this.state.as_mut().project() {
                 StateProj::Called { future } => {
@@ -91,52 +202,7 @@ where
                         Ok(response) => return Poll::Ready(Ok(response)),
                         Err(e) => e.into(),
                     };
-                    // Our own copy, or the retry layer's unsent one (`RetryLayer::dead_letters`).
-                    let (kept, id) = match std::mem::replace(this.kept, Kept::HandedBack) {
-                        Kept::Copy(copy) => (Some(copy), None),
-                        Kept::HandedBack => (failure.take_request::<Req>(), None),
-                        Kept::Uncopyable(id) => (None, id),
-                    };
-                    let config = this.config.clone();
-                    // Everything the record needs from the failure, taken now: the failure
-                    // itself goes back to the caller.
-                    let draft = Record::from_failure_at(
-                        String::new(),
-                        Envelope::default(),
-                        &failure,
-                        this.config.clock.now(),
-                    );
-                    let write: Write = Box::pin(async move {
-                        let mut envelope = match kept {
-                            Some(request) => request.describe().await,
-                            None => {
-                                let mut envelope = Envelope::default().with_metadata(
-                                    "payload_missing",
-                                    "the request could not be copied before the call",
-                                );
-                                envelope.id = id;
-                                envelope
-                            }
-                        };
-                        if let Some(tags) = &config.tags {
-                            envelope.tags.extend(tags(&envelope));
-                        }
-                        let id = envelope.id.clone().unwrap_or_else(generated_id);
-                        let (headers, redacted_headers) = config.redact.split(envelope.headers);
-                        let mut record = Record {
-                            headers,
-                            redacted_headers,
-                            id: id.clone(),
-                            payload_len: envelope.payload.len() as u64,
-                            payload: envelope.payload.to_vec(),
-                            content_type: envelope.content_type,
-                            metadata: envelope.metadata,
-                            tags: envelope.tags,
-                            ..draft
-                        };
-                        record.truncate_payload(config.payload_limit);
-                        (id, config.store.put(record).await)
-                    });
+                    let write = start_write(this.kept, this.config, &mut failure);
                     this.state.set(State::Writing {
                         write,
                         failure: Some(failure),
@@ -185,6 +251,79 @@ where
                         }
                     }
                     return Poll::Ready(Err(failure));
+                }
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// The inner call of a [`DeadLetter`](super::DeadLetter) service: made at once, or, under an
+    /// [attempt budget](super::DeadLetterLayer::attempt_budget), when first polled, after the
+    /// budget allowed it.
+    pub struct InnerFuture<S, Req>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: InnerState<S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = InnerProj]
+    enum InnerState<S, Req>
+    where
+        S: Service<Req>,
+    {
+        Called {
+            #[pin]
+            future: S::Future,
+        },
+        Waiting {
+            // A ready service (taken after its `poll_ready`) and the request for it.
+            call: Option<(S, Req)>,
+        },
+    }
+}
+
+impl<S: Service<Req>, Req> InnerFuture<S, Req> {
+    /// The call, made.
+    pub(crate) fn called(future: S::Future) -> Self {
+        InnerFuture {
+            state: InnerState::Called { future },
+        }
+    }
+
+    /// The call of `service` (ready) with `request`, made when first polled.
+    pub(crate) fn waiting(service: S, request: Req) -> Self {
+        InnerFuture {
+            state: InnerState::Waiting {
+                call: Some((service, request)),
+            },
+        }
+    }
+}
+
+impl<S: Service<Req>, Req> std::fmt::Debug for InnerFuture<S, Req> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InnerFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S: Service<Req>, Req> Future for InnerFuture<S, Req> {
+    type Output = Result<S::Response, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                InnerProj::Called { future } => return future.poll(cx),
+                InnerProj::Waiting { call } => {
+                    let (mut service, request) =
+                        call.take().expect("inner future polled after completion");
+                    let future = service.call(request);
+                    state.set(InnerState::Called { future });
                 }
             }
         }

@@ -1,16 +1,22 @@
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use tower_layer::Layer;
 
-use super::record::DEFAULT_PAYLOAD_LIMIT;
-use super::{Clock, DeadLetter, RedactHeaders, Store};
-use crate::anchor::Anchor;
+use super::DeadLetter;
+use crate::clock::Clock;
 use crate::request::Envelope;
+use crate::store::{RedactHeaders, Store};
+
+/// The largest payload a record keeps by default, in bytes (64 KiB); a longer payload is stored
+/// truncated, with [`Record::payload_truncated`](crate::store::Record::payload_truncated) set
+/// ([`DeadLetterLayer::max_payload`]).
+pub const DEFAULT_PAYLOAD_LIMIT: usize = 64 * 1024;
 
 /// A function that extracts searchable tags (campaign, provider, tenant…) from a described
 /// request. See [`DeadLetterLayer::tags`].
-pub type TagFn = dyn Fn(&Envelope) -> Vec<(String, String)> + Send + Sync;
+pub(crate) type TagFn = dyn Fn(&Envelope) -> Vec<(String, String)> + Send + Sync;
 
 /// Where a [`DeadLetter`] service writes its records, and what it does with a record before it
 /// writes it. One `Arc` of it per call, not one per field.
@@ -21,6 +27,11 @@ pub(crate) struct Config {
     pub(crate) payload_limit: usize,
     pub(crate) clock: Clock,
     pub(crate) redact: RedactHeaders,
+    /// The durable attempt budget per message id, when set.
+    pub(crate) budget: Option<u32>,
+    /// Whether the warning that a [`DeadLetterRetryLayer`](crate::retry::DeadLetterRetryLayer)
+    /// cannot apply the budget was given.
+    pub(crate) budget_warned: Arc<AtomicBool>,
 }
 
 impl Config {
@@ -32,6 +43,8 @@ impl Config {
             payload_limit: DEFAULT_PAYLOAD_LIMIT,
             clock: Clock::system(),
             redact: RedactHeaders::default(),
+            budget: None,
+            budget_warned: Arc::default(),
         }
     }
 }
@@ -43,6 +56,7 @@ impl fmt::Debug for Config {
             .field("payload_limit", &self.payload_limit)
             .field("clock", &self.clock)
             .field("redact", &self.redact)
+            .field("budget", &self.budget)
             .finish()
     }
 }
@@ -50,12 +64,12 @@ impl fmt::Debug for Config {
 /// Applies [`DeadLetter`] to a service: a request that finally fails is written to `store`.
 #[derive(Clone)]
 pub struct DeadLetterLayer {
-    config: Anchor<Config>,
+    config: Arc<Config>,
 }
 
 impl DeadLetterLayer {
     /// A layer that writes dead letters to `store`, keeping payloads up to
-    /// [`DEFAULT_PAYLOAD_LIMIT`](super::DEFAULT_PAYLOAD_LIMIT) bytes and no tags. Keep a clone of
+    /// [`DEFAULT_PAYLOAD_LIMIT`] bytes and no tags. Keep a clone of
     /// the store to search it.
     pub fn new(store: impl Store) -> Self {
         DeadLetterLayer::from_arc(Arc::new(store))
@@ -64,7 +78,7 @@ impl DeadLetterLayer {
     /// A layer over a store that is already shared.
     pub fn from_arc(store: Arc<dyn Store>) -> Self {
         DeadLetterLayer {
-            config: Anchor::Counted(Arc::new(Config::new(store))),
+            config: Arc::new(Config::new(store)),
         }
     }
 
@@ -73,7 +87,8 @@ impl DeadLetterLayer {
     /// [`Describe`](crate::Describe) set. Runs on the failure path only.
     ///
     /// ```
-    /// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+    /// use tower_backstop::dead_letter::DeadLetterLayer;
+    /// use tower_backstop::store::MemoryStore;
     ///
     /// let layer = DeadLetterLayer::new(MemoryStore::new()).tags(|envelope| {
     ///     let message: serde_json::Value =
@@ -89,15 +104,15 @@ impl DeadLetterLayer {
     where
         F: Fn(&Envelope) -> Vec<(String, String)> + Send + Sync + 'static,
     {
-        self.config.edit(|c| c.tags = Some(Arc::new(f)));
+        Arc::make_mut(&mut self.config).tags = Some(Arc::new(f));
         self
     }
 
     /// Keeps at most `bytes` of each payload; a longer payload is stored cut, with
-    /// [`Record::payload_truncated`](super::Record::payload_truncated) set, and cannot be
-    /// re-sent. The default is [`DEFAULT_PAYLOAD_LIMIT`](super::DEFAULT_PAYLOAD_LIMIT) (64 KiB).
+    /// [`Record::payload_truncated`](crate::store::Record::payload_truncated) set, and cannot be
+    /// re-sent. The default is [`DEFAULT_PAYLOAD_LIMIT`] (64 KiB).
     pub fn max_payload(mut self, bytes: usize) -> Self {
-        self.config.edit(|c| c.payload_limit = bytes);
+        Arc::make_mut(&mut self.config).payload_limit = bytes;
         self
     }
 
@@ -105,48 +120,66 @@ impl DeadLetterLayer {
     /// cookies and API keys). Every other header is kept whole and sent again on re-drive.
     ///
     /// ```
-    /// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, RedactHeaders};
+    /// use tower_backstop::dead_letter::DeadLetterLayer;
+    /// use tower_backstop::store::{MemoryStore, RedactHeaders};
     ///
     /// let layer = DeadLetterLayer::new(MemoryStore::new())
     ///     .redact_headers(RedactHeaders::default().and("x-signature"));
     /// ```
     pub fn redact_headers(mut self, redact: RedactHeaders) -> Self {
-        self.config.edit(|c| c.redact = redact);
+        Arc::make_mut(&mut self.config).redact = redact;
         self
     }
 
     /// The clock for record times (failure times, retry-at). Default [`Clock::system`]; tests on
     /// tokio's paused clock use [`Clock::tokio`], the same clock as their
-    /// [`Scheduler`](super::Scheduler).
+    /// [`Scheduler`](crate::resend::Scheduler).
     pub fn clock(mut self, clock: Clock) -> Self {
-        self.config.edit(|c| c.clock = clock);
+        Arc::make_mut(&mut self.config).clock = clock;
         self
     }
 }
 
 impl DeadLetterLayer {
-    /// Makes this layer's configuration live until the process ends, so that each call skips
-    /// its reference count: the response futures reach the store and the settings through a
-    /// `&'static` reference instead of cloning and dropping an `Arc` (two atomic
-    /// read-modify-write operations per call, on a cache line every thread's calls share;
-    /// `benches/overhead.rs` measures the five layers with it, on one thread and on two). Like
-    /// [`BreakerLayer::into_static`](crate::breaker::BreakerLayer::into_static).
+    /// A durable attempt budget of `attempts` per message id (the first call included), counted
+    /// in the layer's store across restarts. A budget of 0 is taken as 1.
     ///
-    /// The configuration (a few words) is then never freed, and the store it holds is never
-    /// dropped: a `SqliteStore`'s connection stays open until the process
-    /// exits (SQLite's own recovery makes that safe). Use it for layers built once, at startup,
-    /// not for layers built per request. The clones of the store you keep to search it still see
-    /// every record. A setter called after it leaks one more copy of the configuration.
+    /// For queue consumers, where the same message comes back after a crash or a restart. The
+    /// count lives in the message's record ([`Record::budget_spent`]): each final failure adds
+    /// its attempts to it in the same write as the rest of the record, so it survives restarts.
+    /// Before each call whose id is known ([`Describe::message_id`](crate::Describe::message_id):
+    /// the `Idempotency-Key`, or a [`MessageId`](crate::MessageId)), the layer reads that count;
+    /// when it has reached the budget, the inner service is not called: the call fails at once
+    /// with class [`Class::POISON`](crate::Class::POISON) and a [`BudgetSpent`](super::BudgetSpent)
+    /// source, and the layer records it (adding no attempt). A re-drive on purpose sets the count
+    /// back to zero.
+    ///
+    /// This costs one store read per call with an id, success or not, so use it where a message
+    /// may come back across restarts; requests without an id pass straight through. When the
+    /// store cannot be read, the call goes through and a `tracing` warning says so: the budget
+    /// fails open.
+    ///
+    /// The budget is read by this layer's own service, stacked above the retry layer as its own
+    /// layer. [`DeadLetterRetryLayer`](crate::retry::DeadLetterRetryLayer), and so
+    /// [`BackstopLayer`](crate::BackstopLayer), start the retry layer's call before this layer
+    /// could read the count: they do not apply the budget, and a `tracing` warning says so at
+    /// their first call.
     ///
     /// ```
-    /// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+    /// use tower::ServiceBuilder;
+    /// use tower_backstop::dead_letter::DeadLetterLayer;
+    /// use tower_backstop::retry::{RetryLayer, RetryPolicy};
+    /// use tower_backstop::store::MemoryStore;
     ///
-    /// let store = MemoryStore::new();
-    /// let layer = DeadLetterLayer::new(store.clone()).max_payload(4096).into_static();
-    /// # let _ = layer;
+    /// let stack = ServiceBuilder::new()
+    ///     .layer(DeadLetterLayer::new(MemoryStore::new()).attempt_budget(5))
+    ///     .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)));
+    /// # let _ = stack;
     /// ```
-    pub fn into_static(mut self) -> Self {
-        self.config = self.config.leak();
+    ///
+    /// [`Record::budget_spent`]: crate::store::Record::budget_spent
+    pub fn attempt_budget(mut self, attempts: u32) -> Self {
+        Arc::make_mut(&mut self.config).budget = Some(attempts.max(1));
         self
     }
 }

@@ -5,7 +5,7 @@
 //! permanent or poison failure, a breaker open with no attempt left), it writes one [`Record`]:
 //! the id (the request's `Idempotency-Key`, or a generated message id), the class, the original
 //! code, the message, the attempt count, the first and last failure times, the retry-at time when
-//! the failure is deferred (see [`Record::from_failure`]), tags from your function, and the
+//! the failure is deferred (see [`record_of`]), tags from your function, and the
 //! original payload (up to a size limit) with what is needed to re-send it. Writing the same id
 //! again updates the record instead of duplicating it, keeping the last K errors in its history.
 //!
@@ -23,7 +23,8 @@
 //!
 //! ```
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore, Store};
+//! use tower_backstop::dead_letter::DeadLetterLayer;
+//! use tower_backstop::store::{MemoryStore, Store};
 //! use tower_backstop::{BoxError, DeadLetterStatus};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -42,9 +43,9 @@
 //! ```
 //!
 //! For a durable store, use [`SqliteStore::open`] (feature `sqlite`, on by default); for many
-//! instances, `RedisStore` (feature `redis`). Every store implements the one [`Store`] trait
-//! with one behaviour: writes merge by id, search with a [`Filter`] and a [`Page`], [`Counts`] over
-//! a window, atomic claims of due records.
+//! instances, `RedisStore` (feature `redis`). The stores, their records and their queries are in
+//! [`store`](crate::store): writes merge by id, search with a [`Filter`] and a [`Page`],
+//! [`Counts`] over a window, atomic claims of due records.
 //!
 //! # Customised
 //!
@@ -53,7 +54,8 @@
 //!
 //! ```
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use tower_backstop::dead_letter::{AttemptBudgetLayer, DeadLetterLayer, Filter, MemoryStore, Page, Store};
+//! use tower_backstop::dead_letter::DeadLetterLayer;
+//! use tower_backstop::store::{Filter, MemoryStore, Page, Store};
 //! use tower_backstop::BoxError;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -65,10 +67,11 @@
 //!             .tags(|envelope| {
 //!                 let v: serde_json::Value =
 //!                     serde_json::from_slice(&envelope.payload).unwrap_or_default();
-//!                 v["campaign"].as_str().map(|c| vec![("campaign".into(), c.into())]).unwrap_or_default()
-//!             }),
+//!                 let campaign = v["campaign"].as_str();
+//!                 campaign.map(|c| vec![("campaign".into(), c.into())]).unwrap_or_default()
+//!             })
+//!             .attempt_budget(5),
 //!     )
-//!     .layer(AttemptBudgetLayer::new(store.clone(), 5))
 //!     .service(service_fn(|_: String| async { Err::<(), BoxError>("smtp 421".into()) }));
 //! let _ = svc.oneshot("{\"campaign\":\"spring\"}".to_owned()).await;
 //! let spring = store.search(&Filter::new().tag("campaign", "spring"), Page::first(10)).await.unwrap();
@@ -76,93 +79,79 @@
 //! # }
 //! ```
 //!
+//! # Options
+//!
+//! - [`tags`](DeadLetterLayer::tags), [`max_payload`](DeadLetterLayer::max_payload),
+//!   [`redact_headers`](DeadLetterLayer::redact_headers), [`clock`](DeadLetterLayer::clock):
+//!   what a record holds.
+//! - [`attempt_budget`](DeadLetterLayer::attempt_budget): a durable attempt budget per message
+//!   id; a message that spent it in earlier runs is refused at once, poison, with a
+//!   [`BudgetSpent`] source.
+//! - Validation before sending is tower's `FilterLayer` below the retry layer, rejecting with
+//!   [`Invalid`](crate::classify::Invalid): the request never reaches the provider, is poison, and
+//!   is dead-lettered once with the reason.
+//! - [`ReconcileLayer`] asks your [`StatusCheck`] before an outcome-unknown failure reaches the
+//!   caller.
+//!
 //! # Afterwards
 //!
 //! - [`Stats`]: top classes and codes over a window, the dead-letter rate, and the alert signals
 //!   of [`AlertRules`] (a class above 20 % of the last 5 minutes, a code never seen before).
-//! - [`Redrive`]: re-send on purpose, with a filter, a dry run, a rate and a maximum.
-//! - [`Scheduler`]: re-send deferred records when their retry-at time comes.
-//! - [`Reconciler`]: asks the provider, with your [`StatusCheck`], about stored outcome-unknown
-//!   records (`backstop-dlq reconcile` does it with a status URL); [`ReconcileLayer`] asks
-//!   before an outcome-unknown failure reaches the caller.
+//! - [`resend`](crate::resend): [`Scheduler`] re-sends deferred records when their retry-at time
+//!   comes, [`Redrive`] re-sends on purpose (a filter, a dry run, a rate and a maximum), and
+//!   [`Reconciler`] asks your [`StatusCheck`] about stored outcome-unknown records.
 //! - The `backstop-dlq` command-line tool (feature `cli`) does all of these over a SQLite file
 //!   or a Redis URL.
 //!
-//! # Trust
+//! A record keeps the whole request: method, URI, every header (values byte for byte) and the
+//! body; the values of secret headers ([`RedactHeaders`]: `Authorization`, `Cookie`, API keys…)
+//! are never written, and [`http_request_restoring`] gets them back from your hook.
 //!
-//! - Claims are compare-and-set ([`Store::claim`]): of two re-drives, a re-drive and a scheduler,
-//!   or two schedulers on one store, exactly one sends; the other reports the record skipped,
-//!   claimed elsewhere.
-//! - A record keeps the whole request: method, URI, every header (values byte for byte) and the
-//!   body; the values of secret headers ([`RedactHeaders`]: `Authorization`, `Cookie`, API
-//!   keys…) are never written, and [`http_request_restoring`] gets them back from your hook.
-//! - [`ValidateLayer`] keeps a request your validator rejects from the provider: it is poison,
-//!   dead-lettered once with the reason.
-//! - Reading a store never panics on what it holds; store URLs print without their password
-//!   ([`redact_url`]).
+//! [`Store`]: crate::store::Store
+//! [`Record`]: crate::store::Record
+//! [`Filter`]: crate::store::Filter
+//! [`Page`]: crate::store::Page
+//! [`Counts`]: crate::store::Counts
+//! [`SqliteStore::open`]: crate::store::SqliteStore::open
+//! [`Stats`]: crate::store::Stats
+//! [`AlertRules`]: crate::store::AlertRules
+//! [`RedactHeaders`]: crate::store::RedactHeaders
+//! [`Scheduler`]: crate::resend::Scheduler
+//! [`Redrive`]: crate::resend::Redrive
+//! [`Reconciler`]: crate::resend::Reconciler
+//! [`http_request_restoring`]: crate::resend::http_request_restoring
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use tower_service::Service;
 
-use crate::anchor::Anchor;
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
+use crate::store::Store;
 
 mod budget;
 mod future;
-mod headers;
 mod layer;
-mod query;
 mod reconcile;
 mod record;
-#[cfg(feature = "redis")]
-mod redis;
-mod redrive;
-mod scheduler;
-#[cfg(feature = "sqlite")]
-mod sqlite;
-mod stats;
-mod store;
-mod validate;
 
-pub use self::budget::{AttemptBudget, AttemptBudgetLayer, BudgetFuture, BudgetSpent};
-pub use self::future::ResponseFuture;
-pub use self::headers::RedactHeaders;
-pub use self::layer::{DeadLetterLayer, TagFn};
-pub use self::query::{Change, Claim, Counts, Filter, Page};
+pub use self::budget::BudgetSpent;
+pub use self::future::{InnerFuture, ResponseFuture};
+pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
 pub use self::reconcile::{
-    Delivery, Reconcile, ReconcileFuture, ReconcileLayer, ReconcileReport, Reconciled,
-    ReconciledResponse, Reconciler, StatusCheck,
+    Delivery, Reconcile, ReconcileFuture, ReconcileLayer, Reconciled, ReconciledResponse,
+    StatusCheck,
 };
-pub use self::record::{
-    DEFAULT_HISTORY_LIMIT, DEFAULT_PAYLOAD_LIMIT, ErrorEntry, ParseStatusError, Record, Status,
-};
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use self::redis::RedisStore;
-#[cfg(feature = "reqwest")]
-#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
-pub use self::redrive::reqwest_request;
-pub use self::redrive::{
-    Outcome, RebuildError, Redrive, RedriveError, RedriveReport, Resent, http_request,
-    http_request_restoring,
-};
-pub use self::scheduler::{Clock, Scheduler, SchedulerHandle};
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use self::sqlite::SqliteStore;
-pub use self::stats::{Alert, AlertRules, Stats};
-pub use self::store::{BoxFuture, MemoryStore, Store, StoreError, redact_url};
-pub use self::validate::{Invalid, Validate, ValidateFuture, ValidateLayer, Validator};
+pub use self::record::record_of;
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).
 #[derive(Clone)]
 pub struct DeadLetter<S> {
     inner: S,
-    config: Anchor<layer::Config>,
+    config: Arc<layer::Config>,
 }
 
 impl<S> DeadLetter<S> {
@@ -171,7 +160,7 @@ impl<S> DeadLetter<S> {
     pub fn new(inner: S, store: Arc<dyn Store>) -> Self {
         DeadLetter {
             inner,
-            config: Anchor::Counted(Arc::new(layer::Config::new(store))),
+            config: Arc::new(layer::Config::new(store)),
         }
     }
 }
@@ -185,6 +174,13 @@ impl<S> DeadLetter<S> {
         &mut self,
         call: impl FnOnce(&mut S) -> (F, Option<Option<String>>),
     ) -> ResponseFuture<F, Req, R> {
+        if self.config.budget.is_some() && !self.config.budget_warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                "the dead-letter layer's attempt budget is not applied under DeadLetterRetryLayer \
+                 or BackstopLayer: stack DeadLetterLayer above RetryLayer as two layers for it"
+            );
+        }
         let (future, uncopyable) = call(&mut self.inner);
         let kept = match uncopyable {
             None => future::Kept::HandedBack,
@@ -209,13 +205,13 @@ impl<S: fmt::Debug> fmt::Debug for DeadLetter<S> {
 
 impl<S, Req> Service<Req> for DeadLetter<S>
 where
-    S: Service<Req>,
+    S: Service<Req> + Clone,
     S::Error: Into<Failure<S::Response>>,
     Req: Replay + Describe + Send + 'static,
 {
     type Response = S::Response;
     type Error = Failure<S::Response>;
-    type Future = ResponseFuture<S::Future, Req, S::Response>;
+    type Future = ResponseFuture<InnerFuture<S, Req>, Req, S::Response>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -225,6 +221,15 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let kept = future::Kept::of(&req, req.replay());
-        ResponseFuture::new(self.inner.call(req), kept, self.config.clone())
+        if let (Some(budget), Some(id)) = (self.config.budget, req.message_id()) {
+            // The budget is read before the call: take the service that is ready, leave a clone.
+            let id = id.to_owned();
+            let clone = self.inner.clone();
+            let service = std::mem::replace(&mut self.inner, clone);
+            let call = InnerFuture::waiting(service, req);
+            return ResponseFuture::checking(call, id, budget, kept, self.config.clone());
+        }
+        let call = InnerFuture::called(self.inner.call(req));
+        ResponseFuture::new(call, kept, self.config.clone())
     }
 }

@@ -1,223 +1,107 @@
-use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+//! The record of a failure: what the dead-letter layer writes.
 
-use serde::{Deserialize, Serialize};
+use std::time::SystemTime;
 
-use crate::failure::{Code, Failure, GiveUp};
+use crate::failure::{Class, Code, Failure, GiveUp};
 use crate::request::Envelope;
+use crate::store::{ErrorEntry, Record, RedactHeaders, Status, truncate};
 
-/// How many past errors a record keeps by default ([`Record::history`]): the last 10.
-pub const DEFAULT_HISTORY_LIMIT: usize = 10;
+use super::BudgetSpent;
 
-/// The largest payload a record keeps by default, in bytes (64 KiB); a longer payload is stored
-/// truncated, with [`Record::payload_truncated`] set.
-pub const DEFAULT_PAYLOAD_LIMIT: usize = 64 * 1024;
-
-/// Where a dead letter stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Status {
-    /// Quarantined: waits for someone to investigate and re-drive it on purpose.
-    Dead,
-    /// Deferred: the [`Scheduler`](super::Scheduler) re-sends it once
-    /// [`retry_at`](Record::retry_at) is due.
-    Deferred,
-    /// Claimed by a scheduler or a re-drive that is sending it now; its
-    /// [`retry_at`](Record::retry_at) is the end of the claim, after which another scheduler may
-    /// take it again.
-    InFlight,
-    /// Re-sent with success; kept for the audit trail.
-    Resolved,
-}
-
-impl Status {
-    /// The status as stored and shown: `dead`, `deferred`, `in_flight`, `resolved`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Status::Dead => "dead",
-            Status::Deferred => "deferred",
-            Status::InFlight => "in_flight",
-            Status::Resolved => "resolved",
-        }
-    }
-}
-
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The text is not one of `dead`, `deferred`, `in_flight`, `resolved`.
-#[derive(Debug)]
-pub struct ParseStatusError {
-    text: String,
-}
-
-impl fmt::Display for ParseStatusError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unknown dead-letter status {:?} (expected dead, deferred, in_flight or resolved)",
-            self.text
-        )
-    }
-}
-
-impl std::error::Error for ParseStatusError {}
-
-impl FromStr for Status {
-    type Err = ParseStatusError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "dead" => Status::Dead,
-            "deferred" => Status::Deferred,
-            "in_flight" | "in-flight" => Status::InFlight,
-            "resolved" => Status::Resolved,
-            _ => {
-                return Err(ParseStatusError { text: s.to_owned() });
-            }
-        })
-    }
-}
-
-/// One failure in a record's [`history`](Record::history).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct ErrorEntry {
-    /// When it failed (millisecond precision).
-    #[serde(with = "time_text")]
-    pub at: SystemTime,
-    /// The failure's class name.
-    pub class: String,
-    /// The original code, as displayed by [`Code`].
-    pub code: String,
-    /// The error's message.
-    pub message: String,
-    /// The attempts this failure took, the first call included.
-    pub attempts: u32,
-}
-
-/// A dead letter: one request that finally failed, with everything needed to understand it and
-/// to send it again.
+/// The record of `failure`, for the request described by `envelope`, with id `id`: what
+/// [`DeadLetterLayer`](super::DeadLetterLayer) writes, and what a [`Store`](crate::store::Store)
+/// test or a tool can build the same way.
 ///
-/// Timestamps have millisecond precision (they are stored as milliseconds since the Unix epoch),
-/// so that a record reads back from every store exactly as it was written. In JSON they are
-/// RFC 3339 text in UTC (`2026-04-01T14:00:00.000Z`).
+/// `retry_at` is the retry layer's [`Failure::retry_at`] (or, when no retry layer saw the
+/// failure, its delay hint counted from now), rounded up to the millisecond, and the status is
+/// [`Deferred`](Status::Deferred), when the failure is deferred: the retry layer deferred it
+/// ([`GiveUp::Deferred`]) or no retry layer saw it and it has a hint, and its class is not
+/// permanent or poison. Otherwise the status is [`Dead`](Status::Dead) and `retry_at` is `None`.
+/// The history holds this one failure. The payload is kept whole; see
+/// [`Record::truncate_payload`]. The envelope's headers are kept but for the secret ones of
+/// [`RedactHeaders::default`], whose names only are kept.
 ///
-/// A record never grows without bound: its [`history`](Record::history) keeps the last K errors
-/// (the store's history limit, [`DEFAULT_HISTORY_LIMIT`] by default) and its payload is cut at the
-/// layer's payload limit ([`DEFAULT_PAYLOAD_LIMIT`] by default) with
-/// [`payload_truncated`](Record::payload_truncated) set.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct Record {
-    /// The idempotency key of the request, or a generated message id (`msg-` and 32 hex digits).
-    pub id: String,
-    /// Labels extracted from the request by the layer's tag function (campaign, provider,
-    /// tenant…), searchable with [`Filter::tag`](super::Filter::tag).
-    #[serde(default)]
-    pub tags: BTreeMap<String, String>,
-    /// The last failure's class name ([`Class::name`](crate::Class::name)).
-    pub class: String,
-    /// The last failure's original code, as displayed by [`Code`] (`http 503`,
-    /// `io ConnectionReset`).
-    pub code: String,
-    /// The last error's message.
-    pub message: String,
-    /// The number of attempts made in all, the first call included. Writing the same id again
-    /// adds the new attempts to this count.
-    pub attempts: u32,
-    /// The attempts counted against a durable attempt budget
-    /// ([`AttemptBudgetLayer`](super::AttemptBudgetLayer)): like `attempts`, but set back to zero
-    /// when someone re-drives the record on purpose.
-    #[serde(default)]
-    pub budget_spent: u32,
-    /// When the first attempt failed.
-    #[serde(with = "time_text")]
-    pub first_failed_at: SystemTime,
-    /// When the last attempt failed.
-    #[serde(with = "time_text")]
-    pub last_failed_at: SystemTime,
-    /// When the request may be sent again: set while the record is
-    /// [`Deferred`](Status::Deferred) (the server's delay hint) or
-    /// [`InFlight`](Status::InFlight) (the end of the claim).
-    #[serde(with = "opt_time_text", default)]
-    pub retry_at: Option<SystemTime>,
-    /// Where the record stands.
-    #[serde(default = "default_status")]
-    pub status: Status,
-    /// How many times it was re-sent, by a re-drive or the scheduler.
-    #[serde(default)]
-    pub resends: u32,
-    /// When a re-send succeeded, if one did since the last failure.
-    #[serde(with = "opt_time_text", default)]
-    pub resolved_at: Option<SystemTime>,
-    /// The last errors, oldest first, at most the store's history limit.
-    #[serde(default)]
-    pub history: Vec<ErrorEntry>,
-    /// The original payload, byte for byte, or its first bytes when
-    /// [`payload_truncated`](Record::payload_truncated).
-    #[serde(with = "payload_text")]
-    pub payload: Vec<u8>,
-    /// Whether `payload` was cut at the payload limit. A truncated record cannot be re-sent.
-    #[serde(default)]
-    pub payload_truncated: bool,
-    /// The size of the original payload, in bytes.
-    #[serde(default)]
-    pub payload_len: u64,
-    /// The payload's media type, when known.
-    pub content_type: Option<String>,
-    /// Request metadata needed to re-send it (method, uri, idempotency key…).
-    pub metadata: BTreeMap<String, String>,
-    /// The request's headers as sent, in order: each name and its value byte for byte, except
-    /// the redacted ones ([`RedactHeaders`](super::RedactHeaders)), whose values are never
-    /// written. A re-drive sends every kept header again
-    /// ([`http_request`](super::http_request)). Empty in records written before headers were kept.
-    #[serde(default, with = "header_list")]
-    pub headers: Vec<(String, Vec<u8>)>,
-    /// The names (lower case) of the headers the request had but the record does not keep the
-    /// value of; a re-drive gets them back from a user hook
-    /// ([`http_request_restoring`](super::http_request_restoring)), for example to sign the
-    /// request again.
-    #[serde(default)]
-    pub redacted_headers: Vec<String>,
+/// ```
+/// use tower_backstop::{Class, Code, Envelope, Failure};
+/// use tower_backstop::dead_letter::record_of;
+/// use tower_backstop::store::Status;
+///
+/// let failure: Failure = Failure::new(Class::PERMANENT, Code::Error);
+/// let record = record_of("msg-1".into(), Envelope::new("{}"), &failure);
+/// assert_eq!((record.class.as_str(), record.status), ("permanent", Status::Dead));
+/// ```
+pub fn record_of<R>(id: String, envelope: Envelope, failure: &Failure<R>) -> Record {
+    record_at(id, envelope, failure, SystemTime::now())
 }
 
-fn default_status() -> Status {
-    Status::Dead
+/// [`record_of`] with the time now given (from the layer's [`Clock`](crate::Clock)).
+pub(crate) fn record_at<R>(
+    id: String,
+    mut envelope: Envelope,
+    failure: &Failure<R>,
+    now: SystemTime,
+) -> Record {
+    let (headers, redacted_headers) =
+        RedactHeaders::default().split(std::mem::take(&mut envelope.headers));
+    let deferred = is_deferred(failure);
+    let retry_at = if deferred {
+        failure
+            .retry_at()
+            .or_else(|| failure.retry_after().and_then(|d| now.checked_add(d)))
+    } else {
+        None
+    };
+    // A failure refused by the durable attempt budget made no attempt; a breaker rejection is
+    // not an attempt either (only the real attempts before it count).
+    let attempts = if refused_by_budget(failure) {
+        0
+    } else if failure.code() == Code::CircuitOpen {
+        failure.attempts()
+    } else {
+        failure.attempts().max(1)
+    };
+    let class = failure.class().name().to_owned();
+    let code = failure.code().to_string();
+    let message = failure.message();
+    let last = truncate(now);
+    Record {
+        id,
+        history: vec![ErrorEntry {
+            at: last,
+            class: class.clone(),
+            code: code.clone(),
+            message: message.clone(),
+            attempts,
+        }],
+        tags: envelope.tags,
+        class,
+        code,
+        message,
+        attempts,
+        budget_spent: attempts,
+        first_failed_at: truncate(failure.first_failed_at().unwrap_or(now)),
+        last_failed_at: last,
+        retry_at: retry_at.map(ceil_millis),
+        status: if retry_at.is_some() {
+            Status::Deferred
+        } else {
+            Status::Dead
+        },
+        resends: 0,
+        resolved_at: None,
+        payload_len: envelope.payload.len() as u64,
+        payload: envelope.payload.to_vec(),
+        payload_truncated: false,
+        content_type: envelope.content_type,
+        metadata: envelope.metadata,
+        headers,
+        redacted_headers,
+    }
 }
 
-/// Truncates `t` to whole milliseconds since the Unix epoch.
-pub(crate) fn to_millis(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
-/// The latest time a record keeps: the last millisecond of the year 9999, the end of RFC 3339
-/// (and of `humantime`'s formatter). Stored times past it read back as it.
-pub(crate) const MAX_MILLIS: i64 = 253_402_300_799_999;
-
-/// The time `ms` milliseconds after the Unix epoch, clamped to the epoch and [`MAX_MILLIS`]:
-/// stored text or numbers out of that range (written by hand or by another tool) never make a
-/// time that cannot be formatted.
-pub(crate) fn from_millis(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms.clamp(0, MAX_MILLIS)).unwrap_or(0))
-}
-
-/// `t + d`, or the latest time a record keeps when that overflows or passes it.
-pub(crate) fn add_clamped(t: SystemTime, d: Duration) -> SystemTime {
-    t.checked_add(d).map_or(from_millis(MAX_MILLIS), truncate)
-}
-
-/// `t` truncated to whole milliseconds, the precision every store keeps.
-pub(crate) fn truncate(t: SystemTime) -> SystemTime {
-    from_millis(to_millis(t))
+/// Whether `failure` is the attempt budget's refusal: the inner service was not called.
+fn refused_by_budget<R>(failure: &Failure<R>) -> bool {
+    std::error::Error::source(failure).is_some_and(|s| s.is::<BudgetSpent>())
 }
 
 /// Whether a failure is deferred (to be re-sent by the scheduler at its retry-at time) rather
@@ -229,7 +113,6 @@ pub(crate) fn truncate(t: SystemTime) -> SystemTime {
 /// they are sent). A failure the retry layer gave up on ([`GiveUp::HintTooLong`] under
 /// `LongDelay::GiveUp`, attempts exhausted…) is dead.
 fn is_deferred<R>(failure: &Failure<R>) -> bool {
-    use crate::failure::Class;
     let deferrable = match failure.give_up() {
         Some(GiveUp::Deferred) => true,
         None => failure.retry_after().is_some(),
@@ -249,351 +132,14 @@ fn ceil_millis(t: SystemTime) -> SystemTime {
     }
 }
 
-impl Record {
-    /// The record of `failure`, for the request described by `envelope`, with id `id`.
-    ///
-    /// `retry_at` is the retry layer's [`Failure::retry_at`] (or, when no retry layer saw the
-    /// failure, its delay hint counted from `now`), rounded up to the millisecond, and the status
-    /// is [`Deferred`](Status::Deferred), when the failure is deferred: the retry layer deferred
-    /// it ([`GiveUp::Deferred`]) or no retry layer saw it and it has a hint, and its class is not
-    /// permanent or poison. Otherwise the status is [`Dead`](Status::Dead) and `retry_at`
-    /// is `None`. The history holds this one failure. The payload is kept whole; see
-    /// [`truncate_payload`](Record::truncate_payload). The envelope's headers are kept but for
-    /// the secret ones of [`RedactHeaders::default`](super::RedactHeaders), whose names only are
-    /// kept.
-    pub fn from_failure<R>(id: String, envelope: Envelope, failure: &Failure<R>) -> Self {
-        Record::from_failure_at(id, envelope, failure, SystemTime::now())
-    }
-
-    /// [`from_failure`](Record::from_failure) with the time now given (from a
-    /// [`Clock`](super::Clock)).
-    pub fn from_failure_at<R>(
-        id: String,
-        mut envelope: Envelope,
-        failure: &Failure<R>,
-        now: SystemTime,
-    ) -> Self {
-        let (headers, redacted_headers) =
-            super::RedactHeaders::default().split(std::mem::take(&mut envelope.headers));
-        let deferred = is_deferred(failure);
-        let retry_at = if deferred {
-            failure
-                .retry_at()
-                .or_else(|| failure.retry_after().and_then(|d| now.checked_add(d)))
-        } else {
-            None
-        };
-        // A failure refused by the durable attempt budget made no attempt; a breaker rejection
-        // is not an attempt either (only the real attempts before it count).
-        let attempts = if failure.code() == Code::AttemptBudgetSpent {
-            0
-        } else if failure.code() == Code::CircuitOpen {
-            failure.attempts()
-        } else {
-            failure.attempts().max(1)
-        };
-        let class = failure.class().name().to_owned();
-        let code = failure.code().to_string();
-        let message = failure.message();
-        let last = truncate(now);
-        Record {
-            id,
-            history: vec![ErrorEntry {
-                at: last,
-                class: class.clone(),
-                code: code.clone(),
-                message: message.clone(),
-                attempts,
-            }],
-            tags: envelope.tags,
-            class,
-            code,
-            message,
-            attempts,
-            budget_spent: attempts,
-            first_failed_at: truncate(failure.first_failed_at().unwrap_or(now)),
-            last_failed_at: last,
-            retry_at: retry_at.map(ceil_millis),
-            status: if retry_at.is_some() {
-                Status::Deferred
-            } else {
-                Status::Dead
-            },
-            resends: 0,
-            resolved_at: None,
-            payload_len: envelope.payload.len() as u64,
-            payload: envelope.payload.to_vec(),
-            payload_truncated: false,
-            content_type: envelope.content_type,
-            metadata: envelope.metadata,
-            headers,
-            redacted_headers,
-        }
-    }
-
-    /// Cuts the payload to at most `limit` bytes, setting
-    /// [`payload_truncated`](Record::payload_truncated) when it was longer.
-    /// [`payload_len`](Record::payload_len) keeps the original size.
-    pub fn truncate_payload(&mut self, limit: usize) {
-        if self.payload.len() > limit {
-            self.payload.truncate(limit);
-            self.payload.shrink_to_fit();
-            self.payload_truncated = true;
-        }
-    }
-
-    /// Folds a newer record of the same id into this one, keeping the last
-    /// [`DEFAULT_HISTORY_LIMIT`] errors; see [`merge_bounded`](Record::merge_bounded).
-    pub fn merge(&mut self, newer: Record) {
-        self.merge_bounded(newer, DEFAULT_HISTORY_LIMIT);
-    }
-
-    /// Folds a newer record of the same id into this one: the newer failure's class, code,
-    /// message, times, status, retry-at and payload win; attempts and the budget spent add up; the
-    /// first failure time stays; tags are united (newer values win); the histories are
-    /// concatenated and only the last `history_limit` errors are kept (at least one).
-    pub fn merge_bounded(&mut self, newer: Record, history_limit: usize) {
-        let first = self.first_failed_at.min(newer.first_failed_at);
-        let attempts = self.attempts.saturating_add(newer.attempts);
-        let budget_spent = self.budget_spent.saturating_add(newer.budget_spent);
-        let resends = self.resends.max(newer.resends);
-        let mut history = std::mem::take(&mut self.history);
-        let mut tags = std::mem::take(&mut self.tags);
-        *self = newer;
-        history.append(&mut self.history);
-        tags.append(&mut self.tags);
-        self.tags = tags;
-        self.history = history;
-        self.bound_history(history_limit);
-        self.first_failed_at = first;
-        self.attempts = attempts;
-        self.budget_spent = budget_spent;
-        self.resends = resends;
-    }
-
-    /// Drops the oldest errors so that at most `history_limit` (at least one) are kept.
-    pub fn bound_history(&mut self, history_limit: usize) {
-        let keep = history_limit.max(1);
-        if self.history.len() > keep {
-            let cut = self.history.len() - keep;
-            self.history.drain(..cut);
-        }
-    }
-
-    /// Whether the record can be re-sent: its payload is whole.
-    pub fn resendable(&self) -> bool {
-        !self.payload_truncated
-    }
-}
-
-mod time_text {
-    //! Timestamps as RFC 3339 text in UTC, with milliseconds.
-    use std::time::SystemTime;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&humantime::format_rfc3339_millis(super::truncate(*t)))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_rfc3339_weak(&s).map_err(serde::de::Error::custom)
-    }
-}
-
-mod opt_time_text {
-    use std::time::SystemTime;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(
-        t: &Option<SystemTime>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        match t {
-            Some(t) => s.collect_str(&humantime::format_rfc3339_millis(super::truncate(*t))),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<SystemTime>, D::Error> {
-        Option::<String>::deserialize(d)?
-            .map(|s| humantime::parse_rfc3339_weak(&s).map_err(serde::de::Error::custom))
-            .transpose()
-    }
-}
-/// Decodes hex digits (either case) into bytes, byte by byte: text that is not all ASCII hex
-/// digits, or an odd number of them, is an error, never a panic.
-pub(crate) fn decode_hex(hex: &str) -> Result<Vec<u8>, String> {
-    fn digit(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    }
-    let bytes = hex.as_bytes();
-    if !bytes.len().is_multiple_of(2) {
-        return Err(format!(
-            "payload has an odd number of hex digits ({})",
-            bytes.len()
-        ));
-    }
-    bytes
-        .chunks_exact(2)
-        .enumerate()
-        .map(|(i, pair)| match (digit(pair[0]), digit(pair[1])) {
-            (Some(hi), Some(lo)) => Ok(hi << 4 | lo),
-            _ => Err(format!(
-                "payload is not hex: byte {} is not a hex digit",
-                2 * i + usize::from(digit(pair[0]).is_some())
-            )),
-        })
-        .collect()
-}
-
-pub(crate) mod header_list {
-    //! Headers as `[name, value]` pairs in JSON, each value as the payload is (`utf8:` text or
-    //! `hex:` digits), so that a value that is not UTF-8 is kept exactly.
-    use serde::ser::SerializeSeq;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(crate) fn serialize<S: Serializer>(
-        headers: &[(String, Vec<u8>)],
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(headers.len()))?;
-        for (name, value) in headers {
-            seq.serialize_element(&(name, super::payload_text::encode(value)))?;
-        }
-        seq.end()
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Vec<(String, Vec<u8>)>, D::Error> {
-        Vec::<(String, String)>::deserialize(d)?
-            .into_iter()
-            .map(|(name, value)| {
-                super::payload_text::decode(&value)
-                    .map(|v| (name, v))
-                    .map_err(serde::de::Error::custom)
-            })
-            .collect()
-    }
-}
-
-mod payload_text {
-    //! Payloads as hex in JSON: readable in a terminal, and exact.
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    /// `utf8:` and the text, or `hex:` and two hex digits a byte.
-    pub(super) fn encode(bytes: &[u8]) -> String {
-        match std::str::from_utf8(bytes) {
-            Ok(text) => format!("utf8:{text}"),
-            Err(_) => {
-                let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-                format!("hex:{hex}")
-            }
-        }
-    }
-
-    /// The bytes of `utf8:` or `hex:` text; an error for anything else.
-    pub(super) fn decode(s: &str) -> Result<Vec<u8>, String> {
-        if let Some(text) = s.strip_prefix("utf8:") {
-            return Ok(text.as_bytes().to_vec());
-        }
-        let hex = s
-            .strip_prefix("hex:")
-            .ok_or_else(|| "payload must start with utf8: or hex:".to_owned())?;
-        super::decode_hex(hex)
-    }
-
-    pub(super) fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&encode(bytes))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        decode(&String::deserialize(d)?).map_err(serde::de::Error::custom)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
-    use crate::failure::Class;
 
-    #[test]
-    fn json_round_trip_keeps_binary_payload() {
-        let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
-        let mut r = Record::from_failure("k".into(), Envelope::new(vec![0u8, 255, 10]), &f);
-        let json = serde_json::to_string(&r).unwrap();
-        assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), r);
-        r.payload = b"{\"a\":1}".to_vec();
-        let json = serde_json::to_string(&r).unwrap();
-        assert!(json.contains("utf8:{"));
-        assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), r);
-    }
-
-    #[test]
-    fn hex_payload_that_is_not_hex_is_an_error_not_a_panic() {
-        let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
-        let r = Record::from_failure("k".into(), Envelope::new(vec![0u8, 255]), &f);
-        let json = serde_json::to_string(&r).unwrap();
-        assert!(json.contains("\"hex:00ff\""), "{json}");
-        for bad in ["hex:a€", "hex:€a", "hex:abc", "hex:zz", "hex:0g", "nope"] {
-            let text = json.replace("hex:00ff", bad);
-            let err = serde_json::from_str::<Record>(&text).unwrap_err();
-            assert!(err.to_string().contains("payload"), "{bad}: {err}");
-        }
-        assert_eq!(decode_hex("00Ff10").unwrap(), [0, 255, 16]);
-    }
-
-    #[test]
-    fn merge_adds_attempts_keeps_first_time() {
-        let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
-        let mut a = Record::from_failure("k".into(), Envelope::new("x"), &f);
-        a.attempts = 3;
-        let mut b = a.clone();
-        b.first_failed_at = a.first_failed_at + Duration::from_secs(10);
-        b.code = "http 503".into();
-        b.attempts = 2;
-        let first = a.first_failed_at;
-        a.merge(b);
-        assert_eq!(a.attempts, 5);
-        assert_eq!(a.first_failed_at, first);
-        assert_eq!(a.code, "http 503");
-    }
-
-    #[test]
-    fn history_is_bounded_and_keeps_the_newest() {
-        let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
-        let mut r = Record::from_failure("k".into(), Envelope::new("x"), &f);
-        for i in 0..20 {
-            let mut newer = Record::from_failure("k".into(), Envelope::new("x"), &f);
-            newer.history[0].message = format!("error {i}");
-            r.merge_bounded(newer, 3);
-        }
-        let messages: Vec<&str> = r.history.iter().map(|e| e.message.as_str()).collect();
-        assert_eq!(messages, ["error 17", "error 18", "error 19"]);
-        assert_eq!(r.attempts, 21);
-        r.merge_bounded(Record::from_failure("k".into(), Envelope::new("x"), &f), 0);
-        assert_eq!(r.history.len(), 1, "at least one error is kept");
-    }
-
-    #[test]
-    fn payload_over_the_limit_is_cut_and_flagged() {
-        let f: Failure = Failure::new(Class::TRANSIENT, Code::Timeout);
-        let mut r = Record::from_failure("k".into(), Envelope::new(vec![7u8; 100]), &f);
-        r.truncate_payload(100);
-        assert!(!r.payload_truncated && r.resendable());
-        r.truncate_payload(10);
-        assert_eq!((r.payload.len(), r.payload_len), (10, 100));
-        assert!(r.payload_truncated && !r.resendable());
+    fn from_failure<R>(id: String, envelope: Envelope, failure: &Failure<R>) -> Record {
+        record_of(id, envelope, failure)
     }
 
     #[test]
@@ -601,17 +147,17 @@ mod tests {
         let hint = Duration::from_secs(30);
         let deferred: Failure =
             Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
-        let r = Record::from_failure("k".into(), Envelope::new("x"), &deferred);
+        let r = from_failure("k".into(), Envelope::new("x"), &deferred);
         assert_eq!(r.status, Status::Deferred);
         assert!(r.retry_at.is_some());
         let mut spent: Failure =
             Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
         spent.note_attempts(3, None, GiveUp::AttemptsExhausted);
-        let r = Record::from_failure("k".into(), Envelope::new("x"), &spent);
+        let r = from_failure("k".into(), Envelope::new("x"), &spent);
         assert_eq!((r.status, r.retry_at), (Status::Dead, None));
         let permanent: Failure =
             Failure::new(Class::PERMANENT, Code::Timeout).with_retry_after(hint);
-        let r = Record::from_failure("k".into(), Envelope::new("x"), &permanent);
+        let r = from_failure("k".into(), Envelope::new("x"), &permanent);
         assert_eq!((r.status, r.retry_at), (Status::Dead, None));
         // Deferred by the retry layer: the record keeps its absolute retry-at time.
         let at = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000_000_000);
@@ -619,26 +165,13 @@ mod tests {
             Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
         deferred.note_attempts(1, None, GiveUp::Deferred);
         deferred.note_retry_at(at);
-        let r = Record::from_failure("k".into(), Envelope::new("x"), &deferred);
+        let r = from_failure("k".into(), Envelope::new("x"), &deferred);
         assert_eq!((r.status, r.retry_at), (Status::Deferred, Some(at)));
         // Given up on because the hint was too long (`LongDelay::GiveUp`): dead.
         let mut too_long: Failure =
             Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
         too_long.note_attempts(1, None, GiveUp::HintTooLong);
-        let r = Record::from_failure("k".into(), Envelope::new("x"), &too_long);
+        let r = from_failure("k".into(), Envelope::new("x"), &too_long);
         assert_eq!((r.status, r.retry_at), (Status::Dead, None));
-    }
-
-    #[test]
-    fn status_round_trips_through_text() {
-        for s in [
-            Status::Dead,
-            Status::Deferred,
-            Status::InFlight,
-            Status::Resolved,
-        ] {
-            assert_eq!(s.as_str().parse::<Status>().unwrap(), s);
-        }
-        assert!("lost".parse::<Status>().is_err());
     }
 }

@@ -33,7 +33,8 @@ use crate::request::{Describe, Replay};
 /// use tower::ServiceBuilder;
 /// use tower_backstop::breaker::BreakerLayer;
 /// use tower_backstop::classify::ClassifyLayer;
-/// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+/// use tower_backstop::dead_letter::DeadLetterLayer;
+/// use tower_backstop::store::MemoryStore;
 /// use tower_backstop::retry::{DeadLetterRetryLayer, RetryLayer, RetryPolicy};
 /// use tower_backstop::timeout::TimeoutLayer;
 ///

@@ -188,7 +188,7 @@ struct Inner {
 ///   `wait_for_breaker` on, a request that sees two [`Class::CIRCUIT_OPEN`] rejections and then
 ///   only 503s reaches the provider 4 times: the rejections eat into neither cap.
 ///
-/// A request the scheduler sends again ([`Scheduler`](crate::dead_letter::Scheduler)) starts a
+/// A request the scheduler sends again ([`Scheduler`](crate::resend::Scheduler)) starts a
 /// new series: `max_attempts` counts the calls of one pass, and the scheduler's
 /// `max_resends` bounds the passes.
 ///
@@ -382,7 +382,7 @@ impl RetryPolicy {
     /// with a dead-letter store, one per-attempt timeout unless this or `max_delay` is set.
     ///
     /// With a dead-letter store above the layer and its
-    /// [`Scheduler`](crate::dead_letter::Scheduler) running, a short bound is the better choice:
+    /// [`Scheduler`](crate::resend::Scheduler) running, a short bound is the better choice:
     /// the request is kept in the store, deferred to the instant the server named (never
     /// earlier), and sent again then, while the caller's slot (a worker, a place in a
     /// concurrency limit) goes on to the next request instead of sitting idle through the wait.
@@ -448,7 +448,7 @@ impl RetryPolicy {
     /// By default it is returned at once, marked [`GiveUp::Deferred`] with
     /// [`Failure::retry_at`] at the instant the breaker half-opens (rounded up to the millisecond), so
     /// that a [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer) keeps it as a deferred
-    /// record and its [`Scheduler`](crate::dead_letter::Scheduler) sends it again then; a
+    /// record and its [`Scheduler`](crate::resend::Scheduler) sends it again then; a
     /// [`FailoverLayer`](crate::breaker::FailoverLayer) below this layer takes the call instead
     /// and never rejects. Sleeping out an open period in process is what makes callers pile up
     /// behind an outage and wake together: the design's "an open breaker fails fast" (§5).

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 #[cfg(feature = "redis")]
-use tower_backstop::dead_letter::RedisStore;
+use tower_backstop::store::RedisStore;
 
 pub fn redis_url() -> String {
     std::env::var("BACKSTOP_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())

@@ -5,7 +5,7 @@ use std::fmt;
 /// The headers a dead-letter record never writes the value of: credentials and session
 /// secrets. The record keeps the header's name in
 /// [`Record::redacted_headers`](super::Record::redacted_headers), so that a re-drive knows to
-/// restore it ([`http_request_restoring`](super::http_request_restoring)); its value is dropped
+/// restore it ([`http_request_restoring`](crate::resend::http_request_restoring)); its value is dropped
 /// before the record leaves the process.
 ///
 /// The default list is [`RedactHeaders::DEFAULT`]: `Authorization` and `Proxy-Authorization`
@@ -14,7 +14,7 @@ use std::fmt;
 /// without regard to case.
 ///
 /// ```
-/// use tower_backstop::dead_letter::RedactHeaders;
+/// use tower_backstop::store::RedactHeaders;
 ///
 /// let redact = RedactHeaders::default().and("x-signature").except("cookie");
 /// assert!(redact.redacts("Authorization"));

@@ -1,14 +1,78 @@
-use std::collections::{BTreeMap, HashMap};
+//! Where dead letters are kept: the [`Store`] trait, its records, queries and counts, and the
+//! stores there are.
+//!
+//! One trait, one behaviour, whatever the backend: [`MemoryStore`] for tests,
+//! [`SqliteStore`] (feature `sqlite`, on by default) as the durable default, `RedisStore`
+//! (feature `redis`) for many instances. Writes merge by id, searches take a [`Filter`] and a
+//! [`Page`], [`Counts`] come over a window, and claims of due records are atomic.
+//!
+//! A [`Record`] is plain data: the id, tags, class and code names, the message, attempt counts,
+//! the failure times, the [`Status`] and retry-at time, the history of the last errors, and the
+//! whole request (method, URI, headers, payload). The values of secret headers are never written
+//! ([`RedactHeaders`]). Reading a store never panics on what it holds; store URLs print without
+//! their password ([`redact_url`]).
+//!
+//! [`Stats`] reads the counts of a window and raises the signals of [`AlertRules`].
+//!
+//! # Example
+//!
+//! ```
+//! use tower_backstop::store::{MemoryStore, Store};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let store = MemoryStore::new();
+//! assert!(store.list(10).await.unwrap().is_empty());
+//! # }
+//! ```
+//!
+//! # Customised
+//!
+//! Keep the last 5 errors per record, and search one tag among the records of the last hour:
+//!
+//! ```
+//! use std::time::{Duration, SystemTime};
+//! use tower_backstop::store::{Filter, MemoryStore, Page, Status, Store};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let store = MemoryStore::new().with_history_limit(5);
+//! let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+//! let filter = Filter::new().tag("campaign", "spring").since(hour_ago).status(Status::Dead);
+//! let spring = store.search(&filter, Page::first(10)).await.unwrap();
+//! assert!(spring.is_empty());
+//! # }
+//! ```
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::query::{Change, Claim, Counts, Filter, Page, change_if_unchanged, claim, claimable};
-use super::record::{DEFAULT_HISTORY_LIMIT, Record};
-use crate::failure::BoxError;
+mod headers;
+mod memory;
+mod query;
+mod record;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+mod stats;
+
+pub use self::headers::RedactHeaders;
+pub use self::memory::MemoryStore;
+pub use self::query::{Change, Claim, Counts, Filter, Page};
+pub use self::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, ParseStatusError, Record, Status};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use self::redis::RedisStore;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use self::sqlite::SqliteStore;
+pub use self::stats::{Alert, AlertRules, Stats};
+
+pub(crate) use self::record::{add_clamped, truncate};
+
+/// The error type a [`StoreError`] may wrap.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A boxed, `Send` future, the return type of [`Store`] methods (the failure path only).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -68,7 +132,7 @@ impl std::error::Error for StoreError {
 /// redacted the same way, so a malformed URL with a password never prints it either.
 ///
 /// ```
-/// use tower_backstop::dead_letter::redact_url;
+/// use tower_backstop::store::redact_url;
 ///
 /// assert_eq!(redact_url("redis://user:pw@db:6379/2"), "redis://***@db:6379/2");
 /// assert_eq!(redact_url("redis://db:6379"), "redis://db:6379");
@@ -92,7 +156,7 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// Where dead letters are kept. One trait, one behaviour, whatever the backend:
-/// [`MemoryStore`] for tests, [`SqliteStore`](super::SqliteStore) (feature `sqlite`) as the
+/// [`MemoryStore`] for tests, [`SqliteStore`] (feature `sqlite`) as the
 /// durable default, `RedisStore` (feature `redis`) for many instances. The
 /// crate's conformance suite (`tests/store_conformance.rs`) runs the same cases against all three.
 ///
@@ -107,13 +171,14 @@ pub fn redact_url(url: &str) -> String {
 /// that names the stores there are:
 ///
 /// ```compile_fail,E0277
-/// use tower_backstop::dead_letter::{DeadLetterLayer, MemoryStore};
+/// use tower_backstop::dead_letter::DeadLetterLayer;
+/// use tower_backstop::store::MemoryStore;
 ///
 /// let _layer = DeadLetterLayer::new(Ok::<_, std::io::Error>(MemoryStore::new()));
 /// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a dead-letter store",
-    label = "DeadLetterLayer needs a `tower_backstop::dead_letter::Store`",
+    label = "DeadLetterLayer needs a `tower_backstop::store::Store`",
     note = "use `MemoryStore` (tests), `SqliteStore::open(path)?` (feature `sqlite`, on by default; note the `?`) or `RedisStore` (feature `redis`), or implement `Store`; a store you share as an `Arc` (for a `Scheduler`) goes in with `DeadLetterLayer::from_arc(store)`"
 )]
 pub trait Store: Send + Sync + 'static {
@@ -198,7 +263,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<Option<Record>, StoreError>>;
 
     /// Claims up to `limit` records that are due at `now` (status
-    /// [`Deferred`](super::Status::Deferred), or an [`InFlight`](super::Status::InFlight) claim
+    /// [`Deferred`](Status::Deferred), or an [`InFlight`](Status::InFlight) claim
     /// that expired, with `retry_at <= now`), the earliest retry-at first, and returns them as
     /// written: status `InFlight`, `retry_at = now + lease`, one more resend.
     ///
@@ -224,7 +289,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Claims the record `seen` for a re-send (a re-drive, an operator), compare-and-set: only if
     /// the record in the store still has the status and the resend count `seen` was read with.
-    /// Then it becomes [`InFlight`](super::Status::InFlight) until `until`, with one more resend
+    /// Then it becomes [`InFlight`](Status::InFlight) until `until`, with one more resend
     /// and its durable attempt budget started again ([`Change::Redriving`]), and
     /// [`Claim::Claimed`] returns it as written. Otherwise nothing is written:
     /// [`Claim::ClaimedElsewhere`] (someone else claimed or changed it since it was read) or
@@ -260,9 +325,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<Claim, StoreError>>;
 
     /// How many attempts of the message `id` count against its durable attempt budget
-    /// ([`Record::budget_spent`]), or `None` when there is no record: what
-    /// [`AttemptBudgetLayer`](super::AttemptBudgetLayer) reads on each call. Stores read only
-    /// that number, not the whole record; the default reads the record.
+    /// ([`Record::budget_spent`]), or `None` when there is no record: what the dead-letter layer's
+    /// attempt budget
+    /// ([`DeadLetterLayer::attempt_budget`](crate::dead_letter::DeadLetterLayer::attempt_budget))
+    /// reads on each call. Stores read only that number, not the whole record; the default reads
+    /// the record.
     ///
     /// # Errors
     ///
@@ -270,189 +337,5 @@ pub trait Store: Send + Sync + 'static {
     fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
         let record = self.get(id);
         Box::pin(async move { Ok(record.await?.map(|r| r.budget_spent)) })
-    }
-}
-
-/// A store in memory, for tests and short-lived tools. Clones share the records.
-#[derive(Clone, Debug)]
-pub struct MemoryStore {
-    inner: Arc<Mutex<Memory>>,
-    closed: Arc<AtomicBool>,
-    history_limit: usize,
-}
-
-#[derive(Debug, Default)]
-struct Memory {
-    records: BTreeMap<String, Record>,
-    first_seen: HashMap<String, SystemTime>,
-}
-
-impl Default for MemoryStore {
-    fn default() -> Self {
-        MemoryStore {
-            inner: Arc::default(),
-            closed: Arc::default(),
-            history_limit: DEFAULT_HISTORY_LIMIT,
-        }
-    }
-}
-
-impl MemoryStore {
-    /// An empty store that keeps the last [`DEFAULT_HISTORY_LIMIT`] errors per record.
-    pub fn new() -> Self {
-        MemoryStore::default()
-    }
-
-    /// Keeps the last `limit` errors per record (at least one).
-    pub fn with_history_limit(mut self, limit: usize) -> Self {
-        self.history_limit = limit.max(1);
-        self
-    }
-
-    /// Closes the store: every later call fails with [`StoreError::closed`].
-    pub fn close(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-    }
-
-    fn with<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Memory) -> T,
-    ) -> BoxFuture<'static, Result<T, StoreError>> {
-        let result = if self.closed.load(Ordering::SeqCst) {
-            Err(StoreError::closed())
-        } else {
-            match self.inner.lock() {
-                Ok(mut memory) => Ok(f(&mut memory)),
-                Err(_) => Err(StoreError::new("memory store lock poisoned")),
-            }
-        };
-        Box::pin(std::future::ready(result))
-    }
-}
-
-/// Sorts records the most recently failed first, ties by id: the order of every search.
-pub(crate) fn newest_first(records: &mut [Record]) {
-    records.sort_by(|a, b| {
-        b.last_failed_at
-            .cmp(&a.last_failed_at)
-            .then_with(|| a.id.cmp(&b.id))
-    });
-}
-
-impl Store for MemoryStore {
-    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
-        let limit = self.history_limit;
-        self.with(move |memory| {
-            for mut record in records {
-                memory
-                    .first_seen
-                    .entry(record.code.clone())
-                    .or_insert(record.last_failed_at);
-                match memory.records.get_mut(&record.id) {
-                    Some(existing) => existing.merge_bounded(record, limit),
-                    None => {
-                        record.bound_history(limit);
-                        memory.records.insert(record.id.clone(), record);
-                    }
-                }
-            }
-        })
-    }
-
-    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
-        let id = id.to_owned();
-        self.with(move |memory| memory.records.get(&id).cloned())
-    }
-
-    fn search(
-        &self,
-        filter: &Filter,
-        page: Page,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        let filter = filter.clone();
-        self.with(move |memory| {
-            let mut all: Vec<Record> = memory
-                .records
-                .values()
-                .filter(|r| filter.matches(r))
-                .cloned()
-                .collect();
-            newest_first(&mut all);
-            all.into_iter().skip(page.offset).take(page.limit).collect()
-        })
-    }
-
-    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
-        self.with(move |memory| {
-            Counts::tally(
-                since,
-                memory.records.values(),
-                memory.first_seen.iter().map(|(code, t)| (code.clone(), *t)),
-            )
-        })
-    }
-
-    fn update(
-        &self,
-        id: &str,
-        change: Change,
-    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
-        let id = id.to_owned();
-        self.with(move |memory| {
-            memory.records.get_mut(&id).map(|record| {
-                change.apply(record);
-                record.clone()
-            })
-        })
-    }
-
-    fn claim_due(
-        &self,
-        now: SystemTime,
-        limit: usize,
-        lease: Duration,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        self.with(move |memory| {
-            let mut due: Vec<(SystemTime, String)> = memory
-                .records
-                .values()
-                .filter(|r| claimable(r, now))
-                .map(|r| (r.retry_at.unwrap_or(UNIX_EPOCH), r.id.clone()))
-                .collect();
-            due.sort();
-            due.truncate(limit);
-            due.into_iter()
-                .filter_map(|(_, id)| {
-                    let record = memory.records.get_mut(&id)?;
-                    claim(record, now, lease);
-                    Some(record.clone())
-                })
-                .collect()
-        })
-    }
-
-    fn change_if_unchanged(
-        &self,
-        seen: &Record,
-        change: Change,
-    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        let seen = seen.clone();
-        self.with(move |memory| {
-            change_if_unchanged(memory.records.get_mut(&seen.id), &seen, change)
-        })
-    }
-
-    fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
-        let id = id.to_owned();
-        self.with(move |memory| memory.records.get(&id).map(|r| r.budget_spent))
-    }
-
-    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
-        let filter = filter.clone();
-        self.with(move |memory| {
-            let before = memory.records.len();
-            memory.records.retain(|_, r| !filter.matches(r));
-            (before - memory.records.len()) as u64
-        })
     }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use super::query::Counts;
-use super::store::{Store, StoreError};
+use super::{Store, StoreError};
 
 /// When the alert signals fire. The defaults follow the usual runbook of a mail pipeline:
 /// a class above 20 % of the dead letters of the last 5 minutes, a dead-letter rate over the last

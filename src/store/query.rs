@@ -13,7 +13,7 @@ use super::record::{Record, Status};
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use tower_backstop::dead_letter::{Filter, Status};
+/// use tower_backstop::store::{Filter, Status};
 ///
 /// let hour_ago = SystemTime::now() - Duration::from_secs(3600);
 /// let filter = Filter::new()
@@ -213,14 +213,14 @@ pub enum Change {
     /// Stop scheduling it: status [`Dead`](Status::Dead), no retry-at.
     Dead,
     /// A status check of the provider found the request delivered
-    /// ([`Reconciler`](super::Reconciler)): status [`Resolved`](Status::Resolved),
+    /// ([`Reconciler`](crate::resend::Reconciler)): status [`Resolved`](Status::Resolved),
     /// `resolved_at = at`, no retry-at, and the metadata entry `reconciled: delivered`.
     Reconciled {
         /// When.
         at: SystemTime,
     },
     /// A status check of the provider found the request never delivered: it is sent again as if
-    /// it had never been processed, by the [`Scheduler`](super::Scheduler): status
+    /// it had never been processed, by the [`Scheduler`](crate::resend::Scheduler): status
     /// [`Deferred`](Status::Deferred) with `retry_at`, and the metadata entry
     /// `reconciled: not_delivered`.
     NotDelivered {
@@ -326,4 +326,13 @@ pub(crate) fn claim(record: &mut Record, now: SystemTime, lease: Duration) {
 pub(crate) fn claimable(record: &Record, now: SystemTime) -> bool {
     matches!(record.status, Status::Deferred | Status::InFlight)
         && record.retry_at.is_some_and(|t| t <= now)
+}
+
+/// Sorts records the most recently failed first, ties by id: the order of every search.
+pub(crate) fn newest_first(records: &mut [Record]) {
+    records.sort_by(|a, b| {
+        b.last_failed_at
+            .cmp(&a.last_failed_at)
+            .then_with(|| a.id.cmp(&b.id))
+    });
 }

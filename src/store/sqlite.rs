@@ -10,7 +10,7 @@ use rusqlite::{
 
 use super::query::{Change, Claim, Counts, Filter, Page, change_if_unchanged, claim, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status, from_millis, to_millis};
-use super::store::{BoxFuture, Store, StoreError};
+use super::{BoxFuture, Store, StoreError};
 
 /// A durable dead-letter store in one SQLite file (embedded, bundled SQLite; feature `sqlite`).
 ///
@@ -37,7 +37,7 @@ use super::store::{BoxFuture, Store, StoreError};
 ///   "database is locked"; the connection stays, and the next write goes through once the lock is
 ///   released.
 ///
-/// Every failed write is a [`StoreError`]; through a [`DeadLetterLayer`](super::DeadLetterLayer)
+/// Every failed write is a [`StoreError`]; through a [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer)
 /// the caller's failure says the record was not written and a `tracing` error reports it.
 ///
 /// Layout: a `dead_letters` table (one row per id, indexed by class, code, last failure time and

@@ -4,11 +4,12 @@ use std::time::{Duration, SystemTime};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
+use super::query::newest_first;
 use super::query::{
     Change, Claim, Counts, Filter, Page, change_if_unchanged, claim, claimable, top_first,
 };
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
-use super::store::{BoxFuture, Store, StoreError, newest_first, redact_url};
+use super::{BoxFuture, Store, StoreError, redact_url};
 
 /// A dead-letter store in Redis, shared by many instances (feature `redis`).
 ///

@@ -2,66 +2,27 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tower_service::Service;
 
-use super::query::Change;
-use super::record::Record;
 use super::redrive::{Outcome, resend};
-use super::store::Store;
+use crate::clock::Clock;
 use crate::failure::Failure;
-
-/// Where record times come from.
-///
-/// [`Clock::system`] reads the system clock. [`Clock::tokio`] counts tokio's clock from the
-/// system time when it was made, so that tests on tokio's paused clock (`start_paused`,
-/// `advance`) move record times too.
-#[derive(Clone, Copy, Debug)]
-pub struct Clock {
-    anchor: Option<(SystemTime, tokio::time::Instant)>,
-}
-
-impl Clock {
-    /// The system clock.
-    pub fn system() -> Self {
-        Clock { anchor: None }
-    }
-
-    /// Tokio's clock, anchored at the system time now. Call it inside a tokio runtime.
-    pub fn tokio() -> Self {
-        Clock {
-            anchor: Some((SystemTime::now(), tokio::time::Instant::now())),
-        }
-    }
-
-    /// The time now.
-    pub fn now(&self) -> SystemTime {
-        match self.anchor {
-            None => SystemTime::now(),
-            Some((system, instant)) => system + instant.elapsed(),
-        }
-    }
-}
-
-impl Default for Clock {
-    fn default() -> Self {
-        Clock::system()
-    }
-}
+use crate::store::{Change, Record, Store};
 
 /// Re-sends deferred dead letters when they are due: the retry schedule.
 ///
-/// A record is deferred ([`Status::Deferred`](super::Status::Deferred)) when its failure carried a
+/// A record is deferred ([`Status::Deferred`](crate::store::Status::Deferred)) when its failure carried a
 /// retry-at time; it sits in the store, indexed by that time (a sorted set in Redis). The
 /// scheduler polls the store every [`poll_every`](Scheduler::poll_every) (1 s by default), claims
 /// the due records in retry-at order ([`Store::claim_due`], atomic, so that two schedulers on the
 /// same store never send the same record while the claim lasts), and re-sends each through the
 /// service stack, at most [`concurrency`](Scheduler::concurrency) at a time (8 by default).
 ///
-/// A re-sent record that succeeds becomes [`Resolved`](super::Status::Resolved). One that fails
+/// A re-sent record that succeeds becomes [`Resolved`](crate::store::Status::Resolved). One that fails
 /// again is written by the stack's dead-letter layer with its new failure: deferred again when
 /// the new failure carries a retry-at time, dead otherwise. A record re-sent more than
 /// [`max_resends`](Scheduler::max_resends) times (5 by default) is dead-lettered instead of sent.
@@ -74,7 +35,9 @@ impl Default for Clock {
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
 /// use tower::ServiceBuilder;
-/// use tower_backstop::dead_letter::{DeadLetterLayer, Scheduler, SqliteStore, Store, http_request};
+/// use tower_backstop::dead_letter::DeadLetterLayer;
+/// use tower_backstop::resend::{Scheduler, http_request};
+/// use tower_backstop::store::{SqliteStore, Store};
 ///
 /// let store = Arc::new(SqliteStore::open("dead_letters.db")?);
 /// # let client = tower::service_fn(|_: http::Request<http_body_util::Full<bytes::Bytes>>| async {
