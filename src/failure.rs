@@ -240,10 +240,7 @@ pub enum DeadLetterStatus {
 /// needed. An open breaker's rejection ([`OpenError`]) takes only the first.
 ///
 /// Being one word keeps `Result<R, Failure<R>>`, which every layer moves on the success path
-/// too, at most a word larger than `R` (16 bytes for a `&str` response). An inline failure of 48
-/// bytes made every layer copy 48 bytes or more per call, and copying a result built piece by
-/// piece stalled store-to-load forwarding (seen with `perf` in `benches/breaker.rs`, where the
-/// breaker's closed path went from about 34 ns to about 28 ns).
+/// too, at most a word larger than `R` (16 bytes for a `&str` response).
 pub struct Failure<R = ()> {
     core: Box<Core<R>>,
 }
@@ -322,7 +319,7 @@ struct Extra<R> {
     /// Someone proved the request was not processed (see `Failure::with_not_processed`).
     not_processed: bool,
     /// An unsent copy of the request, handed up by the retry layer to the dead-letter layer
-    /// (issue #12: one request copy per call). A `Mutex<Q>`, so that `Failure` stays `Sync`.
+    /// (one request copy per call). A `Mutex<Q>`, so that `Failure` stays `Sync`.
     request: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
@@ -375,7 +372,7 @@ impl<R> Failure<R> {
         self
     }
 
-    /// Marks the failure as proof that the request was not processed (DESIGN §3): a status check
+    /// Marks the failure as proof that the request was not processed: a status check
     /// of the provider said it was never delivered
     /// ([`ReconcileLayer`](crate::dead_letter::ReconcileLayer)). The retry layer then resends
     /// even a request that is not safe to send twice, by its normal rules, and does not call the

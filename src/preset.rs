@@ -30,7 +30,7 @@ fn client_rule() -> Builder {
 
 /// The five layers in the order the crate is designed for, built from one set of settings:
 /// [`DeadLetterLayer`] (when a store is given), [`RetryLayer`], [`BreakerLayer`],
-/// [`ClassifyLayer`], [`TimeoutLayer`], outermost first (DESIGN §2).
+/// [`ClassifyLayer`], [`TimeoutLayer`], outermost first.
 ///
 /// Defaults: [`RetryPolicy::default`] (3 attempts, jittered capped backoff, `Retry-After`
 /// honoured, idempotent requests only); for HTTP clients one breaker per host

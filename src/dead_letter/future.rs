@@ -110,7 +110,7 @@ fn start_write<Req, R>(
 where
     Req: Describe + Send + 'static,
 {
-    // Our own copy, or the retry layer's unsent one (`RetryLayer::dead_letters`).
+    // Our own copy, or the retry layer's unsent one (`DeadLetterRetryLayer`).
     let (kept, id) = match std::mem::replace(kept, Kept::HandedBack) {
         Kept::Copy(copy) => (Some(copy), None),
         Kept::HandedBack => (failure.take_request::<Req>(), None),

@@ -168,7 +168,7 @@ impl<S> DeadLetter<S> {
 impl<S> DeadLetter<S> {
     /// A call that keeps no copy of its own: `call` gets the inner service and returns its
     /// future, and the copy comes back on the failure (the retry layer's unsent spare, see
-    /// `RetryLayer::dead_letters`).
+    /// `DeadLetterRetryLayer`).
     #[inline]
     pub(crate) fn call_reusing<F, Req, R>(
         &mut self,

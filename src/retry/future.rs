@@ -37,7 +37,7 @@ pin_project! {
         // Why the request was not retryable, when `retry` is `None`.
         single: GiveUp,
         // Set under a dead-letter layer that reuses this layer's copy of the request
-        // (`RetryLayer::dead_letters`): every failure carries the unsent copy up.
+        // (`DeadLetterRetryLayer`): every failure carries the unsent copy up.
         hand_back: Option<HandBack<S::Response, Req>>,
         // The copy handed back when `retry` is `None`.
         kept: Option<Req>,
