@@ -137,6 +137,53 @@ impl fmt::Display for Code {
     }
 }
 
+/// Whether a failed request reached the provider, decided once by the classifier: what lets the
+/// retry layer send again a request that is not idempotent, and what makes a failure's outcome
+/// unknown.
+///
+/// The default for a code is [`Sent::of`]; a classifier may say otherwise
+/// ([`Verdict::with_sent`](crate::classify::Verdict::with_sent),
+/// [`HttpClassifier::not_sent_statuses`](crate::classify::HttpClassifier::not_sent_statuses)),
+/// and so may a status check of the provider ([`Failure::with_sent`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Sent {
+    /// Certainly not processed: the connection was refused, a layer in this process refused the
+    /// call (an open breaker, tower's `LoadShed`), or the server said it did not act on it
+    /// (HTTP 408, 425, 429, 503 by default; RFC 9110 §15.5.9, RFC 8470 §5.2, RFC 6585 §4). Safe
+    /// to send again whatever the method.
+    No,
+    /// It may have been acted on: a timeout, or the connection was reset, aborted or closed after
+    /// the request left. A request that is not safe to send twice then has an unknown outcome
+    /// ([`Class::OUTCOME_UNKNOWN`]).
+    Maybe,
+    /// It reached the provider (an answer came back), or nothing says it did not: never sent
+    /// again unless it is safe to send twice.
+    Yes,
+}
+
+impl Sent {
+    /// The default for a failure of `code`: [`Sent::No`] for a refused connection,
+    /// [`Code::CircuitOpen`], [`Code::Overloaded`] and HTTP 408, 425, 429 and 503;
+    /// [`Sent::Maybe`] for [`Code::Timeout`] and an io error of kind connection reset or aborted,
+    /// broken pipe, unexpected end of file, or timed out; [`Sent::Yes`] for anything else.
+    pub const fn of(code: Code) -> Sent {
+        use io::ErrorKind::*;
+        match code {
+            Code::Io(ConnectionRefused) | Code::CircuitOpen | Code::Overloaded => Sent::No,
+            Code::Http(status) => match status.as_u16() {
+                408 | 425 | 429 | 503 => Sent::No,
+                _ => Sent::Yes,
+            },
+            Code::Timeout
+            | Code::Io(
+                ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | TimedOut,
+            ) => Sent::Maybe,
+            _ => Sent::Yes,
+        }
+    }
+}
+
 /// Why the retry layer stopped trying and handed the failure up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -250,6 +297,7 @@ struct Core<R> {
     class: Class,
     code: Code,
     retry_after: Option<Duration>,
+    sent: Sent,
     attempts: u32,
     give_up: Option<GiveUp>,
     no_retry: bool,
@@ -316,8 +364,6 @@ struct Extra<R> {
     first_failed_at: Option<SystemTime>,
     retry_at: Option<SystemTime>,
     dead_letter: Option<DeadLetterStatus>,
-    /// Someone proved the request was not processed (see `Failure::with_not_processed`).
-    not_processed: bool,
     /// An unsent copy of the request, handed up by the retry layer to the dead-letter layer
     /// (one request copy per call). A `Mutex<Q>`, so that `Failure` stays `Sync`.
     request: Option<Box<dyn std::any::Any + Send + Sync>>,
@@ -331,7 +377,6 @@ impl<R> Default for Extra<R> {
             first_failed_at: None,
             retry_at: None,
             dead_letter: None,
-            not_processed: false,
             request: None,
         }
     }
@@ -345,6 +390,7 @@ impl<R> Failure<R> {
                 class,
                 code,
                 retry_after: None,
+                sent: Sent::of(code),
                 attempts: 0,
                 give_up: None,
                 no_retry: false,
@@ -372,20 +418,18 @@ impl<R> Failure<R> {
         self
     }
 
-    /// Marks the failure as proof that the request was not processed: a status check
-    /// of the provider said it was never delivered
-    /// ([`ReconcileLayer`](crate::dead_letter::ReconcileLayer)). The retry layer then resends
-    /// even a request that is not safe to send twice, by its normal rules, and does not call the
-    /// outcome unknown.
-    pub fn with_not_processed(mut self) -> Self {
-        self.extra_mut().not_processed = true;
+    /// Sets whether the request reached the provider, replacing the default of its code
+    /// ([`Sent::of`]): for example [`Sent::No`] when a status check of the provider said it was
+    /// never delivered. The retry layer then resends even a request that is not safe to send
+    /// twice, by its normal rules, and does not call the outcome unknown.
+    pub fn with_sent(mut self, sent: Sent) -> Self {
+        self.core.sent = sent;
         self
     }
 
-    /// Whether the failure proves that the request was not processed (see
-    /// [`with_not_processed`](Self::with_not_processed)).
-    pub fn not_processed(&self) -> bool {
-        self.core.extra.as_ref().is_some_and(|e| e.not_processed)
+    /// Whether the request reached the provider (see [`Sent`]).
+    pub fn sent(&self) -> Sent {
+        self.core.sent
     }
 
     /// Whether the server asked not to retry (see [`with_no_retry`](Self::with_no_retry)).
@@ -477,6 +521,7 @@ impl<R> Failure<R> {
                 class: core.class,
                 code: core.code,
                 retry_after: core.retry_after,
+                sent: core.sent,
                 attempts: core.attempts,
                 give_up: core.give_up,
                 no_retry: core.no_retry,
@@ -488,7 +533,6 @@ impl<R> Failure<R> {
                         first_failed_at: e.first_failed_at,
                         retry_at: e.retry_at,
                         dead_letter: e.dead_letter,
-                        not_processed: e.not_processed,
                         request: e.request,
                     })
                 }),
@@ -530,6 +574,7 @@ impl<R> Failure<R> {
     fn summary<T>(&self) -> Failure<T> {
         let mut copy = Failure::new(self.core.class, self.code());
         copy.core.retry_after = self.core.retry_after;
+        copy.core.sent = self.core.sent;
         copy.core.attempts = self.core.attempts;
         copy.core.give_up = self.core.give_up;
         copy.core.no_retry = self.core.no_retry;
@@ -646,6 +691,7 @@ impl<R> fmt::Debug for Failure<R> {
         d.field("class", &self.core.class)
             .field("code", &self.code())
             .field("retry_after", &self.retry_after())
+            .field("sent", &self.core.sent)
             .field("attempts", &self.core.attempts)
             .field("give_up", &self.core.give_up)
             .field("no_retry", &self.core.no_retry);
@@ -891,6 +937,41 @@ mod tests {
         let f: Failure = Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen)
             .with_retry_after(Duration::from_nanos(1_331_029_271));
         assert!(f.to_string().ends_with(", half-opens in 1.332s"), "{f}");
+    }
+
+    #[test]
+    fn sent_defaults_by_code_and_survives_every_copy() {
+        use io::ErrorKind::*;
+        for (code, sent) in [
+            (Code::Io(ConnectionRefused), Sent::No),
+            (Code::CircuitOpen, Sent::No),
+            (Code::Overloaded, Sent::No),
+            (Code::Http(StatusCode::REQUEST_TIMEOUT), Sent::No),
+            (Code::Http(StatusCode::TOO_EARLY), Sent::No),
+            (Code::Http(StatusCode::TOO_MANY_REQUESTS), Sent::No),
+            (Code::Http(StatusCode::SERVICE_UNAVAILABLE), Sent::No),
+            (Code::Http(StatusCode::BAD_GATEWAY), Sent::Yes),
+            (Code::Http(StatusCode::INTERNAL_SERVER_ERROR), Sent::Yes),
+            (Code::Grpc(14), Sent::Yes),
+            (Code::Timeout, Sent::Maybe),
+            (Code::Io(ConnectionReset), Sent::Maybe),
+            (Code::Io(ConnectionAborted), Sent::Maybe),
+            (Code::Io(BrokenPipe), Sent::Maybe),
+            (Code::Io(UnexpectedEof), Sent::Maybe),
+            (Code::Io(TimedOut), Sent::Maybe),
+            (Code::Io(PermissionDenied), Sent::Yes),
+            (Code::Error, Sent::Yes),
+        ] {
+            assert_eq!(Sent::of(code), sent, "{code}");
+            let f: Failure<()> = Failure::new(Class::TRANSIENT, code);
+            assert_eq!(f.sent(), sent, "{code}");
+        }
+        // Set by hand (a status check), kept through a new response type and a `BoxError`.
+        let f: Failure<()> = Failure::new(Class::TRANSIENT, Code::Timeout).with_sent(Sent::No);
+        let f = f.map_response(|()| 1u8);
+        assert_eq!(f.sent(), Sent::No);
+        let f = Failure::<String>::recover(Box::new(f.map_response(|_| ()))).unwrap();
+        assert_eq!(f.sent(), Sent::No);
     }
 
     #[test]

@@ -132,7 +132,7 @@ pub mod store;
 pub mod timeout;
 
 pub use self::clock::Clock;
-pub use self::failure::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp};
+pub use self::failure::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp, Sent};
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use self::integration::tonic::{

@@ -10,11 +10,11 @@ use support::{
 };
 use tokio::time::Instant;
 use tower::{Layer, ServiceBuilder, ServiceExt};
-use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::classify::{ClassifyLayer, HttpClassifier};
 use tower_backstop::retry::{
     Backoff, Budget, DelaySource, Jitter, LongDelay, RetryEvent, RetryLayer, RetryPolicy,
 };
-use tower_backstop::{Class, Code, Failure, GiveUp};
+use tower_backstop::{Class, Code, Failure, GiveUp, Sent};
 
 fn recorder() -> (
     Arc<Mutex<Vec<RetryEvent>>>,
@@ -1175,14 +1175,21 @@ async fn a_503_proves_not_processed_by_default_and_a_user_can_exclude_it() {
     assert_eq!(result.unwrap().status(), 202);
     assert_eq!(upstream.calls(), 2);
 
-    let without_503 = RetryPolicy::new().unprocessed_statuses(&[
+    // The classifier decides what proves "not processed": without 503 in its list, a keyless
+    // POST answered 503 is not sent again.
+    let without_503 = HttpClassifier::new().not_sent_statuses(&[
         http::StatusCode::REQUEST_TIMEOUT,
         http::StatusCode::TOO_EARLY,
         http::StatusCode::TOO_MANY_REQUESTS,
     ]);
-    let (result, upstream, _) =
-        first_then(without_503, status(503), 202, post("/mail", "{}")).await;
+    let upstream = Scripted::new([status(503)], status(202));
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(RetryPolicy::new()))
+        .layer(ClassifyLayer::new(without_503))
+        .service(upstream.clone());
+    let result = svc.oneshot(post("/mail", "{}")).await;
     let failure = result.unwrap_err();
+    assert_eq!(failure.sent(), Sent::Yes);
     assert_eq!(failure.give_up(), Some(GiveUp::NotIdempotent));
     assert_eq!(upstream.calls(), 1);
 }

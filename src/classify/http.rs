@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode, header::RETRY_AFTER};
 
 use super::{Classifier, Verdict};
-use crate::failure::{Class, Code};
+use crate::failure::{Class, Code, Sent};
 
 /// The HTTP classifier: maps a response's status to a [`Class`] and reads `Retry-After`.
 ///
@@ -15,7 +15,19 @@ use crate::failure::{Class, Code};
 #[derive(Clone, Debug, Default)]
 pub struct HttpClassifier {
     overrides: Option<Arc<Vec<Override>>>,
+    /// The statuses that prove the request was not processed; `None` is the default list.
+    not_sent: Option<Arc<[StatusCode]>>,
 }
+
+/// The default [`HttpClassifier::not_sent_statuses`]: 408 Request Timeout (RFC 9110 §15.5.9),
+/// 425 Too Early (RFC 8470 §5.2), 429 Too Many Requests (RFC 6585 §4) and 503 Service
+/// Unavailable (RFC 9110 §15.6.4).
+const NOT_SENT_STATUSES: [StatusCode; 4] = [
+    StatusCode::REQUEST_TIMEOUT,
+    StatusCode::TOO_EARLY,
+    StatusCode::TOO_MANY_REQUESTS,
+    StatusCode::SERVICE_UNAVAILABLE,
+];
 
 /// A status and its class; `None` is success.
 type Override = (StatusCode, Option<Class>);
@@ -41,6 +53,42 @@ impl HttpClassifier {
     /// Counts `status` as a success, whatever the default says.
     pub fn success(self, status: StatusCode) -> Self {
         self.set(status, None)
+    }
+
+    /// The statuses after which the request certainly was not processed ([`Sent::No`]), so
+    /// that the retry layer may send again even a request that is not safe to send twice. By
+    /// default 408, 425, 429 and 503: each says the server did not act on the request (RFC 9110
+    /// §15.5.9 and §15.6.4, RFC 8470 §5.2, RFC 6585 §4). Every other failing status is
+    /// [`Sent::Yes`].
+    ///
+    /// A provider whose 503 may come after it acted (a gateway in front of a slow backend) is
+    /// told apart by leaving 503 out:
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_backstop::classify::HttpClassifier;
+    ///
+    /// let classifier = HttpClassifier::new().not_sent_statuses(&[
+    ///     StatusCode::REQUEST_TIMEOUT,
+    ///     StatusCode::TOO_EARLY,
+    ///     StatusCode::TOO_MANY_REQUESTS,
+    /// ]);
+    /// # let _ = classifier;
+    /// ```
+    pub fn not_sent_statuses(mut self, statuses: &[StatusCode]) -> Self {
+        self.not_sent = Some(Arc::from(statuses));
+        self
+    }
+
+    /// Whether a failure of `status` proves the request was not processed (see
+    /// [`not_sent_statuses`](Self::not_sent_statuses)).
+    pub fn sent_of(&self, status: StatusCode) -> Sent {
+        let statuses = self.not_sent.as_deref().unwrap_or(&NOT_SENT_STATUSES);
+        if statuses.contains(&status) {
+            Sent::No
+        } else {
+            Sent::Yes
+        }
     }
 
     /// A classifier that also reads the response body, for providers that put their own error
@@ -85,7 +133,7 @@ impl HttpClassifier {
     /// (`http::Response`, `reqwest::Response`): `None` for success.
     pub(crate) fn classify_head(&self, status: StatusCode, headers: &HeaderMap) -> Option<Verdict> {
         let class = self.class_of(status)?;
-        let verdict = Verdict::new(class, Code::Http(status));
+        let verdict = Verdict::new(class, Code::Http(status)).with_sent(self.sent_of(status));
         Some(match retry_after_hint(headers) {
             Some(delay) => verdict.with_retry_after(delay),
             None => verdict,
@@ -286,6 +334,32 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Result<Duration, Inval
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_classifier_decides_sent_once_by_status() {
+        let c = HttpClassifier::new();
+        for (status, sent) in [
+            (408, Sent::No),
+            (425, Sent::No),
+            (429, Sent::No),
+            (503, Sent::No),
+            (500, Sent::Yes),
+            (502, Sent::Yes),
+            (504, Sent::Yes),
+            (404, Sent::Yes),
+        ] {
+            let v = c.classify_response(&response(status, None)).unwrap();
+            assert_eq!(v.sent, sent, "{status}");
+            assert_eq!(v.into_failure::<()>().sent(), sent, "{status}");
+        }
+        // A list of the user's own replaces the default, and a success has no verdict at all.
+        let c = HttpClassifier::new().not_sent_statuses(&[StatusCode::BAD_GATEWAY]);
+        let sent = |s| c.classify_response(&response(s, None)).unwrap().sent;
+        assert_eq!(sent(502), Sent::No);
+        assert_eq!(sent(503), Sent::Yes);
+        assert_eq!(sent(429), Sent::Yes);
+        assert!(c.classify_response(&response(200, None)).is_none());
+    }
 
     fn response(status: u16, retry_after: Option<&str>) -> http::Response<()> {
         let mut b = http::Response::builder().status(status);

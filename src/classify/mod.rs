@@ -20,6 +20,13 @@
 //! | 500 and any other 5xx | [`Class::UNKNOWN`] |
 //! | any other 4xx | [`Class::PERMANENT`] |
 //!
+//! The classifier also decides, once, whether the request was **sent** ([`Sent`]): a 408, 425,
+//! 429 or 503 proves it was not processed ([`Sent::No`], so the retry layer may send even a
+//! keyless POST again; [`HttpClassifier::not_sent_statuses`] changes the list), any other
+//! failing status is [`Sent::Yes`]; for errors, a refused connection or a load-shed rejection is
+//! [`Sent::No`], a timeout or a reset [`Sent::Maybe`] ([`Sent::of`]). The layers above read it
+//! and never look at the code again for this.
+//!
 //! `Retry-After` is read in both forms of RFC 9110 §10.2.3 (delay-seconds and HTTP-date). A value
 //! that is neither (`-1`, `nan`, `1e999`, `soon`) is ignored with a `tracing` warning, and the
 //! retry layer falls back to its computed backoff; a date in the past is no hint either.
@@ -102,7 +109,7 @@ use std::time::Duration;
 
 use tower_service::Service;
 
-use crate::failure::{BoxError, Class, Code, Failure};
+use crate::failure::{BoxError, Class, Code, Failure, Sent};
 
 mod buffer;
 mod future;
@@ -136,6 +143,8 @@ pub struct Verdict {
     /// The server asked not to retry at all (a negative or unparseable
     /// `grpc-retry-pushback-ms`, gRFC A6).
     pub no_retry: bool,
+    /// Whether the request reached the provider; by default [`Sent::of`] the code.
+    pub sent: Sent,
 }
 
 impl Verdict {
@@ -146,7 +155,14 @@ impl Verdict {
             code,
             retry_after: None,
             no_retry: false,
+            sent: Sent::of(code),
         }
+    }
+
+    /// Says whether the request reached the provider, instead of the default of its code.
+    pub const fn with_sent(mut self, sent: Sent) -> Self {
+        self.sent = sent;
+        self
     }
 
     /// Marks the verdict as one the server asked not to retry.
@@ -163,7 +179,7 @@ impl Verdict {
 
     /// The [`Failure`] this verdict describes.
     pub fn into_failure<R>(self) -> Failure<R> {
-        let failure = Failure::new(self.class, self.code);
+        let failure = Failure::new(self.class, self.code).with_sent(self.sent);
         let failure = match self.retry_after {
             Some(delay) => failure.with_retry_after(delay),
             None => failure,

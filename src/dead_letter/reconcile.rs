@@ -9,7 +9,7 @@
 //! - [`ReconcileLayer`] runs the check on the call, before an outcome-unknown failure is handed
 //!   back: delivered → the call succeeds (the response says so: [`Reconciled`]); not delivered →
 //!   the failure carries proof that the request was not processed
-//!   ([`Failure::with_not_processed`]) and the retry layer above resends it by its normal rules;
+//!   ([`Failure::with_sent`] with [`Sent::No`](crate::Sent::No)) and the retry layer above resends it by its normal rules;
 //!   unknown → the failure goes on, is reclassified outcome-unknown by the retry layer, and is
 //!   dead-lettered as such.
 //! - [`Reconciler`](crate::resend::Reconciler) runs the check over stored outcome-unknown records, on demand (the
@@ -111,7 +111,7 @@ impl ReconciledResponse for () {
 /// connection after it was sent may or may not have been acted on: its outcome is unknown.
 /// The check decides: delivered → the call succeeds with a stand-in response marked
 /// [`Reconciled`] ([`ReconciledResponse`]); not delivered → the failure carries proof that the
-/// request was not processed ([`Failure::with_not_processed`]) and the retry layer above resends
+/// request was not processed ([`Failure::with_sent`] with [`Sent::No`](crate::Sent::No)) and the retry layer above resends
 /// it by its normal rules, as if it had never been sent; unknown → the failure goes on, the retry
 /// layer calls it outcome-unknown and the dead-letter layer records it, for a
 /// [`Reconciler`](crate::resend::Reconciler) to settle later.
@@ -311,7 +311,7 @@ where
                                 code = %failure.code(),
                                 "outcome unknown reconciled: never delivered; may be sent again"
                             );
-                            Err(failure.with_not_processed())
+                            Err(failure.with_sent(crate::failure::Sent::No))
                         }
                         Delivery::Unknown => {
                             tracing::warn!(

@@ -337,8 +337,7 @@ where
                     };
                     // A timeout or reset after a request that is not safe to resend: it may
                     // have been acted on. Never retried; recorded for reconciliation.
-                    let unknown =
-                        !*this.safe && outcome_unknown(&failure) && !failure.not_processed();
+                    let unknown = !*this.safe && outcome_unknown(&failure);
                     if unknown {
                         failure.set_class(Class::OUTCOME_UNKNOWN);
                     }

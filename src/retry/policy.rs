@@ -10,7 +10,7 @@ use rand::rngs::SmallRng;
 
 use super::backoff::Backoff;
 use super::budget::Budget;
-use crate::failure::{Class, Code, Failure, GiveUp};
+use crate::failure::{Class, Code, Failure, GiveUp, Sent};
 
 /// Where a retry's delay came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -145,7 +145,6 @@ struct Inner {
     budget: Option<Budget>,
     deadline: Option<Duration>,
     retry_unprocessed: bool,
-    unprocessed_statuses: Vec<http::StatusCode>,
     assume_idempotent: bool,
     rng: Option<Arc<Mutex<SmallRng>>>,
     on_retry: Option<OnRetry>,
@@ -293,7 +292,6 @@ impl Default for RetryPolicy {
                 budget: None,
                 deadline: None,
                 retry_unprocessed: true,
-                unprocessed_statuses: UNPROCESSED_STATUSES.to_vec(),
                 assume_idempotent: false,
                 rng: None,
                 on_retry: None,
@@ -523,44 +521,13 @@ impl RetryPolicy {
     }
 
     /// Whether a request that is not safe to send twice (a POST without an `Idempotency-Key`) may
-    /// still be retried after a failure that proves it was not processed: one of the
-    /// [`unprocessed_statuses`](Self::unprocessed_statuses) (by default 408, 425, 429 and 503),
-    /// a refused connection, and an open breaker (the request never left). Default on; it costs
-    /// one copy of such requests per call.
+    /// still be retried after a failure that proves it was not processed
+    /// ([`Failure::sent`] is [`Sent::No`](crate::Sent::No): by default a refused connection, an
+    /// open breaker, a load-shed rejection, and HTTP 408, 425, 429 and 503, as the classifier
+    /// decides; see [`HttpClassifier::not_sent_statuses`](crate::classify::HttpClassifier::not_sent_statuses)).
+    /// Default on; it costs one copy of such requests per call.
     pub fn retry_unprocessed(self, enabled: bool) -> Self {
         self.edit(|p| p.retry_unprocessed = enabled)
-    }
-
-    /// The HTTP statuses that prove a request was not processed, so that even a keyless POST
-    /// may be sent again after them (with [`retry_unprocessed`](Self::retry_unprocessed) on).
-    /// Replaces the list. The default, from RFC 9110 and RFC 8470:
-    ///
-    /// | status | why it proves "not processed" |
-    /// |---|---|
-    /// | 408 Request Timeout | the server closed the connection before it read the whole request (RFC 9110 §15.5.9) |
-    /// | 425 Too Early | the server refused to process early data at all (RFC 8470 §5.2) |
-    /// | 429 Too Many Requests | the request was refused by a rate limit (RFC 6585 §4) |
-    /// | 503 Service Unavailable | the server is unable to handle the request (RFC 9110 §15.6.4) |
-    ///
-    /// 503 is kept by default because origin servers and most proxies send it before they
-    /// touch the request (overload, maintenance, no healthy upstream). A gateway that can
-    /// answer 503 after it forwarded the request (some load balancers do when the upstream
-    /// drops mid-response) breaks that promise: leave 503 out for such a provider, and a
-    /// keyless POST answered 503 stops with [`GiveUp::NotIdempotent`]:
-    ///
-    /// ```
-    /// use http::StatusCode;
-    /// use tower_backstop::retry::RetryPolicy;
-    ///
-    /// let policy = RetryPolicy::new().unprocessed_statuses(&[
-    ///     StatusCode::REQUEST_TIMEOUT,
-    ///     StatusCode::TOO_EARLY,
-    ///     StatusCode::TOO_MANY_REQUESTS,
-    /// ]);
-    /// # let _ = policy;
-    /// ```
-    pub fn unprocessed_statuses(self, statuses: &[http::StatusCode]) -> Self {
-        self.edit(|p| p.unprocessed_statuses = statuses.to_vec())
     }
 
     /// Treats every request as safe to send twice, whatever its method and headers. For gRPC
@@ -649,9 +616,7 @@ impl RetryPolicy {
         }
         match at.spare {
             Spare::Ready => {}
-            Spare::NotSafe
-                if self.inner.retry_unprocessed
-                    && proves_unprocessed(failure, &self.inner.unprocessed_statuses) => {}
+            Spare::NotSafe if self.inner.retry_unprocessed && failure.sent() == Sent::No => {}
             Spare::NotSafe => return Decision::Stop(GiveUp::NotIdempotent),
             Spare::NotReplayable => return Decision::Stop(GiveUp::NotReplayable),
         }
@@ -740,38 +705,10 @@ pub(crate) fn retry_at(now: SystemTime, delay: Duration) -> SystemTime {
     }
 }
 
-/// The default [`RetryPolicy::unprocessed_statuses`].
-const UNPROCESSED_STATUSES: [http::StatusCode; 4] = [
-    http::StatusCode::REQUEST_TIMEOUT,
-    http::StatusCode::TOO_EARLY,
-    http::StatusCode::TOO_MANY_REQUESTS,
-    http::StatusCode::SERVICE_UNAVAILABLE,
-];
-
-/// Failures after which the provider certainly did not act on the request: it refused it (one
-/// of `statuses`), the connection was refused, a load-shedding layer never sent it, our breaker
-/// never sent it, or a status check said so ([`Failure::not_processed`]).
-fn proves_unprocessed<R>(failure: &Failure<R>, statuses: &[http::StatusCode]) -> bool {
-    failure.class() == Class::CIRCUIT_OPEN
-        || failure.not_processed()
-        || match failure.code() {
-            Code::Http(status) => statuses.contains(&status),
-            Code::Io(std::io::ErrorKind::ConnectionRefused)
-            | Code::CircuitOpen
-            | Code::Overloaded => true,
-            _ => false,
-        }
-}
-
 /// Failures after which a request may or may not have been acted on: it was sent (or may have
-/// been), and no answer came back.
+/// been), and no answer came back ([`Sent::Maybe`]).
 pub(crate) fn outcome_unknown<R>(failure: &Failure<R>) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(
-        failure.code(),
-        Code::Timeout
-            | Code::Io(ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | TimedOut)
-    )
+    failure.sent() == Sent::Maybe
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -786,7 +723,6 @@ impl fmt::Debug for RetryPolicy {
             .field("budget", &self.inner.budget)
             .field("deadline", &self.inner.deadline)
             .field("retry_unprocessed", &self.inner.retry_unprocessed)
-            .field("unprocessed_statuses", &self.inner.unprocessed_statuses)
             .field("assume_idempotent", &self.inner.assume_idempotent)
             .field("seeded", &self.inner.rng.is_some())
             .field("on_retry", &self.inner.on_retry.is_some())
