@@ -273,7 +273,7 @@ where
                         Ok(response) => return Poll::Ready(Ok(response)),
                         Err(e) => e.into(),
                     };
-                    if !crate::retry::outcome_unknown(&failure) {
+                    if failure.sent() != crate::failure::Sent::Maybe {
                         return Poll::Ready(Err(failure));
                     }
                     let (Some(request), Some(status)) = (kept.take(), check.take()) else {
