@@ -129,8 +129,7 @@ impl DeadLetterLayer {
     /// its reference count: the response futures reach the store and the settings through a
     /// `&'static` reference instead of cloning and dropping an `Arc` (two atomic
     /// read-modify-write operations per call, on a cache line every thread's calls share;
-    /// `benches/overhead.rs` measures the five layers with it, on one thread and on two). Like
-    /// [`BreakerLayer::into_static`](crate::breaker::BreakerLayer::into_static).
+    /// `benches/overhead.rs` measures the five layers with it, on one thread and on two).
     ///
     /// The configuration (a few words) is then never freed, and the store it holds is never
     /// dropped: a `SqliteStore`'s connection stays open until the process
