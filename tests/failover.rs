@@ -317,3 +317,60 @@ async fn keyed_breakers_with_a_user_key() {
     );
     assert_eq!(layer.keys(), ["postmark", "sendgrid"]);
 }
+
+/// The layer's own `per_host()` and `keyed_by()` build every key's breaker from the settings
+/// made before them, and leave the unkeyed breaker alone.
+#[tokio::test(start_paused = true)]
+async fn per_host_and_keyed_by_on_the_layer_keep_its_settings() {
+    let upstream = Scripted::always(status(503));
+    let layer = BreakerLayer::consecutive_failures(2)
+        .open_for(Duration::from_secs(7))
+        .per_host();
+    let svc = over(layer.clone(), &upstream);
+    assert_eq!(fail(&svc, to("a.test")).await.class(), Class::TRANSIENT);
+    assert_eq!(
+        layer.handle_for("a.test:80").unwrap().state(),
+        State::Closed,
+        "one failure of two"
+    );
+    assert_eq!(fail(&svc, to("a.test")).await.class(), Class::TRANSIENT);
+    let a = layer.handle_for("a.test:80").unwrap();
+    assert_eq!((a.state(), a.name()), (State::Open, "a.test:80"));
+    let f = fail(&svc, to("a.test")).await;
+    assert_eq!(f.class(), Class::CIRCUIT_OPEN);
+    assert_eq!(f.retry_after(), Some(Duration::from_secs(7)));
+    assert!(
+        layer.handle_for("b.test:80").is_none(),
+        "no call to b.test yet"
+    );
+    assert_eq!(
+        (layer.unkeyed().name(), layer.unkeyed().state()),
+        ("unkeyed", State::Closed)
+    );
+    assert_eq!(upstream.calls(), 2);
+
+    let layer = BreakerLayer::consecutive_failures(1).keyed_by(|req: &http::Request<String>| {
+        req.headers()
+            .get("x-provider")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    });
+    let svc = over(layer.clone(), &upstream);
+    let with = |provider: &str| {
+        http::Request::get("http://mail.test/")
+            .header("x-provider", provider)
+            .body(String::new())
+            .unwrap()
+    };
+    assert_eq!(fail(&svc, with("sendgrid")).await.class(), Class::TRANSIENT);
+    assert_eq!(
+        fail(&svc, with("sendgrid")).await.class(),
+        Class::CIRCUIT_OPEN
+    );
+    assert_eq!(fail(&svc, with("postmark")).await.class(), Class::TRANSIENT);
+    // No header: the unkeyed breaker, which trips on its own.
+    assert_eq!(fail(&svc, get("/")).await.class(), Class::TRANSIENT);
+    assert_eq!(layer.unkeyed().state(), State::Open);
+    assert_eq!(layer.keys(), ["postmark", "sendgrid"]);
+    assert_eq!(upstream.calls(), 5);
+}
