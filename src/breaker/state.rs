@@ -24,8 +24,7 @@ use super::sync::{AtomicU32, AtomicU64, Ordering};
 use super::window::{Counts, FAILED, SLOW, Window, WindowKind};
 use crate::failure::Class;
 
-/// The most probes or successful probes a half-open breaker can be configured with (the word's
-/// count fields hold up to 1,023).
+/// The most probes or successful probes a half-open breaker can be configured with.
 pub const MAX_PROBES: u32 = 1_000;
 
 /// What a breaker is built from: the settings of a [`Builder`](super::Builder), as plain data.
