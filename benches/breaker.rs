@@ -133,12 +133,6 @@ fn closed_success(c: &mut Criterion) {
     let rt = runtime();
     let bare_c = count(&rt, "closed/bare", Tower(bare()), true);
     let ours_c = count(&rt, "closed/backstop", Tower(ours().layer(bare())), true);
-    let static_c = count(
-        &rt,
-        "closed/backstop_static",
-        Tower(ours().into_static().layer(bare())),
-        true,
-    );
     let res_c = count(
         &rt,
         "closed/tower-resilience",
@@ -154,9 +148,6 @@ fn closed_success(c: &mut Criterion) {
     let mut group = c.benchmark_group("breaker_closed_success");
     group.bench_function("bare", |b| run(&rt, b, Tower(bare_c.0), true));
     group.bench_function("backstop", |b| run(&rt, b, Tower(ours_c.0.clone()), true));
-    group.bench_function("backstop_static", |b| {
-        run(&rt, b, Tower(static_c.0.clone()), true)
-    });
     group.bench_function("tower_resilience", |b| {
         run(&rt, b, Tower(res_c.0.clone()), true)
     });
@@ -185,12 +176,6 @@ fn open_rejection(c: &mut Criterion) {
     });
     assert_eq!(handle.state(), State::Open);
     let ours_c = count(&rt, "open/backstop", Tower(layer.layer(bare())), false);
-    let static_c = count(
-        &rt,
-        "open/backstop_static",
-        Tower(layer.clone().into_static().layer(bare())),
-        false,
-    );
 
     let (res_layer, res_handle) = tower_resilience_circuitbreaker::CircuitBreakerLayer::builder()
         .failure_rate_threshold(1.0)
@@ -217,9 +202,6 @@ fn open_rejection(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("breaker_open_rejection");
     group.bench_function("backstop", |b| run(&rt, b, Tower(ours_c.0.clone()), false));
-    group.bench_function("backstop_static", |b| {
-        run(&rt, b, Tower(static_c.0.clone()), false)
-    });
     group.bench_function("tower_resilience", |b| {
         run(&rt, b, Tower(res_c.0.clone()), false)
     });
@@ -264,10 +246,6 @@ fn contention(c: &mut Criterion) {
     group.bench_function("bare", |b| run_contended(b, || Tower(bare())));
     group.bench_function("backstop", |b| {
         run_contended(b, || Tower(ours.layer(bare())))
-    });
-    let ours_static = ours.clone().into_static();
-    group.bench_function("backstop_static", |b| {
-        run_contended(b, || Tower(ours_static.layer(bare())))
     });
     group.bench_function("tower_resilience", |b| {
         run_contended(b, || Tower(res.layer(bare())))

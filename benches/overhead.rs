@@ -18,9 +18,7 @@
 //! edited, which keeps a policy reference per call; tower's: a policy retrying every error;
 //! tower-resilience's: `max_attempts(3)`, fixed 100 ms interval); breakers trip on 5
 //! consecutive failures (tower-resilience: a failure rate over a count window of 5 calls);
-//! timeouts are 30 s, never reached. `stack/backstop_five_layers_static` is the five layers with
-//! the breaker built with `into_static` (its state leaked once, so no call counts references to
-//! it).
+//! timeouts are 30 s, never reached.
 //!
 //! ```text
 //! cargo bench --bench overhead -- --warm-up-time 1 --measurement-time 3
@@ -205,15 +203,6 @@ fn five_layers_shared_copy() -> impl Service<Req, Error: Debug> + Clone + Send +
         .service(bare())
 }
 
-/// Our five layers, the breaker built with `into_static` (no reference count per call on its
-/// shared state).
-fn five_layers_static() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
-    five_layers_of(
-        DeadLetterLayer::new(MemoryStore::new()),
-        BreakerLayer::new().into_static(),
-    )
-}
-
 /// tower's retry around tower's timeout: the part of the stack tower has.
 fn tower_retry_timeout() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
     ServiceBuilder::new()
@@ -352,12 +341,6 @@ fn overhead(c: &mut Criterion) {
     entry(
         &mut group,
         &rt,
-        "stack/backstop_five_layers_static",
-        Tower(five_layers_static()),
-    );
-    entry(
-        &mut group,
-        &rt,
         "stack/tower_retry_timeout",
         Tower(tower_retry_timeout()),
     );
@@ -418,13 +401,6 @@ fn overhead_2_threads(c: &mut Criterion) {
             }
         }
     }
-    let mut one = Tower(five_layers_static());
-    group.bench_function("stack/backstop_five_layers_static/1_thread", |b| {
-        run(&rt, b, &mut one)
-    });
-    group.bench_function("stack/backstop_five_layers_static/2_threads", |b| {
-        run_2_threads(b, &one)
-    });
     let mut one = Tower(tower_retry_timeout());
     group.bench_function("stack/tower_retry_timeout/1_thread", |b| {
         run(&rt, b, &mut one)

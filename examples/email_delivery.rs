@@ -72,7 +72,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::breaker::{BreakerLayer, KeyedBreakerLayer, OpenDuration};
+use tower_backstop::breaker::{BreakerLayer, OpenDuration};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::resend::{Scheduler, http_request};
@@ -486,13 +486,13 @@ async fn main() -> Result<ExitCode, BoxError> {
                 }
             }
         });
-    let breaker = KeyedBreakerLayer::new(
-        BreakerLayer::builder()
-            .failure_rate(BREAKER_FAILURE_RATE)
-            .count_window(BREAKER_WINDOW)
-            .minimum_calls(BREAKER_MINIMUM_CALLS)
-            .open_duration(OpenDuration::doubling(BREAKER_OPEN_FOR, BREAKER_OPEN_CAP).jitter(0.5)),
-    )?;
+    let breaker = BreakerLayer::builder()
+        .failure_rate(BREAKER_FAILURE_RATE)
+        .count_window(BREAKER_WINDOW)
+        .minimum_calls(BREAKER_MINIMUM_CALLS)
+        .open_duration(OpenDuration::doubling(BREAKER_OPEN_FOR, BREAKER_OPEN_CAP).jitter(0.5))
+        .per_host()
+        .build()?;
     let breakers = breaker.clone();
 
     // Attempts that reached the client (the breaker's rejections never do).
@@ -589,7 +589,7 @@ async fn main() -> Result<ExitCode, BoxError> {
         outcomes,
         attempts: attempts.load(Ordering::Relaxed),
         retries,
-        breaker: breakers.handle(&addr.to_string()),
+        breaker: breakers.handle_for(&addr.to_string()),
         first_pass,
         log,
         dead_letters_by_class: dead_letters.count_by_class().await?,

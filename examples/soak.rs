@@ -38,7 +38,7 @@
 //! - **ours**, the README's: `DeadLetterLayer` (in-memory store) → `RetryLayer` (5 attempts,
 //!   default backoff, a server's hint slept in process only up to one per-attempt timeout: a
 //!   longer one is deferred to the store, and the dead-letter scheduler sends it when due) →
-//!   `ReconcileLayer` → `KeyedBreakerLayer` (per host, 50 % of the last 100 calls with at least
+//!   `ReconcileLayer` → `BreakerLayer::per_host` (per host, 50 % of the last 100 calls with at least
 //!   20, open 1 s doubling to 30 s, jitter 0.5) → `ClassifyLayer::http()` → `TimeoutLayer`
 //!   (500 ms per attempt) → hyper-util client.
 //!
@@ -127,7 +127,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_backstop::breaker::{BreakerLayer, KeyedBreakerLayer, OpenDuration};
+use tower_backstop::breaker::{BreakerLayer, OpenDuration, PerHost};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, Delivery, ReconcileLayer, Reconciled};
 use tower_backstop::resend::{Scheduler, http_request};
@@ -453,16 +453,16 @@ fn status_check(
 }
 
 /// The README's breaker, keyed per host.
-fn readme_breaker() -> Result<KeyedBreakerLayer, BoxError> {
-    Ok(KeyedBreakerLayer::new(
-        BreakerLayer::builder()
-            .failure_rate(0.5)
-            .count_window(100)
-            .minimum_calls(20)
-            .open_duration(
-                OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(30)).jitter(0.5),
-            ),
-    )?)
+fn readme_breaker() -> Result<BreakerLayer<PerHost>, BoxError> {
+    Ok(BreakerLayer::builder()
+        .failure_rate(0.5)
+        .count_window(100)
+        .minimum_calls(20)
+        .open_duration(
+            OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(30)).jitter(0.5),
+        )
+        .per_host()
+        .build()?)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -55,8 +55,9 @@
 //!
 //! By hand, outermost first: [`DeadLetterLayer`](dead_letter::DeadLetterLayer) (or
 //! [`DeadLetterRetryLayer`](retry::DeadLetterRetryLayer) for both it and the retry layer),
-//! [`RetryLayer`](retry::RetryLayer), [`KeyedBreakerLayer`](breaker::KeyedBreakerLayer) (or one
-//! [`BreakerLayer`](breaker::BreakerLayer)), [`ClassifyLayer`](classify::ClassifyLayer),
+//! [`RetryLayer`](retry::RetryLayer), [`BreakerLayer`](breaker::BreakerLayer) (one breaker per
+//! host with [`per_host`](breaker::BreakerLayer::per_host), or one for all),
+//! [`ClassifyLayer`](classify::ClassifyLayer),
 //! [`TimeoutLayer`](timeout::TimeoutLayer); the README shows the same stack written out.
 //!
 //! # A server
@@ -116,7 +117,6 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod anchor;
 pub mod breaker;
 pub mod classify;
 mod clock;

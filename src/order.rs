@@ -23,8 +23,6 @@ const BREAKER: &str = "tower_backstop::breaker::Breaker<";
 const CLASSIFY: &str = "tower_backstop::classify::Classify<";
 /// `DeadLetterRetryLayer`'s service: a dead-letter layer and a retry layer in one.
 const DEAD_LETTER_RETRY: &str = "tower_backstop::retry::dead_letters::DeadLetterRetry<";
-/// `KeyedBreakerLayer`'s service: a breaker per key.
-const KEYED_BREAKER: &str = "tower_backstop::breaker::keyed::Keyed<";
 
 /// Clients whose responses need a classifier to become failures (a 503 is an `Ok` response).
 const CLIENTS: [&str; 3] = [
@@ -38,7 +36,7 @@ pub(crate) fn problem(role: Role, inner: &str) -> Option<&'static str> {
     let below = |layer: &str| inner.contains(layer);
     let client_without_classifier = CLIENTS.iter().any(|client| below(client)) && !below(CLASSIFY);
     let retry_below = below(RETRY) || below(DEAD_LETTER_RETRY);
-    let breaker_below = below(BREAKER) || below(KEYED_BREAKER);
+    let breaker_below = below(BREAKER);
     let dead_letter_below = below(DEAD_LETTER) || below(DEAD_LETTER_RETRY);
     match role {
         Role::Classify if retry_below || breaker_below || dead_letter_below => Some(
@@ -122,8 +120,15 @@ mod tests {
         assert!(problem(Role::DeadLetter, "reqwest::async_impl::client::Client").is_some());
 
         // The combined dead-letter and retry layer, and the keyed breaker, are seen too.
-        let keyed =
-            format!("{KEYED_BREAKER}{classify}, tower_backstop::breaker::keyed::Authority>");
+        let keyed = format!(
+            "{BREAKER}{classify}, tower_backstop::breaker::keyed::PerKey<\
+             tower_backstop::breaker::keyed::Authority>>"
+        );
+        // The keyed breaker's real type name is the one breaker's, with a key type.
+        assert!(
+            std::any::type_name::<crate::breaker::Breaker<(), crate::breaker::PerHost>>()
+                .starts_with(BREAKER)
+        );
         assert_eq!(problem(Role::Retry, &keyed), None);
         let combined = format!("{DEAD_LETTER_RETRY}{keyed}>");
         assert!(

@@ -6,7 +6,7 @@ use tower::util::Either;
 use tower_layer::Layer;
 
 use crate::Class;
-use crate::breaker::{BreakerLayer, Builder, KeyedBreakerLayer, OpenDuration};
+use crate::breaker::{BreakerLayer, Builder, OpenDuration, PerHost};
 use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
 use crate::dead_letter::DeadLetterLayer;
 use crate::retry::{DeadLetterRetry, DeadLetterRetryLayer, Retry, RetryLayer, RetryPolicy};
@@ -34,7 +34,7 @@ fn client_rule() -> Builder {
 ///
 /// Defaults: [`RetryPolicy::default`] (3 attempts, jittered capped backoff, `Retry-After`
 /// honoured, idempotent requests only); for HTTP clients one breaker per host
-/// ([`KeyedBreakerLayer`], so one host's outage never fails calls to another), each opening when
+/// ([`BreakerLayer::per_host`], so one host's outage never fails calls to another), each opening when
 /// at least half of its last 100 calls failed (once 20 were seen), for 1 s doubling to 30 s with
 /// jitter; no dead-letter store (a final failure is returned to the caller, not recorded). The
 /// per-attempt timeout has no default: it depends on the provider, so it is the one required
@@ -74,7 +74,7 @@ fn client_rule() -> Builder {
 /// The service is an [`Either`]: with a dead-letter store, `Left` (the five layers); without,
 /// `Right` (the four below it). Both have the same request, response and error types.
 #[derive(Clone, Debug)]
-pub struct BackstopLayer<C = HttpClassifier, B = KeyedBreakerLayer> {
+pub struct BackstopLayer<C = HttpClassifier, B = BreakerLayer<PerHost>> {
     dead_letters: Option<DeadLetterLayer>,
     retry: RetryPolicy,
     breaker: B,
@@ -95,7 +95,9 @@ impl<C> BackstopLayer<C> {
     /// [`GrpcClassifier`](crate::classify::GrpcClassifier)), each attempt bounded by
     /// `attempt_timeout`, the other defaults above (one breaker per request authority).
     pub fn new(classifier: C, attempt_timeout: Duration) -> Self {
-        let per_host = KeyedBreakerLayer::new(client_rule())
+        let per_host = client_rule()
+            .per_host()
+            .build()
             .expect("the preset breaker rule is valid (checked by a unit test)");
         BackstopLayer {
             dead_letters: None,
@@ -121,7 +123,8 @@ impl<C, B> BackstopLayer<C, B> {
     }
 
     /// Uses this breaker layer instead: a [`BreakerLayer`] (one breaker, whose state every
-    /// service this layer wraps shares), a [`KeyedBreakerLayer`] with a rule or key of yours,
+    /// service this layer wraps shares), one per host or per key with a rule of yours
+    /// ([`BreakerLayer::per_host`], [`BreakerLayer::keyed_by`]),
     /// or any layer between the retry and classify layers.
     pub fn breaker<B2>(self, breaker: B2) -> BackstopLayer<C, B2> {
         BackstopLayer {
@@ -142,7 +145,7 @@ impl BackstopLayer<GrpcClassifier, BreakerLayer> {
     pub fn grpc(attempt_timeout: Duration) -> Self {
         BackstopLayer::new(GrpcClassifier::new(), attempt_timeout)
             .retry(RetryPolicy::grpc())
-            .breaker(BreakerLayer::from_builder(client_rule()))
+            .breaker(BreakerLayer::single(&client_rule()))
     }
 }
 
@@ -170,7 +173,7 @@ pub type Guarded<S, C, B> = <B as Layer<Classify<Timeout<S>, C>>>::Service;
 /// five layers); without, `Right` (the four below the dead-letter layer). For example the type of
 /// `BackstopLayer::grpc(..)` around a tonic `Channel` is
 /// `Backstop<Channel, GrpcClassifier, BreakerLayer>`.
-pub type Backstop<S, C = HttpClassifier, B = KeyedBreakerLayer> =
+pub type Backstop<S, C = HttpClassifier, B = BreakerLayer<PerHost>> =
     Either<DeadLetterRetry<Guarded<S, C, B>>, Retry<Guarded<S, C, B>>>;
 
 impl<S, C: Clone, B> Layer<S> for BackstopLayer<C, B>
@@ -208,6 +211,6 @@ mod tests {
     #[test]
     fn the_preset_breaker_rule_is_valid() {
         client_rule().build().expect("valid");
-        KeyedBreakerLayer::new(client_rule()).expect("valid");
+        client_rule().per_host().build().expect("valid");
     }
 }

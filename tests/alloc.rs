@@ -221,12 +221,6 @@ fn breaker_with_rate_rules_alone() {
 }
 
 #[test]
-fn static_breaker_alone() {
-    let layer = BreakerLayer::new().into_static();
-    assert_adds_nothing("BreakerLayer::into_static", bare(), layer.layer(bare()));
-}
-
-#[test]
 fn failover_closed_path_alone() {
     let layer = FailoverLayer::new(BreakerLayer::new(), bare());
     assert_adds_nothing(
@@ -294,15 +288,6 @@ fn whole_stack() {
         BreakerLayer::new(),
     );
     assert_adds_nothing("whole stack (closure classifier)", bare(), svc);
-}
-
-#[test]
-fn whole_stack_built_static() {
-    let svc = stack_of(
-        DeadLetterLayer::new(MemoryStore::new()),
-        BreakerLayer::new().into_static(),
-    );
-    assert_adds_nothing("whole stack, breaker into_static", bare(), svc);
 }
 
 #[test]
@@ -709,8 +694,7 @@ fn keyed_breaker_for_a_known_host_allocates_nothing() {
     // in a stack buffer and looked up under a read lock; only a new key allocates its breaker.
     let req = http_request();
     let bare = || service_fn(|_: HttpReq| ready(Ok::<_, BoxError>(http::Response::new(()))));
-    let keyed = tower_backstop::breaker::KeyedBreakerLayer::new(BreakerLayer::builder())
-        .expect("a valid template");
+    let keyed = BreakerLayer::new().per_host();
     let svc = ServiceBuilder::new()
         .layer(keyed.clone())
         .layer(ClassifyLayer::http())
@@ -718,7 +702,7 @@ fn keyed_breaker_for_a_known_host_allocates_nothing() {
     let base = count_http(bare(), &req);
     let layered = count_http(svc, &req);
     println!(
-        "KeyedBreakerLayer, known host: {} allocations over {CALLS} calls (bare {base})",
+        "BreakerLayer::per_host, known host: {} allocations over {CALLS} calls (bare {base})",
         layered
     );
     assert_eq!(layered, base, "a known host's call allocates");

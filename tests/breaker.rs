@@ -8,7 +8,7 @@ use std::time::Duration;
 use support::{Scripted, Step, get, status};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{
-    BreakerHandle, BreakerLayer, BuildError, Event, OpenDuration, State,
+    BreakerHandle, BreakerLayer, BuildError, Builder, Event, OpenDuration, State,
 };
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::{Class, Code};
@@ -598,27 +598,95 @@ fn bad_configurations_are_errors_from_build() {
     let err = |b: tower_backstop::breaker::Builder| b.build().unwrap_err();
     let e: BuildError = err(BreakerLayer::builder().failure_rate(1.5));
     assert!(e.to_string().contains("failure rate"), "{e}");
-    err(BreakerLayer::builder().failure_rate(0.0));
-    err(BreakerLayer::builder().slow_calls(Duration::from_secs(1), -0.1));
-    err(BreakerLayer::builder().count_window(0));
-    err(BreakerLayer::builder().time_window(Duration::ZERO, 10));
-    err(BreakerLayer::builder().time_window(Duration::from_secs(1), 0));
-    err(BreakerLayer::builder()
-        .failure_rate(0.5)
-        .count_window(10)
-        .minimum_calls(11));
-    err(BreakerLayer::builder().half_open_probes(0));
-    err(BreakerLayer::builder().close_after(1001));
-    err(BreakerLayer::builder().consecutive_failures(0));
-    err(
-        BreakerLayer::builder().open_duration(OpenDuration::doubling(
-            Duration::from_secs(10),
-            Duration::from_secs(1),
-        )),
-    );
-    err(BreakerLayer::builder()
-        .open_duration(OpenDuration::fixed(Duration::from_secs(1)).jitter(2.0)));
+    // Each error names the setting: the builder method that sets it.
+    let cases: [(&str, Builder); 16] = [
+        ("failure_rate", BreakerLayer::builder().failure_rate(1.5)),
+        ("failure_rate", BreakerLayer::builder().failure_rate(0.0)),
+        ("failure_rate", BreakerLayer::builder().failure_rate(-0.5)),
+        (
+            "failure_rate",
+            BreakerLayer::builder().failure_rate(f64::NAN),
+        ),
+        (
+            "slow_calls",
+            BreakerLayer::builder().slow_calls(Duration::from_secs(1), -0.1),
+        ),
+        ("count_window", BreakerLayer::builder().count_window(0)),
+        (
+            "time_window",
+            BreakerLayer::builder().time_window(Duration::ZERO, 10),
+        ),
+        (
+            "time_window",
+            BreakerLayer::builder().time_window(Duration::from_secs(1), 0),
+        ),
+        (
+            "minimum_calls",
+            BreakerLayer::builder()
+                .failure_rate(0.5)
+                .count_window(10)
+                .minimum_calls(11),
+        ),
+        ("minimum_calls", BreakerLayer::builder().minimum_calls(0)),
+        (
+            "half_open_probes",
+            BreakerLayer::builder().half_open_probes(0),
+        ),
+        ("close_after", BreakerLayer::builder().close_after(1001)),
+        ("close_after", BreakerLayer::builder().close_after(0)),
+        (
+            "consecutive_failures",
+            BreakerLayer::builder().consecutive_failures(0),
+        ),
+        (
+            "open_duration",
+            BreakerLayer::builder().open_duration(OpenDuration::doubling(
+                Duration::from_secs(10),
+                Duration::from_secs(1),
+            )),
+        ),
+        (
+            "open_duration",
+            BreakerLayer::builder()
+                .open_duration(OpenDuration::fixed(Duration::from_secs(1)).jitter(2.0)),
+        ),
+    ];
+    for (setting, builder) in cases {
+        let e = err(builder);
+        assert_eq!(e.setting(), setting, "{e}");
+        assert!(e.to_string().contains(&format!("(`{setting}`)")), "{e}");
+    }
     assert!(BreakerLayer::builder().build().is_ok());
+}
+
+#[test]
+fn bad_configurations_of_keyed_breakers_are_errors_from_build() {
+    let e = BreakerLayer::builder()
+        .per_host()
+        .max_keys(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(e.setting(), "max_keys");
+    assert!(e.to_string().contains("(`max_keys`)"), "{e}");
+    // The template of every key's breaker is checked too, before any key is seen.
+    let e = BreakerLayer::builder()
+        .failure_rate(2.0)
+        .per_host()
+        .build()
+        .unwrap_err();
+    assert_eq!(e.setting(), "failure_rate");
+    let e = BreakerLayer::builder()
+        .keyed_by(|req: &http::Request<()>| Some(req.uri().path().to_owned()))
+        .half_open_probes(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(e.setting(), "half_open_probes");
+    let layer = BreakerLayer::builder()
+        .per_host()
+        .max_keys(1)
+        .build()
+        .unwrap();
+    assert!(layer.keys().is_empty());
 }
 
 #[test]
@@ -700,30 +768,6 @@ async fn only_the_configured_failure_classes_count() {
     send(&svc, 2).await;
     assert_eq!(handle.state(), State::Open);
     assert_eq!(handle.stats().failures, 2);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_static_breaker_is_the_same_breaker_and_behaves_the_same() {
-    let upstream = Scripted::new([status(503), status(503)], status(200));
-    let layer = breaker(2, Duration::from_secs(5));
-    let before = layer.handle();
-    let (after, svc) = stack(layer.into_static(), &upstream);
-    send(&svc, 2).await;
-    assert_eq!(
-        before.state(),
-        State::Open,
-        "a handle taken before sees the trip"
-    );
-    assert_eq!(after.state(), State::Open);
-    let f = svc.clone().oneshot(get("/")).await.unwrap_err();
-    assert_eq!(f.retry_after(), Some(Duration::from_secs(5)));
-    tokio::time::advance(Duration::from_secs(5)).await;
-    // The probe, and a dropped probe's permit, work the same way.
-    let mut probe_svc = svc.clone();
-    probe_svc.ready().await.unwrap();
-    drop(probe_svc.call(get("/")));
-    assert!(svc.clone().oneshot(get("/")).await.is_ok());
-    assert_eq!(before.state(), State::Closed);
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,4 +1,4 @@
-//! FailoverLayer and KeyedBreakerLayer, on tokio's paused clock.
+//! FailoverLayer and keyed breakers (`BreakerLayer::per_host`, `keyed_by`), on tokio's paused clock.
 
 mod support;
 
@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use support::{Scripted, get, status};
 use tower::{Layer, Service, ServiceExt};
-use tower_backstop::breaker::{
-    BreakerHandle, BreakerLayer, Failover, FailoverLayer, KeyedBreakerLayer, State,
-};
+use tower_backstop::breaker::{BreakerHandle, BreakerLayer, Failover, FailoverLayer, State};
 use tower_backstop::classify::{Classify, ClassifyLayer, HttpClassifier};
 use tower_backstop::{Class, Failure};
 
@@ -154,17 +152,17 @@ fn to(host: &str) -> http::Request<String> {
 #[tokio::test(start_paused = true)]
 async fn keyed_breakers_open_per_host() {
     let upstream = Scripted::new([status(503), status(503)], status(200));
-    let layer = KeyedBreakerLayer::new(
-        BreakerLayer::builder()
-            .consecutive_failures(2)
-            .open_for(Duration::from_secs(10)),
-    )
-    .unwrap();
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(2)
+        .open_for(Duration::from_secs(10))
+        .per_host()
+        .build()
+        .unwrap();
     let svc = over(layer.clone(), &upstream);
     for _ in 0..2 {
         let _ = svc.clone().oneshot(to("a.test")).await;
     }
-    let a = layer.handle("a.test:80").unwrap();
+    let a = layer.handle_for("a.test:80").unwrap();
     assert_eq!(a.state(), State::Open);
     assert_eq!(a.name(), "a.test:80");
     let f = fail(&svc, to("a.test")).await;
@@ -184,7 +182,10 @@ async fn keyed_breakers_open_per_host() {
             .status(),
         200
     );
-    assert_eq!(layer.handle("b.test:8080").unwrap().state(), State::Closed);
+    assert_eq!(
+        layer.handle_for("b.test:8080").unwrap().state(),
+        State::Closed
+    );
     assert_eq!(layer.keys(), ["a.test:80", "b.test:8080"]);
     assert_eq!(upstream.calls(), 3);
 }
@@ -194,15 +195,18 @@ async fn keyed_breakers_open_per_host() {
 #[tokio::test(start_paused = true)]
 async fn spellings_of_one_host_share_one_breaker_and_do_not_fill_the_keys() {
     let upstream = Scripted::always(status(503));
-    let layer = KeyedBreakerLayer::new(BreakerLayer::builder().consecutive_failures(2))
-        .unwrap()
-        .max_keys(4);
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(2)
+        .per_host()
+        .max_keys(4)
+        .build()
+        .unwrap();
     let svc = over(layer.clone(), &upstream);
     let _ = svc.clone().oneshot(to("API.mail.test")).await;
     let _ = svc.clone().oneshot(to("api.mail.test")).await;
     assert_eq!(layer.keys(), ["api.mail.test:80"]);
     assert_eq!(
-        layer.handle("api.mail.test:80").unwrap().state(),
+        layer.handle_for("api.mail.test:80").unwrap().state(),
         State::Open,
         "one breaker saw both failures"
     );
@@ -221,15 +225,18 @@ async fn spellings_of_one_host_share_one_breaker_and_do_not_fill_the_keys() {
 #[tokio::test(start_paused = true)]
 async fn keyed_breakers_are_bounded_and_evict_the_least_recently_used_idle_one() {
     let upstream = Scripted::always(status(503));
-    let layer = KeyedBreakerLayer::new(BreakerLayer::builder().consecutive_failures(3))
-        .unwrap()
-        .max_keys(2);
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(3)
+        .per_host()
+        .max_keys(2)
+        .build()
+        .unwrap();
     let svc = over(layer.clone(), &upstream);
     // a.test trips its breaker.
     for _ in 0..3 {
         let _ = svc.clone().oneshot(to("a.test")).await;
     }
-    assert_eq!(layer.handle("a.test:80").unwrap().state(), State::Open);
+    assert_eq!(layer.handle_for("a.test:80").unwrap().state(), State::Open);
     let _ = svc.clone().oneshot(to("b.test")).await;
     // a.test is used again (rejected), so b.test is the least recently used when c.test comes.
     assert_eq!(fail(&svc, to("a.test")).await.class(), Class::CIRCUIT_OPEN);
@@ -244,8 +251,8 @@ async fn keyed_breakers_are_bounded_and_evict_the_least_recently_used_idle_one()
 
     // A held handle keeps its breaker: with both kept breakers in use, a new key's call goes
     // through a breaker of its own that is not kept.
-    let _a = layer.handle("a.test:80").unwrap();
-    let _e = layer.handle("e.test:80").unwrap();
+    let _a = layer.handle_for("a.test:80").unwrap();
+    let _e = layer.handle_for("e.test:80").unwrap();
     assert_eq!(fail(&svc, to("f.test")).await.class(), Class::TRANSIENT);
     assert_eq!(layer.keys(), ["a.test:80", "e.test:80"]);
 
@@ -265,7 +272,11 @@ async fn keyed_breakers_are_bounded_and_evict_the_least_recently_used_idle_one()
 #[tokio::test(start_paused = true)]
 async fn ip_literals_ipv6_and_missing_authorities_have_defined_keys() {
     let upstream = Scripted::always(status(503));
-    let layer = KeyedBreakerLayer::new(BreakerLayer::builder().consecutive_failures(1)).unwrap();
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(1)
+        .per_host()
+        .build()
+        .unwrap();
     let svc = over(layer.clone(), &upstream);
     for host in [
         "127.0.0.1:3000",
@@ -287,11 +298,13 @@ async fn ip_literals_ipv6_and_missing_authorities_have_defined_keys() {
 #[tokio::test(start_paused = true)]
 async fn keyed_breakers_with_a_user_key() {
     let upstream = Scripted::always(status(503));
-    let layer = KeyedBreakerLayer::with_key(
-        BreakerLayer::builder().consecutive_failures(1),
-        |req: &http::Request<String>| req.uri().path().split('/').nth(1).map(str::to_owned),
-    )
-    .unwrap();
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(1)
+        .keyed_by(|req: &http::Request<String>| {
+            req.uri().path().split('/').nth(1).map(str::to_owned)
+        })
+        .build()
+        .unwrap();
     let svc = over(layer.clone(), &upstream);
     let _ = svc.clone().oneshot(get("/sendgrid/mail")).await;
     assert_eq!(
@@ -303,4 +316,61 @@ async fn keyed_breakers_with_a_user_key() {
         Class::TRANSIENT
     );
     assert_eq!(layer.keys(), ["postmark", "sendgrid"]);
+}
+
+/// The layer's own `per_host()` and `keyed_by()` build every key's breaker from the settings
+/// made before them, and leave the unkeyed breaker alone.
+#[tokio::test(start_paused = true)]
+async fn per_host_and_keyed_by_on_the_layer_keep_its_settings() {
+    let upstream = Scripted::always(status(503));
+    let layer = BreakerLayer::consecutive_failures(2)
+        .open_for(Duration::from_secs(7))
+        .per_host();
+    let svc = over(layer.clone(), &upstream);
+    assert_eq!(fail(&svc, to("a.test")).await.class(), Class::TRANSIENT);
+    assert_eq!(
+        layer.handle_for("a.test:80").unwrap().state(),
+        State::Closed,
+        "one failure of two"
+    );
+    assert_eq!(fail(&svc, to("a.test")).await.class(), Class::TRANSIENT);
+    let a = layer.handle_for("a.test:80").unwrap();
+    assert_eq!((a.state(), a.name()), (State::Open, "a.test:80"));
+    let f = fail(&svc, to("a.test")).await;
+    assert_eq!(f.class(), Class::CIRCUIT_OPEN);
+    assert_eq!(f.retry_after(), Some(Duration::from_secs(7)));
+    assert!(
+        layer.handle_for("b.test:80").is_none(),
+        "no call to b.test yet"
+    );
+    assert_eq!(
+        (layer.unkeyed().name(), layer.unkeyed().state()),
+        ("unkeyed", State::Closed)
+    );
+    assert_eq!(upstream.calls(), 2);
+
+    let layer = BreakerLayer::consecutive_failures(1).keyed_by(|req: &http::Request<String>| {
+        req.headers()
+            .get("x-provider")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    });
+    let svc = over(layer.clone(), &upstream);
+    let with = |provider: &str| {
+        http::Request::get("http://mail.test/")
+            .header("x-provider", provider)
+            .body(String::new())
+            .unwrap()
+    };
+    assert_eq!(fail(&svc, with("sendgrid")).await.class(), Class::TRANSIENT);
+    assert_eq!(
+        fail(&svc, with("sendgrid")).await.class(),
+        Class::CIRCUIT_OPEN
+    );
+    assert_eq!(fail(&svc, with("postmark")).await.class(), Class::TRANSIENT);
+    // No header: the unkeyed breaker, which trips on its own.
+    assert_eq!(fail(&svc, get("/")).await.class(), Class::TRANSIENT);
+    assert_eq!(layer.unkeyed().state(), State::Open);
+    assert_eq!(layer.keys(), ["postmark", "sendgrid"]);
+    assert_eq!(upstream.calls(), 5);
 }

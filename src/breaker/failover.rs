@@ -6,7 +6,10 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{Breaker, BreakerHandle, BreakerLayer, ResponseFuture};
+use super::Breaker;
+use super::future::ResponseFuture;
+use super::handle::BreakerHandle;
+use super::layer::BreakerLayer;
 use crate::failure::Failure;
 
 /// Puts a [`Breaker`] around a service and sends the calls it rejects to a fallback service

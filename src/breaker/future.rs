@@ -6,7 +6,7 @@ use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 
-use super::state::{Outcome, Permit, Rejection, SharedRef};
+use super::state::{Outcome, Permit, Rejection, Shared};
 pub use crate::failure::OpenError;
 use crate::failure::{Class, Failure};
 
@@ -39,22 +39,20 @@ pin_project! {
 
 /// Holds a permit until the call ends; a call dropped before it ended gives it back.
 ///
-/// It holds a reference to the breaker (an `Arc` clone, or nothing to count after
-/// [`BreakerLayer::into_static`](super::BreakerLayer::into_static)): a call's outcome reaches its
-/// breaker even when the service that made it is gone, and no process-wide state is needed to
-/// find it.
+/// It holds a reference to the breaker (an `Arc` clone): a call's outcome reaches its breaker
+/// even when the service that made it is gone, and no process-wide state is needed to find it.
 #[derive(Debug)]
 pub(crate) struct Guard {
-    shared: SharedRef,
+    shared: Arc<Shared>,
     // A plain permit, not an `Option`: `Permit::DONE` once the outcome is recorded.
     permit: Permit,
 }
 
 impl Guard {
     #[inline]
-    pub(crate) fn new(shared: &SharedRef, permit: Permit) -> Self {
+    pub(crate) fn new(shared: &Arc<Shared>, permit: Permit) -> Self {
         Guard {
-            shared: shared.clone(),
+            shared: Arc::clone(shared),
             permit,
         }
     }
@@ -62,7 +60,7 @@ impl Guard {
     /// Like [`new`](Self::new), for a caller that owns its reference already (and would
     /// otherwise clone it only to drop its own).
     #[inline]
-    pub(crate) fn owned(shared: SharedRef, permit: Permit) -> Self {
+    pub(crate) fn owned(shared: Arc<Shared>, permit: Permit) -> Self {
         Guard { shared, permit }
     }
 

@@ -1,18 +1,14 @@
+//! Keys of keyed breakers ([`Key`], [`KeyOf`], [`Authority`]), the [`Single`] and [`PerKey`]
+//! markers, and the bounded map of one breaker per key.
+
 use std::collections::HashMap;
 use std::fmt;
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
-use std::task::{Context, Poll};
 
-use tower_layer::Layer;
-use tower_service::Service;
-
-use super::config::{BuildError, Builder};
-use super::future::Guard;
-use super::state::{Shared, SharedRef, State};
-use super::{BreakerHandle, ResponseFuture};
-use crate::failure::Failure;
+use super::event::State;
+use super::state::{Settings, Shared};
 
 /// The most bytes a [`Key`] holds inline; a longer key is moved to the heap.
 const INLINE: usize = 272;
@@ -89,11 +85,13 @@ impl fmt::Debug for Key {
     }
 }
 
-/// Takes the key of a request: which breaker of a [`KeyedBreakerLayer`] guards it.
+/// Takes the key of a request: which breaker of a keyed [`BreakerLayer`](super::BreakerLayer)
+/// guards it.
 ///
-/// Implemented by [`Authority`] (the default) and by closures `Fn(&Req) -> Option<String>`.
+/// Implemented by [`Authority`] (the default, [`BreakerLayer::per_host`](super::BreakerLayer::per_host))
+/// and by closures `Fn(&Req) -> Option<String>` ([`BreakerLayer::keyed_by`](super::BreakerLayer::keyed_by)).
 /// A request without a key (the method returns `false`, or writes nothing) goes through the
-/// layer's one [`unkeyed`](KeyedBreakerLayer::unkeyed) breaker.
+/// layer's one [`unkeyed`](super::BreakerLayer::unkeyed) breaker.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot take a breaker key from a `{Req}`",
     note = "use `Authority` for `http::Request`s, or a closure `Fn(&Req) -> Option<String>`"
@@ -233,38 +231,73 @@ where
     }
 }
 
+/// One breaker for every call: the default of [`BreakerLayer`](super::BreakerLayer),
+/// [`Builder`](super::Builder) and [`Breaker`](super::Breaker).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Single;
+
+/// One breaker per key that `F` takes from the request, at most `max_keys` of them: what
+/// [`BreakerLayer::per_host`](super::BreakerLayer::per_host) and
+/// [`BreakerLayer::keyed_by`](super::BreakerLayer::keyed_by) make. It appears only as a type
+/// parameter: `BreakerLayer<PerKey<Authority>>` ([`PerHost`]) keeps one breaker per host.
+#[derive(Clone, Copy, Debug)]
+pub struct PerKey<F = Authority> {
+    pub(crate) key: F,
+    pub(crate) max_keys: usize,
+}
+
+impl<F> PerKey<F> {
+    pub(crate) const fn new(key: F) -> Self {
+        PerKey { key, max_keys: 64 }
+    }
+}
+
+/// One breaker per normalised request authority: `BreakerLayer<PerHost>` is what
+/// [`BreakerLayer::per_host`](super::BreakerLayer::per_host) returns.
+pub type PerHost = PerKey<Authority>;
+
 /// One key's breaker, and when it was last used (in `Registry::epoch` units).
 struct Entry {
     shared: Arc<Shared>,
     last_used: AtomicU64,
 }
 
-struct Registry {
-    template: Builder,
+/// The breakers of a keyed layer (`K` is a [`PerKey`]), one per key seen (bounded), built from
+/// one template.
+pub(crate) struct Registry<K> {
+    keys: K,
     max_keys: usize,
+    template: Settings,
     breakers: RwLock<HashMap<Box<str>, Entry>>,
     /// Advanced each time a key is added: a coarse clock for "least recently used" that the hot
     /// path only reads.
     epoch: AtomicU64,
-    unkeyed: Arc<Shared>,
 }
 
-impl Registry {
-    fn new(template: Builder, max_keys: usize) -> Self {
-        let unkeyed = template.clone().name("unkeyed").shared();
+impl<F> Registry<PerKey<F>> {
+    pub(crate) fn new(keys: PerKey<F>, template: Settings) -> Self {
         Registry {
+            max_keys: keys.max_keys.max(1),
+            keys,
             template,
-            max_keys: max_keys.max(1),
             breakers: RwLock::default(),
             epoch: AtomicU64::new(0),
-            unkeyed,
         }
     }
 
-    fn get(&self, key: Option<&str>) -> Arc<Shared> {
-        let Some(key) = key else {
-            return Arc::clone(&self.unkeyed);
-        };
+    /// The key function.
+    pub(crate) fn key_of(&self) -> &F {
+        &self.keys.key
+    }
+}
+
+impl<K> Registry<K> {
+    pub(crate) fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// The breaker of `key`, made (and kept, within the bound) if it is new.
+    pub(crate) fn get(&self, key: &str) -> Arc<Shared> {
         // A poisoned lock only means another thread panicked while inserting: the map is whole.
         {
             let read = self.breakers.read().unwrap_or_else(PoisonError::into_inner);
@@ -281,6 +314,20 @@ impl Registry {
         self.insert(key)
     }
 
+    /// The breaker of `key`, if it is kept.
+    pub(crate) fn find(&self, key: &str) -> Option<Arc<Shared>> {
+        let map = self.breakers.read().unwrap_or_else(PoisonError::into_inner);
+        map.get(key).map(|entry| Arc::clone(&entry.shared))
+    }
+
+    /// The keys that have a breaker, sorted.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        let map = self.breakers.read().unwrap_or_else(PoisonError::into_inner);
+        let mut keys: Vec<String> = map.keys().map(|k| k.to_string()).collect();
+        keys.sort();
+        keys
+    }
+
     #[cold]
     fn insert(&self, key: &str) -> Arc<Shared> {
         let mut map = self
@@ -291,7 +338,7 @@ impl Registry {
             return Arc::clone(&entry.shared);
         }
         let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
-        let shared = self.template.clone().name(key).shared();
+        let shared = Arc::new(Shared::new(&self.template.named(key)));
         if map.len() >= self.max_keys {
             // Evict an idle breaker (no call in flight, no handle held): a closed one first,
             // then the least recently used. Its state goes with it, and the key starts afresh
@@ -332,196 +379,6 @@ impl Registry {
             },
         );
         shared
-    }
-}
-
-/// One breaker per key taken from the request: per host by default ([`Authority`], the host
-/// normalised), or per provider with a closure. See the [module docs](super) for what each
-/// breaker does. A client that calls many hosts should use this rather than one
-/// [`BreakerLayer`](super::BreakerLayer): one host's outage then never fails calls to another.
-///
-/// Each breaker is built from the same [`Builder`], named after its key. The number of keys is
-/// bounded ([`max_keys`](Self::max_keys), 64 by default): when a new key comes and the bound is
-/// reached, an idle breaker (no call in flight, no handle held) is evicted, a closed one before
-/// an open one and then the least recently used, and the new key gets a fresh breaker; if every breaker has calls in flight, the new
-/// key's call goes through a fresh breaker that is not kept. Requests without a key (a relative
-/// URI with no `Host` header) share one breaker named `unkeyed`.
-///
-/// A call to a known key takes a read lock on the key map (never a write lock), clones the
-/// key's `Arc`, and allocates nothing; a new key takes the write lock once.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower::ServiceBuilder;
-/// use tower_backstop::breaker::{BreakerLayer, KeyedBreakerLayer};
-///
-/// // One breaker per `host:port`, at most 16 of them.
-/// let per_host = KeyedBreakerLayer::new(BreakerLayer::builder().consecutive_failures(3))
-///     .unwrap()
-///     .max_keys(16);
-/// // One per provider, from a header.
-/// let per_provider = KeyedBreakerLayer::with_key(BreakerLayer::builder(), |req: &http::Request<()>| {
-///     req.headers().get("x-provider")?.to_str().ok().map(str::to_owned)
-/// })
-/// .unwrap();
-/// # let _ = (per_host, per_provider);
-/// ```
-pub struct KeyedBreakerLayer<K = Authority> {
-    key: Arc<K>,
-    registry: Arc<Registry>,
-}
-
-impl<K> Clone for KeyedBreakerLayer<K> {
-    fn clone(&self) -> Self {
-        KeyedBreakerLayer {
-            key: Arc::clone(&self.key),
-            registry: Arc::clone(&self.registry),
-        }
-    }
-}
-
-impl<K> fmt::Debug for KeyedBreakerLayer<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyedBreakerLayer")
-            .field("max_keys", &self.registry.max_keys)
-            .field("keys", &self.keys())
-            .finish()
-    }
-}
-
-impl KeyedBreakerLayer<Authority> {
-    /// Breakers built from `template`, one per normalised request authority ([`Authority`]).
-    ///
-    /// # Errors
-    ///
-    /// The [`BuildError`] of `template`, if it is invalid.
-    pub fn new(template: Builder) -> Result<Self, BuildError> {
-        KeyedBreakerLayer::with_key(template, Authority)
-    }
-}
-
-impl<K> KeyedBreakerLayer<K> {
-    /// Breakers built from `template`, one per key that `key` takes from the request.
-    ///
-    /// # Errors
-    ///
-    /// The [`BuildError`] of `template`, if it is invalid.
-    pub fn with_key(template: Builder, key: K) -> Result<Self, BuildError> {
-        template.validate()?;
-        Ok(KeyedBreakerLayer {
-            key: Arc::new(key),
-            registry: Arc::new(Registry::new(template, 64)),
-        })
-    }
-
-    /// The most keys with a breaker kept for them (a count; 0 is raised to 1). Builds a fresh
-    /// set of breakers.
-    pub fn max_keys(self, n: usize) -> Self {
-        KeyedBreakerLayer {
-            registry: Arc::new(Registry::new(self.registry.template.clone(), n)),
-            key: self.key,
-        }
-    }
-
-    /// The handle of the breaker of `key` (as normalised by the key function: for
-    /// [`Authority`], `host:port` in lower case), once a request with that key was seen. While
-    /// the handle is held, that breaker is not evicted.
-    pub fn handle(&self, key: &str) -> Option<BreakerHandle> {
-        let map = self
-            .registry
-            .breakers
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        map.get(key).map(|entry| BreakerHandle {
-            shared: SharedRef::Counted(Arc::clone(&entry.shared)),
-        })
-    }
-
-    /// The handle of the breaker shared by requests without a key.
-    pub fn unkeyed(&self) -> BreakerHandle {
-        BreakerHandle {
-            shared: SharedRef::Counted(Arc::clone(&self.registry.unkeyed)),
-        }
-    }
-
-    /// The keys that have a breaker, sorted.
-    pub fn keys(&self) -> Vec<String> {
-        let map = self
-            .registry
-            .breakers
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mut keys: Vec<String> = map.keys().map(|k| k.to_string()).collect();
-        keys.sort();
-        keys
-    }
-}
-
-impl<S, K> Layer<S> for KeyedBreakerLayer<K> {
-    type Service = Keyed<S, K>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        crate::order::check::<S>(crate::order::Role::Breaker);
-        Keyed {
-            inner,
-            key: Arc::clone(&self.key),
-            registry: Arc::clone(&self.registry),
-        }
-    }
-}
-
-/// The service of a [`KeyedBreakerLayer`].
-///
-/// Its `poll_ready` is the inner service's (the key is only known at `call`); a call whose
-/// breaker is open fails at once without calling the inner service.
-pub struct Keyed<S, K = Authority> {
-    inner: S,
-    key: Arc<K>,
-    registry: Arc<Registry>,
-}
-
-impl<S: Clone, K> Clone for Keyed<S, K> {
-    fn clone(&self) -> Self {
-        Keyed {
-            inner: self.inner.clone(),
-            key: Arc::clone(&self.key),
-            registry: Arc::clone(&self.registry),
-        }
-    }
-}
-
-impl<S: fmt::Debug, K> fmt::Debug for Keyed<S, K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Keyed").field("inner", &self.inner).finish()
-    }
-}
-
-impl<S, K, Req> Service<Req> for Keyed<S, K>
-where
-    S: Service<Req>,
-    S::Error: Into<Failure<S::Response>>,
-    K: KeyOf<Req>,
-{
-    type Response = S::Response;
-    type Error = Failure<S::Response>;
-    type Future = ResponseFuture<S::Future, S::Response>;
-
-    #[inline]
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, req: Req) -> Self::Future {
-        let mut key = Key::new();
-        let keyed = self.key.key(&req, &mut key) && !key.is_empty();
-        let shared = self.registry.get(keyed.then(|| key.as_str()));
-        match shared.admit() {
-            Ok(permit) => ResponseFuture::called(
-                self.inner.call(req),
-                Guard::owned(SharedRef::Counted(shared), permit),
-            ),
-            Err(r) => ResponseFuture::rejected(r, &shared.name),
-        }
     }
 }
 

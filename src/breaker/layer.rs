@@ -1,27 +1,62 @@
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::config::Builder;
-use super::state::SharedRef;
-use super::{Breaker, BreakerHandle};
+use super::Breaker;
+use super::config::{BuildError, Builder};
+use super::handle::BreakerHandle;
+use super::keyed::{Authority, PerKey, Registry, Single};
+use super::state::Shared;
 use crate::failure::Class;
 
-/// Applies [`Breaker`] to a service, and owns the breaker's state.
+/// Applies [`Breaker`] to a service, and owns the breakers' state.
 ///
-/// The state is created with the layer and shared by every service it wraps and all their clones:
-/// one layer is one breaker (one per endpoint, in a typical client; see
-/// [`KeyedBreakerLayer`](super::KeyedBreakerLayer) for one per host). Configure it first, then
-/// take a [`handle`](Self::handle): each configuration method builds a fresh breaker.
+/// The state is created with the layer and shared by every service it wraps and all their clones.
+/// `BreakerLayer` (that is, `BreakerLayer<Single>`) is one breaker: one per endpoint, in a
+/// typical client. [`per_host`](Self::per_host) makes it one breaker per host
+/// (`BreakerLayer<PerHost>`), [`keyed_by`](Self::keyed_by) one per key of yours
+/// (`BreakerLayer<PerKey<F>>`). Configure it first, then take a [`handle`](Self::handle): each
+/// configuration method builds a fresh breaker.
 ///
 /// Defaults: open after 5 consecutive failures, stay open 30 s, admit 1 probe in half-open and
 /// close after it succeeds, count [`Class::TRANSIENT`], [`Class::THROTTLED`] and
 /// [`Class::UNKNOWN`] as failures (a permanent 4xx is the caller's fault and does not trip it).
 /// [`BreakerLayer::builder`] sets everything else: rate rules over count or time windows,
-/// slow calls, growing open durations, several probes, a listener.
-#[derive(Clone, Debug)]
-pub struct BreakerLayer {
-    shared: SharedRef,
+/// slow calls, growing open durations, several probes, a listener, keys and their bound; its
+/// [`build`](Builder::build) checks the settings.
+///
+/// [`PerHost`]: super::PerHost
+pub struct BreakerLayer<K = Single> {
+    /// The breaker ([`Single`]), or the one of requests without a key (keyed).
+    shared: Arc<Shared>,
+    /// The breakers per key: `Some` exactly when keyed.
+    keys: Option<Arc<Registry<K>>>,
+}
+
+impl<K> Clone for BreakerLayer<K> {
+    fn clone(&self) -> Self {
+        BreakerLayer {
+            shared: Arc::clone(&self.shared),
+            keys: self.keys.clone(),
+        }
+    }
+}
+
+impl<K> fmt::Debug for BreakerLayer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("BreakerLayer");
+        match &self.keys {
+            None => d
+                .field("name", &self.shared.name)
+                .field("state", &self.shared.state()),
+            Some(keys) => d
+                .field("max_keys", &keys.max_keys())
+                .field("keys", &keys.keys()),
+        };
+        d.finish()
+    }
 }
 
 impl Default for BreakerLayer {
@@ -33,7 +68,7 @@ impl Default for BreakerLayer {
 impl BreakerLayer {
     /// A breaker with the defaults above.
     pub fn new() -> Self {
-        BreakerLayer::from_builder(Builder::default())
+        BreakerLayer::single(&Builder::default())
     }
 
     /// A [`Builder`] for every setting; [`Builder::build`] checks it.
@@ -41,20 +76,22 @@ impl BreakerLayer {
         Builder::default()
     }
 
-    pub(crate) fn from_builder(builder: Builder) -> Self {
+    /// The breaker of a builder already checked (or whose settings need no check).
+    pub(crate) fn single(builder: &Builder) -> Self {
         BreakerLayer {
-            shared: SharedRef::Counted(builder.shared()),
+            shared: Arc::new(Shared::new(&builder.settings)),
+            keys: None,
         }
     }
 
     /// A breaker that opens after `n` consecutive failures (a count of failed calls; values below
     /// 1 are raised to 1), with the other defaults.
     pub fn consecutive_failures(n: u32) -> Self {
-        BreakerLayer::from_builder(Builder::default().consecutive_failures(n.max(1)))
+        BreakerLayer::single(&Builder::default().consecutive_failures(n.max(1)))
     }
 
-    fn with(self, f: impl FnOnce(Builder) -> Builder) -> Self {
-        BreakerLayer::from_builder(f(self.shared.config.clone()))
+    fn with(&self, f: impl FnOnce(Builder) -> Builder) -> Self {
+        BreakerLayer::single(&f(self.to_builder()))
     }
 
     /// How long the breaker stays open before it half-opens (a fixed duration).
@@ -74,40 +111,140 @@ impl BreakerLayer {
 
     /// The configuration this layer was built from, to derive another breaker from it.
     pub fn to_builder(&self) -> Builder {
-        self.shared.config.clone()
+        Builder {
+            settings: self.shared.settings.clone(),
+            keys: Single,
+        }
     }
 
     /// A handle to read this breaker's state and counters, and to control it.
     pub fn handle(&self) -> BreakerHandle {
-        BreakerHandle {
-            shared: self.shared.clone(),
-        }
+        BreakerHandle::new(self.shared())
     }
 
-    /// Makes this breaker's state live until the process ends, so that each call skips the
-    /// reference count: the services and response futures reach the state through a
-    /// `&'static` reference instead of cloning and dropping an `Arc` (two atomic read-modify-write
-    /// operations per call, on a cache line all threads share; `benches/breaker.rs`).
+    /// The breaker's state, for the server flavour.
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        Arc::clone(&self.shared)
+    }
+
+    /// One breaker per host instead, each with this breaker's settings and named after its key:
+    /// one per normalised request authority ([`Authority`]: `host:port`, lower case), at most 64
+    /// ([`Builder::max_keys`] sets another bound). A client that calls many hosts should use
+    /// this rather than one breaker: one host's outage then never fails calls to another.
     ///
-    /// The state (a few hundred bytes, plus a count window's byte per call) is then never freed:
-    /// use it for breakers built once, at startup, not for layers built per request. Handles
-    /// taken before or after keep pointing at the same breaker.
-    pub fn into_static(self) -> Self {
-        BreakerLayer {
-            shared: self.shared.leak(),
-        }
+    /// When a new key comes and the bound is reached, an idle breaker (no call in flight, no
+    /// handle held) is evicted, a closed one before an open one and then the least recently
+    /// used, and the new key gets a fresh breaker; if every breaker has calls in flight, the new
+    /// key's call goes through a fresh breaker that is not kept. Requests without a key (a
+    /// relative URI with no `Host` header) share one breaker named `unkeyed`
+    /// ([`unkeyed`](BreakerLayer::unkeyed)).
+    ///
+    /// A call to a known key takes a read lock on the key map (never a write lock), clones the
+    /// key's `Arc`, and allocates nothing; a new key takes the write lock once. The service's
+    /// `poll_ready` is the inner service's (the key is only known at `call`); a call whose
+    /// breaker is open fails at once without calling the inner service.
+    ///
+    /// ```
+    /// use tower_backstop::breaker::{BreakerLayer, PerHost};
+    ///
+    /// // One breaker per `host:port`, each opening after 3 failures in a row.
+    /// let per_host: BreakerLayer<PerHost> = BreakerLayer::consecutive_failures(3).per_host();
+    /// // The same, at most 16 hosts.
+    /// let bounded = BreakerLayer::builder()
+    ///     .consecutive_failures(3)
+    ///     .per_host()
+    ///     .max_keys(16)
+    ///     .build()
+    ///     .expect("a valid configuration");
+    /// # let _ = (per_host, bounded);
+    /// ```
+    pub fn per_host(self) -> BreakerLayer<PerKey<Authority>> {
+        self.keyed_by(Authority)
     }
 
-    pub(crate) fn shared(&self) -> &SharedRef {
-        &self.shared
+    /// One breaker per key that `key` takes from the request (a [`KeyOf`](super::KeyOf): a
+    /// closure `Fn(&Req) -> Option<String>`), otherwise as [`per_host`](Self::per_host).
+    ///
+    /// ```
+    /// use tower_backstop::breaker::BreakerLayer;
+    ///
+    /// // One per provider, from a header.
+    /// let per_provider = BreakerLayer::new().keyed_by(|req: &http::Request<()>| {
+    ///     req.headers().get("x-provider")?.to_str().ok().map(str::to_owned)
+    /// });
+    /// # let _ = per_provider;
+    /// ```
+    pub fn keyed_by<F>(self, key: F) -> BreakerLayer<PerKey<F>> {
+        BreakerLayer::from_keyed(self.to_builder().keyed_by(key))
     }
 }
 
-impl<S> Layer<S> for BreakerLayer {
-    type Service = Breaker<S>;
+impl<F> BreakerLayer<PerKey<F>> {
+    /// The breakers of a builder already checked.
+    fn from_keyed(builder: Builder<PerKey<F>>) -> Self {
+        let unkeyed = Arc::new(Shared::new(&builder.settings.named("unkeyed")));
+        BreakerLayer {
+            shared: unkeyed,
+            keys: Some(Arc::new(Registry::new(builder.keys, builder.settings))),
+        }
+    }
+
+    /// The handle of the breaker of `key` (as normalised by the key function: for
+    /// [`Authority`], `host:port` in lower case), once a request with that key was seen. While
+    /// the handle is held, that breaker is not evicted.
+    pub fn handle_for(&self, key: &str) -> Option<BreakerHandle> {
+        self.keys
+            .as_ref()
+            .and_then(|keys| keys.find(key))
+            .map(BreakerHandle::new)
+    }
+
+    /// The handle of the breaker shared by requests without a key.
+    pub fn unkeyed(&self) -> BreakerHandle {
+        BreakerHandle::new(Arc::clone(&self.shared))
+    }
+
+    /// The keys that have a breaker, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        self.keys
+            .as_ref()
+            .map(|keys| keys.keys())
+            .unwrap_or_default()
+    }
+}
+
+impl Builder {
+    /// Checks the configuration and builds the breaker.
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError`] naming the setting when a rate is outside `(0.0, 1.0]`, a count is zero
+    /// or too large, a window is empty, the minimum number of calls exceeds a count window, or
+    /// the open duration is invalid (see [`OpenDuration`](super::OpenDuration)).
+    pub fn build(self) -> Result<BreakerLayer, BuildError> {
+        self.validate()?;
+        Ok(BreakerLayer::single(&self))
+    }
+}
+
+impl<F> Builder<PerKey<F>> {
+    /// Checks the configuration and builds the keyed breakers.
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError`] naming the setting, as for one breaker, or when
+    /// [`max_keys`](Builder::max_keys) is 0.
+    pub fn build(self) -> Result<BreakerLayer<PerKey<F>>, BuildError> {
+        self.validate_keyed()?;
+        Ok(BreakerLayer::from_keyed(self))
+    }
+}
+
+impl<S, K> Layer<S> for BreakerLayer<K> {
+    type Service = Breaker<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
         crate::order::check::<S>(crate::order::Role::Breaker);
-        Breaker::new(inner, self.shared.clone())
+        Breaker::new(inner, Arc::clone(&self.shared), self.keys.clone())
     }
 }

@@ -19,15 +19,15 @@
 //! The state lives in atomics; the closed-state success path takes no lock, reads no clock when
 //! no time-based rule needs it, and allocates nothing. Each call's future holds a reference to
 //! its breaker (an `Arc` clone, so that the outcome is recorded even if the service is dropped
-//! first; [`BreakerLayer::into_static`] spares breakers built once at startup that reference
-//! count). There is no process-wide state: each breaker is its own `Arc`. An open breaker
+//! first). There is no process-wide state: each breaker is its own `Arc`. An open breaker
 //! answers `Ready(Ok)` from `poll_ready` without waiting for the inner service, and its future
 //! fails at once, like tower's `load_shed`. The rejection's source is an [`OpenError`] naming the
 //! breaker and the time left until it half-opens.
 //!
 //! Around it: [`BreakerHandle`] for operators (read, force open, disable, reset: an axum admin
-//! route is shown on [`BreakerHandle`]), [`Listener`] for metrics, [`KeyedBreakerLayer`] for one
-//! breaker per host, [`FailoverLayer`] to send rejected calls to a second provider, and
+//! route is shown on [`BreakerHandle`]), [`Listener`] for metrics,
+//! [`per_host`](BreakerLayer::per_host) and [`keyed_by`](BreakerLayer::keyed_by) for one breaker
+//! per host or per key of yours, [`FailoverLayer`] to send rejected calls to a second provider, and
 //! [`ServerBreakerLayer`] for an axum server that answers `503` with `Retry-After` itself.
 //!
 //! Put [`ClassifyLayer`](crate::classify::ClassifyLayer) below it: the breaker reads the class off
@@ -87,10 +87,40 @@
 //!     .expect("a valid configuration");
 //! # let _ = layer;
 //! ```
+//!
+//! One breaker per host, for a client that calls many (each one named after its `host:port`):
+//!
+//! ```
+//! use tower_backstop::breaker::{BreakerLayer, State};
+//!
+//! let layer = BreakerLayer::builder()
+//!     .consecutive_failures(3)
+//!     .per_host()
+//!     .max_keys(16)
+//!     .build()
+//!     .expect("a valid configuration");
+//! // Keys appear as requests come; requests without a host share the `unkeyed` breaker.
+//! assert!(layer.keys().is_empty());
+//! assert!(layer.handle_for("api.mail.test:443").is_none());
+//! assert_eq!(layer.unkeyed().state(), State::Closed);
+//! ```
+//!
+//! A bad setting is an error from [`build`](Builder::build) that names it:
+//!
+//! ```
+//! use tower_backstop::breaker::BreakerLayer;
+//!
+//! let err = BreakerLayer::builder().failure_rate(1.5).build().unwrap_err();
+//! assert_eq!(err.setting(), "failure_rate");
+//! assert_eq!(
+//!     err.to_string(),
+//!     "invalid breaker configuration: the failure rate must be within (0.0, 1.0] (`failure_rate`)"
+//! );
+//! ```
 
 use std::fmt;
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use tower_service::Service;
 
@@ -100,52 +130,65 @@ mod config;
 mod event;
 mod failover;
 mod future;
+mod handle;
 pub(crate) mod keyed;
 mod layer;
+mod open;
 mod server;
 mod state;
 mod sync;
 mod window;
 
-pub use self::config::{BuildError, Builder, MAX_PROBES, OpenDuration};
-pub use self::event::{Event, Listener};
+pub use self::config::{BuildError, Builder};
+pub use self::event::{Event, Listener, State};
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::{OpenError, ResponseFuture};
-pub use self::keyed::{Authority, Key, KeyOf, Keyed, KeyedBreakerLayer};
+pub use self::handle::BreakerHandle;
+pub use self::keyed::{Authority, Key, KeyOf, PerHost, PerKey, Single};
 pub use self::layer::BreakerLayer;
+pub use self::open::OpenDuration;
 pub use self::server::{ServerBreaker, ServerBreakerFuture, ServerBreakerLayer};
-pub use self::state::{State, Stats};
+pub use self::state::{MAX_PROBES, Stats};
 
 use self::future::Guard;
-use self::state::{Decision, SharedRef};
+use self::keyed::Registry;
+use self::state::{Decision, Shared};
 
 /// Fails fast while the provider is failing; see the [module docs](self).
-pub struct Breaker<S> {
+///
+/// `K` is [`Single`] (one breaker) or [`PerKey`] (one per key of the request), as the
+/// [`BreakerLayer`] that made it.
+pub struct Breaker<S, K = Single> {
     inner: S,
-    shared: SharedRef,
-    // What poll_ready decided: a permit to call, or a rejection.
+    /// The breaker ([`Single`]), or the one of requests without a key (keyed).
+    shared: Arc<Shared>,
+    /// The breakers per key: `Some` exactly when keyed.
+    keys: Option<Arc<Registry<K>>>,
+    // What poll_ready decided: a permit to call, or a rejection (one breaker only: a keyed
+    // breaker knows its key at `call`).
     decision: Decision,
 }
 
-impl<S> Breaker<S> {
-    pub(crate) fn new(inner: S, shared: SharedRef) -> Self {
+impl<S, K> Breaker<S, K> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared>, keys: Option<Arc<Registry<K>>>) -> Self {
         Breaker {
             inner,
             shared,
+            keys,
             decision: Decision::NONE,
-        }
-    }
-
-    /// A handle to this breaker's state and counters.
-    pub fn handle(&self) -> BreakerHandle {
-        BreakerHandle {
-            shared: self.shared.clone(),
         }
     }
 
     /// The wrapped service.
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+}
+
+impl<S> Breaker<S> {
+    /// A handle to this breaker's state and counters.
+    pub fn handle(&self) -> BreakerHandle {
+        BreakerHandle::new(Arc::clone(&self.shared))
     }
 
     /// Whether the last `poll_ready` decided to reject the next call.
@@ -161,14 +204,18 @@ impl<S> Breaker<S> {
     }
 }
 
-impl<S: Clone> Clone for Breaker<S> {
+impl<S: Clone, K> Clone for Breaker<S, K> {
     fn clone(&self) -> Self {
         // A clone starts without a decision: a permit belongs to the service that was polled.
-        Breaker::new(self.inner.clone(), self.shared.clone())
+        Breaker::new(
+            self.inner.clone(),
+            Arc::clone(&self.shared),
+            self.keys.clone(),
+        )
     }
 }
 
-impl<S> Drop for Breaker<S> {
+impl<S, K> Drop for Breaker<S, K> {
     fn drop(&mut self) {
         // A permit taken by poll_ready and never used goes back.
         if let Some(Ok(permit)) = self.decision.take() {
@@ -177,12 +224,15 @@ impl<S> Drop for Breaker<S> {
     }
 }
 
-impl<S: fmt::Debug> fmt::Debug for Breaker<S> {
+impl<S: fmt::Debug, K> fmt::Debug for Breaker<S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Breaker")
-            .field("inner", &self.inner)
-            .field("state", &self.shared.state())
-            .finish()
+        let mut d = f.debug_struct("Breaker");
+        d.field("inner", &self.inner);
+        match &self.keys {
+            None => d.field("state", &self.shared.state()),
+            Some(keys) => d.field("keys", &keys.keys()),
+        };
+        d.finish()
     }
 }
 
@@ -221,85 +271,38 @@ where
     }
 }
 
-/// A cloneable handle to a breaker: its state and counters, for metrics, and operator control.
-///
-/// Every method is a few atomic operations; the handle is `Send + Sync` and cheap to clone, so it
-/// fits an axum admin route:
-///
-/// ```
-/// use axum::{Router, extract::State, routing::{get, post}};
-/// use tower_backstop::breaker::{BreakerHandle, BreakerLayer};
-///
-/// async fn show(State(breaker): State<BreakerHandle>) -> String {
-///     let stats = breaker.stats();
-///     format!("{} (opened {} times, {} rejected)", breaker.state(), stats.opened, stats.rejected)
-/// }
-/// async fn force_open(State(breaker): State<BreakerHandle>) { breaker.force_open() }
-/// async fn disable(State(breaker): State<BreakerHandle>) { breaker.disable() }
-/// async fn reset(State(breaker): State<BreakerHandle>) { breaker.reset() }
-///
-/// let layer = BreakerLayer::new().name("mail-provider");
-/// let admin: Router = Router::new()
-///     .route("/admin/breaker", get(show))
-///     .route("/admin/breaker/force-open", post(force_open))
-///     .route("/admin/breaker/disable", post(disable))
-///     .route("/admin/breaker/reset", post(reset))
-///     .with_state(layer.handle());
-/// # let _ = admin;
-/// ```
-#[derive(Clone)]
-pub struct BreakerHandle {
-    shared: SharedRef,
-}
+impl<S, F, Req> Service<Req> for Breaker<S, PerKey<F>>
+where
+    S: Service<Req>,
+    S::Error: Into<Failure<S::Response>>,
+    F: KeyOf<Req>,
+{
+    type Response = S::Response;
+    type Error = Failure<S::Response>;
+    type Future = ResponseFuture<S::Future, S::Response>;
 
-impl BreakerHandle {
-    /// The current state.
-    pub fn state(&self) -> State {
-        self.shared.state()
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    /// The breaker's name.
-    pub fn name(&self) -> &str {
-        &self.shared.name
-    }
-
-    /// Counters: transitions and rejections since the breaker was built, and the current window.
-    pub fn stats(&self) -> Stats {
-        self.shared.stats()
-    }
-
-    /// The time left until half-open: `Some` when open (the rest of the open duration) or
-    /// half-open (the next open duration, the longest a rejected caller may wait); `None` when
-    /// closed, disabled or forced open.
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.shared.retry_after()
-    }
-
-    /// Opens the breaker until [`reset`](Self::reset): every call is rejected, with no
-    /// `retry_after`. Outcomes of calls already in flight are ignored.
-    pub fn force_open(&self) {
-        self.shared.force_open()
-    }
-
-    /// Disables the breaker until [`reset`](Self::reset): every call goes through and nothing is
-    /// counted.
-    pub fn disable(&self) {
-        self.shared.disable()
-    }
-
-    /// Closes the breaker with empty counters and a fresh open-duration series, from any state.
-    /// Outcomes of calls already in flight are ignored.
-    pub fn reset(&self) {
-        self.shared.reset()
-    }
-}
-
-impl fmt::Debug for BreakerHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BreakerHandle")
-            .field("name", &self.shared.name)
-            .field("state", &self.shared.state())
-            .field("stats", &self.shared.stats())
-            .finish()
+    fn call(&mut self, req: Req) -> Self::Future {
+        let shared = match &self.keys {
+            Some(keys) => {
+                let mut key = Key::new();
+                if keys.key_of().key(&req, &mut key) && !key.is_empty() {
+                    keys.get(key.as_str())
+                } else {
+                    Arc::clone(&self.shared)
+                }
+            }
+            None => Arc::clone(&self.shared),
+        };
+        match shared.admit() {
+            Ok(permit) => {
+                ResponseFuture::called(self.inner.call(req), Guard::owned(shared, permit))
+            }
+            Err(r) => ResponseFuture::rejected(r, &shared.name),
+        }
     }
 }

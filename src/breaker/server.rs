@@ -1,6 +1,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -10,8 +11,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::future::Guard;
-use super::state::{Outcome, Permit, Rejection, SharedRef};
-use super::{BreakerHandle, BreakerLayer};
+use super::handle::BreakerHandle;
+use super::layer::BreakerLayer;
+use super::state::{Outcome, Permit, Rejection, Shared};
 use crate::classify::{GrpcClassifier, HttpClassifier};
 
 /// The server flavour of the breaker, for an axum (or any `http`) server protecting itself: the
@@ -88,7 +90,7 @@ impl<S> Layer<S> for ServerBreakerLayer {
     fn layer(&self, inner: S) -> Self::Service {
         ServerBreaker {
             inner,
-            shared: self.breaker.shared().clone(),
+            shared: self.breaker.shared(),
             classifier: self.classifier.clone(),
             grpc: self.grpc.clone(),
             decision: None,
@@ -100,7 +102,7 @@ impl<S> Layer<S> for ServerBreakerLayer {
 #[derive(Debug)]
 pub struct ServerBreaker<S> {
     inner: S,
-    shared: SharedRef,
+    shared: Arc<Shared>,
     // Cloned per call: free with the default mapping, one `Arc` with overrides.
     classifier: HttpClassifier,
     grpc: Option<GrpcClassifier>,

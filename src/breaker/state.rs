@@ -18,12 +18,74 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::config::{Builder, OpenDuration, WindowKind};
-use super::event::{Event, Listener};
+use super::event::{Event, Listener, State};
+use super::open::OpenDuration;
 use super::sync::{AtomicU32, AtomicU64, Ordering};
-use super::window::{Counts, FAILED, SLOW, Window};
-use crate::anchor::Anchor;
+use super::window::{Counts, FAILED, SLOW, Window, WindowKind};
 use crate::failure::Class;
+
+/// The most probes or successful probes a half-open breaker can be configured with.
+pub const MAX_PROBES: u32 = 1_000;
+
+/// What a breaker is built from: the settings of a [`Builder`](super::Builder), as plain data.
+/// The builder checks them; [`Shared::new`] only reads them.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) name: Arc<str>,
+    pub(crate) consecutive: Option<u32>,
+    pub(crate) failure_rate: Option<f64>,
+    pub(crate) slow: Option<(Duration, f64)>,
+    pub(crate) window: WindowKind,
+    pub(crate) minimum_calls: Option<u32>,
+    pub(crate) open: OpenDuration,
+    pub(crate) probes: u32,
+    pub(crate) close_after: u32,
+    pub(crate) max_half_open: Option<Duration>,
+    pub(crate) classes: Arc<[Class]>,
+    pub(crate) listener: Option<Arc<dyn Listener>>,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("name", &self.name)
+            .field("consecutive", &self.consecutive)
+            .field("failure_rate", &self.failure_rate)
+            .field("slow", &self.slow)
+            .field("window", &self.window)
+            .field("minimum_calls", &self.minimum_calls)
+            .field("open", &self.open)
+            .field("probes", &self.probes)
+            .field("close_after", &self.close_after)
+            .field("max_half_open", &self.max_half_open)
+            .field("classes", &self.classes)
+            .field("listener", &self.listener.is_some())
+            .finish()
+    }
+}
+
+impl Settings {
+    /// Whether a rate rule (failure rate or slow calls) is set.
+    pub(crate) fn has_rates(&self) -> bool {
+        self.failure_rate.is_some() || self.slow.is_some()
+    }
+
+    /// The calls the window must hold before a rate can trip the breaker.
+    pub(crate) fn minimum(&self) -> u32 {
+        self.minimum_calls.unwrap_or(match self.window {
+            WindowKind::Count(n) => n,
+            WindowKind::Time { .. } => 100,
+        })
+    }
+
+    /// The same settings under another name (a keyed breaker is named after its key).
+    pub(crate) fn named(&self, name: &str) -> Settings {
+        Settings {
+            name: Arc::from(name),
+            ..self.clone()
+        }
+    }
+}
 
 const CLOSED: u64 = 0;
 const OPEN: u64 = 1;
@@ -38,51 +100,14 @@ const GEN_SHIFT: u32 = 23;
 const ONE_IN_FLIGHT: u64 = 1 << IN_FLIGHT_SHIFT;
 const ONE_SUCCESS: u64 = 1 << SUCCESS_SHIFT;
 
-/// The state of a circuit breaker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum State {
-    /// Calls go through; failures are counted.
-    Closed,
-    /// Calls are rejected at once until the open duration has passed.
-    Open,
-    /// A fixed number of probes is admitted; their outcomes close or re-open the breaker.
-    HalfOpen,
-    /// Opened by an operator ([`BreakerHandle::force_open`](super::BreakerHandle::force_open)):
-    /// every call is rejected until [`reset`](super::BreakerHandle::reset).
-    ForcedOpen,
-    /// Disabled by an operator ([`BreakerHandle::disable`](super::BreakerHandle::disable)):
-    /// every call goes through and nothing is counted until
-    /// [`reset`](super::BreakerHandle::reset).
-    Disabled,
-}
-
-impl State {
-    fn of(word: u64) -> State {
-        match word & STATE_MASK {
-            CLOSED => State::Closed,
-            OPEN => State::Open,
-            HALF_OPEN => State::HalfOpen,
-            FORCED_OPEN => State::ForcedOpen,
-            _ => State::Disabled,
-        }
-    }
-
-    /// A lower-case name: `closed`, `open`, `half_open`, `forced_open`, `disabled`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            State::Closed => "closed",
-            State::Open => "open",
-            State::HalfOpen => "half_open",
-            State::ForcedOpen => "forced_open",
-            State::Disabled => "disabled",
-        }
-    }
-}
-
-impl fmt::Display for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+/// The public state a word encodes.
+fn state_name(word: u64) -> State {
+    match word & STATE_MASK {
+        CLOSED => State::Closed,
+        OPEN => State::Open,
+        HALF_OPEN => State::HalfOpen,
+        FORCED_OPEN => State::ForcedOpen,
+        _ => State::Disabled,
     }
 }
 
@@ -252,14 +277,11 @@ pub(crate) enum Outcome {
     Failure(Class),
 }
 
-/// How services, futures and handles reach a breaker's state: counted (an `Arc`, the default), or
-/// `'static` after [`BreakerLayer::into_static`](super::BreakerLayer::into_static), which spares
-/// each call the two atomic reference-count updates of cloning and dropping an `Arc`.
-pub(crate) type SharedRef = Anchor<Shared>;
-
+/// One breaker's state and counters, shared (behind an `Arc`) by the layer, its services, their
+/// response futures and the handles.
 pub(crate) struct Shared {
     pub(crate) name: Arc<str>,
-    pub(crate) config: Builder,
+    pub(crate) settings: Settings,
     consecutive: Option<u32>,
     failure_rate: Option<f64>,
     slow: Option<(u64, f64)>,
@@ -304,7 +326,7 @@ impl fmt::Debug for Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(config: &Builder) -> Self {
+    pub(crate) fn new(config: &Settings) -> Self {
         let consecutive = match (config.consecutive, config.has_rates()) {
             (Some(n), _) => Some(n.max(1)),
             (None, false) => Some(5),
@@ -320,14 +342,14 @@ impl Shared {
         let clock_on_complete = slow.is_some() || window.as_ref().is_some_and(Window::needs_clock);
         Shared {
             name: config.name.clone(),
-            config: config.clone(),
+            settings: config.clone(),
             consecutive,
             failure_rate: config.failure_rate,
             slow,
             minimum_calls: u64::from(config.minimum().max(1)),
             open: config.open,
-            probes: u64::from(config.probes.clamp(1, super::config::MAX_PROBES)),
-            close_after: u64::from(config.close_after.clamp(1, super::config::MAX_PROBES)),
+            probes: u64::from(config.probes.clamp(1, MAX_PROBES)),
+            close_after: u64::from(config.close_after.clamp(1, MAX_PROBES)),
             max_half_open: config.max_half_open.map(saturating_nanos),
             classes: config.classes.clone(),
             listener: config.listener.clone(),
@@ -358,7 +380,7 @@ impl Shared {
     }
 
     pub(crate) fn state(&self) -> State {
-        State::of(self.word.load(Ordering::Acquire))
+        state_name(self.word.load(Ordering::Acquire))
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -402,7 +424,7 @@ impl Shared {
     }
 
     fn transitioned(&self, from: u64, to: u64, reason: &'static str) {
-        let (from, to) = (State::of(from), State::of(to));
+        let (from, to) = (state_name(from), state_name(to));
         match to {
             State::Open | State::ForcedOpen => tracing::warn!(
                 breaker = &*self.name,
@@ -429,7 +451,7 @@ impl Shared {
 
     fn reject(&self, word: u64, retry_after: Option<Duration>) -> Rejection {
         self.rejected.fetch_add(1, Ordering::Relaxed);
-        let state = State::of(word);
+        let state = state_name(word);
         tracing::debug!(breaker = &*self.name, state = state.as_str(), retry_after = ?retry_after, "call rejected");
         self.emit(Event::Rejected {
             breaker: &self.name,
@@ -788,6 +810,6 @@ mod tests {
             (OPEN, 0, 0, 2)
         );
         // The maximum counts fit their fields.
-        assert!(u64::from(super::super::config::MAX_PROBES) <= COUNT_MASK);
+        assert!(u64::from(super::MAX_PROBES) <= COUNT_MASK);
     }
 }

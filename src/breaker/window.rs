@@ -5,7 +5,9 @@
 //! once writers are done. The time window keeps one packed `AtomicU64` per bucket (epoch and three
 //! counters), updated by compare-and-swap, so a bucket is reset and counted in one step.
 
-use crate::breaker::sync::{AtomicI64, AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::sync::{AtomicI64, AtomicU8, AtomicU64, Ordering};
 
 /// The call failed in a class that counts.
 pub(crate) const FAILED: u8 = 0b01;
@@ -18,6 +20,15 @@ pub(crate) struct Counts {
     pub(crate) calls: u64,
     pub(crate) failures: u64,
     pub(crate) slow: u64,
+}
+
+/// Which window the rate rules use, as configured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum WindowKind {
+    /// The last `n` calls.
+    Count(u32),
+    /// `buckets` buckets of `width` each.
+    Time { width: Duration, buckets: u32 },
 }
 
 #[derive(Debug)]

@@ -7,8 +7,8 @@
 //! - [`Describe`] for `reqwest::Request`: method, URL, `Content-Type`, `Idempotency-Key` (the
 //!   record id) and the body bytes, in the same [`Envelope`] fields as an `http::Request`.
 //! - [`Authority`](crate::breaker::Authority) keys a `reqwest::Request` for
-//!   [`KeyedBreakerLayer`](crate::breaker::KeyedBreakerLayer) (one breaker per host, the
-//!   default of [`BackstopLayer`](crate::BackstopLayer)) exactly as an `http::Request`: host
+//!   [`BreakerLayer::per_host`](crate::breaker::BreakerLayer::per_host) (one breaker per host,
+//!   the default of [`BackstopLayer`](crate::BackstopLayer)) exactly as an `http::Request`: host
 //!   lower-cased without a trailing dot, the scheme's default port.
 //! - [`HttpClassifier`] classifies a `reqwest::Response` by status and hint headers
 //!   (`Retry-After`, `RateLimit-Reset`, `X-RateLimit-Reset`) exactly as an `http::Response`.

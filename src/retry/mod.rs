@@ -106,7 +106,6 @@ pub use self::dead_letters::{DeadLetterRetry, DeadLetterRetryLayer};
 pub use self::future::{DeadlineElapsed, ResponseFuture};
 pub use self::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 pub use self::layer::RetryLayer;
-pub(crate) use self::policy::outcome_unknown;
 pub use self::policy::{ClassPolicy, DelaySource, LongDelay, RetryEvent, RetryPolicy};
 
 /// Retries failed calls by a [`RetryPolicy`]; see the [module docs](self).

@@ -1,0 +1,138 @@
+//! How long a breaker stays open after a trip.
+
+use std::time::Duration;
+
+/// How long a breaker stays open after a trip: fixed, or growing with each consecutive trip.
+///
+/// "Consecutive trips" are openings with no close in between: a trip from closed, then each failed
+/// probe. One successful half-open period (the breaker closes) starts the count again.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_backstop::breaker::OpenDuration;
+///
+/// // 30 s every time (the default).
+/// let fixed = OpenDuration::fixed(Duration::from_secs(30));
+/// // 1 s, 2 s, 4 s, … capped at 60 s, each spread by up to +25 %.
+/// let growing = OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(60))
+///     .jitter(0.25);
+/// assert_eq!(growing.nth(0), Duration::from_secs(1));
+/// assert_eq!(fixed.nth(10), Duration::from_secs(30));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OpenDuration {
+    base: Duration,
+    cap: Duration,
+    growing: bool,
+    jitter: f64,
+}
+
+impl OpenDuration {
+    /// The same `duration` after every trip.
+    pub const fn fixed(duration: Duration) -> Self {
+        OpenDuration {
+            base: duration,
+            cap: duration,
+            growing: false,
+            jitter: 0.0,
+        }
+    }
+
+    /// `base` after the first trip, doubled after each consecutive trip, never above `cap`
+    /// (exponential backoff, as in the AWS Architecture Blog's "Exponential Backoff And Jitter").
+    /// The doubling saturates, so the breaker is never open for longer than `cap`.
+    /// [`Builder::build`](super::Builder::build) rejects a zero `base` or a `cap` below `base`.
+    pub const fn doubling(base: Duration, cap: Duration) -> Self {
+        OpenDuration {
+            base,
+            cap,
+            growing: true,
+            jitter: 0.0,
+        }
+    }
+
+    /// Spreads each duration by a random amount up to `fraction` of it (bounded additive jitter:
+    /// `0.25` is up to +25 %), so that many clients' breakers do not half-open in the same
+    /// instant. A doubling duration never exceeds its cap: where the +`fraction` band would cross
+    /// the cap it is moved below it, so durations at the cap are spread over
+    /// `[cap − fraction × cap, cap]` (never below half the cap) rather than all being the cap. [`Builder::build`](super::Builder::build) rejects a
+    /// fraction outside `0.0..=1.0`.
+    pub const fn jitter(mut self, fraction: f64) -> Self {
+        self.jitter = fraction;
+        self
+    }
+
+    /// The duration after the trip numbered `n` (0 for the first of a series), before jitter.
+    pub fn nth(&self, n: u32) -> Duration {
+        if !self.growing {
+            return self.base;
+        }
+        let factor = 1u32.checked_shl(n.min(31)).unwrap_or(u32::MAX);
+        self.base.saturating_mul(factor).min(self.cap)
+    }
+
+    /// The duration after trip `n`, with jitter: uniform over a band `jitter × d` wide that
+    /// starts at `d` (up to +`jitter`), moved down when it would cross the cap so that it ends
+    /// at the cap, and never starting below `d / 2`. So durations at the cap are still spread
+    /// (over `[cap − jitter × cap, cap]`, or `[cap / 2, cap]` for a jitter above 0.5) instead of
+    /// all being the cap, and breakers that trip together do not half-open together
+    /// ("Exponential Backoff And Jitter", AWS Architecture Blog: jitter inside the cap).
+    pub(crate) fn pick(&self, n: u32) -> Duration {
+        let d = self.nth(n);
+        if self.jitter <= 0.0 {
+            return d;
+        }
+        let width = d.mul_f64(self.jitter);
+        let cap = if self.growing {
+            self.cap
+        } else {
+            d.saturating_add(width)
+        };
+        // Never below half the nominal duration, even with a band as wide as the cap.
+        let low = d.min(cap.saturating_sub(width)).max(d / 2);
+        let high = low.saturating_add(width).min(cap);
+        low.saturating_add((high - low).mul_f64(rand::random::<f64>()))
+    }
+
+    /// What is wrong with this duration, if anything ([`Builder::build`](super::Builder::build) reports it).
+    pub(crate) fn problem(&self) -> Option<&'static str> {
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Some("open-duration jitter must be within 0.0..=1.0");
+        }
+        if self.growing && self.base.is_zero() {
+            return Some("a doubling open duration needs a non-zero base");
+        }
+        if self.growing && self.cap < self.base {
+            return Some("the open-duration cap is below its base");
+        }
+        None
+    }
+}
+
+#[cfg(all(test, not(tower_backstop_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jittered_durations_stay_within_half_and_the_cap() {
+        let cap = Duration::from_secs(4);
+        for jitter in [0.1, 0.5, 1.0] {
+            let d = OpenDuration::doubling(Duration::from_secs(1), cap).jitter(jitter);
+            for n in 0..6 {
+                let nominal = d.nth(n);
+                let picks: Vec<Duration> = (0..200).map(|_| d.pick(n)).collect();
+                assert!(
+                    picks.iter().all(|p| *p <= cap && *p >= nominal / 2),
+                    "{jitter} {n}"
+                );
+                let distinct: std::collections::BTreeSet<_> = picks.iter().collect();
+                assert!(distinct.len() > 100, "{jitter} {n}: not spread");
+            }
+        }
+        let fixed = OpenDuration::fixed(Duration::from_secs(10)).jitter(0.25);
+        for _ in 0..200 {
+            let p = fixed.pick(0);
+            assert!(p >= Duration::from_secs(10) && p <= Duration::from_millis(12_500));
+        }
+    }
+}
