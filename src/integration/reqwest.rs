@@ -29,7 +29,9 @@ use std::io;
 use crate::breaker::{Authority, Key, KeyOf};
 use crate::classify::{Classifier, HttpClassifier, Verdict};
 use crate::failure::{BoxError, Class, Code, Failure};
-use crate::request::{Describe, Envelope, Replay, envelope_head, key_header, retry_safe_head};
+use crate::request::describe::envelope_head;
+use crate::request::idempotency::{key_header, retry_safe_head};
+use crate::request::{Describe, Envelope, Replay};
 use crate::resend::{RebuildError, http_request};
 use crate::store::Record;
 
