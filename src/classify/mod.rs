@@ -240,30 +240,6 @@ where
     }
 }
 
-// The clients' own error types convert too, so that a layer of ours may sit directly over a
-// client: the stack then compiles in any order, and a wrong one is reported by the order checks
-// (a `tracing` warning when it is built) instead of a compile error that names no layer.
-
-#[cfg(feature = "hyper-util")]
-#[cfg_attr(docsrs, doc(cfg(feature = "hyper-util")))]
-impl<R: 'static> From<hyper_util::client::legacy::Error> for Failure<R> {
-    /// The error classified with [`classify_error`] (a connect error is transient) and kept as
-    /// the source.
-    fn from(error: hyper_util::client::legacy::Error) -> Self {
-        Failure::from(BoxError::from(error))
-    }
-}
-
-#[cfg(feature = "reqwest")]
-#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
-impl<R: 'static> From<reqwest::Error> for Failure<R> {
-    /// The error classified with [`classify_error`] (a timeout is [`Code::Timeout`], a connect
-    /// error a refused connection) and kept as the source.
-    fn from(error: reqwest::Error) -> Self {
-        Failure::from(BoxError::from(error))
-    }
-}
-
 // The conversion lives here, beside the classifier it uses, so that `failure.rs` (the shared
 // types) calls into no layer.
 impl<R: 'static> From<BoxError> for Failure<R> {

@@ -4,6 +4,8 @@
 
 #[cfg(feature = "axum")]
 mod axum;
+#[cfg(feature = "hyper-util")]
+mod hyper_util;
 #[cfg(feature = "reqwest")]
 pub(crate) mod reqwest;
 #[cfg(feature = "tonic")]

@@ -1,0 +1,18 @@
+//! What the retry and dead-letter layers need from a request: a copy for the next attempt
+//! ([`Replay`]) and a description for a dead-letter record ([`Describe`]).
+//!
+//! Both are implemented for `http::Request<B>` with a cloneable body (`Full<Bytes>`, `String`,
+//! `Bytes`, `Vec<u8>`, `()`…) and for `String`, `&'static str`, `Bytes` and `Vec<u8>` requests.
+//! Implement them for your own request type (a queue message, a command struct) to use the layers
+//! around a non-HTTP service.
+
+mod body;
+pub(crate) mod describe;
+pub(crate) mod idempotency;
+mod replay;
+
+pub use self::body::BufferedBody;
+pub(crate) use self::body::Collect;
+pub use self::describe::{Describe, Envelope, MessageId};
+pub use self::idempotency::IDEMPOTENCY_KEY;
+pub use self::replay::Replay;

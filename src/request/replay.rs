@@ -1,0 +1,91 @@
+//! [`Replay`]: a copy of a request for the next attempt, and whether sending it again is safe.
+
+use bytes::Bytes;
+
+use super::idempotency::http_retry_safe;
+
+/// A request that can be sent again.
+///
+/// The retry layer takes one copy per attempt and the dead-letter layer keeps one to describe a
+/// failure; both happen once per call, so for the success path to allocate nothing, the copy
+/// must be cheap (`Bytes`, `Full<Bytes>`, an `Arc`).
+///
+/// A request type that is not `Replay` does not fit under [`RetryLayer`](crate::retry::RetryLayer)
+/// or [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer), and the compiler says so:
+///
+/// ```compile_fail,E0277
+/// use tower::{Service, ServiceBuilder, service_fn};
+/// use tower_backstop::{BoxError, retry::RetryLayer};
+///
+/// struct Job; // neither `Clone` nor `Replay`
+/// fn serves_jobs<S: Service<Job>>(_: S) {}
+/// serves_jobs(
+///     ServiceBuilder::new()
+///         .layer(RetryLayer::default())
+///         .service(service_fn(|_: Job| async { Ok::<(), BoxError>(()) })),
+/// );
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be sent again: it does not implement `tower_backstop::Replay`",
+    label = "RetryLayer and DeadLetterLayer need a copy of this request",
+    note = "implement `Replay` (and `Describe`) for your request type; `http::Request<B>` is `Replay` when `B: Clone` (use `Full<Bytes>`, or put `ReplayBufferLayer` above `RetryLayer` for a streaming body); `reqwest::Request` is `Replay` with the `reqwest` feature"
+)]
+pub trait Replay: Sized {
+    /// A copy of this request for another attempt, or `None` when it cannot be replayed (a
+    /// streaming body that was not buffered). A request with no copy is never retried.
+    fn replay(&self) -> Option<Self>;
+
+    /// Whether sending this request more than once is safe. For HTTP: the method is idempotent
+    /// (GET, HEAD, OPTIONS, TRACE, PUT, DELETE; RFC 9110 §9.2.2), or the request carries an
+    /// `Idempotency-Key` header. The default is `true`.
+    fn retry_safe(&self) -> bool {
+        true
+    }
+}
+
+// `do_not_recommend`: a body that is not `Clone` is reported with `Replay`'s own message, which
+// names the fixes, not as a missing `Clone`.
+#[diagnostic::do_not_recommend]
+impl<B: Clone> Replay for http::Request<B> {
+    #[inline]
+    fn replay(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+
+    fn retry_safe(&self) -> bool {
+        http_retry_safe(self)
+    }
+}
+
+macro_rules! plain_payload {
+    ($($ty:ty),*) => {$(
+        impl Replay for $ty {
+            #[inline]
+            fn replay(&self) -> Option<Self> {
+                Some(self.clone())
+            }
+        }
+    )*};
+}
+
+plain_payload!(String, &'static str, Bytes, Vec<u8>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::idempotency::key_header;
+
+    #[test]
+    fn idempotency_follows_rfc_9110() {
+        let get = http::Request::get("/").body(()).unwrap();
+        let post = http::Request::post("/").body(()).unwrap();
+        let keyed = http::Request::post("/")
+            .header("Idempotency-Key", "k1")
+            .body(())
+            .unwrap();
+        assert!(get.retry_safe());
+        assert!(!post.retry_safe());
+        assert!(keyed.retry_safe());
+        assert_eq!(key_header(keyed.headers()), Some("k1"));
+    }
+}
