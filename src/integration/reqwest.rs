@@ -20,9 +20,6 @@
 //!   may sit directly over a `reqwest::Client`: the stack then compiles in any order, and a wrong
 //!   one is reported by the order checks (a `tracing` warning when it is built) instead of a
 //!   compile error that names no layer.
-//! - [`reqwest_request`] rebuilds the request a dead-letter record was made from as a
-//!   `reqwest::Request`, for a [`Scheduler`](crate::resend::Scheduler) or a
-//!   [`Redrive`](crate::resend::Redrive) over a stack that wraps a `reqwest::Client`.
 
 use std::io;
 
@@ -32,8 +29,6 @@ use crate::failure::{BoxError, Class, Code, Failure};
 use crate::request::describe::envelope_head;
 use crate::request::idempotency::{key_header, retry_safe_head};
 use crate::request::{Describe, Envelope, Replay};
-use crate::resend::{RebuildError, http_request};
-use crate::store::Record;
 
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 impl KeyOf<reqwest::Request> for Authority {
@@ -111,43 +106,4 @@ pub(crate) fn classify(error: &reqwest::Error) -> Option<(Class, Code)> {
     } else {
         None
     }
-}
-
-/// [`http_request`] as a `reqwest::Request` (feature `reqwest`), for a
-/// [`Scheduler`](crate::resend::Scheduler) or a [`Redrive`](crate::resend::Redrive) over a stack
-/// that wraps a `reqwest::Client`: the same method, URI, kept headers and payload.
-///
-/// ```no_run
-/// use std::{sync::Arc, time::Duration};
-/// use tower::ServiceBuilder;
-/// use tower_backstop::BackstopLayer;
-/// use tower_backstop::dead_letter::DeadLetterLayer;
-/// use tower_backstop::resend::{Scheduler, reqwest_request};
-/// use tower_backstop::store::MemoryStore;
-///
-/// # async fn run() {
-/// let store = Arc::new(MemoryStore::new());
-/// let stack = ServiceBuilder::new()
-///     .layer(
-///         BackstopLayer::http(Duration::from_secs(2))
-///             .dead_letters(DeadLetterLayer::from_arc(store.clone())),
-///     )
-///     .service(reqwest::Client::new());
-/// let scheduler = Scheduler::new(store, stack, |record| reqwest_request(record, None)).spawn();
-/// // … on shutdown:
-/// scheduler.shutdown().await;
-/// # }
-/// ```
-///
-/// # Errors
-///
-/// As [`http_request`]; also when reqwest refuses the URI (reqwest needs an absolute URL).
-#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
-pub fn reqwest_request(
-    record: &Record,
-    target: Option<&http::Uri>,
-) -> Result<reqwest::Request, RebuildError> {
-    let request = http_request(record, target)?.map(|_| record.payload.clone());
-    reqwest::Request::try_from(request)
-        .map_err(|e| RebuildError::new(format!("record {}: {e}", record.id)))
 }

@@ -65,10 +65,10 @@ mod reconciler;
 mod redrive;
 mod scheduler;
 
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use self::rebuild::reqwest_request;
 pub use self::rebuild::{RebuildError, http_request, http_request_restoring};
 pub use self::reconciler::{ReconcileReport, Reconciler};
 pub use self::redrive::{Outcome, Redrive, RedriveError, RedriveReport, Resent};
 pub use self::scheduler::{Scheduler, SchedulerHandle};
-#[cfg(feature = "reqwest")]
-#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
-pub use crate::integration::reqwest::reqwest_request;

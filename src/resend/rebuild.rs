@@ -52,6 +52,46 @@ pub fn http_request(
     http_request_restoring(record, target, |_, _| None)
 }
 
+/// [`http_request`] as a `reqwest::Request` (feature `reqwest`), for a [`Scheduler`](super::Scheduler)
+/// or a [`Redrive`](super::Redrive) over a stack that wraps a `reqwest::Client`: the same method, URI, kept
+/// headers and payload.
+///
+/// ```no_run
+/// use std::{sync::Arc, time::Duration};
+/// use tower::ServiceBuilder;
+/// use tower_backstop::BackstopLayer;
+/// use tower_backstop::dead_letter::DeadLetterLayer;
+/// use tower_backstop::resend::{Scheduler, reqwest_request};
+/// use tower_backstop::store::MemoryStore;
+///
+/// # async fn run() {
+/// let store = Arc::new(MemoryStore::new());
+/// let stack = ServiceBuilder::new()
+///     .layer(
+///         BackstopLayer::http(Duration::from_secs(2))
+///             .dead_letters(DeadLetterLayer::from_arc(store.clone())),
+///     )
+///     .service(reqwest::Client::new());
+/// let scheduler = Scheduler::new(store, stack, |record| reqwest_request(record, None)).spawn();
+/// // … on shutdown:
+/// scheduler.shutdown().await;
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// As [`http_request`]; also when reqwest refuses the URI (reqwest needs an absolute URL).
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub fn reqwest_request(
+    record: &Record,
+    target: Option<&http::Uri>,
+) -> Result<reqwest::Request, RebuildError> {
+    let request = http_request(record, target)?.map(|_| record.payload.clone());
+    reqwest::Request::try_from(request)
+        .map_err(|e| RebuildError::new(format!("record {}: {e}", record.id)))
+}
+
 /// [`http_request`], with the redacted headers ([`Record::redacted_headers`]) given back by
 /// `restore`: called once per redacted header name (lower case) with the record, it returns
 /// the value to send (a token fetched again, a signature computed again over the method, URI and
