@@ -69,8 +69,9 @@
 //! ```
 //! use std::time::Duration;
 //! use axum::{Router, routing::get};
-//! use tower_backstop::breaker::{BreakerLayer, ServerBreakerLayer};
-//! use tower_backstop::timeout::ServerTimeoutLayer;
+//! use tower_backstop::breaker::BreakerLayer;
+//! use tower_backstop::server::ServerBreakerLayer;
+//! use tower_backstop::server::ServerTimeoutLayer;
 //!
 //! let app: Router = Router::new()
 //!     .route("/report", get(|| async { "done" }))
@@ -83,7 +84,7 @@
 //!
 //! | layer | on a `Router` |
 //! |---|---|
-//! | [`ServerTimeoutLayer`](timeout::ServerTimeoutLayer), [`ServerBreakerLayer`](breaker::ServerBreakerLayer) | `Router::layer` as they are: 504, and 503 with `Retry-After`; errors stay `Infallible` |
+//! | [`ServerTimeoutLayer`](server::ServerTimeoutLayer), [`ServerBreakerLayer`](server::ServerBreakerLayer) | `Router::layer` as they are: 504, and 503 with `Retry-After`; errors stay `Infallible` |
 //! | [`TimeoutLayer`](timeout::TimeoutLayer), [`BreakerLayer`](breaker::BreakerLayer) | client side: their error is a `BoxError` or a [`Failure`], which a `Router` does not accept; on a server use the two flavours above |
 //! | [`ClassifyLayer`](classify::ClassifyLayer), [`RetryLayer`](retry::RetryLayer), [`DeadLetterLayer`](dead_letter::DeadLetterLayer) | client side: around the client a handler calls. With the `axum` feature the handler returns `Result<Response, Failure<_>>`: a [`Failure`] answers with the upstream's response, or 503 with `Retry-After` (open breaker), 504 (timeout), 502 (anything else) |
 //!
@@ -128,6 +129,7 @@ mod preset;
 pub mod request;
 pub mod resend;
 pub mod retry;
+pub mod server;
 pub mod store;
 pub mod timeout;
 

@@ -17,8 +17,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tower_backstop::breaker::{BreakerHandle, BreakerLayer, ServerBreakerLayer, State};
-use tower_backstop::timeout::ServerTimeoutLayer;
+use tower_backstop::breaker::{BreakerHandle, BreakerLayer, State};
+use tower_backstop::server::ServerBreakerLayer;
+use tower_backstop::server::ServerTimeoutLayer;
 
 fn client() -> Client<HttpConnector, Empty<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()

@@ -222,8 +222,8 @@ where
 
 #[tokio::test]
 async fn the_server_flavours_answer_deadline_exceeded_then_unavailable_with_pushback() {
-    use tower_backstop::breaker::ServerBreakerLayer;
-    use tower_backstop::timeout::ServerTimeoutLayer;
+    use tower_backstop::server::ServerBreakerLayer;
+    use tower_backstop::server::ServerTimeoutLayer;
 
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -28,7 +28,7 @@
 //! route is shown on [`BreakerHandle`]), [`Listener`] for metrics,
 //! [`per_host`](BreakerLayer::per_host) and [`keyed_by`](BreakerLayer::keyed_by) for one breaker
 //! per host or per key of yours, [`FailoverLayer`] to send rejected calls to a second provider, and
-//! [`ServerBreakerLayer`] for an axum server that answers `503` with `Retry-After` itself.
+//! [`ServerBreakerLayer`](crate::server::ServerBreakerLayer) for an axum server that answers `503` with `Retry-After` itself.
 //!
 //! Put [`ClassifyLayer`](crate::classify::ClassifyLayer) below it: the breaker reads the class off
 //! each [`Failure`] and counts a successful `Ok` response as a success. With a plain `BoxError`
@@ -129,13 +129,12 @@ use crate::failure::Failure;
 mod config;
 mod event;
 mod failover;
-mod future;
+pub(crate) mod future;
 mod handle;
 pub(crate) mod keyed;
 mod layer;
 mod open;
-mod server;
-mod state;
+pub(crate) mod state;
 mod sync;
 mod window;
 
@@ -147,7 +146,6 @@ pub use self::handle::BreakerHandle;
 pub use self::keyed::{Authority, Key, KeyOf, PerHost, PerKey, Single};
 pub use self::layer::BreakerLayer;
 pub use self::open::OpenDuration;
-pub use self::server::{ServerBreaker, ServerBreakerFuture, ServerBreakerLayer};
 pub use self::state::{MAX_PROBES, Stats};
 
 use self::future::Guard;

@@ -21,7 +21,7 @@
 //! resolution of 1 ms). `Duration::MAX` never fires: tokio saturates it to its far future
 //! (about 30 years), without panicking.
 //!
-//! For a server, [`ServerTimeoutLayer`] answers `504 Gateway Timeout` (or a configured status)
+//! For a server, [`ServerTimeoutLayer`](crate::server::ServerTimeoutLayer) answers `504 Gateway Timeout` (or a configured status)
 //! when a handler takes too long, and stays `Infallible` for axum's `Router::layer`.
 //!
 //! # Connect and read timeouts
@@ -100,11 +100,9 @@ use crate::failure::BoxError;
 
 mod future;
 mod layer;
-mod server;
 
 pub use self::future::ResponseFuture;
 pub use self::layer::TimeoutLayer;
-pub use self::server::{ServerTimeout, ServerTimeoutFuture, ServerTimeoutLayer};
 
 /// The per-attempt timeout elapsed before the inner service answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

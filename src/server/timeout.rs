@@ -16,14 +16,14 @@ use tower_service::Service;
 ///
 /// The inner service must be infallible, and so is this one, so it works with axum's
 /// `Router::layer` (like tower-http's `TimeoutLayer`, whose default answer is 408). Put a
-/// [`ServerBreakerLayer`](crate::breaker::ServerBreakerLayer) outside it to answer 503 with
+/// [`ServerBreakerLayer`](crate::server::ServerBreakerLayer) outside it to answer 503 with
 /// `Retry-After` while the handlers keep timing out.
 ///
 /// ```
 /// use std::time::Duration;
 /// use axum::{Router, routing::get};
 /// use http::StatusCode;
-/// use tower_backstop::timeout::ServerTimeoutLayer;
+/// use tower_backstop::server::ServerTimeoutLayer;
 ///
 /// let app: Router = Router::new()
 ///     .route("/slow", get(|| async { "eventually" }))
@@ -118,7 +118,7 @@ where
 pin_project! {
     /// Response future of [`ServerTimeout`]: the handler raced against a timer stored inline.
     ///
-    /// Like [`ResponseFuture`](super::ResponseFuture), the timer starts at the handler's first
+    /// Like [`ResponseFuture`](crate::timeout::ResponseFuture), the timer starts at the handler's first
     /// `Pending`: a handler that answers at its first poll never touches the timer or the clock.
     #[derive(Debug)]
     pub struct ServerTimeoutFuture<F> {

@@ -10,10 +10,10 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::future::Guard;
-use super::handle::BreakerHandle;
-use super::layer::BreakerLayer;
-use super::state::{Outcome, Permit, Rejection, Shared};
+use crate::breaker::BreakerHandle;
+use crate::breaker::BreakerLayer;
+use crate::breaker::future::Guard;
+use crate::breaker::state::{Outcome, Permit, Rejection, Shared};
 use crate::classify::{GrpcClassifier, HttpClassifier};
 
 /// The server flavour of the breaker, for an axum (or any `http`) server protecting itself: the
@@ -21,7 +21,7 @@ use crate::classify::{GrpcClassifier, HttpClassifier};
 /// `503 Service Unavailable` with `Retry-After` at once instead of piling up work.
 ///
 /// Responses are classified by [`HttpClassifier`] (a 500 or a 504 from
-/// [`ServerTimeoutLayer`](crate::timeout::ServerTimeoutLayer) counts, a 404 does not). The
+/// [`ServerTimeoutLayer`](crate::server::ServerTimeoutLayer) counts, a 404 does not). The
 /// `Retry-After` value is the time left until half-open in whole seconds, rounded up (RFC 9110
 /// §10.2.3, delay-seconds); it is left out when the breaker was forced open. The inner service
 /// must be infallible, and so is this one, so it works with axum's `Router::layer`:
@@ -29,8 +29,9 @@ use crate::classify::{GrpcClassifier, HttpClassifier};
 /// ```
 /// use std::time::Duration;
 /// use axum::{Router, routing::get};
-/// use tower_backstop::breaker::{BreakerLayer, ServerBreakerLayer};
-/// use tower_backstop::timeout::ServerTimeoutLayer;
+/// use tower_backstop::breaker::BreakerLayer;
+/// use tower_backstop::server::ServerBreakerLayer;
+/// use tower_backstop::server::ServerTimeoutLayer;
 ///
 /// let breaker = ServerBreakerLayer::new(BreakerLayer::consecutive_failures(5));
 /// let app: Router = Router::new()
@@ -60,7 +61,7 @@ impl ServerBreakerLayer {
     /// The gRPC flavour, for `tonic::transport::Server::builder().layer(...)`: the breaker counts
     /// the handlers' trailers-only error statuses by [`GrpcClassifier::new`]'s mapping
     /// (`UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `UNKNOWN`, `INTERNAL`, `DEADLINE_EXCEEDED` from
-    /// [`ServerTimeoutLayer::grpc`](crate::timeout::ServerTimeoutLayer::grpc)…; a status sent in
+    /// [`ServerTimeoutLayer::grpc`](crate::server::ServerTimeoutLayer::grpc)…; a status sent in
     /// trailers after a message is not seen), and while it is open the server answers a
     /// trailers-only `UNAVAILABLE` at once, with `grpc-retry-pushback-ms` set to the time left
     /// until half-open (gRFC A6; left out when the breaker was forced open).
