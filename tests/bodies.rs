@@ -19,9 +19,7 @@ use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::request::BufferedBody;
-use tower_backstop::retry::{
-    Backoff, IdempotencyKeyLayer, ReplayBufferLayer, RetryLayer, RetryPolicy,
-};
+use tower_backstop::retry::{Backoff, ReplayBufferLayer, RetryLayer, RetryPolicy};
 use tower_backstop::{Class, Failure, GiveUp};
 
 /// What the server saw of one request: body, `Content-Length`, `Idempotency-Key`.
@@ -74,7 +72,12 @@ async fn post_of_one_kib_answered_500_then_200_is_replayed_byte_for_byte() {
     // A 500 does not prove the POST was not processed, so it is retried only with a key: the
     // key layer stamps one.
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyKeyLayer::new())
+        .layer(
+            tower_http::set_header::SetRequestHeaderLayer::if_not_present(
+                tower_backstop::request::IDEMPOTENCY_KEY.clone(),
+                |_: &http::Request<_>| Some(tower_backstop::request::new_idempotency_key()),
+            ),
+        )
         .layer(RetryLayer::new(policy()))
         .layer(ClassifyLayer::http())
         .service(client);

@@ -780,7 +780,12 @@ async fn payment_post_timing_out_is_retried_with_the_same_stamped_key() {
         }
     });
     let svc = ServiceBuilder::new()
-        .layer(tower_backstop::retry::IdempotencyKeyLayer::new())
+        .layer(
+            tower_http::set_header::SetRequestHeaderLayer::if_not_present(
+                tower_backstop::request::IDEMPOTENCY_KEY.clone(),
+                |_: &http::Request<_>| Some(tower_backstop::request::new_idempotency_key()),
+            ),
+        )
         .layer(RetryLayer::new(RetryPolicy::new().backoff(no_jitter(100))))
         .layer(ClassifyLayer::http())
         .layer(tower_backstop::timeout::TimeoutLayer::new(
@@ -915,7 +920,6 @@ async fn rate_limit_reset_and_grpc_pushback_are_server_hints() {
 #[tokio::test(start_paused = true)]
 async fn the_stamped_key_is_the_dead_letter_id_and_outcome_unknown_is_recorded() {
     use tower_backstop::dead_letter::DeadLetterLayer;
-    use tower_backstop::retry::IdempotencyKeyLayer;
     use tower_backstop::store::{MemoryStore, Store};
     use tower_backstop::timeout::TimeoutLayer;
 
@@ -924,7 +928,12 @@ async fn the_stamped_key_is_the_dead_letter_id_and_outcome_unknown_is_recorded()
     let store = MemoryStore::new();
     let upstream = Scripted::always(status(503));
     let svc = ServiceBuilder::new()
-        .layer(IdempotencyKeyLayer::new())
+        .layer(
+            tower_http::set_header::SetRequestHeaderLayer::if_not_present(
+                tower_backstop::request::IDEMPOTENCY_KEY.clone(),
+                |_: &http::Request<_>| Some(tower_backstop::request::new_idempotency_key()),
+            ),
+        )
         .layer(DeadLetterLayer::new(store.clone()))
         .layer(RetryLayer::new(RetryPolicy::new().backoff(no_jitter(10))))
         .layer(ClassifyLayer::http())

@@ -14,5 +14,5 @@ mod replay;
 pub use self::body::BufferedBody;
 pub(crate) use self::body::Collect;
 pub use self::describe::{Describe, Envelope, MessageId};
-pub use self::idempotency::IDEMPOTENCY_KEY;
+pub use self::idempotency::{IDEMPOTENCY_KEY, new_idempotency_key};
 pub use self::replay::Replay;

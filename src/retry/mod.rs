@@ -14,7 +14,8 @@
 //!    an `Idempotency-Key` are; others only after a failure that proves they were not processed
 //!    (408, 425, 429, 503, a refused connection, an open breaker). A timeout or reset after such a request
 //!    becomes [`Class::OUTCOME_UNKNOWN`](crate::Class::OUTCOME_UNKNOWN) and is not retried.
-//!    [`IdempotencyKeyLayer`] stamps a key once per logical request. A request whose body
+//!    [`new_idempotency_key`](crate::request::new_idempotency_key) with tower-http's
+//!    `SetRequestHeaderLayer` stamps a key once per logical request. A request whose body
 //!    cannot be copied ([`Replay`]) is never retried, and the failure says so.
 //! 3. How long to wait? The server's hint (`Retry-After`, RFC 9110 §10.2.3; gRFC A6's
 //!    `grpc-retry-pushback-ms`; `RateLimit-Reset` and `X-RateLimit-Reset`) when it gave one,
@@ -95,7 +96,6 @@ mod budget;
 mod buffer;
 mod dead_letters;
 mod future;
-mod idempotency;
 mod layer;
 mod policy;
 
@@ -104,7 +104,6 @@ pub use self::budget::{Budget, InvalidBudget};
 pub use self::buffer::{BodyReadError, ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 pub use self::dead_letters::{DeadLetterRetry, DeadLetterRetryLayer};
 pub use self::future::{DeadlineElapsed, ResponseFuture};
-pub use self::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 pub use self::layer::RetryLayer;
 pub use self::policy::{ClassPolicy, DelaySource, LongDelay, RetryEvent, RetryPolicy};
 
