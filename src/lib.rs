@@ -147,3 +147,8 @@ pub use self::request::{Describe, Envelope, MessageId, Replay};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+// So do the runbook's.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/operations.md")]
+struct OperationsDoctests;
