@@ -19,16 +19,6 @@ pub struct HttpClassifier {
     not_sent: Option<Arc<[StatusCode]>>,
 }
 
-/// The default [`HttpClassifier::not_sent_statuses`]: 408 Request Timeout (RFC 9110 §15.5.9),
-/// 425 Too Early (RFC 8470 §5.2), 429 Too Many Requests (RFC 6585 §4) and 503 Service
-/// Unavailable (RFC 9110 §15.6.4).
-const NOT_SENT_STATUSES: [StatusCode; 4] = [
-    StatusCode::REQUEST_TIMEOUT,
-    StatusCode::TOO_EARLY,
-    StatusCode::TOO_MANY_REQUESTS,
-    StatusCode::SERVICE_UNAVAILABLE,
-];
-
 /// A status and its class; `None` is success.
 type Override = (StatusCode, Option<Class>);
 
@@ -83,11 +73,11 @@ impl HttpClassifier {
     /// Whether a failure of `status` proves the request was not processed (see
     /// [`not_sent_statuses`](Self::not_sent_statuses)).
     pub fn sent_of(&self, status: StatusCode) -> Sent {
-        let statuses = self.not_sent.as_deref().unwrap_or(&NOT_SENT_STATUSES);
-        if statuses.contains(&status) {
-            Sent::No
-        } else {
-            Sent::Yes
+        match self.not_sent.as_deref() {
+            // The default list is the one every HTTP failure has (`Sent::of`).
+            None => Sent::of(Code::Http(status)),
+            Some(statuses) if statuses.contains(&status) => Sent::No,
+            Some(_) => Sent::Yes,
         }
     }
 
