@@ -37,13 +37,13 @@ use criterion::{Bencher, Criterion, criterion_group, criterion_main};
 use failsafe::futures::CircuitBreaker as _;
 use tokio::runtime::Runtime;
 use tower::{Layer, Service, ServiceBuilder};
-use tower_backstop::BoxError;
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::{ClassifyLayer, Verdict};
 use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::retry::{DeadLetterRetryLayer, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{RetryLayer, RetryPolicy};
 use tower_backstop::store::MemoryStore;
 use tower_backstop::timeout::TimeoutLayer;
+use tower_backstop::{BackstopLayer, BoxError};
 
 #[path = "../tests/support/counting.rs"]
 mod counting;
@@ -190,17 +190,13 @@ fn five_layers_of(
         .service(bare())
 }
 
-/// Our five layers, the dead-letter and retry layers built as one (one request copy).
+/// Our five layers as the preset builds them with a store: the dead-letter and retry layers
+/// share one request copy.
 fn five_layers_shared_copy() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
-    ServiceBuilder::new()
-        .layer(DeadLetterRetryLayer::new(
-            DeadLetterLayer::new(MemoryStore::new()),
-            RetryLayer::default(),
-        ))
-        .layer(BreakerLayer::new())
-        .layer(ClassifyLayer::new(all_ok::<Req>))
-        .layer(TimeoutLayer::new(TIMEOUT))
-        .service(bare())
+    BackstopLayer::new(all_ok::<Req>, TIMEOUT)
+        .breaker(BreakerLayer::new())
+        .dead_letters(DeadLetterLayer::new(MemoryStore::new()))
+        .layer(bare())
 }
 
 /// tower's retry around tower's timeout: the part of the stack tower has.

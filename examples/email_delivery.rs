@@ -74,12 +74,12 @@ use tokio::task::JoinSet;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, OpenDuration};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::DeadLetterLayer;
+use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::resend::{Scheduler, http_request};
-use tower_backstop::retry::{Backoff, DelaySource, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, Backoff, DelaySource, RetryLayer, RetryPolicy};
 use tower_backstop::store::{AlertRules, Record, SqliteStore, Stats, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
-use tower_backstop::{BoxError, Class, Code, DeadLetterStatus};
+use tower_backstop::{BoxError, Class, Code};
 use tracing_subscriber::EnvFilter;
 
 /// Messages in flight at once.
@@ -412,9 +412,17 @@ where
             response.status()
         ))),
         Err(failure) => {
-            let (class, code, attempts) = (failure.class(), failure.code(), failure.attempts());
-            match failure.dead_letter() {
-                Some(DeadLetterStatus::Stored { .. }) if failure.is_deferred() => {
+            let (class, code, attempts) = (
+                failure.class(),
+                failure.code(),
+                failure.note::<Attempts>().map_or(0, Attempts::count),
+            );
+            match failure.note::<DeadLetterStatus>() {
+                Some(DeadLetterStatus::Stored { .. })
+                    if failure
+                        .note::<Attempts>()
+                        .is_some_and(Attempts::is_deferred) =>
+                {
                     return outcome(Delivery::Deferred);
                 }
                 Some(DeadLetterStatus::Stored { .. }) => {}

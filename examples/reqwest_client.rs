@@ -13,13 +13,13 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::routing::post;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_backstop::Class;
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::DeadLetterLayer;
+use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
 use tower_backstop::store::{SqliteStore, Store};
 use tower_backstop::timeout::TimeoutLayer;
-use tower_backstop::{Class, DeadLetterStatus};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -91,7 +91,7 @@ async fn main() -> Result<(), Error> {
     };
     println!("msg-2: {failure}");
     if failure.class() != Class::PERMANENT
-        || !matches!(failure.dead_letter(), Some(DeadLetterStatus::Stored { id }) if id == "msg-2")
+        || !matches!(failure.note::<DeadLetterStatus>(), Some(DeadLetterStatus::Stored { id }) if id == "msg-2")
     {
         return Err("msg-2 should be a permanent failure stored as a dead letter".into());
     }

@@ -129,12 +129,14 @@ use tokio::task::JoinSet;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, OpenDuration, PerHost};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, Delivery, ReconcileLayer, Reconciled};
+use tower_backstop::dead_letter::{
+    DeadLetterLayer, DeadLetterStatus, Delivery, ReconcileLayer, Reconciled,
+};
 use tower_backstop::resend::{Scheduler, http_request};
-use tower_backstop::retry::{RetryEvent, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, RetryEvent, RetryLayer, RetryPolicy};
 use tower_backstop::store::{MemoryStore, Record, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
-use tower_backstop::{DeadLetterStatus, Envelope, Failure};
+use tower_backstop::{Envelope, Failure};
 
 type Req = http::Request<Full<Bytes>>;
 /// tower's stack's response: hyper-util's, as it comes.
@@ -547,8 +549,10 @@ where
             let error: BoxError = error.into();
             match error
                 .downcast_ref::<Failure<http::Response<B>>>()
-                .and_then(|f| f.dead_letter().map(|d| (d, f.is_deferred())))
-            {
+                .and_then(|f| {
+                    f.note::<DeadLetterStatus>()
+                        .map(|d| (d, f.note::<Attempts>().is_some_and(Attempts::is_deferred)))
+                }) {
                 Some((DeadLetterStatus::Stored { id }, deferred)) => (
                     if deferred {
                         End::Deferred

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::io;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::StatusCode;
 use sync_wrapper::SyncWrapper;
@@ -184,94 +184,134 @@ impl Sent {
     }
 }
 
-/// Why the retry layer stopped trying and handed the failure up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum GiveUp {
-    /// The failure's class is not retried by the policy (a permanent 4xx, poison).
-    NotRetryable,
-    /// The attempt cap of the failure's class was reached.
-    AttemptsExhausted,
-    /// The delay before the next attempt (a server hint such as `Retry-After`, the breaker's time
-    /// left until half-open, or the class's own schedule) is longer than the policy's maximum
-    /// in-process delay, and the policy is set to give up rather than defer
-    /// ([`LongDelay::GiveUp`](crate::retry::LongDelay::GiveUp)).
-    HintTooLong,
-    /// The delay before the next attempt is longer than the policy's maximum in-process delay, so
-    /// the request is deferred rather than slept: [`Failure::retry_at`] says when to send it
-    /// again ([`LongDelay::Defer`](crate::retry::LongDelay::Defer), the default). Unlike the
-    /// other reasons this is not the end of the request: a dead-letter store keeps it with that
-    /// retry-at time.
-    Deferred,
-    /// The retry budget (token bucket or ratio) had nothing left, so the failure was returned at
-    /// once instead of retried.
-    BudgetExhausted,
-    /// The overall deadline of the request ended the series of attempts: the next delay would
-    /// have ended after it, or it expired during an attempt. The failure is the last real one.
-    DeadlineExceeded,
-    /// The server said not to retry (`grpc-retry-pushback-ms` negative or unparseable, gRFC A6).
-    ServerSaidNo,
-    /// The request is not idempotent (RFC 9110 §9.2.2) and carries no `Idempotency-Key`, so
-    /// sending it again could repeat its effect.
-    NotIdempotent,
-    /// The request could not be copied for another attempt (for example a streaming body).
-    NotReplayable,
-    /// The inner service failed while the retry layer waited for it to become ready.
-    NotReady,
+/// What a layer says about its own work on a failure: a typed value kept in the failure's
+/// [`Notes`], found again by its type.
+///
+/// The crate's layers attach theirs: the retry layer's
+/// [`Attempts`](crate::retry::Attempts) (how many attempts, why it stopped, when to send again),
+/// the dead-letter layer's [`DeadLetterStatus`](crate::dead_letter::DeadLetterStatus) (the
+/// record's id, or why it could not be written). A layer of your own can attach its own in the
+/// same way, like a value in `http::Extensions`:
+///
+/// ```
+/// use tower_backstop::{Class, Code, Failure, Note};
+///
+/// #[derive(Debug, PartialEq)]
+/// struct Region(&'static str);
+/// impl Note for Region {}
+///
+/// let failure: Failure = Failure::new(Class::TRANSIENT, Code::Error).with_note(Region("eu-1"));
+/// assert_eq!(failure.note::<Region>(), Some(&Region("eu-1")));
+/// ```
+///
+/// The provided methods say how the note shows in the failure's `Display`, which reads
+/// `{class} failure ({code})`, then each note's [`fmt_outcome`](Note::fmt_outcome), the
+/// server's hint, `: {source}`, and each note's [`fmt_trailer`](Note::fmt_trailer). By default
+/// a note writes nothing, and is not kept when a failure is found again inside a boxed error
+/// ([`duplicate`](Note::duplicate)).
+pub trait Note: std::any::Any + fmt::Debug + Send + Sync {
+    /// Text written right after the failure's code, before the server's hint: the retry
+    /// layer's ` after 4 attempts, attempts exhausted`. `notes` are all of the failure's notes.
+    fn fmt_outcome(&self, notes: &Notes, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let _ = (notes, f);
+        Ok(())
+    }
+
+    /// Text written at the end, after the source: the dead-letter layer's
+    /// `; dead letter stored as msg-1`. `notes` are all of the failure's notes.
+    fn fmt_trailer(&self, notes: &Notes, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let _ = (notes, f);
+        Ok(())
+    }
+
+    /// A copy of this note for a failure found again deep in a [`BoxError`]'s source chain
+    /// (behind a foreign layer that wrapped it), which then keeps the class, code, hint and the
+    /// notes that copy themselves. `None`, the default, leaves the note behind.
+    fn duplicate(&self) -> Option<Box<dyn Note>> {
+        None
+    }
 }
 
-impl GiveUp {
-    /// A short lower-case description, as used in `Display`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            GiveUp::NotRetryable => "class not retried",
-            GiveUp::AttemptsExhausted => "attempts exhausted",
-            GiveUp::HintTooLong => "delay above the maximum in-process delay",
-            GiveUp::Deferred => "deferred",
-            GiveUp::BudgetExhausted => "retry budget exhausted",
-            GiveUp::DeadlineExceeded => "deadline exceeded",
-            GiveUp::ServerSaidNo => "server said not to retry",
-            GiveUp::NotIdempotent => "request not idempotent and has no idempotency key",
-            GiveUp::NotReplayable => "request cannot be replayed",
-            GiveUp::NotReady => "service failed while becoming ready",
+/// The [`Note`]s a [`Failure`] carries, at most one of each type: a small map from type to
+/// value, like `http::Extensions`.
+#[derive(Default)]
+pub struct Notes {
+    entries: Vec<Box<dyn Note>>,
+}
+
+/// Notes of a failure that has none.
+static NO_NOTES: Notes = Notes {
+    entries: Vec::new(),
+};
+
+impl Notes {
+    fn position<T: Note>(&self) -> Option<usize> {
+        self.entries
+            .iter()
+            .position(|note| <dyn std::any::Any>::is::<T>(&**note))
+    }
+
+    /// The note of type `T`, if there is one.
+    pub fn get<T: Note>(&self) -> Option<&T> {
+        self.entries
+            .iter()
+            .find_map(|note| <dyn std::any::Any>::downcast_ref::<T>(&**note))
+    }
+
+    /// The note of type `T`, mutably, if there is one.
+    pub fn get_mut<T: Note>(&mut self) -> Option<&mut T> {
+        self.entries
+            .iter_mut()
+            .find_map(|note| <dyn std::any::Any>::downcast_mut::<T>(&mut **note))
+    }
+
+    /// Adds `note`, returning the note of the same type it replaces, if any.
+    pub fn insert<T: Note>(&mut self, note: T) -> Option<T> {
+        let old = self.remove::<T>();
+        self.entries.push(Box::new(note));
+        old
+    }
+
+    /// Takes the note of type `T` out, if there is one.
+    pub fn remove<T: Note>(&mut self) -> Option<T> {
+        let at = self.position::<T>()?;
+        let note: Box<dyn std::any::Any> = self.entries.remove(at);
+        note.downcast::<T>().ok().map(|note| *note)
+    }
+
+    /// Whether there are no notes.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The number of notes.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn duplicates(&self) -> Notes {
+        Notes {
+            entries: self.entries.iter().filter_map(|n| n.duplicate()).collect(),
         }
     }
 }
 
-impl fmt::Display for GiveUp {
+impl fmt::Debug for Notes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.debug_list().entries(&self.entries).finish()
     }
-}
-
-/// What became of a failure at the dead-letter layer.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum DeadLetterStatus {
-    /// The record was written; `id` finds it in the store.
-    Stored {
-        /// The record's id (the idempotency key, or a generated message id).
-        id: String,
-    },
-    /// The record could not be written. The failure that caused it is still the one returned.
-    NotStored {
-        /// The id the record would have had.
-        id: String,
-        /// Why the store refused it: the store's error (a
-        /// [`StoreError`](crate::store::StoreError) from this crate's stores; reach it
-        /// with `error.downcast_ref::<StoreError>()`). Boxed so that the shared failure types
-        /// know no layer.
-        error: BoxError,
-    },
 }
 
 /// A classified failure: the error type of every layer above
 /// [`ClassifyLayer`](crate::classify::ClassifyLayer).
 ///
-/// It carries the [`Class`], the original [`Code`], any delay hint from the server, and, when the
-/// failure was a response (a 503, a 429), that response, so that the caller can still have it after
-/// the last attempt ([`Failure::into_response`]). The retry layer adds the number of attempts and
-/// why it gave up; the dead-letter layer adds whether the record was stored.
+/// It carries the [`Class`], the original [`Code`], any delay hint from the server, whether the
+/// request was [`Sent`], the source error and, when the failure was a response (a 503, a 429),
+/// that response, so that the caller can still have it after the last attempt
+/// ([`Failure::into_response`]). What a layer says about its own work is a typed [`Note`]: the
+/// retry layer's [`Attempts`](crate::retry::Attempts), the dead-letter layer's
+/// [`DeadLetterStatus`](crate::dead_letter::DeadLetterStatus), read with
+/// [`note`](Failure::note).
 ///
 /// `R` is the response type of the service. A `Failure<R>` converts from a [`BoxError`]
 /// (classified by [`classify_error`](crate::classify::classify_error)), so layers work with plain
@@ -281,10 +321,9 @@ pub enum DeadLetterStatus {
 /// `Timeout`). Converting such a `BoxError` back (`Failure::from`) finds the failure again
 /// instead of classifying it anew: class, code, hint and response are kept.
 ///
-/// A `Failure` is one pointer. Its class, code and hint live in one small allocation, made when
-/// the failure is created (on the failure path only: a success allocates nothing); a response,
-/// a source error or the retry and dead-letter notes take a second one, created when first
-/// needed. An open breaker's rejection ([`OpenError`]) takes only the first.
+/// A `Failure` is one pointer. Its class, code, hint and source live in one small allocation,
+/// made when the failure is created (on the failure path only: a success allocates nothing); a
+/// response or notes take a second one, created when first needed.
 ///
 /// Being one word keeps `Result<R, Failure<R>>`, which every layer moves on the success path
 /// too, at most a word larger than `R` (16 bytes for a `&str` response).
@@ -298,92 +337,47 @@ struct Core<R> {
     code: Code,
     retry_after: Option<Duration>,
     sent: Sent,
-    attempts: u32,
-    give_up: Option<GiveUp>,
     no_retry: bool,
-    /// An open breaker's rejection, kept here rather than as a boxed source in `extra`: its
-    /// [`Error::source`](std::error::Error::source).
-    open: Option<OpenError>,
+    source: Option<Source>,
     extra: Option<Box<Extra<R>>>,
 }
 
-/// The source of an open breaker's rejection ([`Class::CIRCUIT_OPEN`],
-/// [`Code::CircuitOpen`]): which breaker, and when it half-opens. Re-exported as
-/// [`breaker::OpenError`](crate::breaker::OpenError).
-///
-/// Its `Display` reads `breaker "api.mail.test:443" is open; half-opens in 2.5s`, the time
-/// rounded up to the millisecond (or `is forced open` when an operator opened it and no time is
-/// known). It is the message a dead-letter record keeps.
-#[derive(Clone, Debug)]
-pub struct OpenError {
-    breaker: Arc<str>,
-    half_opens_in: Option<Duration>,
+/// The source error: owned, or shared with other failures (an open breaker's rejection names
+/// its breaker with one shared error, so that a rejection allocates only the failure's box).
+enum Source {
+    Owned(BoxError),
+    /// Shared, and said with the failure's hint: for [`Code::CircuitOpen`], `; half-opens in`.
+    Shared(Arc<dyn std::error::Error + Send + Sync>),
 }
 
-impl OpenError {
-    pub(crate) fn new(breaker: Arc<str>, half_opens_in: Option<Duration>) -> Self {
-        OpenError {
-            breaker,
-            half_opens_in,
-        }
-    }
-
-    /// The breaker's name ([`Builder::name`](crate::breaker::Builder::name); a keyed breaker's
-    /// key).
-    pub fn breaker(&self) -> &str {
-        &self.breaker
-    }
-
-    /// The time left until the breaker half-opens, as of the rejection; `None` when forced open.
-    pub fn half_opens_in(&self) -> Option<Duration> {
-        self.half_opens_in
-    }
-}
-
-impl fmt::Display for OpenError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.half_opens_in {
-            Some(left) => write!(
-                f,
-                "breaker {:?} is open; half-opens in {:?}",
-                &*self.breaker,
-                millis_up(left)
-            ),
-            None => write!(f, "breaker {:?} is forced open", &*self.breaker),
+impl Source {
+    fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        match self {
+            Source::Owned(e) => &**e,
+            Source::Shared(e) => &**e,
         }
     }
 }
-
-impl std::error::Error for OpenError {}
 
 struct Extra<R> {
     // `SyncWrapper`: the response is only reached by `&mut` or by value, so a failure is `Sync`
     // even when the response is not (tonic's body, reqwest's), and it fits in a `BoxError`.
     response: Option<SyncWrapper<R>>,
-    source: Option<BoxError>,
-    first_failed_at: Option<SystemTime>,
-    retry_at: Option<SystemTime>,
-    dead_letter: Option<DeadLetterStatus>,
-    /// An unsent copy of the request, handed up by the retry layer to the dead-letter layer
-    /// (one request copy per call). A `Mutex<Q>`, so that `Failure` stays `Sync`.
-    request: Option<Box<dyn std::any::Any + Send + Sync>>,
+    notes: Notes,
 }
 
 impl<R> Default for Extra<R> {
     fn default() -> Self {
         Extra {
             response: None,
-            source: None,
-            first_failed_at: None,
-            retry_at: None,
-            dead_letter: None,
-            request: None,
+            notes: Notes::default(),
         }
     }
 }
 
 impl<R> Failure<R> {
-    /// A failure of `class` with the original `code`, no hint, no response and no source.
+    /// A failure of `class` with the original `code`, no hint, no response, no source and no
+    /// notes; [`sent`](Self::sent) is [`Sent::of`] the code.
     pub fn new(class: Class, code: Code) -> Self {
         Failure {
             core: Box::new(Core {
@@ -391,10 +385,8 @@ impl<R> Failure<R> {
                 code,
                 retry_after: None,
                 sent: Sent::of(code),
-                attempts: 0,
-                give_up: None,
                 no_retry: false,
-                open: None,
+                source: None,
                 extra: None,
             }),
         }
@@ -412,7 +404,8 @@ impl<R> Failure<R> {
     }
 
     /// Marks the failure as one the server asked not to retry (a negative or unparseable
-    /// `grpc-retry-pushback-ms`, gRFC A6). The retry layer stops with [`GiveUp::ServerSaidNo`].
+    /// `grpc-retry-pushback-ms`, gRFC A6). The retry layer stops with
+    /// [`GiveUp::ServerSaidNo`](crate::retry::GiveUp::ServerSaidNo).
     pub fn with_no_retry(mut self) -> Self {
         self.core.no_retry = true;
         self
@@ -443,18 +436,22 @@ impl<R> Failure<R> {
         self
     }
 
-    /// Keeps the error that was classified as this failure; it becomes [`Error::source`].
+    /// Keeps the error that was classified as this failure; it becomes [`Error::source`],
+    /// replacing any earlier one.
     ///
     /// [`Error::source`]: std::error::Error::source
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
-        self.core.open = None;
-        self.extra_mut().source = Some(source.into());
+        self.core.source = Some(Source::Owned(source.into()));
         self
     }
 
-    /// The failure an open breaker answers with: its source is `open`.
-    pub(crate) fn with_open(mut self, open: OpenError) -> Self {
-        self.core.open = Some(open);
+    /// Like [`with_source`](Self::with_source), for an error shared by many failures (a
+    /// counted reference, no allocation).
+    pub(crate) fn with_shared_source(
+        mut self,
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    ) -> Self {
+        self.core.source = Some(Source::Shared(source));
         self
     }
 
@@ -480,40 +477,29 @@ impl<R> Failure<R> {
         self.core.retry_after
     }
 
-    /// The number of attempts made for this request, the first call included. Zero when no
-    /// [`RetryLayer`](crate::retry::RetryLayer) counted them.
-    pub fn attempts(&self) -> u32 {
-        self.core.attempts
+    /// The failure's notes: what the layers it passed said about their own work.
+    pub fn notes(&self) -> &Notes {
+        self.core.extra.as_ref().map_or(&NO_NOTES, |e| &e.notes)
     }
 
-    /// Why the retry layer stopped, when it did.
-    pub fn give_up(&self) -> Option<GiveUp> {
-        self.core.give_up
+    /// The failure's notes, mutably, for a layer to add its own.
+    pub fn notes_mut(&mut self) -> &mut Notes {
+        &mut self.extra_mut().notes
     }
 
-    /// When the first attempt of this request failed, as recorded by the retry layer.
-    pub fn first_failed_at(&self) -> Option<SystemTime> {
-        self.core.extra.as_ref().and_then(|e| e.first_failed_at)
+    /// The note of type `T`, if a layer attached one: `failure.note::<Attempts>()`.
+    pub fn note<T: Note>(&self) -> Option<&T> {
+        self.notes().get::<T>()
     }
 
-    /// When the request should be sent again, for a failure the retry layer deferred
-    /// ([`GiveUp::Deferred`]): an absolute time, rounded up to the next whole millisecond and never
-    /// before the instant the server named (`Retry-After`, RFC 9110 §10.2.3). `None` for any
-    /// other failure.
-    ///
-    /// A dead-letter layer stores the record with this retry-at time, so that a scheduler sends
-    /// it again then.
-    pub fn retry_at(&self) -> Option<SystemTime> {
-        self.core.extra.as_ref().and_then(|e| e.retry_at)
-    }
-
-    /// Whether the retry layer deferred this failure rather than giving up on it.
-    pub fn is_deferred(&self) -> bool {
-        self.core.give_up == Some(GiveUp::Deferred)
+    /// The same failure with `note` attached (replacing a note of the same type).
+    pub fn with_note<T: Note>(mut self, note: T) -> Self {
+        self.notes_mut().insert(note);
+        self
     }
 
     /// The same failure with its response (if any) mapped by `f`; for example `|_| ()` to drop a
-    /// response that is not `Sync` before boxing the failure.
+    /// response that is not `Sync` before boxing the failure. Everything else is kept.
     pub fn map_response<T>(self, f: impl FnOnce(R) -> T) -> Failure<T> {
         let core = *self.core;
         Failure {
@@ -522,18 +508,12 @@ impl<R> Failure<R> {
                 code: core.code,
                 retry_after: core.retry_after,
                 sent: core.sent,
-                attempts: core.attempts,
-                give_up: core.give_up,
                 no_retry: core.no_retry,
-                open: core.open,
+                source: core.source,
                 extra: core.extra.map(|e| {
                     Box::new(Extra {
                         response: e.response.map(|r| SyncWrapper::new(f(r.into_inner()))),
-                        source: e.source,
-                        first_failed_at: e.first_failed_at,
-                        retry_at: e.retry_at,
-                        dead_letter: e.dead_letter,
-                        request: e.request,
+                        notes: e.notes,
                     })
                 }),
             }),
@@ -568,89 +548,50 @@ impl<R> Failure<R> {
             .map(SyncWrapper::into_inner)
     }
 
-    /// A failure of another response type with the same class, code, hint and notes, and no
-    /// response and no source: what an outer layer keeps of a failure it only sees by reference
-    /// (deep in a `BoxError`'s source chain).
+    /// A failure of another response type with the same class, code, hint and the notes that
+    /// copy themselves, and no response and no source: what an outer layer keeps of a failure it
+    /// only sees by reference (deep in a `BoxError`'s source chain).
     fn summary<T>(&self) -> Failure<T> {
         let mut copy = Failure::new(self.core.class, self.code());
         copy.core.retry_after = self.core.retry_after;
         copy.core.sent = self.core.sent;
-        copy.core.attempts = self.core.attempts;
-        copy.core.give_up = self.core.give_up;
         copy.core.no_retry = self.core.no_retry;
-        if let Some(extra) = &self.core.extra {
-            let notes = copy.extra_mut();
-            notes.first_failed_at = extra.first_failed_at;
-            notes.retry_at = extra.retry_at;
+        let notes = self.notes().duplicates();
+        if !notes.is_empty() {
+            copy.extra_mut().notes = notes;
         }
         copy
     }
 
-    /// What the dead-letter layer did with this failure, when one saw it.
-    pub fn dead_letter(&self) -> Option<&DeadLetterStatus> {
-        self.core
-            .extra
-            .as_ref()
-            .and_then(|e| e.dead_letter.as_ref())
-    }
-
-    /// Whether a dead-letter layer tried to store this failure and could not.
-    pub fn dead_letter_failed(&self) -> bool {
-        matches!(self.dead_letter(), Some(DeadLetterStatus::NotStored { .. }))
-    }
-
     fn source_ref(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
-        match &self.core.open {
-            Some(open) => Some(open),
-            None => self.core.extra.as_ref().and_then(|e| e.source.as_deref()),
-        }
+        self.core.source.as_ref().map(Source::get)
     }
 
-    pub(crate) fn note_attempts(
-        &mut self,
-        attempts: u32,
-        first_failed_at: Option<SystemTime>,
-        give_up: GiveUp,
-    ) {
-        self.core.attempts = attempts;
-        self.core.give_up = Some(give_up);
-        if first_failed_at.is_some() {
-            self.extra_mut().first_failed_at = first_failed_at;
-        }
-    }
-
-    pub(crate) fn note_retry_at(&mut self, at: SystemTime) {
-        self.extra_mut().retry_at = Some(at);
-    }
-
-    /// Keeps an unsent copy of the request on the failure, for the dead-letter layer above.
-    pub(crate) fn note_request<Q: Send + 'static>(&mut self, request: Q) {
-        self.extra_mut().request = Some(Box::new(std::sync::Mutex::new(request)));
-    }
-
-    /// Takes the copy [`note_request`](Self::note_request) kept, if it is a `Q`.
-    pub(crate) fn take_request<Q: Send + 'static>(&mut self) -> Option<Q> {
-        let extra = self.core.extra.as_mut()?;
-        match extra.request.take()?.downcast::<std::sync::Mutex<Q>>() {
-            Ok(request) => Some(request.into_inner().unwrap_or_else(|e| e.into_inner())),
-            Err(other) => {
-                extra.request = Some(other);
-                None
+    /// Writes the source, and after a shared one the time left of an open breaker.
+    fn write_source(&self, f: &mut impl fmt::Write) -> fmt::Result {
+        let Some(source) = &self.core.source else {
+            return Ok(());
+        };
+        write!(f, "{}", source.get())?;
+        match (source, self.core.code, self.core.retry_after) {
+            (Source::Shared(_), Code::CircuitOpen, Some(left)) => {
+                write!(f, "; half-opens in {:?}", millis_up(left))
             }
+            _ => Ok(()),
         }
     }
 
-    pub(crate) fn note_dead_letter(&mut self, status: DeadLetterStatus) {
-        self.extra_mut().dead_letter = Some(status);
-    }
-
-    /// The message a dead-letter record keeps: the `Display` of the source error if there is one,
-    /// else the class and code.
+    /// The message a dead-letter record keeps: the `Display` of the source error if there is one
+    /// (for an open breaker, with the time left until half-open), else the class and code.
     pub fn message(&self) -> String {
-        match self.source_ref() {
-            Some(source) => source.to_string(),
-            None => format!("{} ({})", self.core.class, self.code()),
+        let mut message = String::new();
+        match self.core.source {
+            Some(_) => {
+                let _ = self.write_source(&mut message);
+            }
+            None => message = format!("{} ({})", self.core.class, self.code()),
         }
+        message
     }
 }
 
@@ -658,8 +599,9 @@ impl<R: 'static> Failure<R> {
     /// The failure a [`BoxError`] already carries, if any: a `Failure<R>` boxed by a foreign layer
     /// (tower's `Buffer`, `LoadShed`, `Timeout`) comes back whole, response included; a `Failure`
     /// found deeper in the source chain, or a `Failure<()>` (a response dropped with
-    /// [`map_response`](Self::map_response)), keeps its class, code, hint and notes, with the
-    /// error as its source. `Err` gives back an error that was never classified.
+    /// [`map_response`](Self::map_response)), keeps its class, code, hint and the notes that copy
+    /// themselves, with the error as its source. `Err` gives back an error that was never
+    /// classified.
     pub(crate) fn recover(error: BoxError) -> Result<Self, BoxError> {
         let error = match error.downcast::<Failure<R>>() {
             Ok(failure) => return Ok(*failure),
@@ -692,17 +634,13 @@ impl<R> fmt::Debug for Failure<R> {
             .field("code", &self.code())
             .field("retry_after", &self.retry_after())
             .field("sent", &self.core.sent)
-            .field("attempts", &self.core.attempts)
-            .field("give_up", &self.core.give_up)
             .field("no_retry", &self.core.no_retry);
-        // One `source`: the open breaker's, else the one given.
         if let Some(source) = self.source_ref() {
             d.field("source", &source);
         }
         if let Some(extra) = &self.core.extra {
             d.field("has_response", &extra.response.is_some())
-                .field("retry_at", &extra.retry_at)
-                .field("dead_letter", &extra.dead_letter);
+                .field("notes", &extra.notes);
         }
         d.finish()
     }
@@ -723,42 +661,25 @@ pub(crate) fn millis_up(delay: Duration) -> Duration {
 impl<R> fmt::Display for Failure<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} failure ({})", self.core.class, self.code())?;
-        if self.core.attempts > 0 {
-            write!(f, " after {} attempt", self.core.attempts)?;
-            if self.core.attempts > 1 {
-                f.write_str("s")?;
-            }
-        }
-        if let Some(reason) = self.core.give_up {
-            write!(f, ", {reason}")?;
-        }
-        if let Some(at) = self.retry_at() {
-            write!(f, " until {}", httpdate::fmt_http_date(at))?;
+        let notes = self.notes();
+        for note in &notes.entries {
+            note.fmt_outcome(notes, f)?;
         }
         match (self.retry_after(), self.core.code) {
-            // Our own breaker's time left: its source (naming the breaker) says it, if any.
-            (Some(_), Code::CircuitOpen) if self.source_ref().is_some() => {}
+            // Our own breaker's time left: written with its source (naming the breaker), if any.
+            (Some(_), Code::CircuitOpen) if self.core.source.is_some() => {}
             (Some(delay), Code::CircuitOpen) => {
                 write!(f, ", half-opens in {:?}", millis_up(delay))?
             }
             (Some(delay), _) => write!(f, ", server asked to retry after {:?}", millis_up(delay))?,
             (None, _) => {}
         }
-        if let Some(source) = self.source_ref() {
-            write!(f, ": {source}")?;
+        if self.core.source.is_some() {
+            f.write_str(": ")?;
+            self.write_source(f)?;
         }
-        if let Some(extra) = &self.core.extra {
-            match &extra.dead_letter {
-                // A deferred request is kept for the scheduler's re-send, not given up on.
-                Some(DeadLetterStatus::Stored { id }) if self.is_deferred() => {
-                    write!(f, "; stored as {id} for a re-send when due")?
-                }
-                Some(DeadLetterStatus::Stored { id }) => write!(f, "; dead letter stored as {id}")?,
-                Some(DeadLetterStatus::NotStored { id, error }) => {
-                    write!(f, "; dead letter {id} could not be written: {error}")?
-                }
-                None => {}
-            }
+        for note in &notes.entries {
+            note.fmt_trailer(notes, f)?;
         }
         Ok(())
     }
@@ -783,43 +704,6 @@ mod tests {
         // response's own niche (here the `&str`'s pointer) tells the failure apart, or the box's.
         assert_eq!(std::mem::size_of::<Result<&str, Failure<&str>>>(), 16);
         assert_eq!(std::mem::size_of::<Result<(), Failure<()>>>(), 8);
-    }
-
-    #[test]
-    fn an_open_breakers_failure_has_its_open_error_as_source() {
-        let open = OpenError::new(
-            Arc::from("api.mail.test:443"),
-            Some(Duration::from_millis(2500)),
-        );
-        let f = Failure::<u8>::new(Class::CIRCUIT_OPEN, Code::CircuitOpen)
-            .with_open(open)
-            .with_retry_after(Duration::from_millis(2500));
-        let source = std::error::Error::source(&f).expect("a source");
-        let open = source.downcast_ref::<OpenError>().expect("the OpenError");
-        assert_eq!(open.breaker(), "api.mail.test:443");
-        assert_eq!(open.half_opens_in(), Some(Duration::from_millis(2500)));
-        let message = r#"breaker "api.mail.test:443" is open; half-opens in 2.5s"#;
-        assert_eq!(f.message(), message);
-        assert!(f.to_string().ends_with(message), "{f}");
-        assert!(format!("{f:?}").contains("api.mail.test:443"), "{f:?}");
-        // With the retry layer's notes too, `Debug` still names one source.
-        let mut noted = Failure::<u8>::new(Class::CIRCUIT_OPEN, Code::CircuitOpen)
-            .with_open(OpenError::new(Arc::from("api.mail.test:443"), None));
-        noted.note_attempts(0, Some(SystemTime::now()), GiveUp::Deferred);
-        let debug = format!("{noted:?}");
-        assert_eq!(debug.matches("source:").count(), 1, "{debug}");
-        assert!(debug.contains("api.mail.test:443"), "{debug}");
-        // Kept when the response type changes; replaced by a later source.
-        let f = f.map_response(|_| ());
-        assert_eq!(f.message(), message);
-        let f = f.with_source("another cause");
-        assert_eq!(f.message(), "another cause");
-        assert!(
-            std::error::Error::source(&f)
-                .unwrap()
-                .downcast_ref::<OpenError>()
-                .is_none()
-        );
     }
 
     #[test]
@@ -877,18 +761,55 @@ mod tests {
     }
 
     #[test]
-    fn display_is_lower_case_and_complete() {
-        let mut f: Failure = Failure::new(
-            Class::TRANSIENT,
-            Code::Http(StatusCode::SERVICE_UNAVAILABLE),
-        )
-        .with_retry_after(Duration::from_secs(3));
-        f.note_attempts(4, None, GiveUp::AttemptsExhausted);
-        let s = f.to_string();
+    fn notes_are_found_by_type_replaced_and_removed() {
+        #[derive(Debug, PartialEq)]
+        struct A(u8);
+        impl Note for A {}
+        #[derive(Debug, PartialEq)]
+        struct B(&'static str);
+        impl Note for B {
+            fn fmt_outcome(&self, _: &Notes, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, " [{}]", self.0)
+            }
+            fn fmt_trailer(&self, notes: &Notes, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "; with {} notes", notes.len())
+            }
+            fn duplicate(&self) -> Option<Box<dyn Note>> {
+                Some(Box::new(B(self.0)))
+            }
+        }
+        let mut f: Failure<u8> = Failure::new(Class::TRANSIENT, Code::Timeout);
+        assert!(f.notes().is_empty());
+        assert_eq!(f.note::<A>(), None);
+        assert_eq!(f.notes_mut().insert(A(1)), None);
+        assert_eq!(f.notes_mut().insert(A(2)), Some(A(1)), "one per type");
+        let mut f = f.with_note(B("edge")).map_response(|n| n);
+        assert_eq!(f.note::<A>(), Some(&A(2)));
+        f.notes_mut().get_mut::<A>().unwrap().0 = 3;
+        assert_eq!(f.notes().len(), 2);
         assert_eq!(
-            s,
-            "transient failure (http 503) after 4 attempts, attempts exhausted, server asked to retry after 3s"
+            f.to_string(),
+            "transient failure (timeout) [edge]; with 2 notes"
         );
+        // Through a foreign layer's box, only the notes that copy themselves are kept.
+        #[derive(Debug)]
+        struct Wrapped(Failure<u8>);
+        impl fmt::Display for Wrapped {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("wrapped")
+            }
+        }
+        impl std::error::Error for Wrapped {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let found = Failure::<u8>::recover(Box::new(Wrapped(f))).unwrap();
+        assert_eq!(found.note::<B>(), Some(&B("edge")));
+        assert_eq!(found.note::<A>(), None);
+        let mut found = found;
+        assert_eq!(found.notes_mut().remove::<B>(), Some(B("edge")));
+        assert!(found.notes().is_empty());
     }
 
     #[test]

@@ -53,8 +53,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! By hand, outermost first: [`DeadLetterLayer`](dead_letter::DeadLetterLayer) (or
-//! [`DeadLetterRetryLayer`](retry::DeadLetterRetryLayer) for both it and the retry layer),
+//! By hand, outermost first: [`DeadLetterLayer`](dead_letter::DeadLetterLayer),
 //! [`RetryLayer`](retry::RetryLayer), [`BreakerLayer`](breaker::BreakerLayer) (one breaker per
 //! host with [`per_host`](breaker::BreakerLayer::per_host), or one for all),
 //! [`ClassifyLayer`](classify::ClassifyLayer),
@@ -90,7 +89,7 @@
 //!
 //! With the `reqwest` feature the stack wraps a `reqwest::Client` unchanged: a `reqwest::Request`
 //! is [`Replay`] (by `try_clone`; a streaming body is sent once and its failure says
-//! [`GiveUp::NotReplayable`]; safe to resend: an idempotent method or an `Idempotency-Key`) and
+//! [`GiveUp::NotReplayable`](retry::GiveUp::NotReplayable); safe to resend: an idempotent method or an `Idempotency-Key`) and
 //! [`Describe`] (method, URL, `Content-Type`, key and body bytes);
 //! [`HttpClassifier`](classify::HttpClassifier) classifies a `reqwest::Response` by status and
 //! hint headers as it does an `http::Response`; a `reqwest::Error` that is a timeout is
@@ -134,7 +133,7 @@ pub mod store;
 pub mod timeout;
 
 pub use self::clock::Clock;
-pub use self::failure::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp, Sent};
+pub use self::failure::{BoxError, Class, Code, Failure, Note, Notes, Sent};
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use self::integration::tonic::{

@@ -21,8 +21,11 @@ const DEAD_LETTER: &str = "tower_backstop::dead_letter::DeadLetter<";
 const RETRY: &str = "tower_backstop::retry::Retry<";
 const BREAKER: &str = "tower_backstop::breaker::Breaker<";
 const CLASSIFY: &str = "tower_backstop::classify::Classify<";
-/// `DeadLetterRetryLayer`'s service: a dead-letter layer and a retry layer in one.
-const DEAD_LETTER_RETRY: &str = "tower_backstop::retry::dead_letters::DeadLetterRetry<";
+/// The preset's dead-letter and retry layers in one service.
+const DEAD_LETTER_RETRY: &str = "tower_backstop::dead_letter::with_retry::DeadLetterRetry<";
+/// The preset's service: the retry, breaker, classify and timeout layers, and maybe a
+/// dead-letter layer (its type does not say).
+const PRESET: &str = "tower_backstop::preset::Backstop<";
 
 /// Clients whose responses need a classifier to become failures (a 503 is an `Ok` response).
 const CLIENTS: [&str; 3] = [
@@ -34,9 +37,10 @@ const CLIENTS: [&str; 3] = [
 /// What is wrong with placing `role` directly above a service of type `inner`, if anything.
 pub(crate) fn problem(role: Role, inner: &str) -> Option<&'static str> {
     let below = |layer: &str| inner.contains(layer);
-    let client_without_classifier = CLIENTS.iter().any(|client| below(client)) && !below(CLASSIFY);
-    let retry_below = below(RETRY) || below(DEAD_LETTER_RETRY);
-    let breaker_below = below(BREAKER);
+    let client_without_classifier =
+        CLIENTS.iter().any(|client| below(client)) && !below(CLASSIFY) && !below(PRESET);
+    let retry_below = below(RETRY) || below(DEAD_LETTER_RETRY) || below(PRESET);
+    let breaker_below = below(BREAKER) || below(PRESET);
     let dead_letter_below = below(DEAD_LETTER) || below(DEAD_LETTER_RETRY);
     match role {
         Role::Classify if retry_below || breaker_below || dead_letter_below => Some(
@@ -118,6 +122,15 @@ mod tests {
                 .starts_with("no ClassifyLayer")
         );
         assert!(problem(Role::DeadLetter, "reqwest::async_impl::client::Client").is_some());
+        // The preset's service classifies, retries and breaks: a scheduler over it is quiet, a
+        // classifier above it is not.
+        let preset = format!(
+            "{PRESET}hyper_util::client::legacy::client::Client<C, B>, \
+             tower_backstop::classify::http::HttpClassifier>"
+        );
+        assert_eq!(problem(Role::Resend, &preset), None);
+        assert_eq!(problem(Role::DeadLetter, &preset), None);
+        assert!(problem(Role::Classify, &preset).is_some());
 
         // The combined dead-letter and retry layer, and the keyed breaker, are seen too.
         let keyed = format!(

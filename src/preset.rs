@@ -1,15 +1,21 @@
 //! [`BackstopLayer`]: the five layers in the right order, from one set of settings.
 
+use std::fmt;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tower::util::Either;
+use tower::util::future::EitherResponseFuture;
 use tower_layer::Layer;
+use tower_service::Service;
 
 use crate::Class;
 use crate::breaker::{BreakerLayer, Builder, OpenDuration, PerHost};
 use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
-use crate::dead_letter::DeadLetterLayer;
-use crate::retry::{DeadLetterRetry, DeadLetterRetryLayer, Retry, RetryLayer, RetryPolicy};
+use crate::dead_letter::{self, DeadLetterLayer, DeadLetterRetryLayer};
+use crate::failure::Failure;
+use crate::request::{Describe, Replay};
+use crate::retry::{self, Retry, RetryLayer, RetryPolicy};
 use crate::timeout::{Timeout, TimeoutLayer};
 
 /// The breaker rule of the presets and the README: open when at least half of the last 100 calls
@@ -40,8 +46,8 @@ fn client_rule() -> Builder {
 /// per-attempt timeout has no default: it depends on the provider, so it is the one required
 /// setting.
 ///
-/// With a store, the dead-letter and retry layers are built as one
-/// ([`DeadLetterRetryLayer`]), so a request is copied once per call, not twice, and the retry
+/// With a store, the dead-letter and retry layers are built as one, sharing the retry layer's
+/// copy of the request, so a request is copied once per call, not twice, and the retry
 /// layer sleeps a server's hint in process only up to one per-attempt timeout (unless
 /// [`RetryPolicy::max_hint_delay`] or [`RetryPolicy::max_delay`] was set): a longer hint (a
 /// `Retry-After: 1` with a 500 ms timeout) is deferred to the store, whose
@@ -169,12 +175,73 @@ impl RetryPolicy {
 /// The breaker, classify and timeout layers of a [`BackstopLayer`] with breaker layer `B`.
 pub type Guarded<S, C, B> = <B as Layer<Classify<Timeout<S>, C>>>::Service;
 
-/// The service a [`BackstopLayer`] builds around `S`: with a dead-letter store, `Left` (the
-/// five layers); without, `Right` (the four below the dead-letter layer). For example the type of
+/// The service a [`BackstopLayer`] builds around `S`: the five layers with a dead-letter store,
+/// the four below the dead-letter layer without. For example the type of
 /// `BackstopLayer::grpc(..)` around a tonic `Channel` is
 /// `Backstop<Channel, GrpcClassifier, BreakerLayer>`.
-pub type Backstop<S, C = HttpClassifier, B = BreakerLayer<PerHost>> =
-    Either<DeadLetterRetry<Guarded<S, C, B>>, Retry<Guarded<S, C, B>>>;
+///
+/// Its error is the [`Failure`] of the response type; its future is the dead-letter layer's over
+/// the retry layer's, or the retry layer's alone.
+pub struct Backstop<S, C = HttpClassifier, B = BreakerLayer<PerHost>>
+where
+    B: Layer<Classify<Timeout<S>, C>>,
+{
+    inner: Inner<G<S, C, B>>,
+}
+
+impl<S, C, B> Clone for Backstop<S, C, B>
+where
+    B: Layer<Classify<Timeout<S>, C>>,
+    Guarded<S, C, B>: Clone,
+{
+    fn clone(&self) -> Self {
+        Backstop {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S, C, B> fmt::Debug for Backstop<S, C, B>
+where
+    B: Layer<Classify<Timeout<S>, C>>,
+    Guarded<S, C, B>: fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backstop")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+type G<S, C, B> = Guarded<S, C, B>;
+
+/// The preset's service over the guarded layers `G`: with a store, or without.
+type Inner<G> = Either<dead_letter::WithRetry<G>, Retry<G>>;
+
+impl<S, C, B, Req> Service<Req> for Backstop<S, C, B>
+where
+    B: Layer<Classify<Timeout<S>, C>>,
+    G<S, C, B>: Service<Req> + Clone,
+    <G<S, C, B> as Service<Req>>::Error: Into<Failure<<G<S, C, B> as Service<Req>>::Response>>,
+    Req: Replay + Describe + Send + 'static,
+{
+    type Response = <G<S, C, B> as Service<Req>>::Response;
+    type Error = Failure<Self::Response>;
+    type Future = EitherResponseFuture<
+        dead_letter::ResponseFuture<retry::ResponseFuture<G<S, C, B>, Req>, Req, Self::Response>,
+        retry::ResponseFuture<G<S, C, B>, Req>,
+    >;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    #[inline]
+    fn call(&mut self, req: Req) -> Self::Future {
+        self.inner.call(req)
+    }
+}
 
 impl<S, C: Clone, B> Layer<S> for BackstopLayer<C, B>
 where
@@ -194,12 +261,16 @@ where
                     .retry
                     .clone()
                     .max_hint_delay_unless_chosen(self.attempt_timeout);
-                Either::Left(
-                    DeadLetterRetryLayer::new(dead_letters.clone(), RetryLayer::new(policy))
-                        .layer(guarded),
-                )
+                Backstop {
+                    inner: Either::Left(
+                        DeadLetterRetryLayer::new(dead_letters.clone(), RetryLayer::new(policy))
+                            .layer(guarded),
+                    ),
+                }
             }
-            None => Either::Right(RetryLayer::new(self.retry.clone()).layer(guarded)),
+            None => Backstop {
+                inner: Either::Right(RetryLayer::new(self.retry.clone()).layer(guarded)),
+            },
         }
     }
 }

@@ -18,10 +18,10 @@ use tower::{Layer, Service, ServiceBuilder, service_fn};
 use tower_backstop::breaker::{BreakerLayer, FailoverLayer, State};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier, Verdict};
 use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::retry::{Budget, DeadLetterRetryLayer, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Budget, RetryLayer, RetryPolicy};
 use tower_backstop::store::MemoryStore;
 use tower_backstop::timeout::TimeoutLayer;
-use tower_backstop::{BoxError, Class, Code, Failure};
+use tower_backstop::{BackstopLayer, BoxError, Class, Code, Failure};
 
 #[path = "support/counting.rs"]
 mod counting;
@@ -429,28 +429,18 @@ fn whole_stack_with_http_request_adds_only_the_replay_copies() {
     );
 }
 
-/// The five layers with the dead-letter and retry layers built as one
-/// ([`DeadLetterRetryLayer`]), over `inner`.
-fn five_layers_sharing_one_copy<S, Req>(
+/// The five layers as the preset builds them with a store (the dead-letter and retry layers
+/// sharing one request copy), with one breaker for all hosts, over `inner`.
+fn five_layers_sharing_one_copy<S>(
     inner: S,
-) -> impl Service<Req, Response = S::Response, Error = Failure<S::Response>>
+) -> tower_backstop::Backstop<S, HttpClassifier, BreakerLayer>
 where
-    S: Service<Req, Error = BoxError> + Clone,
-    S::Response: Send + Sync + 'static,
-    Req: tower_backstop::Replay + tower_backstop::Describe + Send + 'static,
-    ClassifyLayer<HttpClassifier>: Layer<TimeoutLayerService<S>>,
-    <ClassifyLayer<HttpClassifier> as Layer<TimeoutLayerService<S>>>::Service:
-        Service<Req, Response = S::Response, Error = Failure<S::Response>> + Clone,
+    BreakerLayer: Layer<tower_backstop::classify::Classify<TimeoutLayerService<S>, HttpClassifier>>,
 {
-    ServiceBuilder::new()
-        .layer(DeadLetterRetryLayer::new(
-            DeadLetterLayer::new(MemoryStore::new()),
-            RetryLayer::default(),
-        ))
-        .layer(BreakerLayer::new())
-        .layer(ClassifyLayer::http())
-        .layer(TimeoutLayer::new(Duration::from_secs(30)))
-        .service(inner)
+    BackstopLayer::http(Duration::from_secs(30))
+        .breaker(BreakerLayer::new())
+        .dead_letters(DeadLetterLayer::new(MemoryStore::new()))
+        .layer(inner)
 }
 
 type TimeoutLayerService<S> = tower_backstop::timeout::Timeout<S>;
@@ -458,7 +448,7 @@ type TimeoutLayerService<S> = tower_backstop::timeout::Timeout<S>;
 #[test]
 fn whole_stack_sharing_one_copy_allocates_nothing_with_a_cheap_request() {
     assert_adds_nothing(
-        "whole stack, DeadLetterRetryLayer (HttpClassifier)",
+        "whole stack, preset sharing one copy (HttpClassifier)",
         bare_http(),
         five_layers_sharing_one_copy(bare_http()),
     );

@@ -19,8 +19,10 @@ use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::request::BufferedBody;
-use tower_backstop::retry::{Backoff, ReplayBufferLayer, RetryLayer, RetryPolicy};
-use tower_backstop::{Class, Failure, GiveUp};
+use tower_backstop::retry::{
+    Attempts, Backoff, GiveUp, ReplayBufferLayer, RetryLayer, RetryPolicy,
+};
+use tower_backstop::{Class, Failure};
 
 /// What the server saw of one request: body, `Content-Length`, `Idempotency-Key`.
 type Seen = (Bytes, Option<String>, Option<String>);
@@ -150,7 +152,10 @@ async fn a_body_above_the_buffer_limit_is_sent_whole_once_and_never_retried() {
     let (result, seen) = put_streaming(100).await;
     let failure = result.unwrap_err();
     assert_eq!(failure.class(), Class::TRANSIENT);
-    assert_eq!(failure.give_up(), Some(GiveUp::NotReplayable));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotReplayable)
+    );
     assert!(
         failure.to_string().contains("cannot be replayed"),
         "{failure}"

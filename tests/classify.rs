@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::{ClassifyLayer, Panicked};
-use tower_backstop::retry::{RetryLayer, RetryPolicy};
-use tower_backstop::{BoxError, Class, Code, GiveUp};
+use tower_backstop::retry::{Attempts, GiveUp, RetryLayer, RetryPolicy};
+use tower_backstop::{BoxError, Class, Code};
 
 #[tokio::test(start_paused = true)]
 async fn a_panicking_inner_future_is_poison_never_retried_and_the_service_keeps_serving() {
@@ -28,8 +28,11 @@ async fn a_panicking_inner_future_is_poison_never_retried_and_the_service_keeps_
     let failure = svc.clone().oneshot("bad").await.unwrap_err();
     assert_eq!(failure.class(), Class::POISON);
     assert_eq!(failure.code(), Code::Panic);
-    assert_eq!(failure.give_up(), Some(GiveUp::NotRetryable));
-    assert_eq!(failure.attempts(), 1);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotRetryable)
+    );
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 1);
     assert_eq!(calls.load(Ordering::SeqCst), 1, "never retried");
     let source = std::error::Error::source(&failure).unwrap();
     let panicked = source.downcast_ref::<Panicked>().unwrap();
@@ -142,7 +145,7 @@ async fn a_provider_code_in_a_json_body_is_mapped_by_a_user_function() {
         .unwrap_err();
     assert_eq!(failure.class(), INACTIVE_RECIPIENT);
     assert_eq!(failure.code(), Code::Provider(406));
-    assert_eq!(failure.attempts(), 1);
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 1);
     // The HTTP status stays on the failure too, with the response.
     let response = failure.into_response().unwrap();
     assert_eq!(response.status(), 422);

@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use support::{Scripted, Step, post_with_key, status, status_with};
 use tower::{ServiceBuilder, ServiceExt};
+use tower_backstop::Class;
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
+use tower_backstop::retry::{Attempts, GiveUp, RetryLayer, RetryPolicy};
 use tower_backstop::store::{MemoryStore, SqliteStore, Store};
-use tower_backstop::{Class, DeadLetterStatus, GiveUp};
 
 fn stored_id<R>(f: &tower_backstop::Failure<R>) -> String {
-    match f.dead_letter() {
+    match f.note::<DeadLetterStatus>() {
         Some(DeadLetterStatus::Stored { id }) => id.clone(),
         other => panic!("expected a stored dead letter, got {other:?}"),
     }
@@ -42,7 +42,10 @@ async fn exhausted_message_becomes_exactly_one_record() {
         .unwrap_err();
     assert_eq!(upstream.calls(), 3);
     assert_eq!(stored_id(&failure), "msg-0042");
-    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
     // The caller still has the provider's response.
     assert_eq!(failure.response_mut().unwrap().status(), 503);
 
@@ -100,7 +103,10 @@ async fn permanent_and_breaker_open_failures_are_dead_lettered_with_their_reason
         .await
         .unwrap_err();
     assert_eq!(f.class(), Class::CIRCUIT_OPEN);
-    assert_eq!(f.give_up(), Some(GiveUp::Deferred));
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::Deferred)
+    );
     assert_eq!(upstream.calls(), 3);
 
     let bad = store.get("k-bad").await.unwrap().unwrap();
@@ -168,7 +174,10 @@ async fn check_closed(layer: DeadLetterLayer) {
         .unwrap_err();
     assert_eq!(f.class(), Class::TRANSIENT);
     assert_eq!(f.response_mut().unwrap().status(), 503);
-    assert!(f.dead_letter_failed());
+    assert!(
+        f.note::<DeadLetterStatus>()
+            .is_some_and(DeadLetterStatus::failed)
+    );
     let text = f.to_string();
     assert!(
         text.contains("dead letter k-closed could not be written"),

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use support::{Scripted, post_with_key, status};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{BudgetSpent, DeadLetterLayer};
+use tower_backstop::dead_letter::{BudgetSpent, DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::resend::{Redrive, http_request};
 use tower_backstop::retry::{RetryLayer, RetryPolicy};
 use tower_backstop::store::{Filter, MemoryStore, Page, SqliteStore, Status, Store};
-use tower_backstop::{Class, DeadLetterStatus, Failure};
+use tower_backstop::{Class, Failure};
 
 /// Sends one message that fails every attempt through DeadLetter → Retry(3) → Classify and
 /// checks the one record it leaves.
@@ -35,7 +35,7 @@ async fn three_attempts_one_record(store: Arc<dyn Store>) {
         .unwrap_err();
     assert_eq!(upstream.calls(), 3);
     assert!(
-        matches!(failure.dead_letter(), Some(DeadLetterStatus::Stored { id }) if id == "msg-3x")
+        matches!(failure.note::<DeadLetterStatus>(), Some(DeadLetterStatus::Stored { id }) if id == "msg-3x")
     );
     let all = store.list(100).await.unwrap();
     assert_eq!(all.len(), 1, "exactly one record");

@@ -7,10 +7,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request};
 use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::dead_letter::DeadLetterLayer;
+use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::resend::{Redrive, http_request, http_request_restoring};
 use tower_backstop::store::{Filter, RedactHeaders, SqliteStore, Store};
-use tower_backstop::{BoxError, Class, Code, DeadLetterStatus, Failure};
+use tower_backstop::{BoxError, Class, Code, Failure};
 
 const SECRET: &str = "s3cret-Zq9";
 
@@ -110,7 +110,7 @@ async fn a_dead_letter_keeps_every_header_but_the_secrets_and_redrive_sends_them
         .service(provider.failing());
     let failure = svc.oneshot(webhook()).await.unwrap_err();
     assert!(matches!(
-        failure.dead_letter(),
+        failure.note::<DeadLetterStatus>(),
         Some(DeadLetterStatus::Stored { id }) if id == "evt-42"
     ));
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use support::{Scripted, post_with_key, status};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::DeadLetterLayer;
+use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::store::{SqliteStore, Store};
 use tower_backstop::{Class, Failure};
 
@@ -34,11 +34,14 @@ async fn check_unwritable(store: Arc<dyn Store>, expect: &str) {
         503,
         "the original failure is kept"
     );
-    assert!(f.dead_letter_failed());
+    assert!(
+        f.note::<DeadLetterStatus>()
+            .is_some_and(DeadLetterStatus::failed)
+    );
     assert!(
         matches!(
-            f.dead_letter(),
-            Some(tower_backstop::DeadLetterStatus::NotStored { error, .. })
+            f.note::<DeadLetterStatus>(),
+            Some(tower_backstop::dead_letter::DeadLetterStatus::NotStored { error, .. })
                 if error.is::<tower_backstop::store::StoreError>()
         ),
         "the store's own error is kept"

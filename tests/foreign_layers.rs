@@ -13,9 +13,9 @@ use support::{Scripted, Step, get, post, status, status_with};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, GiveUp, RetryLayer, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
-use tower_backstop::{BoxError, Class, Code, Failure, GiveUp};
+use tower_backstop::{BoxError, Class, Code, Failure};
 
 #[tokio::test(start_paused = true)]
 async fn buffer_keeps_a_404_and_it_is_not_retried() {
@@ -29,7 +29,10 @@ async fn buffer_keeps_a_404_and_it_is_not_retried() {
     assert_eq!(upstream.calls(), 1, "a permanent failure is sent once");
     assert_eq!(f.class(), Class::PERMANENT);
     assert_eq!(f.code(), Code::Http(StatusCode::NOT_FOUND));
-    assert_eq!(f.give_up(), Some(GiveUp::NotRetryable));
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotRetryable)
+    );
     assert_eq!(f.response_mut().unwrap().status(), 404);
 }
 
@@ -88,8 +91,11 @@ async fn towers_timeout_between_our_layers_keeps_the_failure_and_times_out_as_a_
     );
     assert_eq!(f.class(), Class::TRANSIENT);
     assert_eq!(f.code(), Code::Timeout);
-    assert_eq!(f.attempts(), 2);
-    assert_eq!(f.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(f.note::<Attempts>().map_or(0, Attempts::count), 2);
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -108,7 +114,10 @@ async fn concurrency_limit_and_rate_limit_pass_the_failure_through() {
     assert_eq!(upstream.calls(), 3);
     assert_eq!(f.class(), Class::TRANSIENT);
     assert_eq!(f.retry_after(), Some(Duration::from_secs(1)));
-    assert_eq!(f.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
     assert_eq!(f.response_mut().unwrap().status(), 503);
 }
 
@@ -186,7 +195,7 @@ async fn a_shed_request_was_never_sent_so_a_keyless_post_is_sent_again() {
         .unwrap_err();
     assert_eq!(f.class(), Class::TRANSIENT);
     assert_eq!(f.code(), Code::Overloaded);
-    assert_eq!(f.attempts(), 2);
+    assert_eq!(f.note::<Attempts>().map_or(0, Attempts::count), 2);
     assert_eq!(upstream.calls(), 1);
 }
 

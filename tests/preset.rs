@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use support::{Scripted, Step, get, status};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::retry::RetryPolicy;
+use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
+use tower_backstop::retry::{Attempts, GiveUp, RetryPolicy};
 use tower_backstop::store::{MemoryStore, Store};
-use tower_backstop::{BackstopLayer, Class, Code, DeadLetterStatus, GiveUp};
+use tower_backstop::{BackstopLayer, Class, Code};
 
 #[tokio::test(start_paused = true)]
 async fn retries_classifies_times_out_and_dead_letters_in_order() {
@@ -37,10 +37,13 @@ async fn retries_classifies_times_out_and_dead_letters_in_order() {
         .service(upstream.clone());
     let f = svc.oneshot(get("http://up.test/")).await.unwrap_err();
     assert_eq!((f.class(), f.code()), (Class::TRANSIENT, Code::Timeout));
-    assert_eq!(f.attempts(), 2);
-    assert_eq!(f.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(f.note::<Attempts>().map_or(0, Attempts::count), 2);
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
     assert!(matches!(
-        f.dead_letter(),
+        f.note::<DeadLetterStatus>(),
         Some(DeadLetterStatus::Stored { .. })
     ));
     assert_eq!(store.list(10).await.unwrap().len(), 1);
@@ -104,9 +107,15 @@ async fn with_a_store_a_server_hint_longer_than_one_attempt_is_deferred_not_slep
     let before = std::time::SystemTime::now();
     let f = svc.oneshot(get("http://up.test/")).await.unwrap_err();
     assert_eq!(started.elapsed(), Duration::ZERO, "the caller did not wait");
-    assert_eq!(f.give_up(), Some(GiveUp::Deferred));
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::Deferred)
+    );
     assert_eq!(f.retry_after(), Some(Duration::from_secs(1)));
-    let at = f.retry_at().expect("a retry-at time");
+    let at = f
+        .note::<Attempts>()
+        .and_then(Attempts::retry_at)
+        .expect("a retry-at time");
     assert!(
         at >= before + Duration::from_secs(1),
         "never before the server's second"
@@ -189,7 +198,10 @@ async fn with_a_store_backoff_is_still_slept_so_max_attempts_caps_the_pass() {
     // With `max_attempts(2)`: the pass ends after 2 calls, dead-lettered, not deferred.
     let (svc, upstream, store) = twice_503_with_a_store(2);
     let f = svc.oneshot(get("http://up.test/")).await.unwrap_err();
-    assert_eq!(f.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
     assert_eq!(upstream.calls(), 2);
     let records = store.list(10).await.unwrap();
     assert_eq!(records.len(), 1);

@@ -18,12 +18,14 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, Delivery, ReconcileLayer, Reconciled};
+use tower_backstop::dead_letter::{
+    DeadLetterLayer, DeadLetterStatus, Delivery, ReconcileLayer, Reconciled,
+};
 use tower_backstop::resend::Reconciler;
 use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
 use tower_backstop::store::{Filter, MemoryStore, Page, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
-use tower_backstop::{Class, DeadLetterStatus, Envelope};
+use tower_backstop::{Class, Envelope};
 
 /// The provider: what it committed, how many POSTs it got, and how it behaves.
 #[derive(Clone, Default)]
@@ -186,7 +188,7 @@ async fn still_unknown_is_dead_lettered_and_the_reconciler_settles_it_later() {
         1,
         "not sent blindly again"
     );
-    let Some(DeadLetterStatus::Stored { id }) = failure.dead_letter() else {
+    let Some(DeadLetterStatus::Stored { id }) = failure.note::<DeadLetterStatus>() else {
         panic!("{failure:?}");
     };
     let id = id.clone();
@@ -199,7 +201,7 @@ async fn still_unknown_is_dead_lettered_and_the_reconciler_settles_it_later() {
         .store(true, Ordering::SeqCst);
     let lost = svc.oneshot(message(&base, "m-4")).await.unwrap_err();
     assert_eq!(lost.class(), Class::OUTCOME_UNKNOWN);
-    let Some(DeadLetterStatus::Stored { id: lost_id }) = lost.dead_letter() else {
+    let Some(DeadLetterStatus::Stored { id: lost_id }) = lost.note::<DeadLetterStatus>() else {
         panic!("{lost:?}");
     };
     let lost_id = lost_id.clone();

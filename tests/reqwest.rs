@@ -15,11 +15,11 @@ use axum::routing::any;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
+use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
+use tower_backstop::retry::{Attempts, Backoff, GiveUp, RetryLayer, RetryPolicy};
 use tower_backstop::store::{MemoryStore, SqliteStore, Store};
 use tower_backstop::timeout::TimeoutLayer;
-use tower_backstop::{Class, Code, DeadLetterStatus, GiveUp};
+use tower_backstop::{Class, Code};
 
 /// A server whose `/flaky` answers 503 twice then 200, `/once-busy` (as its first call) 503 with
 /// `Retry-After: 1` then 202, `/missing` 404, `/busy` 429 with
@@ -131,7 +131,9 @@ async fn a_404_is_permanent_sent_once_kept_and_dead_lettered_with_the_request() 
     assert_eq!(f.class(), Class::PERMANENT);
     assert_eq!(f.code(), Code::Http(StatusCode::NOT_FOUND));
     assert_eq!(f.response_mut().unwrap().status(), 404);
-    assert!(matches!(f.dead_letter(), Some(DeadLetterStatus::Stored { id }) if id == "k-404"));
+    assert!(
+        matches!(f.note::<DeadLetterStatus>(), Some(DeadLetterStatus::Stored { id }) if id == "k-404")
+    );
     let record = store.get("k-404").await.unwrap().unwrap();
     assert_eq!(record.metadata["method"], "PUT");
     assert_eq!(record.metadata["uri"], format!("{url}/missing?x=1"));
@@ -189,7 +191,10 @@ async fn a_keyless_post_that_timed_out_is_outcome_unknown_with_either_timeout() 
         let f = svc.oneshot(request).await.unwrap_err();
         assert_eq!(f.class(), Class::OUTCOME_UNKNOWN);
         assert_eq!(f.code(), Code::Timeout);
-        assert_eq!(f.give_up(), Some(GiveUp::NotIdempotent));
+        assert_eq!(
+            f.note::<Attempts>().map(Attempts::give_up),
+            Some(GiveUp::NotIdempotent)
+        );
         assert_eq!(calls.load(Ordering::SeqCst) - before, 1, "never resent");
     }
 }
@@ -212,8 +217,15 @@ async fn a_refused_connection_proves_a_keyless_post_was_not_sent() {
     let f = svc.oneshot(request).await.unwrap_err();
     assert_eq!(f.class(), Class::TRANSIENT);
     assert_eq!(f.code(), Code::Io(std::io::ErrorKind::ConnectionRefused));
-    assert_eq!(f.attempts(), 3, "resent although POST, as it never left");
-    assert_eq!(f.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(
+        f.note::<Attempts>().map_or(0, Attempts::count),
+        3,
+        "resent although POST, as it never left"
+    );
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
 }
 
 #[tokio::test]
@@ -238,7 +250,10 @@ async fn a_streaming_body_is_sent_once_and_kept_as_far_as_it_can_be() {
     let f = svc.oneshot(request).await.unwrap_err();
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(f.class(), Class::TRANSIENT);
-    assert_eq!(f.give_up(), Some(GiveUp::NotReplayable));
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotReplayable)
+    );
     // The record exists and says why it has no payload (a request that cannot be copied cannot
     // be kept for the record either).
     let records = store.list(10).await.unwrap();
@@ -247,7 +262,7 @@ async fn a_streaming_body_is_sent_once_and_kept_as_far_as_it_can_be() {
     // Its id is still the request's idempotency key, read before it was sent.
     assert_eq!(records[0].id, "k-stream");
     assert!(matches!(
-        f.dead_letter(),
+        f.note::<DeadLetterStatus>(),
         Some(DeadLetterStatus::Stored { .. })
     ));
 }
@@ -276,7 +291,12 @@ async fn the_preset_with_a_store_behind_a_buffer_defers_a_long_hint_and_the_sche
     let error = svc.clone().oneshot(request).await.unwrap_err();
     // Through the `Buffer` the failure comes back whole.
     let failure = tower_backstop::Failure::<reqwest::Response>::from(error);
-    assert!(failure.is_deferred(), "{failure}");
+    assert!(
+        failure
+            .note::<Attempts>()
+            .is_some_and(Attempts::is_deferred),
+        "{failure}"
+    );
     assert_eq!(failure.retry_after(), Some(Duration::from_secs(1)));
     assert_eq!(
         calls.load(Ordering::SeqCst),

@@ -11,10 +11,12 @@ use support::{
 use tokio::time::Instant;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier};
+use tower_backstop::dead_letter::DeadLetterStatus;
 use tower_backstop::retry::{
-    Backoff, Budget, DelaySource, Jitter, LongDelay, RetryEvent, RetryLayer, RetryPolicy,
+    Attempts, Backoff, Budget, DelaySource, GiveUp, Jitter, LongDelay, RetryEvent, RetryLayer,
+    RetryPolicy,
 };
-use tower_backstop::{Class, Code, Failure, GiveUp, Sent};
+use tower_backstop::{Class, Code, Failure, Sent};
 
 fn recorder() -> (
     Arc<Mutex<Vec<RetryEvent>>>,
@@ -43,9 +45,13 @@ async fn long_retry_after_is_not_slept() {
     );
     assert_eq!(upstream.calls(), 1);
     // Deferred by default: the failure says when to send it again.
-    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::Deferred)
+    );
     let retry_at = failure
-        .retry_at()
+        .note::<Attempts>()
+        .and_then(Attempts::retry_at)
         .expect("a deferred failure has a retry-at time");
     assert!(retry_at >= SystemTime::now() + Duration::from_secs(3600) - Duration::from_secs(1));
     assert_eq!(failure.retry_after(), Some(Duration::from_secs(3600)));
@@ -66,8 +72,14 @@ async fn long_retry_after_is_not_slept() {
     );
     let failure = svc.oneshot(get("/mail")).await.unwrap_err();
     assert_eq!(upstream.calls(), 1);
-    assert_eq!(failure.give_up(), Some(GiveUp::HintTooLong));
-    assert_eq!(failure.retry_at(), None);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::HintTooLong)
+    );
+    assert_eq!(
+        failure.note::<Attempts>().and_then(Attempts::retry_at),
+        None
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -78,8 +90,17 @@ async fn absurd_retry_after_values_never_panic() {
         .oneshot(get("/"))
         .await
         .unwrap_err();
-    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
-    assert!(failure.retry_at().unwrap() > SystemTime::now() + Duration::from_secs(9_999_999_000));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::Deferred)
+    );
+    assert!(
+        failure
+            .note::<Attempts>()
+            .and_then(Attempts::retry_at)
+            .unwrap()
+            > SystemTime::now() + Duration::from_secs(9_999_999_000)
+    );
     assert_eq!(upstream.calls(), 1);
 
     for bad in ["-1", "nan", "1e999", "soon", "99999999999999999999999999x"] {
@@ -157,8 +178,11 @@ async fn throttled_get_is_retried_permanent_errors_are_not() {
         .unwrap_err();
     assert_eq!(upstream.calls(), 1);
     assert_eq!(failure.class(), Class::PERMANENT);
-    assert_eq!(failure.give_up(), Some(GiveUp::NotRetryable));
-    assert_eq!(failure.attempts(), 1);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotRetryable)
+    );
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 1);
 
     let upstream = Scripted::always(status(400));
     let failure = stack(RetryPolicy::new(), &upstream)
@@ -177,7 +201,10 @@ async fn post_is_retried_only_with_an_idempotency_key() {
         .await
         .unwrap_err();
     assert_eq!(upstream.calls(), 1);
-    assert_eq!(failure.give_up(), Some(GiveUp::NotIdempotent));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotIdempotent)
+    );
     assert_eq!(
         failure.code(),
         Code::Io(std::io::ErrorKind::ConnectionReset)
@@ -201,9 +228,17 @@ async fn attempts_are_capped_and_counted_per_request() {
     let svc = stack(RetryPolicy::new().max_attempts(4), &upstream);
     let failure = svc.clone().oneshot(get("/")).await.unwrap_err();
     assert_eq!(upstream.calls(), 4);
-    assert_eq!(failure.attempts(), 4);
-    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
-    assert!(failure.first_failed_at().is_some());
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 4);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
+    assert!(
+        failure
+            .note::<Attempts>()
+            .and_then(Attempts::first_failed_at)
+            .is_some()
+    );
 
     let upstream = Scripted::always(status(503));
     let svc = stack(RetryPolicy::new().max_attempts(4), &upstream);
@@ -211,8 +246,14 @@ async fn attempts_are_capped_and_counted_per_request() {
         svc.clone().oneshot(get("/a")),
         svc.clone().oneshot(get("/b"))
     );
-    assert_eq!(a.unwrap_err().attempts(), 4);
-    assert_eq!(b.unwrap_err().attempts(), 4);
+    assert_eq!(
+        a.unwrap_err().note::<Attempts>().map_or(0, Attempts::count),
+        4
+    );
+    assert_eq!(
+        b.unwrap_err().note::<Attempts>().map_or(0, Attempts::count),
+        4
+    );
     assert_eq!(upstream.calls(), 8);
 }
 
@@ -369,10 +410,20 @@ async fn an_open_breaker_fails_fast_and_is_deferred_to_the_half_open_instant() {
     assert_eq!(start.elapsed(), Duration::ZERO);
     assert_eq!(upstream.calls(), 1);
     assert_eq!(failure.class(), Class::CIRCUIT_OPEN);
-    assert_eq!(failure.attempts(), 0, "a rejection is not an attempt");
-    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    assert_eq!(
+        failure.note::<Attempts>().map_or(0, Attempts::count),
+        0,
+        "a rejection is not an attempt"
+    );
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::Deferred)
+    );
     // Deferred to the half-open instant (1 s from now), rounded up to the second.
-    let at = failure.retry_at().expect("a retry-at time");
+    let at = failure
+        .note::<Attempts>()
+        .and_then(Attempts::retry_at)
+        .expect("a retry-at time");
     assert!(at >= before + Duration::from_secs(1));
     assert!(at <= SystemTime::now() + Duration::from_secs(2));
     let text = failure.to_string();
@@ -387,14 +438,20 @@ async fn an_open_breaker_fails_fast_and_is_deferred_to_the_half_open_instant() {
     )
     .await;
     assert_eq!(upstream.calls(), 3);
-    assert_eq!(failure.attempts(), 2);
-    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 2);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::Deferred)
+    );
 
     // Without a retry copy at all (one attempt), a rejection is deferred too.
     let upstream = Failing::new(vec![], rejected);
     let failure = fail_through(RetryPolicy::new().max_attempts(1), &upstream).await;
     assert_eq!(
-        (failure.attempts(), failure.give_up()),
+        (
+            failure.note::<Attempts>().map_or(0, Attempts::count),
+            failure.note::<Attempts>().map(Attempts::give_up)
+        ),
         (0, Some(GiveUp::Deferred))
     );
 
@@ -405,7 +462,10 @@ async fn an_open_breaker_fails_fast_and_is_deferred_to_the_half_open_instant() {
         &upstream,
     )
     .await;
-    assert_eq!(failure.give_up(), Some(GiveUp::HintTooLong));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::HintTooLong)
+    );
     assert_eq!(upstream.calls(), 1);
 
     // A forced-open breaker names no half-open instant: the request stops, not retried.
@@ -413,7 +473,10 @@ async fn an_open_breaker_fails_fast_and_is_deferred_to_the_half_open_instant() {
         Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen)
     });
     let failure = fail_through(RetryPolicy::new(), &upstream).await;
-    assert_eq!(failure.give_up(), Some(GiveUp::NotRetryable));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotRetryable)
+    );
     assert_eq!(upstream.calls(), 1);
 }
 
@@ -431,8 +494,11 @@ async fn waiting_for_the_breaker_is_an_opt_in_with_a_bound() {
         .on_retry(on_retry);
     let failure = fail_through(policy, &upstream).await;
     assert_eq!(upstream.calls(), 6, "2 rejections + 4 transient failures");
-    assert_eq!(failure.attempts(), 4);
-    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 4);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
     let waits: Vec<_> = events
         .lock()
         .unwrap()
@@ -461,7 +527,10 @@ async fn waiting_for_the_breaker_is_an_opt_in_with_a_bound() {
     )
     .await;
     assert_eq!(start.elapsed(), Duration::ZERO);
-    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::Deferred)
+    );
     assert_eq!(upstream.calls(), 1);
 }
 
@@ -470,15 +539,21 @@ async fn class_caps_count_only_failures_of_that_class() {
     // Two waited breaker rejections, then 503s: the rejections eat into neither cap.
     let (upstream, failure) = rejections_then_503s(8).await;
     assert_eq!(upstream.calls(), 6, "2 rejections + 4 transient failures");
-    assert_eq!(failure.attempts(), 4);
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 4);
     assert_eq!(failure.class(), Class::TRANSIENT);
-    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
 
     // The overall cap bounds the attempts, whatever the classes; rejections are not attempts.
     let (upstream, failure) = rejections_then_503s(3).await;
     assert_eq!(upstream.calls(), 5);
-    assert_eq!(failure.attempts(), 3);
-    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 3);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
 
     // A class cap alone: circuit_open capped at 2 ends the series on the second rejection,
     // whatever the transient cap.
@@ -490,7 +565,7 @@ async fn class_caps_count_only_failures_of_that_class() {
     let failure = fail_through(policy, &upstream).await;
     assert_eq!(upstream.calls(), 2);
     assert_eq!(failure.class(), Class::CIRCUIT_OPEN);
-    assert_eq!(failure.attempts(), 0);
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -528,7 +603,10 @@ async fn per_class_delay_rules_are_followed() {
     assert_eq!(upstream.calls(), 5);
     assert_eq!(failure.class(), SOFT_BOUNCE);
     assert_eq!(failure.code(), Code::Smtp(450));
-    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -549,8 +627,18 @@ async fn a_schedule_above_max_delay_is_deferred() {
     let failure = fail_through(policy, &upstream).await;
     assert_eq!(start.elapsed(), Duration::ZERO, "nothing slept");
     assert_eq!(upstream.calls(), 1);
-    assert!(failure.is_deferred());
-    assert!(failure.retry_at().unwrap() >= before + Duration::from_secs(15 * 60));
+    assert!(
+        failure
+            .note::<Attempts>()
+            .is_some_and(Attempts::is_deferred)
+    );
+    assert!(
+        failure
+            .note::<Attempts>()
+            .and_then(Attempts::retry_at)
+            .unwrap()
+            >= before + Duration::from_secs(15 * 60)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -574,8 +662,11 @@ async fn deadline_bounds_attempts_and_returns_the_last_real_failure() {
     assert_eq!(starts, [0, 1, 3].map(Duration::from_secs).to_vec());
     assert!(starts.iter().all(|t| *t <= Duration::from_secs(5)));
     assert!(start.elapsed() <= Duration::from_secs(5));
-    assert_eq!(failure.give_up(), Some(GiveUp::DeadlineExceeded));
-    assert_eq!(failure.attempts(), 3);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::DeadlineExceeded)
+    );
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 3);
     // The last real failure, with its response, not a bare "deadline exceeded".
     assert_eq!(
         failure.code(),
@@ -603,12 +694,15 @@ async fn deadline_cuts_a_running_attempt() {
     assert_eq!(start.elapsed(), Duration::from_secs(2));
     assert_eq!(upstream.calls(), 2);
     assert_eq!(upstream.finished(), 1, "the slow attempt was dropped");
-    assert_eq!(failure.give_up(), Some(GiveUp::DeadlineExceeded));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::DeadlineExceeded)
+    );
     assert_eq!(
         failure.code(),
         Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)
     );
-    assert_eq!(failure.attempts(), 2);
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 2);
 
     // With no earlier failure, the first attempt is cut and says why.
     let upstream = Scripted::always(Step::After(Duration::from_secs(60), Box::new(status(200))));
@@ -618,7 +712,10 @@ async fn deadline_cuts_a_running_attempt() {
         .await
         .unwrap_err();
     assert_eq!(failure.code(), Code::Timeout);
-    assert_eq!(failure.give_up(), Some(GiveUp::DeadlineExceeded));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::DeadlineExceeded)
+    );
     assert!(failure.to_string().contains("deadline"), "{failure}");
 }
 
@@ -638,7 +735,7 @@ async fn ratio_budget_allows_at_most_six_retries_per_ten_first_attempts() {
             .oneshot(get(&format!("/{i}")))
             .await
             .unwrap_err();
-        if failure.give_up() == Some(GiveUp::BudgetExhausted) {
+        if failure.note::<Attempts>().map(Attempts::give_up) == Some(GiveUp::BudgetExhausted) {
             exhausted += 1;
         }
     }
@@ -674,12 +771,18 @@ async fn token_bucket_throttles_retries_per_grfc_a6() {
     let svc = stack(policy.clone(), &upstream);
     let failure = svc.clone().oneshot(get("/")).await.unwrap_err();
     assert_eq!(upstream.calls(), 2);
-    assert_eq!(failure.give_up(), Some(GiveUp::BudgetExhausted));
-    assert_eq!(failure.attempts(), 2);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::BudgetExhausted)
+    );
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 2);
     // Shared by clones: the next request through another clone is not retried at all.
     let failure = svc.clone().oneshot(get("/")).await.unwrap_err();
     assert_eq!(upstream.calls(), 3);
-    assert_eq!(failure.give_up(), Some(GiveUp::BudgetExhausted));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::BudgetExhausted)
+    );
     // Successes refill it (0.5 each): five bring it from 1 to 3.5; the next failure leaves 2.5,
     // above the threshold, so one retry is allowed, whose failure leaves 1.5.
     let ok = Scripted::always(status(200));
@@ -689,7 +792,10 @@ async fn token_bucket_throttles_retries_per_grfc_a6() {
     }
     let failure = svc.oneshot(get("/")).await.unwrap_err();
     assert_eq!(upstream.calls(), 5, "one retry allowed again");
-    assert_eq!(failure.give_up(), Some(GiveUp::BudgetExhausted));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::BudgetExhausted)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -711,7 +817,10 @@ async fn refused_post_is_retried_for_any_method_other_failures_are_not() {
         .await
         .unwrap_err();
     assert_eq!(upstream.calls(), 1);
-    assert_eq!(failure.give_up(), Some(GiveUp::NotIdempotent));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotIdempotent)
+    );
     // Unless the policy says no.
     let upstream = Scripted::new([status(503)], status(201));
     let failure = stack(RetryPolicy::new().retry_unprocessed(false), &upstream)
@@ -719,7 +828,10 @@ async fn refused_post_is_retried_for_any_method_other_failures_are_not() {
         .await
         .unwrap_err();
     assert_eq!(upstream.calls(), 1);
-    assert_eq!(failure.give_up(), Some(GiveUp::NotIdempotent));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotIdempotent)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -739,7 +851,10 @@ async fn timeout_after_keyless_post_is_outcome_unknown() {
     assert_eq!(upstream.calls(), 1);
     assert_eq!(failure.class(), Class::OUTCOME_UNKNOWN);
     assert_eq!(failure.code(), Code::Timeout);
-    assert_eq!(failure.give_up(), Some(GiveUp::NotIdempotent));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotIdempotent)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -824,8 +939,14 @@ async fn retry_after_a_day_is_deferred_and_the_dead_letter_record_has_the_retry_
         .unwrap_err();
     assert_eq!(start.elapsed(), Duration::ZERO, "not slept");
     assert_eq!(upstream.calls(), 1);
-    assert_eq!(failure.give_up(), Some(GiveUp::Deferred));
-    let retry_at = failure.retry_at().unwrap();
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::Deferred)
+    );
+    let retry_at = failure
+        .note::<Attempts>()
+        .and_then(Attempts::retry_at)
+        .unwrap();
     let day = Duration::from_secs(86_400);
     assert!(
         retry_at >= before + day,
@@ -861,7 +982,10 @@ async fn a_request_that_cannot_be_replayed_is_never_retried_and_the_failure_says
     }));
     let failure = svc.oneshot(Streaming).await.unwrap_err();
     assert_eq!(*calls.lock().unwrap(), 1);
-    assert_eq!(failure.give_up(), Some(GiveUp::NotReplayable));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotReplayable)
+    );
     assert!(
         failure.to_string().contains("cannot be replayed"),
         "{failure}"
@@ -914,7 +1038,10 @@ async fn rate_limit_reset_and_grpc_pushback_are_server_hints() {
     assert_eq!(upstream.calls(), 1);
     assert_eq!(failure.class(), Class::THROTTLED);
     assert_eq!(failure.code(), Code::Grpc(8));
-    assert_eq!(failure.give_up(), Some(GiveUp::ServerSaidNo));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::ServerSaidNo)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -943,7 +1070,9 @@ async fn the_stamped_key_is_the_dead_letter_id_and_outcome_unknown_is_recorded()
     assert_eq!(seen.len(), 3);
     let key = seen[0].key.clone().expect("stamped");
     assert!(seen.iter().all(|s| s.key.as_deref() == Some(key.as_str())));
-    let Some(tower_backstop::DeadLetterStatus::Stored { id }) = failure.dead_letter() else {
+    let Some(tower_backstop::dead_letter::DeadLetterStatus::Stored { id }) =
+        failure.note::<DeadLetterStatus>()
+    else {
         panic!("not stored: {failure}");
     };
     assert_eq!(id, &key);
@@ -960,7 +1089,9 @@ async fn the_stamped_key_is_the_dead_letter_id_and_outcome_unknown_is_recorded()
         .service(upstream.clone());
     let failure = svc.oneshot(post("/charge", "{}")).await.unwrap_err();
     assert_eq!(upstream.calls(), 1);
-    let Some(tower_backstop::DeadLetterStatus::Stored { id }) = failure.dead_letter() else {
+    let Some(tower_backstop::dead_letter::DeadLetterStatus::Stored { id }) =
+        failure.note::<DeadLetterStatus>()
+    else {
         panic!("not stored: {failure}");
     };
     let record = store.get(id).await.unwrap().unwrap();
@@ -1199,7 +1330,10 @@ async fn a_503_proves_not_processed_by_default_and_a_user_can_exclude_it() {
     let result = svc.oneshot(post("/mail", "{}")).await;
     let failure = result.unwrap_err();
     assert_eq!(failure.sent(), Sent::Yes);
-    assert_eq!(failure.give_up(), Some(GiveUp::NotIdempotent));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotIdempotent)
+    );
     assert_eq!(upstream.calls(), 1);
 }
 
@@ -1217,8 +1351,11 @@ async fn unknown_is_retried_once_and_more_slowly() {
     );
     let failure = svc.oneshot(get("/mail")).await.unwrap_err();
     assert_eq!(failure.class(), Class::UNKNOWN);
-    assert_eq!(failure.attempts(), 2);
-    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 2);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
     assert_eq!(upstream.calls(), 2);
     assert_eq!(events.lock().unwrap().len(), 1);
 
@@ -1235,7 +1372,7 @@ async fn unknown_is_retried_once_and_more_slowly() {
         &upstream,
     );
     let failure = svc.oneshot(get("/mail")).await.unwrap_err();
-    assert_eq!(failure.attempts(), 4);
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 4);
     let delays: Vec<_> = events.lock().unwrap().iter().map(|e| e.delay).collect();
     assert_eq!(
         delays,
@@ -1259,8 +1396,11 @@ async fn the_default_policy_rebuilt_at_a_failure_retries_like_the_default() {
         .await
         .unwrap_err();
     assert_eq!(upstream.calls(), 3);
-    assert_eq!(failure.attempts(), 3);
-    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 3);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
 
     let upstream = Scripted::new([status(503)], status(200));
     let response = stack(RetryPolicy::default(), &upstream)
@@ -1276,7 +1416,10 @@ async fn the_default_policy_rebuilt_at_a_failure_retries_like_the_default() {
         .await
         .unwrap_err();
     assert_eq!(upstream.calls(), 1);
-    assert_eq!(failure.give_up(), Some(GiveUp::NotRetryable));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotRetryable)
+    );
 }
 
 /// An upstream that answers 200 after `delay`, or at its first poll for a zero delay.
@@ -1343,9 +1486,12 @@ async fn a_zero_deadline_lets_only_an_answer_at_the_first_poll_through() {
         "{:?}",
         start.elapsed()
     );
-    assert_eq!(failure.give_up(), Some(GiveUp::DeadlineExceeded));
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::DeadlineExceeded)
+    );
     assert_eq!(failure.code(), Code::Timeout);
-    assert_eq!(failure.attempts(), 1);
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 1);
 
     // Fails at once: already past the deadline, so not retried; the caller gets the 503.
     let upstream = Scripted::new([status(503)], status(200));
@@ -1354,8 +1500,11 @@ async fn a_zero_deadline_lets_only_an_answer_at_the_first_poll_through() {
         .await
         .unwrap_err();
     assert_eq!(upstream.calls(), 1);
-    assert_eq!(failure.give_up(), Some(GiveUp::DeadlineExceeded));
-    assert_eq!(failure.attempts(), 1);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::DeadlineExceeded)
+    );
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 1);
     assert_eq!(
         failure.code(),
         Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)

@@ -16,6 +16,7 @@ use tower_backstop::Clock;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
 use tower_backstop::resend::{Scheduler, http_request};
+use tower_backstop::retry::Attempts;
 use tower_backstop::store::{MemoryStore, Record, SqliteStore, Status, Store};
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 
@@ -343,8 +344,15 @@ async fn an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens()
         start.elapsed()
     );
     assert_eq!(f.class(), Class::CIRCUIT_OPEN);
-    assert_eq!(f.give_up(), Some(tower_backstop::GiveUp::Deferred));
-    assert_eq!(f.attempts(), 1, "the 503; the rejection is not an attempt");
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(tower_backstop::retry::GiveUp::Deferred)
+    );
+    assert_eq!(
+        f.note::<Attempts>().map_or(0, Attempts::count),
+        1,
+        "the 503; the rejection is not an attempt"
+    );
     // A second message is rejected before it is sent: no attempt at all.
     let f = stack
         .clone()
@@ -355,7 +363,7 @@ async fn an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens()
         ))
         .await
         .unwrap_err();
-    assert_eq!(f.attempts(), 0);
+    assert_eq!(f.note::<Attempts>().map_or(0, Attempts::count), 0);
     assert_eq!(upstream.calls(), 1);
 
     for (id, attempts) in [("k-1", 1), ("k-2", 0)] {

@@ -20,11 +20,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
+use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
+use tower_backstop::retry::{Attempts, Backoff, GiveUp, RetryLayer, RetryPolicy};
 use tower_backstop::store::{SqliteStore, Store};
 use tower_backstop::timeout::TimeoutLayer;
-use tower_backstop::{Class, Code, DeadLetterStatus, GiveUp};
+use tower_backstop::{Class, Code};
 
 type Body = Full<Bytes>;
 
@@ -141,8 +141,10 @@ async fn exhausted_request_is_dead_lettered_in_sqlite() {
         .unwrap_err();
     // `unknown` is retried cautiously: 2 attempts, whatever `max_attempts` allows.
     assert_eq!(f.class(), Class::UNKNOWN);
-    assert_eq!(f.attempts(), 2);
-    assert!(matches!(f.dead_letter(), Some(DeadLetterStatus::Stored { id }) if id == "msg-500"));
+    assert_eq!(f.note::<Attempts>().map_or(0, Attempts::count), 2);
+    assert!(
+        matches!(f.note::<DeadLetterStatus>(), Some(DeadLetterStatus::Stored { id }) if id == "msg-500")
+    );
     let r = store.get("msg-500").await.unwrap().unwrap();
     assert_eq!((r.attempts, r.code.as_str()), (2, "http 500"));
     assert_eq!(r.payload, b"{\"x\":1}");
@@ -204,7 +206,10 @@ async fn reset_post_is_retried_only_with_a_key() {
         .await
         .unwrap_err();
     assert_eq!(f.class(), Class::OUTCOME_UNKNOWN, "{f}");
-    assert_eq!(f.give_up(), Some(GiveUp::NotIdempotent));
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotIdempotent)
+    );
     assert_eq!(
         keys.lock().unwrap().len(),
         1,
@@ -239,7 +244,7 @@ async fn connection_refused_is_transient() {
         .unwrap_err();
     assert_eq!(f.class(), Class::TRANSIENT);
     assert_eq!(f.code(), Code::Io(std::io::ErrorKind::ConnectionRefused));
-    assert_eq!(f.attempts(), 3);
+    assert_eq!(f.note::<Attempts>().map_or(0, Attempts::count), 3);
 }
 
 #[tokio::test]
@@ -278,7 +283,7 @@ async fn slow_handler_is_cut_per_attempt_and_breaker_stops_calls() {
         start.elapsed()
     );
     assert_eq!(f.code(), Code::Timeout);
-    assert_eq!(f.attempts(), 2);
+    assert_eq!(f.note::<Attempts>().map_or(0, Attempts::count), 2);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(handle.state(), tower_backstop::breaker::State::Open);
 
@@ -287,7 +292,10 @@ async fn slow_handler_is_cut_per_attempt_and_breaker_stops_calls() {
         .await
         .unwrap_err();
     assert_eq!(f.class(), Class::CIRCUIT_OPEN);
-    assert_eq!(f.give_up(), Some(GiveUp::Deferred));
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::Deferred)
+    );
     assert_eq!(
         calls.load(Ordering::SeqCst),
         2,

@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use support::{Scripted, post_with_key, status};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::DeadLetterStatus;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
+use tower_backstop::dead_letter::DeadLetterStatus;
 use tower_backstop::store::{SqliteStore, Store};
 
 /// What one call through the dead-letter layer reported.
@@ -41,7 +41,7 @@ async fn call(store: Arc<dyn Store>, id: &str) -> Told {
         .oneshot(post_with_key("/", "payload", id))
         .await
         .unwrap_err();
-    match failure.dead_letter() {
+    match failure.note::<DeadLetterStatus>() {
         Some(DeadLetterStatus::Stored { id }) => Told::Stored(id.clone()),
         Some(DeadLetterStatus::NotStored { id, error }) => {
             // The caller's failure says so, in words.

@@ -8,9 +8,9 @@ use support::{Scripted, Step, get, status};
 use tokio::time::Instant;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::retry::{Backoff, Jitter, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, Backoff, GiveUp, Jitter, RetryLayer, RetryPolicy};
 use tower_backstop::timeout::{Elapsed, TimeoutLayer};
-use tower_backstop::{Class, Code, GiveUp};
+use tower_backstop::{Class, Code};
 
 #[tokio::test(start_paused = true)]
 async fn alone_it_cuts_a_slow_call() {
@@ -60,8 +60,11 @@ async fn every_attempt_is_cut_and_classified_transient() {
     let failure = svc.oneshot(get("/")).await.unwrap_err();
     assert_eq!(failure.class(), Class::TRANSIENT);
     assert_eq!(failure.code(), Code::Timeout);
-    assert_eq!(failure.attempts(), 3);
-    assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted));
+    assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 3);
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::AttemptsExhausted)
+    );
     assert_eq!(upstream.calls(), 3);
     assert_eq!(upstream.finished(), 0, "no attempt ran to its 500 ms end");
     // 3 attempts of 200 ms, plus 100 ms and 200 ms of backoff.

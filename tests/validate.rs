@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tower::filter::FilterLayer;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::Invalid;
-use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
+use tower_backstop::retry::{Attempts, RetryLayer, RetryPolicy};
 use tower_backstop::store::{MemoryStore, Store};
-use tower_backstop::{BoxError, Class, DeadLetterStatus};
+use tower_backstop::{BoxError, Class};
 
 /// The seed's `validate_job`: required fields and an `@` in the recipient.
 fn validate_job(request: &http::Request<String>) -> Result<(), String> {
@@ -71,13 +71,17 @@ async fn a_rejected_request_never_reaches_the_provider_and_is_one_poison_dead_le
         "never reached the provider"
     );
     assert_eq!(failure.class(), Class::POISON);
-    assert_eq!(failure.attempts(), 1, "not retried");
+    assert_eq!(
+        failure.note::<Attempts>().map_or(0, Attempts::count),
+        1,
+        "not retried"
+    );
     let invalid = std::error::Error::source(&failure)
         .and_then(|s| s.downcast_ref::<Invalid>())
         .unwrap();
     assert_eq!(invalid.reason(), "invalid recipient email");
     assert!(matches!(
-        failure.dead_letter(),
+        failure.note::<DeadLetterStatus>(),
         Some(DeadLetterStatus::Stored { id }) if id == "job-1"
     ));
     let records = store.list(10).await.unwrap();

@@ -3,12 +3,13 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
+use super::open::OpenError;
 use super::state::{Outcome, Permit, Rejection, Shared};
-pub use crate::failure::OpenError;
-use crate::failure::{Class, Failure};
+use crate::failure::{Class, Code, Failure};
 
 pin_project! {
     /// Response future of [`Breaker`](super::Breaker): the inner call with its permit, or a
@@ -31,7 +32,7 @@ pin_project! {
         },
         Rejected {
             // Moved into the failure when polled.
-            open: Option<OpenError>,
+            open: Option<(Arc<OpenError>, Option<Duration>)>,
             _response: PhantomData<fn() -> R>,
         },
     }
@@ -91,10 +92,12 @@ impl<F, R> ResponseFuture<F, R> {
         }
     }
 
-    pub(crate) fn rejected(rejection: Rejection, breaker: &Arc<str>) -> Self {
+    pub(crate) fn rejected(rejection: Rejection, errors: &[Arc<OpenError>; 2]) -> Self {
+        let left = rejection.retry_after();
+        let error = &errors[usize::from(left.is_none())];
         ResponseFuture {
             kind: Kind::Rejected {
-                open: Some(OpenError::new(Arc::clone(breaker), rejection.retry_after())),
+                open: Some((Arc::clone(error), left)),
                 _response: PhantomData,
             },
         }
@@ -125,10 +128,10 @@ where
                 }
             },
             KindProj::Rejected { open, .. } => {
-                let open = open
+                let (open, left) = open
                     .take()
                     .expect("a breaker's rejection polled after completion");
-                Poll::Ready(Err(rejection_failure(open)))
+                Poll::Ready(Err(rejection_failure(open, left)))
             }
         }
     }
@@ -137,10 +140,11 @@ where
 /// The failure an open breaker answers with: class [`Class::CIRCUIT_OPEN`], code
 /// [`Code::CircuitOpen`](crate::Code::CircuitOpen), the time left until half-open as its
 /// [`retry_after`](Failure::retry_after), and an [`OpenError`] naming the breaker as its source.
-fn rejection_failure<R>(open: OpenError) -> Failure<R> {
-    let half_opens_in = open.half_opens_in();
-    let failure =
-        Failure::new(Class::CIRCUIT_OPEN, crate::failure::Code::CircuitOpen).with_open(open);
+pub(crate) fn rejection_failure<R>(
+    open: Arc<OpenError>,
+    half_opens_in: Option<Duration>,
+) -> Failure<R> {
+    let failure = Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen).with_shared_source(open);
     match half_opens_in {
         Some(left) => failure.with_retry_after(left),
         None => failure,

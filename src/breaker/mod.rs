@@ -141,11 +141,11 @@ mod window;
 pub use self::config::{BuildError, Builder};
 pub use self::event::{Event, Listener, State};
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
-pub use self::future::{OpenError, ResponseFuture};
+pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;
 pub use self::keyed::{Authority, Key, KeyOf, PerHost, PerKey, Single};
 pub use self::layer::BreakerLayer;
-pub use self::open::OpenDuration;
+pub use self::open::{OpenDuration, OpenError};
 pub use self::state::{MAX_PROBES, Stats};
 
 use self::future::Guard;
@@ -264,7 +264,7 @@ where
             Ok(permit) => {
                 ResponseFuture::called(self.inner.call(req), Guard::new(&self.shared, permit))
             }
-            Err(r) => ResponseFuture::rejected(r, &self.shared.name),
+            Err(r) => ResponseFuture::rejected(r, &self.shared.open_errors),
         }
     }
 }
@@ -300,7 +300,7 @@ where
             Ok(permit) => {
                 ResponseFuture::called(self.inner.call(req), Guard::owned(shared, permit))
             }
-            Err(r) => ResponseFuture::rejected(r, &shared.name),
+            Err(r) => ResponseFuture::rejected(r, &shared.open_errors),
         }
     }
 }

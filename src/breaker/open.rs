@@ -1,5 +1,7 @@
-//! How long a breaker stays open after a trip.
+//! How long a breaker stays open after a trip, and what its rejections say.
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a breaker stays open after a trip: fixed, or growing with each consecutive trip.
@@ -134,5 +136,101 @@ mod tests {
             let p = fixed.pick(0);
             assert!(p >= Duration::from_secs(10) && p <= Duration::from_millis(12_500));
         }
+    }
+}
+
+/// The source of an open breaker's rejection ([`Class::CIRCUIT_OPEN`](crate::Class::CIRCUIT_OPEN),
+/// [`Code::CircuitOpen`](crate::Code::CircuitOpen)): which breaker rejected the call.
+///
+/// Its `Display` reads `breaker "api.mail.test:443" is open` (or `is forced open` when an
+/// operator opened it); the failure's own `Display` and
+/// [`message`](crate::Failure::message) add the time left until half-open, its
+/// [`retry_after`](crate::Failure::retry_after), rounded up to the millisecond:
+/// `breaker "api.mail.test:443" is open; half-opens in 2.5s`, the message a dead-letter record
+/// keeps. One `OpenError` per breaker is shared by all of its rejections, so that a rejection
+/// allocates only its failure.
+#[derive(Debug)]
+pub struct OpenError {
+    breaker: Arc<str>,
+    forced: bool,
+}
+
+impl OpenError {
+    /// The pair a breaker named `breaker` answers with: open, forced open.
+    pub(crate) fn pair(breaker: &Arc<str>) -> [Arc<OpenError>; 2] {
+        [false, true].map(|forced| {
+            Arc::new(OpenError {
+                breaker: Arc::clone(breaker),
+                forced,
+            })
+        })
+    }
+
+    /// The breaker's name ([`Builder::name`](super::Builder::name); a keyed breaker's key).
+    pub fn breaker(&self) -> &str {
+        &self.breaker
+    }
+
+    /// Whether an operator forced the breaker open (no time is known until it half-opens).
+    pub fn forced(&self) -> bool {
+        self.forced
+    }
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let how = if self.forced { "forced open" } else { "open" };
+        write!(f, "breaker {:?} is {how}", &*self.breaker)
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+#[cfg(test)]
+mod open_error_tests {
+    use super::*;
+
+    #[test]
+    fn an_open_breakers_failure_has_its_open_error_as_source() {
+        use crate::breaker::future::rejection_failure;
+        use crate::retry::{Attempts, GiveUp};
+        use crate::{Class, Code, Failure};
+
+        let [open, forced] = OpenError::pair(&Arc::from("api.mail.test:443"));
+        let f: Failure<u8> = rejection_failure(open, Some(Duration::from_millis(2500)));
+        assert_eq!(
+            (f.class(), f.code()),
+            (Class::CIRCUIT_OPEN, Code::CircuitOpen)
+        );
+        let source = std::error::Error::source(&f).expect("a source");
+        let open = source.downcast_ref::<OpenError>().expect("the OpenError");
+        assert_eq!(open.breaker(), "api.mail.test:443");
+        assert_eq!(f.retry_after(), Some(Duration::from_millis(2500)));
+        let message = r#"breaker "api.mail.test:443" is open; half-opens in 2.5s"#;
+        assert_eq!(f.message(), message);
+        assert!(f.to_string().ends_with(message), "{f}");
+        assert!(format!("{f:?}").contains("api.mail.test:443"), "{f:?}");
+        // With the retry layer's notes too, `Debug` still names one source.
+        let noted: Failure<u8> = rejection_failure::<u8>(forced, None).with_note(
+            Attempts::new(0, GiveUp::Deferred).with_first_failed_at(std::time::SystemTime::now()),
+        );
+        let debug = format!("{noted:?}");
+        assert_eq!(debug.matches("source:").count(), 1, "{debug}");
+        assert!(debug.contains("api.mail.test:443"), "{debug}");
+        assert_eq!(
+            noted.message(),
+            r#"breaker "api.mail.test:443" is forced open"#
+        );
+        // Kept when the response type changes; replaced by a later source.
+        let f = f.map_response(|_| ());
+        assert_eq!(f.message(), message);
+        let f = f.with_source("another cause");
+        assert_eq!(f.message(), "another cause");
+        assert!(
+            std::error::Error::source(&f)
+                .unwrap()
+                .downcast_ref::<OpenError>()
+                .is_none()
+        );
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::event::{Event, Listener, State};
-use super::open::OpenDuration;
+use super::open::{OpenDuration, OpenError};
 use super::sync::{AtomicU32, AtomicU64, Ordering};
 use super::window::{Counts, FAILED, SLOW, Window, WindowKind};
 use crate::failure::Class;
@@ -281,6 +281,9 @@ pub(crate) enum Outcome {
 /// response futures and the handles.
 pub(crate) struct Shared {
     pub(crate) name: Arc<str>,
+    /// What its rejections say: open, forced open (shared, so a rejection allocates only its
+    /// failure).
+    pub(crate) open_errors: [Arc<OpenError>; 2],
     pub(crate) settings: Settings,
     consecutive: Option<u32>,
     failure_rate: Option<f64>,
@@ -342,6 +345,7 @@ impl Shared {
         let clock_on_complete = slow.is_some() || window.as_ref().is_some_and(Window::needs_clock);
         Shared {
             name: config.name.clone(),
+            open_errors: OpenError::pair(&config.name),
             settings: config.clone(),
             consecutive,
             failure_rate: config.failure_rate,

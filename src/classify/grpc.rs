@@ -89,7 +89,7 @@ pub mod codes {
 ///
 /// `grpc-retry-pushback-ms` (gRFC A6): a non-negative integer is a server hint in milliseconds;
 /// a negative or unparseable value means "do not retry", and the retry layer stops with
-/// [`GiveUp::ServerSaidNo`](crate::GiveUp::ServerSaidNo).
+/// [`GiveUp::ServerSaidNo`](crate::retry::GiveUp::ServerSaidNo).
 #[derive(Clone, Debug, Default)]
 pub struct GrpcClassifier {
     overrides: Option<Arc<Vec<(i32, Class)>>>,

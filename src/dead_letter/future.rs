@@ -8,9 +8,11 @@ use tower_service::Service;
 
 use super::budget::refusal;
 use super::layer::Config;
+use super::note::{DeadLetterStatus, Unsent};
 use super::record::record_at;
-use crate::failure::{DeadLetterStatus, Failure};
+use crate::failure::Failure;
 use crate::request::{Describe, Envelope};
+use crate::retry::Attempts;
 use crate::store::{BoxFuture, Record, StoreError};
 
 pin_project! {
@@ -110,10 +112,16 @@ fn start_write<Req, R>(
 where
     Req: Describe + Send + 'static,
 {
-    // Our own copy, or the retry layer's unsent one (`DeadLetterRetryLayer`).
+    // Our own copy, or the retry layer's unsent one (the preset's `with_retry`).
     let (kept, id) = match std::mem::replace(kept, Kept::HandedBack) {
         Kept::Copy(copy) => (Some(copy), None),
-        Kept::HandedBack => (failure.take_request::<Req>(), None),
+        Kept::HandedBack => (
+            failure
+                .notes_mut()
+                .remove::<Unsent<Req>>()
+                .map(Unsent::into_inner),
+            None,
+        ),
         Kept::Uncopyable(id) => (None, id),
     };
     let config = Arc::clone(config);
@@ -214,27 +222,27 @@ where
                         .take()
                         .expect("dead-letter future polled after completion");
                     match result {
-                        Ok(()) if failure.is_deferred() => {
+                        Ok(()) if deferred(&failure) => {
                             // Kept for the scheduler's re-send: expected, not a dead letter.
                             tracing::info!(
                                 id = %id,
                                 class = %failure.class(),
                                 code = %failure.code(),
-                                attempts = failure.attempts(),
-                                retry_at = ?failure.retry_at(),
+                                attempts = attempts(&failure),
+                                retry_at = ?failure.note::<Attempts>().and_then(Attempts::retry_at),
                                 "deferred request stored for a re-send"
                             );
-                            failure.note_dead_letter(DeadLetterStatus::Stored { id });
+                            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
                         }
                         Ok(()) => {
                             tracing::warn!(
                                 id = %id,
                                 class = %failure.class(),
                                 code = %failure.code(),
-                                attempts = failure.attempts().max(1),
+                                attempts = attempts(&failure).max(1),
                                 "dead letter stored"
                             );
-                            failure.note_dead_letter(DeadLetterStatus::Stored { id });
+                            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
                         }
                         Err(error) => {
                             tracing::error!(
@@ -244,7 +252,7 @@ where
                                 error = %error,
                                 "dead letter could not be written"
                             );
-                            failure.note_dead_letter(DeadLetterStatus::NotStored {
+                            failure.notes_mut().insert(DeadLetterStatus::NotStored {
                                 id,
                                 error: Box::new(error),
                             });
@@ -328,4 +336,16 @@ impl<S: Service<Req>, Req> Future for InnerFuture<S, Req> {
             }
         }
     }
+}
+
+/// Whether the retry layer deferred `failure` (see [`Attempts::is_deferred`]).
+fn deferred<R>(failure: &Failure<R>) -> bool {
+    failure
+        .note::<Attempts>()
+        .is_some_and(Attempts::is_deferred)
+}
+
+/// The attempts the retry layer counted for `failure`; zero when no retry layer saw it.
+fn attempts<R>(failure: &Failure<R>) -> u32 {
+    failure.note::<Attempts>().map_or(0, Attempts::count)
 }

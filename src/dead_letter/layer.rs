@@ -29,8 +29,7 @@ pub(crate) struct Config {
     pub(crate) redact: RedactHeaders,
     /// The durable attempt budget per message id, when set.
     pub(crate) budget: Option<u32>,
-    /// Whether the warning that a [`DeadLetterRetryLayer`](crate::retry::DeadLetterRetryLayer)
-    /// cannot apply the budget was given.
+    /// Whether the warning that the preset cannot apply the budget was given.
     pub(crate) budget_warned: Arc<AtomicBool>,
 }
 
@@ -160,10 +159,10 @@ impl DeadLetterLayer {
     /// fails open.
     ///
     /// The budget is read by this layer's own service, stacked above the retry layer as its own
-    /// layer. [`DeadLetterRetryLayer`](crate::retry::DeadLetterRetryLayer), and so
-    /// [`BackstopLayer`](crate::BackstopLayer), start the retry layer's call before this layer
-    /// could read the count: they do not apply the budget, and a `tracing` warning says so at
-    /// their first call.
+    /// layer. [`BackstopLayer`](crate::BackstopLayer), which builds this layer and the retry
+    /// layer as one so that they share a request copy, starts the retry layer's call before this
+    /// layer could read the count: it does not apply the budget, and a `tracing` warning says so
+    /// at its first call.
     ///
     /// ```
     /// use tower::ServiceBuilder;

@@ -9,9 +9,9 @@
 //! original payload (up to a size limit) with what is needed to re-send it. Writing the same id
 //! again updates the record instead of duplicating it, keeping the last K errors in its history.
 //!
-//! The caller still receives the failure, with [`Failure::dead_letter`] saying where the record
-//! went. A store that cannot be written does not hide the original failure: the failure comes
-//! back with [`DeadLetterStatus::NotStored`](crate::DeadLetterStatus::NotStored) and the store's
+//! The caller still receives the failure, with a [`DeadLetterStatus`] note saying where the
+//! record went. A store that cannot be written does not hide the original failure: the failure comes
+//! back with [`DeadLetterStatus::NotStored`] and the store's
 //! error, and a `tracing` error event reports it.
 //!
 //! To describe the request after the inner service consumed it, the layer keeps a copy made with
@@ -23,9 +23,9 @@
 //!
 //! ```
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use tower_backstop::dead_letter::DeadLetterLayer;
 //! use tower_backstop::store::{MemoryStore, Store};
-//! use tower_backstop::{BoxError, DeadLetterStatus};
+//! use tower_backstop::BoxError;
+//! use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let store = MemoryStore::new();
@@ -35,7 +35,7 @@
 //!         Err::<(), BoxError>("template failed to render".into())
 //!     }));
 //! let failure = svc.oneshot("{\"to\":\"a@example.com\"}".to_owned()).await.unwrap_err();
-//! let Some(DeadLetterStatus::Stored { id }) = failure.dead_letter() else { panic!() };
+//! let Some(DeadLetterStatus::Stored { id }) = failure.note::<DeadLetterStatus>() else { panic!() };
 //! let record = store.get(id).await.unwrap().unwrap();
 //! assert_eq!(record.payload, b"{\"to\":\"a@example.com\"}");
 //! assert_eq!(record.message, "template failed to render");
@@ -135,17 +135,22 @@ use crate::store::Store;
 mod budget;
 mod future;
 mod layer;
+mod note;
 mod reconcile;
 mod record;
+mod with_retry;
 
 pub use self::budget::BudgetSpent;
 pub use self::future::{InnerFuture, ResponseFuture};
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
+pub use self::note::DeadLetterStatus;
+pub(crate) use self::note::Unsent;
 pub use self::reconcile::{
     Delivery, Reconcile, ReconcileFuture, ReconcileLayer, Reconciled, ReconciledResponse,
     StatusCheck,
 };
 pub use self::record::record_of;
+pub(crate) use self::with_retry::{DeadLetterRetry as WithRetry, DeadLetterRetryLayer};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).
 #[derive(Clone)]
@@ -168,7 +173,7 @@ impl<S> DeadLetter<S> {
 impl<S> DeadLetter<S> {
     /// A call that keeps no copy of its own: `call` gets the inner service and returns its
     /// future, and the copy comes back on the failure (the retry layer's unsent spare, see
-    /// `DeadLetterRetryLayer`).
+    /// `with_retry`).
     #[inline]
     pub(crate) fn call_reusing<F, Req, R>(
         &mut self,
@@ -177,8 +182,8 @@ impl<S> DeadLetter<S> {
         if self.config.budget.is_some() && !self.config.budget_warned.swap(true, Ordering::Relaxed)
         {
             tracing::warn!(
-                "the dead-letter layer's attempt budget is not applied under DeadLetterRetryLayer \
-                 or BackstopLayer: stack DeadLetterLayer above RetryLayer as two layers for it"
+                "the dead-letter layer's attempt budget is not applied under BackstopLayer: stack \
+                 DeadLetterLayer above RetryLayer as two layers for it"
             );
         }
         let (future, uncopyable) = call(&mut self.inner);

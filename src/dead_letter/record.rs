@@ -2,8 +2,9 @@
 
 use std::time::SystemTime;
 
-use crate::failure::{Class, Code, Failure, GiveUp};
+use crate::failure::{Class, Code, Failure};
 use crate::request::Envelope;
+use crate::retry::{Attempts, GiveUp};
 use crate::store::{ErrorEntry, Record, RedactHeaders, Status, truncate};
 
 use super::BudgetSpent;
@@ -12,7 +13,7 @@ use super::BudgetSpent;
 /// [`DeadLetterLayer`](super::DeadLetterLayer) writes, and what a [`Store`](crate::store::Store)
 /// test or a tool can build the same way.
 ///
-/// `retry_at` is the retry layer's [`Failure::retry_at`] (or, when no retry layer saw the
+/// `retry_at` is the retry layer's [`Attempts::retry_at`](crate::retry::Attempts::retry_at) (or, when no retry layer saw the
 /// failure, its delay hint counted from now), rounded up to the millisecond, and the status is
 /// [`Deferred`](Status::Deferred), when the failure is deferred: the retry layer deferred it
 /// ([`GiveUp::Deferred`]) or no retry layer saw it and it has a hint, and its class is not
@@ -44,9 +45,10 @@ pub(crate) fn record_at<R>(
     let (headers, redacted_headers) =
         RedactHeaders::default().split(std::mem::take(&mut envelope.headers));
     let deferred = is_deferred(failure);
+    let noted = failure.note::<Attempts>();
     let retry_at = if deferred {
-        failure
-            .retry_at()
+        noted
+            .and_then(Attempts::retry_at)
             .or_else(|| failure.retry_after().and_then(|d| now.checked_add(d)))
     } else {
         None
@@ -56,9 +58,9 @@ pub(crate) fn record_at<R>(
     let attempts = if refused_by_budget(failure) {
         0
     } else if failure.code() == Code::CircuitOpen {
-        failure.attempts()
+        noted.map_or(0, Attempts::count)
     } else {
-        failure.attempts().max(1)
+        noted.map_or(0, Attempts::count).max(1)
     };
     let class = failure.class().name().to_owned();
     let code = failure.code().to_string();
@@ -79,7 +81,7 @@ pub(crate) fn record_at<R>(
         message,
         attempts,
         budget_spent: attempts,
-        first_failed_at: truncate(failure.first_failed_at().unwrap_or(now)),
+        first_failed_at: truncate(noted.and_then(Attempts::first_failed_at).unwrap_or(now)),
         last_failed_at: last,
         retry_at: retry_at.map(ceil_millis),
         status: if retry_at.is_some() {
@@ -108,12 +110,12 @@ fn refused_by_budget<R>(failure: &Failure<R>) -> bool {
 /// than dead.
 ///
 /// A failure is deferred when the retry layer deferred it ([`GiveUp::Deferred`], with an
-/// absolute [`Failure::retry_at`]), or when no retry layer saw it and it carries a delay hint;
+/// absolute [`Attempts::retry_at`](crate::retry::Attempts::retry_at)), or when no retry layer saw it and it carries a delay hint;
 /// in both cases only if its class is neither permanent nor poison (those fail again whenever
 /// they are sent). A failure the retry layer gave up on ([`GiveUp::HintTooLong`] under
 /// `LongDelay::GiveUp`, attempts exhausted…) is dead.
 fn is_deferred<R>(failure: &Failure<R>) -> bool {
-    let deferrable = match failure.give_up() {
+    let deferrable = match failure.note::<Attempts>().map(Attempts::give_up) {
         Some(GiveUp::Deferred) => true,
         None => failure.retry_after().is_some(),
         Some(_) => false,
@@ -152,7 +154,9 @@ mod tests {
         assert!(r.retry_at.is_some());
         let mut spent: Failure =
             Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
-        spent.note_attempts(3, None, GiveUp::AttemptsExhausted);
+        spent
+            .notes_mut()
+            .insert(Attempts::new(3, GiveUp::AttemptsExhausted));
         let r = from_failure("k".into(), Envelope::new("x"), &spent);
         assert_eq!((r.status, r.retry_at), (Status::Dead, None));
         let permanent: Failure =
@@ -163,14 +167,17 @@ mod tests {
         let at = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000_000_000);
         let mut deferred: Failure =
             Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
-        deferred.note_attempts(1, None, GiveUp::Deferred);
-        deferred.note_retry_at(at);
+        deferred
+            .notes_mut()
+            .insert(Attempts::new(1, GiveUp::Deferred).with_retry_at(at));
         let r = from_failure("k".into(), Envelope::new("x"), &deferred);
         assert_eq!((r.status, r.retry_at), (Status::Deferred, Some(at)));
         // Given up on because the hint was too long (`LongDelay::GiveUp`): dead.
         let mut too_long: Failure =
             Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
-        too_long.note_attempts(1, None, GiveUp::HintTooLong);
+        too_long
+            .notes_mut()
+            .insert(Attempts::new(1, GiveUp::HintTooLong));
         let r = from_failure("k".into(), Envelope::new("x"), &too_long);
         assert_eq!((r.status, r.retry_at), (Status::Dead, None));
     }

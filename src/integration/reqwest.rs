@@ -2,7 +2,7 @@
 //!
 //! - [`Replay`] for `reqwest::Request`: a copy by `try_clone`. A request whose body is a stream
 //!   cannot be copied: it is sent once, and its failure says
-//!   [`GiveUp::NotReplayable`](crate::GiveUp::NotReplayable). Safe to resend: an idempotent
+//!   [`GiveUp::NotReplayable`](crate::retry::GiveUp::NotReplayable). Safe to resend: an idempotent
 //!   method (RFC 9110 §9.2.2) or an `Idempotency-Key` header, as for `http::Request`.
 //! - [`Describe`] for `reqwest::Request`: method, URL, `Content-Type`, `Idempotency-Key` (the
 //!   record id) and the body bytes, in the same [`Envelope`] fields as an `http::Request`.

@@ -4,7 +4,7 @@
 //! what a generated client (`HealthClient::new(stack)`) expects:
 //!
 //! - it reads each request body into a bounded replay buffer (gRFC A6: past the limit the call
-//!   is sent once and not retried, [`GiveUp::NotReplayable`](crate::GiveUp::NotReplayable)), so
+//!   is sent once and not retried, [`GiveUp::NotReplayable`](crate::retry::GiveUp::NotReplayable)), so
 //!   [`RetryLayer`](crate::retry::RetryLayer) can send it again, and the request travels down
 //!   as a [`GrpcRequest`], which the `Channel` accepts;
 //! - it hands the caller the `tonic::Status` it expects: the server's own status (code and
@@ -81,7 +81,7 @@ impl Service<GrpcRequest> for Channel {
 /// takes as its channel, with no closures.
 ///
 /// - It reads each request body into a bounded replay buffer (gRFC A6: past the limit the call
-///   is sent once and not retried, [`GiveUp::NotReplayable`](crate::GiveUp::NotReplayable)), so
+///   is sent once and not retried, [`GiveUp::NotReplayable`](crate::retry::GiveUp::NotReplayable)), so
 ///   [`RetryLayer`](crate::retry::RetryLayer) can send it again; the request travels down as a
 ///   [`GrpcRequest`], which the `Channel` accepts.
 /// - It hands the caller the `tonic::Status` it expects: the server's own status (code and

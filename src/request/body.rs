@@ -16,7 +16,7 @@ use super::replay::Replay;
 ///   A request with a complete body can be replayed ([`Replay`]).
 /// - **Partial**: the body was longer than the limit. It still streams every byte (the part
 ///   read, then the rest), but it cannot be copied: a request with a partial body is never
-///   retried, and its failure says [`GiveUp::NotReplayable`](crate::GiveUp::NotReplayable).
+///   retried, and its failure says [`GiveUp::NotReplayable`](crate::retry::GiveUp::NotReplayable).
 #[derive(Debug)]
 pub struct BufferedBody<B> {
     kind: Kind<B>,

@@ -8,8 +8,9 @@ use tower_service::Service;
 
 use super::rebuild::envelope_of;
 use crate::clock::Clock;
+use crate::dead_letter::DeadLetterStatus;
 use crate::dead_letter::record_of;
-use crate::failure::{DeadLetterStatus, Failure};
+use crate::failure::Failure;
 use crate::store::{Change, Claim, Filter, Page, Record, Status, Store, StoreError, add_clamped};
 
 /// A re-drive cannot be built as asked.
@@ -322,7 +323,7 @@ where
             let failure: Failure<S::Response> = e.into();
             let class = failure.class().name().to_owned();
             let code = failure.code().to_string();
-            let recorded = match failure.dead_letter() {
+            let recorded = match failure.note::<DeadLetterStatus>() {
                 Some(DeadLetterStatus::Stored { .. }) => true,
                 Some(_) => false,
                 None => {

@@ -32,7 +32,7 @@ const TOKEN: i64 = 1000;
 ///
 /// A retry is withdrawn from the budget when it is **scheduled**, before its delay is slept, so
 /// retries waiting in backoff count. When the budget is empty the failure is returned at once,
-/// marked [`GiveUp::BudgetExhausted`](crate::GiveUp::BudgetExhausted).
+/// marked [`GiveUp::BudgetExhausted`](crate::retry::GiveUp::BudgetExhausted).
 #[derive(Clone)]
 pub struct Budget {
     kind: Arc<Kind>,

@@ -24,7 +24,7 @@ use crate::request::{BufferedBody, Collect};
 ///
 /// A body longer than `limit` is not held: it still streams through in full, but the request is
 /// not replayable, is never retried, and its failure says
-/// [`GiveUp::NotReplayable`](crate::GiveUp::NotReplayable).
+/// [`GiveUp::NotReplayable`](crate::retry::GiveUp::NotReplayable).
 ///
 /// The trade-off: the body is read before the first attempt starts (latency of one body read,
 /// memory up to `limit` per request in flight). The body type must be `Unpin` (box it otherwise).

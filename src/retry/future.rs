@@ -8,8 +8,9 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::note::{Attempts, GiveUp};
 use super::policy::{Attempted, Decision, PolicyRef, RetryEvent, Spare, outcome_unknown, retry_at};
-use crate::failure::{Class, Code, Failure, GiveUp};
+use crate::failure::{Class, Code, Failure};
 use crate::request::Replay;
 
 pin_project! {
@@ -37,14 +38,14 @@ pin_project! {
         // Why the request was not retryable, when `retry` is `None`.
         single: GiveUp,
         // Set under a dead-letter layer that reuses this layer's copy of the request
-        // (`DeadLetterRetryLayer`): every failure carries the unsent copy up.
+        // (the preset's, `dead_letter::with_retry`): every failure carries the unsent copy up.
         hand_back: Option<HandBack<S::Response, Req>>,
         // The copy handed back when `retry` is `None`.
         kept: Option<Req>,
     }
 }
 
-/// Puts an unsent copy of the request on a failure (see [`Failure::note_request`]).
+/// Puts an unsent copy of the request on a failure, for the dead-letter layer above.
 pub(crate) type HandBack<R, Req> = fn(&mut Failure<R>, Req);
 
 pin_project! {
@@ -246,7 +247,11 @@ fn give_up<R>(
         reason = reason.as_str(),
         "giving up"
     );
-    failure.note_attempts(attempts, first_failed_at, reason);
+    let mut note = Attempts::new(attempts, reason);
+    if let Some(at) = first_failed_at {
+        note = note.with_first_failed_at(at);
+    }
+    failure.notes_mut().insert(note);
     failure
 }
 
@@ -347,8 +352,12 @@ where
                         if rejected && let Some(left) = failure.retry_after() {
                             // Not retried here, but it never left: deferred to the half-open
                             // instant, like any rejection.
-                            failure.note_retry_at(retry_at(SystemTime::now(), left));
-                            failure.note_attempts(0, Some(SystemTime::now()), GiveUp::Deferred);
+                            let now = SystemTime::now();
+                            failure.notes_mut().insert(
+                                Attempts::new(0, GiveUp::Deferred)
+                                    .with_first_failed_at(now)
+                                    .with_retry_at(retry_at(now, left)),
+                            );
                             return Poll::Ready(Err(handed(
                                 *this.hand_back,
                                 this.kept.take(),
@@ -412,8 +421,11 @@ where
                                 retry_at = %httpdate::fmt_http_date(at),
                                 "deferring: delay above the maximum in-process delay"
                             );
-                            failure.note_retry_at(at);
-                            failure.note_attempts(r.attempts, Some(first), GiveUp::Deferred);
+                            failure.notes_mut().insert(
+                                Attempts::new(r.attempts, GiveUp::Deferred)
+                                    .with_first_failed_at(first)
+                                    .with_retry_at(at),
+                            );
                             return Poll::Ready(Err(handed(
                                 *this.hand_back,
                                 r.spare.take(),

@@ -21,8 +21,7 @@
 //!    `grpc-retry-pushback-ms`; `RateLimit-Reset` and `X-RateLimit-Reset`) when it gave one,
 //!    else the class's [`Backoff`] with its [`Jitter`]. A delay above
 //!    [`max_delay`](RetryPolicy::max_delay) is not slept: the request is deferred
-//!    ([`GiveUp::Deferred`], with
-//!    [`Failure::retry_at`](crate::Failure::retry_at)) or given up, as configured.
+//!    ([`GiveUp::Deferred`], with [`Attempts::retry_at`]) or given up, as configured.
 //! 4. Is there budget and time left? A [`Budget`] shared by clones, withdrawn when a retry is
 //!    scheduled; a [`deadline`](RetryPolicy::deadline) past which no attempt starts and no delay
 //!    is slept.
@@ -33,11 +32,11 @@
 //! `Full<Bytes>` or `Arc` payloads. A request that cannot be retried at all costs no copy, no
 //! service clone and no policy clone; with the unedited [`RetryPolicy::default`] no call clones
 //! the policy until an attempt fails. A [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer)
-//! directly above keeps a second copy of its own, unless both are built as one
-//! [`DeadLetterRetryLayer`], which shares this layer's spare.
+//! directly above keeps a second copy of its own; [`BackstopLayer`](crate::BackstopLayer) builds
+//! the two so that the dead-letter layer reuses this layer's spare instead.
 //!
-//! When it stops, the failure records the number of attempts and why
-//! ([`Failure::attempts`](crate::Failure::attempts), [`Failure::give_up`](crate::Failure::give_up)).
+//! When it stops, the failure carries an [`Attempts`] note: the number of attempts and why
+//! ([`GiveUp`]), read with `failure.note::<Attempts>()`.
 //! Every retry, give-up and deferral is a `tracing` event at `INFO` (fields: attempt or
 //! attempts, class, code, delay, why or reason, retry_at).
 //!
@@ -46,7 +45,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
-//! use tower_backstop::retry::{Backoff, Budget, ClassPolicy, Jitter, RetryLayer, RetryPolicy};
+//! use tower_backstop::retry::{Attempts, Backoff, Budget, ClassPolicy, Jitter, RetryLayer, RetryPolicy};
 //! use tower_backstop::{BoxError, Class};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
@@ -79,7 +78,7 @@
 //!         async { Err::<(), BoxError>(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into()) }
 //!     }));
 //! let failure = svc.oneshot("hello".to_owned()).await.unwrap_err();
-//! assert_eq!(failure.attempts(), 4);
+//! assert_eq!(failure.note::<Attempts>().map(Attempts::count), Some(4));
 //! assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 4);
 //! # }
 //! ```
@@ -88,23 +87,23 @@ use std::task::{Context, Poll};
 
 use tower_service::Service;
 
-use crate::failure::{Failure, GiveUp};
+use crate::failure::Failure;
 use crate::request::Replay;
 
 mod backoff;
 mod budget;
 mod buffer;
-mod dead_letters;
 mod future;
 mod layer;
+mod note;
 mod policy;
 
 pub use self::backoff::{Backoff, EmptySchedule, Jitter};
 pub use self::budget::{Budget, InvalidBudget};
 pub use self::buffer::{BodyReadError, ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
-pub use self::dead_letters::{DeadLetterRetry, DeadLetterRetryLayer};
 pub use self::future::{DeadlineElapsed, ResponseFuture};
 pub use self::layer::RetryLayer;
+pub use self::note::{Attempts, GiveUp};
 pub use self::policy::{ClassPolicy, DelaySource, LongDelay, RetryEvent, RetryPolicy};
 
 /// Retries failed calls by a [`RetryPolicy`]; see the [module docs](self).

@@ -10,7 +10,8 @@ use rand::rngs::SmallRng;
 
 use super::backoff::Backoff;
 use super::budget::Budget;
-use crate::failure::{Class, Code, Failure, GiveUp, Sent};
+use super::note::GiveUp;
+use crate::failure::{Class, Code, Failure, Sent};
 
 /// Where a retry's delay came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -59,7 +60,7 @@ pub struct RetryEvent {
 #[non_exhaustive]
 pub enum LongDelay {
     /// Return the failure at once, marked [`GiveUp::Deferred`], with
-    /// [`Failure::retry_at`] set to when to send it again; a dead-letter store keeps it with
+    /// [`Attempts::retry_at`](super::Attempts::retry_at) set to when to send it again; a dead-letter store keeps it with
     /// that retry-at time. The default.
     #[default]
     Defer,
@@ -444,7 +445,7 @@ impl RetryPolicy {
     ///
     /// A breaker rejection ([`Class::CIRCUIT_OPEN`]) is not an attempt: the request never left.
     /// By default it is returned at once, marked [`GiveUp::Deferred`] with
-    /// [`Failure::retry_at`] at the instant the breaker half-opens (rounded up to the millisecond), so
+    /// [`Attempts::retry_at`](super::Attempts::retry_at) at the instant the breaker half-opens (rounded up to the millisecond), so
     /// that a [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer) keeps it as a deferred
     /// record and its [`Scheduler`](crate::resend::Scheduler) sends it again then; a
     /// [`FailoverLayer`](crate::breaker::FailoverLayer) below this layer takes the call instead

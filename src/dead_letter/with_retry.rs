@@ -1,14 +1,15 @@
-//! The dead-letter layer directly above the retry layer, sharing one copy of each request.
+//! The dead-letter layer directly above the retry layer, sharing one copy of each request: what
+//! the preset builds.
 
 use std::task::{Context, Poll};
 
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{ResponseFuture, Retry, RetryLayer};
-use crate::dead_letter::{self, DeadLetter, DeadLetterLayer};
+use super::{DeadLetter, DeadLetterLayer, Unsent};
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
+use crate::retry::{ResponseFuture, Retry, RetryLayer};
 
 /// [`DeadLetterLayer`] directly above [`RetryLayer`], built as one layer so that both share a
 /// single copy of each request.
@@ -27,40 +28,15 @@ use crate::request::{Describe, Replay};
 /// other layers between them, or with [`DeadLetterLayer`] alone, each layer keeps its own copy
 /// as before: the dead-letter layer cannot know, before the call, that a layer below will
 /// hand a copy back.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower::ServiceBuilder;
-/// use tower_backstop::breaker::BreakerLayer;
-/// use tower_backstop::classify::ClassifyLayer;
-/// use tower_backstop::dead_letter::DeadLetterLayer;
-/// use tower_backstop::store::MemoryStore;
-/// use tower_backstop::retry::{DeadLetterRetryLayer, RetryLayer, RetryPolicy};
-/// use tower_backstop::timeout::TimeoutLayer;
-///
-/// # let client = tower::service_fn(|_: http::Request<String>| async {
-/// #     Ok::<_, tower_backstop::BoxError>(http::Response::new(()))
-/// # });
-/// let svc = ServiceBuilder::new()
-///     .layer(DeadLetterRetryLayer::new(
-///         DeadLetterLayer::new(MemoryStore::new()),
-///         RetryLayer::new(RetryPolicy::new().max_attempts(5)),
-///     ))
-///     .layer(BreakerLayer::new())
-///     .layer(ClassifyLayer::http())
-///     .layer(TimeoutLayer::new(Duration::from_secs(2)))
-///     .service(client);
-/// # let _ = svc;
-/// ```
 #[derive(Clone, Debug)]
-pub struct DeadLetterRetryLayer {
+pub(crate) struct DeadLetterRetryLayer {
     dead_letters: DeadLetterLayer,
     retry: RetryLayer,
 }
 
 impl DeadLetterRetryLayer {
     /// `dead_letters` directly above `retry`, sharing one request copy.
-    pub fn new(dead_letters: DeadLetterLayer, retry: RetryLayer) -> Self {
+    pub(crate) fn new(dead_letters: DeadLetterLayer, retry: RetryLayer) -> Self {
         DeadLetterRetryLayer {
             dead_letters,
             retry,
@@ -81,13 +57,15 @@ impl<S> Layer<S> for DeadLetterRetryLayer {
 /// The service of [`DeadLetterRetryLayer`]: a [`DeadLetter`] over a [`Retry`] that share one
 /// request copy.
 #[derive(Clone, Debug)]
-pub struct DeadLetterRetry<S> {
+pub(crate) struct DeadLetterRetry<S> {
     inner: DeadLetter<Retry<S>>,
 }
 
 /// Puts the retry layer's unsent copy on the failure, for the dead-letter layer above.
 fn hand_back<R, Req: Send + 'static>(failure: &mut Failure<R>, request: Req) {
-    failure.note_request(request);
+    failure
+        .notes_mut()
+        .insert(Unsent(std::sync::Mutex::new(request)));
 }
 
 impl<S, Req> Service<Req> for DeadLetterRetry<S>
@@ -98,7 +76,7 @@ where
 {
     type Response = S::Response;
     type Error = Failure<S::Response>;
-    type Future = dead_letter::ResponseFuture<ResponseFuture<S, Req>, Req, S::Response>;
+    type Future = super::ResponseFuture<ResponseFuture<S, Req>, Req, S::Response>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -117,3 +95,7 @@ where
         })
     }
 }
+
+#[cfg(all(test, not(tower_backstop_loom)))]
+#[path = "with_retry_tests.rs"]
+mod tests;

@@ -1,5 +1,5 @@
-//! Issue #12: `DeadLetterRetryLayer` (the dead-letter layer directly above the retry layer)
-//! makes one copy of each request where the two layers stacked make two, and records exactly
+//! `DeadLetterRetryLayer` (the dead-letter layer directly above the retry layer, as the preset
+//! builds them) makes one copy of each request where the two layers stacked make two, and records exactly
 //! what they record. On tokio's paused clock, with in-process services.
 
 use std::future::{Ready, ready};
@@ -8,12 +8,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use super::DeadLetterRetryLayer;
+use crate::dead_letter::{DeadLetterLayer, DeadLetterStatus};
+use crate::request::{Describe, Envelope, Replay};
+use crate::retry::{Attempts, GiveUp, RetryLayer, RetryPolicy};
+use crate::store::{MemoryStore, Status, Store};
+use crate::{BoxError, Class, Code, Failure};
 use tower::{Layer, ServiceExt, service_fn};
-use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::request::{Describe, Envelope, Replay};
-use tower_backstop::retry::{DeadLetterRetryLayer, RetryLayer, RetryPolicy};
-use tower_backstop::store::{MemoryStore, Status, Store};
-use tower_backstop::{BoxError, Class, Code, DeadLetterStatus, Failure, GiveUp};
 
 /// A request that counts its copies; `replayable: false` cannot be copied at all.
 struct Counted {
@@ -95,20 +96,15 @@ fn transient() -> Result<(), Failure> {
 
 fn no_jitter() -> RetryPolicy {
     RetryPolicy::new().backoff(
-        tower_backstop::retry::Backoff::constant(Duration::from_millis(10))
-            .jitter(tower_backstop::retry::Jitter::None),
+        crate::retry::Backoff::constant(Duration::from_millis(10))
+            .jitter(crate::retry::Jitter::None),
     )
 }
 
 /// Calls `layer` over `outcomes` once; returns the result, the copies made, the calls made and
 /// the store's records.
 /// The outcome, the copies made, the upstream's calls, and the records written.
-type Ran = (
-    Result<(), Failure>,
-    usize,
-    usize,
-    Vec<tower_backstop::store::Record>,
-);
+type Ran = (Result<(), Failure>, usize, usize, Vec<crate::store::Record>);
 
 async fn run<L>(
     layer: L,
@@ -218,9 +214,13 @@ async fn an_exhausted_request_is_recorded_the_same_from_the_retry_layers_copy() 
         // One copy per attempt either way: the spares (and the dead-letter layer's own when
         // stacked, or the spare kept for the last attempt when shared).
         assert_eq!(copies, 3, "{name}");
-        assert_eq!(failure.give_up(), Some(GiveUp::AttemptsExhausted), "{name}");
+        assert_eq!(
+            failure.note::<Attempts>().map(Attempts::give_up),
+            Some(GiveUp::AttemptsExhausted),
+            "{name}"
+        );
         assert!(
-            matches!(failure.dead_letter(), Some(DeadLetterStatus::Stored { id }) if id == "id-hello"),
+            matches!(failure.note::<DeadLetterStatus>(), Some(DeadLetterStatus::Stored { id }) if id == "id-hello"),
             "{name}: {failure:?}"
         );
         assert_eq!(records.len(), 1, "{name}");
@@ -252,7 +252,13 @@ async fn a_request_that_cannot_be_retried_still_comes_back_for_its_record() {
     let permanent = Err(Failure::new(Class::PERMANENT, Code::Error));
     let (result, _, calls, records) =
         run(shared(&store, no_jitter()), &store, vec![permanent], true).await;
-    assert_eq!(result.unwrap_err().give_up(), Some(GiveUp::NotRetryable));
+    assert_eq!(
+        result
+            .unwrap_err()
+            .note::<Attempts>()
+            .map(Attempts::give_up),
+        Some(GiveUp::NotRetryable)
+    );
     assert_eq!(calls, 1);
     assert_eq!(records[0].payload, b"hello");
 }
@@ -266,7 +272,12 @@ async fn a_deferred_or_deadline_ended_request_keeps_its_payload() {
     );
     let (result, _, calls, records) =
         run(shared(&store, no_jitter()), &store, vec![throttled], true).await;
-    assert!(result.unwrap_err().is_deferred());
+    assert!(
+        result
+            .unwrap_err()
+            .note::<Attempts>()
+            .is_some_and(Attempts::is_deferred)
+    );
     assert_eq!(calls, 1);
     assert_eq!(records[0].status, Status::Deferred);
     assert_eq!(records[0].payload, b"hello");
@@ -281,7 +292,10 @@ async fn a_deferred_or_deadline_ended_request_keeps_its_payload() {
     )
     .await;
     assert_eq!(
-        result.unwrap_err().give_up(),
+        result
+            .unwrap_err()
+            .note::<Attempts>()
+            .map(Attempts::give_up),
         Some(GiveUp::DeadlineExceeded)
     );
     assert_eq!(calls, 1);
@@ -294,7 +308,13 @@ async fn a_request_that_cannot_be_copied_is_recorded_without_its_payload_as_befo
         let store = MemoryStore::new();
         let (result, copies, calls, records) =
             run_either(shared_copy, &store, no_jitter(), vec![transient()], false).await;
-        assert_eq!(result.unwrap_err().give_up(), Some(GiveUp::NotReplayable));
+        assert_eq!(
+            result
+                .unwrap_err()
+                .note::<Attempts>()
+                .map(Attempts::give_up),
+            Some(GiveUp::NotReplayable)
+        );
         assert_eq!((copies, calls), (0, 1));
         assert_eq!(records.len(), 1);
         assert!(records[0].payload.is_empty());

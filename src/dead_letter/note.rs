@@ -1,0 +1,84 @@
+//! The dead-letter layer's note on a failure: where its record went.
+
+use std::fmt;
+use std::sync::Mutex;
+
+use crate::failure::{BoxError, Note, Notes};
+use crate::retry::Attempts;
+
+/// What became of a failure at the dead-letter layer: a [`Note`] on the failure it hands back,
+/// read with `failure.note::<DeadLetterStatus>()`.
+///
+/// In the failure's `Display` it ends the message: `; dead letter stored as {id}`,
+/// `; stored as {id} for a re-send when due` for a request the retry layer deferred, or
+/// `; dead letter {id} could not be written: {error}`.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DeadLetterStatus {
+    /// The record was written; `id` finds it in the store.
+    Stored {
+        /// The record's id (the idempotency key, or a generated message id).
+        id: String,
+    },
+    /// The record could not be written. The failure that caused it is still the one returned.
+    NotStored {
+        /// The id the record would have had.
+        id: String,
+        /// Why the store refused it: the store's error (a
+        /// [`StoreError`](crate::store::StoreError) from this crate's stores; reach it
+        /// with `error.downcast_ref::<StoreError>()`; a store of your own may fail with any
+        /// error).
+        error: BoxError,
+    },
+}
+
+impl DeadLetterStatus {
+    /// The record's id, written or not.
+    pub fn id(&self) -> &str {
+        match self {
+            DeadLetterStatus::Stored { id } | DeadLetterStatus::NotStored { id, .. } => id,
+        }
+    }
+
+    /// Whether the record could not be written.
+    pub fn failed(&self) -> bool {
+        matches!(self, DeadLetterStatus::NotStored { .. })
+    }
+}
+
+impl Note for DeadLetterStatus {
+    /// `; dead letter stored as {id}`, `; stored as {id} for a re-send when due` for a request
+    /// the retry layer deferred, or `; dead letter {id} could not be written: {error}`.
+    fn fmt_trailer(&self, notes: &Notes, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let deferred = notes.get::<Attempts>().is_some_and(Attempts::is_deferred);
+        match self {
+            // A deferred request is kept for the scheduler's re-send, not given up on.
+            DeadLetterStatus::Stored { id } if deferred => {
+                write!(f, "; stored as {id} for a re-send when due")
+            }
+            DeadLetterStatus::Stored { id } => write!(f, "; dead letter stored as {id}"),
+            DeadLetterStatus::NotStored { id, error } => {
+                write!(f, "; dead letter {id} could not be written: {error}")
+            }
+        }
+    }
+}
+
+/// An unsent copy of the request, handed up on a failure by a retry layer built with this
+/// layer (see `with_retry`), so that a call keeps one copy, not two. A `Mutex`, so that the
+/// failure stays `Sync` for a request that is only `Send`.
+pub(crate) struct Unsent<Q>(pub(crate) Mutex<Q>);
+
+impl<Q> fmt::Debug for Unsent<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Unsent(..)")
+    }
+}
+
+impl<Q: Send + 'static> Note for Unsent<Q> {}
+
+impl<Q> Unsent<Q> {
+    pub(crate) fn into_inner(self) -> Q {
+        self.0.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+}
