@@ -279,12 +279,15 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
         if e.is::<Invalid>() {
             return (Class::POISON, Code::Error);
         }
+        // reqwest says what its error was: a refused connection, a timeout.
         #[cfg(feature = "reqwest")]
-        if let Some(found) = e
-            .downcast_ref::<reqwest::Error>()
-            .and_then(crate::integration::reqwest::classify)
-        {
-            return found;
+        if let Some(e) = e.downcast_ref::<reqwest::Error>() {
+            if e.is_connect() {
+                return (Class::TRANSIENT, Code::Io(io::ErrorKind::ConnectionRefused));
+            }
+            if e.is_timeout() {
+                return (Class::TRANSIENT, Code::Timeout);
+            }
         }
         #[cfg(feature = "hyper-util")]
         if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {

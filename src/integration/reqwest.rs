@@ -13,19 +13,17 @@
 //! - [`HttpClassifier`] classifies a `reqwest::Response` by status and hint headers
 //!   (`Retry-After`, `RateLimit-Reset`, `X-RateLimit-Reset`) exactly as an `http::Response`.
 //! - [`classify_error`](crate::classify::classify_error) reads a `reqwest::Error`: a timeout
-//!   (reqwest's own or the connection's) is [`Code::Timeout`], transient; a connect error (refused,
+//!   (reqwest's own or the connection's) is [`Code::Timeout`](crate::Code::Timeout), transient; a connect error (refused,
 //!   DNS, connect timeout: no byte of the request was sent) is transient with
-//!   [`Code::Io`]`(ConnectionRefused)`, the proof that lets even a keyless POST be resent.
+//!   [`Code::Io`](crate::Code::Io)`(ConnectionRefused)`, the proof that lets even a keyless POST be resent.
 //! - `reqwest::Error` converts into [`Failure`] with that class and code, so that a layer of ours
 //!   may sit directly over a `reqwest::Client`: the stack then compiles in any order, and a wrong
 //!   one is reported by the order checks (a `tracing` warning when it is built) instead of a
 //!   compile error that names no layer.
 
-use std::io;
-
 use crate::breaker::{Authority, Key, KeyOf};
 use crate::classify::{Classifier, HttpClassifier, Verdict};
-use crate::failure::{BoxError, Class, Code, Failure};
+use crate::failure::{BoxError, Failure};
 use crate::request::describe::envelope_head;
 use crate::request::idempotency::{key_header, retry_safe_head};
 use crate::request::{Describe, Envelope, Replay};
@@ -88,22 +86,11 @@ impl Classifier<reqwest::Response> for HttpClassifier {
 
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 impl<R: 'static> From<reqwest::Error> for Failure<R> {
-    /// The error classified with [`classify_error`] (a timeout is [`Code::Timeout`], a connect
+    /// The error classified with [`classify_error`] (a timeout is [`Code::Timeout`](crate::Code::Timeout), a connect
     /// error a refused connection) and kept as the source.
     ///
     /// [`classify_error`]: crate::classify::classify_error
     fn from(error: reqwest::Error) -> Self {
         Failure::from(BoxError::from(error))
-    }
-}
-
-/// The class and code of a `reqwest::Error`, when reqwest says what it was.
-pub(crate) fn classify(error: &reqwest::Error) -> Option<(Class, Code)> {
-    if error.is_connect() {
-        Some((Class::TRANSIENT, Code::Io(io::ErrorKind::ConnectionRefused)))
-    } else if error.is_timeout() {
-        Some((Class::TRANSIENT, Code::Timeout))
-    } else {
-        None
     }
 }
