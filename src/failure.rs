@@ -14,8 +14,7 @@ use std::time::Duration;
 use http::StatusCode;
 use sync_wrapper::SyncWrapper;
 
-/// A type-erased error, the `tower` convention: `Box<dyn Error + Send + Sync>`.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use tower::BoxError;
 
 /// The class of a failure: what kind of trouble it is, and so what the retry policy, the breaker
 /// and the dead-letter layer do with it.

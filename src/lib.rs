@@ -139,7 +139,7 @@ pub use self::failure::{BoxError, Class, Code, Failure, Note, Notes, Sent};
 pub use self::integration::tonic::{
     DEFAULT_GRPC_BUFFER, Grpc, GrpcFuture, GrpcLayer, GrpcRequest, IntoGrpcRequest,
 };
-pub use self::preset::{Backstop, BackstopLayer, Guarded};
+pub use self::preset::{Backstop, BackstopLayer};
 pub use self::request::{Describe, Envelope, MessageId, Replay};
 
 // The README's code blocks compile as doctests.

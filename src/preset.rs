@@ -173,7 +173,7 @@ impl RetryPolicy {
 }
 
 /// The breaker, classify and timeout layers of a [`BackstopLayer`] with breaker layer `B`.
-pub type Guarded<S, C, B> = <B as Layer<Classify<Timeout<S>, C>>>::Service;
+pub(crate) type Guarded<S, C, B> = <B as Layer<Classify<Timeout<S>, C>>>::Service;
 
 /// The service a [`BackstopLayer`] builds around `S`: the five layers with a dead-letter store,
 /// the four below the dead-letter layer without. For example the type of
