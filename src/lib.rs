@@ -122,6 +122,7 @@ pub mod classify;
 mod clock;
 pub mod dead_letter;
 mod failure;
+mod grpc_wire;
 mod integration;
 mod order;
 mod preset;

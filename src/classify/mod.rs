@@ -113,7 +113,7 @@ use crate::failure::{BoxError, Class, Code, Failure, Sent};
 
 mod buffer;
 mod future;
-pub(crate) mod grpc;
+mod grpc;
 mod http;
 mod invalid;
 mod layer;
@@ -121,7 +121,7 @@ mod smtp;
 
 pub use self::buffer::{BufferResponse, BufferResponseFuture, BufferResponseLayer};
 pub use self::future::{Panicked, ResponseFuture};
-pub use self::grpc::{GrpcClassifier, Trailers, codes};
+pub use self::grpc::{GrpcClassifier, Trailers};
 pub use self::http::{
     BodyClassifier, HttpClassifier, InvalidRetryAfter, MAX_RESET_HINT, parse_retry_after,
     rate_limit_reset_hint,
@@ -129,6 +129,7 @@ pub use self::http::{
 pub use self::invalid::Invalid;
 pub use self::layer::ClassifyLayer;
 pub use self::smtp::{SmtpClassifier, SmtpReply};
+pub use crate::grpc_wire::codes;
 
 /// The result of classifying one failed attempt: its class, its original code, and the server's
 /// delay hint, if it gave one.

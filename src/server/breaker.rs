@@ -236,8 +236,8 @@ where
             }
             ServerProj::Rejected { retry_after, grpc } => {
                 if *grpc {
-                    return Poll::Ready(Ok(crate::classify::grpc::trailers_only(
-                        crate::classify::codes::UNAVAILABLE,
+                    return Poll::Ready(Ok(crate::grpc_wire::trailers_only(
+                        crate::grpc_wire::codes::UNAVAILABLE,
                         "circuit open",
                         *retry_after,
                     )));

@@ -152,8 +152,8 @@ where
         {
             tracing::debug!(timeout = ?this.timeout, status = this.status.as_u16(), "handler timed out");
             if *this.grpc {
-                return Poll::Ready(Ok(crate::classify::grpc::trailers_only(
-                    crate::classify::codes::DEADLINE_EXCEEDED,
+                return Poll::Ready(Ok(crate::grpc_wire::trailers_only(
+                    crate::grpc_wire::codes::DEADLINE_EXCEEDED,
                     "handler timed out",
                     None,
                 )));
