@@ -12,7 +12,7 @@ use tower_service::Service;
 use crate::Class;
 use crate::breaker::{BreakerLayer, Builder, OpenDuration, PerHost};
 use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
-use crate::dead_letter::{self, DeadLetterLayer, DeadLetterRetryLayer};
+use crate::dead_letter::{self, DeadLetter, DeadLetterLayer, DeadLetterRetryLayer};
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
 use crate::retry::{self, Retry, RetryLayer, RetryPolicy};
@@ -47,7 +47,9 @@ fn client_rule() -> Builder {
 /// setting.
 ///
 /// With a store, the dead-letter and retry layers are built as one, sharing the retry layer's
-/// copy of the request, so a request is copied once per call, not twice, and the retry
+/// copy of the request, so a request is copied once per call, not twice (unless the store has
+/// an [attempt budget](DeadLetterLayer::attempt_budget), which is read before the first
+/// attempt: then each keeps its own copy, as when stacked by hand), and the retry
 /// layer sleeps a server's hint in process only up to one per-attempt timeout (unless
 /// [`RetryPolicy::max_hint_delay`] or [`RetryPolicy::max_delay`] was set): a longer hint (a
 /// `Retry-After: 1` with a 500 ms timeout) is deferred to the store, whose
@@ -216,7 +218,10 @@ where
 type G<S, C, B> = Guarded<S, C, B>;
 
 /// The preset's service over the guarded layers `G`: with a store, or without.
-type Inner<G> = Either<dead_letter::WithRetry<G>, Retry<G>>;
+///
+/// With a store: sharing one request copy (`Left`), or, under a dead-letter attempt budget, which
+/// must be read before the retry layer's first call, stacked (`Right(Left)`, a copy each).
+type Inner<G> = Either<dead_letter::WithRetry<G>, Either<DeadLetter<Retry<G>>, Retry<G>>>;
 
 impl<S, C, B, Req> Service<Req> for Backstop<S, C, B>
 where
@@ -229,7 +234,14 @@ where
     type Error = Failure<Self::Response>;
     type Future = EitherResponseFuture<
         dead_letter::ResponseFuture<retry::ResponseFuture<G<S, C, B>, Req>, Req, Self::Response>,
-        retry::ResponseFuture<G<S, C, B>, Req>,
+        EitherResponseFuture<
+            dead_letter::ResponseFuture<
+                dead_letter::InnerFuture<Retry<G<S, C, B>>, Req>,
+                Req,
+                Self::Response,
+            >,
+            retry::ResponseFuture<G<S, C, B>, Req>,
+        >,
     >;
 
     #[inline]
@@ -261,15 +273,20 @@ where
                     .retry
                     .clone()
                     .max_hint_delay_unless_chosen(self.attempt_timeout);
-                Backstop {
-                    inner: Either::Left(
-                        DeadLetterRetryLayer::new(dead_letters.clone(), RetryLayer::new(policy))
-                            .layer(guarded),
-                    ),
-                }
+                let retry = RetryLayer::new(policy);
+                let inner = if dead_letters.has_budget() {
+                    Either::Right(Either::Left(dead_letters.layer(retry.layer(guarded))))
+                } else {
+                    Either::Left(
+                        DeadLetterRetryLayer::new(dead_letters.clone(), retry).layer(guarded),
+                    )
+                };
+                Backstop { inner }
             }
             None => Backstop {
-                inner: Either::Right(RetryLayer::new(self.retry.clone()).layer(guarded)),
+                inner: Either::Right(Either::Right(
+                    RetryLayer::new(self.retry.clone()).layer(guarded),
+                )),
             },
         }
     }

@@ -13,7 +13,7 @@ use tower_backstop::dead_letter::{BudgetSpent, DeadLetterLayer, DeadLetterStatus
 use tower_backstop::resend::{Redrive, http_request};
 use tower_backstop::retry::{RetryLayer, RetryPolicy};
 use tower_backstop::store::{Filter, MemoryStore, Page, SqliteStore, Status, Store};
-use tower_backstop::{Class, Failure};
+use tower_backstop::{BackstopLayer, Class, Failure};
 
 /// Sends one message that fails every attempt through DeadLetter → Retry(3) → Classify and
 /// checks the one record it leaves.
@@ -156,6 +156,52 @@ async fn a_budget_spent_across_restarts_is_poison_without_calling_the_provider()
         store.get("queue-msg-9").await.unwrap().unwrap().status,
         Status::Resolved
     );
+}
+
+/// The preset honours the dead-letter layer's attempt budget too: it is read before the first
+/// attempt, so a message that spent its budget is not sent again.
+#[tokio::test(start_paused = true)]
+async fn the_preset_applies_the_attempt_budget() {
+    let store = MemoryStore::new();
+    let stack = |upstream: &Scripted| {
+        ServiceBuilder::new()
+            .layer(
+                BackstopLayer::http(std::time::Duration::from_secs(2))
+                    .retry(RetryPolicy::new().max_attempts(3).assume_idempotent(true))
+                    .dead_letters(DeadLetterLayer::new(store.clone()).attempt_budget(3)),
+            )
+            .service(upstream.clone())
+    };
+    let send = |upstream: &Scripted| {
+        stack(upstream).oneshot(post_with_key(
+            "http://mail.test/v1/messages",
+            "{}",
+            "queue-msg-7",
+        ))
+    };
+    let upstream = Scripted::always(status(503));
+    let f = send(&upstream).await.unwrap_err();
+    assert_eq!(upstream.calls(), 3);
+    assert_eq!(f.class(), Class::TRANSIENT);
+    // The same message again: its budget of 3 is spent, the provider is not called.
+    let upstream = Scripted::always(status(202));
+    let f = send(&upstream).await.unwrap_err();
+    assert_eq!(upstream.calls(), 0, "the provider is not called again");
+    assert_eq!(f.class(), Class::POISON);
+    let spent = std::error::Error::source(&f)
+        .and_then(|s| s.downcast_ref::<BudgetSpent>())
+        .expect("the source is the budget's refusal");
+    assert_eq!((spent.spent(), spent.budget()), (3, 3));
+    // A message with budget left goes through the same stack.
+    let ok = stack(&upstream)
+        .oneshot(post_with_key(
+            "http://mail.test/v1/messages",
+            "{}",
+            "queue-msg-8",
+        ))
+        .await;
+    assert!(ok.is_ok());
+    assert_eq!(upstream.calls(), 1);
 }
 
 #[tokio::test(start_paused = true)]

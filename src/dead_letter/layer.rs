@@ -1,6 +1,5 @@
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use tower_layer::Layer;
 
@@ -29,8 +28,6 @@ pub(crate) struct Config {
     pub(crate) redact: RedactHeaders,
     /// The durable attempt budget per message id, when set.
     pub(crate) budget: Option<u32>,
-    /// Whether the warning that the preset cannot apply the budget was given.
-    pub(crate) budget_warned: Arc<AtomicBool>,
 }
 
 impl Config {
@@ -43,7 +40,6 @@ impl Config {
             clock: Clock::system(),
             redact: RedactHeaders::default(),
             budget: None,
-            budget_warned: Arc::default(),
         }
     }
 }
@@ -158,11 +154,10 @@ impl DeadLetterLayer {
     /// store cannot be read, the call goes through and a `tracing` warning says so: the budget
     /// fails open.
     ///
-    /// The budget is read by this layer's own service, stacked above the retry layer as its own
-    /// layer. [`BackstopLayer`](crate::BackstopLayer), which builds this layer and the retry
-    /// layer as one so that they share a request copy, starts the retry layer's call before this
-    /// layer could read the count: it does not apply the budget, and a `tracing` warning says so
-    /// at its first call.
+    /// The budget is read before the retry layer's first call, so this layer keeps its own copy
+    /// of each request: [`BackstopLayer`](crate::BackstopLayer), which otherwise shares one copy
+    /// between this layer and the retry layer, stacks the two as separate layers when a budget
+    /// is set.
     ///
     /// ```
     /// use tower::ServiceBuilder;
@@ -180,6 +175,13 @@ impl DeadLetterLayer {
     pub fn attempt_budget(mut self, attempts: u32) -> Self {
         Arc::make_mut(&mut self.config).budget = Some(attempts.max(1));
         self
+    }
+}
+
+impl DeadLetterLayer {
+    /// Whether an attempt budget is set.
+    pub(crate) fn has_budget(&self) -> bool {
+        self.config.budget.is_some()
     }
 }
 

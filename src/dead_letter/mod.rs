@@ -123,7 +123,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use tower_service::Service;
@@ -179,13 +178,10 @@ impl<S> DeadLetter<S> {
         &mut self,
         call: impl FnOnce(&mut S) -> (F, Option<Option<String>>),
     ) -> ResponseFuture<F, Req, R> {
-        if self.config.budget.is_some() && !self.config.budget_warned.swap(true, Ordering::Relaxed)
-        {
-            tracing::warn!(
-                "the dead-letter layer's attempt budget is not applied under BackstopLayer: stack \
-                 DeadLetterLayer above RetryLayer as two layers for it"
-            );
-        }
+        debug_assert!(
+            self.config.budget.is_none(),
+            "an attempt budget is read before the call: the preset stacks the two layers"
+        );
         let (future, uncopyable) = call(&mut self.inner);
         let kept = match uncopyable {
             None => future::Kept::HandedBack,
