@@ -13,6 +13,8 @@ pub(crate) enum Role {
     Retry,
     Breaker,
     Classify,
+    /// `ReplayBufferLayer`: useful only above a layer that copies requests.
+    ReplayBuffer,
     /// The service a `Scheduler` or a `Redrive` re-sends records through.
     Resend,
 }
@@ -43,6 +45,11 @@ pub(crate) fn problem(role: Role, inner: &str) -> Option<&'static str> {
     let breaker_below = below(BREAKER) || below(PRESET);
     let dead_letter_below = below(DEAD_LETTER) || below(DEAD_LETTER_RETRY);
     match role {
+        Role::ReplayBuffer if !retry_below && !dead_letter_below => Some(
+            "ReplayBufferLayer has no RetryLayer or DeadLetterLayer below it, so the bodies it \
+             buffers are never sent again or recorded: put it directly above RetryLayer (or \
+             above the stack BackstopLayer builds)",
+        ),
         Role::Classify if retry_below || breaker_below || dead_letter_below => Some(
             "ClassifyLayer is above RetryLayer, BreakerLayer or DeadLetterLayer, which then see \
              error responses as successes: put ClassifyLayer directly above TimeoutLayer, below \
@@ -129,6 +136,15 @@ mod tests {
              tower_backstop::classify::http::HttpClassifier>"
         );
         assert_eq!(problem(Role::Resend, &preset), None);
+        // A replay buffer is quiet above a layer that copies requests, named above anything else.
+        assert_eq!(problem(Role::ReplayBuffer, &preset), None);
+        assert_eq!(problem(Role::ReplayBuffer, &retry), None);
+        assert_eq!(problem(Role::ReplayBuffer, &dead_letter), None);
+        assert!(
+            problem(Role::ReplayBuffer, &classify)
+                .unwrap()
+                .starts_with("ReplayBufferLayer has no RetryLayer")
+        );
         assert_eq!(problem(Role::DeadLetter, &preset), None);
         assert!(problem(Role::Classify, &preset).is_some());
 

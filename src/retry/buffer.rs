@@ -29,6 +29,9 @@ use crate::request::{BufferedBody, Collect};
 /// The trade-off: the body is read before the first attempt starts (latency of one body read,
 /// memory up to `limit` per request in flight). The body type must be `Unpin` (box it otherwise).
 ///
+/// Its one place is above the retry layer (or above a dead-letter layer, which keeps a copy to
+/// record): built over a stack with neither, it says so in a `tracing` warning.
+///
 /// ```
 /// use tower::ServiceBuilder;
 /// use tower_backstop::retry::{ReplayBufferLayer, RetryLayer};
@@ -54,6 +57,7 @@ impl<S> Layer<S> for ReplayBufferLayer {
     type Service = ReplayBuffer<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        crate::order::check::<S>(crate::order::Role::ReplayBuffer);
         ReplayBuffer {
             inner,
             limit: self.limit,
