@@ -24,7 +24,11 @@ pin_project! {
         response: F,
         #[pin]
         sleep: Option<Sleep>,
-        after: Duration,
+        // The timeout in nanoseconds, saturated at `u64::MAX` (about 584 years, far past what
+        // tokio's timer can reach, so nothing is lost): 8 bytes instead of a `Duration`'s 16
+        // keeps the future small enough for a caller's `.await` to move it without a call to
+        // `memmove`.
+        after_nanos: u64,
     }
 }
 
@@ -34,7 +38,7 @@ impl<F> ResponseFuture<F> {
         ResponseFuture {
             response,
             sleep: None,
-            after,
+            after_nanos: u64::try_from(after.as_nanos()).unwrap_or(u64::MAX),
         }
     }
 }
@@ -56,14 +60,34 @@ where
             // The first `Pending`: start the timer now. `tokio::time::sleep` saturates a
             // deadline past its far future (about 30 years), so `Duration::MAX` never fires and
             // never panics; a zero timeout fires at this poll.
-            this.sleep.set(Some(tokio::time::sleep(*this.after)));
+            this.sleep.set(Some(tokio::time::sleep(Duration::from_nanos(
+                *this.after_nanos,
+            ))));
         }
         if let Some(sleep) = this.sleep.as_pin_mut()
             && sleep.poll(cx).is_ready()
         {
-            tracing::debug!(timeout = ?this.after, "attempt timed out");
-            return Poll::Ready(Err(Box::new(Elapsed::new(*this.after))));
+            let after = Duration::from_nanos(*this.after_nanos);
+            tracing::debug!(timeout = ?after, "attempt timed out");
+            return Poll::Ready(Err(Box::new(Elapsed::new(after))));
         }
         Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Ready;
+    use std::mem::size_of;
+
+    use super::*;
+
+    #[test]
+    fn the_future_is_the_inner_future_a_timer_and_one_word() {
+        type Inner = Ready<Result<&'static str, BoxError>>;
+        assert!(
+            size_of::<ResponseFuture<Inner>>()
+                <= size_of::<Inner>() + size_of::<Option<Sleep>>() + size_of::<u64>()
+        );
     }
 }
