@@ -1,5 +1,5 @@
 //! The hot path allocates nothing (DESIGN §9): a counting global allocator proves it per layer
-//! and for the whole stack of five.
+//! (the server flavours too), for the whole stack of five, and for the `BackstopLayer` preset.
 //!
 //! Allocations are counted per thread (a `const` thread-local, so counting never allocates
 //! itself), and each test drives its service on its own `current_thread` runtime, whose
@@ -697,4 +697,100 @@ fn keyed_breaker_for_a_known_host_allocates_nothing() {
     );
     assert_eq!(layered, base, "a known host's call allocates");
     assert_eq!(keyed.keys(), ["mail.test:80"]);
+}
+
+// The preset: `BackstopLayer` builds the same layers from one set of settings, so it must add
+// nothing either: strictly nothing with a request free to copy, and with a real HTTP request
+// only the one copy its retry layer keeps (with or without a dead-letter store, which shares it).
+
+#[test]
+fn preset_allocates_nothing_with_a_cheap_request() {
+    use tower_backstop::BackstopLayer;
+
+    // One breaker (the HTTP default keys by host, which a `&str` has not).
+    let preset = || BackstopLayer::http(Duration::from_secs(30)).breaker(BreakerLayer::new());
+    assert_adds_nothing(
+        "BackstopLayer::http (one breaker, no store)",
+        bare_http(),
+        preset().layer(bare_http()),
+    );
+    assert_adds_nothing(
+        "BackstopLayer::http (one breaker, MemoryStore)",
+        bare_http(),
+        preset()
+            .dead_letters(DeadLetterLayer::new(MemoryStore::new()))
+            .layer(bare_http()),
+    );
+    assert_adds_nothing(
+        "BackstopLayer::new(closure classifier)",
+        bare(),
+        BackstopLayer::new(all_ok::<Req>, Duration::from_secs(30))
+            .breaker(BreakerLayer::new())
+            .dead_letters(DeadLetterLayer::new(MemoryStore::new()))
+            .layer(bare()),
+    );
+}
+
+#[test]
+fn preset_copies_an_http_request_once() {
+    use tower_backstop::BackstopLayer;
+
+    let req = http_request();
+    black_box(tower_backstop::Replay::replay(&req));
+    let before = allocations();
+    black_box(tower_backstop::Replay::replay(&req));
+    let per_copy = allocations() - before;
+    assert!(per_copy > 0, "a request with headers allocates when copied");
+
+    let bare = || service_fn(|_: HttpReq| ready(Ok::<_, BoxError>(http::Response::new(()))));
+    let base = count_http(bare(), &req);
+    // The defaults: one breaker per host (a known host's call allocates nothing), no store.
+    let alone = count_http(
+        BackstopLayer::http(Duration::from_secs(30)).layer(bare()),
+        &req,
+    );
+    // With a store: the dead-letter and retry layers share the one copy.
+    let with_store = count_http(
+        BackstopLayer::http(Duration::from_secs(30))
+            .dead_letters(DeadLetterLayer::new(MemoryStore::new()))
+            .layer(bare()),
+        &req,
+    );
+    println!(
+        "BackstopLayer::http, http::Request with 2 headers: {} allocations per call added \
+         without a store, {} with one ({per_copy} per request copy)",
+        (alone - base) as f64 / CALLS as f64,
+        (with_store - base) as f64 / CALLS as f64,
+    );
+    for (case, layered) in [("no store", alone), ("MemoryStore", with_store)] {
+        assert_eq!(
+            layered - base,
+            per_copy * CALLS,
+            "BackstopLayer::http ({case}): the success path allocates more than the retry \
+             layer's one request copy"
+        );
+    }
+}
+
+// The server flavours: a handler's answer passes through the timer and the breaker untouched.
+
+#[test]
+fn server_layers_allocate_nothing() {
+    use std::convert::Infallible;
+    use tower_backstop::server::{ServerBreakerLayer, ServerTimeoutLayer};
+
+    fn handler() -> tower::util::ServiceFn<fn(Req) -> Ready<Result<http::Response<()>, Infallible>>>
+    {
+        service_fn(|_: Req| ready(Ok(http::Response::new(()))))
+    }
+    assert_adds_nothing(
+        "ServerTimeoutLayer",
+        handler(),
+        ServerTimeoutLayer::new(Duration::from_secs(30)).layer(handler()),
+    );
+    assert_adds_nothing(
+        "ServerBreakerLayer",
+        handler(),
+        ServerBreakerLayer::new(BreakerLayer::new()).layer(handler()),
+    );
 }
