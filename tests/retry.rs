@@ -1244,11 +1244,11 @@ async fn unknown_is_retried_once_and_more_slowly() {
     );
 }
 
-// Issue #12: the unedited default policy is not referenced by a call until it fails, and the
-// overall deadline reads the clock only when an attempt first waits or fails.
+// The default policy retries by its table, and the overall deadline reads the clock only when an
+// attempt first waits or fails.
 
 #[tokio::test(start_paused = true)]
-async fn the_default_policy_rebuilt_at_a_failure_retries_like_the_default() {
+async fn the_default_policy_retries_by_its_table() {
     // 3 attempts in all, transient retried, permanent not: the default's table.
     let upstream = Scripted::always(status(503));
     let failure = ServiceBuilder::new()

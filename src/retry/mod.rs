@@ -31,8 +31,7 @@
 //! allocated. Each logical request has its own attempt counts. The request is copied with
 //! [`Replay`] once per attempt, the one cost of the success path; it is free for `Bytes`,
 //! `Full<Bytes>` or `Arc` payloads. A request that cannot be retried at all costs no copy, no
-//! service clone and no policy clone; with the unedited [`RetryPolicy::default`] no call clones
-//! the policy until an attempt fails. A [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer)
+//! service clone and no policy clone. A [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer)
 //! directly above keeps a second copy of its own, unless both are built as one
 //! [`DeadLetterRetryLayer`], which shares this layer's spare.
 //!
@@ -191,8 +190,7 @@ impl<S> Retry<S> {
                 self.inner.clone(),
                 spare,
                 safe,
-                // The unedited default is rebuilt on a failure: no shared counter per call.
-                policy.for_call(),
+                policy.clone(),
                 deadline,
                 hand_back,
             ),
