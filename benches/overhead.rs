@@ -279,7 +279,13 @@ fn overhead(c: &mut Criterion) {
         &mut group,
         &rt,
         "retry/backstop_edited_policy",
-        Tower(RetryLayer::new(RetryPolicy::new().max_attempts(3)).layer(bare())),
+        Tower(
+            RetryPolicy::new()
+                .max_attempts(3)
+                .build()
+                .unwrap()
+                .layer(bare()),
+        ),
     );
     entry(
         &mut group,

@@ -64,11 +64,12 @@ fn client_rule() -> Builder {
 /// let svc = ServiceBuilder::new()
 ///     .layer(
 ///         BackstopLayer::http(Duration::from_secs(2))
-///             .retry(RetryPolicy::new().max_attempts(5))
+///             .retry(RetryPolicy::new().max_attempts(5).build()?)
 ///             .dead_letters(DeadLetterLayer::new(MemoryStore::new())),
 ///     )
 ///     .service(client);
 /// # let _ = svc;
+/// # Ok::<(), tower_backstop::BuildError>(())
 /// ```
 ///
 /// The service is an [`Either`]: with a dead-letter store, `Left` (the five layers); without,
@@ -76,7 +77,7 @@ fn client_rule() -> Builder {
 #[derive(Clone, Debug)]
 pub struct BackstopLayer<C = HttpClassifier, B = BreakerLayer<PerHost>> {
     dead_letters: Option<DeadLetterLayer>,
-    retry: RetryPolicy,
+    retry: RetryLayer,
     breaker: B,
     classify: ClassifyLayer<C>,
     attempt_timeout: Duration,
@@ -101,7 +102,7 @@ impl<C> BackstopLayer<C> {
             .expect("the preset breaker rule is valid (checked by a unit test)");
         BackstopLayer {
             dead_letters: None,
-            retry: RetryPolicy::default(),
+            retry: RetryLayer::default(),
             breaker: per_host,
             classify: ClassifyLayer::new(classifier),
             attempt_timeout,
@@ -116,9 +117,10 @@ impl<C, B> BackstopLayer<C, B> {
         self
     }
 
-    /// Retries by `policy`.
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = policy;
+    /// Retries with this layer instead: a policy checked by [`RetryPolicy::build`], as
+    /// [`breaker`](Self::breaker) takes a built breaker layer.
+    pub fn retry(mut self, retry: RetryLayer) -> Self {
+        self.retry = retry;
         self
     }
 
@@ -144,7 +146,11 @@ impl BackstopLayer<GrpcClassifier, BreakerLayer> {
     /// `GrpcLayer` (feature `tonic`) above it.
     pub fn grpc(attempt_timeout: Duration) -> Self {
         BackstopLayer::new(GrpcClassifier::new(), attempt_timeout)
-            .retry(RetryPolicy::grpc())
+            .retry(
+                RetryPolicy::grpc()
+                    .build()
+                    .expect("the gRPC retry policy is valid (checked by a unit test)"),
+            )
             .breaker(BreakerLayer::single(&client_rule()))
     }
 }
@@ -190,16 +196,19 @@ where
         match &self.dead_letters {
             Some(dead_letters) => {
                 // With a store, a server's wait longer than one attempt is the store's job.
+                // The bound is a preset's, not the user's: it is not checked against
+                // `max_delay`, which bounds it anyway.
                 let policy = self
                     .retry
+                    .policy
                     .clone()
                     .max_hint_delay_unless_chosen(self.attempt_timeout);
                 Either::Left(
-                    DeadLetterRetryLayer::new(dead_letters.clone(), RetryLayer::new(policy))
+                    DeadLetterRetryLayer::new(dead_letters.clone(), RetryLayer { policy })
                         .layer(guarded),
                 )
             }
-            None => Either::Right(RetryLayer::new(self.retry.clone()).layer(guarded)),
+            None => Either::Right(self.retry.layer(guarded)),
         }
     }
 }
@@ -212,5 +221,11 @@ mod tests {
     fn the_preset_breaker_rule_is_valid() {
         client_rule().build().expect("valid");
         client_rule().per_host().build().expect("valid");
+    }
+
+    #[test]
+    fn the_preset_retry_policies_are_valid() {
+        RetryPolicy::default().build().expect("valid");
+        RetryPolicy::grpc().build().expect("valid");
     }
 }

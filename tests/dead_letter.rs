@@ -9,7 +9,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::retry::RetryPolicy;
 use tower_backstop::store::{MemoryStore, SqliteStore, Store};
 use tower_backstop::{Class, DeadLetterStatus, GiveUp};
 
@@ -28,7 +28,7 @@ async fn exhausted_message_becomes_exactly_one_record() {
     let upstream = Scripted::always(status(503));
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)))
+        .layer(RetryPolicy::new().max_attempts(3).build().unwrap())
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
     let body = "{\"to\":\"ops@example.com\",\"subject\":\"report\"}";
@@ -77,11 +77,13 @@ async fn permanent_and_breaker_open_failures_are_dead_lettered_with_their_reason
     let upstream = Scripted::new([status(400)], status(503));
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
-        .layer(RetryLayer::new(
+        .layer(
             RetryPolicy::new()
                 .max_attempts(2)
-                .max_delay(Duration::from_secs(1)),
-        ))
+                .max_delay(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
         .layer(BreakerLayer::consecutive_failures(2).open_for(Duration::from_secs(60)))
         .layer(ClassifyLayer::http())
         .service(upstream.clone());

@@ -138,7 +138,7 @@ pub(crate) mod state;
 mod sync;
 mod window;
 
-pub use self::config::{BuildError, Builder};
+pub use self::config::Builder;
 pub use self::event::{Event, Listener, State};
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::{OpenError, ResponseFuture};

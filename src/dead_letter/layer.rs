@@ -173,7 +173,7 @@ impl DeadLetterLayer {
     ///
     /// let stack = ServiceBuilder::new()
     ///     .layer(DeadLetterLayer::new(MemoryStore::new()).attempt_budget(5))
-    ///     .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)));
+    ///     .layer(RetryPolicy::new().max_attempts(3).build().unwrap());
     /// # let _ = stack;
     /// ```
     ///

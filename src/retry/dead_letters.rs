@@ -44,7 +44,7 @@ use crate::request::{Describe, Replay};
 /// let svc = ServiceBuilder::new()
 ///     .layer(DeadLetterRetryLayer::new(
 ///         DeadLetterLayer::new(MemoryStore::new()),
-///         RetryLayer::new(RetryPolicy::new().max_attempts(5)),
+///         RetryPolicy::new().max_attempts(5).build().unwrap(),
 ///     ))
 ///     .layer(BreakerLayer::new())
 ///     .layer(ClassifyLayer::http())

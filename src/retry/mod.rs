@@ -72,7 +72,7 @@
 //! let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
 //! let counter = calls.clone();
 //! let svc = ServiceBuilder::new()
-//!     .layer(RetryLayer::new(policy))
+//!     .layer(policy.build().unwrap())
 //!     .service(service_fn(move |_: String| {
 //!         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
 //!         async { Err::<(), BoxError>(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into()) }
@@ -98,8 +98,8 @@ mod future;
 mod layer;
 mod policy;
 
-pub use self::backoff::{Backoff, EmptySchedule, Jitter};
-pub use self::budget::{Budget, InvalidBudget};
+pub use self::backoff::{Backoff, Jitter};
+pub use self::budget::Budget;
 pub use self::buffer::{BodyReadError, ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 pub use self::dead_letters::{DeadLetterRetry, DeadLetterRetryLayer};
 pub use self::future::{DeadlineElapsed, ResponseFuture};
@@ -114,8 +114,8 @@ pub struct Retry<S> {
 }
 
 impl<S> Retry<S> {
-    /// Wraps `inner`, retrying by `policy`.
-    pub fn new(inner: S, policy: RetryPolicy) -> Self {
+    /// Wraps `inner`, retrying by `policy` (checked by [`RetryPolicy::build`]).
+    pub(crate) fn new(inner: S, policy: RetryPolicy) -> Self {
         Retry { inner, policy }
     }
 

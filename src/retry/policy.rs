@@ -10,6 +10,7 @@ use rand::rngs::SmallRng;
 
 use super::backoff::Backoff;
 use super::budget::Budget;
+use crate::BuildError;
 use crate::failure::{Class, Code, Failure, GiveUp, Sent};
 
 /// Where a retry's delay came from.
@@ -103,9 +104,10 @@ impl ClassPolicy {
 
     /// At most `attempts` attempts may fail with this class (a count of attempts, not of
     /// retries): after the `attempts`-th failure of this class the layer stops with
-    /// [`GiveUp::AttemptsExhausted`]. Failures of other classes do not count. 0 is raised to 1.
+    /// [`GiveUp::AttemptsExhausted`]. Failures of other classes do not count. At least 1:
+    /// [`RetryPolicy::build`] rejects 0.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = Some(attempts.max(1));
+        self.max_attempts = Some(attempts);
         self
     }
 
@@ -298,10 +300,10 @@ impl RetryPolicy {
     }
 
     /// The most calls for one request, the first included (a count of attempts, not retries),
-    /// whatever the classes of their failures. Values below 1 are raised to 1; 1 means never
-    /// retry.
+    /// whatever the classes of their failures. 1 means never retry; [`build`](Self::build)
+    /// rejects 0.
     pub fn max_attempts(self, attempts: u32) -> Self {
-        self.edit(|p| p.max_attempts = attempts.max(1))
+        self.edit(|p| p.max_attempts = attempts)
     }
 
     /// The delay rule for classes that have none of their own.
@@ -497,6 +499,60 @@ impl RetryPolicy {
             .find(|(c, _)| *c == class)
             .map(|(_, r)| r)
             .filter(|r| r.retried)
+    }
+
+    /// Checks the settings that cannot work together (see [`build`](Self::build)).
+    pub(crate) fn validate(&self) -> Result<(), BuildError> {
+        let p = &*self.inner;
+        if p.max_attempts == 0 {
+            return Err(BuildError::new(
+                "max_attempts",
+                0,
+                "a request needs at least 1 call (1 means never retry)",
+            ));
+        }
+        if let Some(problem) = p.backoff.problem() {
+            return Err(BuildError::new(
+                "backoff",
+                format_args!("{:?}", p.backoff),
+                problem,
+            ));
+        }
+        for (class, rule) in &p.rules {
+            if rule.max_attempts == Some(0) {
+                return Err(BuildError::new(
+                    "ClassPolicy::max_attempts",
+                    format_args!("0 for class `{class}`"),
+                    "a retried class needs at least 1 attempt (use `never_retry` to retry it never)",
+                ));
+            }
+            if let Some(backoff) = &rule.backoff
+                && let Some(problem) = backoff.problem()
+            {
+                return Err(BuildError::new(
+                    "ClassPolicy::backoff",
+                    format_args!("{backoff:?} for class `{class}`"),
+                    problem,
+                ));
+            }
+        }
+        if let Some(hint) = p.max_hint_delay
+            && hint > p.max_delay
+        {
+            return Err(BuildError::new(
+                "max_hint_delay",
+                format_args!("{hint:?}"),
+                "above `max_delay`, which bounds server hints too, so it would never apply",
+            ));
+        }
+        if p.breaker_wait > p.max_delay {
+            return Err(BuildError::new(
+                "wait_for_breaker",
+                format_args!("{:?}", p.breaker_wait),
+                "above `max_delay`, the longest delay slept in process, so it would never apply",
+            ));
+        }
+        Ok(())
     }
 
     pub(crate) fn budget_ref(&self) -> Option<&Budget> {
