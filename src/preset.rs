@@ -86,6 +86,10 @@ pub struct BackstopLayer<C = HttpClassifier, B = BreakerLayer<PerHost>> {
 impl BackstopLayer<HttpClassifier> {
     /// The stack for an HTTP client (hyper-util, reqwest): [`HttpClassifier::new`]'s mapping,
     /// each attempt bounded by `attempt_timeout`, the other defaults above.
+    ///
+    /// `attempt_timeout` means what it means for [`TimeoutLayer::new`]: a zero timeout lets
+    /// through only an answer ready at its first poll (and with a store defers every server
+    /// hint), which no client wants but no call panics on.
     pub fn http(attempt_timeout: Duration) -> Self {
         BackstopLayer::new(HttpClassifier::new(), attempt_timeout)
     }

@@ -220,7 +220,9 @@ struct Inner {
 /// request is reclassified [`Class::OUTCOME_UNKNOWN`] and never retried.
 ///
 /// The policy is built once and shared by clones behind an `Arc`; deciding allocates nothing on
-/// the success path.
+/// the success path. [`build`](Self::build) checks it and makes the
+/// [`RetryLayer`](super::RetryLayer): settings that cannot work are an error there, never at call
+/// time.
 #[derive(Clone)]
 pub struct RetryPolicy {
     inner: Arc<Inner>,
