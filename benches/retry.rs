@@ -68,19 +68,23 @@ fn retry(c: &mut Criterion) {
     });
     group.bench_function("backstop_token_bucket", |b| {
         let policy = RetryPolicy::new().budget(Budget::token_bucket(10, 0.1).unwrap());
-        run(&rt, b, RetryLayer::new(policy).layer(bare()))
+        run(&rt, b, policy.build().unwrap().layer(bare()))
     });
     group.bench_function("backstop_ratio_budget", |b| {
         let _guard = rt.enter();
         let policy =
             RetryPolicy::new().budget(Budget::ratio(0.2, 10, Duration::from_secs(10)).unwrap());
-        run(&rt, b, RetryLayer::new(policy).layer(bare()))
+        run(&rt, b, policy.build().unwrap().layer(bare()))
     });
     group.bench_function("backstop_single_attempt", |b| {
         run(
             &rt,
             b,
-            RetryLayer::new(RetryPolicy::new().max_attempts(1)).layer(bare()),
+            RetryPolicy::new()
+                .max_attempts(1)
+                .build()
+                .unwrap()
+                .layer(bare()),
         )
     });
     group.bench_function("tower", |b| {

@@ -76,7 +76,7 @@ use tower_backstop::breaker::{BreakerLayer, OpenDuration};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::resend::{Scheduler, http_request};
-use tower_backstop::retry::{Attempts, Backoff, DelaySource, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, Backoff, DelaySource, RetryPolicy};
 use tower_backstop::store::{AlertRules, Record, SqliteStore, Stats, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Class, Code};
@@ -508,7 +508,7 @@ async fn main() -> Result<ExitCode, BoxError> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(dead_letters.clone()).tags(recipient_domain))
-        .layer(RetryLayer::new(policy))
+        .layer(policy.build()?)
         .layer(breaker)
         .layer(ClassifyLayer::http())
         .layer(TimeoutLayer::new(ATTEMPT_TIMEOUT))

@@ -55,9 +55,14 @@ fn client(url: String) -> Result<HealthClient<Stack>, Error> {
     let stack = ServiceBuilder::new()
         .layer(GrpcLayer::new())
         .layer(
-            BackstopLayer::grpc(Duration::from_secs(1)).retry(RetryPolicy::grpc().backoff(
-                Backoff::exponential(Duration::from_millis(10), Duration::from_millis(100)),
-            )),
+            BackstopLayer::grpc(Duration::from_secs(1)).retry(
+                RetryPolicy::grpc()
+                    .backoff(Backoff::exponential(
+                        Duration::from_millis(10),
+                        Duration::from_millis(100),
+                    ))
+                    .build()?,
+            ),
         )
         .service(channel);
     Ok(HealthClient::new(stack))

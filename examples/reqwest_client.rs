@@ -17,7 +17,7 @@ use tower_backstop::Class;
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
-use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Backoff, RetryPolicy};
 use tower_backstop::store::{SqliteStore, Store};
 use tower_backstop::timeout::TimeoutLayer;
 
@@ -57,9 +57,15 @@ async fn main() -> Result<(), Error> {
     let client = reqwest::Client::new();
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::from_arc(store.clone()))
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(5).backoff(
-            Backoff::exponential(Duration::from_millis(10), Duration::from_millis(100)),
-        )))
+        .layer(
+            RetryPolicy::new()
+                .max_attempts(5)
+                .backoff(Backoff::exponential(
+                    Duration::from_millis(10),
+                    Duration::from_millis(100),
+                ))
+                .build()?,
+        )
         .layer(BreakerLayer::consecutive_failures(5).open_for(Duration::from_secs(30)))
         .layer(ClassifyLayer::http())
         .layer(TimeoutLayer::new(Duration::from_secs(2)))

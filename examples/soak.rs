@@ -133,7 +133,7 @@ use tower_backstop::dead_letter::{
     DeadLetterLayer, DeadLetterStatus, Delivery, ReconcileLayer, Reconciled,
 };
 use tower_backstop::resend::{Scheduler, http_request};
-use tower_backstop::retry::{Attempts, RetryEvent, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, RetryEvent, RetryPolicy};
 use tower_backstop::store::{MemoryStore, Record, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Envelope, Failure};
@@ -625,7 +625,7 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
         .layer(DeadLetterLayer::from_arc(
             Arc::clone(&store) as Arc<dyn Store>
         ))
-        .layer(RetryLayer::new(policy))
+        .layer(policy.build()?)
         .layer(ReconcileLayer::new(status_check(addr)))
         .layer(readme_breaker()?)
         .layer(ClassifyLayer::http())

@@ -39,7 +39,7 @@
 //! let svc = ServiceBuilder::new()
 //!     .layer(
 //!         BackstopLayer::http(Duration::from_secs(2))
-//!             .retry(RetryPolicy::new().max_attempts(5))
+//!             .retry(RetryPolicy::new().max_attempts(5).build()?)
 //!             .dead_letters(DeadLetterLayer::new(dead_letters)),
 //!     )
 //!     .service(client);
@@ -120,6 +120,7 @@
 pub mod breaker;
 pub mod classify;
 mod clock;
+mod config;
 pub mod dead_letter;
 mod failure;
 mod grpc_wire;
@@ -134,6 +135,7 @@ pub mod store;
 pub mod timeout;
 
 pub use self::clock::Clock;
+pub use self::config::BuildError;
 pub use self::failure::{BoxError, Class, Code, Failure, Note, Notes, Sent};
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]

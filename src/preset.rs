@@ -72,11 +72,12 @@ fn client_rule() -> Builder {
 /// let svc = ServiceBuilder::new()
 ///     .layer(
 ///         BackstopLayer::http(Duration::from_secs(2))
-///             .retry(RetryPolicy::new().max_attempts(5))
+///             .retry(RetryPolicy::new().max_attempts(5).build()?)
 ///             .dead_letters(DeadLetterLayer::new(MemoryStore::new())),
 ///     )
 ///     .service(client);
 /// # let _ = svc;
+/// # Ok::<(), tower_backstop::BuildError>(())
 /// ```
 ///
 /// The service is an [`Either`]: with a dead-letter store, `Left` (the five layers); without,
@@ -84,7 +85,7 @@ fn client_rule() -> Builder {
 #[derive(Clone, Debug)]
 pub struct BackstopLayer<C = HttpClassifier, B = BreakerLayer<PerHost>> {
     dead_letters: Option<DeadLetterLayer>,
-    retry: RetryPolicy,
+    retry: RetryLayer,
     breaker: B,
     classify: ClassifyLayer<C>,
     attempt_timeout: Duration,
@@ -93,6 +94,10 @@ pub struct BackstopLayer<C = HttpClassifier, B = BreakerLayer<PerHost>> {
 impl BackstopLayer<HttpClassifier> {
     /// The stack for an HTTP client (hyper-util, reqwest): [`HttpClassifier::new`]'s mapping,
     /// each attempt bounded by `attempt_timeout`, the other defaults above.
+    ///
+    /// `attempt_timeout` means what it means for [`TimeoutLayer::new`]: a zero timeout lets
+    /// through only an answer ready at its first poll (and with a store defers every server
+    /// hint), which no client wants but no call panics on.
     pub fn http(attempt_timeout: Duration) -> Self {
         BackstopLayer::new(HttpClassifier::new(), attempt_timeout)
     }
@@ -109,7 +114,7 @@ impl<C> BackstopLayer<C> {
             .expect("the preset breaker rule is valid (checked by a unit test)");
         BackstopLayer {
             dead_letters: None,
-            retry: RetryPolicy::default(),
+            retry: RetryLayer::default(),
             breaker: per_host,
             classify: ClassifyLayer::new(classifier),
             attempt_timeout,
@@ -124,9 +129,10 @@ impl<C, B> BackstopLayer<C, B> {
         self
     }
 
-    /// Retries by `policy`.
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = policy;
+    /// Retries with this layer instead: a policy checked by [`RetryPolicy::build`], as
+    /// [`breaker`](Self::breaker) takes a built breaker layer.
+    pub fn retry(mut self, retry: RetryLayer) -> Self {
+        self.retry = retry;
         self
     }
 
@@ -152,7 +158,11 @@ impl BackstopLayer<GrpcClassifier, BreakerLayer> {
     /// `GrpcLayer` (feature `tonic`) above it.
     pub fn grpc(attempt_timeout: Duration) -> Self {
         BackstopLayer::new(GrpcClassifier::new(), attempt_timeout)
-            .retry(RetryPolicy::grpc())
+            .retry(
+                RetryPolicy::grpc()
+                    .build()
+                    .expect("the gRPC retry policy is valid (checked by a unit test)"),
+            )
             .breaker(BreakerLayer::single(&client_rule()))
     }
 }
@@ -269,11 +279,14 @@ where
         match &self.dead_letters {
             Some(dead_letters) => {
                 // With a store, a server's wait longer than one attempt is the store's job.
+                // The bound is a preset's, not the user's: it is not checked against
+                // `max_delay`, which bounds it anyway.
                 let policy = self
                     .retry
+                    .policy
                     .clone()
                     .max_hint_delay_unless_chosen(self.attempt_timeout);
-                let retry = RetryLayer::new(policy);
+                let retry = RetryLayer { policy };
                 let inner = if dead_letters.has_budget() {
                     Either::Right(Either::Left(dead_letters.layer(retry.layer(guarded))))
                 } else {
@@ -284,9 +297,7 @@ where
                 Backstop { inner }
             }
             None => Backstop {
-                inner: Either::Right(Either::Right(
-                    RetryLayer::new(self.retry.clone()).layer(guarded),
-                )),
+                inner: Either::Right(Either::Right(self.retry.layer(guarded))),
             },
         }
     }
@@ -300,5 +311,11 @@ mod tests {
     fn the_preset_breaker_rule_is_valid() {
         client_rule().build().expect("valid");
         client_rule().per_host().build().expect("valid");
+    }
+
+    #[test]
+    fn the_preset_retry_policies_are_valid() {
+        RetryPolicy::default().build().expect("valid");
+        RetryPolicy::grpc().build().expect("valid");
     }
 }

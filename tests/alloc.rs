@@ -239,7 +239,7 @@ fn retry_alone() {
 #[test]
 fn retry_with_a_token_bucket_budget() {
     let policy = RetryPolicy::new().budget(Budget::token_bucket(10, 0.1).unwrap());
-    let svc = RetryLayer::new(policy).layer(bare());
+    let svc = policy.build().unwrap().layer(bare());
     assert_adds_nothing("RetryLayer with a token-bucket budget", bare(), svc);
 }
 
@@ -248,13 +248,17 @@ fn retry_with_a_ratio_budget_and_a_deadline() {
     let policy = RetryPolicy::new()
         .budget(Budget::ratio(0.2, 10, Duration::from_secs(10)).unwrap())
         .deadline(Duration::from_secs(30));
-    let svc = RetryLayer::new(policy).layer(bare());
+    let svc = policy.build().unwrap().layer(bare());
     assert_adds_nothing("RetryLayer with a ratio budget and a deadline", bare(), svc);
 }
 
 #[test]
 fn retry_with_a_single_attempt() {
-    let svc = RetryLayer::new(RetryPolicy::new().max_attempts(1)).layer(bare());
+    let svc = RetryPolicy::new()
+        .max_attempts(1)
+        .build()
+        .unwrap()
+        .layer(bare());
     assert_adds_nothing("RetryLayer with max_attempts(1)", bare(), svc);
 }
 
@@ -577,7 +581,7 @@ fn reqwest_stack_adds_only_the_replay_copy() {
     let bare = run(service_fn(answer), &template);
     let stack = run(
         ServiceBuilder::new()
-            .layer(RetryLayer::new(RetryPolicy::new()))
+            .layer(RetryPolicy::new().build().unwrap())
             .layer(BreakerLayer::consecutive_failures(5))
             .layer(ClassifyLayer::http())
             .layer(TimeoutLayer::new(Duration::from_secs(1)))
@@ -661,7 +665,7 @@ fn grpc_stack_adds_only_the_replay_copy() {
     let bare = run(service_fn(bare));
     let stack = run(ServiceBuilder::new()
         .layer(GrpcLayer::new())
-        .layer(RetryLayer::new(RetryPolicy::new().assume_idempotent(true)))
+        .layer(RetryPolicy::new().assume_idempotent(true).build().unwrap())
         .layer(BreakerLayer::consecutive_failures(5))
         .layer(ClassifyLayer::new(GrpcClassifier::new()))
         .layer(TimeoutLayer::new(Duration::from_secs(1)))
@@ -779,8 +783,8 @@ fn server_layers_allocate_nothing() {
     use std::convert::Infallible;
     use tower_backstop::server::{ServerBreakerLayer, ServerTimeoutLayer};
 
-    fn handler() -> tower::util::ServiceFn<fn(Req) -> Ready<Result<http::Response<()>, Infallible>>>
-    {
+    type Handler = tower::util::ServiceFn<fn(Req) -> Ready<Result<http::Response<()>, Infallible>>>;
+    fn handler() -> Handler {
         service_fn(|_: Req| ready(Ok(http::Response::new(()))))
     }
     assert_adds_nothing(

@@ -19,9 +19,7 @@ use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::request::BufferedBody;
-use tower_backstop::retry::{
-    Attempts, Backoff, GiveUp, ReplayBufferLayer, RetryLayer, RetryPolicy,
-};
+use tower_backstop::retry::{Attempts, Backoff, GiveUp, ReplayBufferLayer, RetryPolicy};
 use tower_backstop::{Class, Failure};
 
 /// What the server saw of one request: body, `Content-Length`, `Idempotency-Key`.
@@ -80,7 +78,7 @@ async fn post_of_one_kib_answered_500_then_200_is_replayed_byte_for_byte() {
                 |_: &http::Request<_>| Some(tower_backstop::request::new_idempotency_key()),
             ),
         )
-        .layer(RetryLayer::new(policy()))
+        .layer(policy().build().unwrap())
         .layer(ClassifyLayer::http())
         .service(client);
     let request = http::Request::post(format!("{base}/messages"))
@@ -124,7 +122,7 @@ async fn put_streaming(
     let client = Client::builder(TokioExecutor::new()).build_http::<BufferedBody<Chunks>>();
     let svc = ServiceBuilder::new()
         .layer(ReplayBufferLayer::new(limit))
-        .layer(RetryLayer::new(policy()))
+        .layer(policy().build().unwrap())
         .layer(ClassifyLayer::http())
         .service(client);
     let request = http::Request::put(format!("{base}/messages"))

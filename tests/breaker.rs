@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use support::{Scripted, Step, get, status};
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_backstop::breaker::{
-    BreakerHandle, BreakerLayer, BuildError, Builder, Event, OpenDuration, State,
-};
+use tower_backstop::BuildError;
+use tower_backstop::breaker::{BreakerHandle, BreakerLayer, Builder, Event, OpenDuration, State};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::{Class, Code};
 
@@ -654,7 +653,7 @@ fn bad_configurations_are_errors_from_build() {
     for (setting, builder) in cases {
         let e = err(builder);
         assert_eq!(e.setting(), setting, "{e}");
-        assert!(e.to_string().contains(&format!("(`{setting}`)")), "{e}");
+        assert!(e.to_string().contains(&format!("`{setting}` is ")), "{e}");
     }
     assert!(BreakerLayer::builder().build().is_ok());
 }
@@ -667,7 +666,7 @@ fn bad_configurations_of_keyed_breakers_are_errors_from_build() {
         .build()
         .unwrap_err();
     assert_eq!(e.setting(), "max_keys");
-    assert!(e.to_string().contains("(`max_keys`)"), "{e}");
+    assert!(e.to_string().contains("`max_keys` is 0"), "{e}");
     // The template of every key's breaker is checked too, before any key is seen.
     let e = BreakerLayer::builder()
         .failure_rate(2.0)

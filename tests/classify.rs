@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::{ClassifyLayer, Panicked};
-use tower_backstop::retry::{Attempts, GiveUp, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, GiveUp, RetryPolicy};
 use tower_backstop::{BoxError, Class, Code};
 
 #[tokio::test(start_paused = true)]
@@ -13,7 +13,7 @@ async fn a_panicking_inner_future_is_poison_never_retried_and_the_service_keeps_
     let calls = Arc::new(AtomicU32::new(0));
     let counter = calls.clone();
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(5)))
+        .layer(RetryPolicy::new().max_attempts(5).build().unwrap())
         .layer(ClassifyLayer::new(|_: &String| None))
         .service(tower::service_fn(move |req: &'static str| {
             counter.fetch_add(1, Ordering::SeqCst);
@@ -120,14 +120,16 @@ async fn a_provider_code_in_a_json_body_is_mapped_by_a_user_function() {
     });
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(
+        .layer(
             RetryPolicy::new()
                 .assume_idempotent(true)
                 .retry(SOFT_BOUNCE)
                 .backoff(tower_backstop::retry::Backoff::constant(
                     std::time::Duration::from_millis(5),
-                )),
-        ))
+                ))
+                .build()
+                .unwrap(),
+        )
         .layer(ClassifyLayer::new(classifier))
         .layer(BufferResponseLayer::new(16 * 1024))
         .service(client);

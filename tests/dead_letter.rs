@@ -10,7 +10,7 @@ use tower_backstop::Class;
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
-use tower_backstop::retry::{Attempts, GiveUp, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, GiveUp, RetryPolicy};
 use tower_backstop::store::{MemoryStore, SqliteStore, Store};
 
 fn stored_id<R>(f: &tower_backstop::Failure<R>) -> String {
@@ -28,7 +28,7 @@ async fn exhausted_message_becomes_exactly_one_record() {
     let upstream = Scripted::always(status(503));
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)))
+        .layer(RetryPolicy::new().max_attempts(3).build().unwrap())
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
     let body = "{\"to\":\"ops@example.com\",\"subject\":\"report\"}";
@@ -80,11 +80,13 @@ async fn permanent_and_breaker_open_failures_are_dead_lettered_with_their_reason
     let upstream = Scripted::new([status(400)], status(503));
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
-        .layer(RetryLayer::new(
+        .layer(
             RetryPolicy::new()
                 .max_attempts(2)
-                .max_delay(Duration::from_secs(1)),
-        ))
+                .max_delay(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
         .layer(BreakerLayer::consecutive_failures(2).open_for(Duration::from_secs(60)))
         .layer(ClassifyLayer::http())
         .service(upstream.clone());

@@ -11,7 +11,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{BudgetSpent, DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::resend::{Redrive, http_request};
-use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::retry::RetryPolicy;
 use tower_backstop::store::{Filter, MemoryStore, Page, SqliteStore, Status, Store};
 use tower_backstop::{BackstopLayer, Class, Failure};
 
@@ -21,7 +21,7 @@ async fn three_attempts_one_record(store: Arc<dyn Store>) {
     let upstream = Scripted::always(status(503));
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::from_arc(Arc::clone(&store)))
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)))
+        .layer(RetryPolicy::new().max_attempts(3).build().unwrap())
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
     let body = "{\"to\":\"ops@example.com\"}";
@@ -82,7 +82,7 @@ async fn send_through_budget(
 ) -> Failure<http::Response<()>> {
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store).attempt_budget(3))
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)))
+        .layer(RetryPolicy::new().max_attempts(3).build().unwrap())
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
     svc.oneshot(post_with_key(
@@ -139,7 +139,7 @@ async fn a_budget_spent_across_restarts_is_poison_without_calling_the_provider()
     // A re-drive on purpose starts the budget again, through the same stack.
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()).attempt_budget(3))
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)))
+        .layer(RetryPolicy::new().max_attempts(3).build().unwrap())
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
     let report = Redrive::new(Filter::new().id("queue-msg-9"), 10, 1)
@@ -167,7 +167,13 @@ async fn the_preset_applies_the_attempt_budget() {
         ServiceBuilder::new()
             .layer(
                 BackstopLayer::http(std::time::Duration::from_secs(2))
-                    .retry(RetryPolicy::new().max_attempts(3).assume_idempotent(true))
+                    .retry(
+                        RetryPolicy::new()
+                            .max_attempts(3)
+                            .assume_idempotent(true)
+                            .build()
+                            .unwrap(),
+                    )
                     .dead_letters(DeadLetterLayer::new(store.clone()).attempt_budget(3)),
             )
             .service(upstream.clone())

@@ -13,7 +13,7 @@ use support::{Scripted, Step, get, post, status, status_with};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::retry::{Attempts, GiveUp, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, GiveUp, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Class, Code, Failure};
 
@@ -21,7 +21,7 @@ use tower_backstop::{BoxError, Class, Code, Failure};
 async fn buffer_keeps_a_404_and_it_is_not_retried() {
     let upstream = Scripted::always(status(404));
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)))
+        .layer(RetryPolicy::new().max_attempts(3).build().unwrap())
         .buffer(16)
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
@@ -40,7 +40,7 @@ async fn buffer_keeps_a_404_and_it_is_not_retried() {
 async fn buffer_keeps_a_429_with_its_retry_after() {
     let upstream = Scripted::always(status_with(429, "retry-after", "2"));
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(1)))
+        .layer(RetryPolicy::new().max_attempts(1).build().unwrap())
         .buffer(16)
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
@@ -77,7 +77,7 @@ async fn towers_timeout_between_our_layers_keeps_the_failure_and_times_out_as_a_
         status(200),
     );
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(2)))
+        .layer(RetryPolicy::new().max_attempts(2).build().unwrap())
         .timeout(Duration::from_millis(100))
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
@@ -104,7 +104,7 @@ async fn concurrency_limit_and_rate_limit_pass_the_failure_through() {
     // behind a `Buffer`, as with tower's own `Retry`.
     let upstream = Scripted::always(status_with(503, "retry-after", "1"));
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)))
+        .layer(RetryPolicy::new().max_attempts(3).build().unwrap())
         .concurrency_limit(4)
         .buffer(4)
         .rate_limit(100, Duration::from_secs(1))
@@ -125,7 +125,7 @@ async fn concurrency_limit_and_rate_limit_pass_the_failure_through() {
 async fn load_shed_keeps_the_failure_below_it() {
     let upstream = Scripted::always(status(400));
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)))
+        .layer(RetryPolicy::new().max_attempts(3).build().unwrap())
         .load_shed()
         .layer(BreakerLayer::consecutive_failures(5))
         .layer(ClassifyLayer::http())
@@ -152,7 +152,7 @@ async fn a_shed_request_was_never_sent_so_a_keyless_post_is_sent_again() {
         .max_attempts(3)
         .backoff(support::no_jitter(100));
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy))
+        .layer(policy.build().unwrap())
         .layer(ClassifyLayer::http())
         .load_shed()
         .concurrency_limit(1)
@@ -178,11 +178,13 @@ async fn a_shed_request_was_never_sent_so_a_keyless_post_is_sent_again() {
     // Shed on every attempt: a transient failure that says why.
     let upstream = Scripted::always(Step::After(Duration::from_secs(60), Box::new(status(200))));
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(
+        .layer(
             RetryPolicy::new()
                 .max_attempts(2)
-                .backoff(support::no_jitter(10)),
-        ))
+                .backoff(support::no_jitter(10))
+                .build()
+                .unwrap(),
+        )
         .layer(ClassifyLayer::http())
         .load_shed()
         .concurrency_limit(1)
@@ -205,7 +207,7 @@ async fn our_timeout_above_classify_keeps_class_code_hint_and_response() {
     // error is recovered whole.
     let upstream = Scripted::always(status_with(429, "retry-after", "3"));
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(1)))
+        .layer(RetryPolicy::new().max_attempts(1).build().unwrap())
         .layer(TimeoutLayer::new(Duration::from_secs(1)))
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
@@ -220,7 +222,7 @@ async fn our_timeout_above_classify_keeps_class_code_hint_and_response() {
 async fn a_tower_http_layer_between_ours_keeps_the_failure() {
     let upstream = Scripted::always(status(422));
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)))
+        .layer(RetryPolicy::new().max_attempts(3).build().unwrap())
         .layer(
             tower_http::set_header::SetRequestHeaderLayer::if_not_present(
                 http::header::USER_AGENT,
@@ -247,7 +249,7 @@ async fn an_error_never_seen_before_is_unknown_with_its_message() {
     }
     impl std::error::Error for Strange {}
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(1)))
+        .layer(RetryPolicy::new().max_attempts(1).build().unwrap())
         .buffer(4)
         .service(tower::service_fn(|_: http::Request<String>| async {
             Err::<http::Response<()>, BoxError>(Box::new(Strange))

@@ -15,7 +15,7 @@ use tonic::transport::{Channel, Server};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::{BufferResponseLayer, ClassifyLayer, GrpcClassifier, codes};
 use tower_backstop::request::BufferedBody;
-use tower_backstop::retry::{Attempts, Backoff, GiveUp, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, Backoff, GiveUp, RetryPolicy};
 use tower_backstop::{Class, Code};
 
 /// Serves `router`'s services on 127.0.0.1:0; returns the address.
@@ -85,7 +85,7 @@ fn to_tonic(req: http::Request<Full<Bytes>>) -> http::Request<tonic::body::Body>
 async fn always_unavailable_trailers_only_is_retried_per_policy() {
     let (addr, calls) = always_unavailable().await;
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy()))
+        .layer(policy().build().unwrap())
         .layer(ClassifyLayer::new(GrpcClassifier::new()))
         .map_request(to_tonic)
         .service(channel(addr));
@@ -115,7 +115,7 @@ async fn not_found_is_permanent_and_ok_is_success() {
         .await;
     let addr = serve(Server::builder().add_service(health)).await;
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy()))
+        .layer(policy().build().unwrap())
         .layer(ClassifyLayer::new(GrpcClassifier::new()))
         .layer(BufferResponseLayer::new(64 * 1024))
         .map_request(to_tonic)
@@ -189,7 +189,7 @@ async fn status_in_trailers_is_classified_when_the_response_is_buffered() {
     let calls = service.calls.clone();
     let addr = serve(Server::builder().add_service(service)).await;
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy().max_attempts(3)))
+        .layer(policy().max_attempts(3).build().unwrap())
         .layer(ClassifyLayer::new(GrpcClassifier::new()))
         .layer(BufferResponseLayer::new(64 * 1024))
         .map_request(to_tonic)
@@ -209,7 +209,7 @@ async fn status_in_trailers_without_the_buffer_is_seen_too_late() {
     let calls = service.calls.clone();
     let addr = serve(Server::builder().add_service(service)).await;
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy()))
+        .layer(policy().build().unwrap())
         .layer(ClassifyLayer::new(GrpcClassifier::new()))
         .map_request(to_tonic)
         .service(channel(addr));
@@ -227,7 +227,7 @@ async fn tonic_connect_errors_are_transient() {
     let addr = listener.local_addr().unwrap();
     drop(listener);
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy().max_attempts(2)))
+        .layer(policy().max_attempts(2).build().unwrap())
         .layer(ClassifyLayer::new(GrpcClassifier::new()))
         .map_request(to_tonic)
         .service(channel(addr));

@@ -18,7 +18,8 @@ async fn retries_classifies_times_out_and_dead_letters_in_order() {
     let upstream = Scripted::new([status(503), status(503)], status(200));
     let svc = ServiceBuilder::new()
         .layer(
-            BackstopLayer::http(Duration::from_secs(1)).retry(RetryPolicy::new().max_attempts(3)),
+            BackstopLayer::http(Duration::from_secs(1))
+                .retry(RetryPolicy::new().max_attempts(3).build().unwrap()),
         )
         .service(upstream.clone());
     let response = svc.oneshot(get("http://up.test/")).await.unwrap();
@@ -31,7 +32,7 @@ async fn retries_classifies_times_out_and_dead_letters_in_order() {
     let svc = ServiceBuilder::new()
         .layer(
             BackstopLayer::http(Duration::from_millis(100))
-                .retry(RetryPolicy::new().max_attempts(2))
+                .retry(RetryPolicy::new().max_attempts(2).build().unwrap())
                 .dead_letters(DeadLetterLayer::from_arc(store.clone())),
         )
         .service(upstream.clone());
@@ -69,7 +70,8 @@ async fn one_hosts_outage_never_fails_calls_to_another() {
     });
     let svc = ServiceBuilder::new()
         .layer(
-            BackstopLayer::http(Duration::from_secs(1)).retry(RetryPolicy::new().max_attempts(1)),
+            BackstopLayer::http(Duration::from_secs(1))
+                .retry(RetryPolicy::new().max_attempts(1).build().unwrap()),
         )
         .service(upstream);
     let mut last = None;
@@ -148,7 +150,12 @@ async fn with_a_store_a_server_hint_longer_than_one_attempt_is_deferred_not_slep
     let svc = ServiceBuilder::new()
         .layer(
             BackstopLayer::http(Duration::from_millis(500))
-                .retry(RetryPolicy::new().max_delay(Duration::from_secs(5)))
+                .retry(
+                    RetryPolicy::new()
+                        .max_delay(Duration::from_secs(5))
+                        .build()
+                        .unwrap(),
+                )
                 .dead_letters(DeadLetterLayer::from_arc(store.clone())),
         )
         .service(upstream.clone());
@@ -172,7 +179,9 @@ fn twice_503_with_a_store(max_attempts: u32) -> (Stack, Scripted, Arc<MemoryStor
                 .retry(
                     RetryPolicy::new()
                         .max_attempts(max_attempts)
-                        .backoff(support::no_jitter(2_000)),
+                        .backoff(support::no_jitter(2_000))
+                        .build()
+                        .unwrap(),
                 )
                 .dead_letters(DeadLetterLayer::from_arc(store.clone())),
         )

@@ -22,7 +22,7 @@ use tower_backstop::dead_letter::{
     DeadLetterLayer, DeadLetterStatus, Delivery, ReconcileLayer, Reconciled,
 };
 use tower_backstop::resend::Reconciler;
-use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Backoff, RetryPolicy};
 use tower_backstop::store::{Filter, MemoryStore, Page, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Class, Envelope};
@@ -123,11 +123,13 @@ fn stack(
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
-        .layer(RetryLayer::new(
+        .layer(
             RetryPolicy::default()
                 .max_attempts(3)
-                .backoff(Backoff::constant(Duration::from_millis(10))),
-        ))
+                .backoff(Backoff::constant(Duration::from_millis(10)))
+                .build()
+                .unwrap(),
+        )
         .layer(ReconcileLayer::new(status_check(base.to_owned())))
         .layer(ClassifyLayer::http())
         .map_response(|r: http::Response<hyper::body::Incoming>| r.map(BodyExt::boxed))

@@ -16,7 +16,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
-use tower_backstop::retry::{Attempts, Backoff, GiveUp, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, Backoff, GiveUp, RetryPolicy};
 use tower_backstop::store::{MemoryStore, SqliteStore, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Class, Code};
@@ -93,7 +93,7 @@ async fn the_readme_stack_wraps_a_reqwest_client_unchanged() {
         .layer(DeadLetterLayer::new(
             SqliteStore::open(dir.path().join("dead_letters.db")).unwrap(),
         ))
-        .layer(RetryLayer::new(fast_policy(5)))
+        .layer(fast_policy(5).build().unwrap())
         .layer(BreakerLayer::consecutive_failures(5).open_for(Duration::from_secs(30)))
         .layer(ClassifyLayer::http())
         .layer(TimeoutLayer::new(Duration::from_secs(2)))
@@ -116,7 +116,7 @@ async fn a_404_is_permanent_sent_once_kept_and_dead_lettered_with_the_request() 
     let store = Arc::new(MemoryStore::new());
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::from_arc(store.clone()))
-        .layer(RetryLayer::new(fast_policy(3)))
+        .layer(fast_policy(3).build().unwrap())
         .layer(ClassifyLayer::http())
         .service(client.clone());
     let request = client
@@ -146,7 +146,7 @@ async fn retry_after_is_read_from_a_reqwest_response_and_a_bad_one_is_ignored() 
     let (url, _) = server().await;
     let client = reqwest::Client::new();
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(fast_policy(1)))
+        .layer(fast_policy(1).build().unwrap())
         .layer(ClassifyLayer::http())
         .service(client.clone());
     let request = client.get(format!("{url}/busy")).build().unwrap();
@@ -178,7 +178,7 @@ async fn a_keyless_post_that_timed_out_is_outcome_unknown_with_either_timeout() 
         (theirs, Duration::from_secs(5)),
     ] {
         let svc = ServiceBuilder::new()
-            .layer(RetryLayer::new(fast_policy(3)))
+            .layer(fast_policy(3).build().unwrap())
             .layer(ClassifyLayer::http())
             .layer(TimeoutLayer::new(ours_timeout))
             .service(client.clone());
@@ -206,7 +206,7 @@ async fn a_refused_connection_proves_a_keyless_post_was_not_sent() {
     drop(listener);
     let client = reqwest::Client::new();
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(fast_policy(3)))
+        .layer(fast_policy(3).build().unwrap())
         .layer(ClassifyLayer::http())
         .service(client.clone());
     let request = client
@@ -235,7 +235,7 @@ async fn a_streaming_body_is_sent_once_and_kept_as_far_as_it_can_be() {
     let store = Arc::new(MemoryStore::new());
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::from_arc(store.clone()))
-        .layer(RetryLayer::new(fast_policy(3)))
+        .layer(fast_policy(3).build().unwrap())
         .layer(ClassifyLayer::http())
         .service(client.clone());
     let body = reqwest::Body::wrap(http_body_util::Full::new(bytes::Bytes::from_static(

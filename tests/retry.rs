@@ -284,9 +284,12 @@ async fn unknown_error_types_are_classified_and_retried_within_cap() {
     let calls = Arc::new(Mutex::new(0));
     let counter = calls.clone();
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(
-            RetryPolicy::new().retry_at_most(Class::UNKNOWN, 2),
-        ))
+        .layer(
+            RetryPolicy::new()
+                .retry_at_most(Class::UNKNOWN, 2)
+                .build()
+                .unwrap(),
+        )
         .layer(ClassifyLayer::new(|_: &()| None))
         .service(tower::service_fn(move |_: String| {
             *counter.lock().unwrap() += 1;
@@ -308,7 +311,7 @@ async fn unknown_error_types_are_classified_and_retried_within_cap() {
 async fn readiness_is_driven_before_each_retry() {
     // tower-test's mock checks the readiness contract: a call without poll_ready panics.
     let (mut svc, mut handle) = tower_test::mock::spawn_layer::<&'static str, (), _>(
-        RetryLayer::new(RetryPolicy::new().backoff(no_jitter(10))),
+        RetryPolicy::new().backoff(no_jitter(10)).build().unwrap(),
     );
     handle.allow(1);
     assert!(svc.poll_ready().is_ready());
@@ -369,7 +372,9 @@ impl tower::Service<&'static str> for Failing {
 
 /// Sends one request through a `RetryLayer` with `policy` over `upstream`; the failure it ends with.
 async fn fail_through(policy: RetryPolicy, upstream: &Failing) -> Failure<()> {
-    RetryLayer::new(policy)
+    policy
+        .build()
+        .unwrap()
         .layer(upstream.clone())
         .oneshot("m")
         .await
@@ -838,7 +843,7 @@ async fn refused_post_is_retried_for_any_method_other_failures_are_not() {
 async fn timeout_after_keyless_post_is_outcome_unknown() {
     let upstream = Scripted::always(Step::After(Duration::from_secs(10), Box::new(status(200))));
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new()))
+        .layer(RetryPolicy::new().build().unwrap())
         .layer(ClassifyLayer::http())
         .layer(tower_backstop::timeout::TimeoutLayer::new(
             Duration::from_secs(1),
@@ -901,7 +906,7 @@ async fn payment_post_timing_out_is_retried_with_the_same_stamped_key() {
                 |_: &http::Request<_>| Some(tower_backstop::request::new_idempotency_key()),
             ),
         )
-        .layer(RetryLayer::new(RetryPolicy::new().backoff(no_jitter(100))))
+        .layer(RetryPolicy::new().backoff(no_jitter(100)).build().unwrap())
         .layer(ClassifyLayer::http())
         .layer(tower_backstop::timeout::TimeoutLayer::new(
             Duration::from_secs(1),
@@ -926,9 +931,12 @@ async fn retry_after_a_day_is_deferred_and_the_dead_letter_record_has_the_retry_
     let upstream = Scripted::always(status_with(503, "retry-after", "86400"));
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
-        .layer(RetryLayer::new(
-            RetryPolicy::new().max_delay(Duration::from_secs(60)),
-        ))
+        .layer(
+            RetryPolicy::new()
+                .max_delay(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        )
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
     let before = SystemTime::now();
@@ -972,14 +980,17 @@ async fn a_request_that_cannot_be_replayed_is_never_retried_and_the_failure_says
     }
     let calls = Arc::new(Mutex::new(0));
     let counter = calls.clone();
-    let svc = RetryLayer::new(RetryPolicy::new()).layer(tower::service_fn(move |_: Streaming| {
-        *counter.lock().unwrap() += 1;
-        async {
-            Err::<(), tower_backstop::BoxError>(
-                std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
-            )
-        }
-    }));
+    let svc = RetryPolicy::new()
+        .build()
+        .unwrap()
+        .layer(tower::service_fn(move |_: Streaming| {
+            *counter.lock().unwrap() += 1;
+            async {
+                Err::<(), tower_backstop::BoxError>(
+                    std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+                )
+            }
+        }));
     let failure = svc.oneshot(Streaming).await.unwrap_err();
     assert_eq!(*calls.lock().unwrap(), 1);
     assert_eq!(
@@ -1018,7 +1029,7 @@ async fn rate_limit_reset_and_grpc_pushback_are_server_hints() {
     };
     let grpc_stack = |upstream: &Scripted| {
         ServiceBuilder::new()
-            .layer(RetryLayer::new(RetryPolicy::new().assume_idempotent(true)))
+            .layer(RetryPolicy::new().assume_idempotent(true).build().unwrap())
             .layer(ClassifyLayer::new(GrpcClassifier::new()))
             .service(upstream.clone())
     };
@@ -1062,7 +1073,7 @@ async fn the_stamped_key_is_the_dead_letter_id_and_outcome_unknown_is_recorded()
             ),
         )
         .layer(DeadLetterLayer::new(store.clone()))
-        .layer(RetryLayer::new(RetryPolicy::new().backoff(no_jitter(10))))
+        .layer(RetryPolicy::new().backoff(no_jitter(10)).build().unwrap())
         .layer(ClassifyLayer::http())
         .service(upstream.clone());
     let failure = svc.oneshot(post("/charge", "{}")).await.unwrap_err();
@@ -1083,7 +1094,7 @@ async fn the_stamped_key_is_the_dead_letter_id_and_outcome_unknown_is_recorded()
     let upstream = Scripted::always(Step::After(Duration::from_secs(10), Box::new(status(200))));
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
-        .layer(RetryLayer::new(RetryPolicy::new()))
+        .layer(RetryPolicy::new().build().unwrap())
         .layer(ClassifyLayer::http())
         .layer(TimeoutLayer::new(Duration::from_secs(1)))
         .service(upstream.clone());
@@ -1164,7 +1175,7 @@ async fn the_service_is_cloned_only_when_another_attempt_is_possible() {
     }
     async fn clones_per_call(policy: RetryPolicy) -> u32 {
         let clones = Arc::new(AtomicU32::new(0));
-        let mut svc = RetryLayer::new(policy).layer(Counted(clones.clone()));
+        let mut svc = policy.build().unwrap().layer(Counted(clones.clone()));
         for _ in 0..10 {
             svc.ready().await.unwrap();
             tower::Service::call(&mut svc, "m").await.unwrap();
@@ -1324,7 +1335,7 @@ async fn a_503_proves_not_processed_by_default_and_a_user_can_exclude_it() {
     ]);
     let upstream = Scripted::new([status(503)], status(202));
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(RetryPolicy::new()))
+        .layer(RetryPolicy::new().build().unwrap())
         .layer(ClassifyLayer::new(without_503))
         .service(upstream.clone());
     let result = svc.oneshot(post("/mail", "{}")).await;
@@ -1381,11 +1392,11 @@ async fn unknown_is_retried_once_and_more_slowly() {
     );
 }
 
-// Issue #12: the unedited default policy is not referenced by a call until it fails, and the
-// overall deadline reads the clock only when an attempt first waits or fails.
+// The default policy retries by its table, and the overall deadline reads the clock only when an
+// attempt first waits or fails.
 
 #[tokio::test(start_paused = true)]
-async fn the_default_policy_rebuilt_at_a_failure_retries_like_the_default() {
+async fn the_default_policy_retries_by_its_table() {
     // 3 attempts in all, transient retried, permanent not: the default's table.
     let upstream = Scripted::always(status(503));
     let failure = ServiceBuilder::new()
@@ -1447,7 +1458,7 @@ fn a_first_attempt_ready_at_its_first_poll_never_starts_the_deadline_timer() {
         .expect("a runtime without time");
     rt.block_on(async {
         let policy = RetryPolicy::new().deadline(Duration::from_secs(2));
-        let svc = RetryLayer::new(policy).layer(ok_after(Duration::ZERO));
+        let svc = policy.build().unwrap().layer(ok_after(Duration::ZERO));
         assert_eq!(svc.oneshot("m").await.unwrap(), "m");
         let svc = RetryLayer::default().layer(ok_after(Duration::ZERO));
         assert_eq!(svc.oneshot("m").await.unwrap(), "m");
@@ -1459,7 +1470,10 @@ async fn the_deadline_counts_from_the_first_pending_not_from_call() {
     use std::pin::pin;
     use tower::Service;
     let policy = RetryPolicy::new().deadline(Duration::from_millis(200));
-    let mut svc = RetryLayer::new(policy).layer(ok_after(Duration::from_millis(100)));
+    let mut svc = policy
+        .build()
+        .unwrap()
+        .layer(ok_after(Duration::from_millis(100)));
     svc.ready().await.unwrap();
     let future = pin!(svc.call("m"));
     // 150 ms between `call` and the first poll are not counted; the 100 ms wait is.
@@ -1471,12 +1485,14 @@ async fn the_deadline_counts_from_the_first_pending_not_from_call() {
 async fn a_zero_deadline_lets_only_an_answer_at_the_first_poll_through() {
     let policy = || RetryPolicy::new().deadline(Duration::ZERO);
     // Ready at once: the deadline never starts.
-    let svc = RetryLayer::new(policy()).layer(ok_after(Duration::ZERO));
+    let svc = policy().build().unwrap().layer(ok_after(Duration::ZERO));
     assert_eq!(svc.oneshot("m").await.unwrap(), "m");
 
     // Waits: cut at once (tokio's timer resolution is 1 ms), with nothing earlier to return.
     let start = Instant::now();
-    let failure = RetryLayer::new(policy())
+    let failure = policy()
+        .build()
+        .unwrap()
         .layer(ok_after(Duration::from_secs(1)))
         .oneshot("m")
         .await

@@ -310,7 +310,7 @@ async fn schedule_survives_a_restart() {
 async fn an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens() {
     use tower::ServiceExt;
     use tower_backstop::breaker::BreakerLayer;
-    use tower_backstop::retry::{RetryLayer, RetryPolicy};
+    use tower_backstop::retry::RetryPolicy;
 
     let clock = Clock::tokio();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -321,7 +321,7 @@ async fn an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens()
     let handle = breaker.handle();
     let stack = ServiceBuilder::new()
         .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
-        .layer(RetryLayer::new(RetryPolicy::new().max_attempts(5)))
+        .layer(RetryPolicy::new().max_attempts(5).build().unwrap())
         .layer(breaker)
         .layer(ClassifyLayer::http())
         .service(upstream.clone());

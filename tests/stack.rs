@@ -95,7 +95,7 @@ async fn five_layers_deliver_through_a_flaky_provider_once() {
     let store = SqliteStore::open(dir.path().join("dl.db")).unwrap();
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
-        .layer(RetryLayer::new(policy()))
+        .layer(policy().build().unwrap())
         .layer(BreakerLayer::consecutive_failures(5))
         .layer(ClassifyLayer::http())
         .layer(TimeoutLayer::new(Duration::from_secs(2)))
@@ -128,7 +128,7 @@ async fn exhausted_request_is_dead_lettered_in_sqlite() {
     let store = SqliteStore::open(dir.path().join("dl.db")).unwrap();
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
-        .layer(RetryLayer::new(policy()))
+        .layer(policy().build().unwrap())
         .layer(ClassifyLayer::http())
         .service(client());
     let f = svc
@@ -195,7 +195,7 @@ async fn resetting_server(resets: u32) -> (String, Arc<Mutex<Vec<Option<String>>
 #[tokio::test]
 async fn reset_post_is_retried_only_with_a_key() {
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy()))
+        .layer(policy().build().unwrap())
         .layer(ClassifyLayer::http())
         .service(client());
 
@@ -235,7 +235,7 @@ async fn connection_refused_is_transient() {
     let url = format!("http://{}/", listener.local_addr().unwrap());
     drop(listener);
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy()))
+        .layer(policy().build().unwrap())
         .layer(ClassifyLayer::http())
         .service(client());
     let f = svc
@@ -266,7 +266,7 @@ async fn slow_handler_is_cut_per_attempt_and_breaker_stops_calls() {
     let breaker = BreakerLayer::consecutive_failures(2).open_for(Duration::from_secs(60));
     let handle = breaker.handle();
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy().max_attempts(2)))
+        .layer(policy().max_attempts(2).build().unwrap())
         .layer(breaker)
         .layer(ClassifyLayer::http())
         .layer(TimeoutLayer::new(Duration::from_millis(50)))

@@ -8,7 +8,7 @@ use support::{Scripted, Step, get, status};
 use tokio::time::Instant;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::retry::{Attempts, Backoff, GiveUp, Jitter, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, Backoff, GiveUp, Jitter, RetryPolicy};
 use tower_backstop::timeout::{Elapsed, TimeoutLayer};
 use tower_backstop::{Class, Code};
 
@@ -50,9 +50,13 @@ async fn every_attempt_is_cut_and_classified_transient() {
     let backoff = Backoff::exponential(Duration::from_millis(100), Duration::from_secs(1))
         .jitter(Jitter::None);
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(
-            RetryPolicy::new().max_attempts(3).backoff(backoff),
-        ))
+        .layer(
+            RetryPolicy::new()
+                .max_attempts(3)
+                .backoff(backoff)
+                .build()
+                .unwrap(),
+        )
         .layer(ClassifyLayer::http())
         .layer(TimeoutLayer::new(Duration::from_millis(200)))
         .service(upstream.clone());

@@ -14,7 +14,7 @@ use tonic_health::pb::health_client::HealthClient;
 use tower::ServiceBuilder;
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::{ClassifyLayer, GrpcClassifier};
-use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Backoff, RetryPolicy};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BackstopLayer, GrpcLayer};
 
@@ -73,7 +73,7 @@ async fn a_generated_client_takes_the_stack_and_gets_the_servers_own_status() {
     // The stack, with `GrpcLayer` on top.
     let stack = ServiceBuilder::new()
         .layer(GrpcLayer::new())
-        .layer(RetryLayer::new(policy(3)))
+        .layer(policy(3).build().unwrap())
         .layer(BreakerLayer::consecutive_failures(5))
         .layer(ClassifyLayer::new(GrpcClassifier::new()))
         .layer(TimeoutLayer::new(Duration::from_secs(1)))
@@ -108,7 +108,7 @@ async fn an_open_breaker_is_unavailable_at_once() {
     let (addr, calls) = health_server(true).await;
     let stack = ServiceBuilder::new()
         .layer(GrpcLayer::new())
-        .layer(RetryLayer::new(policy(1)))
+        .layer(policy(1).build().unwrap())
         .layer(BreakerLayer::consecutive_failures(1).open_for(Duration::from_secs(30)))
         .layer(ClassifyLayer::new(GrpcClassifier::new()))
         .service(channel(addr));
@@ -138,7 +138,7 @@ async fn our_timeout_is_deadline_exceeded() {
     });
     let stack = ServiceBuilder::new()
         .layer(GrpcLayer::new())
-        .layer(RetryLayer::new(policy(2)))
+        .layer(policy(2).build().unwrap())
         .layer(ClassifyLayer::new(GrpcClassifier::new()))
         .layer(TimeoutLayer::new(Duration::from_millis(50)))
         .service(channel(addr));
@@ -154,7 +154,7 @@ async fn a_refused_connection_is_unavailable() {
     drop(listener);
     let stack = ServiceBuilder::new()
         .layer(GrpcLayer::new())
-        .layer(RetryLayer::new(policy(2)))
+        .layer(policy(2).build().unwrap())
         .layer(ClassifyLayer::new(GrpcClassifier::new()))
         .service(channel(addr));
     let mut client = HealthClient::new(stack);
@@ -169,7 +169,7 @@ async fn a_request_larger_than_the_replay_buffer_is_sent_once() {
     let (addr, calls) = health_server(true).await;
     let stack = ServiceBuilder::new()
         .layer(GrpcLayer::with_buffer(8))
-        .layer(RetryLayer::new(policy(3)))
+        .layer(policy(3).build().unwrap())
         .layer(ClassifyLayer::new(GrpcClassifier::new()))
         .service(channel(addr));
     let mut client = HealthClient::new(stack);

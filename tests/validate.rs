@@ -9,7 +9,7 @@ use tower::filter::FilterLayer;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::Invalid;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
-use tower_backstop::retry::{Attempts, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Attempts, RetryPolicy};
 use tower_backstop::store::{MemoryStore, Store};
 use tower_backstop::{BoxError, Class};
 
@@ -50,7 +50,7 @@ async fn a_rejected_request_never_reaches_the_provider_and_is_one_poison_dead_le
     };
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
-        .layer(RetryLayer::new(RetryPolicy::default().max_attempts(5)))
+        .layer(RetryPolicy::default().max_attempts(5).build().unwrap())
         .layer(FilterLayer::new(|request: http::Request<String>| {
             validate_job(&request)
                 .map(|()| request)

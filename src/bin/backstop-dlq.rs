@@ -30,7 +30,7 @@ use tower::ServiceBuilder;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, Delivery};
 use tower_backstop::resend::{Outcome, Reconciler, Redrive, http_request};
-use tower_backstop::retry::{RetryLayer, RetryPolicy};
+use tower_backstop::retry::RetryPolicy;
 use tower_backstop::store::{AlertRules, Filter, Page, Record, SqliteStore, Stats, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Envelope};
@@ -463,7 +463,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
             let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
             let stack = ServiceBuilder::new()
                 .layer(DeadLetterLayer::from_arc(Arc::clone(&store)))
-                .layer(RetryLayer::new(RetryPolicy::new().max_attempts(*attempts)))
+                .layer(RetryPolicy::new().max_attempts(*attempts).build()?)
                 .layer(ClassifyLayer::http())
                 .layer(TimeoutLayer::new(*timeout))
                 .service(client);

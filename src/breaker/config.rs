@@ -1,5 +1,5 @@
 //! [`Builder`]: every setting of a breaker, checked by [`Builder::build`] (in `layer.rs`, beside the
-//! layer it builds), and [`BuildError`].
+//! layer it builds).
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,42 +10,11 @@ use super::keyed::{Authority, PerKey, Single};
 use super::open::OpenDuration;
 use super::state::{MAX_PROBES, Settings};
 use super::window::WindowKind;
+use crate::BuildError;
 use crate::failure::Class;
 
 /// The classes that count as failures by default: the ones that blame the provider.
 pub(crate) const DEFAULT_CLASSES: [Class; 3] = [Class::TRANSIENT, Class::THROTTLED, Class::UNKNOWN];
-
-/// A bad breaker configuration, returned by [`Builder::build`]: it names the setting
-/// ([`setting`](Self::setting), the name of the [`Builder`] method) and what is wrong with it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BuildError {
-    setting: &'static str,
-    problem: &'static str,
-}
-
-impl BuildError {
-    const fn new(setting: &'static str, problem: &'static str) -> Self {
-        BuildError { setting, problem }
-    }
-
-    /// The setting that is wrong: the name of the [`Builder`] method that sets it
-    /// (`"failure_rate"`, `"count_window"`, `"max_keys"`, …).
-    pub fn setting(&self) -> &'static str {
-        self.setting
-    }
-}
-
-impl fmt::Display for BuildError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid breaker configuration: {} (`{}`)",
-            self.problem, self.setting
-        )
-    }
-}
-
-impl std::error::Error for BuildError {}
 
 /// Configures a breaker; [`build`](Builder::build) checks it and makes the
 /// [`BreakerLayer`](super::BreakerLayer).
@@ -249,15 +218,19 @@ impl<K> Builder<K> {
     pub(crate) fn validate(&self) -> Result<(), BuildError> {
         let s = &self.settings;
         let rate_ok = |r: f64| r > 0.0 && r <= 1.0;
-        if s.consecutive == Some(0) {
+        if let Some(n @ 0) = s.consecutive {
             return Err(BuildError::new(
                 "consecutive_failures",
+                n,
                 "consecutive failures must be at least 1",
             ));
         }
-        if s.failure_rate.is_some_and(|r| !rate_ok(r)) {
+        if let Some(r) = s.failure_rate
+            && !rate_ok(r)
+        {
             return Err(BuildError::new(
                 "failure_rate",
+                r,
                 "the failure rate must be within (0.0, 1.0]",
             ));
         }
@@ -266,6 +239,7 @@ impl<K> Builder<K> {
         {
             return Err(BuildError::new(
                 "slow_calls",
+                r,
                 "the slow-call rate must be within (0.0, 1.0]",
             ));
         }
@@ -273,6 +247,7 @@ impl<K> Builder<K> {
             WindowKind::Count(n) if n == 0 || n > 100_000 => {
                 return Err(BuildError::new(
                     "count_window",
+                    n,
                     "a count window holds 1..=100000 calls",
                 ));
             }
@@ -280,15 +255,17 @@ impl<K> Builder<K> {
                 if width.is_zero() || buckets == 0 || buckets > 1_000 {
                     return Err(BuildError::new(
                         "time_window",
+                        format_args!("{width:?} × {buckets}"),
                         "a time window needs a non-zero bucket width and 1..=1000 buckets",
                     ));
                 }
             }
             WindowKind::Count(_) => {}
         }
-        if s.minimum_calls == Some(0) {
+        if let Some(n @ 0) = s.minimum_calls {
             return Err(BuildError::new(
                 "minimum_calls",
+                n,
                 "the minimum number of calls must be at least 1",
             ));
         }
@@ -297,23 +274,30 @@ impl<K> Builder<K> {
         {
             return Err(BuildError::new(
                 "minimum_calls",
+                min,
                 "the minimum number of calls exceeds the count window, so it could never trip",
             ));
         }
         if s.probes == 0 || s.probes > MAX_PROBES {
             return Err(BuildError::new(
                 "half_open_probes",
+                s.probes,
                 "half-open probes must be within 1..=1000",
             ));
         }
         if s.close_after == 0 || s.close_after > MAX_PROBES {
             return Err(BuildError::new(
                 "close_after",
+                s.close_after,
                 "close-after must be within 1..=1000",
             ));
         }
         if let Some(problem) = s.open.problem() {
-            return Err(BuildError::new("open_duration", problem));
+            return Err(BuildError::new(
+                "open_duration",
+                format_args!("{:?}", s.open),
+                problem,
+            ));
         }
         Ok(())
     }
@@ -326,6 +310,7 @@ impl<F> Builder<PerKey<F>> {
         if self.keys.max_keys == 0 {
             return Err(BuildError::new(
                 "max_keys",
+                self.keys.max_keys,
                 "the most keys kept must be at least 1",
             ));
         }

@@ -5,10 +5,11 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::Breaker;
-use super::config::{BuildError, Builder};
+use super::config::Builder;
 use super::handle::BreakerHandle;
 use super::keyed::{Authority, PerKey, Registry, Single};
 use super::state::Shared;
+use crate::BuildError;
 use crate::failure::Class;
 
 /// Applies [`Breaker`] to a service, and owns the breakers' state.

@@ -105,7 +105,8 @@
 //! assert_eq!(layer.unkeyed().state(), State::Closed);
 //! ```
 //!
-//! A bad setting is an error from [`build`](Builder::build) that names it:
+//! A bad setting is an error from [`build`](Builder::build), a [`BuildError`](crate::BuildError)
+//! that names it and its value:
 //!
 //! ```
 //! use tower_backstop::breaker::BreakerLayer;
@@ -114,7 +115,7 @@
 //! assert_eq!(err.setting(), "failure_rate");
 //! assert_eq!(
 //!     err.to_string(),
-//!     "invalid breaker configuration: the failure rate must be within (0.0, 1.0] (`failure_rate`)"
+//!     "invalid configuration: `failure_rate` is 1.5: the failure rate must be within (0.0, 1.0]"
 //! );
 //! ```
 
@@ -138,7 +139,7 @@ pub(crate) mod state;
 mod sync;
 mod window;
 
-pub use self::config::{BuildError, Builder};
+pub use self::config::Builder;
 pub use self::event::{Event, Listener, State};
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::ResponseFuture;

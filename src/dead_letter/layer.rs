@@ -105,7 +105,9 @@ impl DeadLetterLayer {
 
     /// Keeps at most `bytes` of each payload; a longer payload is stored cut, with
     /// [`Record::payload_truncated`](crate::store::Record::payload_truncated) set, and cannot be
-    /// re-sent. The default is [`DEFAULT_PAYLOAD_LIMIT`] (64 KiB).
+    /// re-sent. The default is [`DEFAULT_PAYLOAD_LIMIT`] (64 KiB). 0 is not an error: it keeps
+    /// no payload at all (for requests whose bodies must not be stored), and such records are
+    /// kept for inspection only.
     pub fn max_payload(mut self, bytes: usize) -> Self {
         Arc::make_mut(&mut self.config).payload_limit = bytes;
         self
@@ -137,7 +139,9 @@ impl DeadLetterLayer {
 
 impl DeadLetterLayer {
     /// A durable attempt budget of `attempts` per message id (the first call included), counted
-    /// in the layer's store across restarts. A budget of 0 is taken as 1.
+    /// in the layer's store across restarts. A budget of 0 is taken as 1, not rejected: no
+    /// message can be given fewer than its first call, and 1 is the most cautious budget there
+    /// is (one pass, then poison), so the reading fails safe.
     ///
     /// For queue consumers, where the same message comes back after a crash or a restart. The
     /// count lives in the message's record ([`Record::budget_spent`]): each final failure adds
@@ -167,7 +171,7 @@ impl DeadLetterLayer {
     ///
     /// let stack = ServiceBuilder::new()
     ///     .layer(DeadLetterLayer::new(MemoryStore::new()).attempt_budget(5))
-    ///     .layer(RetryLayer::new(RetryPolicy::new().max_attempts(3)));
+    ///     .layer(RetryPolicy::new().max_attempts(3).build().unwrap());
     /// # let _ = stack;
     /// ```
     ///

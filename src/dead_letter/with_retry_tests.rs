@@ -137,12 +137,12 @@ fn stacked(
     store: &MemoryStore,
     policy: RetryPolicy,
 ) -> tower::layer::util::Stack<RetryLayer, DeadLetterLayer> {
-    tower::layer::util::Stack::new(RetryLayer::new(policy), DeadLetterLayer::new(store.clone()))
+    tower::layer::util::Stack::new(policy.build().unwrap(), DeadLetterLayer::new(store.clone()))
 }
 
 /// The two layers built as one, sharing the copy.
 fn shared(store: &MemoryStore, policy: RetryPolicy) -> DeadLetterRetryLayer {
-    DeadLetterRetryLayer::new(DeadLetterLayer::new(store.clone()), RetryLayer::new(policy))
+    DeadLetterRetryLayer::new(DeadLetterLayer::new(store.clone()), policy.build().unwrap())
 }
 
 /// [`run`] through the two layers built as one (`shared_copy`) or stacked.

@@ -100,7 +100,7 @@ impl Service<GrpcRequest> for Channel {
 /// let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:50051").connect_lazy();
 /// let stack = ServiceBuilder::new()
 ///     .layer(GrpcLayer::new())
-///     .layer(RetryLayer::new(RetryPolicy::grpc()))
+///     .layer(RetryPolicy::grpc().build().unwrap())
 ///     .layer(BreakerLayer::consecutive_failures(5))
 ///     .layer(ClassifyLayer::new(GrpcClassifier::new()))
 ///     .layer(TimeoutLayer::new(Duration::from_secs(1)))

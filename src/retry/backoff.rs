@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use rand::Rng;
 
+use crate::BuildError;
+
 /// How the computed delay is randomised, so that many clients that failed together do not retry
 /// together. The forms are those of Marc Brooker's "Exponential Backoff And Jitter" (AWS
 /// Architecture Blog, 2015), plus a bounded additive spread. The cap of the [`Backoff`] applies
@@ -66,18 +68,6 @@ impl Default for Backoff {
     }
 }
 
-/// A [`Backoff::schedule`] with no delay in it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EmptySchedule;
-
-impl fmt::Display for EmptySchedule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a backoff schedule needs at least one delay")
-    }
-}
-
-impl std::error::Error for EmptySchedule {}
-
 impl Backoff {
     /// Exponential backoff from `base`, doubling per failed attempt, capped at `cap`, full jitter.
     pub const fn exponential(base: Duration, cap: Duration) -> Self {
@@ -112,10 +102,16 @@ impl Backoff {
     ///
     /// # Errors
     ///
-    /// [`EmptySchedule`] when `delays` is empty.
-    pub fn schedule(delays: impl IntoIterator<Item = Duration>) -> Result<Self, EmptySchedule> {
+    /// A [`BuildError`] naming `"Backoff::schedule"` when `delays` is empty.
+    pub fn schedule(delays: impl IntoIterator<Item = Duration>) -> Result<Self, BuildError> {
         let delays: Arc<[Duration]> = delays.into_iter().collect();
-        let cap = delays.iter().copied().max().ok_or(EmptySchedule)?;
+        let cap = delays.iter().copied().max().ok_or_else(|| {
+            BuildError::new(
+                "Backoff::schedule",
+                "[]",
+                "a backoff schedule needs at least one delay",
+            )
+        })?;
         Ok(Backoff {
             rule: Rule::Schedule(delays),
             cap,
@@ -179,6 +175,23 @@ impl Backoff {
             Rule::Linear { base, .. } | Rule::Exponential { base } => *base,
             Rule::Schedule(delays) => delays[0],
         }
+    }
+
+    /// What makes this backoff unable to work as written, if anything: an exponential rule from
+    /// zero (it never grows), or a cap below the rule's first delay (every delay would be the
+    /// cap). Checked by [`RetryPolicy::build`](super::RetryPolicy::build).
+    pub(crate) fn problem(&self) -> Option<&'static str> {
+        if matches!(self.rule, Rule::Exponential { base } if base.is_zero()) {
+            return Some(
+                "an exponential backoff from zero never waits; use `Backoff::constant(Duration::ZERO)` for immediate retries",
+            );
+        }
+        if self.cap < self.base() {
+            return Some(
+                "the backoff's cap is below its first delay, so every delay would be the cap",
+            );
+        }
+        None
     }
 
     /// The delay to sleep after `failed` failed attempts, jittered with `rng`, then capped.
@@ -289,7 +302,12 @@ mod tests {
             [1, 2, 3, 4, 5, 6, u32::MAX].map(|n| s.nominal(n)),
             [5, 15, 30, 60, 120, 120, 120].map(S)
         );
-        assert_eq!(Backoff::schedule([]), Err(EmptySchedule));
+        let empty = Backoff::schedule([]).unwrap_err();
+        assert_eq!(empty.setting(), "Backoff::schedule");
+        assert_eq!(
+            empty.to_string(),
+            "invalid configuration: `Backoff::schedule` is []: a backoff schedule needs at least one delay"
+        );
     }
 
     #[test]

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::BuildError;
+
 /// One token, in thousandths: gRFC A6 gives `token_ratio` three decimal places, so integer
 /// milli-tokens are exact.
 const TOKEN: i64 = 1000;
@@ -62,25 +64,6 @@ struct RatioBudget {
     withdraw: Mutex<()>,
 }
 
-/// A budget configuration that makes no sense: a ratio that is negative or not finite, a token
-/// bucket outside gRFC A6's bounds, a zero window.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidBudget {
-    reason: &'static str,
-}
-
-impl fmt::Display for InvalidBudget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid retry budget: {}", self.reason)
-    }
-}
-
-impl std::error::Error for InvalidBudget {}
-
-fn invalid(reason: &'static str) -> InvalidBudget {
-    InvalidBudget { reason }
-}
-
 /// Number of slots a ratio budget's window is split into.
 const SLOTS: u64 = 10;
 
@@ -90,14 +73,23 @@ impl Budget {
     ///
     /// # Errors
     ///
-    /// [`InvalidBudget`] when `max_tokens` is 0 or above 1000, or `token_ratio` is not a
-    /// positive finite number of at least 0.001.
-    pub fn token_bucket(max_tokens: u32, token_ratio: f64) -> Result<Self, InvalidBudget> {
+    /// A [`BuildError`] naming the argument (`"Budget::token_bucket(max_tokens)"`,
+    /// `"Budget::token_bucket(token_ratio)"`) when `max_tokens` is 0 or above 1000, or
+    /// `token_ratio` is not a finite number of at least 0.001.
+    pub fn token_bucket(max_tokens: u32, token_ratio: f64) -> Result<Self, BuildError> {
         if !(1..=1000).contains(&max_tokens) {
-            return Err(invalid("max_tokens must be in 1..=1000 (gRFC A6)"));
+            return Err(BuildError::new(
+                "Budget::token_bucket(max_tokens)",
+                max_tokens,
+                "a token bucket holds 1..=1000 tokens (gRFC A6)",
+            ));
         }
         if !token_ratio.is_finite() || token_ratio < 0.001 {
-            return Err(invalid("token_ratio must be a finite number ≥ 0.001"));
+            return Err(BuildError::new(
+                "Budget::token_bucket(token_ratio)",
+                token_ratio,
+                "the token ratio must be a finite number of at least 0.001",
+            ));
         }
         let max = i64::from(max_tokens) * TOKEN;
         let ratio = ((token_ratio * TOKEN as f64).floor() as i64).min(max);
@@ -116,14 +108,23 @@ impl Budget {
     ///
     /// # Errors
     ///
-    /// [`InvalidBudget`] when `ratio` is negative, not finite or above 1000, or `window` is
-    /// outside 1 s ..= 1 h.
-    pub fn ratio(ratio: f64, min_per_second: u32, window: Duration) -> Result<Self, InvalidBudget> {
+    /// A [`BuildError`] naming the argument (`"Budget::ratio(ratio)"`,
+    /// `"Budget::ratio(window)"`) when `ratio` is negative, not finite or above 1000, or `window`
+    /// is outside 1 s ..= 1 h.
+    pub fn ratio(ratio: f64, min_per_second: u32, window: Duration) -> Result<Self, BuildError> {
         if !ratio.is_finite() || !(0.0..=1000.0).contains(&ratio) {
-            return Err(invalid("ratio must be a finite number in [0, 1000]"));
+            return Err(BuildError::new(
+                "Budget::ratio(ratio)",
+                ratio,
+                "the ratio must be a finite number within [0, 1000]",
+            ));
         }
         if window < Duration::from_secs(1) || window > Duration::from_secs(3600) {
-            return Err(invalid("window must be between 1 s and 1 h"));
+            return Err(BuildError::new(
+                "Budget::ratio(window)",
+                format_args!("{window:?}"),
+                "the window must be between 1 s and 1 h",
+            ));
         }
         let window_nanos = window.as_nanos() as u64;
         let reserve = i64::from(min_per_second)
@@ -274,6 +275,60 @@ mod tests {
         assert!(Budget::ratio(-0.1, 0, Duration::from_secs(10)).is_err());
         assert!(Budget::ratio(f64::INFINITY, 0, Duration::from_secs(10)).is_err());
         assert!(Budget::ratio(0.5, 0, Duration::ZERO).is_err());
+        // Each error names the argument that is wrong, and its value.
+        let setting = |r: Result<Budget, BuildError>| {
+            let e = r.expect_err("an error");
+            (e.setting(), e.to_string())
+        };
+        for (budget, name, value) in [
+            (
+                Budget::token_bucket(0, 0.1),
+                "Budget::token_bucket(max_tokens)",
+                "0",
+            ),
+            (
+                Budget::token_bucket(1001, 0.1),
+                "Budget::token_bucket(max_tokens)",
+                "1001",
+            ),
+            (
+                Budget::token_bucket(10, f64::NAN),
+                "Budget::token_bucket(token_ratio)",
+                "NaN",
+            ),
+            (
+                Budget::token_bucket(10, 0.0),
+                "Budget::token_bucket(token_ratio)",
+                "0",
+            ),
+            (
+                Budget::ratio(-0.1, 0, Duration::from_secs(10)),
+                "Budget::ratio(ratio)",
+                "-0.1",
+            ),
+            (
+                Budget::ratio(f64::INFINITY, 0, Duration::from_secs(10)),
+                "Budget::ratio(ratio)",
+                "inf",
+            ),
+            (
+                Budget::ratio(0.5, 0, Duration::ZERO),
+                "Budget::ratio(window)",
+                "0ns",
+            ),
+            (
+                Budget::ratio(0.5, 0, Duration::from_secs(3601)),
+                "Budget::ratio(window)",
+                "3601s",
+            ),
+        ] {
+            let (setting, message) = setting(budget);
+            assert_eq!(setting, name, "{message}");
+            assert!(
+                message.starts_with(&format!("invalid configuration: `{name}` is {value}: ")),
+                "{message}"
+            );
+        }
     }
 
     #[test]

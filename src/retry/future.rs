@@ -8,8 +8,9 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::RetryPolicy;
 use super::note::{Attempts, GiveUp};
-use super::policy::{Attempted, Decision, PolicyRef, RetryEvent, Spare, outcome_unknown, retry_at};
+use super::policy::{Attempted, Decision, RetryEvent, Spare, outcome_unknown, retry_at};
 use crate::failure::{Class, Code, Failure};
 use crate::request::Replay;
 
@@ -20,10 +21,7 @@ pin_project! {
     /// When the request cannot be retried at all (`max_attempts(1)`, a request that could not
     /// be copied, a request not safe to resend with
     /// [`retry_unprocessed`](super::RetryPolicy::retry_unprocessed) off) it holds no service
-    /// clone and no policy: it only forwards the single attempt. With the unedited
-    /// [`RetryPolicy::default`] it holds no reference to the policy either until an attempt
-    /// fails (the default is rebuilt then), so a first attempt that succeeds costs no shared
-    /// counter. The overall deadline, when there is one, reads the clock only when an attempt
+    /// clone and no policy: it only forwards the single attempt. The overall deadline, when there is one, reads the clock only when an attempt
     /// first waits or fails (see [`RetryPolicy::deadline`]).
     pub struct ResponseFuture<S, Req>
     where
@@ -104,9 +102,8 @@ impl Deadline {
 /// failure path only. Kept small: what only failures need is boxed on the first failure.
 struct Retrying<S, Req, R> {
     service: S,
-    /// The layer's policy; for the unedited default nothing shared, rebuilt at the first
-    /// failure.
-    policy: PolicyRef,
+    /// The layer's policy.
+    policy: RetryPolicy,
     spare: Option<Req>,
     spare_state: Spare,
     attempts: u32,
@@ -188,14 +185,13 @@ where
         }
     }
 
-    /// `policy` is [`RetryPolicy::for_call`].
     #[inline]
     pub(crate) fn retrying(
         future: S::Future,
         service: S,
         spare: Req,
         safe: bool,
-        policy: PolicyRef,
+        policy: RetryPolicy,
         deadline: Option<Duration>,
         hand_back: Option<HandBack<S::Response, Req>>,
     ) -> Self {
@@ -332,7 +328,7 @@ where
                     let mut failure: Failure<S::Response> = match result {
                         Ok(response) => {
                             if let Some(budget) =
-                                this.retry.as_ref().and_then(|r| r.policy.budget())
+                                this.retry.as_ref().and_then(|r| r.policy.budget_ref())
                             {
                                 budget.success();
                             }
@@ -385,8 +381,7 @@ where
                     }
                     // A first attempt that failed without waiting starts the deadline here.
                     let deadline_at = this.deadline.at();
-                    // The default policy is rebuilt at the first failure (see `Retrying`).
-                    let policy = r.policy.resolve();
+                    let policy = &r.policy;
                     let history = history_of(&mut r.history);
                     let class_failures = history.count(failure.class());
                     let first = *history.first_failed_at.get_or_insert_with(SystemTime::now);
@@ -515,7 +510,7 @@ where
                         }
                     };
                     r.attempts += 1;
-                    let max_attempts = r.policy.resolve().attempts();
+                    let max_attempts = r.policy.attempts();
                     // Under a dead-letter layer that reuses the copy, keep one for the last
                     // attempt too: it goes up with the failure.
                     if r.attempts < max_attempts || this.hand_back.is_some() {

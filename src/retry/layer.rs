@@ -1,20 +1,50 @@
 use tower_layer::Layer;
 
 use super::{Retry, RetryPolicy};
+use crate::BuildError;
 
-/// Applies [`Retry`] to a service with a [`RetryPolicy`].
+/// Applies [`Retry`] to a service with a [`RetryPolicy`] checked by [`RetryPolicy::build`].
 ///
 /// `RetryLayer::default()` is already safe: 3 attempts, exponential backoff with full jitter
 /// capped at 20 s, `Retry-After` honoured up to 60 s, idempotent requests only.
 #[derive(Clone, Debug, Default)]
 pub struct RetryLayer {
-    policy: RetryPolicy,
+    pub(crate) policy: RetryPolicy,
 }
 
-impl RetryLayer {
-    /// A layer that retries by `policy`.
-    pub fn new(policy: RetryPolicy) -> Self {
-        RetryLayer { policy }
+impl RetryPolicy {
+    /// Checks the policy and builds the layer that retries by it.
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError`] naming the setting when:
+    ///
+    /// - [`max_attempts`](Self::max_attempts) is 0 (`"max_attempts"`), or a class's
+    ///   [`ClassPolicy::max_attempts`](super::ClassPolicy::max_attempts) (also set by
+    ///   [`retry_at_most`](Self::retry_at_most)) is 0 (`"ClassPolicy::max_attempts"`);
+    /// - the [`backoff`](Self::backoff) (`"backoff"`) or a class's
+    ///   [`ClassPolicy::backoff`](super::ClassPolicy::backoff) (`"ClassPolicy::backoff"`) is an
+    ///   exponential rule from zero, or is capped below its first delay;
+    /// - [`max_hint_delay`](Self::max_hint_delay) (`"max_hint_delay"`) or
+    ///   [`wait_for_breaker`](Self::wait_for_breaker) (`"wait_for_breaker"`) is above
+    ///   [`max_delay`](Self::max_delay), which bounds them, so they would never apply.
+    ///
+    /// A zero [`max_delay`](Self::max_delay) (every delay deferred or given up) and a zero
+    /// [`deadline`](Self::deadline) (only an answer ready at the first poll) are deliberate
+    /// choices, not errors.
+    ///
+    /// ```
+    /// use tower_backstop::retry::RetryPolicy;
+    ///
+    /// let layer = RetryPolicy::new().max_attempts(5).build()?;
+    /// # let _ = layer;
+    /// let err = RetryPolicy::new().max_attempts(0).build().unwrap_err();
+    /// assert_eq!(err.setting(), "max_attempts");
+    /// # Ok::<(), tower_backstop::BuildError>(())
+    /// ```
+    pub fn build(self) -> Result<RetryLayer, BuildError> {
+        self.validate()?;
+        Ok(RetryLayer { policy: self })
     }
 }
 

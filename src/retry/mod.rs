@@ -30,8 +30,7 @@
 //! allocated. Each logical request has its own attempt counts. The request is copied with
 //! [`Replay`] once per attempt, the one cost of the success path; it is free for `Bytes`,
 //! `Full<Bytes>` or `Arc` payloads. A request that cannot be retried at all costs no copy, no
-//! service clone and no policy clone; with the unedited [`RetryPolicy::default`] no call clones
-//! the policy until an attempt fails. A [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer)
+//! service clone and no policy clone. A [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer)
 //! directly above keeps a second copy of its own; [`BackstopLayer`](crate::BackstopLayer) builds
 //! the two so that the dead-letter layer reuses this layer's spare instead.
 //!
@@ -72,7 +71,7 @@
 //! let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
 //! let counter = calls.clone();
 //! let svc = ServiceBuilder::new()
-//!     .layer(RetryLayer::new(policy))
+//!     .layer(policy.build().unwrap())
 //!     .service(service_fn(move |_: String| {
 //!         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
 //!         async { Err::<(), BoxError>(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into()) }
@@ -98,8 +97,8 @@ mod layer;
 mod note;
 mod policy;
 
-pub use self::backoff::{Backoff, EmptySchedule, Jitter};
-pub use self::budget::{Budget, InvalidBudget};
+pub use self::backoff::{Backoff, Jitter};
+pub use self::budget::Budget;
 pub use self::buffer::{BodyReadError, ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 pub use self::future::{DeadlineElapsed, ResponseFuture};
 pub use self::layer::RetryLayer;
@@ -114,8 +113,8 @@ pub struct Retry<S> {
 }
 
 impl<S> Retry<S> {
-    /// Wraps `inner`, retrying by `policy`.
-    pub fn new(inner: S, policy: RetryPolicy) -> Self {
+    /// Wraps `inner`, retrying by `policy` (checked by [`RetryPolicy::build`]).
+    pub(crate) fn new(inner: S, policy: RetryPolicy) -> Self {
         Retry { inner, policy }
     }
 
@@ -190,8 +189,7 @@ impl<S> Retry<S> {
                 self.inner.clone(),
                 spare,
                 safe,
-                // The unedited default is rebuilt on a failure: no shared counter per call.
-                policy.for_call(),
+                policy.clone(),
                 deadline,
                 hand_back,
             ),

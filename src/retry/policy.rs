@@ -11,6 +11,7 @@ use rand::rngs::SmallRng;
 use super::backoff::Backoff;
 use super::budget::Budget;
 use super::note::GiveUp;
+use crate::BuildError;
 use crate::failure::{Class, Code, Failure, Sent};
 
 /// Where a retry's delay came from.
@@ -104,9 +105,10 @@ impl ClassPolicy {
 
     /// At most `attempts` attempts may fail with this class (a count of attempts, not of
     /// retries): after the `attempts`-th failure of this class the layer stops with
-    /// [`GiveUp::AttemptsExhausted`]. Failures of other classes do not count. 0 is raised to 1.
+    /// [`GiveUp::AttemptsExhausted`]. Failures of other classes do not count. At least 1:
+    /// [`RetryPolicy::build`] rejects 0.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = Some(attempts.max(1));
+        self.max_attempts = Some(attempts);
         self
     }
 
@@ -219,52 +221,12 @@ struct Inner {
 /// request is reclassified [`Class::OUTCOME_UNKNOWN`] and never retried.
 ///
 /// The policy is built once and shared by clones behind an `Arc`; deciding allocates nothing on
-/// the success path.
+/// the success path. [`build`](Self::build) checks it and makes the
+/// [`RetryLayer`](super::RetryLayer): settings that cannot work are an error there, never at call
+/// time.
 #[derive(Clone)]
 pub struct RetryPolicy {
     inner: Arc<Inner>,
-    // Whether a builder method changed this policy: an unedited one is the default, which the
-    // retry future rebuilds on a failure instead of cloning the `Arc` on every call.
-    edited: bool,
-    // A preset's bound on server hints for an unedited policy, in whole milliseconds
-    // (`NO_PRESET_HINT` when none): kept beside the `Arc`, not in it, so that the default stays
-    // unedited and the retry future can rebuild it (see `PolicyRef`).
-    preset_hint_ms: u32,
-}
-
-/// `RetryPolicy::preset_hint_ms` when no preset set a hint bound.
-const NO_PRESET_HINT: u32 = u32::MAX;
-
-/// What a retry future keeps of its layer's policy: nothing shared for the unedited default
-/// (rebuilt at the first failure, with a preset's hint bound), else a clone of the policy.
-pub(crate) enum PolicyRef {
-    Default { preset_hint_ms: u32 },
-    Shared(RetryPolicy),
-}
-
-impl PolicyRef {
-    /// The policy, rebuilding the default at the first call (a failure: the path that may
-    /// allocate).
-    pub(crate) fn resolve(&mut self) -> &RetryPolicy {
-        if let PolicyRef::Default { preset_hint_ms } = *self {
-            *self = PolicyRef::Shared(RetryPolicy {
-                preset_hint_ms,
-                ..RetryPolicy::default()
-            });
-        }
-        match self {
-            PolicyRef::Shared(policy) => policy,
-            PolicyRef::Default { .. } => unreachable!("rebuilt above"),
-        }
-    }
-
-    /// The policy's retry budget, without rebuilding the default (which has none).
-    pub(crate) fn budget(&self) -> Option<&Budget> {
-        match self {
-            PolicyRef::Shared(policy) => policy.budget_ref(),
-            PolicyRef::Default { .. } => None,
-        }
-    }
 }
 
 impl Default for RetryPolicy {
@@ -297,8 +259,6 @@ impl Default for RetryPolicy {
                 rng: None,
                 on_retry: None,
             }),
-            edited: false,
-            preset_hint_ms: NO_PRESET_HINT,
         }
     }
 }
@@ -339,23 +299,14 @@ impl RetryPolicy {
 
     fn edit(mut self, f: impl FnOnce(&mut Inner)) -> Self {
         f(Arc::make_mut(&mut self.inner));
-        self.edited = true;
         self
     }
 
-    #[cfg(test)]
-    /// Whether this is [`RetryPolicy::default`], unedited: then it equals a fresh
-    /// `RetryPolicy::default()` (no budget, no seeded random source and no hook to share), and
-    /// the retry future keeps no reference to it until a failure.
-    pub(crate) fn is_default(&self) -> bool {
-        !self.edited
-    }
-
     /// The most calls for one request, the first included (a count of attempts, not retries),
-    /// whatever the classes of their failures. Values below 1 are raised to 1; 1 means never
-    /// retry.
+    /// whatever the classes of their failures. 1 means never retry; [`build`](Self::build)
+    /// rejects 0.
     pub fn max_attempts(self, attempts: u32) -> Self {
-        self.edit(|p| p.max_attempts = attempts.max(1))
+        self.edit(|p| p.max_attempts = attempts)
     }
 
     /// The delay rule for classes that have none of their own.
@@ -399,44 +350,17 @@ impl RetryPolicy {
     /// Bounds server hints slept in process by `bound` unless [`max_delay`](Self::max_delay) or
     /// [`max_hint_delay`](Self::max_hint_delay) was chosen: the rule of a
     /// [`BackstopLayer`](crate::BackstopLayer) with a dead-letter store.
-    ///
-    /// An unedited policy stays unedited (the bound is kept beside its `Arc`), so that a first
-    /// attempt that succeeds still costs no shared counter.
     pub(crate) fn max_hint_delay_unless_chosen(self, bound: Duration) -> Self {
         if self.inner.delay_bounds_chosen {
             return self;
         }
-        if self.edited {
-            // Its `Arc` goes with every call anyway.
-            return self.edit(|p| p.max_hint_delay = Some(bound));
-        }
-        let ms = u32::try_from(crate::failure::millis_up(bound).as_millis())
-            .unwrap_or(NO_PRESET_HINT - 1)
-            .min(NO_PRESET_HINT - 1);
-        RetryPolicy {
-            preset_hint_ms: ms,
-            ..self
-        }
-    }
-
-    /// What a retry future keeps of this policy (see [`PolicyRef`]).
-    pub(crate) fn for_call(&self) -> PolicyRef {
-        if self.edited {
-            PolicyRef::Shared(self.clone())
-        } else {
-            PolicyRef::Default {
-                preset_hint_ms: self.preset_hint_ms,
-            }
-        }
+        self.edit(|p| p.max_hint_delay = Some(bound))
     }
 
     /// The bound on server hints slept in process, if any (see
     /// [`max_hint_delay`](Self::max_hint_delay)).
     fn hint_limit(&self) -> Option<Duration> {
-        self.inner
-            .max_hint_delay
-            .or((self.preset_hint_ms != NO_PRESET_HINT)
-                .then(|| Duration::from_millis(u64::from(self.preset_hint_ms))))
+        self.inner.max_hint_delay
     }
 
     /// Lets the layer wait in process for an open breaker below it, when the breaker half-opens
@@ -578,6 +502,60 @@ impl RetryPolicy {
             .find(|(c, _)| *c == class)
             .map(|(_, r)| r)
             .filter(|r| r.retried)
+    }
+
+    /// Checks the settings that cannot work together (see [`build`](Self::build)).
+    pub(crate) fn validate(&self) -> Result<(), BuildError> {
+        let p = &*self.inner;
+        if p.max_attempts == 0 {
+            return Err(BuildError::new(
+                "max_attempts",
+                0,
+                "a request needs at least 1 call (1 means never retry)",
+            ));
+        }
+        if let Some(problem) = p.backoff.problem() {
+            return Err(BuildError::new(
+                "backoff",
+                format_args!("{:?}", p.backoff),
+                problem,
+            ));
+        }
+        for (class, rule) in &p.rules {
+            if rule.max_attempts == Some(0) {
+                return Err(BuildError::new(
+                    "ClassPolicy::max_attempts",
+                    format_args!("0 for class `{class}`"),
+                    "a retried class needs at least 1 attempt (use `never_retry` to retry it never)",
+                ));
+            }
+            if let Some(backoff) = &rule.backoff
+                && let Some(problem) = backoff.problem()
+            {
+                return Err(BuildError::new(
+                    "ClassPolicy::backoff",
+                    format_args!("{backoff:?} for class `{class}`"),
+                    problem,
+                ));
+            }
+        }
+        if let Some(hint) = p.max_hint_delay
+            && hint > p.max_delay
+        {
+            return Err(BuildError::new(
+                "max_hint_delay",
+                format_args!("{hint:?}"),
+                "above `max_delay`, which bounds server hints too, so it would never apply",
+            ));
+        }
+        if p.breaker_wait > p.max_delay {
+            return Err(BuildError::new(
+                "wait_for_breaker",
+                format_args!("{:?}", p.breaker_wait),
+                "above `max_delay`, the longest delay slept in process, so it would never apply",
+            ));
+        }
+        Ok(())
     }
 
     pub(crate) fn budget_ref(&self) -> Option<&Budget> {
@@ -810,30 +788,20 @@ mod tests {
             p.decide(&short, &at(1, 1, Spare::Ready)),
             Decision::Defer(..)
         ));
-        // The preset's bound on an unedited policy keeps it unedited: the retry future holds
-        // no shared reference, and rebuilds the default with the bound at the first failure.
+        // The preset's bound applies to a policy that chose none.
         let preset = RetryPolicy::new().max_hint_delay_unless_chosen(Duration::from_millis(500));
-        assert!(preset.is_default());
-        let mut kept = preset.for_call();
         assert!(matches!(
-            kept,
-            PolicyRef::Default {
-                preset_hint_ms: 500
-            }
-        ));
-        assert!(matches!(
-            kept.resolve().decide(&hinted, &at(1, 1, Spare::Ready)),
+            preset.decide(&hinted, &at(1, 1, Spare::Ready)),
             Decision::Defer(_, d) if d == Duration::from_secs(1)
         ));
         assert!(matches!(
             preset.decide(&failure(Class::TRANSIENT, None), &at(1, 1, Spare::Ready)),
             Decision::Retry(_, DelaySource::Backoff)
         ));
-        // On an edited policy it goes into the shared policy.
+        // And to an edited one.
         let edited = RetryPolicy::new()
             .max_attempts(5)
             .max_hint_delay_unless_chosen(Duration::from_millis(500));
-        assert!(matches!(edited.for_call(), PolicyRef::Shared(_)));
         assert!(matches!(
             edited.decide(&hinted, &at(1, 1, Spare::Ready)),
             Decision::Defer(..)
@@ -963,25 +931,6 @@ mod tests {
         };
         assert_eq!(seeded(3), seeded(3));
         assert_ne!(seeded(3), seeded(4));
-    }
-
-    #[test]
-    fn the_default_policy_shares_nothing_so_a_rebuilt_one_is_the_same() {
-        // The retry future rebuilds an unedited default policy on a failure instead of holding
-        // the layer's `Arc`: that is only right while the default has no shared state.
-        let p = RetryPolicy::default();
-        assert!(p.is_default());
-        assert!(
-            p.inner.budget.is_none(),
-            "a budget must be shared by every call"
-        );
-        assert!(
-            p.inner.rng.is_none(),
-            "a seeded random source must be shared"
-        );
-        assert!(p.inner.on_retry.is_none());
-        assert!(!p.clone().max_attempts(3).is_default());
-        assert!(!p.clone().never_retry(Class::UNKNOWN).is_default());
     }
 
     #[test]

@@ -222,7 +222,7 @@ pub fn retry_stack(
 > {
     tower::util::BoxCloneService::new(
         tower::ServiceBuilder::new()
-            .layer(tower_backstop::retry::RetryLayer::new(policy))
+            .layer(policy.build().unwrap())
             .layer(tower_backstop::classify::ClassifyLayer::http())
             .service(upstream.clone()),
     )
