@@ -51,7 +51,8 @@
 //! # Panics of the inner service
 //!
 //! A future of the inner service that panics is caught (`catch_unwind`) and becomes a
-//! [`Class::POISON`] failure with [`Code::Panic`] and a [`Panicked`] source holding the message:
+//! [`Class::POISON`] failure with [`Code::Panic`] whose source's `Display` is
+//! `inner service panicked: ` and the panic's message (when it was a string):
 //! it is never retried, the dead-letter layer records it, and the service keeps serving other
 //! requests. (A panic inside the inner service's `call` itself, before it returns a future, is
 //! not caught: it happens in the caller's stack.) This needs `panic = "unwind"`, Rust's default.
@@ -120,11 +121,10 @@ mod layer;
 mod smtp;
 
 pub use self::buffer::{BufferResponse, BufferResponseFuture, BufferResponseLayer};
-pub use self::future::{Panicked, ResponseFuture};
-pub use self::grpc::{GrpcClassifier, Trailers, codes};
+pub use self::future::ResponseFuture;
+pub use self::grpc::{GrpcClassifier, codes};
 pub use self::http::{
-    BodyClassifier, HttpClassifier, InvalidRetryAfter, MAX_RESET_HINT, parse_retry_after,
-    rate_limit_reset_hint,
+    BodyClassifier, HttpClassifier, MAX_RESET_HINT, parse_retry_after, rate_limit_reset_hint,
 };
 pub use self::invalid::Invalid;
 pub use self::layer::ClassifyLayer;
