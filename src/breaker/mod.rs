@@ -143,13 +143,13 @@ pub use self::event::{Event, Listener, State};
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;
-pub use self::keyed::{Authority, Key, KeyOf, PerHost, PerKey, Single};
+pub use self::keyed::{Authority, KeyOf, PerHost, PerKey, Single};
 pub use self::layer::BreakerLayer;
 pub use self::open::{OpenDuration, OpenError};
 pub use self::state::{MAX_PROBES, Stats};
 
 use self::future::Guard;
-use self::keyed::Registry;
+use self::keyed::{Key, Registry};
 use self::state::{Decision, Shared};
 
 /// Fails fast while the provider is failing; see the [module docs](self).
