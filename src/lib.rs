@@ -136,9 +136,7 @@ pub use self::clock::Clock;
 pub use self::failure::{BoxError, Class, Code, Failure, Note, Notes, Sent};
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
-pub use self::integration::tonic::{
-    DEFAULT_GRPC_BUFFER, Grpc, GrpcFuture, GrpcLayer, GrpcRequest, IntoGrpcRequest,
-};
+pub use self::integration::tonic::{DEFAULT_GRPC_BUFFER, Grpc, GrpcFuture, GrpcLayer, GrpcRequest};
 pub use self::preset::{Backstop, BackstopLayer};
 pub use self::request::{Describe, Envelope, MessageId, Replay};
 
