@@ -28,7 +28,7 @@
 //! route is shown on [`BreakerHandle`]), [`Listener`] for metrics,
 //! [`per_host`](BreakerLayer::per_host) and [`keyed_by`](BreakerLayer::keyed_by) for one breaker
 //! per host or per key of yours, [`FailoverLayer`] to send rejected calls to a second provider, and
-//! [`ServerBreakerLayer`](crate::server::ServerBreakerLayer) for an axum server that answers `503` with `Retry-After` itself.
+//! [`ServerLayer::breaker`](crate::server::ServerLayer::breaker) for an axum server that answers `503` with `Retry-After` itself.
 //!
 //! Put [`ClassifyLayer`](crate::classify::ClassifyLayer) below it: the breaker reads the class off
 //! each [`Failure`] and counts a successful `Ok` response as a success. With a plain `BoxError`
