@@ -38,7 +38,8 @@
 //!   errors are classified by [`classify_error`]: a refused connection is found in their source
 //!   chain and is transient.
 //! - [`SmtpClassifier`]: SMTP reply codes (421 throttled; 450, 451, 452 transient; 550, 553
-//!   permanent), for any response type that implements [`SmtpReply`].
+//!   permanent), for a service that answers the reply code, or (through a closure and
+//!   [`SmtpClassifier::classify_reply`]) any response type that carries one.
 //! - [`HttpClassifier::with_body`]: a user function reads the provider's own code from the
 //!   body (a JSON error), with [`BufferResponseLayer`] below to hold the body in memory.
 //! - `RateLimit-Reset`, `X-RateLimit-Reset` and `X-Rate-Limit-Reset` are read as hints when
@@ -128,7 +129,7 @@ pub use self::http::{
 };
 pub use self::invalid::Invalid;
 pub use self::layer::ClassifyLayer;
-pub use self::smtp::{SmtpClassifier, SmtpReply};
+pub use self::smtp::SmtpClassifier;
 
 /// The result of classifying one failed attempt: its class, its original code, and the server's
 /// delay hint, if it gave one.
