@@ -63,19 +63,21 @@
 //!
 //! An axum server protecting itself: a handler that hangs becomes `504 Gateway Timeout`, and while
 //! the handlers keep failing the breaker answers `503 Service Unavailable` with `Retry-After`.
-//! Both stay `Infallible`, so they work with `Router::layer`.
+//! It stays `Infallible`, so it works with `Router::layer`.
 //!
 //! ```
 //! use std::time::Duration;
 //! use axum::{Router, routing::get};
 //! use tower_backstop::breaker::BreakerLayer;
-//! use tower_backstop::server::ServerBreakerLayer;
-//! use tower_backstop::server::ServerTimeoutLayer;
+//! use tower_backstop::server::ServerLayer;
 //!
 //! let app: Router = Router::new()
 //!     .route("/report", get(|| async { "done" }))
-//!     .layer(ServerTimeoutLayer::new(Duration::from_secs(10)))
-//!     .layer(ServerBreakerLayer::new(BreakerLayer::consecutive_failures(5)));
+//!     .layer(
+//!         ServerLayer::new()
+//!             .timeout(Duration::from_secs(10))
+//!             .breaker(BreakerLayer::consecutive_failures(5)),
+//!     );
 //! # let _ = app;
 //! ```
 //!
@@ -83,8 +85,8 @@
 //!
 //! | layer | on a `Router` |
 //! |---|---|
-//! | [`ServerTimeoutLayer`](server::ServerTimeoutLayer), [`ServerBreakerLayer`](server::ServerBreakerLayer) | `Router::layer` as they are: 504, and 503 with `Retry-After`; errors stay `Infallible` |
-//! | [`TimeoutLayer`](timeout::TimeoutLayer), [`BreakerLayer`](breaker::BreakerLayer) | client side: their error is a `BoxError` or a [`Failure`], which a `Router` does not accept; on a server use the two flavours above |
+//! | [`ServerLayer`](server::ServerLayer) (a timeout, a breaker, or both) | `Router::layer` as it is: 504, and 503 with `Retry-After`; errors stay `Infallible` |
+//! | [`TimeoutLayer`](timeout::TimeoutLayer), [`BreakerLayer`](breaker::BreakerLayer) | client side: their error is a `BoxError` or a [`Failure`], which a `Router` does not accept; on a server use `ServerLayer` above |
 //! | [`ClassifyLayer`](classify::ClassifyLayer), [`RetryLayer`](retry::RetryLayer), [`DeadLetterLayer`](dead_letter::DeadLetterLayer) | client side: around the client a handler calls. With the `axum` feature the handler returns `Result<Response, Failure<_>>`: a [`Failure`] answers with the upstream's response, or 503 with `Retry-After` (open breaker), 504 (timeout), 502 (anything else) |
 //!
 //! With the `reqwest` feature the stack wraps a `reqwest::Client` unchanged: a `reqwest::Request`
@@ -139,9 +141,7 @@ pub use self::config::BuildError;
 pub use self::failure::{BoxError, Class, Code, Failure, Note, Notes, Sent};
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
-pub use self::integration::tonic::{
-    DEFAULT_GRPC_BUFFER, Grpc, GrpcFuture, GrpcLayer, GrpcRequest, IntoGrpcRequest,
-};
+pub use self::integration::tonic::{DEFAULT_GRPC_BUFFER, Grpc, GrpcFuture, GrpcLayer, GrpcRequest};
 pub use self::preset::{Backstop, BackstopLayer};
 pub use self::request::{Describe, Envelope, MessageId, Replay};
 

@@ -8,6 +8,7 @@
 //! callsites), then counted over [`CALLS`] calls made with `poll_ready` + `call`, and compared
 //! with the bare inner service driven the same way.
 
+use std::convert::Infallible;
 use std::fmt::Debug;
 use std::future::{Ready, poll_fn, ready};
 use std::hint::black_box;
@@ -19,6 +20,7 @@ use tower_backstop::breaker::{BreakerLayer, FailoverLayer, State};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier, Verdict};
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::retry::{Budget, RetryLayer, RetryPolicy};
+use tower_backstop::server::ServerLayer;
 use tower_backstop::store::MemoryStore;
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BackstopLayer, BoxError, Class, Code, Failure};
@@ -186,6 +188,38 @@ fn classify_http_alone() {
         bare_http(),
         svc,
     );
+}
+
+/// What a bare handler answers.
+type Handled = Ready<Result<http::Response<()>, Infallible>>;
+
+/// A bare infallible inner service answering an `http::Response<()>`, as a server's handlers.
+fn bare_handler() -> tower::util::ServiceFn<fn(Req) -> Handled> {
+    service_fn(|_: Req| ready(Ok(http::Response::new(()))))
+}
+
+#[test]
+fn server_layer_alone() {
+    let timeout = || ServerLayer::new().timeout(Duration::from_secs(30));
+    let svc = timeout().layer(bare_handler());
+    assert_adds_nothing("ServerLayer timeout", bare_handler(), svc);
+    let svc = ServerLayer::new()
+        .breaker(BreakerLayer::new())
+        .layer(bare_handler());
+    assert_adds_nothing("ServerLayer breaker", bare_handler(), svc);
+    let layer = timeout().breaker(BreakerLayer::new());
+    let handle = layer.handle().expect("a breaker");
+    assert_adds_nothing(
+        "ServerLayer both",
+        bare_handler(),
+        layer.layer(bare_handler()),
+    );
+    assert_eq!(handle.state(), State::Closed);
+    let svc = ServerLayer::grpc()
+        .timeout(Duration::from_secs(30))
+        .breaker(BreakerLayer::new())
+        .layer(bare_handler());
+    assert_adds_nothing("ServerLayer::grpc both", bare_handler(), svc);
 }
 
 #[test]
@@ -774,27 +808,4 @@ fn preset_copies_an_http_request_once() {
              layer's one request copy"
         );
     }
-}
-
-// The server flavours: a handler's answer passes through the timer and the breaker untouched.
-
-#[test]
-fn server_layers_allocate_nothing() {
-    use std::convert::Infallible;
-    use tower_backstop::server::{ServerBreakerLayer, ServerTimeoutLayer};
-
-    type Handler = tower::util::ServiceFn<fn(Req) -> Ready<Result<http::Response<()>, Infallible>>>;
-    fn handler() -> Handler {
-        service_fn(|_: Req| ready(Ok(http::Response::new(()))))
-    }
-    assert_adds_nothing(
-        "ServerTimeoutLayer",
-        handler(),
-        ServerTimeoutLayer::new(Duration::from_secs(30)).layer(handler()),
-    );
-    assert_adds_nothing(
-        "ServerBreakerLayer",
-        handler(),
-        ServerBreakerLayer::new(BreakerLayer::new()).layer(handler()),
-    );
 }

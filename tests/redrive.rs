@@ -103,17 +103,17 @@ async fn one_class_at_50_per_second_over_200_records() {
         (100, 100, 0)
     );
     for resent in &report.records {
-        let r = store.get(&resent.id).await.unwrap().unwrap();
+        let r = store.get(resent.id()).await.unwrap().unwrap();
         let n: u32 = r.id[4..].parse().unwrap();
         assert_eq!(r.resends, 1);
         if n.is_multiple_of(2) {
-            assert_eq!(resent.outcome, Outcome::Resolved);
+            assert!(matches!(resent, Outcome::Resolved { id, .. } if *id == r.id));
             assert_eq!(r.status, Status::Resolved);
             assert!(r.resolved_at.is_some());
         } else {
             assert!(matches!(
-                &resent.outcome,
-                Outcome::Failed { class, code, recorded: true } if class == "transient" && code == "http 503"
+                resent,
+                Outcome::Failed { new_class, new_code, recorded: true, .. } if new_class == "transient" && new_code == "http 503"
             ));
             assert_eq!(r.status, Status::Dead);
             assert_eq!(
@@ -168,7 +168,7 @@ async fn dry_run_lists_and_sends_nothing_and_max_caps_the_count() {
     assert_eq!(upstream.calls(), 4);
     assert_eq!(report.resolved(), 4);
     // The dry run named exactly what was then sent.
-    let sent: Vec<&str> = report.records.iter().map(|r| r.id.as_str()).collect();
+    let sent: Vec<&str> = report.records.iter().map(Outcome::id).collect();
     let planned: Vec<&str> = plan.iter().map(|r| r.id.as_str()).collect();
     assert_eq!(sent, planned);
 }
@@ -267,6 +267,6 @@ async fn truncated_payloads_are_skipped_not_sent() {
         .unwrap();
     assert_eq!(upstream.calls(), 1, "only the original call");
     assert!(
-        matches!(&report.records[0].outcome, Outcome::Skipped { reason } if reason.contains("truncated"))
+        matches!(&report.records[0], Outcome::Skipped { reason, .. } if reason.contains("truncated"))
     );
 }

@@ -1,6 +1,6 @@
 //! The server flavours against a real axum server on 127.0.0.1 with a real hyper-util client:
-//! `ServerTimeoutLayer` (504) and `ServerBreakerLayer` (503 with `Retry-After`), both usable with
-//! `Router::layer`, and a `BreakerHandle` behind an admin route. Real short durations.
+//! `ServerLayer`'s timeout (504) and breaker (503 with `Retry-After`), alone or together, usable
+//! with `Router::layer`, and a `BreakerHandle` behind an admin route. Real short durations.
 
 mod support;
 
@@ -18,8 +18,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower_backstop::breaker::{BreakerHandle, BreakerLayer, State};
-use tower_backstop::server::ServerBreakerLayer;
-use tower_backstop::server::ServerTimeoutLayer;
+use tower_backstop::server::ServerLayer;
 
 fn client() -> Client<HttpConnector, Empty<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
@@ -53,7 +52,7 @@ async fn a_hanging_handler_gets_504_within_the_timeout() {
     let app = Router::new()
         .route("/hang", get(std::future::pending::<&'static str>))
         .route("/fast", get(|| async { "fast" }))
-        .layer(ServerTimeoutLayer::new(Duration::from_millis(100)));
+        .layer(ServerLayer::new().timeout(Duration::from_millis(100)));
     let base = support::serve(app).await;
     let start = Instant::now();
     let (status, _, body) = fetch(&base, "/hang").await;
@@ -72,7 +71,9 @@ async fn the_timeout_status_can_be_configured() {
     let app = Router::new()
         .route("/hang", get(std::future::pending::<&'static str>))
         .layer(
-            ServerTimeoutLayer::new(Duration::from_millis(50)).status(StatusCode::REQUEST_TIMEOUT),
+            ServerLayer::new()
+                .timeout(Duration::from_millis(50))
+                .timeout_status(StatusCode::REQUEST_TIMEOUT),
         );
     let base = support::serve(app).await;
     assert_eq!(fetch(&base, "/hang").await.0, StatusCode::REQUEST_TIMEOUT);
@@ -98,8 +99,11 @@ async fn an_open_breaker_answers_503_with_a_retry_after_that_counts_down() {
             }),
         )
         .route("/missing", get(|| async { StatusCode::NOT_FOUND }))
-        .layer(ServerTimeoutLayer::new(Duration::from_millis(50)))
-        .layer(ServerBreakerLayer::new(breaker));
+        .layer(
+            ServerLayer::new()
+                .timeout(Duration::from_millis(50))
+                .breaker(breaker),
+        );
     let base = support::serve(app).await;
 
     // 404s are the caller's fault: they do not trip it.
@@ -155,7 +159,7 @@ async fn an_admin_route_reads_and_controls_the_breaker() {
         .with_state(breaker.handle());
     let app = Router::new()
         .route("/work", get(|| async { "done" }))
-        .layer(ServerBreakerLayer::new(breaker))
+        .layer(ServerLayer::new().breaker(breaker))
         .merge(admin);
     let base = support::serve(app).await;
 

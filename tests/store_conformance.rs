@@ -744,14 +744,10 @@ async fn two_redrives_race_one_sends(b: Backend) {
     assert_eq!(provider.sent(), ["m-1"], "exactly one send");
     assert_eq!(ra.resolved() + rb.resolved(), 1);
     assert_eq!(ra.skipped() + rb.skipped(), 1);
-    let skipped = ra
-        .records
-        .iter()
-        .chain(&rb.records)
-        .find_map(|r| match &r.outcome {
-            Outcome::Skipped { reason } => Some(reason.clone()),
-            _ => None,
-        });
+    let skipped = ra.records.iter().chain(&rb.records).find_map(|r| match r {
+        Outcome::Skipped { reason, .. } => Some(reason.clone()),
+        _ => None,
+    });
     assert!(
         skipped.as_deref().unwrap().starts_with("claimed elsewhere"),
         "{skipped:?}"
@@ -799,7 +795,7 @@ async fn redrive_races_scheduler(b: Backend) {
     scheduler.shutdown().await;
     assert_eq!(provider.sent(), ["m-1"], "exactly one send");
     assert_eq!((report.resolved(), report.skipped()), (0, 1));
-    let Outcome::Skipped { reason } = &report.records[0].outcome else {
+    let Outcome::Skipped { reason, .. } = &report.records[0] else {
         panic!("{report:?}");
     };
     assert!(reason.starts_with("claimed elsewhere"), "{reason}");

@@ -105,7 +105,8 @@ fn a_call_ready_at_its_first_poll_never_touches_the_timer() {
         let svc =
             TimeoutLayer::new(Duration::from_millis(200)).layer(answers_after(Duration::ZERO));
         assert_eq!(svc.oneshot(()).await.unwrap(), "ok");
-        let svc = tower_backstop::server::ServerTimeoutLayer::new(Duration::from_millis(200))
+        let svc = tower_backstop::server::ServerLayer::new()
+            .timeout(Duration::from_millis(200))
             .layer(tower::service_fn(|()| async {
                 Ok::<_, std::convert::Infallible>(http::Response::new(()))
             }));
@@ -154,11 +155,11 @@ async fn a_timeout_of_duration_max_never_fires_and_never_panics() {
     let start = Instant::now();
     assert_eq!(svc.oneshot(()).await.unwrap(), "ok");
     assert_eq!(start.elapsed(), year);
-    let svc = tower_backstop::server::ServerTimeoutLayer::new(Duration::MAX).layer(
-        tower::service_fn(move |()| async move {
+    let svc = tower_backstop::server::ServerLayer::new()
+        .timeout(Duration::MAX)
+        .layer(tower::service_fn(move |()| async move {
             tokio::time::sleep(year).await;
             Ok::<_, std::convert::Infallible>(http::Response::new(()))
-        }),
-    );
+        }));
     assert_eq!(svc.oneshot(()).await.unwrap().status(), 200);
 }

@@ -222,8 +222,7 @@ where
 
 #[tokio::test]
 async fn the_server_flavours_answer_deadline_exceeded_then_unavailable_with_pushback() {
-    use tower_backstop::server::ServerBreakerLayer;
-    use tower_backstop::server::ServerTimeoutLayer;
+    use tower_backstop::server::ServerLayer;
 
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -231,10 +230,13 @@ async fn the_server_flavours_answer_deadline_exceeded_then_unavailable_with_push
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     tokio::spawn(async move {
         Server::builder()
-            .layer(ServerBreakerLayer::grpc(
-                BreakerLayer::consecutive_failures(2).open_for(Duration::from_secs(30)),
-            ))
-            .layer(ServerTimeoutLayer::grpc(Duration::from_millis(50)))
+            .layer(
+                ServerLayer::grpc()
+                    .timeout(Duration::from_millis(50))
+                    .breaker(
+                        BreakerLayer::consecutive_failures(2).open_for(Duration::from_secs(30)),
+                    ),
+            )
             .add_service(Slow {
                 inner: health,
                 delay: Duration::from_secs(5),

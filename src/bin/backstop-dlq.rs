@@ -471,20 +471,21 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 .run(&*store, stack, |r| http_request(r, Some(&target)))
                 .await?;
             for r in &report.records {
-                let outcome = match &r.outcome {
-                    Outcome::Resolved => "resolved".to_owned(),
+                let outcome = match r {
+                    Outcome::Resolved { .. } => "resolved".to_owned(),
                     Outcome::Failed {
-                        class,
-                        code,
+                        new_class,
+                        new_code,
                         recorded,
+                        ..
                     } => format!(
-                        "failed again: {class} ({code}){}",
+                        "failed again: {new_class} ({new_code}){}",
                         if *recorded { "" } else { ", NOT recorded" }
                     ),
-                    Outcome::Skipped { reason } => format!("skipped: {reason}"),
+                    Outcome::Skipped { reason, .. } => format!("skipped: {reason}"),
                     other => format!("{other:?}"),
                 };
-                out!("{}  {}", r.id, outcome);
+                out!("{}  {}", r.id(), outcome);
             }
             out!(
                 "re-drove {}: {} resolved, {} failed again, {} skipped",

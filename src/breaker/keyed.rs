@@ -1,4 +1,4 @@
-//! Keys of keyed breakers ([`Key`], [`KeyOf`], [`Authority`]), the [`Single`] and [`PerKey`]
+//! Keys of keyed breakers ([`KeyOf`], [`Authority`]), the [`Single`] and [`PerKey`]
 //! markers, and the bounded map of one breaker per key.
 
 use std::collections::HashMap;
@@ -15,9 +15,8 @@ const INLINE: usize = 272;
 
 /// A breaker key being built: a small buffer on the stack, so that taking the key of a request
 /// allocates nothing (a host name is at most 253 bytes, plus `:` and a port). A longer key moves
-/// to a `String`. Written by [`KeyOf::key`] through [`push_str`](Key::push_str) or
-/// [`fmt::Write`].
-pub struct Key {
+/// to a `String`. [`KeyOf::key`] writes it as a [`fmt::Write`].
+pub(crate) struct Key {
     inline: [u8; INLINE],
     len: usize,
     heap: Option<String>,
@@ -30,8 +29,8 @@ impl Default for Key {
 }
 
 impl Key {
-    /// An empty key (for testing a [`KeyOf`] implementation; the layer makes its own).
-    pub fn new() -> Self {
+    /// An empty key.
+    pub(crate) fn new() -> Self {
         Key {
             inline: [0; INLINE],
             len: 0,
@@ -40,7 +39,7 @@ impl Key {
     }
 
     /// Appends `s` to the key.
-    pub fn push_str(&mut self, s: &str) {
+    pub(crate) fn push_str(&mut self, s: &str) {
         if let Some(heap) = &mut self.heap {
             heap.push_str(s);
             return;
@@ -58,7 +57,7 @@ impl Key {
     }
 
     /// The key so far.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         match &self.heap {
             Some(heap) => heap,
             // Only whole `&str`s are copied in, so the bytes are valid UTF-8.
@@ -67,7 +66,7 @@ impl Key {
     }
 
     /// Whether nothing was written.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.as_str().is_empty()
     }
 }
@@ -97,8 +96,31 @@ impl fmt::Debug for Key {
     note = "use `Authority` for `http::Request`s, or a closure `Fn(&Req) -> Option<String>`"
 )]
 pub trait KeyOf<Req>: Send + Sync + 'static {
-    /// Writes the key of `req` into `key`; `false` when the request has none.
-    fn key(&self, req: &Req, key: &mut Key) -> bool;
+    /// Writes the key of `req` into `key` (a buffer on the stack: writing allocates nothing for a
+    /// key of up to 272 bytes); `false` when the request has none.
+    ///
+    /// ```
+    /// use std::fmt::Write;
+    /// use tower_backstop::breaker::KeyOf;
+    ///
+    /// /// One breaker per tenant, read from the request's `X-Tenant` header.
+    /// struct Tenant;
+    ///
+    /// impl<B> KeyOf<http::Request<B>> for Tenant {
+    ///     fn key(&self, req: &http::Request<B>, key: &mut dyn Write) -> bool {
+    ///         match req.headers().get("x-tenant").and_then(|v| v.to_str().ok()) {
+    ///             Some(tenant) => key.write_str(tenant).is_ok(),
+    ///             None => false,
+    ///         }
+    ///     }
+    /// }
+    ///
+    /// let req = http::Request::get("/").header("x-tenant", "acme").body(()).unwrap();
+    /// let mut key = String::new();
+    /// assert!(Tenant.key(&req, &mut key));
+    /// assert_eq!(key, "acme");
+    /// ```
+    fn key(&self, req: &Req, key: &mut dyn fmt::Write) -> bool;
 }
 
 /// The default key of an HTTP request: its host and port, normalised, so that every spelling
@@ -156,8 +178,7 @@ fn default_port(scheme: Option<&str>) -> Option<u16> {
 
 /// Writes `host` (as it appears in an authority: a name, an IPv4 literal, or an IPv6 literal in
 /// brackets) and `port` into `key`, normalised; `false` for an empty host.
-pub(crate) fn write_authority(host: &str, port: Option<u16>, key: &mut Key) -> bool {
-    use std::fmt::Write;
+pub(crate) fn write_authority(host: &str, port: Option<u16>, key: &mut dyn fmt::Write) -> bool {
     if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         match inner.parse::<Ipv6Addr>() {
             Ok(ip) => {
@@ -178,25 +199,26 @@ pub(crate) fn write_authority(host: &str, port: Option<u16>, key: &mut Key) -> b
     true
 }
 
-fn push_lower(key: &mut Key, s: &str) {
+fn push_lower(key: &mut dyn fmt::Write, s: &str) {
     if !s.bytes().any(|b| b.is_ascii_uppercase()) {
-        key.push_str(s);
+        let _ = key.write_str(s);
         return;
     }
     for chunk in s.split_inclusive(|c: char| c.is_ascii_uppercase()) {
         match chunk.char_indices().last() {
             Some((i, c)) if c.is_ascii_uppercase() => {
-                key.push_str(&chunk[..i]);
-                let lower = [c.to_ascii_lowercase() as u8];
-                key.push_str(std::str::from_utf8(&lower).unwrap_or_default());
+                let _ = key.write_str(&chunk[..i]);
+                let _ = key.write_char(c.to_ascii_lowercase());
             }
-            _ => key.push_str(chunk),
+            _ => {
+                let _ = key.write_str(chunk);
+            }
         }
     }
 }
 
 impl<B> KeyOf<http::Request<B>> for Authority {
-    fn key(&self, req: &http::Request<B>, key: &mut Key) -> bool {
+    fn key(&self, req: &http::Request<B>, key: &mut dyn fmt::Write) -> bool {
         let uri = req.uri();
         let scheme = uri.scheme_str();
         if let Some(authority) = uri.authority() {
@@ -220,12 +242,9 @@ impl<Req, F> KeyOf<Req> for F
 where
     F: Fn(&Req) -> Option<String> + Send + Sync + 'static,
 {
-    fn key(&self, req: &Req, key: &mut Key) -> bool {
+    fn key(&self, req: &Req, key: &mut dyn fmt::Write) -> bool {
         match self(req) {
-            Some(k) => {
-                key.push_str(&k);
-                true
-            }
+            Some(k) => key.write_str(&k).is_ok(),
             None => false,
         }
     }

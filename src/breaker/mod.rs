@@ -28,7 +28,7 @@
 //! route is shown on [`BreakerHandle`]), [`Listener`] for metrics,
 //! [`per_host`](BreakerLayer::per_host) and [`keyed_by`](BreakerLayer::keyed_by) for one breaker
 //! per host or per key of yours, [`FailoverLayer`] to send rejected calls to a second provider, and
-//! [`ServerBreakerLayer`](crate::server::ServerBreakerLayer) for an axum server that answers `503` with `Retry-After` itself.
+//! [`ServerLayer::breaker`](crate::server::ServerLayer::breaker) for an axum server that answers `503` with `Retry-After` itself.
 //!
 //! Put [`ClassifyLayer`](crate::classify::ClassifyLayer) below it: the breaker reads the class off
 //! each [`Failure`] and counts a successful `Ok` response as a success. With a plain `BoxError`
@@ -144,13 +144,13 @@ pub use self::event::{Event, Listener, State};
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;
-pub use self::keyed::{Authority, Key, KeyOf, PerHost, PerKey, Single};
+pub use self::keyed::{Authority, KeyOf, PerHost, PerKey, Single};
 pub use self::layer::BreakerLayer;
 pub use self::open::{OpenDuration, OpenError};
 pub use self::state::{MAX_PROBES, Stats};
 
 use self::future::Guard;
-use self::keyed::Registry;
+use self::keyed::{Key, Registry};
 use self::state::{Decision, Shared};
 
 /// Fails fast while the provider is failing; see the [module docs](self).

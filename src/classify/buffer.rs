@@ -23,9 +23,9 @@ use crate::request::{BufferedBody, Collect};
 /// - a provider's own error code in a JSON body: the classifier reads
 ///   [`BufferedBody::bytes`] (see [`ClassifyLayer`](super::ClassifyLayer)'s docs for a
 ///   closure classifier);
-/// - a gRPC status sent in trailers at the end of the body: the trailers are also put in the
-///   response's extensions as [`Trailers`], where [`GrpcClassifier`](super::GrpcClassifier)
-///   reads them.
+/// - a gRPC status sent in trailers at the end of the body: [`BufferedBody::trailers`], which
+///   [`GrpcClassifier`](super::GrpcClassifier) reads too (the trailers are also kept in the
+///   response's extensions for it, so that it classifies any body type).
 ///
 /// The trade-off: the whole response is read before the caller sees it (no streaming; memory up
 /// to `limit` per response in flight), so use it for unary calls and small JSON answers, not for

@@ -11,9 +11,10 @@ use super::Classifier;
 use crate::failure::{BoxError, Class, Code, Failure};
 
 /// The inner service's future panicked; the source of a [`Class::POISON`] failure with
-/// [`Code::Panic`]. Keeps the panic's message when it was a string.
+/// [`Code::Panic`]. Keeps the panic's message when it was a string. Private: the failure's
+/// [`Code::Panic`] says what happened, and this source's `Display` gives the message.
 #[derive(Debug)]
-pub struct Panicked {
+struct Panicked {
     message: String,
 }
 
@@ -31,11 +32,6 @@ impl Panicked {
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a panic with a payload that is not a string".to_owned());
         Panicked { message }
-    }
-
-    /// The panic's message.
-    pub fn message(&self) -> &str {
-        &self.message
     }
 }
 

@@ -12,9 +12,11 @@ use crate::grpc_wire::codes;
 
 /// Trailers of a response whose body was read to the end by
 /// [`BufferResponseLayer`](super::BufferResponseLayer), kept in the response's extensions so
-/// that a classifier can read the gRPC status sent at the end of the body.
+/// that [`GrpcClassifier`] can read the gRPC status sent at the end of the body, whatever the
+/// body type. (A classifier of your own reads them from the body:
+/// [`BufferedBody::trailers`](crate::request::BufferedBody::trailers).)
 #[derive(Clone, Debug, Default)]
-pub struct Trailers(pub HeaderMap);
+pub(crate) struct Trailers(pub(crate) HeaderMap);
 
 /// The gRPC classifier: maps `grpc-status` to a [`Class`], keeps the code as [`Code::Grpc`], and
 /// reads `grpc-retry-pushback-ms` (gRFC A6).
@@ -42,8 +44,8 @@ pub struct Trailers(pub HeaderMap);
 /// - **Status in trailers** (after the response messages): the classifier sees it only if the
 ///   body was read to the end before classification, by
 ///   [`BufferResponseLayer`](super::BufferResponseLayer) placed below
-///   [`ClassifyLayer`](super::ClassifyLayer), which puts the trailers in the response's
-///   extensions as [`Trailers`]. That suits unary calls (one small message); it buffers the
+///   [`ClassifyLayer`](super::ClassifyLayer), which keeps the trailers where this classifier
+///   finds them. That suits unary calls (one small message); it buffers the
 ///   response up to a byte limit.
 /// - Without that buffering step, a response with no `grpc-status` header is a success at
 ///   classification time: its status arrives later, in the body, after the retry decision. A

@@ -262,39 +262,17 @@ fn retry_after_header(headers: &HeaderMap) -> Option<Duration> {
         return None;
     };
     match parse_retry_after(text, SystemTime::now()) {
-        Ok(delay) if delay > Duration::ZERO => Some(delay),
-        Ok(_) => None,
-        Err(error) => {
-            tracing::warn!(%error, "ignoring malformed Retry-After");
+        Some(delay) if delay > Duration::ZERO => Some(delay),
+        Some(_) => None,
+        None => {
+            tracing::warn!(
+                value = text,
+                "ignoring malformed Retry-After: neither delay-seconds nor an HTTP-date"
+            );
             None
         }
     }
 }
-
-/// A `Retry-After` value that is neither delay-seconds nor an HTTP-date (RFC 9110 §10.2.3).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidRetryAfter {
-    value: String,
-}
-
-impl InvalidRetryAfter {
-    /// The value that could not be parsed, trimmed.
-    pub fn value(&self) -> &str {
-        &self.value
-    }
-}
-
-impl fmt::Display for InvalidRetryAfter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid Retry-After {:?}: neither delay-seconds nor an HTTP-date",
-            self.value
-        )
-    }
-}
-
-impl std::error::Error for InvalidRetryAfter {}
 
 /// Parses a `Retry-After` value (RFC 9110 §10.2.3) into a delay counted from `now`.
 ///
@@ -304,21 +282,17 @@ impl std::error::Error for InvalidRetryAfter {}
 ///   from `now` until that date, exact to the nanosecond so a retry is never sent before the
 ///   named instant; a date at or before `now` gives [`Duration::ZERO`].
 ///
-/// # Errors
-///
-/// [`InvalidRetryAfter`] for anything else: a sign, a fraction, an exponent, a word.
-pub fn parse_retry_after(value: &str, now: SystemTime) -> Result<Duration, InvalidRetryAfter> {
+/// Anything else (a sign, a fraction, an exponent, a word) is malformed: `None`, like
+/// [`rate_limit_reset_hint`]'s answer to a value it cannot read.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim_matches([' ', '\t']);
     if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
         let secs = value.parse::<u64>().unwrap_or(u64::MAX);
-        return Ok(Duration::from_secs(secs));
+        return Some(Duration::from_secs(secs));
     }
-    match httpdate::parse_http_date(value) {
-        Ok(date) => Ok(date.duration_since(now).unwrap_or(Duration::ZERO)),
-        Err(_) => Err(InvalidRetryAfter {
-            value: value.to_owned(),
-        }),
-    }
+    httpdate::parse_http_date(value)
+        .ok()
+        .map(|date| date.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 #[cfg(test)]
@@ -396,14 +370,17 @@ mod tests {
     #[test]
     fn retry_after_forms() {
         let now = SystemTime::now();
-        assert_eq!(parse_retry_after("120", now), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_retry_after(" 3 ", now), Ok(Duration::from_secs(3)));
+        assert_eq!(
+            parse_retry_after("120", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(parse_retry_after(" 3 ", now), Some(Duration::from_secs(3)));
         assert_eq!(
             parse_retry_after("99999999999999999999999", now),
-            Ok(Duration::from_secs(u64::MAX))
+            Some(Duration::from_secs(u64::MAX))
         );
         for bad in ["-1", "nan", "1e999", "soon", "", "1.5", "+3"] {
-            assert!(parse_retry_after(bad, now).is_err(), "{bad:?}");
+            assert!(parse_retry_after(bad, now).is_none(), "{bad:?}");
         }
         let later = now + Duration::from_secs(120);
         let date = httpdate::fmt_http_date(later);
@@ -414,7 +391,7 @@ mod tests {
         );
         assert_eq!(
             parse_retry_after("Fri, 31 Dec 1999 23:59:59 GMT", now),
-            Ok(Duration::ZERO)
+            Some(Duration::ZERO)
         );
     }
 

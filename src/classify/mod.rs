@@ -38,7 +38,8 @@
 //!   errors are classified by [`classify_error`]: a refused connection is found in their source
 //!   chain and is transient.
 //! - [`SmtpClassifier`]: SMTP reply codes (421 throttled; 450, 451, 452 transient; 550, 553
-//!   permanent), for any response type that implements [`SmtpReply`].
+//!   permanent), for a service that answers the reply code, or (through a closure and
+//!   [`SmtpClassifier::classify_reply`]) any response type that carries one.
 //! - [`HttpClassifier::with_body`]: a user function reads the provider's own code from the
 //!   body (a JSON error), with [`BufferResponseLayer`] below to hold the body in memory.
 //! - `RateLimit-Reset`, `X-RateLimit-Reset` and `X-Rate-Limit-Reset` are read as hints when
@@ -51,7 +52,8 @@
 //! # Panics of the inner service
 //!
 //! A future of the inner service that panics is caught (`catch_unwind`) and becomes a
-//! [`Class::POISON`] failure with [`Code::Panic`] and a [`Panicked`] source holding the message:
+//! [`Class::POISON`] failure with [`Code::Panic`] whose source's `Display` is
+//! `inner service panicked: ` and the panic's message (when it was a string):
 //! it is never retried, the dead-letter layer records it, and the service keeps serving other
 //! requests. (A panic inside the inner service's `call` itself, before it returns a future, is
 //! not caught: it happens in the caller's stack.) This needs `panic = "unwind"`, Rust's default.
@@ -120,15 +122,14 @@ mod layer;
 mod smtp;
 
 pub use self::buffer::{BufferResponse, BufferResponseFuture, BufferResponseLayer};
-pub use self::future::{Panicked, ResponseFuture};
-pub use self::grpc::{GrpcClassifier, Trailers};
+pub use self::future::ResponseFuture;
+pub use self::grpc::GrpcClassifier;
 pub use self::http::{
-    BodyClassifier, HttpClassifier, InvalidRetryAfter, MAX_RESET_HINT, parse_retry_after,
-    rate_limit_reset_hint,
+    BodyClassifier, HttpClassifier, MAX_RESET_HINT, parse_retry_after, rate_limit_reset_hint,
 };
 pub use self::invalid::Invalid;
 pub use self::layer::ClassifyLayer;
-pub use self::smtp::{SmtpClassifier, SmtpReply};
+pub use self::smtp::SmtpClassifier;
 pub use crate::grpc_wire::codes;
 
 /// The result of classifying one failed attempt: its class, its original code, and the server's

@@ -5,19 +5,6 @@ use std::sync::Arc;
 use super::{Classifier, Verdict};
 use crate::failure::{Class, Code};
 
-/// A response that carries an SMTP reply code (RFC 5321 §4.2: `250`, `421`, `550`…). Implement
-/// it for your mail client's response type; it is implemented for `u16`.
-pub trait SmtpReply {
-    /// The three-digit reply code.
-    fn smtp_code(&self) -> u16;
-}
-
-impl SmtpReply for u16 {
-    fn smtp_code(&self) -> u16 {
-        *self
-    }
-}
-
 /// The SMTP classifier: maps a reply code to a [`Class`], keeping it as [`Code::Smtp`].
 ///
 /// | reply | class |
@@ -31,6 +18,27 @@ impl SmtpReply for u16 {
 /// [`map_reply`](Self::map_reply) overrides it reply by reply: for example 452 "mailbox full"
 /// as a user `soft_bounce` class retried after 15 min, 1 h, 6 h, or 550 as
 /// `invalid_recipient`.
+///
+/// It classifies a service that answers the reply code itself (a `u16`); for your mail client's
+/// own response type, a closure hands it the code ([`classify_reply`](Self::classify_reply)):
+///
+/// ```
+/// use tower_backstop::classify::{ClassifyLayer, SmtpClassifier};
+///
+/// struct Reply {
+///     code: u16,
+///     text: String,
+/// }
+///
+/// let smtp = SmtpClassifier::new();
+/// let _layer = ClassifyLayer::new(move |reply: &Reply| smtp.classify_reply(reply.code));
+/// # let reply = Reply { code: 421, text: "try later".into() };
+/// # assert_eq!(
+/// #     SmtpClassifier::new().classify_reply(reply.code).map(|v| v.class),
+/// #     Some(tower_backstop::Class::THROTTLED)
+/// # );
+/// # let _ = reply.text;
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct SmtpClassifier {
     overrides: Option<Arc<Vec<(u16, Class)>>>,
@@ -67,10 +75,16 @@ impl SmtpClassifier {
     }
 }
 
-impl<R: SmtpReply> Classifier<R> for SmtpClassifier {
-    fn classify_response(&self, response: &R) -> Option<Verdict> {
-        let code = response.smtp_code();
+impl SmtpClassifier {
+    /// The verdict on reply `code`, keeping it as [`Code::Smtp`]: `None` for success.
+    pub fn classify_reply(&self, code: u16) -> Option<Verdict> {
         Some(Verdict::new(self.class_of(code)?, Code::Smtp(code)))
+    }
+}
+
+impl Classifier<u16> for SmtpClassifier {
+    fn classify_response(&self, code: &u16) -> Option<Verdict> {
+        self.classify_reply(*code)
     }
 }
 
@@ -97,6 +111,7 @@ mod tests {
             (999, Some(Class::UNKNOWN)),
         ] {
             let v = c.classify_response(&code);
+            assert_eq!(v, c.classify_reply(code), "{code}");
             assert_eq!(v.map(|v| v.class), class, "{code}");
             if let Some(v) = v {
                 assert_eq!(v.code, Code::Smtp(code));

@@ -21,7 +21,7 @@
 //!   one is reported by the order checks (a `tracing` warning when it is built) instead of a
 //!   compile error that names no layer.
 
-use crate::breaker::{Authority, Key, KeyOf};
+use crate::breaker::{Authority, KeyOf};
 use crate::classify::{Classifier, HttpClassifier, Verdict};
 use crate::failure::{BoxError, Failure};
 use crate::request::describe::envelope_head;
@@ -32,7 +32,7 @@ use crate::request::{Describe, Envelope, Replay};
 impl KeyOf<reqwest::Request> for Authority {
     /// The URL's host (lower-cased by the URL parser, a trailing dot removed) and its port or the
     /// scheme's default; no key for a URL without a host.
-    fn key(&self, req: &reqwest::Request, key: &mut Key) -> bool {
+    fn key(&self, req: &reqwest::Request, key: &mut dyn std::fmt::Write) -> bool {
         let url = req.url();
         match url.host_str() {
             Some(host) => {

@@ -146,7 +146,7 @@ impl<S> Layer<S> for GrpcLayer {
 
 /// Wraps each buffered request as a [`GrpcRequest`] for the stack below.
 #[derive(Clone, Debug)]
-pub struct IntoGrpcRequest<S> {
+pub(crate) struct IntoGrpcRequest<S> {
     inner: S,
 }
 

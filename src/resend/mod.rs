@@ -68,7 +68,7 @@ mod scheduler;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use self::rebuild::reqwest_request;
-pub use self::rebuild::{RebuildError, http_request, http_request_restoring};
+pub use self::rebuild::{http_request, http_request_restoring};
 pub use self::reconciler::{ReconcileReport, Reconciler};
-pub use self::redrive::{Outcome, Redrive, RedriveError, RedriveReport, Resent};
+pub use self::redrive::{Outcome, Redrive, RedriveError, RedriveReport};
 pub use self::scheduler::{Scheduler, SchedulerHandle};

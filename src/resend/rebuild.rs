@@ -1,35 +1,10 @@
 //! Rebuilding the request a record was made from, to send it again.
 
-use std::fmt;
-
 use bytes::Bytes;
 use http_body_util::Full;
 
 use crate::request::{Envelope, IDEMPOTENCY_KEY, MessageId};
-use crate::store::Record;
-
-/// A record cannot be turned back into a request.
-#[derive(Debug)]
-pub struct RebuildError {
-    message: String,
-}
-
-impl RebuildError {
-    /// An error with `message` (lower case, no final period).
-    pub fn new(message: impl Into<String>) -> Self {
-        RebuildError {
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for RebuildError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for RebuildError {}
+use crate::store::{Record, StoreError};
 
 /// Rebuilds the HTTP request a record was made from: the stored `method` (default `POST`) and
 /// `uri` metadata, every header the record kept ([`Record::headers`], in order; the redacted
@@ -43,12 +18,12 @@ impl std::error::Error for RebuildError {}
 ///
 /// # Errors
 ///
-/// [`RebuildError`] when the payload was truncated, or the stored method or uri is missing or
+/// [`StoreError`] when the payload was truncated, or the stored method or uri is missing or
 /// malformed.
 pub fn http_request(
     record: &Record,
     target: Option<&http::Uri>,
-) -> Result<http::Request<Full<Bytes>>, RebuildError> {
+) -> Result<http::Request<Full<Bytes>>, StoreError> {
     http_request_restoring(record, target, |_, _| None)
 }
 
@@ -86,10 +61,10 @@ pub fn http_request(
 pub fn reqwest_request(
     record: &Record,
     target: Option<&http::Uri>,
-) -> Result<reqwest::Request, RebuildError> {
+) -> Result<reqwest::Request, StoreError> {
     let request = http_request(record, target)?.map(|_| record.payload.clone());
     reqwest::Request::try_from(request)
-        .map_err(|e| RebuildError::new(format!("record {}: {e}", record.id)))
+        .map_err(|e| StoreError::new(format!("record {}: {e}", record.id)))
 }
 
 /// [`http_request`], with the redacted headers ([`Record::redacted_headers`]) given back by
@@ -102,7 +77,7 @@ pub fn reqwest_request(
 /// use tower_backstop::resend::http_request_restoring;
 /// use tower_backstop::store::Record;
 ///
-/// fn rebuild(record: &Record) -> Result<http::Request<http_body_util::Full<bytes::Bytes>>, tower_backstop::resend::RebuildError> {
+/// fn rebuild(record: &Record) -> Result<http::Request<http_body_util::Full<bytes::Bytes>>, tower_backstop::store::StoreError> {
 ///     http_request_restoring(record, None, |name, _record| match name {
 ///         "authorization" => Some(HeaderValue::from_static("Bearer fresh-token")),
 ///         _ => None,
@@ -117,12 +92,12 @@ pub fn http_request_restoring<F>(
     record: &Record,
     target: Option<&http::Uri>,
     mut restore: F,
-) -> Result<http::Request<Full<Bytes>>, RebuildError>
+) -> Result<http::Request<Full<Bytes>>, StoreError>
 where
     F: FnMut(&str, &Record) -> Option<http::HeaderValue>,
 {
     if record.payload_truncated {
-        return Err(RebuildError::new(format!(
+        return Err(StoreError::new(format!(
             "record {} has a truncated payload ({} of {} bytes kept) and cannot be re-sent",
             record.id,
             record.payload.len(),
@@ -135,7 +110,7 @@ where
         .map(String::as_str)
         .unwrap_or("POST");
     let method = http::Method::from_bytes(method.as_bytes())
-        .map_err(|_| RebuildError::new(format!("record {}: bad method {method:?}", record.id)))?;
+        .map_err(|_| StoreError::new(format!("record {}: bad method {method:?}", record.id)))?;
     let stored = record.metadata.get("uri");
     let uri: http::Uri = match (target, stored) {
         (Some(target), _) if target.path() != "/" || target.query().is_some() => target.clone(),
@@ -146,19 +121,19 @@ where
                     .unwrap_or("/")
                     .parse()
                     .map_err(|e| {
-                        RebuildError::new(format!("record {}: bad stored uri: {e}", record.id))
+                        StoreError::new(format!("record {}: bad stored uri: {e}", record.id))
                     })?;
             let mut parts = target.clone().into_parts();
             parts.path_and_query = stored.path_and_query().cloned();
             http::Uri::from_parts(parts).map_err(|e| {
-                RebuildError::new(format!("record {}: cannot build uri: {e}", record.id))
+                StoreError::new(format!("record {}: cannot build uri: {e}", record.id))
             })?
         }
         (None, Some(stored)) => stored
             .parse()
-            .map_err(|e| RebuildError::new(format!("record {}: bad stored uri: {e}", record.id)))?,
+            .map_err(|e| StoreError::new(format!("record {}: bad stored uri: {e}", record.id)))?,
         (None, None) => {
-            return Err(RebuildError::new(format!(
+            return Err(StoreError::new(format!(
                 "record {} has no uri in its metadata; give a target",
                 record.id
             )));
@@ -168,17 +143,17 @@ where
         .method(method)
         .uri(uri)
         .body(Full::new(Bytes::from(record.payload.clone())))
-        .map_err(|e| RebuildError::new(format!("record {}: {e}", record.id)))?;
+        .map_err(|e| StoreError::new(format!("record {}: {e}", record.id)))?;
     let headers = request.headers_mut();
     for (name, value) in &record.headers {
         let name = http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-            RebuildError::new(format!(
+            StoreError::new(format!(
                 "record {}: bad stored header name {name:?}",
                 record.id
             ))
         })?;
         let value = http::HeaderValue::from_bytes(value).map_err(|_| {
-            RebuildError::new(format!(
+            StoreError::new(format!(
                 "record {}: bad stored value of header {name}",
                 record.id
             ))
@@ -190,7 +165,7 @@ where
         && !headers.contains_key(http::header::CONTENT_TYPE)
     {
         let value = http::HeaderValue::from_str(content_type).map_err(|_| {
-            RebuildError::new(format!("record {}: bad stored content type", record.id))
+            StoreError::new(format!("record {}: bad stored content type", record.id))
         })?;
         headers.insert(http::header::CONTENT_TYPE, value);
     }
@@ -198,7 +173,7 @@ where
         && !headers.contains_key(&IDEMPOTENCY_KEY)
     {
         let value = http::HeaderValue::from_str(key).map_err(|_| {
-            RebuildError::new(format!("record {}: bad stored idempotency key", record.id))
+            StoreError::new(format!("record {}: bad stored idempotency key", record.id))
         })?;
         headers.insert(&IDEMPOTENCY_KEY, value);
     }

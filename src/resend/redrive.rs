@@ -27,53 +27,84 @@ impl fmt::Display for RedriveError {
 
 impl std::error::Error for RedriveError {}
 
-/// How one re-sent (or not re-sent) record ended.
+/// One record of a re-drive and how it ended: re-sent with success, failed again, or not sent.
+/// Every variant names the record ([`id`](Outcome::id)) and its class before the re-drive
+/// ([`class`](Outcome::class)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Outcome {
     /// The service succeeded; the record is now [`Resolved`](Status::Resolved).
-    Resolved,
+    Resolved {
+        /// The record's id.
+        id: String,
+        /// Its class before the re-drive.
+        class: String,
+    },
     /// The service failed again; the record has the new failure (class, code, one more error
     /// in its history) and is dead or deferred again by its policy.
     Failed {
-        /// The new failure's class.
+        /// The record's id.
+        id: String,
+        /// Its class before the re-drive.
         class: String,
-        /// The new failure's original code.
-        code: String,
+        /// The new failure's class.
+        new_class: String,
+        /// The new failure's original code, as displayed (`http 503`).
+        new_code: String,
         /// Whether the new failure was written to the store.
         recorded: bool,
     },
     /// Not sent.
     Skipped {
+        /// The record's id.
+        id: String,
+        /// Its class before the re-drive.
+        class: String,
         /// Why.
         reason: String,
     },
 }
 
-/// One record of a re-drive and its outcome.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Resent {
+impl Outcome {
     /// The record's id.
-    pub id: String,
-    /// Its class before the re-drive.
-    pub class: String,
-    /// What happened.
-    pub outcome: Outcome,
+    pub fn id(&self) -> &str {
+        match self {
+            Outcome::Resolved { id, .. }
+            | Outcome::Failed { id, .. }
+            | Outcome::Skipped { id, .. } => id,
+        }
+    }
+
+    /// The record's class before the re-drive.
+    pub fn class(&self) -> &str {
+        match self {
+            Outcome::Resolved { class, .. }
+            | Outcome::Failed { class, .. }
+            | Outcome::Skipped { class, .. } => class,
+        }
+    }
+
+    fn skipped(record: &Record, reason: impl Into<String>) -> Self {
+        Outcome::Skipped {
+            id: record.id.clone(),
+            class: record.class.clone(),
+            reason: reason.into(),
+        }
+    }
 }
 
 /// What a re-drive did (or, for a dry run, would do).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedriveReport {
-    /// Every record considered, in the order sent.
-    pub records: Vec<Resent>,
+    /// Every record considered, in the order sent, with how it ended.
+    pub records: Vec<Outcome>,
 }
 
 impl RedriveReport {
     /// Records that succeeded.
     pub fn resolved(&self) -> usize {
-        self.count(|o| matches!(o, Outcome::Resolved))
+        self.count(|o| matches!(o, Outcome::Resolved { .. }))
     }
 
     /// Records that failed again.
@@ -87,7 +118,7 @@ impl RedriveReport {
     }
 
     fn count(&self, f: impl Fn(&Outcome) -> bool) -> usize {
-        self.records.iter().filter(|r| f(&r.outcome)).count()
+        self.records.iter().filter(|r| f(r)).count()
     }
 }
 
@@ -237,9 +268,7 @@ impl Redrive {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         for record in plan {
             let outcome = match rebuild(&record) {
-                Err(e) => Outcome::Skipped {
-                    reason: e.to_string(),
-                },
+                Err(e) => Outcome::skipped(&record, e.to_string()),
                 Ok(request) => {
                     ticks.tick().await;
                     resend(
@@ -254,11 +283,7 @@ impl Redrive {
                 }
             };
             tracing::info!(id = %record.id, class = %record.class, outcome = ?outcome, "re-drive");
-            report.records.push(Resent {
-                id: record.id,
-                class: record.class,
-                outcome,
-            });
+            report.records.push(outcome);
         }
         Ok(report)
     }
@@ -284,23 +309,20 @@ where
         match store.claim(record, until).await {
             Ok(Claim::Claimed(_)) => {}
             Ok(Claim::Missing) => {
-                return Outcome::Skipped {
-                    reason: "the record is no longer in the store".to_owned(),
-                };
+                return Outcome::skipped(record, "the record is no longer in the store");
             }
             Ok(Claim::ClaimedElsewhere { status, resends }) => {
-                return Outcome::Skipped {
-                    reason: format!(
+                return Outcome::skipped(
+                    record,
+                    format!(
                         "claimed elsewhere: the record is now {status} with {resends} re-sends \
                          (it was {} with {} when read); not sent",
                         record.status, record.resends
                     ),
-                };
+                );
             }
             Err(e) => {
-                return Outcome::Skipped {
-                    reason: format!("cannot claim the record: {e}"),
-                };
+                return Outcome::skipped(record, format!("cannot claim the record: {e}"));
             }
         }
     }
@@ -308,21 +330,25 @@ where
         Ok(service) => service.call(request).await,
         Err(e) => Err(e),
     };
+    let resolved = || Outcome::Resolved {
+        id: record.id.clone(),
+        class: record.class.clone(),
+    };
     match result {
         Ok(_) => match store
             .update(&record.id, Change::Resolved { at: clock.now() })
             .await
         {
-            Ok(_) => Outcome::Resolved,
+            Ok(_) => resolved(),
             Err(e) => {
                 tracing::error!(id = %record.id, error = %e, "re-sent, but the outcome could not be written");
-                Outcome::Resolved
+                resolved()
             }
         },
         Err(e) => {
             let failure: Failure<S::Response> = e.into();
-            let class = failure.class().name().to_owned();
-            let code = failure.code().to_string();
+            let new_class = failure.class().name().to_owned();
+            let new_code = failure.code().to_string();
             let recorded = match failure.note::<DeadLetterStatus>() {
                 Some(DeadLetterStatus::Stored { .. }) => true,
                 Some(_) => false,
@@ -340,8 +366,10 @@ where
                 }
             };
             Outcome::Failed {
-                class,
-                code,
+                id: record.id.clone(),
+                class: record.class.clone(),
+                new_class,
+                new_code,
                 recorded,
             }
         }

@@ -233,7 +233,9 @@ where
         in_flight.spawn(async move {
             let outcome = resend(&*store, &mut service, &record, request, None, &clock).await;
             match &outcome {
-                Outcome::Resolved => tracing::info!(id = %record.id, "scheduled re-send succeeded"),
+                Outcome::Resolved { .. } => {
+                    tracing::info!(id = %record.id, "scheduled re-send succeeded")
+                }
                 other => {
                     tracing::warn!(id = %record.id, outcome = ?other, "scheduled re-send failed")
                 }

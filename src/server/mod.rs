@@ -1,27 +1,422 @@
-//! The server flavours: a timeout and a circuit breaker for an axum or tonic server protecting
+//! The server flavour: a timeout and a circuit breaker for an axum or tonic server protecting
 //! itself, answering with a response instead of an error so that an `Infallible` service stays
 //! `Infallible` (and so fits `Router::layer`).
 //!
-//! - [`ServerTimeoutLayer`]: a handler that runs past its time answers `504 Gateway Timeout`
-//!   (gRPC `DEADLINE_EXCEEDED`) instead of hanging the connection.
-//! - [`ServerBreakerLayer`]: while the handlers keep failing, answers `503 Service Unavailable`
-//!   with `Retry-After` (gRPC `UNAVAILABLE`) at once, without calling them.
+//! One layer, [`ServerLayer`], with either or both:
+//!
+//! - [`timeout`](ServerLayer::timeout): a handler that runs past its time answers
+//!   `504 Gateway Timeout` (gRPC `DEADLINE_EXCEEDED`) instead of hanging the connection.
+//! - [`breaker`](ServerLayer::breaker): while the handlers keep failing (timeouts included),
+//!   answers `503 Service Unavailable` with `Retry-After` (gRPC `UNAVAILABLE`) at once, without
+//!   calling them.
 //!
 //! ```
 //! use std::time::Duration;
 //! use axum::{Router, routing::get};
 //! use tower_backstop::breaker::BreakerLayer;
-//! use tower_backstop::server::{ServerBreakerLayer, ServerTimeoutLayer};
+//! use tower_backstop::server::ServerLayer;
 //!
 //! let app: Router = Router::new()
 //!     .route("/report", get(|| async { "done" }))
-//!     .layer(ServerTimeoutLayer::new(Duration::from_secs(10)))
-//!     .layer(ServerBreakerLayer::new(BreakerLayer::consecutive_failures(5)));
+//!     .layer(
+//!         ServerLayer::new()
+//!             .timeout(Duration::from_secs(10))
+//!             .breaker(BreakerLayer::consecutive_failures(5)),
+//!     );
 //! # let _ = app;
 //! ```
 
-mod breaker;
-mod timeout;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
-pub use self::breaker::{ServerBreaker, ServerBreakerFuture, ServerBreakerLayer};
-pub use self::timeout::{ServerTimeout, ServerTimeoutFuture, ServerTimeoutLayer};
+use http::{HeaderValue, Response, StatusCode, header::RETRY_AFTER};
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::breaker::BreakerHandle;
+use crate::breaker::BreakerLayer;
+use crate::breaker::future::Guard;
+use crate::breaker::state::{Outcome, Permit, Rejection, Shared};
+use crate::classify::{GrpcClassifier, HttpClassifier};
+
+/// The server flavour of the timeout and the breaker, for an axum (or any `http`) server
+/// protecting itself; see the [module docs](self).
+///
+/// - With a [`timeout`](Self::timeout), a handler that takes longer is dropped and the client
+///   gets `504 Gateway Timeout` (or the status given to [`timeout_status`](Self::timeout_status))
+///   with an empty body, instead of a hung connection (like tower-http's `TimeoutLayer`, whose
+///   default answer is 408).
+/// - With a [`breaker`](Self::breaker), the breaker counts the server's own failed responses,
+///   classified by [`HttpClassifier`] (a 500, or the timeout's 504, counts; a 404 does not), and
+///   while it is open the server answers `503 Service Unavailable` with `Retry-After` at once
+///   instead of piling up work. The `Retry-After` value is the time left until half-open in whole
+///   seconds, rounded up (RFC 9110 §10.2.3, delay-seconds); it is left out when the breaker was
+///   forced open.
+///
+/// The breaker sits outside the timeout, so it sees the timeout's answers. The inner service must
+/// be infallible, and so is this one, so it works with axum's `Router::layer`:
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, routing::get};
+/// use http::StatusCode;
+/// use tower_backstop::breaker::BreakerLayer;
+/// use tower_backstop::server::ServerLayer;
+///
+/// let app: Router = Router::new()
+///     .route("/report", get(|| async { "done" }))
+///     .layer(
+///         ServerLayer::new()
+///             .timeout(Duration::from_secs(10))
+///             .breaker(BreakerLayer::consecutive_failures(5)),
+///     );
+/// // A timeout alone, answering 503 instead of 504:
+/// let _layer = ServerLayer::new()
+///     .timeout(Duration::from_secs(5))
+///     .timeout_status(StatusCode::SERVICE_UNAVAILABLE);
+/// # let _ = app;
+/// ```
+#[derive(Clone, Debug)]
+pub struct ServerLayer {
+    timeout: Option<Duration>,
+    status: StatusCode,
+    breaker: Option<BreakerLayer>,
+    classifier: HttpClassifier,
+    grpc: bool,
+}
+
+impl Default for ServerLayer {
+    fn default() -> Self {
+        ServerLayer::new()
+    }
+}
+
+impl ServerLayer {
+    /// A layer for an HTTP server, with no timeout and no breaker yet: add them with
+    /// [`timeout`](Self::timeout) and [`breaker`](Self::breaker).
+    pub fn new() -> Self {
+        ServerLayer {
+            timeout: None,
+            status: StatusCode::GATEWAY_TIMEOUT,
+            breaker: None,
+            classifier: HttpClassifier::new(),
+            grpc: false,
+        }
+    }
+
+    /// The gRPC flavour, for `tonic::transport::Server::builder().layer(...)`:
+    ///
+    /// - a handler that takes longer than the [`timeout`](Self::timeout) is dropped and the client
+    ///   gets a trailers-only `DEADLINE_EXCEEDED` (HTTP 200, `grpc-status: 4` in the headers);
+    /// - the [`breaker`](Self::breaker) counts the handlers' trailers-only error statuses by
+    ///   [`GrpcClassifier::new`]'s mapping (`UNAVAILABLE`, `RESOURCE_EXHAUSTED`, `UNKNOWN`,
+    ///   `INTERNAL`, the timeout's `DEADLINE_EXCEEDED`…; a status sent in trailers after a
+    ///   message is not seen), and while it is open the server answers a trailers-only
+    ///   `UNAVAILABLE` at once, with `grpc-retry-pushback-ms` set to the time left until
+    ///   half-open (gRFC A6; left out when the breaker was forced open).
+    pub fn grpc() -> Self {
+        ServerLayer {
+            grpc: true,
+            ..ServerLayer::new()
+        }
+    }
+
+    /// Answers `504 Gateway Timeout` (gRPC: `DEADLINE_EXCEEDED`) when a handler takes longer
+    /// than `timeout`, counted from the handler's first `Pending`: a handler that answers at its
+    /// first poll never touches the timer or the clock. `Duration::MAX` never fires.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The status of the answer when the timeout elapses (504 by default; HTTP only).
+    pub fn timeout_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// Answers 503 with `Retry-After` (gRPC: `UNAVAILABLE`) while `breaker` is open.
+    pub fn breaker(mut self, breaker: BreakerLayer) -> Self {
+        self.breaker = Some(breaker);
+        self
+    }
+
+    /// Classifies the breaker's responses with `classifier` instead of the default
+    /// [`HttpClassifier`].
+    pub fn classifier(mut self, classifier: HttpClassifier) -> Self {
+        self.classifier = classifier;
+        self
+    }
+
+    /// The breaker's handle; `None` without a [`breaker`](Self::breaker).
+    pub fn handle(&self) -> Option<BreakerHandle> {
+        self.breaker.as_ref().map(BreakerLayer::handle)
+    }
+}
+
+impl<S> Layer<S> for ServerLayer {
+    type Service = Server<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Server {
+            inner,
+            timeout: self.timeout,
+            status: self.status,
+            breaker: self.breaker.as_ref().map(|b| Counting {
+                shared: b.shared(),
+                classifier: self.classifier.clone(),
+            }),
+            grpc: self.grpc,
+            decision: None,
+        }
+    }
+}
+
+/// The breaker part of a [`Server`].
+#[derive(Clone, Debug)]
+struct Counting {
+    shared: Arc<Shared>,
+    // Cloned per call: free with the default mapping, one `Arc` with overrides.
+    classifier: HttpClassifier,
+}
+
+/// The service of a [`ServerLayer`].
+#[derive(Debug)]
+pub struct Server<S> {
+    inner: S,
+    timeout: Option<Duration>,
+    status: StatusCode,
+    breaker: Option<Counting>,
+    grpc: bool,
+    decision: Option<Result<Permit, Rejection>>,
+}
+
+impl<S: Clone> Clone for Server<S> {
+    fn clone(&self) -> Self {
+        Server {
+            inner: self.inner.clone(),
+            timeout: self.timeout,
+            status: self.status,
+            breaker: self.breaker.clone(),
+            grpc: self.grpc,
+            decision: None,
+        }
+    }
+}
+
+impl<S> Drop for Server<S> {
+    fn drop(&mut self) {
+        if let (Some(Ok(permit)), Some(breaker)) = (self.decision.take(), &self.breaker) {
+            breaker.shared.cancel(permit);
+        }
+    }
+}
+
+/// The `Retry-After` delay-seconds for `left`, rounded up so that a client never comes back
+/// before the breaker half-opens.
+pub(crate) fn retry_after_secs(left: Duration) -> u64 {
+    let secs = left.as_secs();
+    if left.subsec_nanos() > 0 {
+        secs + 1
+    } else {
+        secs
+    }
+}
+
+impl<S, Req, B> Service<Req> for Server<S>
+where
+    S: Service<Req, Response = Response<B>, Error = Infallible>,
+    B: Default,
+{
+    type Response = Response<B>;
+    type Error = Infallible;
+    type Future = ServerFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        if let Some(breaker) = &self.breaker {
+            let decision = self.decision.get_or_insert_with(|| breaker.shared.admit());
+            if decision.is_err() {
+                return Poll::Ready(Ok(()));
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let counted = match &self.breaker {
+            None => None,
+            Some(breaker) => match self
+                .decision
+                .take()
+                .unwrap_or_else(|| breaker.shared.admit())
+            {
+                Ok(permit) => Some(Counted {
+                    guard: Guard::new(&breaker.shared, permit),
+                    classifier: breaker.classifier.clone(),
+                    grpc: self.grpc.then(GrpcClassifier::new),
+                }),
+                Err(rejection) => {
+                    return ServerFuture {
+                        kind: Kind::Rejected {
+                            retry_after: rejection.retry_after(),
+                            grpc: self.grpc,
+                        },
+                    };
+                }
+            },
+        };
+        ServerFuture {
+            kind: Kind::Called {
+                future: self.inner.call(req),
+                sleep: None,
+                timeout: self.timeout,
+                status: self.status,
+                grpc: self.grpc,
+                counted,
+            },
+        }
+    }
+}
+
+/// A call the breaker admitted: its permit, and how to classify the answer.
+#[derive(Debug)]
+struct Counted {
+    guard: Guard,
+    classifier: HttpClassifier,
+    grpc: Option<GrpcClassifier>,
+}
+
+impl Counted {
+    /// Records the outcome of `response` with the breaker.
+    fn finish<B>(&mut self, response: &Response<B>) {
+        let class = match &self.grpc {
+            Some(grpc) if response.status() == StatusCode::OK => grpc
+                .classify_status(response.headers())
+                .map(|verdict| verdict.class),
+            _ => self.classifier.class_of(response.status()),
+        };
+        self.guard.finish_with(match class {
+            None => Outcome::Success,
+            Some(class) => Outcome::Failure(class),
+        });
+    }
+}
+
+pin_project! {
+    /// Response future of [`Server`]: the handler's response (raced against a timer stored
+    /// inline, when there is a timeout), or a ready 503 from an open breaker.
+    ///
+    /// Like [`ResponseFuture`](crate::timeout::ResponseFuture), the timer starts at the handler's
+    /// first `Pending`: a handler that answers at its first poll never touches the timer or the
+    /// clock.
+    #[derive(Debug)]
+    pub struct ServerFuture<F> {
+        #[pin]
+        kind: Kind<F>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    #[derive(Debug)]
+    enum Kind<F> {
+        Called {
+            #[pin]
+            future: F,
+            #[pin]
+            sleep: Option<Sleep>,
+            timeout: Option<Duration>,
+            status: StatusCode,
+            grpc: bool,
+            counted: Option<Counted>,
+        },
+        Rejected {
+            retry_after: Option<Duration>,
+            grpc: bool,
+        },
+    }
+}
+
+impl<F, B> Future for ServerFuture<F>
+where
+    F: Future<Output = Result<Response<B>, Infallible>>,
+    B: Default,
+{
+    type Output = Result<Response<B>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Called {
+                future,
+                mut sleep,
+                timeout,
+                status,
+                grpc,
+                counted,
+            } => {
+                let response = match future.poll(cx) {
+                    Poll::Ready(Ok(response)) => response,
+                    Poll::Pending => {
+                        let Some(timeout) = *timeout else {
+                            return Poll::Pending;
+                        };
+                        if sleep.is_none() {
+                            sleep.set(Some(tokio::time::sleep(timeout)));
+                        }
+                        if let Some(sleep) = sleep.as_pin_mut() {
+                            ready!(sleep.poll(cx));
+                        }
+                        let response = timed_out(*grpc, *status);
+                        tracing::debug!(
+                            ?timeout,
+                            status = response.status().as_u16(),
+                            "handler timed out"
+                        );
+                        response
+                    }
+                };
+                if let Some(counted) = counted {
+                    counted.finish(&response);
+                }
+                Poll::Ready(Ok(response))
+            }
+            KindProj::Rejected { retry_after, grpc } => {
+                if *grpc {
+                    return Poll::Ready(Ok(crate::grpc_wire::trailers_only(
+                        crate::grpc_wire::codes::UNAVAILABLE,
+                        "circuit open",
+                        *retry_after,
+                    )));
+                }
+                let mut response = Response::new(B::default());
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                if let Some(left) = retry_after {
+                    response
+                        .headers_mut()
+                        .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(*left)));
+                }
+                Poll::Ready(Ok(response))
+            }
+        }
+    }
+}
+
+/// The answer of a handler that ran past its time.
+fn timed_out<B: Default>(grpc: bool, status: StatusCode) -> Response<B> {
+    if grpc {
+        return crate::grpc_wire::trailers_only(
+            crate::grpc_wire::codes::DEADLINE_EXCEEDED,
+            "handler timed out",
+            None,
+        );
+    }
+    let mut response = Response::new(B::default());
+    *response.status_mut() = status;
+    response
+}

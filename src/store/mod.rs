@@ -60,7 +60,7 @@ mod stats;
 pub use self::headers::RedactHeaders;
 pub use self::memory::MemoryStore;
 pub use self::query::{Change, Claim, Counts, Filter, Page};
-pub use self::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, ParseStatusError, Record, Status};
+pub use self::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::RedisStore;
@@ -77,8 +77,11 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A boxed, `Send` future, the return type of [`Store`] methods (the failure path only).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// A dead-letter store could not do what was asked: it is closed, its file cannot be opened or
-/// written, a record cannot be decoded.
+/// A dead-letter store could not do what was asked, or what it holds cannot be used: it is
+/// closed, its file cannot be opened or written, a record cannot be decoded (a status that is
+/// not one of [`Status`]'s names) or rebuilt into a request
+/// ([`http_request`](crate::resend::http_request): a truncated payload, a malformed stored
+/// method, URI or header).
 #[derive(Debug)]
 pub struct StoreError {
     message: String,

@@ -44,26 +44,10 @@ impl fmt::Display for Status {
     }
 }
 
-/// The text is not one of `dead`, `deferred`, `in_flight`, `resolved`.
-#[derive(Debug)]
-pub struct ParseStatusError {
-    text: String,
-}
-
-impl fmt::Display for ParseStatusError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unknown dead-letter status {:?} (expected dead, deferred, in_flight or resolved)",
-            self.text
-        )
-    }
-}
-
-impl std::error::Error for ParseStatusError {}
-
+/// Reads `dead`, `deferred`, `in_flight` (or `in-flight`) and `resolved`; any other text is a
+/// [`StoreError`](super::StoreError) that quotes it and names the four statuses.
 impl FromStr for Status {
-    type Err = ParseStatusError;
+    type Err = super::StoreError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Ok(match s {
@@ -72,7 +56,9 @@ impl FromStr for Status {
             "in_flight" | "in-flight" => Status::InFlight,
             "resolved" => Status::Resolved,
             _ => {
-                return Err(ParseStatusError { text: s.to_owned() });
+                return Err(super::StoreError::new(format!(
+                    "unknown dead-letter status {s:?} (expected dead, deferred, in_flight or resolved)"
+                )));
             }
         })
     }
@@ -520,6 +506,9 @@ mod tests {
         ] {
             assert_eq!(s.as_str().parse::<Status>().unwrap(), s);
         }
-        assert!("lost".parse::<Status>().is_err());
+        assert_eq!(
+            "lost".parse::<Status>().unwrap_err().to_string(),
+            "unknown dead-letter status \"lost\" (expected dead, deferred, in_flight or resolved)"
+        );
     }
 }

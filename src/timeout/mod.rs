@@ -21,7 +21,7 @@
 //! resolution of 1 ms). `Duration::MAX` never fires: tokio saturates it to its far future
 //! (about 30 years), without panicking.
 //!
-//! For a server, [`ServerTimeoutLayer`](crate::server::ServerTimeoutLayer) answers `504 Gateway Timeout` (or a configured status)
+//! For a server, [`ServerLayer::timeout`](crate::server::ServerLayer::timeout) answers `504 Gateway Timeout` (or a configured status)
 //! when a handler takes too long, and stays `Infallible` for axum's `Router::layer`.
 //!
 //! # Connect and read timeouts
