@@ -180,8 +180,11 @@ fn nothing_re_drives_everything_by_default() {
         err.to_string()
             .contains("refusing to re-drive every dead letter")
     );
-    assert!(Redrive::new(Filter::new().class("x"), 0, 10).is_err());
-    assert!(Redrive::new(Filter::new().class("x"), 10, 0).is_err());
+    assert_eq!(err.setting(), "Redrive::new(filter)");
+    let err = Redrive::new(Filter::new().class("x"), 0, 10).unwrap_err();
+    assert_eq!(err.setting(), "Redrive::new(per_second)");
+    let err = Redrive::new(Filter::new().class("x"), 10, 0).unwrap_err();
+    assert_eq!(err.setting(), "Redrive::new(max)");
 }
 
 #[tokio::test(start_paused = true)]

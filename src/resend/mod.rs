@@ -70,5 +70,5 @@ mod scheduler;
 pub use self::rebuild::reqwest_request;
 pub use self::rebuild::{http_request, http_request_restoring};
 pub use self::reconciler::{ReconcileReport, Reconciler};
-pub use self::redrive::{Outcome, Redrive, RedriveError, RedriveReport};
+pub use self::redrive::{Outcome, Redrive, RedriveReport};
 pub use self::scheduler::{Scheduler, SchedulerHandle};

@@ -7,25 +7,12 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::rebuild::envelope_of;
+use crate::BuildError;
 use crate::clock::Clock;
 use crate::dead_letter::DeadLetterStatus;
 use crate::dead_letter::record_of;
 use crate::failure::Failure;
 use crate::store::{Change, Claim, Filter, Page, Record, Status, Store, StoreError, add_clamped};
-
-/// A re-drive cannot be built as asked.
-#[derive(Debug)]
-pub struct RedriveError {
-    message: &'static str,
-}
-
-impl fmt::Display for RedriveError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.message)
-    }
-}
-
-impl std::error::Error for RedriveError {}
 
 /// One record of a re-drive and how it ended: re-sent with success, failed again, or not sent.
 /// Every variant names the record ([`id`](Outcome::id)) and its class before the re-drive
@@ -172,24 +159,31 @@ impl Redrive {
     ///
     /// # Errors
     ///
-    /// [`RedriveError`] when the filter is empty (that would re-drive everything), or the rate or
-    /// the maximum is zero.
-    pub fn new(filter: Filter, per_second: u32, max: usize) -> Result<Self, RedriveError> {
+    /// A [`BuildError`] naming the argument when the filter is empty (that would re-drive
+    /// everything: `"Redrive::new(filter)"`), or the rate or the maximum is zero
+    /// (`"Redrive::new(per_second)"`, `"Redrive::new(max)"`).
+    pub fn new(filter: Filter, per_second: u32, max: usize) -> Result<Self, BuildError> {
         if filter.is_empty() {
-            return Err(RedriveError {
-                message: "refusing to re-drive every dead letter: give a filter (class, code, \
-                          tag, time range, status or ids)",
-            });
+            return Err(BuildError::new(
+                "Redrive::new(filter)",
+                "empty",
+                "refusing to re-drive every dead letter: give a filter (class, code, tag, time \
+                 range, status or ids)",
+            ));
         }
         if per_second == 0 {
-            return Err(RedriveError {
-                message: "a re-drive rate must be at least 1 message per second",
-            });
+            return Err(BuildError::new(
+                "Redrive::new(per_second)",
+                0,
+                "a re-drive rate must be at least 1 message per second",
+            ));
         }
         if max == 0 {
-            return Err(RedriveError {
-                message: "a re-drive maximum must be at least 1 message",
-            });
+            return Err(BuildError::new(
+                "Redrive::new(max)",
+                0,
+                "a re-drive maximum must be at least 1 message",
+            ));
         }
         Ok(Redrive {
             filter,
