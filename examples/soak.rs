@@ -127,7 +127,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_backstop::breaker::{BreakerLayer, OpenDuration, PerHost};
+use tower_backstop::breaker::{BreakerLayer, OpenDuration, PerKey};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{
     DeadLetterLayer, DeadLetterStatus, Delivery, ReconcileLayer, Reconciled,
@@ -455,7 +455,7 @@ fn status_check(
 }
 
 /// The README's breaker, keyed per host.
-fn readme_breaker() -> Result<BreakerLayer<PerHost>, BoxError> {
+fn readme_breaker() -> Result<BreakerLayer<PerKey>, BoxError> {
     Ok(BreakerLayer::builder()
         .failure_rate(0.5)
         .count_window(100)

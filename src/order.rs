@@ -155,7 +155,7 @@ mod tests {
         );
         // The keyed breaker's real type name is the one breaker's, with a key type.
         assert!(
-            std::any::type_name::<crate::breaker::Breaker<(), crate::breaker::PerHost>>()
+            std::any::type_name::<crate::breaker::Breaker<(), crate::breaker::PerKey>>()
                 .starts_with(BREAKER)
         );
         assert_eq!(problem(Role::Retry, &keyed), None);

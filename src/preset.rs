@@ -10,7 +10,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::Class;
-use crate::breaker::{BreakerLayer, Builder, OpenDuration, PerHost};
+use crate::breaker::{BreakerLayer, Builder, OpenDuration, PerKey};
 use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
 use crate::dead_letter::{self, DeadLetter, DeadLetterLayer, DeadLetterRetryLayer};
 use crate::failure::Failure;
@@ -83,7 +83,7 @@ fn client_rule() -> Builder {
 /// The service is an [`Either`]: with a dead-letter store, `Left` (the five layers); without,
 /// `Right` (the four below it). Both have the same request, response and error types.
 #[derive(Clone, Debug)]
-pub struct BackstopLayer<C = HttpClassifier, B = BreakerLayer<PerHost>> {
+pub struct BackstopLayer<C = HttpClassifier, B = BreakerLayer<PerKey>> {
     dead_letters: Option<DeadLetterLayer>,
     retry: RetryLayer,
     breaker: B,
@@ -194,7 +194,7 @@ pub(crate) type Guarded<S, C, B> = <B as Layer<Classify<Timeout<S>, C>>>::Servic
 ///
 /// Its error is the [`Failure`] of the response type; its future is the dead-letter layer's over
 /// the retry layer's, or the retry layer's alone.
-pub struct Backstop<S, C = HttpClassifier, B = BreakerLayer<PerHost>>
+pub struct Backstop<S, C = HttpClassifier, B = BreakerLayer<PerKey>>
 where
     B: Layer<Classify<Timeout<S>, C>>,
 {

@@ -258,7 +258,8 @@ pub struct Single;
 /// One breaker per key that `F` takes from the request, at most `max_keys` of them: what
 /// [`BreakerLayer::per_host`](super::BreakerLayer::per_host) and
 /// [`BreakerLayer::keyed_by`](super::BreakerLayer::keyed_by) make. It appears only as a type
-/// parameter: `BreakerLayer<PerKey<Authority>>` ([`PerHost`]) keeps one breaker per host.
+/// parameter. Its key defaults to [`Authority`], so `BreakerLayer<PerKey>` (what
+/// [`per_host`](super::BreakerLayer::per_host) returns) keeps one breaker per host.
 #[derive(Clone, Copy, Debug)]
 pub struct PerKey<F = Authority> {
     pub(crate) key: F,
@@ -270,10 +271,6 @@ impl<F> PerKey<F> {
         PerKey { key, max_keys: 64 }
     }
 }
-
-/// One breaker per normalised request authority: `BreakerLayer<PerHost>` is what
-/// [`BreakerLayer::per_host`](super::BreakerLayer::per_host) returns.
-pub type PerHost = PerKey<Authority>;
 
 /// One key's breaker, and when it was last used (in `Registry::epoch` units).
 struct Entry {

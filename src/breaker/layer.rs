@@ -17,7 +17,7 @@ use crate::failure::Class;
 /// The state is created with the layer and shared by every service it wraps and all their clones.
 /// `BreakerLayer` (that is, `BreakerLayer<Single>`) is one breaker: one per endpoint, in a
 /// typical client. [`per_host`](Self::per_host) makes it one breaker per host
-/// (`BreakerLayer<PerHost>`), [`keyed_by`](Self::keyed_by) one per key of yours
+/// (`BreakerLayer<PerKey>`, its key an [`Authority`](super::Authority)), [`keyed_by`](Self::keyed_by) one per key of yours
 /// (`BreakerLayer<PerKey<F>>`). Configure it first, then take a [`handle`](Self::handle): each
 /// configuration method builds a fresh breaker.
 ///
@@ -27,8 +27,6 @@ use crate::failure::Class;
 /// [`BreakerLayer::builder`] sets everything else: rate rules over count or time windows,
 /// slow calls, growing open durations, several probes, a listener, keys and their bound; its
 /// [`build`](Builder::build) checks the settings.
-///
-/// [`PerHost`]: super::PerHost
 pub struct BreakerLayer<K = Single> {
     /// The breaker ([`Single`]), or the one of requests without a key (keyed).
     shared: Arc<Shared>,
@@ -146,10 +144,10 @@ impl BreakerLayer {
     /// breaker is open fails at once without calling the inner service.
     ///
     /// ```
-    /// use tower_backstop::breaker::{BreakerLayer, PerHost};
+    /// use tower_backstop::breaker::{BreakerLayer, PerKey};
     ///
     /// // One breaker per `host:port`, each opening after 3 failures in a row.
-    /// let per_host: BreakerLayer<PerHost> = BreakerLayer::consecutive_failures(3).per_host();
+    /// let per_host: BreakerLayer<PerKey> = BreakerLayer::consecutive_failures(3).per_host();
     /// // The same, at most 16 hosts.
     /// let bounded = BreakerLayer::builder()
     ///     .consecutive_failures(3)

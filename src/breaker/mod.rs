@@ -144,7 +144,7 @@ pub use self::event::{Event, Listener, State};
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;
-pub use self::keyed::{Authority, KeyOf, PerHost, PerKey, Single};
+pub use self::keyed::{Authority, KeyOf, PerKey, Single};
 pub use self::layer::BreakerLayer;
 pub use self::open::{OpenDuration, OpenError};
 pub use self::state::{MAX_PROBES, Stats};
