@@ -1,8 +1,7 @@
-//! Reconciliation of outcome-unknown requests, end to end: a real axum provider on 127.0.0.1
-//! with `POST /v1/messages` and a status endpoint `GET /v1/messages/{id}`, a real hyper-util
-//! client, keyless POSTs that time out (short real durations).
-//!
-//! The 2,000-message soak of the load issue (#10) is not run here: see the issue notes.
+//! Reconciliation of outcome-unknown requests (`RetryPolicy::reconcile`), end to end: a real
+//! axum provider on 127.0.0.1 with `POST /v1/messages` and a status endpoint
+//! `GET /v1/messages/{id}`, a real hyper-util client, keyless POSTs that time out (short real
+//! durations).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -18,9 +17,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, Delivery, ReconcileLayer, Reconciled};
+use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::resend::Reconciler;
-use tower_backstop::retry::{Backoff, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Backoff, Delivery, Reconciled, RetryLayer, RetryPolicy};
 use tower_backstop::store::{Filter, MemoryStore, Page, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Class, DeadLetterStatus, Envelope};
@@ -108,7 +107,7 @@ fn message(base: &str, id: &str) -> http::Request<Full<Bytes>> {
 
 type Response = http::Response<http_body_util::combinators::BoxBody<Bytes, hyper::Error>>;
 
-/// Dead letters → retry (3 attempts, 10 ms apart) → reconcile → classify → 50 ms timeout →
+/// Dead letters → retry (3 attempts, 10 ms apart, reconciling) → classify → 50 ms timeout →
 /// hyper-util.
 fn stack(
     store: &MemoryStore,
@@ -124,9 +123,9 @@ fn stack(
         .layer(RetryLayer::new(
             RetryPolicy::default()
                 .max_attempts(3)
-                .backoff(Backoff::constant(Duration::from_millis(10))),
+                .backoff(Backoff::constant(Duration::from_millis(10)))
+                .reconcile::<http::Request<Full<Bytes>>, Response>(status_check(base.to_owned())),
         ))
-        .layer(ReconcileLayer::new(status_check(base.to_owned())))
         .layer(ClassifyLayer::http())
         .map_response(|r: http::Response<hyper::body::Incoming>| r.map(BodyExt::boxed))
         .layer(TimeoutLayer::new(Duration::from_millis(50)))

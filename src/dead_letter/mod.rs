@@ -90,8 +90,8 @@
 //! - Validation before sending is tower's `FilterLayer` below the retry layer, rejecting with
 //!   [`Invalid`](crate::classify::Invalid): the request never reaches the provider, is poison, and
 //!   is dead-lettered once with the reason.
-//! - [`ReconcileLayer`] asks your [`StatusCheck`] before an outcome-unknown failure reaches the
-//!   caller.
+//! - [`RetryPolicy::reconcile`] asks your [`StatusCheck`] before an outcome-unknown failure
+//!   reaches this layer.
 //!
 //! # Afterwards
 //!
@@ -119,6 +119,8 @@
 //! [`Scheduler`]: crate::resend::Scheduler
 //! [`Redrive`]: crate::resend::Redrive
 //! [`Reconciler`]: crate::resend::Reconciler
+//! [`RetryPolicy::reconcile`]: crate::retry::RetryPolicy::reconcile
+//! [`StatusCheck`]: crate::retry::StatusCheck
 //! [`http_request_restoring`]: crate::resend::http_request_restoring
 
 use std::fmt;
@@ -135,16 +137,11 @@ use crate::store::Store;
 mod budget;
 mod future;
 mod layer;
-mod reconcile;
 mod record;
 
 pub use self::budget::BudgetSpent;
 pub use self::future::{InnerFuture, ResponseFuture};
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
-pub use self::reconcile::{
-    Delivery, Reconcile, ReconcileFuture, ReconcileLayer, Reconciled, ReconciledResponse,
-    StatusCheck,
-};
 pub use self::record::record_of;
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).

@@ -9,6 +9,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::policy::{Attempted, Decision, PolicyRef, RetryEvent, Spare, outcome_unknown, retry_at};
+use super::reconcile::{Attempt, Reconcile};
 use crate::failure::{Class, Code, Failure, GiveUp};
 use crate::request::Replay;
 
@@ -29,7 +30,7 @@ pin_project! {
         S: Service<Req>,
     {
         #[pin]
-        state: State<S::Future>,
+        state: State<S::Future, S::Response>,
         retry: Option<Retrying<S, Req, S::Response>>,
         deadline: Deadline,
         // Whether the request is safe to send twice (for the outcome-unknown rule).
@@ -41,6 +42,8 @@ pin_project! {
         hand_back: Option<HandBack<S::Response, Req>>,
         // The copy handed back when `retry` is `None`.
         kept: Option<Req>,
+        // The policy's status check, for a request not safe to resend (`RetryPolicy::reconcile`).
+        reconcile: Option<Reconcile>,
     }
 }
 
@@ -49,10 +52,11 @@ pub(crate) type HandBack<R, Req> = fn(&mut Failure<R>, Req);
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F, R> {
         Called {
+            // The call, then the status check when the policy reconciles its failure.
             #[pin]
-            future: F,
+            future: Attempt<F, R>,
             // The overall deadline, raced against the attempt: created at the attempt's first
             // `Pending`, and only when there is a deadline.
             #[pin]
@@ -175,7 +179,7 @@ where
     ) -> Self {
         ResponseFuture {
             state: State::Called {
-                future,
+                future: Attempt::new(future),
                 deadline: None,
             },
             retry: None,
@@ -184,6 +188,7 @@ where
             single: reason,
             hand_back,
             kept,
+            reconcile: None,
         }
     }
 
@@ -200,7 +205,7 @@ where
     ) -> Self {
         ResponseFuture {
             state: State::Called {
-                future,
+                future: Attempt::new(future),
                 deadline: None,
             },
             retry: Some(Retrying {
@@ -216,7 +221,16 @@ where
             single: GiveUp::AttemptsExhausted,
             hand_back,
             kept: None,
+            reconcile: None,
         }
+    }
+
+    /// Runs `reconcile`'s status check on an outcome-unknown failure (given only for a request
+    /// not safe to resend, whose copy the future keeps).
+    #[inline]
+    pub(crate) fn reconciling(mut self, reconcile: Option<Reconcile>) -> Self {
+        self.reconcile = reconcile;
+        self
     }
 }
 
@@ -274,7 +288,8 @@ impl<S, Req> Future for ResponseFuture<S, Req>
 where
     S: Service<Req>,
     S::Error: Into<Failure<S::Response>>,
-    Req: Replay,
+    S::Response: 'static,
+    Req: Replay + 'static,
 {
     type Output = Result<S::Response, Failure<S::Response>>;
 
@@ -283,10 +298,17 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Called {
-                    future,
+                    mut future,
                     mut deadline,
                 } => {
-                    let result = match future.poll(cx) {
+                    let request = match this.retry.as_ref() {
+                        Some(r) => r.spare.as_ref(),
+                        None => this.kept.as_ref(),
+                    };
+                    let polled = future
+                        .as_mut()
+                        .poll_attempt(cx, this.reconcile.as_ref(), request);
+                    let result = match polled {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
                             if deadline.is_none() {
@@ -309,7 +331,14 @@ where
                                     ),
                                     None => (1, None, None, this.kept.take()),
                                 };
-                                let failure = deadline_failure(last);
+                                // A status check cut short: its failure, still outcome-unknown.
+                                let failure = match future.as_mut().take_checked() {
+                                    Some(mut checked) => {
+                                        checked.set_class(Class::OUTCOME_UNKNOWN);
+                                        checked
+                                    }
+                                    None => deadline_failure(last),
+                                };
                                 return Poll::Ready(Err(handed(
                                     *this.hand_back,
                                     spare,
@@ -333,7 +362,7 @@ where
                             }
                             return Poll::Ready(Ok(response));
                         }
-                        Err(e) => e.into(),
+                        Err(failure) => failure,
                     };
                     // A timeout or reset after a request that is not safe to resend: it may
                     // have been acted on. Never retried; recorded for reconciliation.
@@ -505,8 +534,11 @@ where
                     r.attempts += 1;
                     let max_attempts = r.policy.resolve().attempts();
                     // Under a dead-letter layer that reuses the copy, keep one for the last
-                    // attempt too: it goes up with the failure.
-                    if r.attempts < max_attempts || this.hand_back.is_some() {
+                    // attempt too: it goes up with the failure; so with a status check.
+                    if r.attempts < max_attempts
+                        || this.hand_back.is_some()
+                        || this.reconcile.is_some()
+                    {
                         match request.replay() {
                             Some(copy) => r.spare = Some(copy),
                             None => r.spare_state = Spare::NotReplayable,
@@ -514,7 +546,7 @@ where
                     }
                     let future = r.service.call(request);
                     this.state.set(State::Called {
-                        future,
+                        future: Attempt::new(future),
                         deadline: None,
                     });
                 }
