@@ -574,16 +574,20 @@ impl RetryPolicy {
     ///   dead-letter layer above records it, for a [`Reconciler`](crate::resend::Reconciler) to
     ///   settle later.
     ///
-    /// `Req` and `Res` are the request and response types of the service the retry layer wraps
-    /// (the policy is not generic, so the option names them once). The check is given the
-    /// request's [`Envelope`](crate::Envelope), described from a copy ([`Replay`](crate::Replay),
-    /// made on the failure path), and runs within the attempt: the policy's
-    /// [`deadline`](Self::deadline) bounds it, and a deadline that ends it returns the
-    /// outcome-unknown failure. A retry layer whose service has other types never runs the
-    /// check and logs an error event for each failure it would have checked. Safe requests,
-    /// and failures whose request was surely sent or surely not, are not checked; the success
-    /// path is unchanged (a not-safe request costs a counted reference, and a copy of the
-    /// request for the last attempt).
+    /// `Req` and `Res` are the request and response types of the service the retry layer wraps:
+    /// the policy is not generic, so the option names them once, and the retry layer matches
+    /// them at run time (which is why its service needs `'static` request and response types).
+    /// A retry layer whose service has other types never runs the check, and logs an error
+    /// event for each failure it would have checked.
+    ///
+    /// The check is given the request's [`Envelope`](crate::Envelope), described from a copy
+    /// ([`Replay`](crate::Replay); the copy and the boxed check are made on the failure path
+    /// only), and runs within the attempt: the policy's [`deadline`](Self::deadline) bounds it,
+    /// and a deadline that ends it returns the outcome-unknown failure. Safe requests, and
+    /// failures whose request was surely sent or surely not, are not checked. The success path
+    /// allocates nothing more: a request not safe to resend costs a counted reference, and a
+    /// copy of it where the layer would keep none (its last attempt, or a request that cannot be
+    /// retried).
     ///
     /// ```
     /// use bytes::Bytes;
