@@ -100,10 +100,11 @@ impl ReconciledResponse for () {
 
 /// The reconcile option as the policy holds it: a status check typed, out of sight, by the
 /// request and response types it was set for, so that the retry layer's `Service` impl needs no
-/// `Describe` or `ReconciledResponse` bound.
+/// `Describe` or `ReconciledResponse` bound. One word (a thin `Arc`), as each retry future of a
+/// request not safe to resend holds one.
 #[derive(Clone)]
 pub(crate) struct Reconcile {
-    typed: Arc<dyn Erased>,
+    typed: Arc<Box<dyn Erased>>,
 }
 
 impl fmt::Debug for Reconcile {
@@ -123,10 +124,10 @@ impl Reconcile {
         Res: ReconciledResponse + 'static,
     {
         Reconcile {
-            typed: Arc::new(Typed::<Req, Res> {
+            typed: Arc::new(Box::new(Typed::<Req, Res> {
                 check,
                 types: PhantomData,
-            }),
+            })),
         }
     }
 }
@@ -208,10 +209,16 @@ pin_project_lite::pin_project! {
             future: F,
         },
         Checking {
-            check: Pin<Box<dyn Future<Output = Checked> + Send>>,
-            failure: Option<Failure<R>>,
+            // Boxed whole, so that the variant is one word beside the call's future.
+            checking: Box<Checking<R>>,
         },
     }
+}
+
+/// A status check under way, and the failure it is about.
+pub(crate) struct Checking<R> {
+    check: Pin<Box<dyn Future<Output = Checked> + Send>>,
+    failure: Option<Failure<R>>,
 }
 
 impl<F, R> Attempt<F, R> {
@@ -222,7 +229,7 @@ impl<F, R> Attempt<F, R> {
     /// The failure a check that has not finished holds (when the deadline ends the attempt).
     pub(crate) fn take_checked(self: Pin<&mut Self>) -> Option<Failure<R>> {
         match self.project() {
-            AttemptProj::Checking { failure, .. } => failure.take(),
+            AttemptProj::Checking { checking } => checking.failure.take(),
             AttemptProj::Calling { .. } => None,
         }
     }
@@ -230,6 +237,7 @@ impl<F, R> Attempt<F, R> {
     /// Polls the call, and the check when `reconcile` is given (only for a request not safe to
     /// send twice) and the call failed with its outcome unknown. `request` is the copy the
     /// check describes, copied again here (the failure path).
+    #[inline]
     pub(crate) fn poll_attempt<E, Req>(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -242,100 +250,128 @@ impl<F, R> Attempt<F, R> {
         R: 'static,
         Req: Replay + 'static,
     {
-        loop {
-            match self.as_mut().project() {
-                AttemptProj::Calling { future } => {
-                    let failure: Failure<R> = match ready!(future.poll(cx)) {
-                        Ok(response) => return Poll::Ready(Ok(response)),
-                        Err(e) => e.into(),
-                    };
-                    let Some(reconcile) = reconcile else {
-                        return Poll::Ready(Err(failure));
-                    };
-                    if !outcome_unknown(&failure) {
-                        return Poll::Ready(Err(failure));
+        let checking = match self.as_mut().project() {
+            AttemptProj::Calling { future } => {
+                let failure: Failure<R> = match ready!(future.poll(cx)) {
+                    Ok(response) => return Poll::Ready(Ok(response)),
+                    Err(e) => e.into(),
+                };
+                match reconcile {
+                    Some(reconcile) if outcome_unknown(&failure) => {
+                        match start(reconcile, request, failure) {
+                            Ok(checking) => checking,
+                            Err(failure) => return Poll::Ready(Err(failure)),
+                        }
                     }
-                    let mut copy = request.and_then(Replay::replay);
-                    if copy.is_none() {
-                        tracing::warn!(
-                            code = %failure.code(),
-                            "outcome unknown: no copy of the request for the status check"
-                        );
-                        return Poll::Ready(Err(failure));
-                    }
-                    let Some(check) = reconcile.typed.start(&mut copy, &None::<R>) else {
-                        let (request, response) = reconcile.typed.types();
-                        tracing::error!(
-                            expected_request = request,
-                            expected_response = response,
-                            request = type_name::<Req>(),
-                            response = type_name::<R>(),
-                            "outcome unknown: the reconcile option was set for other request \
-                             and response types; the status check is not run"
-                        );
-                        return Poll::Ready(Err(failure));
-                    };
-                    self.set(Attempt::Checking {
-                        check,
-                        failure: Some(failure),
-                    });
-                }
-                AttemptProj::Checking { check, failure } => {
-                    let checked =
-                        std::panic::catch_unwind(AssertUnwindSafe(|| check.as_mut().poll(cx)));
-                    let (envelope, delivery) = match checked {
-                        Ok(Poll::Pending) => return Poll::Pending,
-                        Ok(Poll::Ready(Checked { envelope, delivery })) => {
-                            (Some(envelope), delivery)
-                        }
-                        Err(_) => {
-                            tracing::error!("the status check panicked; the outcome stays unknown");
-                            (None, Delivery::Unknown)
-                        }
-                    };
-                    let Some(failure) = failure.take() else {
-                        // Polled after completion: nothing left to hand back.
-                        return Poll::Pending;
-                    };
-                    let id = envelope
-                        .as_ref()
-                        .and_then(|e| e.id.as_deref())
-                        .unwrap_or("-");
-                    return Poll::Ready(match (delivery, envelope.as_ref()) {
-                        (Delivery::Delivered, Some(envelope)) => {
-                            let mut response: Option<R> = None;
-                            if reconcile.is_some_and(|r| r.typed.stand_in(envelope, &mut response))
-                                && let Some(response) = response
-                            {
-                                tracing::info!(
-                                    id,
-                                    code = %failure.code(),
-                                    "outcome unknown reconciled: the provider has it"
-                                );
-                                Ok(response)
-                            } else {
-                                Err(failure)
-                            }
-                        }
-                        (Delivery::NotDelivered, _) => {
-                            tracing::info!(
-                                id,
-                                code = %failure.code(),
-                                "outcome unknown reconciled: never delivered; may be sent again"
-                            );
-                            Err(failure.with_sent(Sent::No))
-                        }
-                        _ => {
-                            tracing::warn!(
-                                id,
-                                code = %failure.code(),
-                                "outcome unknown: the status check could not tell"
-                            );
-                            Err(failure)
-                        }
-                    });
+                    _ => return Poll::Ready(Err(failure)),
                 }
             }
+            AttemptProj::Checking { checking } => {
+                return poll_check(checking, cx, reconcile);
+            }
+        };
+        self.set(Attempt::Checking { checking });
+        match self.project() {
+            AttemptProj::Checking { checking } => poll_check(checking, cx, reconcile),
+            AttemptProj::Calling { .. } => unreachable!("set above"),
         }
     }
+}
+
+/// The check of `failure`'s request, or the failure back when it cannot run.
+#[cold]
+#[inline(never)]
+fn start<R, Req>(
+    reconcile: &Reconcile,
+    request: Option<&Req>,
+    failure: Failure<R>,
+) -> Result<Box<Checking<R>>, Failure<R>>
+where
+    R: 'static,
+    Req: Replay + 'static,
+{
+    let mut copy = request.and_then(Replay::replay);
+    if copy.is_none() {
+        tracing::warn!(
+            code = %failure.code(),
+            "outcome unknown: no copy of the request for the status check"
+        );
+        return Err(failure);
+    }
+    let Some(check) = reconcile.typed.start(&mut copy, &None::<R>) else {
+        let (request, response) = reconcile.typed.types();
+        tracing::error!(
+            expected_request = request,
+            expected_response = response,
+            request = type_name::<Req>(),
+            response = type_name::<R>(),
+            "outcome unknown: the reconcile option was set for other request and response \
+             types; the status check is not run"
+        );
+        return Err(failure);
+    };
+    Ok(Box::new(Checking {
+        check,
+        failure: Some(failure),
+    }))
+}
+
+/// Polls a check under way; when it ends, the call's result by its verdict.
+#[cold]
+#[inline(never)]
+fn poll_check<R: 'static>(
+    checking: &mut Checking<R>,
+    cx: &mut Context<'_>,
+    reconcile: Option<&Reconcile>,
+) -> Poll<Result<R, Failure<R>>> {
+    let checked = std::panic::catch_unwind(AssertUnwindSafe(|| checking.check.as_mut().poll(cx)));
+    let (envelope, delivery) = match checked {
+        Ok(Poll::Pending) => return Poll::Pending,
+        Ok(Poll::Ready(Checked { envelope, delivery })) => (Some(envelope), delivery),
+        Err(_) => {
+            tracing::error!("the status check panicked; the outcome stays unknown");
+            (None, Delivery::Unknown)
+        }
+    };
+    let Some(failure) = checking.failure.take() else {
+        // Polled after completion: nothing left to hand back.
+        return Poll::Pending;
+    };
+    let id = envelope
+        .as_ref()
+        .and_then(|e| e.id.as_deref())
+        .unwrap_or("-");
+    Poll::Ready(match (delivery, envelope.as_ref()) {
+        (Delivery::Delivered, Some(envelope)) => {
+            let mut response: Option<R> = None;
+            if reconcile.is_some_and(|r| r.typed.stand_in(envelope, &mut response))
+                && let Some(response) = response
+            {
+                tracing::info!(
+                    id,
+                    code = %failure.code(),
+                    "outcome unknown reconciled: the provider has it"
+                );
+                Ok(response)
+            } else {
+                Err(failure)
+            }
+        }
+        (Delivery::NotDelivered, _) => {
+            tracing::info!(
+                id,
+                code = %failure.code(),
+                "outcome unknown reconciled: never delivered; may be sent again"
+            );
+            Err(failure.with_sent(Sent::No))
+        }
+        _ => {
+            tracing::warn!(
+                id,
+                code = %failure.code(),
+                "outcome unknown: the status check could not tell"
+            );
+            Err(failure)
+        }
+    })
 }
