@@ -167,7 +167,8 @@ impl<S, Req> ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {
-    /// `kept` is the copy handed back by `hand_back`, when there is one.
+    /// `kept` is the copy handed back by `hand_back`, when there is one. `reconcile` is the
+    /// policy's status check, given only for a request not safe to resend.
     #[inline]
     pub(crate) fn single(
         future: S::Future,
@@ -176,6 +177,7 @@ where
         deadline: Option<Duration>,
         hand_back: Option<HandBack<S::Response, Req>>,
         kept: Option<Req>,
+        reconcile: Option<Reconcile>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
@@ -188,12 +190,13 @@ where
             single: reason,
             hand_back,
             kept,
-            reconcile: None,
+            reconcile,
         }
     }
 
-    /// `policy` is [`RetryPolicy::for_call`].
+    /// `policy` is [`RetryPolicy::for_call`]; `reconcile` as for `single`.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn retrying(
         future: S::Future,
         service: S,
@@ -202,6 +205,7 @@ where
         policy: PolicyRef,
         deadline: Option<Duration>,
         hand_back: Option<HandBack<S::Response, Req>>,
+        reconcile: Option<Reconcile>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
@@ -221,16 +225,8 @@ where
             single: GiveUp::AttemptsExhausted,
             hand_back,
             kept: None,
-            reconcile: None,
+            reconcile,
         }
-    }
-
-    /// Runs `reconcile`'s status check on an outcome-unknown failure (given only for a request
-    /// not safe to resend, whose copy the future keeps).
-    #[inline]
-    pub(crate) fn reconciling(mut self, reconcile: Option<Reconcile>) -> Self {
-        self.reconcile = reconcile;
-        self
     }
 }
 
@@ -301,9 +297,10 @@ where
                     mut future,
                     mut deadline,
                 } => {
-                    let request = match this.retry.as_ref() {
+                    let (retry, kept) = (&*this.retry, &*this.kept);
+                    let request = || match retry {
                         Some(r) => r.spare.as_ref(),
-                        None => this.kept.as_ref(),
+                        None => kept.as_ref(),
                     };
                     let polled = future
                         .as_mut()

@@ -207,8 +207,8 @@ impl<S> Retry<S> {
                 policy.for_call(),
                 deadline,
                 hand_back,
-            )
-            .reconciling(reconcile),
+                reconcile,
+            ),
             kept => {
                 let reason = if policy.attempts() <= 1 {
                     GiveUp::AttemptsExhausted
@@ -217,8 +217,7 @@ impl<S> Retry<S> {
                 } else {
                     GiveUp::NotReplayable
                 };
-                ResponseFuture::single(future, safe, reason, deadline, hand_back, kept)
-                    .reconciling(reconcile)
+                ResponseFuture::single(future, safe, reason, deadline, hand_back, kept, reconcile)
             }
         }
     }

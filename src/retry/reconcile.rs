@@ -222,6 +222,7 @@ pub(crate) struct Checking<R> {
 }
 
 impl<F, R> Attempt<F, R> {
+    #[inline(always)]
     pub(crate) fn new(future: F) -> Self {
         Attempt::Calling { future }
     }
@@ -236,13 +237,13 @@ impl<F, R> Attempt<F, R> {
 
     /// Polls the call, and the check when `reconcile` is given (only for a request not safe to
     /// send twice) and the call failed with its outcome unknown. `request` is the copy the
-    /// check describes, copied again here (the failure path).
-    #[inline]
-    pub(crate) fn poll_attempt<E, Req>(
+    /// check describes (asked for on the failure path only, and copied again there).
+    #[inline(always)]
+    pub(crate) fn poll_attempt<'a, E, Req>(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         reconcile: Option<&Reconcile>,
-        request: Option<&Req>,
+        request: impl FnOnce() -> Option<&'a Req>,
     ) -> Poll<Result<R, Failure<R>>>
     where
         F: Future<Output = Result<R, E>>,
@@ -258,7 +259,7 @@ impl<F, R> Attempt<F, R> {
                 };
                 match reconcile {
                     Some(reconcile) if outcome_unknown(&failure) => {
-                        match start(reconcile, request, failure) {
+                        match start(reconcile, request(), failure) {
                             Ok(checking) => checking,
                             Err(failure) => return Poll::Ready(Err(failure)),
                         }
