@@ -37,15 +37,14 @@
 //!
 //! - **ours**, the README's: `DeadLetterLayer` (in-memory store) → `RetryLayer` (5 attempts,
 //!   default backoff, a server's hint slept in process only up to one per-attempt timeout: a
-//!   longer one is deferred to the store, and the dead-letter scheduler sends it when due) →
-//!   `ReconcileLayer` → `BreakerLayer::per_host` (per host, 50 % of the last 100 calls with at least
-//!   20, open 1 s doubling to 30 s, jitter 0.5) → `ClassifyLayer::http()` → `TimeoutLayer`
-//!   (500 ms per attempt) → hyper-util client.
+//!   longer one is deferred to the store, and the dead-letter scheduler sends it when due; with
+//!   a status check, `RetryPolicy::reconcile`) → `BreakerLayer::per_host` (per host, 50 % of
+//!   the last 100 calls with at least 20, open 1 s doubling to 30 s, jitter 0.5) →
+//!   `ClassifyLayer::http()` → `TimeoutLayer` (500 ms per attempt) → hyper-util client.
 //!
-//!   `ReconcileLayer` sits where its docs put it, below the retry layer (its verdict decides
-//!   whether the retry layer may resend) and above the classify layer (it reads the class);
-//!   above the breaker too, so that a timeout or reset still counts against the provider when
-//!   the check then finds the message delivered. Its status check asks the provider's
+//!   The status check is an option of the retry policy: its verdict decides whether the retry
+//!   layer may resend, and it runs above the breaker, so that a timeout or reset still counts
+//!   against the provider when the check then finds the message delivered. It asks the provider's
 //!   `GET /v1/messages/{id}` (the id read from the JSON payload: a keyless POST has no other)
 //!   through a plain hyper-util client, within 250 ms: `committed: true` → delivered (the caller
 //!   gets a stand-in response marked `Reconciled`, counted delivered), `committed: false` → not
@@ -129,11 +128,9 @@ use tokio::task::JoinSet;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, OpenDuration, PerKey};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{
-    DeadLetterLayer, DeadLetterStatus, Delivery, ReconcileLayer, Reconciled,
-};
+use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::resend::{Scheduler, http_request};
-use tower_backstop::retry::{Attempts, RetryEvent, RetryPolicy};
+use tower_backstop::retry::{Attempts, Delivery, Reconciled, RetryEvent, RetryPolicy};
 use tower_backstop::store::{MemoryStore, Record, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Envelope, Failure};
@@ -141,8 +138,8 @@ use tower_backstop::{Envelope, Failure};
 type Req = http::Request<Full<Bytes>>;
 /// tower's stack's response: hyper-util's, as it comes.
 type Resp = http::Response<hyper::body::Incoming>;
-/// Our stack's response: the body boxed, so that `ReconcileLayer` can stand in with an empty
-/// one (`ReconciledResponse` needs a body with a `Default`).
+/// Our stack's response: the body boxed, so that the retry layer's status check can stand in
+/// with an empty one (`ReconciledResponse` needs a body with a `Default`).
 type OurResp = http::Response<BoxBody<Bytes, hyper::Error>>;
 
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -530,7 +527,7 @@ fn request(uri: &http::Uri, n: usize) -> Result<(String, Req), BoxError> {
 }
 
 /// Sends one request through `svc` and says how it ended, with our failure's dead-letter record.
-/// A response `ReconcileLayer` stood in with (the provider committed the message, its answer
+/// A response the status check stood in with (the provider committed the message, its answer
 /// was lost) is a delivery.
 async fn send<S, B>(svc: S, req: Req) -> (End, Option<String>)
 where
@@ -607,7 +604,8 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
     // scheduler sends it then. Backoff is still slept.
     let mut policy = RetryPolicy::new()
         .max_attempts(MAX_ATTEMPTS)
-        .max_hint_delay(ATTEMPT_TIMEOUT);
+        .max_hint_delay(ATTEMPT_TIMEOUT)
+        .reconcile::<Req, OurResp>(status_check(addr));
     if debug() {
         // Only under SOAK_DEBUG: the hook costs a lock per retry.
         let delays = Arc::clone(&delays);
@@ -626,7 +624,6 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
             Arc::clone(&store) as Arc<dyn Store>
         ))
         .layer(policy.build()?)
-        .layer(ReconcileLayer::new(status_check(addr)))
         .layer(readme_breaker()?)
         .layer(ClassifyLayer::http())
         .layer(TimeoutLayer::new(ATTEMPT_TIMEOUT))

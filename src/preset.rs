@@ -238,6 +238,7 @@ where
     B: Layer<Classify<Timeout<S>, C>>,
     G<S, C, B>: Service<Req> + Clone,
     <G<S, C, B> as Service<Req>>::Error: Into<Failure<<G<S, C, B> as Service<Req>>::Response>>,
+    <G<S, C, B> as Service<Req>>::Response: 'static,
     Req: Replay + Describe + Send + 'static,
 {
     type Response = <G<S, C, B> as Service<Req>>::Response;

@@ -19,7 +19,7 @@ use tower::{Layer, Service, ServiceBuilder, service_fn};
 use tower_backstop::breaker::{BreakerLayer, FailoverLayer, State};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier, Verdict};
 use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::retry::{Budget, RetryLayer, RetryPolicy};
+use tower_backstop::retry::{Budget, Delivery, RetryLayer, RetryPolicy};
 use tower_backstop::server::ServerLayer;
 use tower_backstop::store::MemoryStore;
 use tower_backstop::timeout::TimeoutLayer;
@@ -294,6 +294,72 @@ fn retry_with_a_single_attempt() {
         .unwrap()
         .layer(bare());
     assert_adds_nothing("RetryLayer with max_attempts(1)", bare(), svc);
+}
+
+#[test]
+fn retry_with_a_status_check() {
+    // A request safe to resend is never checked: the option costs it nothing.
+    let policy = RetryPolicy::new().reconcile::<Req, http::Response<()>>(
+        |_: tower_backstop::Envelope| async { Delivery::Unknown },
+    );
+    let svc = policy.build().unwrap().layer(bare_http());
+    assert_adds_nothing("RetryLayer with a status check", bare_http(), svc);
+}
+
+/// A request that is not safe to send twice (a keyless POST, say), free to copy.
+#[derive(Clone, Copy, Debug)]
+struct NotSafe(&'static str);
+
+impl tower_backstop::Replay for NotSafe {
+    fn replay(&self) -> Option<Self> {
+        Some(*self)
+    }
+
+    fn retry_safe(&self) -> bool {
+        false
+    }
+}
+
+impl tower_backstop::Describe for NotSafe {
+    async fn describe(self) -> tower_backstop::Envelope {
+        tower_backstop::Envelope::new(self.0)
+    }
+}
+
+#[test]
+fn retry_with_a_status_check_on_requests_not_safe_to_resend() {
+    // The request is watched (a counted reference to the check, a copy of the request kept),
+    // but the check runs only on an outcome-unknown failure: a success allocates nothing.
+    fn count_not_safe<S>(mut svc: S) -> u64
+    where
+        S: Service<NotSafe>,
+        S::Error: Debug,
+    {
+        runtime().block_on(async move {
+            let mut once = async || {
+                poll_fn(|cx| svc.poll_ready(cx)).await.expect("ready");
+                let future = pin!(svc.call(NotSafe(REQUEST)));
+                black_box(future.await.expect("the call succeeds"));
+            };
+            for _ in 0..WARM_UP {
+                once().await;
+            }
+            let before = allocations();
+            for _ in 0..CALLS {
+                once().await;
+            }
+            allocations() - before
+        })
+    }
+    let bare = || service_fn(|_: NotSafe| ready(Ok::<_, BoxError>(())));
+    let policy = RetryPolicy::new()
+        .reconcile::<NotSafe, ()>(|_: tower_backstop::Envelope| async { Delivery::Unknown });
+    let base = count_not_safe(bare());
+    let layered = count_not_safe(policy.build().unwrap().layer(bare()));
+    assert_eq!(
+        layered, base,
+        "the success path allocates {layered} times over {CALLS} calls, the bare service {base}"
+    );
 }
 
 #[test]

@@ -90,8 +90,8 @@
 //! - Validation before sending is tower's `FilterLayer` below the retry layer, rejecting with
 //!   [`Invalid`](crate::classify::Invalid): the request never reaches the provider, is poison, and
 //!   is dead-lettered once with the reason.
-//! - [`ReconcileLayer`] asks your [`StatusCheck`] before an outcome-unknown failure reaches the
-//!   caller.
+//! - [`RetryPolicy::reconcile`] asks your [`StatusCheck`] before an outcome-unknown failure
+//!   reaches this layer.
 //!
 //! # Afterwards
 //!
@@ -119,6 +119,8 @@
 //! [`Scheduler`]: crate::resend::Scheduler
 //! [`Redrive`]: crate::resend::Redrive
 //! [`Reconciler`]: crate::resend::Reconciler
+//! [`RetryPolicy::reconcile`]: crate::retry::RetryPolicy::reconcile
+//! [`StatusCheck`]: crate::retry::StatusCheck
 //! [`http_request_restoring`]: crate::resend::http_request_restoring
 
 use std::fmt;
@@ -135,7 +137,6 @@ mod budget;
 mod future;
 mod layer;
 mod note;
-mod reconcile;
 mod record;
 mod with_retry;
 
@@ -144,10 +145,6 @@ pub use self::future::{InnerFuture, ResponseFuture};
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
 pub use self::note::DeadLetterStatus;
 pub(crate) use self::note::Unsent;
-pub use self::reconcile::{
-    Delivery, Reconcile, ReconcileFuture, ReconcileLayer, Reconciled, ReconciledResponse,
-    StatusCheck,
-};
 pub use self::record::record_of;
 pub(crate) use self::with_retry::{DeadLetterRetry as WithRetry, DeadLetterRetryLayer};
 

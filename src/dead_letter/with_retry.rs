@@ -72,6 +72,7 @@ impl<S, Req> Service<Req> for DeadLetterRetry<S>
 where
     S: Service<Req> + Clone,
     S::Error: Into<Failure<S::Response>>,
+    S::Response: 'static,
     Req: Replay + Describe + Send + 'static,
 {
     type Response = S::Response;

@@ -10,7 +10,7 @@
 //! - [`Scheduler`]: a task that re-sends deferred records when their retry-at time comes.
 //! - [`Redrive`]: re-send on purpose, with a filter, a dry run, a rate and a maximum.
 //! - [`Reconciler`]: asks the provider, with your
-//!   [`StatusCheck`](crate::dead_letter::StatusCheck), about stored outcome-unknown records.
+//!   [`StatusCheck`](crate::retry::StatusCheck), about stored outcome-unknown records.
 //!
 //! Claims are compare-and-set ([`Store::claim`](crate::store::Store::claim)): of two re-drives,
 //! a re-drive and a scheduler, or two schedulers on one store, exactly one sends; the other

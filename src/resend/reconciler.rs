@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::rebuild::envelope_of;
 use crate::clock::Clock;
-use crate::dead_letter::{Delivery, StatusCheck};
 use crate::failure::Class;
+use crate::retry::{Delivery, StatusCheck};
 use crate::store::{Change, Claim, Filter, Page, Status, Store, StoreError};
 
 /// What a [`Reconciler`] run found.
@@ -38,7 +38,7 @@ pub struct ReconcileReport {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use tower_backstop::Envelope;
-/// use tower_backstop::dead_letter::Delivery;
+/// use tower_backstop::retry::Delivery;
 /// use tower_backstop::resend::Reconciler;
 /// use tower_backstop::store::MemoryStore;
 ///
@@ -72,7 +72,8 @@ impl Reconciler {
         Reconciler::from_arc(Arc::new(check))
     }
 
-    /// A reconciler over a check that is already shared (with a [`ReconcileLayer`](crate::dead_letter::ReconcileLayer)).
+    /// A reconciler over a check that is already shared (with a retry policy's
+    /// [`reconcile`](crate::retry::RetryPolicy::reconcile) option).
     pub fn from_arc(check: Arc<dyn StatusCheck>) -> Self {
         Reconciler {
             check,

@@ -11,6 +11,7 @@ use tower_service::Service;
 use super::RetryPolicy;
 use super::note::{Attempts, GiveUp};
 use super::policy::{Attempted, Decision, RetryEvent, Spare, outcome_unknown, retry_at};
+use super::reconcile::{Attempt, Reconcile};
 use crate::failure::{Class, Code, Failure};
 use crate::request::Replay;
 
@@ -28,7 +29,7 @@ pin_project! {
         S: Service<Req>,
     {
         #[pin]
-        state: State<S::Future>,
+        state: State<S::Future, S::Response>,
         retry: Option<Retrying<S, Req, S::Response>>,
         deadline: Deadline,
         // Whether the request is safe to send twice (for the outcome-unknown rule).
@@ -40,6 +41,8 @@ pin_project! {
         hand_back: Option<HandBack<S::Response, Req>>,
         // The copy handed back when `retry` is `None`.
         kept: Option<Req>,
+        // The policy's status check, for a request not safe to resend (`RetryPolicy::reconcile`).
+        reconcile: Option<Reconcile>,
     }
 }
 
@@ -48,10 +51,11 @@ pub(crate) type HandBack<R, Req> = fn(&mut Failure<R>, Req);
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F, R> {
         Called {
+            // The call, then the status check when the policy reconciles its failure.
             #[pin]
-            future: F,
+            future: Attempt<F, R>,
             // The overall deadline, raced against the attempt: created at the attempt's first
             // `Pending`, and only when there is a deadline.
             #[pin]
@@ -161,7 +165,8 @@ impl<S, Req> ResponseFuture<S, Req>
 where
     S: Service<Req>,
 {
-    /// `kept` is the copy handed back by `hand_back`, when there is one.
+    /// `kept` is the copy handed back by `hand_back`, when there is one. `reconcile` is the
+    /// policy's status check, given only for a request not safe to resend.
     #[inline]
     pub(crate) fn single(
         future: S::Future,
@@ -170,10 +175,11 @@ where
         deadline: Option<Duration>,
         hand_back: Option<HandBack<S::Response, Req>>,
         kept: Option<Req>,
+        reconcile: Option<Reconcile>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
-                future,
+                future: Attempt::new(future),
                 deadline: None,
             },
             retry: None,
@@ -182,10 +188,13 @@ where
             single: reason,
             hand_back,
             kept,
+            reconcile,
         }
     }
 
+    /// `reconcile` as for `single`.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn retrying(
         future: S::Future,
         service: S,
@@ -194,10 +203,11 @@ where
         policy: RetryPolicy,
         deadline: Option<Duration>,
         hand_back: Option<HandBack<S::Response, Req>>,
+        reconcile: Option<Reconcile>,
     ) -> Self {
         ResponseFuture {
             state: State::Called {
-                future,
+                future: Attempt::new(future),
                 deadline: None,
             },
             retry: Some(Retrying {
@@ -213,6 +223,7 @@ where
             single: GiveUp::AttemptsExhausted,
             hand_back,
             kept: None,
+            reconcile,
         }
     }
 }
@@ -275,7 +286,8 @@ impl<S, Req> Future for ResponseFuture<S, Req>
 where
     S: Service<Req>,
     S::Error: Into<Failure<S::Response>>,
-    Req: Replay,
+    S::Response: 'static,
+    Req: Replay + 'static,
 {
     type Output = Result<S::Response, Failure<S::Response>>;
 
@@ -284,10 +296,18 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Called {
-                    future,
+                    mut future,
                     mut deadline,
                 } => {
-                    let result = match future.poll(cx) {
+                    let (retry, kept) = (&*this.retry, &*this.kept);
+                    let request = || match retry {
+                        Some(r) => r.spare.as_ref(),
+                        None => kept.as_ref(),
+                    };
+                    let polled = future
+                        .as_mut()
+                        .poll_attempt(cx, this.reconcile.as_ref(), request);
+                    let result = match polled {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
                             if deadline.is_none() {
@@ -310,7 +330,14 @@ where
                                     ),
                                     None => (1, None, None, this.kept.take()),
                                 };
-                                let failure = deadline_failure(last);
+                                // A status check cut short: its failure, still outcome-unknown.
+                                let failure = match future.as_mut().take_checked() {
+                                    Some(mut checked) => {
+                                        checked.set_class(Class::OUTCOME_UNKNOWN);
+                                        checked
+                                    }
+                                    None => deadline_failure(last),
+                                };
                                 return Poll::Ready(Err(handed(
                                     *this.hand_back,
                                     spare,
@@ -334,7 +361,7 @@ where
                             }
                             return Poll::Ready(Ok(response));
                         }
-                        Err(e) => e.into(),
+                        Err(failure) => failure,
                     };
                     // A timeout or reset after a request that is not safe to resend: it may
                     // have been acted on. Never retried; recorded for reconciliation.
@@ -512,8 +539,11 @@ where
                     r.attempts += 1;
                     let max_attempts = r.policy.attempts();
                     // Under a dead-letter layer that reuses the copy, keep one for the last
-                    // attempt too: it goes up with the failure.
-                    if r.attempts < max_attempts || this.hand_back.is_some() {
+                    // attempt too: it goes up with the failure; so with a status check.
+                    if r.attempts < max_attempts
+                        || this.hand_back.is_some()
+                        || this.reconcile.is_some()
+                    {
                         match request.replay() {
                             Some(copy) => r.spare = Some(copy),
                             None => r.spare_state = Spare::NotReplayable,
@@ -521,7 +551,7 @@ where
                     }
                     let future = r.service.call(request);
                     this.state.set(State::Called {
-                        future,
+                        future: Attempt::new(future),
                         deadline: None,
                     });
                 }

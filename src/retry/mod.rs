@@ -14,6 +14,9 @@
 //!    an `Idempotency-Key` are; others only after a failure that proves they were not processed
 //!    (408, 425, 429, 503, a refused connection, an open breaker). A timeout or reset after such a request
 //!    becomes [`Class::OUTCOME_UNKNOWN`](crate::Class::OUTCOME_UNKNOWN) and is not retried.
+//!    With [`RetryPolicy::reconcile`], a [`StatusCheck`] asks the provider first: delivered,
+//!    the call succeeds with a stand-in response marked [`Reconciled`]; not delivered, the
+//!    request is resent as if never sent; unknown, it stays outcome-unknown.
 //!    [`new_idempotency_key`](crate::request::new_idempotency_key) with tower-http's
 //!    `SetRequestHeaderLayer` stamps a key once per logical request. A request whose body
 //!    cannot be copied ([`Replay`]) is never retried, and the failure says so.
@@ -96,6 +99,7 @@ mod future;
 mod layer;
 mod note;
 mod policy;
+mod reconcile;
 
 pub use self::backoff::{Backoff, Jitter};
 pub use self::budget::Budget;
@@ -104,6 +108,7 @@ pub use self::future::{DeadlineElapsed, ResponseFuture};
 pub use self::layer::RetryLayer;
 pub use self::note::{Attempts, GiveUp};
 pub use self::policy::{ClassPolicy, DelaySource, LongDelay, RetryEvent, RetryPolicy};
+pub use self::reconcile::{Delivery, Reconciled, ReconciledResponse, StatusCheck};
 
 /// Retries failed calls by a [`RetryPolicy`]; see the [module docs](self).
 #[derive(Clone, Debug)]
@@ -128,7 +133,8 @@ impl<S, Req> Service<Req> for Retry<S>
 where
     S: Service<Req> + Clone,
     S::Error: Into<Failure<S::Response>>,
-    Req: Replay,
+    S::Response: 'static,
+    Req: Replay + 'static,
 {
     type Response = S::Response;
     type Error = Failure<S::Response>;
@@ -171,7 +177,13 @@ impl<S> Retry<S> {
         let deadline = policy.deadline_after();
         let safe = policy.assumes_idempotent() || req.retry_safe();
         let retries = policy.wants_copy(safe);
-        let copy = if retries || hand_back.is_some() {
+        // A request not safe to resend keeps a copy for the status check, when there is one.
+        let reconcile = if safe {
+            None
+        } else {
+            policy.reconcile_ref().cloned()
+        };
+        let copy = if retries || hand_back.is_some() || reconcile.is_some() {
             let copy = req.replay();
             if copy.is_none() {
                 uncopyable(&req);
@@ -192,6 +204,7 @@ impl<S> Retry<S> {
                 policy.clone(),
                 deadline,
                 hand_back,
+                reconcile,
             ),
             kept => {
                 let reason = if policy.attempts() <= 1 {
@@ -201,7 +214,7 @@ impl<S> Retry<S> {
                 } else {
                     GiveUp::NotReplayable
                 };
-                ResponseFuture::single(future, safe, reason, deadline, hand_back, kept)
+                ResponseFuture::single(future, safe, reason, deadline, hand_back, kept, reconcile)
             }
         }
     }

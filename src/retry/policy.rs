@@ -11,6 +11,7 @@ use rand::rngs::SmallRng;
 use super::backoff::Backoff;
 use super::budget::Budget;
 use super::note::GiveUp;
+use super::reconcile::{Reconcile, ReconciledResponse, StatusCheck};
 use crate::BuildError;
 use crate::failure::{Class, Code, Failure, Sent};
 
@@ -151,6 +152,7 @@ struct Inner {
     assume_idempotent: bool,
     rng: Option<Arc<Mutex<SmallRng>>>,
     on_retry: Option<OnRetry>,
+    reconcile: Option<Reconcile>,
 }
 
 /// What [`Retry`](super::Retry) does with each failure: which classes it retries, how many
@@ -172,6 +174,7 @@ struct Inner {
 /// | [`retry_unprocessed`](Self::retry_unprocessed) | on |
 /// | [`assume_idempotent`](Self::assume_idempotent) | off |
 /// | [`wait_for_breaker`](Self::wait_for_breaker) | off: an open breaker's rejection comes back at once, deferred to the half-open instant |
+/// | [`reconcile`](Self::reconcile) | none: an outcome-unknown failure is given up, [`Class::OUTCOME_UNKNOWN`] |
 /// | retried classes | [`Class::TRANSIENT`] and [`Class::THROTTLED`] within `max_attempts` with the policy's backoff; throttled waits the server's delay first, then slower ([`ClassPolicy::slow_down`]) |
 /// | [`Class::UNKNOWN`] | cautiously: at most 2 attempts failed with it (one retry), with the throttled class's slower backoff (see below) |
 /// | [`Class::CIRCUIT_OPEN`] | not an attempt; deferred (see [`wait_for_breaker`](Self::wait_for_breaker)), at most 3 rejections waited per request when waiting is on |
@@ -218,7 +221,8 @@ struct Inner {
 /// A request that is not [`retry_safe`](crate::Replay::retry_safe) (a POST without an
 /// `Idempotency-Key`) is retried only after a failure that proves it was not processed (see
 /// [`retry_unprocessed`](Self::retry_unprocessed)). A timeout or a connection reset after such a
-/// request is reclassified [`Class::OUTCOME_UNKNOWN`] and never retried.
+/// request is reclassified [`Class::OUTCOME_UNKNOWN`] and never retried, unless a status check
+/// set with [`reconcile`](Self::reconcile) settles it first.
 ///
 /// The policy is built once and shared by clones behind an `Arc`; deciding allocates nothing on
 /// the success path. [`build`](Self::build) checks it and makes the
@@ -258,6 +262,7 @@ impl Default for RetryPolicy {
                 assume_idempotent: false,
                 rng: None,
                 on_retry: None,
+                reconcile: None,
             }),
         }
     }
@@ -472,6 +477,72 @@ impl RetryPolicy {
     pub fn on_retry(self, f: impl Fn(&RetryEvent) + Send + Sync + 'static) -> Self {
         let f: OnRetry = Arc::new(f);
         self.edit(|p| p.on_retry = Some(f))
+    }
+
+    /// Asks `check` about each outcome-unknown failure of a request that is not safe to send
+    /// twice, before the retry layer decides what to do with it.
+    ///
+    /// A request that is not [`retry_safe`](crate::Replay::retry_safe) (a keyless POST) and
+    /// that timed out or lost its connection after it was sent ([`Failure::sent`] is
+    /// [`Sent::Maybe`]) may or may not have been acted on. The check (for example
+    /// `GET /v1/messages/{id}`) decides:
+    ///
+    /// - [`Delivery::Delivered`](super::Delivery::Delivered): the call succeeds with a stand-in
+    ///   response, `Res::reconciled(&envelope)` (for HTTP: `200 OK`, an empty body, and
+    ///   [`Reconciled`](super::Reconciled) in the extensions); the request is not sent again.
+    /// - [`Delivery::NotDelivered`](super::Delivery::NotDelivered): the failure is treated as
+    ///   never sent ([`Failure::with_sent`] with [`Sent::No`]) and the policy's normal rules
+    ///   apply: it is resent when [`retry_unprocessed`](Self::retry_unprocessed) is on and
+    ///   attempts are left, else given up.
+    /// - [`Delivery::Unknown`](super::Delivery::Unknown) (also when the check panics): as
+    ///   without a check, the failure becomes [`Class::OUTCOME_UNKNOWN`] and is given up; a
+    ///   dead-letter layer above records it, for a [`Reconciler`](crate::resend::Reconciler) to
+    ///   settle later.
+    ///
+    /// `Req` and `Res` are the request and response types of the service the retry layer wraps:
+    /// the policy is not generic, so the option names them once, and the retry layer matches
+    /// them at run time (which is why its service needs `'static` request and response types).
+    /// A retry layer whose service has other types never runs the check, and logs an error
+    /// event for each failure it would have checked.
+    ///
+    /// The check is given the request's [`Envelope`](crate::Envelope), described from a copy
+    /// ([`Replay`](crate::Replay); the copy and the boxed check are made on the failure path
+    /// only), and runs within the attempt: the policy's [`deadline`](Self::deadline) bounds it,
+    /// and a deadline that ends it returns the outcome-unknown failure. Safe requests, and
+    /// failures whose request was surely sent or surely not, are not checked. The success path
+    /// allocates nothing more: a request not safe to resend costs a counted reference, and a
+    /// copy of it where the layer would keep none (its last attempt, or a request that cannot be
+    /// retried).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    /// use tower_backstop::Envelope;
+    /// use tower_backstop::retry::{Delivery, RetryPolicy};
+    ///
+    /// let layer = RetryPolicy::default()
+    ///     .reconcile::<http::Request<Full<Bytes>>, http::Response<Full<Bytes>>>(
+    ///         |_: Envelope| async {
+    ///             // GET https://provider/v1/messages/{id}: 200 → delivered, 404 → not delivered.
+    ///             Delivery::Unknown
+    ///         },
+    ///     )
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn reconcile<Req, Res>(self, check: impl StatusCheck) -> Self
+    where
+        Req: crate::Describe + Send + 'static,
+        Res: ReconciledResponse + 'static,
+    {
+        let reconcile = Reconcile::new::<Req, Res>(Arc::new(check));
+        self.edit(|p| p.reconcile = Some(reconcile))
+    }
+
+    /// The status check of [`reconcile`](Self::reconcile), if any.
+    pub(crate) fn reconcile_ref(&self) -> Option<&Reconcile> {
+        self.inner.reconcile.as_ref()
     }
 
     /// The overall cap on calls per request.
@@ -705,6 +776,7 @@ impl fmt::Debug for RetryPolicy {
             .field("assume_idempotent", &self.inner.assume_idempotent)
             .field("seeded", &self.inner.rng.is_some())
             .field("on_retry", &self.inner.on_retry.is_some())
+            .field("reconcile", &self.inner.reconcile)
             .finish()
     }
 }
