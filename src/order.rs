@@ -15,6 +15,8 @@ pub(crate) enum Role {
     Classify,
     /// `ReplayBufferLayer`: useful only above a layer that copies requests.
     ReplayBuffer,
+    /// `BufferResponseLayer`: useful only below the classifier.
+    BufferResponse,
     /// The service a `Scheduler` or a `Redrive` re-sends records through.
     Resend,
 }
@@ -49,6 +51,10 @@ pub(crate) fn problem(role: Role, inner: &str) -> Option<&'static str> {
             "ReplayBufferLayer has no RetryLayer or DeadLetterLayer below it, so the bodies it \
              buffers are never sent again or recorded: put it directly above RetryLayer (or \
              above the stack BackstopLayer builds)",
+        ),
+        Role::BufferResponse if below(CLASSIFY) || below(PRESET) => Some(
+            "BufferResponseLayer is above ClassifyLayer, which has classified the response before \
+             its body was read: put BufferResponseLayer directly below ClassifyLayer",
         ),
         Role::Classify if retry_below || breaker_below || dead_letter_below => Some(
             "ClassifyLayer is above RetryLayer, BreakerLayer or DeadLetterLayer, which then see \
@@ -140,6 +146,12 @@ mod tests {
         assert_eq!(problem(Role::ReplayBuffer, &preset), None);
         assert_eq!(problem(Role::ReplayBuffer, &retry), None);
         assert_eq!(problem(Role::ReplayBuffer, &dead_letter), None);
+        assert_eq!(problem(Role::BufferResponse, timeout), None);
+        assert!(
+            problem(Role::BufferResponse, &classify)
+                .unwrap()
+                .starts_with("BufferResponseLayer is above ClassifyLayer")
+        );
         assert!(
             problem(Role::ReplayBuffer, &classify)
                 .unwrap()

@@ -18,7 +18,7 @@ use crate::request::{BufferedBody, Collect};
 /// before the classifier above sees the response.
 ///
 /// Put it **below** [`ClassifyLayer`](super::ClassifyLayer) when the classifier needs more than
-/// the status and headers:
+/// the status and headers (built above a `ClassifyLayer`, it says so in a `tracing` warning):
 ///
 /// - a provider's own error code in a JSON body: the classifier reads
 ///   [`BufferedBody::bytes`] (see [`ClassifyLayer`](super::ClassifyLayer)'s docs for a
@@ -49,6 +49,7 @@ impl<S> Layer<S> for BufferResponseLayer {
     type Service = BufferResponse<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        crate::order::check::<S>(crate::order::Role::BufferResponse);
         BufferResponse {
             inner,
             limit: self.limit,
