@@ -22,7 +22,9 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::resend::Reconciler;
-use tower_backstop::retry::{Attempts, Backoff, Delivery, GiveUp, Reconciled, RetryPolicy};
+use tower_backstop::retry::{
+    Attempts, Backoff, Delivery, GiveUp, Reconciled, RetryPolicy, StatusCheck,
+};
 use tower_backstop::store::{Filter, MemoryStore, Page, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Class, Envelope};
@@ -290,6 +292,20 @@ use tower_backstop::{BackstopLayer, Sent};
 
 type Req = http::Request<String>;
 type Res = http::Response<()>;
+/// The preset with a 50 ms attempt timeout and `check` as its retry policy's status check, with
+/// `store` as its dead-letter store when given.
+fn preset_with(check: impl StatusCheck, store: Option<&MemoryStore>) -> BackstopLayer {
+    let layer = BackstopLayer::http(Duration::from_millis(50)).retry(
+        RetryPolicy::new()
+            .reconcile::<Req, Res>(check)
+            .build()
+            .unwrap(),
+    );
+    match store {
+        Some(store) => layer.dead_letters(DeadLetterLayer::new(store.clone())),
+        None => layer,
+    }
+}
 
 /// A check answering `delivery`, counting its calls and keeping the payloads it saw.
 fn answering(
@@ -458,16 +474,7 @@ async fn backstop_layer_reconciles_with_and_without_a_store() {
     let store = MemoryStore::new();
     let upstream = slow();
     let response = ServiceBuilder::new()
-        .layer(
-            BackstopLayer::http(Duration::from_millis(50))
-                .retry(
-                    RetryPolicy::new()
-                        .reconcile::<Req, Res>(check)
-                        .build()
-                        .unwrap(),
-                )
-                .dead_letters(DeadLetterLayer::new(store.clone())),
-        )
+        .layer(preset_with(check, Some(&store)))
         .service(upstream.clone())
         .oneshot(support::post("/v1/messages", "{\"id\":\"g\"}"))
         .await
@@ -482,16 +489,7 @@ async fn backstop_layer_reconciles_with_and_without_a_store() {
     let store = MemoryStore::new();
     let upstream = slow();
     let failure = ServiceBuilder::new()
-        .layer(
-            BackstopLayer::http(Duration::from_millis(50))
-                .retry(
-                    RetryPolicy::new()
-                        .reconcile::<Req, Res>(check)
-                        .build()
-                        .unwrap(),
-                )
-                .dead_letters(DeadLetterLayer::new(store.clone())),
-        )
+        .layer(preset_with(check, Some(&store)))
         .service(upstream.clone())
         .oneshot(support::post("/v1/messages", "{\"id\":\"h\"}"))
         .await
@@ -515,14 +513,7 @@ async fn backstop_layer_reconciles_with_and_without_a_store() {
         support::status(202),
     );
     let response = ServiceBuilder::new()
-        .layer(
-            BackstopLayer::http(Duration::from_millis(50)).retry(
-                RetryPolicy::new()
-                    .reconcile::<Req, Res>(check)
-                    .build()
-                    .unwrap(),
-            ),
-        )
+        .layer(preset_with(check, None))
         .service(upstream.clone())
         .oneshot(support::post("/v1/messages", "{\"id\":\"i\"}"))
         .await
