@@ -231,7 +231,7 @@ where
 /// The overall deadline of [`RetryPolicy::deadline`](super::RetryPolicy::deadline) ended the
 /// first attempt before it answered: there is no earlier failure to return.
 #[derive(Debug)]
-pub struct DeadlineElapsed(());
+pub(crate) struct DeadlineElapsed(());
 
 impl fmt::Display for DeadlineElapsed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -444,8 +444,8 @@ impl RetryPolicy {
     /// (or its failure, when it fails without waiting), not from `call`. A first attempt that
     /// answers at its first poll never reads the clock; its synchronous first poll is not
     /// counted. A zero deadline lets only such an answer through: a first attempt that waits
-    /// fails at once with [`DeadlineElapsed`](super::DeadlineElapsed), one that fails is not
-    /// retried. A deadline too far to represent (`Duration::MAX`) is no deadline.
+    /// fails at once, with class [`Class::TRANSIENT`], code [`Code::Timeout`] and a source that
+    /// reads `retry deadline elapsed during the first attempt`; one that fails is not retried. A deadline too far to represent (`Duration::MAX`) is no deadline.
     pub fn deadline(self, deadline: Duration) -> Self {
         self.edit(|p| p.deadline = Some(deadline))
     }
