@@ -10,8 +10,8 @@ use tower_service::Service;
 
 use super::RetryPolicy;
 use super::note::{Attempts, GiveUp};
-use super::policy::{Attempted, Decision, RetryEvent, Spare, outcome_unknown, retry_at};
-use super::reconcile::{Attempt, Reconcile};
+use super::policy::{Attempted, Decision, RetryEvent, Spare, retry_at};
+use super::reconcile::{Attempt, Reconcile, outcome_unknown};
 use crate::failure::{Class, Code, Failure};
 use crate::request::Replay;
 

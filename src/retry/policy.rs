@@ -755,12 +755,6 @@ pub(crate) fn retry_at(now: SystemTime, delay: Duration) -> SystemTime {
     }
 }
 
-/// Failures after which a request may or may not have been acted on: it was sent (or may have
-/// been), and no answer came back ([`Sent::Maybe`]).
-pub(crate) fn outcome_unknown<R>(failure: &Failure<R>) -> bool {
-    failure.sent() == Sent::Maybe
-}
-
 impl fmt::Debug for RetryPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryPolicy")

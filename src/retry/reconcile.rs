@@ -10,7 +10,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use super::policy::outcome_unknown;
 use crate::failure::{Failure, Sent};
 use crate::request::{Describe, Envelope, Replay};
 
@@ -375,4 +374,10 @@ fn poll_check<R: 'static>(
             Err(failure)
         }
     })
+}
+
+/// Failures after which a request may or may not have been acted on: it was sent (or may have
+/// been), and no answer came back ([`Sent::Maybe`](crate::Sent::Maybe)).
+pub(crate) fn outcome_unknown<R>(failure: &Failure<R>) -> bool {
+    failure.sent() == Sent::Maybe
 }
