@@ -72,9 +72,10 @@ pub struct ReplayBuffer<S> {
     limit: usize,
 }
 
-/// The request body could not be read by [`ReplayBuffer`].
+/// The request body could not be read by [`ReplayBuffer`]: the source of the failure, whose
+/// message reads `request body could not be read: {the body's error}`.
 #[derive(Debug)]
-pub struct BodyReadError {
+pub(crate) struct BodyReadError {
     source: BoxError,
 }
 

@@ -103,7 +103,7 @@ mod reconcile;
 
 pub use self::backoff::{Backoff, Jitter};
 pub use self::budget::Budget;
-pub use self::buffer::{BodyReadError, ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
+pub use self::buffer::{ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
 pub use self::note::{Attempts, GiveUp};
