@@ -198,7 +198,7 @@ pub struct Backstop<S, C = HttpClassifier, B = BreakerLayer<PerKey>>
 where
     B: Layer<Classify<Timeout<S>, C>>,
 {
-    inner: Inner<G<S, C, B>>,
+    inner: Inner<Guarded<S, C, B>>,
 }
 
 impl<S, C, B> Clone for Backstop<S, C, B>
@@ -225,8 +225,6 @@ where
     }
 }
 
-type G<S, C, B> = Guarded<S, C, B>;
-
 /// The preset's service over the guarded layers `G`: with a store, or without.
 ///
 /// With a store: sharing one request copy (`Left`), or, under a dead-letter attempt budget, which
@@ -236,22 +234,27 @@ type Inner<G> = Either<dead_letter::WithRetry<G>, Either<DeadLetter<Retry<G>>, R
 impl<S, C, B, Req> Service<Req> for Backstop<S, C, B>
 where
     B: Layer<Classify<Timeout<S>, C>>,
-    G<S, C, B>: Service<Req> + Clone,
-    <G<S, C, B> as Service<Req>>::Error: Into<Failure<<G<S, C, B> as Service<Req>>::Response>>,
-    <G<S, C, B> as Service<Req>>::Response: 'static,
+    Guarded<S, C, B>: Service<Req> + Clone,
+    <Guarded<S, C, B> as Service<Req>>::Error:
+        Into<Failure<<Guarded<S, C, B> as Service<Req>>::Response>>,
+    <Guarded<S, C, B> as Service<Req>>::Response: 'static,
     Req: Replay + Describe + Send + 'static,
 {
-    type Response = <G<S, C, B> as Service<Req>>::Response;
+    type Response = <Guarded<S, C, B> as Service<Req>>::Response;
     type Error = Failure<Self::Response>;
     type Future = EitherResponseFuture<
-        dead_letter::ResponseFuture<retry::ResponseFuture<G<S, C, B>, Req>, Req, Self::Response>,
+        dead_letter::ResponseFuture<
+            retry::ResponseFuture<Guarded<S, C, B>, Req>,
+            Req,
+            Self::Response,
+        >,
         EitherResponseFuture<
             dead_letter::ResponseFuture<
-                dead_letter::InnerFuture<Retry<G<S, C, B>>, Req>,
+                dead_letter::InnerFuture<Retry<Guarded<S, C, B>>, Req>,
                 Req,
                 Self::Response,
             >,
-            retry::ResponseFuture<G<S, C, B>, Req>,
+            retry::ResponseFuture<Guarded<S, C, B>, Req>,
         >,
     >;
 

@@ -46,6 +46,7 @@ pub(crate) fn record_at<R>(
         RedactHeaders::default().split(std::mem::take(&mut envelope.headers));
     let deferred = is_deferred(failure);
     let noted = failure.note::<Attempts>();
+    let counted = noted.map_or(0, Attempts::count);
     let retry_at = if deferred {
         noted
             .and_then(Attempts::retry_at)
@@ -58,9 +59,9 @@ pub(crate) fn record_at<R>(
     let attempts = if refused_by_budget(failure) {
         0
     } else if failure.code() == Code::CircuitOpen {
-        noted.map_or(0, Attempts::count)
+        counted
     } else {
-        noted.map_or(0, Attempts::count).max(1)
+        counted.max(1)
     };
     let class = failure.class().name().to_owned();
     let code = failure.code().to_string();

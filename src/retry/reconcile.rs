@@ -12,9 +12,7 @@ use std::task::{Context, Poll, ready};
 
 use crate::failure::{Failure, Sent};
 use crate::request::{Describe, Envelope, Replay};
-
-/// A boxed status check's answer.
-type BoxDelivery = Pin<Box<dyn Future<Output = Delivery> + Send>>;
+use crate::store::BoxFuture;
 
 /// What a provider's status check found out about a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -52,7 +50,7 @@ pub enum Delivery {
 /// ```
 pub trait StatusCheck: Send + Sync + 'static {
     /// Asks the provider about the request `envelope` describes.
-    fn check(&self, envelope: Envelope) -> Pin<Box<dyn Future<Output = Delivery> + Send>>;
+    fn check(&self, envelope: Envelope) -> BoxFuture<'static, Delivery>;
 }
 
 impl<F, Fut> StatusCheck for F
@@ -60,7 +58,7 @@ where
     F: Fn(Envelope) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Delivery> + Send + 'static,
 {
-    fn check(&self, envelope: Envelope) -> BoxDelivery {
+    fn check(&self, envelope: Envelope) -> BoxFuture<'static, Delivery> {
         Box::pin(self(envelope))
     }
 }
@@ -140,7 +138,7 @@ trait Erased: Send + Sync {
         &self,
         request: &mut dyn Any,
         response: &dyn Any,
-    ) -> Option<Pin<Box<dyn Future<Output = Checked> + Send>>>;
+    ) -> Option<BoxFuture<'static, Checked>>;
 
     /// Puts the stand-in response into `response` (an `Option<Res>`); `false` when its type is
     /// not the one the option was set for.
@@ -170,7 +168,7 @@ where
         &self,
         request: &mut dyn Any,
         response: &dyn Any,
-    ) -> Option<Pin<Box<dyn Future<Output = Checked> + Send>>> {
+    ) -> Option<BoxFuture<'static, Checked>> {
         if !response.is::<Option<Res>>() {
             return None;
         }
@@ -216,7 +214,7 @@ pin_project_lite::pin_project! {
 
 /// A status check under way, and the failure it is about.
 pub(crate) struct Checking<R> {
-    check: Pin<Box<dyn Future<Output = Checked> + Send>>,
+    check: BoxFuture<'static, Checked>,
     failure: Option<Failure<R>>,
 }
 
