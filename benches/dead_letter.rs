@@ -128,7 +128,7 @@ const SCALE_CLASSES: [&str; 5] = ["transient", "throttled", "unknown", "permanen
 fn dead_letter_redis_scale(c: &mut Criterion) {
     #[cfg(feature = "redis")]
     {
-        use tower_backstop::store::{Filter, Page, RedisStore};
+        use tower_backstop::store::{Filter, RedisStore};
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -158,19 +158,13 @@ fn dead_letter_redis_scale(c: &mut Criterion) {
         let mut group = c.benchmark_group("dead_letter_redis_100k");
         group.sample_size(20);
         for (name, page) in [
-            ("search_class_page_50", Page::first(50)),
-            (
-                "search_class_page_50_at_10000",
-                Page {
-                    offset: 10_000,
-                    limit: 50,
-                },
-            ),
+            ("search_class_page_50", 0..50),
+            ("search_class_page_50_at_10000", 10_000..10_000 + 50),
         ] {
             group.bench_function(name, |b| {
                 b.iter(|| {
                     let got = rt
-                        .block_on(store.search(&Filter::new().class("throttled"), page))
+                        .block_on(store.search(&Filter::new().class("throttled"), page.clone()))
                         .unwrap();
                     assert_eq!(got.len(), 50);
                 })

@@ -72,7 +72,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::breaker::{BreakerLayer, OpenDuration};
+use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::resend::{Scheduler, http_request};
@@ -498,7 +498,8 @@ async fn main() -> Result<ExitCode, BoxError> {
         .failure_rate(BREAKER_FAILURE_RATE)
         .count_window(BREAKER_WINDOW)
         .minimum_calls(BREAKER_MINIMUM_CALLS)
-        .open_duration(OpenDuration::doubling(BREAKER_OPEN_FOR, BREAKER_OPEN_CAP).jitter(0.5))
+        .open_doubling(BREAKER_OPEN_FOR, BREAKER_OPEN_CAP)
+        .open_jitter(0.5)
         .per_host()
         .build()?;
     let breakers = breaker.clone();

@@ -47,7 +47,7 @@
 //!   against the provider when the check then finds the message delivered. It asks the provider's
 //!   `GET /v1/messages/{id}` (the id read from the JSON payload: a keyless POST has no other)
 //!   through a plain hyper-util client, within 250 ms: `committed: true` → delivered (the caller
-//!   gets a stand-in response marked `Reconciled`, counted delivered), `committed: false` → not
+//!   gets a stand-in response marked `Delivery::Delivered`, counted delivered), `committed: false` → not
 //!   delivered (resent by the normal retry rules), anything else → unknown (dead-lettered as
 //!   outcome-unknown). It runs only for an outcome-unknown failure of a keyless POST.
 //! - **tower**: `tower::retry::Retry` (5 attempts, no backoff, retries every error and 408, 429,
@@ -126,11 +126,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_backstop::breaker::{BreakerLayer, OpenDuration, PerKey};
+use tower_backstop::breaker::{BreakerLayer, PerKey};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::resend::{Scheduler, http_request};
-use tower_backstop::retry::{Attempts, Delivery, Reconciled, RetryEvent, RetryPolicy};
+use tower_backstop::retry::{Attempts, Delivery, RetryEvent, RetryPolicy};
 use tower_backstop::store::{MemoryStore, Record, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Envelope, Failure};
@@ -457,9 +457,8 @@ fn readme_breaker() -> Result<BreakerLayer<PerKey>, BoxError> {
         .failure_rate(0.5)
         .count_window(100)
         .minimum_calls(20)
-        .open_duration(
-            OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(30)).jitter(0.5),
-        )
+        .open_doubling(Duration::from_secs(1), Duration::from_secs(30))
+        .open_jitter(0.5)
         .per_host()
         .build()?)
 }
@@ -538,7 +537,7 @@ where
     match svc.oneshot(req).await {
         Ok(response) => {
             let ok = response.status() == StatusCode::ACCEPTED
-                || response.extensions().get::<Reconciled>().is_some();
+                || response.extensions().get::<Delivery>() == Some(&Delivery::Delivered);
             let _ = response.into_body().collect().await;
             (if ok { End::Delivered } else { End::Failed }, None)
         }

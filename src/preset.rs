@@ -10,7 +10,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::Class;
-use crate::breaker::{BreakerLayer, Builder, OpenDuration, PerKey};
+use crate::breaker::{BreakerLayer, Builder, PerKey};
 use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
 use crate::dead_letter::{self, DeadLetter, DeadLetterLayer, DeadLetterRetryLayer};
 use crate::failure::Failure;
@@ -29,9 +29,8 @@ fn client_rule() -> Builder {
         .failure_rate(0.5)
         .count_window(100)
         .minimum_calls(20)
-        .open_duration(
-            OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(30)).jitter(0.5),
-        )
+        .open_doubling(Duration::from_secs(1), Duration::from_secs(30))
+        .open_jitter(0.5)
 }
 
 /// The five layers in the order the crate is designed for, built from one set of settings:
@@ -243,17 +242,9 @@ where
     type Response = <Guarded<S, C, B> as Service<Req>>::Response;
     type Error = Failure<Self::Response>;
     type Future = EitherResponseFuture<
-        dead_letter::ResponseFuture<
-            retry::ResponseFuture<Guarded<S, C, B>, Req>,
-            Req,
-            Self::Response,
-        >,
+        dead_letter::ResponseFuture<Retry<Guarded<S, C, B>>, Req>,
         EitherResponseFuture<
-            dead_letter::ResponseFuture<
-                dead_letter::InnerFuture<Retry<Guarded<S, C, B>>, Req>,
-                Req,
-                Self::Response,
-            >,
+            dead_letter::ResponseFuture<Retry<Guarded<S, C, B>>, Req>,
             retry::ResponseFuture<Guarded<S, C, B>, Req>,
         >,
     >;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use support::{Scripted, Step, get, status};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_backstop::BuildError;
-use tower_backstop::breaker::{BreakerHandle, BreakerLayer, Builder, Event, OpenDuration, State};
+use tower_backstop::breaker::{BreakerHandle, BreakerLayer, Builder, Event, State};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::{Class, Code};
 
@@ -37,10 +37,7 @@ fn rate_breaker(rate: f64, window: u32, minimum: u32) -> BreakerLayer {
 fn doubling_breaker() -> BreakerLayer {
     BreakerLayer::builder()
         .consecutive_failures(1)
-        .open_duration(OpenDuration::doubling(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-        ))
+        .open_doubling(Duration::from_secs(1), Duration::from_secs(60))
         .build()
         .unwrap()
 }
@@ -638,16 +635,14 @@ fn bad_configurations_are_errors_from_build() {
             BreakerLayer::builder().consecutive_failures(0),
         ),
         (
-            "open_duration",
-            BreakerLayer::builder().open_duration(OpenDuration::doubling(
-                Duration::from_secs(10),
-                Duration::from_secs(1),
-            )),
+            "open_doubling",
+            BreakerLayer::builder().open_doubling(Duration::from_secs(10), Duration::from_secs(1)),
         ),
         (
-            "open_duration",
+            "open_jitter",
             BreakerLayer::builder()
-                .open_duration(OpenDuration::fixed(Duration::from_secs(1)).jitter(2.0)),
+                .open_for(Duration::from_secs(1))
+                .open_jitter(2.0),
         ),
     ];
     for (setting, builder) in cases {
@@ -688,17 +683,6 @@ fn bad_configurations_of_keyed_breakers_are_errors_from_build() {
     assert!(layer.keys().is_empty());
 }
 
-#[test]
-fn open_duration_never_grows_past_its_cap() {
-    let d = OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(60));
-    assert_eq!(d.nth(0), Duration::from_secs(1));
-    assert_eq!(d.nth(5), Duration::from_secs(32));
-    assert_eq!(d.nth(6), Duration::from_secs(60));
-    assert_eq!(d.nth(u32::MAX), Duration::from_secs(60));
-    let huge = OpenDuration::doubling(Duration::MAX, Duration::MAX);
-    assert_eq!(huge.nth(1_000), Duration::MAX);
-}
-
 /// 20 breakers with an open duration doubling from 1 s to 4 s, jitter 0.5, each tripped by a
 /// failed call and then by failed probes: from the third trip on the nominal duration is the
 /// cap, and the jitter must still spread them inside it.
@@ -709,9 +693,8 @@ async fn twenty_breakers_at_the_cap_do_not_half_open_together() {
         let upstream = Scripted::always(status(503));
         let layer = BreakerLayer::builder()
             .consecutive_failures(1)
-            .open_duration(
-                OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(4)).jitter(0.5),
-            )
+            .open_doubling(Duration::from_secs(1), Duration::from_secs(4))
+            .open_jitter(0.5)
             .build()
             .unwrap();
         let (handle, svc) = stack(layer, &upstream);

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use axum::http::HeaderMap;
 use axum::routing::post;
 use tower_backstop::dead_letter::record_of;
-use tower_backstop::store::{Filter, Page, Record, SqliteStore, Status, Store};
+use tower_backstop::store::{Filter, Record, SqliteStore, Status, Store};
 use tower_backstop::{Class, Code, Envelope, Failure};
 
 fn dlq(args: &[&str]) -> Output {
@@ -246,7 +246,7 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
         assert_eq!(body, &format!("{{\"id\":\"{key}\"}}"));
     }
     let resolved = store
-        .search(&Filter::new().status(Status::Resolved), Page::first(10))
+        .search(&Filter::new().status(Status::Resolved), 0..10)
         .await
         .unwrap();
     assert_eq!(resolved.len(), 3);

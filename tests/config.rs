@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tower_backstop::BuildError;
 use tower_backstop::Class;
-use tower_backstop::breaker::{BreakerLayer, OpenDuration};
+use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::retry::{Backoff, Budget, ClassPolicy, RetryPolicy};
 
 /// The error's setting and message, checking that the message names the setting and the value.
@@ -206,13 +206,11 @@ fn breaker_errors_carry_the_value() {
         "0",
     );
     let err = BreakerLayer::builder()
-        .open_duration(
-            OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(30))
-                .jitter(f64::NAN),
-        )
+        .open_doubling(Duration::from_secs(1), Duration::from_secs(30))
+        .open_jitter(f64::NAN)
         .build()
         .unwrap_err();
-    assert_eq!(err.setting(), "open_duration");
+    assert_eq!(err.setting(), "open_jitter");
     assert!(err.to_string().contains("NaN"), "{err}");
 }
 

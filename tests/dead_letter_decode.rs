@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tower_backstop::dead_letter::record_of;
-use tower_backstop::store::{Filter, Page, Record, Store, redact_url};
+use tower_backstop::store::{Filter, Record, Store, redact_url};
 use tower_backstop::{Class, Code, Envelope, Failure};
 
 fn valid_json() -> serde_json::Value {
@@ -185,9 +185,7 @@ async fn read_everything(store: &dyn Store, id: &str) {
         use_record(&record);
         let _ = store.claim(&record, SystemTime::now()).await;
     }
-    let _ = store
-        .search(&Filter::new().class("x"), Page::first(5))
-        .await;
+    let _ = store.search(&Filter::new().class("x"), 0..5).await;
     if let Ok(records) = store.list(5).await {
         records.iter().for_each(use_record);
     }

@@ -12,7 +12,7 @@ use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{BudgetSpent, DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::resend::{Redrive, http_request};
 use tower_backstop::retry::RetryPolicy;
-use tower_backstop::store::{Filter, MemoryStore, Page, SqliteStore, Status, Store};
+use tower_backstop::store::{Filter, MemoryStore, SqliteStore, Status, Store};
 use tower_backstop::{BackstopLayer, Class, Failure};
 
 /// Sends one message that fails every attempt through DeadLetter → Retry(3) → Classify and
@@ -230,7 +230,7 @@ async fn tags_come_from_the_user_function_and_are_searchable() {
         let _ = svc.clone().oneshot(post_with_key("/", &body, key)).await;
     }
     let spring = store
-        .search(&Filter::new().tag("campaign", "spring"), Page::first(10))
+        .search(&Filter::new().tag("campaign", "spring"), 0..10)
         .await
         .unwrap();
     let mut ids: Vec<&str> = spring.iter().map(|r| r.id.as_str()).collect();

@@ -9,7 +9,7 @@ use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::resend::{Redrive, http_request, http_request_restoring};
-use tower_backstop::store::{Filter, RedactHeaders, SqliteStore, Store};
+use tower_backstop::store::{Filter, SqliteStore, Store};
 use tower_backstop::{BoxError, Class, Code, Failure};
 
 const SECRET: &str = "s3cret-Zq9";
@@ -184,7 +184,8 @@ async fn the_redaction_list_is_configurable() {
     let svc = ServiceBuilder::new()
         .layer(
             DeadLetterLayer::new(store.clone())
-                .redact_headers(RedactHeaders::default().and("X-Tenant").except("cookie")),
+                .redact_header("X-Tenant")
+                .keep_header("cookie"),
         )
         .service(provider.failing());
     let _ = svc.oneshot(webhook()).await.unwrap_err();
@@ -197,8 +198,15 @@ async fn the_redaction_list_is_configurable() {
     assert_eq!(cookie.1, format!("session={SECRET}").into_bytes());
     assert!(!r.headers.iter().any(|(n, _)| n == "x-tenant"));
 
-    let none = RedactHeaders::none();
-    assert!(!none.redacts("authorization"));
+    // Redacting nothing writes even the credentials.
+    let store = tower_backstop::store::MemoryStore::new();
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(store.clone()).keep_all_headers())
+        .service(provider.failing());
+    let _ = svc.oneshot(webhook()).await.unwrap_err();
+    let r = store.get("evt-42").await.unwrap().unwrap();
+    assert!(r.redacted_headers.is_empty(), "{:?}", r.redacted_headers);
+    assert!(r.headers.iter().any(|(n, _)| n == "authorization"));
 }
 
 #[tokio::test]

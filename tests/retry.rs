@@ -13,8 +13,7 @@ use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier};
 use tower_backstop::dead_letter::DeadLetterStatus;
 use tower_backstop::retry::{
-    Attempts, Backoff, Budget, DelaySource, GiveUp, Jitter, LongDelay, RetryEvent, RetryLayer,
-    RetryPolicy,
+    Attempts, Backoff, Budget, DelaySource, GiveUp, Jitter, RetryEvent, RetryLayer, RetryPolicy,
 };
 use tower_backstop::{Class, Code, Failure, Sent};
 
@@ -67,7 +66,7 @@ async fn long_retry_after_is_not_slept() {
         RetryPolicy::new()
             .max_attempts(5)
             .max_delay(Duration::from_secs(30))
-            .on_long_delay(LongDelay::GiveUp),
+            .give_up_long_delays(),
         &upstream,
     );
     let failure = svc.oneshot(get("/mail")).await.unwrap_err();
@@ -460,13 +459,9 @@ async fn an_open_breaker_fails_fast_and_is_deferred_to_the_half_open_instant() {
         (0, Some(GiveUp::Deferred))
     );
 
-    // Under `LongDelay::GiveUp`, it is given up instead, at once.
+    // Under `give_up_long_delays`, it is given up instead, at once.
     let upstream = Failing::new(vec![], rejected);
-    let failure = fail_through(
-        RetryPolicy::new().on_long_delay(LongDelay::GiveUp),
-        &upstream,
-    )
-    .await;
+    let failure = fail_through(RetryPolicy::new().give_up_long_delays(), &upstream).await;
     assert_eq!(
         failure.note::<Attempts>().map(Attempts::give_up),
         Some(GiveUp::HintTooLong)

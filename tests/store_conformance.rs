@@ -4,6 +4,7 @@
 mod redis_support;
 
 use std::collections::HashSet;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -13,8 +14,8 @@ use http_body_util::Full;
 use tower_backstop::dead_letter::record_of;
 use tower_backstop::resend::{Outcome, Redrive, Scheduler, http_request};
 use tower_backstop::store::{
-    BoxFuture, Change, Claim, Counts, Filter, MemoryStore, Page, Record, SqliteStore, Status,
-    Store, StoreError,
+    BoxFuture, Change, Claim, Counts, Filter, MemoryStore, Record, SqliteStore, Status, Store,
+    StoreError,
 };
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 
@@ -167,13 +168,13 @@ async fn upsert_merges_by_id(b: Backend) {
     // The old class index no longer finds it; the new one does.
     let by_old = o
         .store
-        .search(&Filter::new().class("transient"), Page::first(10))
+        .search(&Filter::new().class("transient"), 0..10)
         .await
         .unwrap();
     assert!(by_old.is_empty());
     let by_new = o
         .store
-        .search(&Filter::new().class("unknown"), Page::first(10))
+        .search(&Filter::new().class("unknown"), 0..10)
         .await
         .unwrap();
     assert_eq!(ids(&by_new), ["m-1"]);
@@ -221,53 +222,31 @@ async fn search_filters_and_pages(b: Backend) {
     }
     o.store.put_many(batch).await.unwrap();
 
-    let s = |f: Filter, p: Page| {
+    let s = |f: Filter, p: Range<usize>| {
         let store = Arc::clone(&o.store);
         async move { store.search(&f, p).await.unwrap() }
     };
     // Newest first.
-    assert_eq!(
-        ids(&s(Filter::new(), Page::first(3)).await),
-        ["m-29", "m-28", "m-27"]
-    );
+    assert_eq!(ids(&s(Filter::new(), 0..3).await), ["m-29", "m-28", "m-27"]);
     // Paging.
-    assert_eq!(
-        ids(&s(Filter::new(), Page::first(3).next()).await),
-        ["m-26", "m-25", "m-24"]
-    );
-    assert_eq!(
-        s(
-            Filter::new(),
-            Page {
-                offset: 28,
-                limit: 10
-            }
-        )
-        .await
-        .len(),
-        2
-    );
+    assert_eq!(ids(&s(Filter::new(), 3..6).await), ["m-26", "m-25", "m-24"]);
+    assert_eq!(s(Filter::new(), 28..38).await.len(), 2);
     // Class.
-    let throttled = s(Filter::new().class("throttled"), Page::first(100)).await;
+    let throttled = s(Filter::new().class("throttled"), 0..100).await;
     assert_eq!(throttled.len(), 10);
     assert!(throttled.iter().all(|r| r.class == "throttled"));
     // Code.
-    assert_eq!(
-        s(Filter::new().code("http 400"), Page::first(100))
-            .await
-            .len(),
-        10
-    );
+    assert_eq!(s(Filter::new().code("http 400"), 0..100).await.len(), 10);
     // Tag, and tag with class.
     assert_eq!(
-        s(Filter::new().tag("campaign", "summer"), Page::first(100))
+        s(Filter::new().tag("campaign", "summer"), 0..100)
             .await
             .len(),
         15
     );
     let summer_permanent = s(
         Filter::new().tag("campaign", "summer").class("permanent"),
-        Page::first(100),
+        0..100,
     )
     .await;
     assert_eq!(
@@ -275,27 +254,19 @@ async fn search_filters_and_pages(b: Backend) {
         ["m-29", "m-26", "m-23", "m-20", "m-17"]
     );
     // Time range: since inclusive, until exclusive.
-    let range = s(
-        Filter::new().since(at(10_000)).until(at(13_000)),
-        Page::first(100),
-    )
-    .await;
+    let range = s(Filter::new().since(at(10_000)).until(at(13_000)), 0..100).await;
     assert_eq!(ids(&range), ["m-12", "m-11", "m-10"]);
     // Status, ids.
     assert_eq!(
-        ids(&s(Filter::new().status(Status::Resolved), Page::first(9)).await),
+        ids(&s(Filter::new().status(Status::Resolved), 0..9).await),
         ["m-07"]
     );
     assert_eq!(
-        ids(&s(Filter::new().id("m-03").id("m-05").id("zz"), Page::first(9)).await),
+        ids(&s(Filter::new().id("m-03").id("m-05").id("zz"), 0..9).await),
         ["m-05", "m-03"]
     );
     // Nothing matches.
-    assert!(
-        s(Filter::new().class("poison"), Page::first(9))
-            .await
-            .is_empty()
-    );
+    assert!(s(Filter::new().class("poison"), 0..9).await.is_empty());
 }
 
 async fn counts_over_a_window(b: Backend) {
@@ -534,7 +505,7 @@ async fn delete_by_filter(b: Backend) {
     // Deleted records leave no index entry behind.
     assert_eq!(
         o.store
-            .search(&Filter::new().tag("tenant", "acme"), Page::first(100))
+            .search(&Filter::new().tag("tenant", "acme"), 0..100)
             .await
             .unwrap()
             .len(),
@@ -625,7 +596,7 @@ impl Store for Gated {
     fn search(
         &self,
         filter: &Filter,
-        page: Page,
+        page: Range<usize>,
     ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
         let read = self.inner.search(filter, page);
         let (barrier, searched, go) =
@@ -863,7 +834,7 @@ async fn pages_are_exact_across_ties(b: Backend) {
     o.store.put_many(batch).await.unwrap();
     let mut want: Vec<Record> = o
         .store
-        .search(&Filter::new().class("transient"), Page::first(100))
+        .search(&Filter::new().class("transient"), 0..100)
         .await
         .unwrap();
     assert_eq!(want.len(), 13);
@@ -877,18 +848,18 @@ async fn pages_are_exact_across_ties(b: Backend) {
     assert_eq!(ids(&want), ids(&sorted));
     for limit in [1, 2, 3, 4, 5] {
         let mut paged = Vec::new();
-        let mut page = Page::first(limit);
+        let mut page = 0..limit;
         loop {
             let got = o
                 .store
-                .search(&Filter::new().class("transient"), page)
+                .search(&Filter::new().class("transient"), page.clone())
                 .await
                 .unwrap();
             if got.is_empty() {
                 break;
             }
             paged.extend(got);
-            page = page.next();
+            page = page.end..page.end + limit;
         }
         assert_eq!(ids(&paged), ids(&want), "pages of {limit}");
     }
@@ -897,10 +868,7 @@ async fn pages_are_exact_across_ties(b: Backend) {
         .store
         .search(
             &Filter::new().class("transient").since(at(5)).until(at(9)),
-            Page {
-                offset: 2,
-                limit: 4,
-            },
+            2..6,
         )
         .await
         .unwrap();

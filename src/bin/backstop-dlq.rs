@@ -31,7 +31,7 @@ use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::resend::{Outcome, Reconciler, Redrive, http_request};
 use tower_backstop::retry::{Delivery, RetryPolicy};
-use tower_backstop::store::{AlertRules, Filter, Page, Record, SqliteStore, Stats, Status, Store};
+use tower_backstop::store::{AlertRules, Filter, Record, SqliteStore, Stats, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Envelope};
 
@@ -398,10 +398,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
         } => {
             let filter = filter.build(now)?;
             let store = open(&cli, false).await?;
-            let page = Page {
-                offset: *offset,
-                limit: *limit,
-            };
+            let page = *offset..offset.saturating_add(*limit);
             let records = store.search(&filter, page).await?;
             if *json {
                 for r in &records {
@@ -546,7 +543,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
             }
             let store = open(&cli, *yes).await?;
             if !*yes {
-                let n = store.search(&filter, Page::first(usize::MAX)).await?.len();
+                let n = store.search(&filter, 0..usize::MAX).await?.len();
                 eprintln!("{n} dead letters match; add --yes to delete them");
                 return Ok(ExitCode::from(2));
             }

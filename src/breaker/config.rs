@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::event::Listener;
-use super::keyed::{Authority, PerKey, Single};
+use super::keyed::{Authority, PerKey};
 use super::open::OpenDuration;
 use super::state::{MAX_PROBES, Settings};
 use super::window::WindowKind;
@@ -19,7 +19,7 @@ pub(crate) const DEFAULT_CLASSES: [Class; 3] = [Class::TRANSIENT, Class::THROTTL
 /// Configures a breaker; [`build`](Builder::build) checks it and makes the
 /// [`BreakerLayer`](super::BreakerLayer).
 ///
-/// `K` says how many breakers the layer keeps: [`Single`] (one, the default), or one per key
+/// `K` says how many breakers the layer keeps: `()` (one, the default), or one per key
 /// ([`per_host`](Self::per_host), [`keyed_by`](Self::keyed_by)), each built from these settings
 /// and named after its key.
 ///
@@ -32,7 +32,8 @@ pub(crate) const DEFAULT_CLASSES: [Class; 3] = [Class::TRANSIENT, Class::THROTTL
 /// | [`slow_calls`](Self::slow_calls) | off | share of calls slower than a threshold |
 /// | [`count_window`](Self::count_window) / [`time_window`](Self::time_window) | last 100 calls | the window both rates use |
 /// | [`minimum_calls`](Self::minimum_calls) | 100 (the window size for a count window) | calls in the window before a rate can trip it |
-/// | [`open_for`](Self::open_for) / [`open_duration`](Self::open_duration) | fixed 30 s | how long it stays open |
+/// | [`open_for`](Self::open_for) / [`open_doubling`](Self::open_doubling) | fixed 30 s | how long it stays open |
+/// | [`open_jitter`](Self::open_jitter) | none | spread of each open duration, `0.0..=1.0` |
 /// | [`half_open_probes`](Self::half_open_probes) | 1 | probes admitted at once in half-open |
 /// | [`close_after`](Self::close_after) | 1 | successful probes that close it |
 /// | [`max_half_open`](Self::max_half_open) | none | longest time in half-open before it re-opens |
@@ -43,7 +44,7 @@ pub(crate) const DEFAULT_CLASSES: [Class; 3] = [Class::TRANSIENT, Class::THROTTL
 /// The windows and thresholds follow resilience4j's `CircuitBreakerConfig`; the defaults of the
 /// rate rules are its defaults.
 #[derive(Clone)]
-pub struct Builder<K = Single> {
+pub struct Builder<K = ()> {
     pub(crate) settings: Settings,
     pub(crate) keys: K,
 }
@@ -74,7 +75,7 @@ impl Default for Builder {
                 classes: Arc::from(DEFAULT_CLASSES),
                 listener: None,
             },
-            keys: Single,
+            keys: (),
         }
     }
 }
@@ -162,15 +163,39 @@ impl<K> Builder<K> {
         self
     }
 
-    /// A fixed open duration.
+    /// Stays open for the same `duration` after every trip (30 s by default), replacing an
+    /// [`open_doubling`](Self::open_doubling); an [`open_jitter`](Self::open_jitter) still applies.
     pub fn open_for(mut self, duration: Duration) -> Self {
-        self.settings.open = OpenDuration::fixed(duration);
+        let jitter = self.settings.open.jitter_fraction();
+        self.settings.open = OpenDuration::fixed(duration).jitter(jitter);
         self
     }
 
-    /// A fixed or growing open duration.
-    pub fn open_duration(mut self, open: OpenDuration) -> Self {
-        self.settings.open = open;
+    /// Stays open for `base` after the first trip, doubled after each consecutive trip (an
+    /// opening with no close since the last: a failed probe re-opens it), never above `cap`:
+    /// exponential backoff, as in the AWS Architecture Blog's "Exponential Backoff And Jitter".
+    /// The doubling saturates, so the breaker is never open for longer than `cap`. One
+    /// successful half-open period (the breaker closes) starts the count again. Replaces an
+    /// [`open_for`](Self::open_for); an [`open_jitter`](Self::open_jitter) still applies.
+    ///
+    /// [`build`](Self::build) rejects a zero `base` or a `cap` below `base` (setting
+    /// `open_doubling`).
+    pub fn open_doubling(mut self, base: Duration, cap: Duration) -> Self {
+        let jitter = self.settings.open.jitter_fraction();
+        self.settings.open = OpenDuration::doubling(base, cap).jitter(jitter);
+        self
+    }
+
+    /// Spreads each open duration by a random amount up to `fraction` of it (bounded additive
+    /// jitter: `0.25` is up to +25 %; none by default), so that many clients' breakers do not
+    /// half-open in the same instant. A doubling duration never exceeds its cap: where the
+    /// +`fraction` band would cross the cap it is moved below it, so durations at the cap are
+    /// spread over `[cap − fraction × cap, cap]` (never below half the cap) rather than all being
+    /// the cap ("Exponential Backoff And Jitter": jitter inside the cap).
+    ///
+    /// [`build`](Self::build) rejects a fraction outside `0.0..=1.0` (setting `open_jitter`).
+    pub fn open_jitter(mut self, fraction: f64) -> Self {
+        self.settings.open = self.settings.open.jitter(fraction);
         self
     }
 
@@ -292,9 +317,9 @@ impl<K> Builder<K> {
                 "close-after must be within 1..=1000",
             ));
         }
-        if let Some(problem) = s.open.problem() {
+        if let Some((setting, problem)) = s.open.problem() {
             return Err(BuildError::new(
-                "open_duration",
+                setting,
                 format_args!("{:?}", s.open),
                 problem,
             ));

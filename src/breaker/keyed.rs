@@ -1,4 +1,4 @@
-//! Keys of keyed breakers ([`KeyOf`], [`Authority`]), the [`Single`] and [`PerKey`]
+//! Keys of keyed breakers ([`KeyOf`], [`Authority`]), the unkeyed `()` and [`PerKey`]
 //! markers, and the bounded map of one breaker per key.
 
 use std::collections::HashMap;
@@ -249,11 +249,6 @@ where
         }
     }
 }
-
-/// One breaker for every call: the default of [`BreakerLayer`](super::BreakerLayer),
-/// [`Builder`](super::Builder) and [`Breaker`](super::Breaker).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Single;
 
 /// One breaker per key that `F` takes from the request, at most `max_keys` of them: what
 /// [`BreakerLayer::per_host`](super::BreakerLayer::per_host) and

@@ -7,7 +7,7 @@ use tower_layer::Layer;
 use super::Breaker;
 use super::config::Builder;
 use super::handle::BreakerHandle;
-use super::keyed::{Authority, PerKey, Registry, Single};
+use super::keyed::{Authority, PerKey, Registry};
 use super::state::Shared;
 use crate::BuildError;
 use crate::failure::Class;
@@ -15,7 +15,7 @@ use crate::failure::Class;
 /// Applies [`Breaker`] to a service, and owns the breakers' state.
 ///
 /// The state is created with the layer and shared by every service it wraps and all their clones.
-/// `BreakerLayer` (that is, `BreakerLayer<Single>`) is one breaker: one per endpoint, in a
+/// `BreakerLayer` (that is, `BreakerLayer<()>`) is one breaker: one per endpoint, in a
 /// typical client. [`per_host`](Self::per_host) makes it one breaker per host
 /// (`BreakerLayer<PerKey>`, its key an [`Authority`](super::Authority)), [`keyed_by`](Self::keyed_by) one per key of yours
 /// (`BreakerLayer<PerKey<F>>`). Configure it first, then take a [`handle`](Self::handle): each
@@ -27,8 +27,8 @@ use crate::failure::Class;
 /// [`BreakerLayer::builder`] sets everything else: rate rules over count or time windows,
 /// slow calls, growing open durations, several probes, a listener, keys and their bound; its
 /// [`build`](Builder::build) checks the settings.
-pub struct BreakerLayer<K = Single> {
-    /// The breaker ([`Single`]), or the one of requests without a key (keyed).
+pub struct BreakerLayer<K = ()> {
+    /// The breaker (unkeyed, `K = ()`), or the one of requests without a key (keyed).
     shared: Arc<Shared>,
     /// The breakers per key: `Some` exactly when keyed.
     keys: Option<Arc<Registry<K>>>,
@@ -112,7 +112,7 @@ impl BreakerLayer {
     pub fn to_builder(&self) -> Builder {
         Builder {
             settings: self.shared.settings.clone(),
-            keys: Single,
+            keys: (),
         }
     }
 
@@ -219,7 +219,7 @@ impl Builder {
     ///
     /// A [`BuildError`] naming the setting when a rate is outside `(0.0, 1.0]`, a count is zero
     /// or too large, a window is empty, the minimum number of calls exceeds a count window, or
-    /// the open duration is invalid (see [`OpenDuration`](super::OpenDuration)).
+    /// the open duration is invalid (see [`Builder::open_doubling`](super::Builder::open_doubling) and [`Builder::open_jitter`](super::Builder::open_jitter)).
     pub fn build(self) -> Result<BreakerLayer, BuildError> {
         self.validate()?;
         Ok(BreakerLayer::single(&self))

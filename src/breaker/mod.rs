@@ -8,7 +8,7 @@
 //! minimum number of calls ([`Builder`]). Once tripped it is open: every call is rejected at once
 //! with a [`Failure`] of class [`Class::CIRCUIT_OPEN`](crate::Class::CIRCUIT_OPEN) whose [`retry_after`](Failure::retry_after)
 //! is the time left until half-open. After the open duration (fixed, or doubling with each
-//! consecutive trip up to a cap: [`OpenDuration`]) it half-opens and admits a fixed number of
+//! consecutive trip up to a cap: [`Builder::open_doubling`]) it half-opens and admits a fixed number of
 //! probes at a time; every other call is rejected. It closes after a configured number of
 //! successful probes; any failed probe re-opens it and restarts the timer; a probe that is dropped
 //! or ends in a class that does not count gives its permit back. Every period has a generation
@@ -65,7 +65,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_backstop::breaker::{BreakerLayer, OpenDuration};
+//! use tower_backstop::breaker::BreakerLayer;
 //!
 //! let layer = BreakerLayer::builder()
 //!     .name("payments")
@@ -76,9 +76,8 @@
 //!     // ...or 80 % of them took longer than 2 s.
 //!     .slow_calls(Duration::from_secs(2), 0.8)
 //!     // Open 1 s, 2 s, 4 s, ... up to 60 s, spread by up to +10 %.
-//!     .open_duration(
-//!         OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(60)).jitter(0.1),
-//!     )
+//!     .open_doubling(Duration::from_secs(1), Duration::from_secs(60))
+//!     .open_jitter(0.1)
 //!     // 3 probes at a time; 5 successes close it; re-open if still half-open after 30 s.
 //!     .half_open_probes(3)
 //!     .close_after(5)
@@ -144,9 +143,9 @@ pub use self::event::{Event, Listener, State};
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;
-pub use self::keyed::{Authority, KeyOf, PerKey, Single};
+pub use self::keyed::{Authority, KeyOf, PerKey};
 pub use self::layer::BreakerLayer;
-pub use self::open::{OpenDuration, OpenError};
+pub use self::open::OpenError;
 pub use self::state::{MAX_PROBES, Stats};
 
 use self::future::Guard;
@@ -155,11 +154,11 @@ use self::state::{Decision, Shared};
 
 /// Fails fast while the provider is failing; see the [module docs](self).
 ///
-/// `K` is [`Single`] (one breaker) or [`PerKey`] (one per key of the request), as the
+/// `K` is `()` (one breaker, the default) or [`PerKey`] (one per key of the request), as the
 /// [`BreakerLayer`] that made it.
-pub struct Breaker<S, K = Single> {
+pub struct Breaker<S, K = ()> {
     inner: S,
-    /// The breaker ([`Single`]), or the one of requests without a key (keyed).
+    /// The breaker (unkeyed, `K = ()`), or the one of requests without a key (keyed).
     shared: Arc<Shared>,
     /// The breakers per key: `Some` exactly when keyed.
     keys: Option<Arc<Registry<K>>>,

@@ -4,25 +4,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long a breaker stays open after a trip: fixed, or growing with each consecutive trip.
+/// How long a breaker stays open after a trip: fixed, or growing with each consecutive trip,
+/// with optional jitter. Set with [`Builder::open_for`](super::Builder::open_for),
+/// [`Builder::open_doubling`](super::Builder::open_doubling) and
+/// [`Builder::open_jitter`](super::Builder::open_jitter).
 ///
 /// "Consecutive trips" are openings with no close in between: a trip from closed, then each failed
 /// probe. One successful half-open period (the breaker closes) starts the count again.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_backstop::breaker::OpenDuration;
-///
-/// // 30 s every time (the default).
-/// let fixed = OpenDuration::fixed(Duration::from_secs(30));
-/// // 1 s, 2 s, 4 s, … capped at 60 s, each spread by up to +25 %.
-/// let growing = OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(60))
-///     .jitter(0.25);
-/// assert_eq!(growing.nth(0), Duration::from_secs(1));
-/// assert_eq!(fixed.nth(10), Duration::from_secs(30));
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct OpenDuration {
+pub(crate) struct OpenDuration {
     base: Duration,
     cap: Duration,
     growing: bool,
@@ -31,7 +21,7 @@ pub struct OpenDuration {
 
 impl OpenDuration {
     /// The same `duration` after every trip.
-    pub const fn fixed(duration: Duration) -> Self {
+    pub(crate) const fn fixed(duration: Duration) -> Self {
         OpenDuration {
             base: duration,
             cap: duration,
@@ -40,11 +30,8 @@ impl OpenDuration {
         }
     }
 
-    /// `base` after the first trip, doubled after each consecutive trip, never above `cap`
-    /// (exponential backoff, as in the AWS Architecture Blog's "Exponential Backoff And Jitter").
-    /// The doubling saturates, so the breaker is never open for longer than `cap`.
-    /// [`Builder::build`](super::Builder::build) rejects a zero `base` or a `cap` below `base`.
-    pub const fn doubling(base: Duration, cap: Duration) -> Self {
+    /// `base` after the first trip, doubled after each consecutive trip, never above `cap`.
+    pub(crate) const fn doubling(base: Duration, cap: Duration) -> Self {
         OpenDuration {
             base,
             cap,
@@ -53,19 +40,19 @@ impl OpenDuration {
         }
     }
 
-    /// Spreads each duration by a random amount up to `fraction` of it (bounded additive jitter:
-    /// `0.25` is up to +25 %), so that many clients' breakers do not half-open in the same
-    /// instant. A doubling duration never exceeds its cap: where the +`fraction` band would cross
-    /// the cap it is moved below it, so durations at the cap are spread over
-    /// `[cap − fraction × cap, cap]` (never below half the cap) rather than all being the cap. [`Builder::build`](super::Builder::build) rejects a
-    /// fraction outside `0.0..=1.0`.
-    pub const fn jitter(mut self, fraction: f64) -> Self {
+    /// Spreads each duration by up to `fraction` of it (see [`pick`](Self::pick)).
+    pub(crate) const fn jitter(mut self, fraction: f64) -> Self {
         self.jitter = fraction;
         self
     }
 
+    /// The jitter fraction.
+    pub(crate) const fn jitter_fraction(&self) -> f64 {
+        self.jitter
+    }
+
     /// The duration after the trip numbered `n` (0 for the first of a series), before jitter.
-    pub fn nth(&self, n: u32) -> Duration {
+    pub(crate) fn nth(&self, n: u32) -> Duration {
         if !self.growing {
             return self.base;
         }
@@ -96,16 +83,23 @@ impl OpenDuration {
         low.saturating_add((high - low).mul_f64(rand::random::<f64>()))
     }
 
-    /// What is wrong with this duration, if anything ([`Builder::build`](super::Builder::build) reports it).
-    pub(crate) fn problem(&self) -> Option<&'static str> {
+    /// What is wrong with this duration, if anything, and the setting at fault
+    /// ([`Builder::build`](super::Builder::build) reports it).
+    pub(crate) fn problem(&self) -> Option<(&'static str, &'static str)> {
         if !(0.0..=1.0).contains(&self.jitter) {
-            return Some("open-duration jitter must be within 0.0..=1.0");
+            return Some((
+                "open_jitter",
+                "open-duration jitter must be within 0.0..=1.0",
+            ));
         }
         if self.growing && self.base.is_zero() {
-            return Some("a doubling open duration needs a non-zero base");
+            return Some((
+                "open_doubling",
+                "a doubling open duration needs a non-zero base",
+            ));
         }
         if self.growing && self.cap < self.base {
-            return Some("the open-duration cap is below its base");
+            return Some(("open_doubling", "the open-duration cap is below its base"));
         }
         None
     }
@@ -114,6 +108,17 @@ impl OpenDuration {
 #[cfg(all(test, not(tower_backstop_loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_duration_never_grows_past_its_cap() {
+        let d = OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(60));
+        assert_eq!(d.nth(0), Duration::from_secs(1));
+        assert_eq!(d.nth(5), Duration::from_secs(32));
+        assert_eq!(d.nth(6), Duration::from_secs(60));
+        assert_eq!(d.nth(u32::MAX), Duration::from_secs(60));
+        let huge = OpenDuration::doubling(Duration::MAX, Duration::MAX);
+        assert_eq!(huge.nth(1_000), Duration::MAX);
+    }
 
     #[test]
     fn jittered_durations_stay_within_half_and_the_cap() {

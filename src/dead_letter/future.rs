@@ -16,14 +16,25 @@ use crate::retry::Attempts;
 use crate::store::{BoxFuture, Record, StoreError};
 
 pin_project! {
-    /// Response future of [`DeadLetter`](super::DeadLetter): the inner call, then, on failure,
-    /// the one store write that failure needs.
-    pub struct ResponseFuture<F, Req, R> {
+    /// Response future of [`DeadLetter`](super::DeadLetter) over a service `S`: the inner call
+    /// (made at once, or, under an [attempt budget](super::DeadLetterLayer::attempt_budget),
+    /// when first polled, after the budget allowed it), then, on failure, the one store write
+    /// that failure needs.
+    pub struct ResponseFuture<S, Req>
+    where
+        S: Service<Req>,
+    {
         #[pin]
-        state: State<F, R>,
+        state: State<S, Req>,
         check: Option<Check>,
         kept: Kept<Req>,
         config: Arc<Config>,
+    }
+}
+
+impl<S: Service<Req>, Req> std::fmt::Debug for ResponseFuture<S, Req> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }
 
@@ -60,20 +71,28 @@ pub(crate) struct Check {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, R> {
+    enum State<S, Req>
+    where
+        S: Service<Req>,
+    {
+        Waiting {
+            // A ready service (taken after its `poll_ready`) and the request for it.
+            call: Option<(S, Req)>,
+        },
         Called {
             #[pin]
-            future: F,
+            future: S::Future,
         },
         Writing {
             write: Write,
-            failure: Option<Failure<R>>,
+            failure: Option<Failure<S::Response>>,
         },
     }
 }
 
-impl<F, Req, R> ResponseFuture<F, Req, R> {
-    pub(crate) fn new(future: F, kept: Kept<Req>, config: Arc<Config>) -> Self {
+impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
+    /// The call, made.
+    pub(crate) fn new(future: S::Future, kept: Kept<Req>, config: Arc<Config>) -> Self {
         ResponseFuture {
             state: State::Called { future },
             check: None,
@@ -82,11 +101,11 @@ impl<F, Req, R> ResponseFuture<F, Req, R> {
         }
     }
 
-    /// Reads the attempt budget of message `id` before it first polls `future` (which must not
-    /// call the inner service before it is polled), and drops `future` unpolled when the budget
-    /// is spent.
+    /// Reads the attempt budget of message `id` before it calls `service` (ready) with
+    /// `request`, and never calls it when the budget is spent.
     pub(crate) fn checking(
-        future: F,
+        service: S,
+        request: Req,
         id: String,
         budget: u32,
         kept: Kept<Req>,
@@ -94,7 +113,9 @@ impl<F, Req, R> ResponseFuture<F, Req, R> {
     ) -> Self {
         let read = config.store.budget_spent(&id);
         ResponseFuture {
-            state: State::Called { future },
+            state: State::Waiting {
+                call: Some((service, request)),
+            },
             check: Some(Check { read, id, budget }),
             kept,
             config,
@@ -170,13 +191,13 @@ fn generated_id() -> String {
     format!("msg-{:032x}", rand::random::<u128>())
 }
 
-impl<F, Req, R, E> Future for ResponseFuture<F, Req, R>
+impl<S, Req> Future for ResponseFuture<S, Req>
 where
-    F: Future<Output = Result<R, E>>,
-    E: Into<Failure<R>>,
+    S: Service<Req>,
+    S::Error: Into<Failure<S::Response>>,
     Req: Describe + Send + 'static,
 {
-    type Output = Result<R, Failure<R>>;
+    type Output = Result<S::Response, Failure<S::Response>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -194,7 +215,7 @@ where
             };
             let Check { id, budget, .. } = this.check.take().expect("checked above");
             if spent >= budget {
-                // The inner call was never polled, so never made: drop it, record the refusal.
+                // The inner service was never called: drop it, record the refusal.
                 let mut failure = refusal(id, spent, budget);
                 let write = start_write(this.kept, this.config, &mut failure);
                 this.state.set(State::Writing {
@@ -205,8 +226,15 @@ where
         }
         loop {
             match this.state.as_mut().project() {
+                StateProj::Waiting { call } => {
+                    let (mut service, request) = call
+                        .take()
+                        .expect("dead-letter future polled after completion");
+                    let future = service.call(request);
+                    this.state.set(State::Called { future });
+                }
                 StateProj::Called { future } => {
-                    let mut failure: Failure<R> = match ready!(future.poll(cx)) {
+                    let mut failure: Failure<S::Response> = match ready!(future.poll(cx)) {
                         Ok(response) => return Poll::Ready(Ok(response)),
                         Err(e) => e.into(),
                     };
@@ -259,79 +287,6 @@ where
                         }
                     }
                     return Poll::Ready(Err(failure));
-                }
-            }
-        }
-    }
-}
-
-pin_project! {
-    /// The inner call of a [`DeadLetter`](super::DeadLetter) service: made at once, or, under an
-    /// [attempt budget](super::DeadLetterLayer::attempt_budget), when first polled, after the
-    /// budget allowed it.
-    pub struct InnerFuture<S, Req>
-    where
-        S: Service<Req>,
-    {
-        #[pin]
-        state: InnerState<S, Req>,
-    }
-}
-
-pin_project! {
-    #[project = InnerProj]
-    enum InnerState<S, Req>
-    where
-        S: Service<Req>,
-    {
-        Called {
-            #[pin]
-            future: S::Future,
-        },
-        Waiting {
-            // A ready service (taken after its `poll_ready`) and the request for it.
-            call: Option<(S, Req)>,
-        },
-    }
-}
-
-impl<S: Service<Req>, Req> InnerFuture<S, Req> {
-    /// The call, made.
-    pub(crate) fn called(future: S::Future) -> Self {
-        InnerFuture {
-            state: InnerState::Called { future },
-        }
-    }
-
-    /// The call of `service` (ready) with `request`, made when first polled.
-    pub(crate) fn waiting(service: S, request: Req) -> Self {
-        InnerFuture {
-            state: InnerState::Waiting {
-                call: Some((service, request)),
-            },
-        }
-    }
-}
-
-impl<S: Service<Req>, Req> std::fmt::Debug for InnerFuture<S, Req> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InnerFuture").finish_non_exhaustive()
-    }
-}
-
-impl<S: Service<Req>, Req> Future for InnerFuture<S, Req> {
-    type Output = Result<S::Response, S::Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
-        loop {
-            match state.as_mut().project() {
-                InnerProj::Called { future } => return future.poll(cx),
-                InnerProj::Waiting { call } => {
-                    let (mut service, request) =
-                        call.take().expect("inner future polled after completion");
-                    let future = service.call(request);
-                    state.set(InnerState::Called { future });
                 }
             }
         }

@@ -113,18 +113,43 @@ impl DeadLetterLayer {
         self
     }
 
-    /// Which headers' values are never written ([`RedactHeaders::default`] unless set: credentials,
-    /// cookies and API keys). Every other header is kept whole and sent again on re-drive.
+    /// Also redacts the header `name` (any case): its value is never written, only its name,
+    /// in [`Record::redacted_headers`](crate::store::Record::redacted_headers), so that a
+    /// re-drive knows to restore it
+    /// ([`http_request_restoring`](crate::resend::http_request_restoring)).
+    ///
+    /// Redacted by default: `Authorization` and `Proxy-Authorization` (RFC 9110 §11.6.2,
+    /// §11.7.2), `Cookie` and `Set-Cookie` (RFC 6265), and the API-key headers in common use
+    /// (`X-Api-Key`, `Api-Key`, `X-Auth-Token`, `X-Amz-Security-Token`). Every other header is
+    /// kept whole and sent again on re-drive.
     ///
     /// ```
     /// use tower_backstop::dead_letter::DeadLetterLayer;
-    /// use tower_backstop::store::{MemoryStore, RedactHeaders};
+    /// use tower_backstop::store::MemoryStore;
     ///
     /// let layer = DeadLetterLayer::new(MemoryStore::new())
-    ///     .redact_headers(RedactHeaders::default().and("x-signature"));
+    ///     .redact_header("x-signature")
+    ///     .keep_header("cookie");
     /// ```
-    pub fn redact_headers(mut self, redact: RedactHeaders) -> Self {
-        Arc::make_mut(&mut self.config).redact = redact;
+    pub fn redact_header(mut self, name: impl AsRef<str>) -> Self {
+        let config = Arc::make_mut(&mut self.config);
+        config.redact = std::mem::take(&mut config.redact).and(name);
+        self
+    }
+
+    /// Writes the value of the header `name` (any case) although it is redacted by default or
+    /// by an earlier [`redact_header`](Self::redact_header).
+    pub fn keep_header(mut self, name: impl AsRef<str>) -> Self {
+        let config = Arc::make_mut(&mut self.config);
+        config.redact = std::mem::take(&mut config.redact).except(name);
+        self
+    }
+
+    /// Redacts no header at all: every value is written, credentials included. Only for stores
+    /// that are as secret as the credentials themselves. A later
+    /// [`redact_header`](Self::redact_header) still applies.
+    pub fn keep_all_headers(mut self) -> Self {
+        Arc::make_mut(&mut self.config).redact = RedactHeaders::none();
         self
     }
 

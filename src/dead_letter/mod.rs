@@ -44,7 +44,7 @@
 //!
 //! For a durable store, use [`SqliteStore::open`] (feature `sqlite`, on by default); for many
 //! instances, `RedisStore` (feature `redis`). The stores, their records and their queries are in
-//! [`store`](crate::store): writes merge by id, search with a [`Filter`] and a [`Page`],
+//! [`store`](crate::store): writes merge by id, search with a [`Filter`] and a range of positions,
 //! [`Counts`] over a window, atomic claims of due records.
 //!
 //! # Customised
@@ -55,7 +55,7 @@
 //! ```
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //! use tower_backstop::dead_letter::DeadLetterLayer;
-//! use tower_backstop::store::{Filter, MemoryStore, Page, Store};
+//! use tower_backstop::store::{Filter, MemoryStore, Store};
 //! use tower_backstop::BoxError;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -74,7 +74,7 @@
 //!     )
 //!     .service(service_fn(|_: String| async { Err::<(), BoxError>("smtp 421".into()) }));
 //! let _ = svc.oneshot("{\"campaign\":\"spring\"}".to_owned()).await;
-//! let spring = store.search(&Filter::new().tag("campaign", "spring"), Page::first(10)).await.unwrap();
+//! let spring = store.search(&Filter::new().tag("campaign", "spring"), 0..10).await.unwrap();
 //! assert_eq!(spring.len(), 1);
 //! # }
 //! ```
@@ -82,7 +82,7 @@
 //! # Options
 //!
 //! - [`tags`](DeadLetterLayer::tags), [`max_payload`](DeadLetterLayer::max_payload),
-//!   [`redact_headers`](DeadLetterLayer::redact_headers), [`clock`](DeadLetterLayer::clock):
+//!   [`redact_header`](DeadLetterLayer::redact_header), [`clock`](DeadLetterLayer::clock):
 //!   what a record holds.
 //! - [`attempt_budget`](DeadLetterLayer::attempt_budget): a durable attempt budget per message
 //!   id; a message that spent it in earlier runs is refused at once, poison, with a
@@ -104,18 +104,16 @@
 //!   or a Redis URL.
 //!
 //! A record keeps the whole request: method, URI, every header (values byte for byte) and the
-//! body; the values of secret headers ([`RedactHeaders`]: `Authorization`, `Cookie`, API keys…)
+//! body; the values of secret headers ([`DeadLetterLayer::redact_header`]: `Authorization`, `Cookie`, API keys…)
 //! are never written, and [`http_request_restoring`] gets them back from your hook.
 //!
 //! [`Store`]: crate::store::Store
 //! [`Record`]: crate::store::Record
 //! [`Filter`]: crate::store::Filter
-//! [`Page`]: crate::store::Page
 //! [`Counts`]: crate::store::Counts
 //! [`SqliteStore::open`]: crate::store::SqliteStore::open
 //! [`Stats`]: crate::store::Stats
 //! [`AlertRules`]: crate::store::AlertRules
-//! [`RedactHeaders`]: crate::store::RedactHeaders
 //! [`Scheduler`]: crate::resend::Scheduler
 //! [`Redrive`]: crate::resend::Redrive
 //! [`Reconciler`]: crate::resend::Reconciler
@@ -141,7 +139,7 @@ mod record;
 mod with_retry;
 
 pub use self::budget::BudgetSpent;
-pub use self::future::{InnerFuture, ResponseFuture};
+pub use self::future::ResponseFuture;
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
 pub use self::note::DeadLetterStatus;
 pub(crate) use self::note::Unsent;
@@ -171,10 +169,13 @@ impl<S> DeadLetter<S> {
     /// future, and the copy comes back on the failure (the retry layer's unsent spare, see
     /// `with_retry`).
     #[inline]
-    pub(crate) fn call_reusing<F, Req, R>(
+    pub(crate) fn call_reusing<Req>(
         &mut self,
-        call: impl FnOnce(&mut S) -> (F, Option<Option<String>>),
-    ) -> ResponseFuture<F, Req, R> {
+        call: impl FnOnce(&mut S) -> (S::Future, Option<Option<String>>),
+    ) -> ResponseFuture<S, Req>
+    where
+        S: Service<Req>,
+    {
         debug_assert!(
             self.config.budget.is_none(),
             "an attempt budget is read before the call: the preset stacks the two layers"
@@ -209,7 +210,7 @@ where
 {
     type Response = S::Response;
     type Error = Failure<S::Response>;
-    type Future = ResponseFuture<InnerFuture<S, Req>, Req, S::Response>;
+    type Future = ResponseFuture<S, Req>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -224,10 +225,8 @@ where
             let id = id.to_owned();
             let clone = self.inner.clone();
             let service = std::mem::replace(&mut self.inner, clone);
-            let call = InnerFuture::waiting(service, req);
-            return ResponseFuture::checking(call, id, budget, kept, self.config.clone());
+            return ResponseFuture::checking(service, req, id, budget, kept, self.config.clone());
         }
-        let call = InnerFuture::called(self.inner.call(req));
-        ResponseFuture::new(call, kept, self.config.clone())
+        ResponseFuture::new(self.inner.call(req), kept, self.config.clone())
     }
 }

@@ -20,7 +20,7 @@ use super::BudgetSpent;
 /// permanent or poison. Otherwise the status is [`Dead`](Status::Dead) and `retry_at` is `None`.
 /// The history holds this one failure. The payload is kept whole; see
 /// [`Record::truncate_payload`]. The envelope's headers are kept but for the secret ones of
-/// [`RedactHeaders::default`], whose names only are kept.
+/// the default redaction list, whose names only are kept.
 ///
 /// ```
 /// use tower_backstop::{Class, Code, Envelope, Failure};
@@ -114,7 +114,7 @@ fn refused_by_budget<R>(failure: &Failure<R>) -> bool {
 /// absolute [`Attempts::retry_at`](crate::retry::Attempts::retry_at)), or when no retry layer saw it and it carries a delay hint;
 /// in both cases only if its class is neither permanent nor poison (those fail again whenever
 /// they are sent). A failure the retry layer gave up on ([`GiveUp::HintTooLong`] under
-/// `LongDelay::GiveUp`, attempts exhausted…) is dead.
+/// `give_up_long_delays`, attempts exhausted…) is dead.
 fn is_deferred<R>(failure: &Failure<R>) -> bool {
     let deferrable = match failure.note::<Attempts>().map(Attempts::give_up) {
         Some(GiveUp::Deferred) => true,
@@ -173,7 +173,7 @@ mod tests {
             .insert(Attempts::new(1, GiveUp::Deferred).with_retry_at(at));
         let r = from_failure("k".into(), Envelope::new("x"), &deferred);
         assert_eq!((r.status, r.retry_at), (Status::Deferred, Some(at)));
-        // Given up on because the hint was too long (`LongDelay::GiveUp`): dead.
+        // Given up on because the hint was too long (`give_up_long_delays`): dead.
         let mut too_long: Failure =
             Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
         too_long

@@ -9,7 +9,7 @@ use tower_service::Service;
 use super::{DeadLetter, DeadLetterLayer, Unsent};
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
-use crate::retry::{ResponseFuture, Retry, RetryLayer};
+use crate::retry::{Retry, RetryLayer};
 
 /// [`DeadLetterLayer`] directly above [`RetryLayer`], built as one layer so that both share a
 /// single copy of each request.
@@ -77,7 +77,7 @@ where
 {
     type Response = S::Response;
     type Error = Failure<S::Response>;
-    type Future = super::ResponseFuture<ResponseFuture<S, Req>, Req, S::Response>;
+    type Future = super::ResponseFuture<Retry<S>, Req>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {

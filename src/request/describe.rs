@@ -26,7 +26,7 @@ pub struct Envelope {
     pub metadata: BTreeMap<String, String>,
     /// The request's headers, in order, each a name (lower case for HTTP) and its value byte for
     /// byte (a value need not be UTF-8). The dead-letter layer redacts the secret ones
-    /// ([`RedactHeaders`](crate::store::RedactHeaders)) before anything is written.
+    /// ([`DeadLetterLayer::redact_header`](crate::dead_letter::DeadLetterLayer::redact_header)) before anything is written.
     pub headers: Vec<(String, Vec<u8>)>,
     /// Searchable labels (campaign, provider, tenant…). A [`Describe`] implementation may set
     /// them; the dead-letter layer's tag function

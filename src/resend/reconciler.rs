@@ -7,7 +7,7 @@ use super::rebuild::envelope_of;
 use crate::clock::Clock;
 use crate::failure::Class;
 use crate::retry::{Delivery, StatusCheck};
-use crate::store::{Change, Claim, Filter, Page, Status, Store, StoreError};
+use crate::store::{Change, Claim, Filter, Status, Store, StoreError};
 
 /// What a [`Reconciler`] run found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -112,7 +112,7 @@ impl Reconciler {
         let mut filter = self.filter.clone();
         filter.class = Some(Class::OUTCOME_UNKNOWN.name().to_owned());
         filter.status = Some(Status::Dead);
-        let records = store.search(&filter, Page::first(self.max)).await?;
+        let records = store.search(&filter, 0..self.max).await?;
         let mut report = ReconcileReport::default();
         for record in records {
             let delivery = self.check.check(envelope_of(&record)).await;

@@ -12,7 +12,7 @@ use crate::clock::Clock;
 use crate::dead_letter::DeadLetterStatus;
 use crate::dead_letter::record_of;
 use crate::failure::Failure;
-use crate::store::{Change, Claim, Filter, Page, Record, Status, Store, StoreError, add_clamped};
+use crate::store::{Change, Claim, Filter, Record, Status, Store, StoreError, add_clamped};
 
 /// One record of a re-drive and how it ended: re-sent with success, failed again, or not sent.
 /// Every variant names the record ([`id`](Outcome::id)) and its class before the re-drive
@@ -215,17 +215,17 @@ impl Redrive {
     /// [`StoreError`] when the store cannot be read.
     pub async fn plan(&self, store: &dyn Store) -> Result<Vec<Record>, StoreError> {
         let mut out = Vec::new();
-        let mut page = Page::first(self.max.min(500));
+        let mut page = 0..self.max.min(500);
         loop {
-            let batch = store.search(&self.filter, page).await?;
-            let done = batch.len() < page.limit;
+            let batch = store.search(&self.filter, page.clone()).await?;
+            let done = batch.len() < page.len();
             out.extend(batch.into_iter().filter(|r| {
                 self.filter.status.is_some() || matches!(r.status, Status::Dead | Status::Deferred)
             }));
             if done || out.len() >= self.max {
                 break;
             }
-            page = page.next();
+            page = page.end..page.end.saturating_add(page.len());
         }
         out.truncate(self.max);
         Ok(out)

@@ -15,7 +15,7 @@
 //!    (408, 425, 429, 503, a refused connection, an open breaker). A timeout or reset after such a request
 //!    becomes [`Class::OUTCOME_UNKNOWN`](crate::Class::OUTCOME_UNKNOWN) and is not retried.
 //!    With [`RetryPolicy::reconcile`], a [`StatusCheck`] asks the provider first: delivered,
-//!    the call succeeds with a stand-in response marked [`Reconciled`]; not delivered, the
+//!    the call succeeds with a stand-in response marked [`Delivery::Delivered`] in its extensions; not delivered, the
 //!    request is resent as if never sent; unknown, it stays outcome-unknown.
 //!    [`new_idempotency_key`](crate::request::new_idempotency_key) with tower-http's
 //!    `SetRequestHeaderLayer` stamps a key once per logical request. A request whose body
@@ -107,8 +107,8 @@ pub use self::buffer::{ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
 pub use self::note::{Attempts, GiveUp};
-pub use self::policy::{ClassPolicy, DelaySource, LongDelay, RetryEvent, RetryPolicy};
-pub use self::reconcile::{Delivery, Reconciled, ReconciledResponse, StatusCheck};
+pub use self::policy::{ClassPolicy, DelaySource, RetryEvent, RetryPolicy};
+pub use self::reconcile::{Delivery, ReconciledResponse, StatusCheck};
 
 /// Retries failed calls by a [`RetryPolicy`]; see the [module docs](self).
 #[derive(Clone, Debug)]

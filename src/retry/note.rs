@@ -16,11 +16,11 @@ pub enum GiveUp {
     /// The delay before the next attempt (a server hint such as `Retry-After`, the breaker's time
     /// left until half-open, or the class's own schedule) is longer than the policy's maximum
     /// in-process delay, and the policy is set to give up rather than defer
-    /// ([`LongDelay::GiveUp`](super::LongDelay::GiveUp)).
+    /// ([`RetryPolicy::give_up_long_delays`](super::RetryPolicy::give_up_long_delays)).
     HintTooLong,
     /// The delay before the next attempt is longer than the policy's maximum in-process delay, so
     /// the request is deferred rather than slept: [`Attempts::retry_at`] says when to send it
-    /// again ([`LongDelay::Defer`](super::LongDelay::Defer), the default). Unlike the
+    /// again (the default). Unlike the
     /// other reasons this is not the end of the request: a dead-letter store keeps it with that
     /// retry-at time.
     Deferred,

@@ -56,20 +56,6 @@ pub struct RetryEvent {
     pub source: DelaySource,
 }
 
-/// What to do when the delay before the next attempt is above
-/// [`RetryPolicy::max_delay`], the longest the layer waits in process.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LongDelay {
-    /// Return the failure at once, marked [`GiveUp::Deferred`], with
-    /// [`Attempts::retry_at`](super::Attempts::retry_at) set to when to send it again; a dead-letter store keeps it with
-    /// that retry-at time. The default.
-    #[default]
-    Defer,
-    /// Return the failure at once, marked [`GiveUp::HintTooLong`]: the request is over.
-    GiveUp,
-}
-
 /// How one class of failures is retried: a cap on the attempts that failed with that class, and
 /// a delay rule. Built with [`ClassPolicy::retry`] or [`ClassPolicy::never`] and given to
 /// [`RetryPolicy::class`].
@@ -143,7 +129,8 @@ struct Inner {
     /// Whether the user chose `max_delay` or `max_hint_delay` (a preset's own bound then leaves
     /// them alone).
     delay_bounds_chosen: bool,
-    long_delay: LongDelay,
+    /// Whether a delay above `max_delay` gives the request up rather than deferring it.
+    give_up_long_delays: bool,
     breaker_wait: Duration,
     rules: Vec<(Class, ClassPolicy)>,
     budget: Option<Budget>,
@@ -168,7 +155,7 @@ struct Inner {
 /// | [`backoff`](Self::backoff) | exponential from 100 ms, capped at 20 s, full jitter |
 /// | [`max_delay`](Self::max_delay) | 60 s: the longest delay the layer sleeps in process |
 /// | [`max_hint_delay`](Self::max_hint_delay) | none: server hints bounded by `max_delay` (in a [`BackstopLayer`](crate::BackstopLayer) with a dead-letter store: one per-attempt timeout) |
-/// | [`on_long_delay`](Self::on_long_delay) | [`LongDelay::Defer`] |
+/// | [`give_up_long_delays`](Self::give_up_long_delays) | off: a delay above `max_delay` is deferred |
 /// | [`budget`](Self::budget) | none |
 /// | [`deadline`](Self::deadline) | none |
 /// | [`retry_unprocessed`](Self::retry_unprocessed) | on |
@@ -201,7 +188,7 @@ struct Inner {
 ///
 /// The delay is the server's hint when it gave one, never shortened by jitter; else the class's [`Backoff`], computed from the number of attempts that failed with that
 /// class. A delay above [`max_delay`](Self::max_delay) is never slept: the request is deferred
-/// or given up ([`on_long_delay`](Self::on_long_delay)).
+/// or given up ([`give_up_long_delays`](Self::give_up_long_delays)).
 ///
 /// # Why `unknown` is cautious
 ///
@@ -242,7 +229,7 @@ impl Default for RetryPolicy {
                 max_delay: Duration::from_secs(60),
                 max_hint_delay: None,
                 delay_bounds_chosen: false,
-                long_delay: LongDelay::Defer,
+                give_up_long_delays: false,
                 breaker_wait: Duration::ZERO,
                 rules: vec![
                     (Class::TRANSIENT, ClassPolicy::retry()),
@@ -320,7 +307,7 @@ impl RetryPolicy {
     }
 
     /// The longest delay (server hint or backoff) the layer sleeps in process. A longer one is
-    /// not slept: see [`on_long_delay`](Self::on_long_delay). Default 60 s.
+    /// not slept: see [`give_up_long_delays`](Self::give_up_long_delays). Default 60 s.
     pub fn max_delay(self, max_delay: Duration) -> Self {
         self.edit(|p| {
             p.max_delay = max_delay;
@@ -331,7 +318,7 @@ impl RetryPolicy {
     /// The longest **server hint** (`Retry-After`, a rate-limit reset, `grpc-retry-pushback-ms`)
     /// the layer sleeps in process; a longer hint is not slept but handled as a delay above
     /// [`max_delay`](Self::max_delay) (deferred by default, see
-    /// [`on_long_delay`](Self::on_long_delay)). Backoff delays are not affected, so
+    /// [`give_up_long_delays`](Self::give_up_long_delays)). Backoff delays are not affected, so
     /// [`max_attempts`](Self::max_attempts) still caps the calls of one pass. Default: none
     /// (hints are bounded by `max_delay` alone); in a [`BackstopLayer`](crate::BackstopLayer)
     /// with a dead-letter store, one per-attempt timeout unless this or `max_delay` is set.
@@ -384,7 +371,7 @@ impl RetryPolicy {
     /// With `wait_for_breaker(max)`, a rejection whose time left is at most `max` is waited out
     /// in process (spread by up to +25 %, within `max`, so that the callers it rejected do not
     /// wake together), then the call is made again; a longer one is deferred as above (or given
-    /// up under [`LongDelay::GiveUp`]). The rejections waited per request are capped by the
+    /// up under [`give_up_long_delays`](Self::give_up_long_delays)). The rejections waited per request are capped by the
     /// class's attempts ([`ClassPolicy::max_attempts`] of [`Class::CIRCUIT_OPEN`], 3 by default).
     /// A rejection that says nothing of when the breaker half-opens (forced open by an operator)
     /// is never waited: the request stops with [`GiveUp::NotRetryable`].
@@ -392,10 +379,15 @@ impl RetryPolicy {
         self.edit(|p| p.breaker_wait = max)
     }
 
-    /// What to do with a delay above [`max_delay`](Self::max_delay): defer (the default) or
-    /// give up.
-    pub fn on_long_delay(self, long_delay: LongDelay) -> Self {
-        self.edit(|p| p.long_delay = long_delay)
+    /// Gives a request up when the delay before its next attempt is above
+    /// [`max_delay`](Self::max_delay), the longest the layer waits in process: the failure is
+    /// returned at once, marked [`GiveUp::HintTooLong`], and the request is over.
+    ///
+    /// Off by default: such a request is deferred, that is, returned at once marked
+    /// [`GiveUp::Deferred`], with [`Attempts::retry_at`](super::Attempts::retry_at) set to when
+    /// to send it again; a dead-letter store keeps it with that retry-at time for its scheduler.
+    pub fn give_up_long_delays(self) -> Self {
+        self.edit(|p| p.give_up_long_delays = true)
     }
 
     /// How failures of `class` are retried, replacing any earlier setting for it. For example a
@@ -489,7 +481,7 @@ impl RetryPolicy {
     ///
     /// - [`Delivery::Delivered`](super::Delivery::Delivered): the call succeeds with a stand-in
     ///   response, `Res::reconciled(&envelope)` (for HTTP: `200 OK`, an empty body, and
-    ///   [`Reconciled`](super::Reconciled) in the extensions); the request is not sent again.
+    ///   [`Delivery::Delivered`](super::Delivery::Delivered) in the extensions); the request is not sent again.
     /// - [`Delivery::NotDelivered`](super::Delivery::NotDelivered): the failure is treated as
     ///   never sent ([`Failure::with_sent`] with [`Sent::No`]) and the policy's normal rules
     ///   apply: it is resent when [`retry_unprocessed`](Self::retry_unprocessed) is on and
@@ -693,9 +685,10 @@ impl RetryPolicy {
             _ => self.inner.max_delay,
         };
         if delay > limit {
-            return match self.inner.long_delay {
-                LongDelay::Defer => Decision::Defer(retry_at(SystemTime::now(), delay), delay),
-                LongDelay::GiveUp => Decision::Stop(GiveUp::HintTooLong),
+            return if self.inner.give_up_long_delays {
+                Decision::Stop(GiveUp::HintTooLong)
+            } else {
+                Decision::Defer(retry_at(SystemTime::now(), delay), delay)
             };
         }
         Decision::Retry(delay, source)
@@ -719,9 +712,10 @@ impl RetryPolicy {
             });
             return Decision::Retry(left.saturating_add(spread).min(bound), DelaySource::Breaker);
         }
-        match self.inner.long_delay {
-            LongDelay::Defer => Decision::Defer(retry_at(SystemTime::now(), left), left),
-            LongDelay::GiveUp => Decision::Stop(GiveUp::HintTooLong),
+        if self.inner.give_up_long_delays {
+            Decision::Stop(GiveUp::HintTooLong)
+        } else {
+            Decision::Defer(retry_at(SystemTime::now(), left), left)
         }
     }
 
@@ -761,7 +755,7 @@ impl fmt::Debug for RetryPolicy {
             .field("max_attempts", &self.inner.max_attempts)
             .field("backoff", &self.inner.backoff)
             .field("max_delay", &self.inner.max_delay)
-            .field("long_delay", &self.inner.long_delay)
+            .field("give_up_long_delays", &self.inner.give_up_long_delays)
             .field("breaker_wait", &self.inner.breaker_wait)
             .field("rules", &self.inner.rules)
             .field("budget", &self.inner.budget)
@@ -898,7 +892,7 @@ mod tests {
             }
             _ => panic!("expected a deferral"),
         }
-        let p = p.on_long_delay(LongDelay::GiveUp);
+        let p = p.give_up_long_delays();
         assert!(matches!(
             p.decide(&long, &at(1, 1, Spare::Ready)),
             Decision::Stop(GiveUp::HintTooLong)

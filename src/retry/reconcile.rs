@@ -63,12 +63,6 @@ where
     }
 }
 
-/// Marks a response that the retry layer made for a request its status check found delivered
-/// ([`RetryPolicy::reconcile`](super::RetryPolicy::reconcile)): the provider's own response was
-/// lost, so this one carries no body. In an HTTP response's extensions.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Reconciled;
-
 /// A response the retry layer can stand in with when the status check of
 /// [`RetryPolicy::reconcile`](super::RetryPolicy::reconcile) found the request delivered but the
 /// provider's answer was lost.
@@ -83,10 +77,12 @@ pub trait ReconciledResponse {
 }
 
 impl<B: Default> ReconciledResponse for http::Response<B> {
-    /// `200 OK`, an empty body, and [`Reconciled`] in the extensions.
+    /// `200 OK`, an empty body, and [`Delivery::Delivered`] in the extensions: the provider's
+    /// own response was lost, and `response.extensions().get::<Delivery>()` tells this stand-in
+    /// from a response the provider sent.
     fn reconciled(_: &Envelope) -> Self {
         let mut response = http::Response::new(B::default());
-        response.extensions_mut().insert(Reconciled);
+        response.extensions_mut().insert(Delivery::Delivered);
         response
     }
 }

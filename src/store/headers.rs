@@ -3,33 +3,19 @@
 use std::fmt;
 
 /// The headers a dead-letter record never writes the value of: credentials and session
-/// secrets. The record keeps the header's name in
-/// [`Record::redacted_headers`](super::Record::redacted_headers), so that a re-drive knows to
-/// restore it ([`http_request_restoring`](crate::resend::http_request_restoring)); its value is dropped
-/// before the record leaves the process.
-///
-/// The default list is [`RedactHeaders::DEFAULT`]: `Authorization` and `Proxy-Authorization`
-/// (RFC 9110 §11.6.2, §11.7.2), `Cookie` and `Set-Cookie` (RFC 6265), and the API-key headers in
-/// common use (`X-Api-Key`, `Api-Key`, `X-Auth-Token`, `X-Amz-Security-Token`). Names compare
+/// secrets. Set with the dead-letter layer's
+/// [`redact_header`](crate::dead_letter::DeadLetterLayer::redact_header),
+/// [`keep_header`](crate::dead_letter::DeadLetterLayer::keep_header) and
+/// [`keep_all_headers`](crate::dead_letter::DeadLetterLayer::keep_all_headers). Names compare
 /// without regard to case.
-///
-/// ```
-/// use tower_backstop::store::RedactHeaders;
-///
-/// let redact = RedactHeaders::default().and("x-signature").except("cookie");
-/// assert!(redact.redacts("Authorization"));
-/// assert!(redact.redacts("X-Signature"));
-/// assert!(!redact.redacts("cookie"));
-/// assert!(!redact.redacts("x-tenant"));
-/// ```
 #[derive(Clone, PartialEq, Eq)]
-pub struct RedactHeaders {
+pub(crate) struct RedactHeaders {
     names: Vec<String>,
 }
 
 impl RedactHeaders {
     /// The headers redacted by default, lower case.
-    pub const DEFAULT: &'static [&'static str] = &[
+    pub(crate) const DEFAULT: &'static [&'static str] = &[
         "authorization",
         "proxy-authorization",
         "cookie",
@@ -42,12 +28,12 @@ impl RedactHeaders {
 
     /// Redacts no header at all: every value is written. Only for stores that are as secret as
     /// the credentials themselves.
-    pub fn none() -> Self {
+    pub(crate) fn none() -> Self {
         RedactHeaders { names: Vec::new() }
     }
 
     /// Also redacts the header `name`.
-    pub fn and(mut self, name: impl AsRef<str>) -> Self {
+    pub(crate) fn and(mut self, name: impl AsRef<str>) -> Self {
         let name = name.as_ref().to_ascii_lowercase();
         if !self.names.contains(&name) {
             self.names.push(name);
@@ -56,14 +42,14 @@ impl RedactHeaders {
     }
 
     /// No longer redacts the header `name`.
-    pub fn except(mut self, name: impl AsRef<str>) -> Self {
+    pub(crate) fn except(mut self, name: impl AsRef<str>) -> Self {
         let name = name.as_ref();
         self.names.retain(|n| !n.eq_ignore_ascii_case(name));
         self
     }
 
     /// Whether the header `name` is redacted.
-    pub fn redacts(&self, name: &str) -> bool {
+    pub(crate) fn redacts(&self, name: &str) -> bool {
         self.names.iter().any(|n| n.eq_ignore_ascii_case(name))
     }
 
@@ -100,5 +86,20 @@ impl Default for RedactHeaders {
 impl fmt::Debug for RedactHeaders {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list().entries(&self.names).finish()
+    }
+}
+
+#[cfg(all(test, not(tower_backstop_loom)))]
+mod tests {
+    use super::RedactHeaders;
+
+    #[test]
+    fn names_are_added_and_removed_without_regard_to_case() {
+        let redact = RedactHeaders::default().and("x-signature").except("cookie");
+        assert!(redact.redacts("Authorization"));
+        assert!(redact.redacts("X-Signature"));
+        assert!(!redact.redacts("cookie"));
+        assert!(!redact.redacts("x-tenant"));
+        assert!(!RedactHeaders::none().redacts("authorization"));
     }
 }

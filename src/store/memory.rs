@@ -1,12 +1,13 @@
 //! [`MemoryStore`]: records in a map, for tests and short-lived tools.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::query::{
-    Change, Claim, Counts, Filter, Page, change_if_unchanged, claim, claimable, newest_first,
+    Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable, newest_first,
 };
 use super::record::{DEFAULT_HISTORY_LIMIT, Record};
 use super::{BoxFuture, Store, StoreError};
@@ -96,7 +97,7 @@ impl Store for MemoryStore {
     fn search(
         &self,
         filter: &Filter,
-        page: Page,
+        page: Range<usize>,
     ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
         let filter = filter.clone();
         self.with(move |memory| {
@@ -107,7 +108,7 @@ impl Store for MemoryStore {
                 .cloned()
                 .collect();
             newest_first(&mut all);
-            all.into_iter().skip(page.offset).take(page.limit).collect()
+            all.into_iter().skip(page.start).take(page.len()).collect()
         })
     }
 

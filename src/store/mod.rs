@@ -4,12 +4,12 @@
 //! One trait, one behaviour, whatever the backend: [`MemoryStore`] for tests,
 //! [`SqliteStore`] (feature `sqlite`, on by default) as the durable default, `RedisStore`
 //! (feature `redis`) for many instances. Writes merge by id, searches take a [`Filter`] and a
-//! [`Page`], [`Counts`] come over a window, and claims of due records are atomic.
+//! range of positions, [`Counts`] come over a window, and claims of due records are atomic.
 //!
 //! A [`Record`] is plain data: the id, tags, class and code names, the message, attempt counts,
 //! the failure times, the [`Status`] and retry-at time, the history of the last errors, and the
 //! whole request (method, URI, headers, payload). The values of secret headers are never written
-//! ([`RedactHeaders`]). Reading a store never panics on what it holds; store URLs print without
+//! (see [`DeadLetterLayer::redact_header`](crate::dead_letter::DeadLetterLayer::redact_header)). Reading a store never panics on what it holds; store URLs print without
 //! their password ([`redact_url`]).
 //!
 //! [`Stats`] reads the counts of a window and raises the signals of [`AlertRules`].
@@ -31,20 +31,19 @@
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
-//! use tower_backstop::store::{Filter, MemoryStore, Page, Status, Store};
+//! use tower_backstop::store::{Filter, MemoryStore, Status, Store};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let store = MemoryStore::new().with_history_limit(5);
 //! let hour_ago = SystemTime::now() - Duration::from_secs(3600);
 //! let filter = Filter::new().tag("campaign", "spring").since(hour_ago).status(Status::Dead);
-//! let spring = store.search(&filter, Page::first(10)).await.unwrap();
+//! let spring = store.search(&filter, 0..10).await.unwrap();
 //! assert!(spring.is_empty());
 //! # }
 //! ```
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
+use std::ops::Range;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 mod headers;
@@ -57,9 +56,9 @@ mod redis;
 mod sqlite;
 mod stats;
 
-pub use self::headers::RedactHeaders;
+pub(crate) use self::headers::RedactHeaders;
 pub use self::memory::MemoryStore;
-pub use self::query::{Change, Claim, Counts, Filter, Page};
+pub use self::query::{Change, Claim, Counts, Filter};
 pub use self::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -74,8 +73,9 @@ pub(crate) use self::record::{add_clamped, truncate};
 /// The error type a [`StoreError`] may wrap.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A boxed, `Send` future, the return type of [`Store`] methods (the failure path only).
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// A boxed, `Send` future, the return type of [`Store`] methods (the failure path only): the
+/// `futures` crates' own `BoxFuture`, so that `futures::FutureExt::boxed` makes one.
+pub use futures_core::future::BoxFuture;
 
 /// A dead-letter store could not do what was asked, or what it holds cannot be used: it is
 /// closed, its file cannot be opened or written, a record cannot be decoded (a status that is
@@ -214,8 +214,10 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError`] when the store is closed or cannot be read.
     fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>>;
 
-    /// One page of the records that match `filter`, the most recently failed first (ties by
-    /// id).
+    /// One page of the records that match `filter`: those at positions `page` (counted from 0)
+    /// of the results, which come the most recently failed first (ties by id), so that pages
+    /// are stable while nothing is written. `0..50` is the first 50, `50..100` the next; an
+    /// empty range returns nothing, and a range past the end returns what is left.
     ///
     /// # Errors
     ///
@@ -223,7 +225,7 @@ pub trait Store: Send + Sync + 'static {
     fn search(
         &self,
         filter: &Filter,
-        page: Page,
+        page: Range<usize>,
     ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>>;
 
     /// Up to `limit` records, the most recently failed first.
@@ -232,7 +234,7 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// [`StoreError`] when the store is closed or cannot be read.
     fn list(&self, limit: usize) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        self.search(&Filter::new(), Page::first(limit))
+        self.search(&Filter::new(), 0..limit)
     }
 
     /// Counts of the records whose last failure is at or after `since`, by class and by code

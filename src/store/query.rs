@@ -1,4 +1,4 @@
-//! What to look for in a store: [`Filter`], [`Page`], and what comes back from a count,
+//! What to look for in a store: [`Filter`], and what comes back from a count,
 //! [`Counts`].
 
 use std::collections::BTreeMap;
@@ -111,31 +111,6 @@ impl Filter {
             && self.until.is_none_or(|t| record.last_failed_at < t)
             && self.status.is_none_or(|s| s == record.status)
             && (self.ids.is_empty() || self.ids.contains(&record.id))
-    }
-}
-
-/// One page of search results: skip `offset` records, return at most `limit`. Results come the
-/// most recently failed first (ties by id), so pages are stable while nothing is written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Page {
-    /// Records to skip.
-    pub offset: usize,
-    /// Records to return at most.
-    pub limit: usize,
-}
-
-impl Page {
-    /// The first `limit` records.
-    pub fn first(limit: usize) -> Self {
-        Page { offset: 0, limit }
-    }
-
-    /// The page after this one.
-    pub fn next(self) -> Self {
-        Page {
-            offset: self.offset.saturating_add(self.limit),
-            limit: self.limit,
-        }
     }
 }
 

@@ -155,7 +155,7 @@ pub struct Record {
     /// Request metadata needed to re-send it (method, uri, idempotency key…).
     pub metadata: BTreeMap<String, String>,
     /// The request's headers as sent, in order: each name and its value byte for byte, except
-    /// the redacted ones ([`RedactHeaders`](super::RedactHeaders)), whose values are never
+    /// the redacted ones ([`DeadLetterLayer::redact_header`](crate::dead_letter::DeadLetterLayer::redact_header)), whose values are never
     /// written. A re-drive sends every kept header again
     /// ([`http_request`](crate::resend::http_request)). Empty in records written before headers were kept.
     #[serde(default, with = "header_list")]

@@ -1,4 +1,5 @@
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::time::{Duration, SystemTime};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -6,7 +7,7 @@ use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorK
 
 use super::query::newest_first;
 use super::query::{
-    Change, Claim, Counts, Filter, Page, change_if_unchanged, claim, claimable, top_first,
+    Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable, top_first,
 };
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
 use super::{BoxFuture, Store, StoreError, redact_url};
@@ -526,9 +527,9 @@ impl RedisStore {
         &self,
         index: &str,
         filter: &Filter,
-        page: Page,
+        page: Range<usize>,
     ) -> Result<Vec<Record>, StoreError> {
-        if page.limit == 0 {
+        if page.is_empty() {
             return Ok(Vec::new());
         }
         let (min, max) = score_range(filter);
@@ -539,8 +540,8 @@ impl RedisStore {
             .arg(&min)
             .arg("WITHSCORES")
             .arg("LIMIT")
-            .arg(page.offset)
-            .arg(page.limit)
+            .arg(page.start)
+            .arg(page.len())
             .query_async(&mut conn)
             .await
             .map_err(redis_error("search records"))?;
@@ -563,8 +564,8 @@ impl RedisStore {
             .await
             .map_err(redis_error("search records"))?;
         window.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        let start = page.offset.saturating_sub(above).min(window.len());
-        let end = start.saturating_add(page.limit).min(window.len());
+        let start = page.start.saturating_sub(above).min(window.len());
+        let end = start.saturating_add(page.len()).min(window.len());
         let ids: Vec<String> = window.drain(start..end).map(|(id, _)| id).collect();
         self.fetch_matching(&ids, filter).await
     }
@@ -682,7 +683,7 @@ impl Store for RedisStore {
     fn search(
         &self,
         filter: &Filter,
-        page: Page,
+        page: Range<usize>,
     ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
         let this = self.clone();
         let filter = filter.clone();
@@ -694,8 +695,8 @@ impl Store for RedisStore {
                 .matching(&filter)
                 .await?
                 .into_iter()
-                .skip(page.offset)
-                .take(page.limit)
+                .skip(page.start)
+                .take(page.len())
                 .collect())
         })
     }

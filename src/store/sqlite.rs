@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -8,7 +9,7 @@ use rusqlite::{
     Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
 };
 
-use super::query::{Change, Claim, Counts, Filter, Page, change_if_unchanged, claim, top_first};
+use super::query::{Change, Claim, Counts, Filter, change_if_unchanged, claim, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status, from_millis, to_millis};
 use super::{BoxFuture, Store, StoreError};
 
@@ -616,14 +617,14 @@ impl Store for SqliteStore {
     fn search(
         &self,
         filter: &Filter,
-        page: Page,
+        page: Range<usize>,
     ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
         let (clause, mut values) = where_clause(filter);
         values.push(Value::Integer(
-            i64::try_from(page.limit).unwrap_or(i64::MAX),
+            i64::try_from(page.len()).unwrap_or(i64::MAX),
         ));
         values.push(Value::Integer(
-            i64::try_from(page.offset).unwrap_or(i64::MAX),
+            i64::try_from(page.start).unwrap_or(i64::MAX),
         ));
         let n = values.len();
         self.run(move |conn| {
