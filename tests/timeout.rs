@@ -163,3 +163,42 @@ async fn a_timeout_of_duration_max_never_fires_and_never_panics() {
         }));
     assert_eq!(svc.oneshot(()).await.unwrap().status(), 200);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_error_names_the_timeout_and_the_service_reports_it() {
+    let svc = TimeoutLayer::new(Duration::from_millis(250)).layer(answers_after(S_LONG));
+    assert_eq!(svc.timeout(), Duration::from_millis(250));
+    let err = svc.oneshot(()).await.unwrap_err();
+    // What a record's message and a log line show.
+    assert_eq!(err.to_string(), "attempt timed out after 250ms");
+    let direct =
+        tower_backstop::timeout::Timeout::new(answers_after(S_LONG), Duration::from_secs(3));
+    assert_eq!(direct.timeout(), Duration::from_secs(3));
+}
+
+const S_LONG: Duration = Duration::from_secs(3600);
+
+#[tokio::test(start_paused = true)]
+async fn readiness_is_the_inner_services_own() {
+    let (mut svc, mut handle) = tower_test::mock::spawn_layer::<&'static str, &'static str, _>(
+        TimeoutLayer::new(Duration::from_secs(1)),
+    );
+    // Not ready while the inner service is not.
+    handle.allow(0);
+    assert!(svc.poll_ready().is_pending());
+    // Ready once it is; the call goes through to it.
+    handle.allow(1);
+    assert!(svc.poll_ready().is_ready());
+    let call = tokio::spawn(svc.call("a"));
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(req, "a");
+    send.send_response("ok");
+    assert_eq!(call.await.unwrap().unwrap(), "ok");
+    // An inner service that fails its readiness fails ours, with its own error.
+    handle.send_error(std::io::Error::other("inner not ready"));
+    let err = match svc.poll_ready() {
+        std::task::Poll::Ready(Err(e)) => e,
+        other => panic!("expected the inner error, got {other:?}"),
+    };
+    assert_eq!(err.to_string(), "inner not ready");
+}

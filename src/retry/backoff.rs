@@ -343,6 +343,99 @@ mod tests {
     }
 
     #[test]
+    fn the_cap_setter_and_the_jitter_are_kept() {
+        // A cap set after the rule bounds every delay: a linear rule that would reach 9 s stops
+        // at 2 s, and the cap reads back.
+        let b = Backoff::linear(S(1), S(2), S(100)).capped_at(S(2));
+        assert_eq!(b.cap(), S(2));
+        assert_eq!([1, 2, 5].map(|n| b.nominal(n)), [1, 2, 2].map(S));
+        let raised = Backoff::constant(S(1)).capped_at(S(4));
+        assert_eq!(raised.cap(), S(4));
+        assert_eq!(raised.nominal(3), S(1));
+        // The jitter set is the one read back, and the defaults are as documented.
+        assert_eq!(Backoff::constant(S(1)).jitter_kind(), Jitter::None);
+        assert_eq!(Backoff::default().jitter_kind(), Jitter::Full);
+        let equal = Backoff::constant(S(1)).jitter(Jitter::Equal);
+        assert_eq!(equal.jitter_kind(), Jitter::Equal);
+    }
+
+    #[test]
+    fn delay_uses_the_rule_and_the_threads_random_source() {
+        // No jitter: `delay` is exactly the rule's value, never zero.
+        let c = Backoff::constant(Duration::from_millis(1_500));
+        assert_eq!(c.delay(1, None), Duration::from_millis(1_500));
+        let l = Backoff::linear(S(1), S(1), S(10));
+        assert_eq!(l.delay(3, Some(S(2))), S(3));
+        // Full jitter: within `[0, d]`, and not always the same value.
+        let full = Backoff::exponential(S(1), S(60));
+        let picks: Vec<_> = (0..64).map(|_| full.delay(4, None)).collect();
+        assert!(picks.iter().all(|d| *d <= S(8)), "{picks:?}");
+        assert!(picks.iter().any(|d| *d != picks[0]), "no spread: {picks:?}");
+    }
+
+    #[test]
+    fn equal_and_additive_jitter_spread_over_their_whole_band() {
+        let mut rng = SmallRng::seed_from_u64(11);
+        // Equal: in `[d/2, d]`, reaching both halves of that band.
+        let equal = Backoff::constant(S(8)).jitter(Jitter::Equal);
+        let picks: Vec<_> = (0..400)
+            .map(|_| equal.delay_with(1, None, &mut rng))
+            .collect();
+        assert!(picks.iter().all(|d| *d >= S(4) && *d <= S(8)), "{picks:?}");
+        assert!(picks.iter().any(|d| *d < S(5)) && picks.iter().any(|d| *d > S(7)));
+        // Additive: in `[d, 1.25 d]` (under a cap that leaves room), reaching the top quarter.
+        let additive = Backoff::constant(S(8))
+            .capped_at(S(100))
+            .jitter(Jitter::Additive);
+        let picks: Vec<_> = (0..400)
+            .map(|_| additive.delay_with(1, None, &mut rng))
+            .collect();
+        assert!(picks.iter().all(|d| *d >= S(8) && *d <= S(10)), "{picks:?}");
+        assert!(
+            picks.iter().any(|d| *d > Duration::from_millis(9_500)),
+            "{picks:?}"
+        );
+        // Decorrelated: in `[base, 3 × previous]`.
+        let dec = Backoff::exponential(S(1), S(100)).jitter(Jitter::Decorrelated);
+        let picks: Vec<_> = (0..400)
+            .map(|_| dec.delay_with(2, Some(S(10)), &mut rng))
+            .collect();
+        assert!(picks.iter().all(|d| *d >= S(1) && *d <= S(30)), "{picks:?}");
+        assert!(picks.iter().any(|d| *d > S(25)), "{picks:?}");
+    }
+
+    #[test]
+    fn sub_second_and_multi_second_delays_keep_both_parts() {
+        let b = Backoff::constant(Duration::new(3, 250_000_000));
+        assert_eq!(b.nominal(1), Duration::new(3, 250_000_000));
+        assert_eq!(from_nanos(u128::MAX), Duration::MAX);
+        assert_eq!(from_nanos(2_000_000_001), Duration::new(2, 1));
+    }
+
+    #[test]
+    fn debug_names_the_rule_the_cap_and_the_jitter() {
+        let b = Backoff::exponential(Duration::from_millis(100), S(20));
+        assert_eq!(
+            format!("{b:?}"),
+            "Backoff { exponential_base: 100ms, cap: 20s, jitter: Full }"
+        );
+        let l = Backoff::linear(S(1), S(2), S(6));
+        assert_eq!(
+            format!("{l:?}"),
+            "Backoff { linear_base: 1s, linear_step: 2s, cap: 6s, jitter: None }"
+        );
+        let s = Backoff::schedule([S(5), S(15)]).unwrap();
+        assert_eq!(
+            format!("{s:?}"),
+            "Backoff { schedule: [5s, 15s], cap: 15s, jitter: None }"
+        );
+        assert_eq!(
+            format!("{:?}", Backoff::constant(S(2))),
+            "Backoff { constant: 2s, cap: 2s, jitter: None }"
+        );
+    }
+
+    #[test]
     fn seeded_sources_give_the_same_delays() {
         let b = Backoff::default();
         let a: Vec<_> = {

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Mutation testing of one core module: runs `cargo mutants` on the module's files with only the
+# tests that cover it, then prints the score (caught ÷ viable mutants).
+#
+#   scripts/mutants.sh MODULE [extra cargo-mutants options]
+#   scripts/mutants.sh --list
+#
+# Needs cargo-mutants (`cargo install cargo-mutants --locked`). Dependencies are built once into
+# target/mutants and reused by every later run, so a run costs one build of this crate per
+# mutant. Results are in target/mutants-out/MODULE/mutants.out (missed.txt lists the survivors).
+# Run it on every module a change touches; see CONTRIBUTING.md and docs/mutants.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# module: files (comma-separated) | cargo test arguments
+declare -A FILES TESTS
+FILES[backoff]="src/retry/backoff.rs"
+TESTS[backoff]="--lib --test proptest_backoff --test retry --test config"
+FILES[policy]="src/retry/policy.rs"
+TESTS[policy]="--lib --test retry --test config --test reconcile"
+FILES[retry_future]="src/retry/future.rs"
+TESTS[retry_future]="--lib --test retry --test reconcile --test bodies"
+FILES[breaker]="src/breaker/state.rs,src/breaker/window.rs,src/breaker/open.rs"
+TESTS[breaker]="--lib --test breaker --test config"
+FILES[classify]="src/classify/mod.rs,src/classify/http.rs,src/classify/grpc.rs,src/classify/smtp.rs"
+TESTS[classify]="--lib --test classify"
+FILES[timeout]="src/timeout/mod.rs,src/timeout/future.rs,src/timeout/layer.rs"
+TESTS[timeout]="--lib --test timeout"
+FILES[failure]="src/failure.rs"
+TESTS[failure]="--lib --test retry --test classify"
+FILES[scheduler]="src/resend/scheduler.rs"
+TESTS[scheduler]="--lib --test scheduler"
+
+if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+fi
+if [[ $1 == --list ]]; then
+    for m in "${!FILES[@]}"; do printf '%-13s %s\n' "$m" "${FILES[$m]}"; done | sort
+    exit 0
+fi
+module=$1
+shift
+if [[ -z ${FILES[$module]:-} ]]; then
+    echo "unknown module '$module'; one of: $(printf '%s ' "${!FILES[@]}")" >&2
+    exit 2
+fi
+command -v cargo-mutants >/dev/null || {
+    echo "cargo-mutants is not installed: cargo install cargo-mutants --locked" >&2
+    exit 2
+}
+
+args=()
+IFS=, read -ra files <<<"${FILES[$module]}"
+for f in "${files[@]}"; do
+    [[ -f $f ]] || { echo "no file $f for module $module" >&2; exit 2; }
+    args+=(--file "$f")
+done
+out="target/mutants-out/$module"
+mkdir -p "$out"
+export CARGO_TARGET_DIR="$PWD/target/mutants"
+# shellcheck disable=SC2086 # the test arguments are words
+cargo mutants "${args[@]}" --all-features --jobs 1 --timeout 120 --output "$out" "$@" \
+    -- ${TESTS[$module]} || true
+
+dir="$out/mutants.out"
+count() {
+    if [[ -s $dir/$1.txt ]]; then grep -c . "$dir/$1.txt"; else echo 0; fi
+}
+caught=$(count caught)
+missed=$(count missed)
+timeout=$(count timeout)
+unviable=$(count unviable)
+viable=$((caught + missed + timeout))
+if ((viable == 0)); then
+    echo "$module: no viable mutant (unviable $unviable)"
+    exit 1
+fi
+# A mutant that makes a test hang is caught: the timeout is a failure of the test run.
+score=$(((caught + timeout) * 1000 / viable))
+printf '%s: %d mutants, %d unviable, %d caught, %d timed out (caught), %d missed: %d.%d %%\n' \
+    "$module" $((viable + unviable)) "$unviable" "$caught" "$timeout" "$missed" \
+    $((score / 10)) $((score % 10))
+if ((missed > 0)); then
+    echo "missed:"
+    sed 's/^/  /' "$dir/missed.txt"
+fi
