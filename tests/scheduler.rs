@@ -411,3 +411,98 @@ async fn an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens()
     }
     assert_eq!(handle.state(), tower_backstop::breaker::State::Closed);
 }
+
+/// `shutdown` waits for the re-send in flight, then the scheduler sends nothing more.
+#[tokio::test(start_paused = true)]
+async fn shutdown_waits_for_the_resend_in_flight_and_stops_polling() {
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    store.put(deferred("slow", clock.now())).await.unwrap();
+    let calls: Calls = Arc::default();
+    // The provider takes 5 s to answer.
+    let provider = {
+        let calls = Arc::clone(&calls);
+        tower::service_fn(move |req: http::Request<String>| {
+            let id = req.extensions().get::<MessageId>().unwrap().0.clone();
+            calls.lock().unwrap().push((Instant::now(), id));
+            async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok::<_, BoxError>(http::Response::builder().status(202).body(()).unwrap())
+            }
+        })
+    };
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
+        .layer(ClassifyLayer::http())
+        .service(provider);
+    let scheduler = Scheduler::new(Arc::clone(&store), stack, as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .clock(clock)
+        .spawn();
+    // The re-send starts at the first poll and waits for the provider.
+    for _ in 0..100 {
+        if !calls.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        calls.lock().unwrap().len(),
+        1,
+        "the due record was not sent"
+    );
+    assert_eq!(
+        store.get("slow").await.unwrap().unwrap().status,
+        Status::InFlight
+    );
+    let start = Instant::now();
+    scheduler.shutdown().await;
+    // It returned once the provider answered, with the outcome written.
+    assert!(
+        start.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        store.get("slow").await.unwrap().unwrap().status,
+        Status::Resolved
+    );
+    // A record due now is not sent by a scheduler that was shut down.
+    store.put(deferred("later", clock.now())).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        calls.lock().unwrap().len(),
+        1,
+        "{:?}",
+        calls.lock().unwrap()
+    );
+    assert_eq!(
+        store.get("later").await.unwrap().unwrap().status,
+        Status::Deferred
+    );
+}
+
+#[test]
+fn debug_shows_the_settings() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let scheduler = Scheduler::new(
+        store,
+        tower::service_fn(|_: http::Request<String>| async {
+            Ok::<_, BoxError>(http::Response::new(()))
+        }),
+        as_string_request,
+    )
+    .poll_every(Duration::from_millis(250))
+    .concurrency(3)
+    .max_resends(7);
+    let debug = format!("{scheduler:?}");
+    for part in [
+        "Scheduler",
+        "poll: 250ms",
+        "concurrency: 3",
+        "lease: 60s",
+        "max_resends: 7",
+    ] {
+        assert!(debug.contains(part), "{debug}");
+    }
+}
