@@ -716,7 +716,12 @@ async fn deadline_cuts_a_running_attempt() {
         failure.note::<Attempts>().map(Attempts::give_up),
         Some(GiveUp::DeadlineExceeded)
     );
-    assert!(failure.to_string().contains("deadline"), "{failure}");
+    assert!(
+        failure
+            .to_string()
+            .contains("retry deadline elapsed during the first attempt"),
+        "{failure}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -986,12 +991,21 @@ async fn a_request_that_cannot_be_replayed_is_never_retried_and_the_failure_says
                 )
             }
         }));
+    let before = std::time::SystemTime::now();
     let failure = svc.oneshot(Streaming).await.unwrap_err();
     assert_eq!(*calls.lock().unwrap(), 1);
     assert_eq!(
         failure.note::<Attempts>().map(Attempts::give_up),
         Some(GiveUp::NotReplayable)
     );
+    // One real attempt was made, and the note counts it.
+    assert_eq!(failure.note::<Attempts>().map(Attempts::count), Some(1));
+    // The note keeps when the attempt failed (what a dead-letter record's `first_failed_at` is).
+    let first = failure
+        .note::<Attempts>()
+        .and_then(Attempts::first_failed_at)
+        .expect("the time of the failure");
+    assert!(first >= before && first <= std::time::SystemTime::now());
     assert!(
         failure.to_string().contains("cannot be replayed"),
         "{failure}"
@@ -1540,4 +1554,70 @@ async fn a_deadline_of_duration_max_is_no_deadline() {
         start.elapsed(),
         Duration::from_secs(3600) + Duration::from_millis(300)
     );
+}
+
+/// A request that can be copied once only: the second attempt is sent, the third cannot be, and
+/// the failure keeps when the first attempt failed.
+#[tokio::test(start_paused = true)]
+async fn a_request_that_stops_being_replayable_keeps_its_first_failure_time() {
+    struct CopiesOnce(Arc<Mutex<u32>>);
+    impl tower_backstop::Replay for CopiesOnce {
+        fn replay(&self) -> Option<Self> {
+            let mut copies = self.0.lock().unwrap();
+            *copies += 1;
+            (*copies == 1).then(|| CopiesOnce(Arc::clone(&self.0)))
+        }
+    }
+    let calls = Arc::new(Mutex::new(0));
+    let counter = calls.clone();
+    let svc = RetryPolicy::new()
+        .backoff(no_jitter(100))
+        .max_attempts(3)
+        .build()
+        .unwrap()
+        .layer(tower::service_fn(move |_: CopiesOnce| {
+            *counter.lock().unwrap() += 1;
+            async {
+                Err::<(), tower_backstop::BoxError>(
+                    std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+                )
+            }
+        }));
+    let before = std::time::SystemTime::now();
+    let failure = svc
+        .oneshot(CopiesOnce(Arc::new(Mutex::new(0))))
+        .await
+        .unwrap_err();
+    assert_eq!(*calls.lock().unwrap(), 2, "the copy was sent, then nothing");
+    let attempts = failure.note::<Attempts>().expect("the retry layer's note");
+    assert_eq!(attempts.give_up(), GiveUp::NotReplayable);
+    assert_eq!(attempts.count(), 2);
+    let first = attempts
+        .first_failed_at()
+        .expect("the time of the first failure");
+    assert!(first >= before && first <= std::time::SystemTime::now());
+}
+
+/// The inner service fails its readiness before a retry: the request stops there, and the note
+/// still says when the first attempt failed.
+#[tokio::test(start_paused = true)]
+async fn readiness_failing_before_a_retry_gives_up_with_the_first_failure_time() {
+    let (mut svc, mut handle) = tower_test::mock::spawn_layer::<&'static str, (), _>(
+        RetryPolicy::new().backoff(no_jitter(10)).build().unwrap(),
+    );
+    handle.allow(1);
+    assert!(svc.poll_ready().is_ready());
+    let before = std::time::SystemTime::now();
+    let response = tokio::spawn(svc.call("hello"));
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+    handle.send_error(std::io::Error::other("connection pool closed"));
+    let failure = response.await.unwrap().unwrap_err();
+    let attempts = failure.note::<Attempts>().expect("the retry layer's note");
+    assert_eq!(attempts.give_up(), GiveUp::NotReady);
+    assert_eq!(attempts.count(), 1);
+    let first = attempts
+        .first_failed_at()
+        .expect("the time of the first failure");
+    assert!(first >= before && first <= std::time::SystemTime::now());
 }
