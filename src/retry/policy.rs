@@ -146,8 +146,8 @@ struct Inner {
 /// attempts it makes (the first call counts as one), how long it waits, and within which
 /// budget and deadline.
 ///
-/// Defaults, from the field's practice (the AWS SDKs' standard mode, gRFC A6, the design's
-/// class table):
+/// Defaults, from the field's practice (the AWS SDKs' standard mode, gRFC A6), per setting and
+/// per class:
 ///
 /// | setting | default |
 /// |---|---|
@@ -194,8 +194,8 @@ struct Inner {
 ///
 /// An [`Class::UNKNOWN`] failure (HTTP 500, an unmapped code, gRPC `UNKNOWN` or `INTERNAL`)
 /// says nothing about whether trying again helps: it is as often a bug that fails every time
-/// (a payload the provider cannot handle) as a passing fault. The design's class table says "a
-/// few times, cautiously"; the default is one retry (2 attempts failed with it, a count of
+/// (a payload the provider cannot handle) as a passing fault, so it is retried a few times,
+/// cautiously: the default is one retry (2 attempts failed with it, a count of
 /// attempts, not retries) and [`ClassPolicy::slow_down`], the throttled class's rule: after
 /// an earlier delay, wait twice that long (within the backoff's cap, and never less than the
 /// earlier delay). A request that keeps failing with 500 is then handed to the dead-letter
@@ -366,7 +366,7 @@ impl RetryPolicy {
     /// record and its [`Scheduler`](crate::resend::Scheduler) sends it again then; a
     /// [`FailoverLayer`](crate::breaker::FailoverLayer) below this layer takes the call instead
     /// and never rejects. Sleeping out an open period in process is what makes callers pile up
-    /// behind an outage and wake together: the design's "an open breaker fails fast" (§5).
+    /// behind an outage and wake together; an open breaker is there to fail fast.
     ///
     /// With `wait_for_breaker(max)`, a rejection whose time left is at most `max` is waited out
     /// in process (spread by up to +25 %, within `max`, so that the callers it rejected do not
