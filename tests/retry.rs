@@ -979,18 +979,7 @@ async fn a_request_that_cannot_be_replayed_is_never_retried_and_the_failure_says
         }
     }
     let calls = Arc::new(Mutex::new(0));
-    let counter = calls.clone();
-    let svc = RetryPolicy::new()
-        .build()
-        .unwrap()
-        .layer(tower::service_fn(move |_: Streaming| {
-            *counter.lock().unwrap() += 1;
-            async {
-                Err::<(), tower_backstop::BoxError>(
-                    std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
-                )
-            }
-        }));
+    let svc = RetryPolicy::new().build().unwrap().layer(refusing(&calls));
     let before = std::time::SystemTime::now();
     let failure = svc.oneshot(Streaming).await.unwrap_err();
     assert_eq!(*calls.lock().unwrap(), 1);
@@ -1569,20 +1558,12 @@ async fn a_request_that_stops_being_replayable_keeps_its_first_failure_time() {
         }
     }
     let calls = Arc::new(Mutex::new(0));
-    let counter = calls.clone();
     let svc = RetryPolicy::new()
         .backoff(no_jitter(100))
         .max_attempts(3)
         .build()
         .unwrap()
-        .layer(tower::service_fn(move |_: CopiesOnce| {
-            *counter.lock().unwrap() += 1;
-            async {
-                Err::<(), tower_backstop::BoxError>(
-                    std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
-                )
-            }
-        }));
+        .layer(refusing(&calls));
     let before = std::time::SystemTime::now();
     let failure = svc
         .oneshot(CopiesOnce(Arc::new(Mutex::new(0))))
@@ -1620,4 +1601,21 @@ async fn readiness_failing_before_a_retry_gives_up_with_the_first_failure_time()
         .first_failed_at()
         .expect("the time of the first failure");
     assert!(first >= before && first <= std::time::SystemTime::now());
+}
+
+/// A service that refuses every connection, counting its calls in `calls`.
+fn refusing<Req>(
+    calls: &Arc<Mutex<u32>>,
+) -> impl tower::Service<Req, Response = (), Error = tower_backstop::BoxError, Future: Send>
++ Clone
++ use<Req> {
+    let counter = Arc::clone(calls);
+    tower::service_fn(move |_: Req| {
+        *counter.lock().unwrap() += 1;
+        async {
+            Err::<(), tower_backstop::BoxError>(
+                std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+            )
+        }
+    })
 }
