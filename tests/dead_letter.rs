@@ -2,7 +2,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use support::{Scripted, Step, post_with_key, status, status_with};
 use tower::{ServiceBuilder, ServiceExt};
@@ -122,14 +122,21 @@ async fn permanent_and_breaker_open_failures_are_dead_lettered_with_their_reason
         open.retry_at.is_some(),
         "the record says when the breaker half-opens"
     );
+    // The rejection keeps the failure that opened the breaker as its root cause.
+    let cause = open.cause.as_ref().expect("a root cause");
+    assert_eq!(
+        (cause.class.as_str(), cause.code.as_str(), cause.attempts),
+        ("transient", "http 503", 2),
+        "{cause:?}"
+    );
+    assert!(cause.message.contains("2 failures in"), "{}", cause.message);
+    assert!(open.breaker.is_some());
+    // The deferred rejection is outstanding, not a dead letter: counted apart.
     assert_eq!(
         store.count_by_class().await.unwrap(),
-        vec![
-            ("circuit_open".to_owned(), 1),
-            ("permanent".to_owned(), 1),
-            ("transient".to_owned(), 1)
-        ]
+        vec![("permanent".to_owned(), 1), ("transient".to_owned(), 1)]
     );
+    assert_eq!(store.counts(UNIX_EPOCH).await.unwrap().deferred, 1);
 }
 
 #[tokio::test]

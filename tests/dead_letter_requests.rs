@@ -266,3 +266,48 @@ async fn a_version_2_sqlite_store_is_upgraded_in_place() {
     let new = store.get("evt-42").await.unwrap().unwrap();
     assert_eq!(new.headers.len(), 7);
 }
+
+/// A store written by schema version 3 (headers, no root cause and no breaker) opens, reads its
+/// records with neither, and keeps both from then on.
+#[tokio::test]
+async fn a_version_3_sqlite_store_is_upgraded_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v3.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE dead_letters (
+                id TEXT PRIMARY KEY, class TEXT NOT NULL, code TEXT NOT NULL,
+                message TEXT NOT NULL, attempts INTEGER NOT NULL, budget_spent INTEGER NOT NULL,
+                first_failed_at_ms INTEGER NOT NULL, last_failed_at_ms INTEGER NOT NULL,
+                retry_at_ms INTEGER, status TEXT NOT NULL, resends INTEGER NOT NULL,
+                resolved_at_ms INTEGER, history TEXT NOT NULL, tags TEXT NOT NULL,
+                payload BLOB NOT NULL, payload_truncated INTEGER NOT NULL,
+                payload_len INTEGER NOT NULL, content_type TEXT, metadata TEXT NOT NULL,
+                headers TEXT NOT NULL DEFAULT '[]', redacted_headers TEXT NOT NULL DEFAULT '[]');
+             INSERT INTO dead_letters VALUES ('old', 'transient', 'http 503', 'm', 1, 1, 0, 0,
+                NULL, 'dead', 0, NULL, '[]', '{}', X'6869', 0, 2, NULL,
+                '{\"method\":\"POST\",\"uri\":\"http://a.test/\"}',
+                '[[\"x-a\",\"utf8:b\"]]', '[]');
+             PRAGMA user_version = 3;",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    let old = store.get("old").await.unwrap().unwrap();
+    assert_eq!((old.cause, old.breaker), (None, None));
+    assert_eq!(old.headers, [("x-a".to_owned(), b"b".to_vec())]);
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, 4);
+    let provider = Provider::default();
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(store.clone()))
+        .service(provider.failing());
+    let _ = svc.oneshot(webhook()).await.unwrap_err();
+    let new = store.get("evt-42").await.unwrap().unwrap();
+    let cause = new.cause.expect("a real failure is its own root cause");
+    assert_eq!((cause.class, cause.code), (new.class, new.code));
+}

@@ -370,12 +370,25 @@ async fn an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens()
         let r = store.get(id).await.unwrap().unwrap();
         assert_eq!(r.status, Status::Deferred, "{id}");
         assert_eq!(r.attempts, attempts, "{id}");
-        assert!(
-            r.message
-                .contains("breaker \"mail.test\" is open; half-opens in"),
+        // The half-open time is absolute (RFC 3339), the record's own retry-at time.
+        let at = r
+            .message
+            .strip_prefix("breaker \"mail.test\" is open; half-opens at ")
+            .unwrap_or_else(|| panic!("{id}: {}", r.message));
+        assert_eq!(
+            humantime::parse_rfc3339(at).ok(),
+            r.retry_at,
             "{id}: {}",
             r.message
         );
+        // The root cause is the 503 that opened the breaker.
+        let cause = r.cause.as_ref().expect("a root cause");
+        assert_eq!(
+            (cause.code.as_str(), cause.attempts),
+            ("http 503", 1),
+            "{id}"
+        );
+        assert_eq!(r.breaker.as_deref(), Some("mail.test"));
         // Deferred to the half-open instant, 10 s after the trip (less the backoff the first
         // message slept on the paused clock, under 100 ms), rounded up to the second.
         let at = r.retry_at.unwrap();

@@ -139,6 +139,91 @@ async fn round_trip(b: Backend) {
     assert_eq!(o.store.get("nope").await.unwrap(), None);
 }
 
+/// The root cause and the breaker round-trip, and a later write without them (a rejection whose
+/// breaker no longer knows why) keeps the ones already stored.
+async fn root_cause_and_breaker_are_kept(b: Backend) {
+    let Some(o) = b.open("cause", 10).await else {
+        return;
+    };
+    let mut first = rec("m-1", "circuit_open", "circuit open", at(0));
+    let mut cause = first.history[0].clone();
+    cause.class = "transient".into();
+    cause.code = "io ConnectionRefused".into();
+    cause.message = "connection refused (io ConnectionRefused); 12 failures in 10s".into();
+    cause.attempts = 12;
+    first.cause = Some(cause.clone());
+    first.breaker = Some("api.mail.test:443".into());
+    o.store.put(first.clone()).await.unwrap();
+    assert_eq!(o.store.get("m-1").await.unwrap(), Some(first));
+    let mut later = rec("m-1", "circuit_open", "circuit open", at(5_000));
+    later.cause = None;
+    o.store.put(later).await.unwrap();
+    let got = o.store.get("m-1").await.unwrap().unwrap();
+    assert_eq!(got.cause, Some(cause));
+    assert_eq!(got.breaker.as_deref(), Some("api.mail.test:443"));
+    assert_eq!(got.last_failed_at, at(5_000));
+    // A newer real failure is the new root cause.
+    let real = rec("m-1", "transient", "http 503", at(9_000));
+    let real_cause = real.cause.clone();
+    assert!(real_cause.is_some());
+    o.store.put(real).await.unwrap();
+    assert_eq!(o.store.get("m-1").await.unwrap().unwrap().cause, real_cause);
+}
+
+/// A claimed record the scheduler does not send ([`Change::Held`]) is deferred again with its
+/// claim's resend given back, compare-and-set like every claim.
+async fn a_held_record_gives_its_claim_back(b: Backend) {
+    let Some(o) = b.open("held", 10).await else {
+        return;
+    };
+    o.store
+        .put(deferred(
+            rec("m-1", "circuit_open", "circuit open", at(0)),
+            at(1_000),
+        ))
+        .await
+        .unwrap();
+    let claimed = o
+        .store
+        .claim_due(at(2_000), 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!((claimed.len(), claimed[0].resends), (1, 1));
+    let held = o
+        .store
+        .change_if_unchanged(
+            &claimed[0],
+            Change::Held {
+                retry_at: at(30_000),
+            },
+        )
+        .await
+        .unwrap();
+    let Claim::Claimed(held) = held else {
+        panic!("{held:?}")
+    };
+    assert_eq!(
+        (held.status, held.resends, held.retry_at),
+        (Status::Deferred, 0, Some(at(30_000)))
+    );
+    assert_eq!(o.store.get("m-1").await.unwrap().as_ref(), Some(&*held));
+    // Not due before its new time; a second give-back from the stale claim is refused.
+    assert!(
+        o.store
+            .claim_due(at(29_999), 10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        o.store
+            .change_if_unchanged(&claimed[0], Change::Held { retry_at: at(1) })
+            .await
+            .unwrap(),
+        Claim::ClaimedElsewhere { .. }
+    ));
+}
+
 async fn upsert_merges_by_id(b: Backend) {
     let Some(o) = b.open("upsert", 10).await else {
         return;
@@ -511,7 +596,9 @@ async fn delete_by_filter(b: Backend) {
             .len(),
         5
     );
-    assert_eq!(o.store.counts(at(0)).await.unwrap().total, 5);
+    // Four dead letters and one deferred record are left: counted apart.
+    let c = o.store.counts(at(0)).await.unwrap();
+    assert_eq!((c.total, c.deferred), (4, 1));
     let due = o
         .store
         .claim_due(at(1_000), 10, Duration::from_secs(1))
@@ -970,4 +1057,6 @@ conformance!(
     two_schedulers_send_each_record_once,
     awkward_ids_and_a_big_payload,
     pages_are_exact_across_ties,
+    root_cause_and_breaker_are_kept,
+    a_held_record_gives_its_claim_back,
 );

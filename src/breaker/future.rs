@@ -72,6 +72,14 @@ impl Guard {
             self.shared.complete(permit, outcome);
         }
     }
+
+    /// After [`finish_with`](Self::finish_with) a failure: keeps it as the breaker's cause when
+    /// it opened the breaker (or failed a probe).
+    #[inline]
+    pub(crate) fn note_failure<R>(&self, failure: &Failure<R>) {
+        self.shared
+            .note_failure(failure.class(), failure.code(), || failure.message());
+    }
 }
 
 impl Drop for Guard {
@@ -124,6 +132,7 @@ where
                 Err(e) => {
                     let failure: Failure<R> = e.into();
                     guard.finish_with(Outcome::Failure(failure.class()));
+                    guard.note_failure(&failure);
                     Poll::Ready(Err(failure))
                 }
             },

@@ -133,7 +133,7 @@ pub(crate) mod future;
 mod handle;
 pub(crate) mod keyed;
 mod layer;
-mod open;
+pub(crate) mod open;
 pub(crate) mod state;
 mod sync;
 mod window;

@@ -1,8 +1,12 @@
 //! How long a breaker stays open after a trip, and what its rejections say.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::failure::{Class, Code};
 
 /// How long a breaker stays open after a trip: fixed, or growing with each consecutive trip,
 /// with optional jitter. Set with [`Builder::open_for`](super::Builder::open_for),
@@ -144,29 +148,65 @@ mod tests {
     }
 }
 
+/// The last real failure of a breaker's provider, kept while the breaker is not closed: the
+/// failure that opened it, or the failed probe after it.
+#[derive(Clone, Debug)]
+pub(crate) struct Cause {
+    pub(crate) class: Class,
+    pub(crate) code: Code,
+    pub(crate) message: String,
+    /// When it failed.
+    pub(crate) at: Instant,
+    /// The failures the breaker counted since it last closed, this one included.
+    pub(crate) failures: u64,
+    /// When the first of them failed.
+    pub(crate) since: Instant,
+}
+
+/// Where a breaker keeps its [`Cause`], shared with its [`OpenError`]s: written when it opens
+/// (and when a probe fails), cleared when it closes; never touched by a call that succeeds.
+#[derive(Debug, Default)]
+pub(crate) struct CauseSlot(Mutex<Option<Arc<Cause>>>);
+
+impl CauseSlot {
+    pub(crate) fn set(&self, cause: Option<Cause>) {
+        let cause = cause.map(Arc::new);
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = cause;
+    }
+
+    pub(crate) fn get(&self) -> Option<Arc<Cause>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 /// The source of an open breaker's rejection ([`Class::CIRCUIT_OPEN`](crate::Class::CIRCUIT_OPEN),
-/// [`Code::CircuitOpen`](crate::Code::CircuitOpen)): which breaker rejected the call.
+/// [`Code::CircuitOpen`](crate::Code::CircuitOpen)): which breaker rejected the call, and why it
+/// opened.
 ///
 /// Its `Display` reads `breaker "api.mail.test:443" is open` (or `is forced open` when an
 /// operator opened it); the failure's own `Display` and
 /// [`message`](crate::Failure::message) add the time left until half-open, its
 /// [`retry_after`](crate::Failure::retry_after), rounded up to the millisecond:
-/// `breaker "api.mail.test:443" is open; half-opens in 2.5s`, the message a dead-letter record
-/// keeps. One `OpenError` per breaker is shared by all of its rejections, so that a rejection
-/// allocates only its failure.
+/// `breaker "api.mail.test:443" is open; half-opens in 2.5s`. A dead-letter record keeps the
+/// absolute time instead (`half-opens at 2026-04-01T14:00:02.500Z`) and, as its
+/// [`cause`](crate::store::Record::cause), the provider's last real failure that
+/// [`cause`](OpenError::cause) describes. One `OpenError` per breaker is shared by all of its
+/// rejections, so that a rejection allocates only its failure.
 #[derive(Debug)]
 pub struct OpenError {
     breaker: Arc<str>,
     forced: bool,
+    cause: Arc<CauseSlot>,
 }
 
 impl OpenError {
-    /// The pair a breaker named `breaker` answers with: open, forced open.
-    pub(crate) fn pair(breaker: &Arc<str>) -> [Arc<OpenError>; 2] {
+    /// The pair a breaker named `breaker` answers with: open, forced open; both read `cause`.
+    pub(crate) fn pair(breaker: &Arc<str>, cause: &Arc<CauseSlot>) -> [Arc<OpenError>; 2] {
         [false, true].map(|forced| {
             Arc::new(OpenError {
                 breaker: Arc::clone(breaker),
                 forced,
+                cause: Arc::clone(cause),
             })
         })
     }
@@ -179,6 +219,29 @@ impl OpenError {
     /// Whether an operator forced the breaker open (no time is known until it half-opens).
     pub fn forced(&self) -> bool {
         self.forced
+    }
+
+    /// Why the breaker is open, as its provider failed: the last real failure it counted (the
+    /// one that opened it, or a failed probe since), its code, and how many failures it counted
+    /// since it last closed, over how long:
+    /// `connection refused (io ConnectionRefused); 12 failures in 10.2s`. `None` when the
+    /// breaker is closed again, or was forced open with no failure.
+    pub fn cause(&self) -> Option<String> {
+        self.cause.get().map(|c| describe(&c))
+    }
+
+    pub(crate) fn cause_now(&self) -> Option<Arc<Cause>> {
+        self.cause.get()
+    }
+}
+
+/// `message (code); N failures in D` (or `1 failure`), the text of a cause.
+pub(crate) fn describe(c: &Cause) -> String {
+    let span = c.at.saturating_duration_since(c.since);
+    let span = Duration::from_millis(u64::try_from(span.as_millis()).unwrap_or(u64::MAX));
+    match c.failures {
+        0 | 1 => format!("{} ({}); 1 failure", c.message, c.code),
+        n => format!("{} ({}); {n} failures in {span:?}", c.message, c.code),
     }
 }
 
@@ -201,7 +264,7 @@ mod open_error_tests {
         use crate::retry::{Attempts, GiveUp};
         use crate::{Class, Code, Failure};
 
-        let [open, forced] = OpenError::pair(&Arc::from("api.mail.test:443"));
+        let [open, forced] = OpenError::pair(&Arc::from("api.mail.test:443"), &Arc::default());
         let f: Failure<u8> = rejection_failure(open, Some(Duration::from_millis(2500)));
         assert_eq!(
             (f.class(), f.code()),

@@ -19,10 +19,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::event::{Event, Listener, State};
-use super::open::{OpenDuration, OpenError};
+use super::open::{Cause, CauseSlot, OpenDuration, OpenError};
 use super::sync::{AtomicU32, AtomicU64, Ordering};
 use super::window::{Counts, FAILED, SLOW, Window, WindowKind};
-use crate::failure::Class;
+use crate::failure::{Class, Code};
 
 /// The most probes or successful probes a half-open breaker can be configured with.
 pub const MAX_PROBES: u32 = 1_000;
@@ -317,6 +317,14 @@ pub(crate) struct Shared {
     rejected: AtomicU64,
     probes_admitted: AtomicU64,
     failed: AtomicU64,
+    /// `failed` when the breaker last closed: the failures of this outage are the difference.
+    failed_at_close: AtomicU64,
+    /// When the first failure since the breaker last closed came, in nanoseconds since `base`
+    /// plus one (0: none yet).
+    first_failure: AtomicU64,
+    /// The provider's last real failure while the breaker is not closed, shared with
+    /// `open_errors`.
+    cause: Arc<CauseSlot>,
 }
 
 impl fmt::Debug for Shared {
@@ -343,9 +351,10 @@ impl Shared {
         });
         let slow = config.slow.map(|(d, r)| (saturating_nanos(d), r));
         let clock_on_complete = slow.is_some() || window.as_ref().is_some_and(Window::needs_clock);
+        let cause = Arc::new(CauseSlot::default());
         Shared {
             name: config.name.clone(),
-            open_errors: OpenError::pair(&config.name),
+            open_errors: OpenError::pair(&config.name, &cause),
             settings: config.clone(),
             consecutive,
             failure_rate: config.failure_rate,
@@ -372,7 +381,46 @@ impl Shared {
             rejected: AtomicU64::new(0),
             probes_admitted: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            failed_at_close: AtomicU64::new(0),
+            first_failure: AtomicU64::new(0),
+            cause,
         }
+    }
+
+    /// After a call that failed with `class`: when the failure counts and the breaker is open
+    /// now (this failure opened it, or a probe failed), it becomes the breaker's cause, with
+    /// the failures counted since the breaker last closed. A failure that leaves the breaker
+    /// closed costs one atomic load here; `message` is only built when kept.
+    pub(crate) fn note_failure(&self, class: Class, code: Code, message: impl FnOnce() -> String) {
+        if !self.counts(class) || state_of(self.word.load(Ordering::Acquire)) != OPEN {
+            return;
+        }
+        let now = self.now();
+        let failures = self
+            .failed
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.failed_at_close.load(Ordering::Relaxed))
+            .max(1);
+        let since = match self.first_failure.load(Ordering::Relaxed) {
+            0 => now,
+            first => (first - 1).min(now),
+        };
+        self.cause.set(Some(Cause {
+            class,
+            code,
+            message: message(),
+            at: self.base + Duration::from_nanos(now),
+            failures,
+            since: self.base + Duration::from_nanos(since),
+        }));
+    }
+
+    /// The breaker closed: the outage it counted is over.
+    fn forget_outage(&self) {
+        self.cause.set(None);
+        self.first_failure.store(0, Ordering::Relaxed);
+        self.failed_at_close
+            .store(self.failed.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     pub(crate) fn counts(&self, class: Class) -> bool {
@@ -429,13 +477,29 @@ impl Shared {
 
     fn transitioned(&self, from: u64, to: u64, reason: &'static str) {
         let (from, to) = (state_name(from), state_name(to));
-        match to {
-            State::Open | State::ForcedOpen => tracing::warn!(
+        // One WARN when an outage begins and one INFO when it ends; the half-open probes of a
+        // long outage in between say less.
+        match (from, to) {
+            (State::HalfOpen, State::Open) => tracing::info!(
+                breaker = &*self.name,
+                from = from.as_str(),
+                to = to.as_str(),
+                reason,
+                "circuit still open"
+            ),
+            (_, State::Open | State::ForcedOpen) => tracing::warn!(
                 breaker = &*self.name,
                 from = from.as_str(),
                 to = to.as_str(),
                 reason,
                 "circuit opened"
+            ),
+            (_, State::HalfOpen) => tracing::debug!(
+                breaker = &*self.name,
+                from = from.as_str(),
+                to = to.as_str(),
+                reason,
+                "circuit half-open"
             ),
             _ => tracing::info!(
                 breaker = &*self.name,
@@ -620,6 +684,10 @@ impl Shared {
         };
         if failed {
             self.failed.fetch_add(1, Ordering::Relaxed);
+            if self.first_failure.load(Ordering::Relaxed) == 0 {
+                self.first_failure
+                    .store(clock().saturating_add(1), Ordering::Relaxed);
+            }
         }
         if self.word.load(Ordering::Acquire) != permit.word {
             // An outcome from an earlier period: it must not change this one.
@@ -714,6 +782,7 @@ impl Shared {
                 {
                     Ok(_) => {
                         self.trips.store(0, Ordering::Relaxed);
+                        self.forget_outage();
                         self.closed.fetch_add(1, Ordering::Relaxed);
                         self.transitioned(word, to, "probes succeeded");
                         return;
@@ -776,6 +845,9 @@ impl Shared {
                 .compare_exchange(word, to, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
+                    if state == CLOSED {
+                        self.forget_outage();
+                    }
                     self.transitioned(word, to, reason);
                     return;
                 }

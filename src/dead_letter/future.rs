@@ -10,7 +10,7 @@ use super::budget::refusal;
 use super::layer::Config;
 use super::note::{DeadLetterStatus, Unsent};
 use super::record::record_at;
-use crate::failure::Failure;
+use crate::failure::{Code, Failure};
 use crate::request::{Describe, Envelope};
 use crate::retry::Attempts;
 use crate::store::{BoxFuture, Record, StoreError};
@@ -250,6 +250,15 @@ where
                         .take()
                         .expect("dead-letter future polled after completion");
                     match result {
+                        Ok(()) if deferred(&failure) && failure.code() == Code::CircuitOpen => {
+                            // Rejected locally by an open breaker, which said so once at WARN.
+                            tracing::debug!(
+                                id = %id,
+                                retry_at = ?failure.note::<Attempts>().and_then(Attempts::retry_at),
+                                "request rejected by an open breaker stored for a re-send"
+                            );
+                            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
+                        }
                         Ok(()) if deferred(&failure) => {
                             // Kept for the scheduler's re-send: expected, not a dead letter.
                             tracing::info!(

@@ -143,7 +143,7 @@ pub use self::future::ResponseFuture;
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
 pub use self::note::DeadLetterStatus;
 pub(crate) use self::note::Unsent;
-pub use self::record::record_of;
+pub use self::record::{MAX_DEFERRAL, record_of};
 pub(crate) use self::with_retry::{DeadLetterRetry as WithRetry, DeadLetterRetryLayer};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).

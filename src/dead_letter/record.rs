@@ -1,13 +1,22 @@
 //! The record of a failure: what the dead-letter layer writes.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
+use crate::breaker::OpenError;
+use crate::breaker::open::describe;
 use crate::failure::{Class, Code, Failure};
 use crate::request::Envelope;
 use crate::retry::{Attempts, GiveUp};
-use crate::store::{ErrorEntry, Record, RedactHeaders, Status, truncate};
+use crate::store::{ErrorEntry, Record, RedactHeaders, Status, add_clamped, truncate};
 
 use super::BudgetSpent;
+
+/// The longest a record is deferred: a week, the bound on rate-limit resets
+/// ([`MAX_RESET_HINT`](crate::classify::MAX_RESET_HINT)). A failure whose retry-at time is further
+/// ahead (a `Retry-After` of billions of seconds, a clock far off) is written
+/// [`Dead`](Status::Dead), its message saying when it asked to be re-sent and that this is beyond
+/// the bound, so that it is counted and seen instead of waiting for years.
+pub const MAX_DEFERRAL: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 /// The record of `failure`, for the request described by `envelope`, with id `id`: what
 /// [`DeadLetterLayer`](super::DeadLetterLayer) writes, and what a [`Store`](crate::store::Store)
@@ -17,7 +26,14 @@ use super::BudgetSpent;
 /// failure, its delay hint counted from now), rounded up to the millisecond, and the status is
 /// [`Deferred`](Status::Deferred), when the failure is deferred: the retry layer deferred it
 /// ([`GiveUp::Deferred`]) or no retry layer saw it and it has a hint, and its class is not
-/// permanent or poison. Otherwise the status is [`Dead`](Status::Dead) and `retry_at` is `None`.
+/// permanent or poison, and the retry-at time is at most [`MAX_DEFERRAL`] ahead. Otherwise the
+/// status is [`Dead`](Status::Dead) and `retry_at` is `None`.
+///
+/// The record's [`cause`](Record::cause) is the failure itself when it is a real one; for an
+/// open breaker's rejection it is the failure that opened the breaker, its
+/// [`breaker`](Record::breaker) the breaker's name, and its message gives the half-open time as
+/// an RFC 3339 time (`breaker "api.mail.test:443" is open; half-opens at
+/// 2026-04-01T14:00:02.500Z`), never as a time left that is stale once read.
 /// The history holds this one failure. The payload is kept whole; see
 /// [`Record::truncate_payload`]. The envelope's headers are kept but for the secret ones of
 /// the default redaction list, whose names only are kept.
@@ -65,8 +81,55 @@ pub(crate) fn record_at<R>(
     };
     let class = failure.class().name().to_owned();
     let code = failure.code().to_string();
-    let message = failure.message();
+    let open = std::error::Error::source(failure).and_then(|s| s.downcast_ref::<OpenError>());
+    let retry_at = retry_at.map(ceil_millis);
+    // The half-open time: the record's retry-at time when it is deferred (the same instant, as
+    // the retry layer read it), else counted from now.
+    let half_opens_at = retry_at.or_else(|| {
+        failure
+            .retry_after()
+            .map(|left| ceil_millis(add_clamped(now, left)))
+    });
+    let mut message = match (open, half_opens_at) {
+        (Some(open), Some(at)) => format!(
+            "{open}; half-opens at {}",
+            humantime::format_rfc3339_millis(at)
+        ),
+        _ => failure.message(),
+    };
+    let bound = now
+        .checked_add(MAX_DEFERRAL)
+        .map_or_else(|| add_clamped(now, MAX_DEFERRAL), ceil_millis);
+    let too_far = retry_at.filter(|&at| at > bound);
+    if let Some(at) = too_far {
+        message = format!(
+            "{message}; dead, not deferred: it asked to be re-sent at {}, more than {} ahead",
+            humantime::format_rfc3339_millis(at),
+            humantime::format_duration(MAX_DEFERRAL)
+        );
+    }
+    let retry_at = retry_at.filter(|_| too_far.is_none());
     let last = truncate(now);
+    let cause = match open {
+        Some(open) => open.cause_now().map(|c| {
+            let ago = tokio::time::Instant::now().saturating_duration_since(c.at);
+            ErrorEntry {
+                at: truncate(now.checked_sub(ago).unwrap_or(now)),
+                class: c.class.name().to_owned(),
+                code: c.code.to_string(),
+                message: describe(&c),
+                attempts: u32::try_from(c.failures).unwrap_or(u32::MAX),
+            }
+        }),
+        None if refused_by_budget(failure) => None,
+        None => Some(ErrorEntry {
+            at: last,
+            class: class.clone(),
+            code: code.clone(),
+            message: message.clone(),
+            attempts,
+        }),
+    };
     Record {
         id,
         history: vec![ErrorEntry {
@@ -84,7 +147,7 @@ pub(crate) fn record_at<R>(
         budget_spent: attempts,
         first_failed_at: truncate(noted.and_then(Attempts::first_failed_at).unwrap_or(now)),
         last_failed_at: last,
-        retry_at: retry_at.map(ceil_millis),
+        retry_at,
         status: if retry_at.is_some() {
             Status::Deferred
         } else {
@@ -99,6 +162,8 @@ pub(crate) fn record_at<R>(
         metadata: envelope.metadata,
         headers,
         redacted_headers,
+        cause,
+        breaker: open.map(|o| o.breaker().to_owned()),
     }
 }
 
@@ -165,7 +230,7 @@ mod tests {
         let r = from_failure("k".into(), Envelope::new("x"), &permanent);
         assert_eq!((r.status, r.retry_at), (Status::Dead, None));
         // Deferred by the retry layer: the record keeps its absolute retry-at time.
-        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+        let at = truncate(SystemTime::now() + Duration::from_secs(24 * 3600));
         let mut deferred: Failure =
             Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);
         deferred
@@ -173,6 +238,24 @@ mod tests {
             .insert(Attempts::new(1, GiveUp::Deferred).with_retry_at(at));
         let r = from_failure("k".into(), Envelope::new("x"), &deferred);
         assert_eq!((r.status, r.retry_at), (Status::Deferred, Some(at)));
+        // Deferred beyond the bound (a `Retry-After` of billions of seconds): dead, and the
+        // message says why and when it asked to be re-sent.
+        let far: Failure = Failure::new(Class::THROTTLED, Code::Timeout)
+            .with_retry_after(Duration::from_secs(3_000_000_000));
+        let r = from_failure("k".into(), Envelope::new("x"), &far);
+        assert_eq!((r.status, r.retry_at), (Status::Dead, None));
+        assert!(
+            r.message
+                .contains("dead, not deferred: it asked to be re-sent at 2")
+                && r.message.ends_with("more than 7days ahead"),
+            "{}",
+            r.message
+        );
+        // A week is still a deferral.
+        let week: Failure =
+            Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(MAX_DEFERRAL);
+        let r = from_failure("k".into(), Envelope::new("x"), &week);
+        assert_eq!(r.status, Status::Deferred);
         // Given up on because the hint was too long (`give_up_long_delays`): dead.
         let mut too_long: Failure =
             Failure::new(Class::THROTTLED, Code::Timeout).with_retry_after(hint);

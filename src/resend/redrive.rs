@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use super::rebuild::envelope_of;
 use crate::BuildError;
+use crate::breaker::OpenError;
 use crate::clock::Clock;
 use crate::dead_letter::DeadLetterStatus;
 use crate::dead_letter::record_of;
@@ -274,6 +275,7 @@ impl Redrive {
                         &self.clock,
                     )
                     .await
+                    .0
                 }
             };
             tracing::info!(id = %record.id, class = %record.class, outcome = ?outcome, "re-drive");
@@ -283,10 +285,22 @@ impl Redrive {
     }
 }
 
+/// An open breaker in the stack rejected a re-send: nothing reached the provider.
+#[derive(Clone, Debug)]
+pub(crate) struct Rejected {
+    /// The breaker's name (a keyed breaker's key).
+    pub(crate) breaker: String,
+    /// The time left until it half-opens; `None` when forced open.
+    pub(crate) half_opens_in: Option<Duration>,
+    /// Why it is open ([`OpenError::cause`]).
+    pub(crate) cause: Option<String>,
+}
+
 /// Sends `request` (rebuilt from `record`) through `service` and writes the outcome. With
 /// `claim_until`, the record is first claimed as a re-drive, compare-and-set on the status and
 /// resend count it was read with ([`Store::claim`]); the
-/// scheduler claims its records itself.
+/// scheduler claims its records itself. The second value says when an open breaker rejected
+/// the re-send locally.
 pub(crate) async fn resend<S, Req>(
     store: &dyn Store,
     service: &mut S,
@@ -294,29 +308,36 @@ pub(crate) async fn resend<S, Req>(
     request: Req,
     claim_until: Option<std::time::SystemTime>,
     clock: &Clock,
-) -> Outcome
+) -> (Outcome, Option<Rejected>)
 where
     S: Service<Req>,
     S::Error: Into<Failure<S::Response>>,
 {
+    let outcome = |o| (o, None);
     if let Some(until) = claim_until {
         match store.claim(record, until).await {
             Ok(Claim::Claimed(_)) => {}
             Ok(Claim::Missing) => {
-                return Outcome::skipped(record, "the record is no longer in the store");
+                return outcome(Outcome::skipped(
+                    record,
+                    "the record is no longer in the store",
+                ));
             }
             Ok(Claim::ClaimedElsewhere { status, resends }) => {
-                return Outcome::skipped(
+                return outcome(Outcome::skipped(
                     record,
                     format!(
                         "claimed elsewhere: the record is now {status} with {resends} re-sends \
                          (it was {} with {} when read); not sent",
                         record.status, record.resends
                     ),
-                );
+                ));
             }
             Err(e) => {
-                return Outcome::skipped(record, format!("cannot claim the record: {e}"));
+                return outcome(Outcome::skipped(
+                    record,
+                    format!("cannot claim the record: {e}"),
+                ));
             }
         }
     }
@@ -333,14 +354,21 @@ where
             .update(&record.id, Change::Resolved { at: clock.now() })
             .await
         {
-            Ok(_) => resolved(),
+            Ok(_) => outcome(resolved()),
             Err(e) => {
                 tracing::error!(id = %record.id, error = %e, "re-sent, but the outcome could not be written");
-                resolved()
+                outcome(resolved())
             }
         },
         Err(e) => {
             let failure: Failure<S::Response> = e.into();
+            let rejected = std::error::Error::source(&failure)
+                .and_then(|s| s.downcast_ref::<OpenError>())
+                .map(|open| Rejected {
+                    breaker: open.breaker().to_owned(),
+                    half_opens_in: failure.retry_after(),
+                    cause: open.cause(),
+                });
             let new_class = failure.class().name().to_owned();
             let new_code = failure.code().to_string();
             let recorded = match failure.note::<DeadLetterStatus>() {
@@ -359,13 +387,14 @@ where
                     }
                 }
             };
-            Outcome::Failed {
+            let failed = Outcome::Failed {
                 id: record.id.clone(),
                 class: record.class.clone(),
                 new_class,
                 new_code,
                 recorded,
-            }
+            };
+            (failed, rejected)
         }
     }
 }

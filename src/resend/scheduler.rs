@@ -1,35 +1,54 @@
 //! The retry schedule: a task that re-sends deferred records when their retry-at time is due.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::redrive::{Outcome, resend};
 use crate::clock::Clock;
 use crate::failure::Failure;
-use crate::store::{Change, Record, Store};
+use crate::store::{Change, Record, Status, Store, add_clamped};
 
-/// Re-sends deferred dead letters when they are due: the retry schedule.
+/// Re-sends deferred dead letters when they are due: the retry schedule, paced by breaker.
 ///
 /// A record is deferred ([`Status::Deferred`](crate::store::Status::Deferred)) when its failure carried a
 /// retry-at time; it sits in the store, indexed by that time (a sorted set in Redis). The
 /// scheduler polls the store every [`poll_every`](Scheduler::poll_every) (1 s by default), claims
 /// the due records in retry-at order ([`Store::claim_due`], atomic, so that two schedulers on the
 /// same store never send the same record while the claim lasts), and re-sends each through the
-/// service stack, at most [`concurrency`](Scheduler::concurrency) at a time (8 by default).
+/// service stack, at most [`concurrency`](Scheduler::concurrency) at a time (8 by default) and
+/// at most [`rate`](Scheduler::rate) a second (50 by default, each gap jittered by ±50 %), so
+/// that a provider that has just recovered is not hit by its whole backlog at once.
+///
+/// **Pacing by breaker.** A record an open breaker rejected names that breaker
+/// ([`Record::breaker`]). While the scheduler knows the breaker is open, its records are not
+/// sent: each is put back, deferred to the breaker's half-open time, and costs no re-send. At
+/// half-open the scheduler sends one record as the probe and holds the others; when a re-send
+/// of that breaker succeeds, the breaker is closed and its records drain at the rate. A re-send
+/// the breaker rejects locally reached nobody: it is put back the same way, never counts as a
+/// re-send, and teaches the scheduler the breaker's half-open time. The breakers are those of
+/// the stack given, so each process paces by its own, and several schedulers on one Redis store
+/// still never both send a record (claims are compare-and-set). A breaker the stack no longer
+/// has (the process restarted, the key was evicted) is not known to be open: its records are
+/// sent, and a new rejection teaches it again.
 ///
 /// A re-sent record that succeeds becomes [`Resolved`](crate::store::Status::Resolved). One that fails
 /// again is written by the stack's dead-letter layer with its new failure: deferred again when
-/// the new failure carries a retry-at time, dead otherwise. A record re-sent more than
+/// the new failure carries a retry-at time, dead otherwise. A record really sent more than
 /// [`max_resends`](Scheduler::max_resends) times (5 by default) is dead-lettered instead of sent.
 /// Nothing is lost on a restart: records wait in the store, and a claim held by a scheduler that
 /// died ends after the [`lease`](Scheduler::lease) (60 s by default), when another scheduler
 /// takes the record (so a record may be sent twice if a scheduler dies mid-call: keep the
 /// idempotency key, which re-sends keep).
+///
+/// Logs: a breaker the scheduler learns is open, at WARN with its cause, and its closing, at
+/// INFO with the number of records held, once each; a record held or rejected locally at DEBUG.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -58,6 +77,7 @@ pub struct Scheduler<S, F> {
     concurrency: usize,
     lease: Duration,
     max_resends: u32,
+    rate: u32,
     clock: Clock,
 }
 
@@ -68,6 +88,7 @@ impl<S, F> fmt::Debug for Scheduler<S, F> {
             .field("concurrency", &self.concurrency)
             .field("lease", &self.lease)
             .field("max_resends", &self.max_resends)
+            .field("rate", &self.rate)
             .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
@@ -93,6 +114,7 @@ impl<S, F> Scheduler<S, F> {
             concurrency: 8,
             lease: Duration::from_secs(60),
             max_resends: 5,
+            rate: 50,
             clock: Clock::system(),
         }
     }
@@ -116,9 +138,21 @@ impl<S, F> Scheduler<S, F> {
         self
     }
 
-    /// Re-sends per record before the scheduler dead-letters it instead. Default 5.
+    /// Re-sends per record before the scheduler dead-letters it instead. Default 5. Only real
+    /// sends count: a record held because its breaker is open, or rejected by it locally, has
+    /// its claim given back ([`Change::Held`]).
     pub fn max_resends(mut self, n: u32) -> Self {
         self.max_resends = n;
+        self
+    }
+
+    /// Re-sends a second at most, on average, at least 1: each gap between two re-sends is
+    /// `1 s / per_second`, jittered by ±50 % so that the schedulers of several processes do not
+    /// send in step. Default 50, so that the backlog of a long outage (50 messages a second for
+    /// two minutes make 6,000) drains in about two minutes instead of hitting the recovered
+    /// provider at once.
+    pub fn rate(mut self, per_second: u32) -> Self {
+        self.rate = per_second.max(1);
         self
     }
 
@@ -167,9 +201,16 @@ where
     async fn run(mut self, stop: Arc<Notify>) {
         let slots = Arc::new(Semaphore::new(self.concurrency));
         let mut in_flight = JoinSet::new();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut holds = Holds::default();
+        let mut pace = Pace::new(self.rate);
         loop {
             while in_flight.try_join_next().is_some() {}
+            while let Ok(report) = rx.try_recv() {
+                holds.learn(report, self.rate);
+            }
             let free = slots.available_permits();
+            let mut more = false;
             if free > 0 {
                 match self
                     .store
@@ -177,34 +218,53 @@ where
                     .await
                 {
                     Ok(due) => {
+                        let full = due.len() == free;
+                        let mut sent = false;
                         for record in due {
+                            while let Ok(report) = rx.try_recv() {
+                                holds.learn(report, self.rate);
+                            }
+                            let now = self.clock.now();
+                            if let Some(until) = holds.hold(&record, now, self.poll) {
+                                hold(&*self.store, &record, until).await;
+                                continue;
+                            }
                             let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
                                 break;
                             };
-                            self.start(record, slot, &mut in_flight).await;
+                            pace.wait().await;
+                            let breaker = record.breaker.clone();
+                            if self.start(record, slot, &tx, &mut in_flight).await {
+                                sent = true;
+                            } else {
+                                holds.not_sent(breaker.as_deref());
+                            }
                         }
+                        // A full batch with something sent: more may be due now.
+                        more = full && sent;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "dead-letter scheduler cannot claim due records")
                     }
                 }
             }
-            if tokio::time::timeout(self.poll, stop.notified())
-                .await
-                .is_ok()
-            {
+            let wait = if more { Duration::ZERO } else { self.poll };
+            if tokio::time::timeout(wait, stop.notified()).await.is_ok() {
                 break;
             }
         }
         while in_flight.join_next().await.is_some() {}
     }
 
+    /// Starts the re-send of a claimed record; whether it was started (false: dead-lettered
+    /// instead).
     async fn start(
         &mut self,
         record: Record,
         slot: tokio::sync::OwnedSemaphorePermit,
+        reports: &mpsc::UnboundedSender<Report>,
         in_flight: &mut JoinSet<()>,
-    ) {
+    ) -> bool {
         let store = Arc::clone(&self.store);
         if record.resends > self.max_resends {
             tracing::warn!(
@@ -215,7 +275,7 @@ where
             if let Err(e) = store.update(&record.id, Change::Dead).await {
                 tracing::error!(id = %record.id, error = %e, "cannot dead-letter the record");
             }
-            return;
+            return false;
         }
         let rebuilt = (self.rebuild)(&record).map_err(|e| e.to_string());
         let request = match rebuilt {
@@ -225,22 +285,227 @@ where
                 if let Err(e) = store.update(&record.id, Change::Dead).await {
                     tracing::error!(id = %record.id, error = %e, "cannot dead-letter the record");
                 }
-                return;
+                return false;
             }
         };
         let mut service = self.service.clone();
         let clock = self.clock;
+        let reports = reports.clone();
+        let recheck = self.poll.saturating_mul(10);
         in_flight.spawn(async move {
-            let outcome = resend(&*store, &mut service, &record, request, None, &clock).await;
-            match &outcome {
-                Outcome::Resolved { .. } => {
-                    tracing::info!(id = %record.id, "scheduled re-send succeeded")
+            let (outcome, rejected) =
+                resend(&*store, &mut service, &record, request, None, &clock).await;
+            let report = match (&outcome, rejected) {
+                (_, Some(rejected)) => {
+                    // Nothing reached the provider: give the claim back.
+                    let until = add_clamped(clock.now(), rejected.half_opens_in.unwrap_or(recheck));
+                    tracing::debug!(
+                        id = %record.id,
+                        breaker = %rejected.breaker,
+                        "scheduled re-send rejected by an open breaker; held"
+                    );
+                    give_back(&*store, &record, until).await;
+                    Report::Open {
+                        breaker: rejected.breaker,
+                        until,
+                        cause: rejected.cause,
+                        id: record.id.clone(),
+                    }
                 }
-                other => {
-                    tracing::warn!(id = %record.id, outcome = ?other, "scheduled re-send failed")
+                (Outcome::Resolved { .. }, None) => {
+                    tracing::info!(id = %record.id, "scheduled re-send succeeded");
+                    Report::Delivered {
+                        breaker: record.breaker.clone(),
+                    }
                 }
-            }
+                (other, None) => {
+                    tracing::warn!(id = %record.id, outcome = ?other, "scheduled re-send failed");
+                    Report::Failed {
+                        breaker: record.breaker.clone(),
+                    }
+                }
+            };
+            let _ = reports.send(report);
             drop(slot);
         });
+        true
+    }
+}
+
+/// Puts a claimed record back, unsent, deferred to `until` ([`Change::Held`]).
+async fn hold(store: &dyn Store, claimed: &Record, until: SystemTime) {
+    tracing::debug!(id = %claimed.id, breaker = ?claimed.breaker, until = %humantime::format_rfc3339_millis(until), "breaker open; record held");
+    match store
+        .change_if_unchanged(claimed, Change::Held { retry_at: until })
+        .await
+    {
+        Ok(_) => {}
+        Err(e) => {
+            // The claim ends at its lease, when the record is due again.
+            tracing::error!(id = %claimed.id, error = %e, "cannot put a held record back");
+        }
+    }
+}
+
+/// After a local rejection of a claimed record: gives its claim back, deferred to `until`,
+/// whatever the stack's dead-letter layer wrote meanwhile (deferred, or dead when the breaker
+/// was forced open), as long as no one else changed it since.
+async fn give_back(store: &dyn Store, claimed: &Record, until: SystemTime) {
+    match store.get(&claimed.id).await {
+        Ok(Some(current))
+            if current.resends == claimed.resends && current.status != Status::Resolved =>
+        {
+            hold(store, &current, until).await
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::error!(id = %claimed.id, error = %e, "cannot read a locally rejected record back");
+        }
+    }
+}
+
+/// What a re-send task tells the scheduler's loop.
+#[derive(Debug)]
+enum Report {
+    /// An open breaker rejected it locally; it half-opens at `until`.
+    Open {
+        breaker: String,
+        until: SystemTime,
+        cause: Option<String>,
+        id: String,
+    },
+    /// Sent and delivered: its breaker (if it named one) is closed.
+    Delivered { breaker: Option<String> },
+    /// Sent and failed.
+    Failed { breaker: Option<String> },
+}
+
+/// The breakers the scheduler knows to be open, and what it holds for each.
+#[derive(Debug, Default)]
+struct Holds(HashMap<String, Hold>);
+
+#[derive(Debug)]
+struct Hold {
+    /// When the breaker half-opens.
+    until: SystemTime,
+    /// Whether a probe of it is in flight.
+    probing: bool,
+    /// Whether a rejection showed it open (else it is only named by a record, and its first
+    /// record is sent alone to find out).
+    open: bool,
+    /// The records held for it.
+    held: HashSet<String>,
+}
+
+impl Holds {
+    fn learn(&mut self, report: Report, rate: u32) {
+        match report {
+            Report::Open {
+                breaker,
+                until,
+                cause,
+                id,
+            } => {
+                let hold = self.0.entry(breaker.clone()).or_insert_with(|| Hold {
+                    until,
+                    probing: false,
+                    open: false,
+                    held: HashSet::new(),
+                });
+                if !hold.open {
+                    hold.open = true;
+                    tracing::warn!(
+                        breaker = %breaker,
+                        half_opens_at = %humantime::format_rfc3339_millis(until),
+                        cause = cause.as_deref().unwrap_or("unknown"),
+                        "breaker open: holding its deferred records until it closes"
+                    );
+                }
+                hold.until = until;
+                hold.probing = false;
+                hold.held.insert(id);
+            }
+            Report::Delivered {
+                breaker: Some(breaker),
+            } => {
+                if let Some(hold) = self.0.remove(&breaker)
+                    && hold.open
+                {
+                    tracing::info!(
+                        breaker = %breaker,
+                        held = hold.held.len(),
+                        per_second = rate,
+                        "breaker closed: draining its held records"
+                    );
+                }
+            }
+            Report::Failed {
+                breaker: Some(breaker),
+            } => {
+                if let Some(hold) = self.0.get_mut(&breaker) {
+                    // The probe reached the provider and failed: the next one learns when the
+                    // breaker half-opens again.
+                    hold.probing = false;
+                }
+            }
+            Report::Delivered { breaker: None } | Report::Failed { breaker: None } => {}
+        }
+    }
+
+    /// A record chosen as a probe was not sent after all (dead-lettered instead).
+    fn not_sent(&mut self, breaker: Option<&str>) {
+        if let Some(hold) = breaker.and_then(|b| self.0.get_mut(b)) {
+            hold.probing = false;
+        }
+    }
+
+    /// Whether to hold `record` now, and until when; `None`: send it. The first record of a
+    /// breaker the scheduler has not seen yet, and the first due once an open breaker
+    /// half-opens, is sent alone, as the probe; the others wait for its outcome.
+    fn hold(&mut self, record: &Record, now: SystemTime, poll: Duration) -> Option<SystemTime> {
+        let breaker = record.breaker.as_deref()?;
+        let hold = self.0.entry(breaker.to_owned()).or_insert_with(|| Hold {
+            until: now,
+            probing: false,
+            open: false,
+            held: HashSet::new(),
+        });
+        if now < hold.until {
+            hold.held.insert(record.id.clone());
+            return Some(hold.until);
+        }
+        if hold.probing {
+            hold.held.insert(record.id.clone());
+            return Some(add_clamped(now, poll));
+        }
+        hold.probing = true;
+        None
+    }
+}
+
+/// The gaps between re-sends: `1 s / rate`, each jittered by ±50 %, counted from the later of
+/// the last send and now (an idle scheduler does not save up a burst).
+#[derive(Debug)]
+struct Pace {
+    gap: Duration,
+    next: Option<Instant>,
+}
+
+impl Pace {
+    fn new(rate: u32) -> Self {
+        Pace {
+            gap: Duration::from_secs(1) / rate.max(1),
+            next: None,
+        }
+    }
+
+    async fn wait(&mut self) {
+        if let Some(next) = self.next {
+            tokio::time::sleep_until(next).await;
+        }
+        let jitter = rand::random::<f64>() + 0.5;
+        let now = Instant::now();
+        let from = self.next.map_or(now, |next| next.max(now));
+        self.next = Some(from + self.gap.mul_f64(jitter));
     }
 }

@@ -435,14 +435,23 @@ where
                             )));
                         }
                         Decision::Defer(at, delay) => {
-                            tracing::info!(
-                                attempts = r.attempts,
-                                class = %failure.class(),
-                                code = %failure.code(),
-                                delay = ?delay,
-                                retry_at = %httpdate::fmt_http_date(at),
-                                "deferring: delay above the maximum in-process delay"
-                            );
+                            if failure.code() == Code::CircuitOpen {
+                                // A local rejection: the breaker said it opened, once, at WARN.
+                                tracing::debug!(
+                                    attempts = r.attempts,
+                                    retry_at = %httpdate::fmt_http_date(at),
+                                    "deferring: the breaker is open"
+                                );
+                            } else {
+                                tracing::info!(
+                                    attempts = r.attempts,
+                                    class = %failure.class(),
+                                    code = %failure.code(),
+                                    delay = ?delay,
+                                    retry_at = %httpdate::fmt_http_date(at),
+                                    "deferring: delay above the maximum in-process delay"
+                                );
+                            }
                             failure.notes_mut().insert(
                                 Attempts::new(r.attempts, GiveUp::Deferred)
                                     .with_first_failed_at(first)

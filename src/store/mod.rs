@@ -237,15 +237,18 @@ pub trait Store: Send + Sync + 'static {
         self.search(&Filter::new(), 0..limit)
     }
 
-    /// Counts of the records whose last failure is at or after `since`, by class and by code
-    /// (the largest first), and the codes first seen since then.
+    /// Counts of the outstanding dead letters ([`Dead`](Status::Dead) records) whose last
+    /// failure is at or after `since`, by class and by code (the largest first), the codes first
+    /// seen since then, and apart, the deferred and in-flight records of that period
+    /// ([`Counts::deferred`]). Resolved records count nowhere.
     ///
     /// # Errors
     ///
     /// [`StoreError`] when the store is closed or cannot be read.
     fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>>;
 
-    /// The number of records per class, the largest first (ties by class name), over all time.
+    /// The number of outstanding dead letters ([`Dead`](Status::Dead) records) per class, the
+    /// largest first (ties by class name), over all time.
     ///
     /// # Errors
     ///

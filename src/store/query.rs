@@ -114,11 +114,17 @@ impl Filter {
     }
 }
 
-/// Counts of dead letters over a window: what [`Store::counts`](super::Store::counts) returns.
+/// Counts of outstanding dead letters over a window: what [`Store::counts`](super::Store::counts)
+/// returns.
+///
+/// Only [`Dead`](super::Status::Dead) records count as dead letters: a deferred record (or one in
+/// flight) still waits for the scheduler and is counted apart, in
+/// [`deferred`](Counts::deferred); a resolved one has healed and counts nowhere, so that alerts
+/// never page about traffic that was delivered.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Counts {
-    /// Records whose last failure is in the window, in all.
+    /// Dead records whose last failure is in the window, in all.
     pub total: u64,
     /// Those records per class, the largest first (ties by name).
     pub by_class: Vec<(String, u64)>,
@@ -126,6 +132,9 @@ pub struct Counts {
     pub by_code: Vec<(String, u64)>,
     /// Codes the store saw for the first time in the window, with that time, the oldest first.
     pub new_codes: Vec<(String, SystemTime)>,
+    /// Deferred and in-flight records whose last failure is in the window: outstanding, to be
+    /// re-sent by the scheduler, not dead letters.
+    pub deferred: u64,
 }
 
 impl Counts {
@@ -139,9 +148,18 @@ impl Counts {
         let mut by_class: BTreeMap<String, u64> = BTreeMap::new();
         let mut by_code: BTreeMap<String, u64> = BTreeMap::new();
         let mut total = 0;
+        let mut deferred = 0;
         for r in records {
             if r.last_failed_at < since {
                 continue;
+            }
+            match r.status {
+                Status::Dead => {}
+                Status::Deferred | Status::InFlight => {
+                    deferred += 1;
+                    continue;
+                }
+                Status::Resolved => continue,
             }
             total += 1;
             *by_class.entry(r.class.clone()).or_default() += 1;
@@ -157,6 +175,7 @@ impl Counts {
             by_class: top_first(by_class),
             by_code: top_first(by_code),
             new_codes,
+            deferred,
         }
     }
 }
@@ -202,6 +221,14 @@ pub enum Change {
         /// When to send it again.
         retry_at: SystemTime,
     },
+    /// A scheduler claimed the record but did not send it to the provider (its breaker is open,
+    /// or rejected it locally): status [`Deferred`](Status::Deferred) with `retry_at`, and the
+    /// resend its claim counted is given back, so that only real sends count against the
+    /// scheduler's [`max_resends`](crate::resend::Scheduler::max_resends).
+    Held {
+        /// When to look at it again (the breaker's half-open time).
+        retry_at: SystemTime,
+    },
 }
 
 impl Change {
@@ -237,6 +264,11 @@ impl Change {
                 record
                     .metadata
                     .insert("reconciled".to_owned(), "not_delivered".to_owned());
+            }
+            Change::Held { retry_at } => {
+                record.status = Status::Deferred;
+                record.retry_at = Some(super::record::truncate(retry_at));
+                record.resends = record.resends.saturating_sub(1);
             }
         }
     }

@@ -160,6 +160,23 @@ pub struct Record {
     /// ([`http_request`](crate::resend::http_request)). Empty in records written before headers were kept.
     #[serde(default, with = "header_list")]
     pub headers: Vec<(String, Vec<u8>)>,
+    /// The root cause: the provider's last real failure, beside the final word
+    /// ([`class`](Record::class), [`code`](Record::code), [`message`](Record::message)).
+    ///
+    /// For a record whose final word is a real failure (a response, a timeout, a refused
+    /// connection) it is that failure. For one an open breaker rejected, it is the failure that
+    /// opened the breaker (or its last failed probe), with the failures the breaker counted in
+    /// its message and [`attempts`](ErrorEntry::attempts)
+    /// (`connection refused (io ConnectionRefused); 12 failures in 10.2s`). A later write with
+    /// no real failure (another rejection whose breaker no longer knows why, a refusal of the
+    /// attempt budget) keeps the cause already there. `None` when no real failure is known.
+    #[serde(default)]
+    pub cause: Option<ErrorEntry>,
+    /// The breaker that guards the record's provider (a keyed breaker's key, such as
+    /// `api.mail.test:443`), when an open breaker rejected it: the
+    /// [`Scheduler`](crate::resend::Scheduler) paces its re-sends by that breaker.
+    #[serde(default)]
+    pub breaker: Option<String>,
     /// The names (lower case) of the headers the request had but the record does not keep the
     /// value of; a re-drive gets them back from a user hook
     /// ([`http_request_restoring`](crate::resend::http_request_restoring)), for example to sign the
@@ -221,12 +238,20 @@ impl Record {
     /// Folds a newer record of the same id into this one: the newer failure's class, code,
     /// message, times, status, retry-at and payload win; attempts and the budget spent add up; the
     /// first failure time stays; tags are united (newer values win); the histories are
-    /// concatenated and only the last `history_limit` errors are kept (at least one).
+    /// concatenated and only the last `history_limit` errors are kept (at least one); the
+    /// [`cause`](Record::cause) and the [`breaker`](Record::breaker) are the newer ones when it
+    /// has them, else the ones already there.
     pub fn merge_bounded(&mut self, newer: Record, history_limit: usize) {
         let first = self.first_failed_at.min(newer.first_failed_at);
         let attempts = self.attempts.saturating_add(newer.attempts);
         let budget_spent = self.budget_spent.saturating_add(newer.budget_spent);
         let resends = self.resends.max(newer.resends);
+        let cause = newer.cause.is_none().then(|| self.cause.take()).flatten();
+        let breaker = newer
+            .breaker
+            .is_none()
+            .then(|| self.breaker.take())
+            .flatten();
         let mut history = std::mem::take(&mut self.history);
         let mut tags = std::mem::take(&mut self.tags);
         *self = newer;
@@ -239,6 +264,12 @@ impl Record {
         self.attempts = attempts;
         self.budget_spent = budget_spent;
         self.resends = resends;
+        if cause.is_some() {
+            self.cause = cause;
+        }
+        if breaker.is_some() {
+            self.breaker = breaker;
+        }
     }
 
     /// Drops the oldest errors so that at most `history_limit` (at least one) are kept.
@@ -429,6 +460,8 @@ mod tests {
             metadata: BTreeMap::new(),
             headers: Vec::new(),
             redacted_headers: Vec::new(),
+            cause: None,
+            breaker: None,
         }
     }
 

@@ -6,9 +6,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
 use super::query::newest_first;
-use super::query::{
-    Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable, top_first,
-};
+use super::query::{Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
 use super::{BoxFuture, Store, StoreError, redact_url};
 
@@ -570,70 +568,6 @@ impl RedisStore {
         self.fetch_matching(&ids, filter).await
     }
 
-    /// Counts of the records last failed at or after `since`, per class and per code, from the
-    /// index sets; `None` when the store has records but no list of classes (written by a
-    /// version before the list was kept).
-    async fn counts_from_indexes(&self, since: SystemTime) -> Result<Option<Counts>, StoreError> {
-        let mut conn = self.conn.clone();
-        let (classes, codes, any): (Vec<String>, BTreeMap<String, i64>, u64) = redis::pipe()
-            .cmd("SMEMBERS")
-            .arg(self.key("classes"))
-            .cmd("HGETALL")
-            .arg(self.key("codes"))
-            .cmd("ZCARD")
-            .arg(self.key("time"))
-            .query_async(&mut conn)
-            .await
-            .map_err(redis_error("count records"))?;
-        if classes.is_empty() && any > 0 {
-            return Ok(None);
-        }
-        let from = to_millis(since);
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZCOUNT")
-            .arg(self.key("time"))
-            .arg(from)
-            .arg("+inf");
-        for class in &classes {
-            pipe.cmd("ZCOUNT")
-                .arg(self.key(&format!("class:{class}")))
-                .arg(from)
-                .arg("+inf");
-        }
-        for code in codes.keys() {
-            pipe.cmd("ZCOUNT")
-                .arg(self.key(&format!("code:{code}")))
-                .arg(from)
-                .arg("+inf");
-        }
-        let counted: Vec<u64> = pipe
-            .query_async(&mut conn)
-            .await
-            .map_err(redis_error("count records"))?;
-        let (total, rest) = counted.split_first().map_or((0, &[][..]), |(t, r)| (*t, r));
-        let (per_class, per_code) = rest.split_at(classes.len().min(rest.len()));
-        let nonzero = |names: Vec<String>, counts: &[u64]| {
-            top_first(
-                names
-                    .into_iter()
-                    .zip(counts.iter().copied())
-                    .filter(|(_, n)| *n > 0),
-            )
-        };
-        let mut new_codes: Vec<(String, SystemTime)> = codes
-            .iter()
-            .map(|(c, ms)| (c.clone(), from_millis(*ms)))
-            .filter(|(_, t)| *t >= since)
-            .collect();
-        new_codes.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
-        Ok(Some(Counts {
-            total,
-            by_class: nonzero(classes, per_class),
-            by_code: nonzero(codes.into_keys().collect(), per_code),
-            new_codes,
-        }))
-    }
-
     /// Every record that matches `filter`, newest first, read through the narrowest index.
     async fn matching(&self, filter: &Filter) -> Result<Vec<Record>, StoreError> {
         let ids: Vec<String> = if filter.ids.is_empty() {
@@ -704,9 +638,8 @@ impl Store for RedisStore {
     fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
         let this = self.clone();
         Box::pin(async move {
-            if let Some(counts) = this.counts_from_indexes(since).await? {
-                return Ok(counts);
-            }
+            // The indexes are not kept per status: the records of the window are read, so that
+            // only dead ones count as dead letters.
             let records = this.matching(&Filter::new().since(since)).await?;
             let mut conn = this.conn.clone();
             let codes: BTreeMap<String, i64> = redis::cmd("HGETALL")

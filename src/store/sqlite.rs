@@ -63,7 +63,7 @@ struct Link {
 }
 
 /// The schema version written to `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -87,7 +87,9 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     content_type       TEXT,
     metadata           TEXT NOT NULL,
     headers            TEXT NOT NULL DEFAULT '[]',
-    redacted_headers   TEXT NOT NULL DEFAULT '[]'
+    redacted_headers   TEXT NOT NULL DEFAULT '[]',
+    cause              TEXT,
+    breaker            TEXT
 );
 CREATE INDEX IF NOT EXISTS dead_letters_by_class ON dead_letters (class, last_failed_at_ms);
 CREATE INDEX IF NOT EXISTS dead_letters_by_code ON dead_letters (code, last_failed_at_ms);
@@ -154,16 +156,29 @@ fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError
             |row| row.get::<_, i64>(0).map(|n| n > 0),
         )
         .map_err(sql_error("read schema"))?;
-    if has_table && version == 2 {
-        // Version 2 had no headers: add them, empty, in one transaction.
-        conn.execute_batch(
+    if has_table && (version == 2 || version == 3) {
+        // Version 2 had no headers, version 3 no root cause and no breaker: add them, empty, in
+        // one transaction.
+        let headers = if version == 2 {
+            "ALTER TABLE dead_letters ADD COLUMN headers TEXT NOT NULL DEFAULT '[]';
+             ALTER TABLE dead_letters ADD COLUMN redacted_headers TEXT NOT NULL DEFAULT '[]';"
+        } else {
+            ""
+        };
+        conn.execute_batch(&format!(
             "BEGIN IMMEDIATE;
-             ALTER TABLE dead_letters ADD COLUMN headers TEXT NOT NULL DEFAULT '[]';
-             ALTER TABLE dead_letters ADD COLUMN redacted_headers TEXT NOT NULL DEFAULT '[]';
-             PRAGMA user_version = 3;
-             COMMIT;",
-        )
-        .map_err(sql_error("upgrade schema 2 to 3"))?;
+             {headers}
+             ALTER TABLE dead_letters ADD COLUMN cause TEXT;
+             ALTER TABLE dead_letters ADD COLUMN breaker TEXT;
+             PRAGMA user_version = {SCHEMA_VERSION};
+             COMMIT;"
+        ))
+        .map_err(|e| {
+            StoreError::with_source(
+                format!("sqlite dead-letter store: upgrade schema {version} to {SCHEMA_VERSION}"),
+                e,
+            )
+        })?;
     } else if has_table && version != SCHEMA_VERSION {
         return Err(StoreError::new(format!(
             "sqlite dead-letter store {} has schema version {version}, this version of \
@@ -377,7 +392,7 @@ impl SqliteStore {
 const COLUMNS: &str = "id, class, code, message, attempts, budget_spent, first_failed_at_ms, \
                        last_failed_at_ms, retry_at_ms, status, resends, resolved_at_ms, history, \
                        tags, payload, payload_truncated, payload_len, content_type, metadata, \
-                       headers, redacted_headers";
+                       headers, redacted_headers, cause, breaker";
 
 fn decode<T: serde::de::DeserializeOwned>(idx: usize, text: &str) -> rusqlite::Result<T> {
     serde_json::from_str(text).map_err(|e| {
@@ -399,6 +414,10 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
     let metadata: BTreeMap<String, String> = decode(18, &row.get::<_, String>(18)?)?;
     let headers: Headers = decode(19, &row.get::<_, String>(19)?)?;
     let redacted_headers: Vec<String> = decode(20, &row.get::<_, String>(20)?)?;
+    let cause: Option<ErrorEntry> = match row.get::<_, Option<String>>(21)? {
+        Some(text) => Some(decode(21, &text)?),
+        None => None,
+    };
     Ok(Record {
         id: row.get(0)?,
         class: row.get(1)?,
@@ -421,6 +440,8 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
         metadata,
         headers: headers.0,
         redacted_headers,
+        cause,
+        breaker: row.get(22)?,
     })
 }
 
@@ -448,10 +469,16 @@ fn write_row(tx: &Transaction<'_>, record: &Record) -> Result<(), StoreError> {
         .map_err(|e| StoreError::with_source("sqlite dead-letter store: encode headers", e))?;
     let redacted_headers =
         serde_json::to_string(&record.redacted_headers).map_err(json_error("encode headers"))?;
+    let cause = record
+        .cause
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(json_error("encode cause"))?;
     tx.prepare_cached(&format!(
         "INSERT OR REPLACE INTO dead_letters ({COLUMNS})
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-                 ?20, ?21)"
+                 ?20, ?21, ?22, ?23)"
     ))
     .map_err(sql_error("write record"))?
     .execute(params![
@@ -476,6 +503,8 @@ fn write_row(tx: &Transaction<'_>, record: &Record) -> Result<(), StoreError> {
         metadata,
         headers,
         redacted_headers,
+        cause,
+        record.breaker,
     ])
     .map_err(sql_error("write record"))?;
     tx.prepare_cached("DELETE FROM dead_letter_tags WHERE id = ?1")
@@ -649,13 +678,13 @@ impl Store for SqliteStore {
             let by_class = count_pairs(
                 conn,
                 "SELECT class, COUNT(*) FROM dead_letters WHERE last_failed_at_ms >= ?1 \
-                 GROUP BY class",
+                 AND status = 'dead' GROUP BY class",
                 since,
             )?;
             let by_code = count_pairs(
                 conn,
                 "SELECT code, COUNT(*) FROM dead_letters WHERE last_failed_at_ms >= ?1 \
-                 GROUP BY code",
+                 AND status = 'dead' GROUP BY code",
                 since,
             )?;
             let mut stmt = conn
@@ -671,11 +700,19 @@ impl Store for SqliteStore {
                 .map_err(sql_error("read codes"))?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(sql_error("read codes"))?;
+            let deferred: i64 = conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM dead_letters WHERE last_failed_at_ms >= ?1 \
+                     AND status IN ('deferred', 'in_flight')",
+                )
+                .and_then(|mut stmt| stmt.query_row(params![since], |row| row.get(0)))
+                .map_err(sql_error("count deferred records"))?;
             Ok(Counts {
                 total: by_class.iter().map(|(_, n)| n).sum(),
                 by_class,
                 by_code,
                 new_codes,
+                deferred: u64::try_from(deferred).unwrap_or(0),
             })
         })
     }

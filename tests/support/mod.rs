@@ -1,6 +1,8 @@
 //! Shared test helpers: a scripted in-process upstream, and a real axum server on loopback.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod outage;
+
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;

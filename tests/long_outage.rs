@@ -1,0 +1,352 @@
+//! A long outage ends delivered, by itself: the scheduler paces its re-sends by the stack's
+//! breaker (one probe per half-open period, nothing sent while it is open, a local rejection
+//! never a re-send), every record keeps the provider's refusal as its root cause, and the
+//! backlog drains exactly once after recovery, with one scheduler or two, and through a store
+//! that fails for a while. On tokio's paused clock, with an in-process provider.
+
+mod support;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use support::outage::{OPEN_FOR, Provider, URI, as_string_request, send_all, stack};
+use tower_backstop::breaker::State;
+use tower_backstop::dead_letter::record_of;
+use tower_backstop::resend::Scheduler;
+use tower_backstop::store::{
+    BoxFuture, Change, Claim, Counts, Filter, MemoryStore, Record, SqliteStore, Status, Store,
+    StoreError,
+};
+use tower_backstop::{Class, Clock, Code, Envelope, Failure};
+
+async fn statuses(store: &dyn Store) -> HashMap<Status, usize> {
+    let mut out = HashMap::new();
+    for r in store.list(usize::MAX).await.unwrap() {
+        *out.entry(r.status).or_default() += 1;
+    }
+    out
+}
+
+/// The newcomer's case, longer: the provider refuses connections for a minute (twelve open
+/// periods), then recovers.
+#[tokio::test(start_paused = true)]
+async fn a_long_outage_ends_with_every_message_delivered_once_and_one_probe_per_half_open() {
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let provider = Provider::default();
+    provider.down(true);
+    let (svc, breaker) = stack(&store, &provider, clock);
+
+    // The first message's two refusals open the breaker; its third attempt and the 29 other
+    // messages are rejected locally and deferred to the half-open time.
+    send_all(&svc, 30).await;
+    assert_eq!(provider.requests(), 2);
+    assert_eq!(breaker.state(), State::Open);
+    let records = store.list(usize::MAX).await.unwrap();
+    assert_eq!(records.len(), 30);
+    for r in &records {
+        assert_eq!(
+            (r.status, r.class.as_str()),
+            (Status::Deferred, "circuit_open")
+        );
+        assert_eq!(r.breaker.as_deref(), Some("mail.test"), "{}", r.id);
+        // The root cause: the refusals that opened the breaker, with their count.
+        let cause = r.cause.as_ref().expect("a root cause");
+        assert_eq!(
+            (cause.class.as_str(), cause.code.as_str(), cause.attempts),
+            ("transient", "io ConnectionRefused", 2),
+            "{}",
+            r.id
+        );
+        assert!(
+            cause.message.contains("refused") && cause.message.contains("2 failures in"),
+            "{}",
+            cause.message
+        );
+        // Times are absolute: the message names the half-open instant, not a time left.
+        assert!(r.message.contains("half-opens at 20"), "{}", r.message);
+        assert!(!r.message.contains("half-opens in"), "{}", r.message);
+    }
+
+    // A scheduler that would dead-letter a record after 2 real re-sends.
+    let scheduler = Scheduler::new(Arc::clone(&store), svc.clone(), as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .concurrency(8)
+        .rate(100)
+        .max_resends(2)
+        .clock(clock)
+        .spawn();
+    let half_opened_before = breaker.stats().half_opened;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let half_opened = breaker.stats().half_opened - half_opened_before;
+    let probes = provider.requests() - 2;
+    assert!(
+        half_opened >= 10,
+        "twelve open periods of 5 s in a minute: {half_opened}"
+    );
+    assert!(probes >= 1, "the scheduler probes the provider");
+    assert!(
+        probes as u64 <= half_opened,
+        "at most one scheduler send per half-open period: {probes} sends, {half_opened} periods"
+    );
+    // Nothing died of the outage: local rejections are not re-sends.
+    let during = statuses(&*store).await;
+    assert_eq!(during.get(&Status::Dead), None, "{during:?}");
+    for r in store.list(usize::MAX).await.unwrap() {
+        assert!(r.resends <= 2, "{}: {} re-sends", r.id, r.resends);
+        assert_eq!(
+            r.cause.as_ref().map(|c| c.code.as_str()),
+            Some("io ConnectionRefused"),
+            "{}",
+            r.id
+        );
+    }
+
+    // Recovery: the next probe closes the breaker and the backlog drains, once each.
+    provider.down(false);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    scheduler.shutdown().await;
+    assert_eq!(breaker.state(), State::Closed);
+    let after = statuses(&*store).await;
+    assert_eq!(after.get(&Status::Resolved), Some(&30), "{after:?}");
+    let effects = provider.effects();
+    assert_eq!(effects.len(), 30);
+    assert!(effects.values().all(|&n| n == 1));
+    // Each record was delivered by one real send after the recovery.
+    let delivering = provider.requests() - 2 - probes;
+    assert_eq!(delivering, 30, "one send per message after the recovery");
+}
+
+/// While the breaker is open the scheduler sends nothing at all: a record whose breaker it
+/// knows to be open is put back, deferred to the half-open time, at no re-send.
+#[tokio::test(start_paused = true)]
+async fn nothing_is_sent_while_the_breaker_is_open_and_a_held_record_costs_no_resend() {
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let provider = Provider::default();
+    provider.down(true);
+    let (svc, breaker) = stack(&store, &provider, clock);
+    send_all(&svc, 10).await;
+    let rejected_before = breaker.stats().rejected;
+    let scheduler = Scheduler::new(Arc::clone(&store), svc.clone(), as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .clock(clock)
+        .spawn();
+    // Half the first open period: nothing is due, nothing is sent.
+    tokio::time::sleep(OPEN_FOR / 2).await;
+    assert_eq!(provider.requests(), 2);
+    // Past the half-open instant: one probe, which fails and re-opens the breaker.
+    tokio::time::sleep(OPEN_FOR).await;
+    assert_eq!(provider.requests(), 3, "one probe");
+    assert_eq!(breaker.state(), State::Open);
+    // The others were not even tried: the breaker rejected only the probe's own retry
+    // (without the pacing, every record of the batch).
+    assert_eq!(breaker.stats().rejected - rejected_before, 1);
+    let records = store.list(usize::MAX).await.unwrap();
+    let tried = records.iter().filter(|r| r.history.len() > 1).count();
+    assert_eq!(
+        tried, 1,
+        "only the probe has a second failure in its history"
+    );
+    for r in records {
+        assert_eq!(r.status, Status::Deferred, "{}", r.id);
+        assert_eq!(
+            r.resends, 0,
+            "{}: nothing was re-sent for it but a probe",
+            r.id
+        );
+        let next = r.retry_at.unwrap();
+        assert!(
+            next > clock.now(),
+            "{}: held to a half-open time to come",
+            r.id
+        );
+    }
+    scheduler.shutdown().await;
+}
+
+/// A record names a breaker the stack no longer has (the process restarted, or the key was
+/// evicted): it is not known to be open, so it is sent, once.
+#[tokio::test(start_paused = true)]
+async fn a_record_whose_breaker_is_gone_is_sent_once() {
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let provider = Provider::default();
+    let (svc, _) = stack(&store, &provider, clock);
+    let f: Failure = Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen);
+    let mut r = record_of(
+        "m-gone".to_owned(),
+        Envelope::new("{}")
+            .with_metadata("method", "POST")
+            .with_metadata("uri", URI)
+            .with_metadata("idempotency-key", "m-gone"),
+        &f,
+    );
+    r.status = Status::Deferred;
+    r.retry_at = Some(clock.now());
+    r.breaker = Some("gone.test:443".to_owned());
+    store.put(r).await.unwrap();
+    let scheduler = Scheduler::new(Arc::clone(&store), svc, as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .clock(clock)
+        .spawn();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    scheduler.shutdown().await;
+    assert_eq!(provider.requests(), 1);
+    let r = store.get("m-gone").await.unwrap().unwrap();
+    assert_eq!((r.status, r.resends), (Status::Resolved, 1));
+}
+
+/// Two processes, each with its own breaker and scheduler, share one SQLite store through an
+/// outage and its recovery: every message is delivered, and no record is sent twice.
+#[tokio::test(start_paused = true)]
+async fn two_schedulers_on_one_store_through_recovery_send_each_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path().join("d.db")).unwrap());
+    let provider = Provider::default();
+    provider.down(true);
+    let (a, _) = stack(&store, &provider, clock);
+    let (b, _) = stack(&store, &provider, clock);
+    send_all(&a, 20).await;
+    let spawn = |svc| {
+        Scheduler::new(Arc::clone(&store), svc, as_string_request)
+            .poll_every(Duration::from_millis(100))
+            .clock(clock)
+            .spawn()
+    };
+    let (sa, sb) = (spawn(a), spawn(b));
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let during = provider.requests();
+    provider.down(false);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    sa.shutdown().await;
+    sb.shutdown().await;
+    let after = statuses(&*store).await;
+    assert_eq!(after.get(&Status::Resolved), Some(&20), "{after:?}");
+    // After the recovery, each message was sent exactly once (keys are not even needed).
+    let requests = provider.requests.lock().unwrap()[during..].to_vec();
+    let mut per_key: HashMap<&str, usize> = HashMap::new();
+    for key in &requests {
+        *per_key.entry(key).or_default() += 1;
+    }
+    assert_eq!(per_key.len(), 20, "{per_key:?}");
+    assert!(per_key.values().all(|&n| n == 1), "{per_key:?}");
+}
+
+/// A store that fails every call while `failing` is set.
+struct Flaky {
+    inner: MemoryStore,
+    failing: Arc<AtomicBool>,
+}
+
+impl Flaky {
+    fn check(&self) -> Result<(), StoreError> {
+        if self.failing.load(Ordering::SeqCst) {
+            Err(StoreError::new("the store is down"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn guarded<T: Send + 'static>(
+        &self,
+        f: BoxFuture<'static, Result<T, StoreError>>,
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
+        match self.check() {
+            Ok(()) => f,
+            Err(e) => Box::pin(async move { Err(e) }),
+        }
+    }
+}
+
+impl Store for Flaky {
+    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.guarded(self.inner.put_many(records))
+    }
+    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        self.guarded(self.inner.get(id))
+    }
+    fn search(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.guarded(self.inner.search(filter, page))
+    }
+    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
+        self.guarded(self.inner.counts(since))
+    }
+    fn update(
+        &self,
+        id: &str,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        self.guarded(self.inner.update(id, change))
+    }
+    fn claim_due(
+        &self,
+        now: SystemTime,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.guarded(self.inner.claim_due(now, limit, lease))
+    }
+    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        self.guarded(self.inner.delete(filter))
+    }
+    fn change_if_unchanged(
+        &self,
+        seen: &Record,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.guarded(self.inner.change_if_unchanged(seen, change))
+    }
+}
+
+/// The store fails for 3 s in the middle of the drain: nothing is lost and every record ends
+/// resolved. A re-send whose outcome could not be written is sent again, with its idempotency
+/// key, when its claim ends: at most the re-sends in flight when the store failed.
+#[tokio::test(start_paused = true)]
+async fn a_store_that_fails_during_the_drain_loses_nothing() {
+    let clock = Clock::tokio();
+    let failing = Arc::new(AtomicBool::new(false));
+    let inner = MemoryStore::new();
+    let store: Arc<dyn Store> = Arc::new(Flaky {
+        inner: inner.clone(),
+        failing: Arc::clone(&failing),
+    });
+    let provider = Provider::default();
+    provider.down(true);
+    let (svc, _) = stack(&store, &provider, clock);
+    send_all(&svc, 40).await;
+    provider.down(false);
+    let scheduler = Scheduler::new(Arc::clone(&store), svc, as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .rate(10)
+        .lease(Duration::from_secs(10))
+        .clock(clock)
+        .spawn();
+    // The breaker half-opens at 5 s; the drain runs at 10 a second from then.
+    tokio::time::sleep(OPEN_FOR + Duration::from_millis(1500)).await;
+    let resolved_before = statuses(&inner).await.get(&Status::Resolved).copied();
+    assert!(
+        resolved_before.is_some_and(|n| n > 0 && n < 40),
+        "mid-drain: {resolved_before:?}"
+    );
+    failing.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    failing.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    scheduler.shutdown().await;
+    let after = statuses(&inner).await;
+    assert_eq!(after.get(&Status::Resolved), Some(&40), "{after:?}");
+    let effects = provider.effects();
+    assert_eq!(effects.len(), 40, "every message delivered");
+    let twice = effects.values().filter(|&&n| n == 2).count();
+    assert!(effects.values().all(|&n| n <= 2), "{effects:?}");
+    assert!(twice <= 8, "at most the 8 in flight: {twice}");
+}
