@@ -176,9 +176,31 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
         out.contains("class throttled is 62% of recent dead letters"),
         "{out}"
     );
+    // A new store has no history to compare with: no new-code alert, and it says so.
+    assert!(!out.contains("new code"), "{out}");
+    assert!(out.contains("(no history before the last 1h 5m"), "{out}");
+    // With a dead letter from before the baseline, the codes of the window are new.
+    let mut old = record(
+        "old-0",
+        "transient",
+        Code::Http(http::StatusCode::BAD_GATEWAY),
+        "winter",
+    );
+    old.first_failed_at -= std::time::Duration::from_secs(2 * 3600);
+    old.last_failed_at = old.first_failed_at;
+    old.history[0].at = old.first_failed_at;
+    store.put(old).await.unwrap();
+    let o = dlq_on(&db, &["stats", "--window", "1h"]).await;
+    let out = stdout(&o);
     assert!(out.contains("new code \"http 429\""), "{out}");
+    assert!(!out.contains("new code \"http 502\""), "{out}");
+    assert!(
+        out.contains("dead 8 "),
+        "the old one is outside the window: {out}"
+    );
+    store.delete(&Filter::new().id("old-0")).await.unwrap();
 
-    // redrive: refused without a filter, a rate or a max.
+    // redrive: refused without a filter.
     let o = dlq_on(
         &db,
         &["redrive", "--target", &target, "--rate", "10", "--max", "5"],
@@ -190,20 +212,13 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
         "{}",
         stderr(&o)
     );
-    let o = dlq_on(
-        &db,
-        &[
-            "redrive",
-            "--target",
-            &target,
-            "-f",
-            "class=throttled",
-            "--max",
-            "5",
-        ],
-    )
-    .await;
-    assert_eq!(o.status.code(), Some(2), "clap requires --rate");
+    // The rate and the maximum have defaults, which the help states.
+    let help = dlq(&["redrive", "--help"]);
+    let help = stdout(&help);
+    assert!(
+        help.contains("[default: 10]") && help.contains("[default: 100]"),
+        "{help}"
+    );
 
     // Three throttled ones at 100/s.
     let redrive_three = [
@@ -250,6 +265,74 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
         .await
         .unwrap();
     assert_eq!(resolved.len(), 3);
+
+    // list: outstanding first (dead, then deferred by due time); resolved only on request.
+    let now = std::time::SystemTime::now();
+    for (id, due) in [("def-late", 7200), ("def-soon", 3600)] {
+        let f: Failure = Failure::new(Class::THROTTLED, Code::Timeout)
+            .with_retry_after(std::time::Duration::from_secs(due));
+        let mut r = record_of(id.to_owned(), Envelope::new("{}"), &f);
+        assert_eq!(r.status, Status::Deferred);
+        r.retry_at = Some(now + std::time::Duration::from_secs(due));
+        store.put(r).await.unwrap();
+    }
+    let listed = |args: Vec<&'static str>| {
+        let db = db.clone();
+        async move {
+            let o = dlq_on(&db, &[&["list", "--json"][..], &args[..]].concat()).await;
+            assert!(o.status.success(), "{}", stderr(&o));
+            stdout(&o)
+                .lines()
+                .map(|l| serde_json::from_str::<Record>(l).unwrap())
+                .map(|r| (r.id, r.status))
+                .collect::<Vec<_>>()
+        }
+    };
+    let outstanding = listed(vec![]).await;
+    assert_eq!(outstanding.len(), 2 + 3 + 2, "{outstanding:?}");
+    assert!(outstanding[..5].iter().all(|(_, s)| *s == Status::Dead));
+    assert_eq!(
+        outstanding[5..],
+        [
+            ("def-soon".to_owned(), Status::Deferred),
+            ("def-late".to_owned(), Status::Deferred)
+        ]
+    );
+    let all = listed(vec!["--resolved"]).await;
+    assert_eq!(all.len(), 10);
+    assert_eq!(all[..7], outstanding[..]);
+    assert!(all[7..].iter().all(|(_, s)| *s == Status::Resolved));
+    let paged = listed(vec!["--offset", "4", "--limit", "2"]).await;
+    assert_eq!(paged[..], outstanding[4..6]);
+    assert_eq!(listed(vec!["-f", "status=resolved"]).await.len(), 3);
+    store
+        .delete(&Filter::new().id("def-late").id("def-soon"))
+        .await
+        .unwrap();
+
+    // redrive without --target: each record goes to its own stored URI, at the default rate.
+    let f: Failure = Failure::new(Class::THROTTLED, Code::Timeout);
+    let own = record_of(
+        "own-0".to_owned(),
+        Envelope::new("{\"id\":\"own-0\"}")
+            .with_metadata("method", "POST")
+            .with_metadata("uri", format!("{target}/v1/messages"))
+            .with_metadata("idempotency-key", "own-0"),
+        &f,
+    );
+    store.put(own).await.unwrap();
+    let o = dlq_on(&db, &["redrive", "-f", "id=own-0"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("re-drove 1: 1 resolved"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(
+        seen.lock().unwrap().last().cloned(),
+        Some(("own-0".to_owned(), "{\"id\":\"own-0\"}".to_owned()))
+    );
+    store.delete(&Filter::new().id("own-0")).await.unwrap();
 
     // purge: asks for --yes first.
     let o = dlq_on(&db, &["purge", "-f", "class=permanent"]).await;

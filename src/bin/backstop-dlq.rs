@@ -4,8 +4,9 @@
 //! backstop-dlq --store dead_letters.db list --filter class=throttled --filter tag.campaign=spring
 //! backstop-dlq --store dead_letters.db show msg-0042
 //! backstop-dlq --store redis://127.0.0.1:6379 stats --window 1h
+//! backstop-dlq --store dead_letters.db redrive --filter class=throttled --dry-run
 //! backstop-dlq --store dead_letters.db redrive --target http://127.0.0.1:8080 \
-//!     --filter class=throttled --rate 50 --max 200 --dry-run
+//!     --filter class=throttled --rate 50 --max 200
 //! backstop-dlq --store dead_letters.db purge --filter class=permanent --filter until=2026-04-01T00:00:00Z --yes
 //! backstop-dlq --store dead_letters.db reconcile --status-url 'http://provider/v1/messages/{id}' \
 //!     --id-from-json id
@@ -81,10 +82,15 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// List dead letters, the most recently failed first.
+    /// List what is outstanding: dead letters first (the most recently failed first), then
+    /// deferred and in-flight records (the soonest due first). Resolved records only with
+    /// `--resolved` or `--filter status=resolved`.
     List {
         #[command(flatten)]
         filter: FilterArgs,
+        /// Also list resolved records (re-sent with success), after the outstanding ones.
+        #[arg(long)]
+        resolved: bool,
         /// Records per page.
         #[arg(long, default_value_t = 50)]
         limit: usize,
@@ -103,29 +109,31 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Top classes and codes over a window, the dead-letter rate and the alert signals.
+    /// Top classes and codes of the outstanding dead letters over a window, the deferred records
+    /// apart, the dead-letter rate and the alert signals (resolved records never count).
     Stats {
         /// The window of the counts (`24h`, `15m`, `7days`).
         #[arg(long, default_value = "24h", value_parser = parse_duration)]
         window: Duration,
     },
-    /// Re-send the dead letters that match a filter to a target, through retry, classify and
-    /// timeout layers and a dead-letter layer over this store.
+    /// Re-send the dead letters that match a filter, each to the URI it was first sent to
+    /// (or to `--target`), through retry, classify and timeout layers and a dead-letter layer
+    /// over this store.
     Redrive {
         #[command(flatten)]
         filter: FilterArgs,
-        /// Where to send them: `http://host:port` keeps each record's path; a URL with a path
-        /// replaces it.
+        /// Send them here instead of each record's own URI: `http://host:port` keeps each
+        /// record's path; a URL with a path replaces it.
         #[arg(long)]
-        target: String,
+        target: Option<String>,
         /// List what would be sent, send nothing.
         #[arg(long)]
         dry_run: bool,
         /// Messages per second, at most.
-        #[arg(long)]
+        #[arg(long, default_value_t = 10)]
         rate: u32,
         /// Messages in all, at most.
-        #[arg(long)]
+        #[arg(long, default_value_t = 100)]
         max: usize,
         /// Attempts per message (the first included).
         #[arg(long, default_value_t = 3)]
@@ -263,6 +271,17 @@ fn tags(r: &Record) -> String {
         .join(",")
 }
 
+/// The record's message, and its root cause when the final word is another class (an open
+/// breaker's rejection names the failure that opened it).
+fn message_with_cause(r: &Record) -> String {
+    match &r.cause {
+        Some(cause) if cause.class != r.class => {
+            format!("{} (cause: {})", r.message, cause.message)
+        }
+        _ => r.message.clone(),
+    }
+}
+
 /// A plain table: a header, then left-aligned columns.
 fn print_table(records: &[Record]) {
     let header = [
@@ -271,11 +290,12 @@ fn print_table(records: &[Record]) {
         "CODE",
         "ATT",
         "STATUS",
+        "DUE",
         "LAST FAILED",
         "TAGS",
         "MESSAGE",
     ];
-    let rows: Vec<[String; 8]> = records
+    let rows: Vec<[String; 9]> = records
         .iter()
         .map(|r| {
             [
@@ -284,9 +304,10 @@ fn print_table(records: &[Record]) {
                 r.code.clone(),
                 r.attempts.to_string(),
                 r.status.to_string(),
+                r.retry_at.map(time).unwrap_or_else(|| "-".to_owned()),
                 time(r.last_failed_at),
                 cut(&tags(r), 40),
-                cut(&r.message, 60),
+                cut(&message_with_cause(r), 100),
             ]
         })
         .collect();
@@ -319,6 +340,18 @@ fn print_record(r: &Record) {
     out!("class           {}", r.class);
     out!("code            {}", r.code);
     out!("message         {}", r.message);
+    if let Some(cause) = &r.cause {
+        out!(
+            "root cause      {} ({}) at {}: {}",
+            cause.class,
+            cause.code,
+            time(cause.at),
+            cause.message
+        );
+    }
+    if let Some(breaker) = &r.breaker {
+        out!("breaker         {breaker}");
+    }
     out!(
         "attempts        {} (budget spent {}, re-sent {} times)",
         r.attempts,
@@ -387,11 +420,61 @@ fn print_record(r: &Record) {
     }
 }
 
+/// The page `page` of the records matching `filter`, outstanding first: dead (the most recently
+/// failed first), then deferred and in flight (the soonest due first), then, with `resolved`,
+/// the resolved ones (the most recently failed first). A filter that names a status lists that
+/// status alone, in that order.
+async fn outstanding_first(
+    store: &dyn Store,
+    filter: &Filter,
+    resolved: bool,
+    page: std::ops::Range<usize>,
+) -> Result<Vec<Record>, BoxError> {
+    let statuses: Vec<Status> = match filter.status {
+        Some(status) => vec![status],
+        None if resolved => vec![
+            Status::Dead,
+            Status::Deferred,
+            Status::InFlight,
+            Status::Resolved,
+        ],
+        None => vec![Status::Dead, Status::Deferred, Status::InFlight],
+    };
+    let mut dead = Vec::new();
+    let mut waiting = Vec::new();
+    let mut healed = Vec::new();
+    for status in statuses {
+        // Waiting records are sorted by due time here, so all of them are read.
+        let upto = match status {
+            Status::Deferred | Status::InFlight => usize::MAX,
+            _ => page.end,
+        };
+        let group = store
+            .search(&filter.clone().status(status), 0..upto)
+            .await?;
+        match status {
+            Status::Deferred | Status::InFlight => waiting.extend(group),
+            Status::Resolved => healed.extend(group),
+            _ => dead.extend(group),
+        }
+    }
+    // Deferred ones, the soonest due first (a search returns the most recently failed first).
+    waiting.sort_by(|a, b| a.retry_at.cmp(&b.retry_at).then_with(|| a.id.cmp(&b.id)));
+    Ok(dead
+        .into_iter()
+        .chain(waiting)
+        .chain(healed)
+        .skip(page.start)
+        .take(page.len())
+        .collect())
+}
+
 async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
     let now = SystemTime::now();
     match &cli.command {
         Command::List {
             filter,
+            resolved,
             limit,
             offset,
             json,
@@ -399,7 +482,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
             let filter = filter.build(now)?;
             let store = open(&cli, false).await?;
             let page = *offset..offset.saturating_add(*limit);
-            let records = store.search(&filter, page).await?;
+            let records = outstanding_first(&*store, &filter, *resolved, page).await?;
             if *json {
                 for r in &records {
                     out!("{}", serde_json::to_string(r)?);
@@ -441,15 +524,16 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
             timeout,
         } => {
             let filter = filter.build(now)?;
-            let target: http::Uri = target
-                .parse()
-                .map_err(|e| format!("bad target {target:?}: {e}"))?;
+            let target: Option<http::Uri> = target
+                .as_deref()
+                .map(|t| t.parse().map_err(|e| format!("bad target {t:?}: {e}")))
+                .transpose()?;
             let redrive = Redrive::new(filter, *rate, *max)?;
             let store = open(&cli, true).await?;
             if *dry_run {
                 let plan = redrive.plan(&*store).await?;
                 for r in &plan {
-                    let to = http_request(r, Some(&target))
+                    let to = http_request(r, target.as_ref())
                         .map(|req| format!("{} {}", req.method(), req.uri()))
                         .unwrap_or_else(|e| format!("(skipped: {e})"));
                     out!("would send {}  {}  {}  {to}", r.id, r.class, r.code);
@@ -465,7 +549,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 .layer(TimeoutLayer::new(*timeout))
                 .service(client);
             let report = redrive
-                .run(&*store, stack, |r| http_request(r, Some(&target)))
+                .run(&*store, stack, |r| http_request(r, target.as_ref()))
                 .await?;
             for r in &report.records {
                 let outcome = match r {

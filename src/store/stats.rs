@@ -9,6 +9,12 @@ use super::{Store, StoreError};
 /// When the alert signals fire. The defaults follow the usual runbook of a mail pipeline:
 /// a class above 20 % of the dead letters of the last 5 minutes, a dead-letter rate over the last
 /// 5 minutes at least 3 times that of the hour before, a code never seen before.
+///
+/// Only outstanding dead letters ([`Dead`](super::Status::Dead) records) count: deferred records
+/// are shown apart and resolved ones never. The two signals that compare with the past (the
+/// rate spike and the new code) wait until the store has that past: a record that last failed
+/// before the baseline period began. A new store, or one purged of everything older, raises
+/// neither.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct AlertRules {
@@ -113,6 +119,9 @@ pub struct Stats {
     pub counts: Counts,
     /// Dead letters per minute over the rules' recent window.
     pub per_minute: f64,
+    /// Whether the store holds the history the rate spike and the new-code signals compare
+    /// with (a record that last failed before the baseline period); without it they do not fire.
+    pub has_baseline: bool,
     /// The rules the alerts were computed with.
     pub rules: AlertRules,
     /// The signals that fired.
@@ -150,8 +159,16 @@ impl Stats {
             with_baseline.total.saturating_sub(recent.total),
             rules.baseline,
         );
+        let baseline_start = since(rules.window + rules.baseline);
+        let has_baseline = !store
+            .search(&super::Filter::new().until(baseline_start), 0..1)
+            .await?
+            .is_empty();
         let mut alerts = Vec::new();
-        if recent.total >= rules.min_count && rate >= rules.spike_factor * baseline_rate {
+        if has_baseline
+            && recent.total >= rules.min_count
+            && rate >= rules.spike_factor * baseline_rate
+        {
             alerts.push(Alert::RateSpike {
                 per_minute: rate,
                 baseline_per_minute: baseline_rate,
@@ -170,17 +187,22 @@ impl Stats {
                 }
             }
         }
+        // A new code of a dead letter: deferred records are not dead letters.
+        let dead_codes: Vec<&str> = recent.by_code.iter().map(|(c, _)| c.as_str()).collect();
         for (code, first_seen) in &recent.new_codes {
-            alerts.push(Alert::NewCode {
-                code: code.clone(),
-                first_seen: *first_seen,
-            });
+            if has_baseline && dead_codes.contains(&code.as_str()) {
+                alerts.push(Alert::NewCode {
+                    code: code.clone(),
+                    first_seen: *first_seen,
+                });
+            }
         }
         Ok(Stats {
             at: now,
             window,
             counts,
             per_minute: rate,
+            has_baseline,
             rules,
             alerts,
         })
@@ -242,16 +264,28 @@ impl fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "total {}   rate {:.1}/min over the last {}",
+            "dead {}   rate {:.1}/min over the last {}",
             self.counts.total,
             self.per_minute,
             humantime::format_duration(self.rules.window)
+        )?;
+        writeln!(
+            f,
+            "deferred {} (waiting for the scheduler, not dead letters; resolved records are not counted)",
+            self.counts.deferred
         )?;
         writeln!(f)?;
         table(f, "top classes", &self.counts.by_class, self.counts.total)?;
         writeln!(f)?;
         table(f, "top codes", &self.counts.by_code, self.counts.total)?;
         writeln!(f)?;
+        if !self.has_baseline {
+            writeln!(
+                f,
+                "(no history before the last {}: the rate and new-code alerts wait for it)",
+                humantime::format_duration(self.rules.window + self.rules.baseline)
+            )?;
+        }
         if self.alerts.is_empty() {
             writeln!(f, "alerts: none")?;
         } else {
