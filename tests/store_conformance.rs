@@ -170,6 +170,74 @@ async fn root_cause_and_breaker_are_kept(b: Backend) {
     assert_eq!(o.store.get("m-1").await.unwrap().unwrap().cause, real_cause);
 }
 
+/// Only dead records count as dead letters, the deferred and in-flight ones apart, resolved
+/// ones nowhere, through every status change.
+async fn counts_follow_each_status_change(b: Backend) {
+    let Some(o) = b.open("count_status", 10).await else {
+        return;
+    };
+    for i in 0..3 {
+        o.store
+            .put(rec(&format!("d-{i}"), "transient", "http 503", at(i)))
+            .await
+            .unwrap();
+    }
+    for i in 0..2 {
+        o.store
+            .put(deferred(
+                rec(&format!("w-{i}"), "throttled", "http 429", at(10 + i)),
+                at(100),
+            ))
+            .await
+            .unwrap();
+    }
+    let counts = |o: &Opened| {
+        let store = Arc::clone(&o.store);
+        async move {
+            let c = store.counts(at(0)).await.unwrap();
+            (c.total, c.deferred, c.by_class, c.by_code)
+        }
+    };
+    let transient = |n| vec![("transient".to_owned(), n)];
+    let http_503 = |n| vec![("http 503".to_owned(), n)];
+    assert_eq!(counts(&o).await, (3, 2, transient(3), http_503(3)));
+    o.store
+        .update("d-0", Change::Resolved { at: at(50) })
+        .await
+        .unwrap();
+    assert_eq!(counts(&o).await, (2, 2, transient(2), http_503(2)));
+    let claimed = o
+        .store
+        .claim_due(at(200), 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(
+        counts(&o).await,
+        (2, 2, transient(2), http_503(2)),
+        "in flight"
+    );
+    o.store
+        .update(&claimed[0].id, Change::Resolved { at: at(60) })
+        .await
+        .unwrap();
+    assert_eq!(counts(&o).await.1, 1);
+    let other = if claimed[0].id == "w-0" { "w-1" } else { "w-0" };
+    o.store.update(other, Change::Dead).await.unwrap();
+    let (total, deferred, by_class, by_code) = counts(&o).await;
+    assert_eq!((total, deferred), (3, 0));
+    assert_eq!(
+        by_class,
+        [("transient".to_owned(), 2), ("throttled".to_owned(), 1)]
+    );
+    assert_eq!(
+        by_code,
+        [("http 503".to_owned(), 2), ("http 429".to_owned(), 1)]
+    );
+    o.store.delete(&Filter::new().id("d-1")).await.unwrap();
+    assert_eq!(counts(&o).await.0, 2);
+}
+
 /// A claimed record the scheduler does not send ([`Change::Held`]) is deferred again with its
 /// claim's resend given back, compare-and-set like every claim.
 async fn a_held_record_gives_its_claim_back(b: Backend) {
@@ -1059,4 +1127,5 @@ conformance!(
     pages_are_exact_across_ties,
     root_cause_and_breaker_are_kept,
     a_held_record_gives_its_claim_back,
+    counts_follow_each_status_change,
 );

@@ -6,7 +6,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
 
 use super::query::newest_first;
-use super::query::{Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable};
+use super::query::{
+    Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable, top_first,
+};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
 use super::{BoxFuture, Store, StoreError, redact_url};
 
@@ -255,7 +257,7 @@ impl RedisStore {
         self.key(&format!("rec:{id}"))
     }
 
-    /// The class, code and tag index keys of `record`.
+    /// The index keys of `record`: its class, code and tags, and its status for the counts.
     fn index_keys(&self, record: &Record) -> Vec<String> {
         let mut keys = vec![
             self.key(&format!("class:{}", record.class)),
@@ -263,6 +265,16 @@ impl RedisStore {
         ];
         for (k, v) in &record.tags {
             keys.push(self.key(&format!("tag:{k}={v}")));
+        }
+        // By status, for the counts: dead letters by class and code, the rest by status alone.
+        match record.status {
+            Status::Dead => {
+                keys.push(self.key("dead:time"));
+                keys.push(self.key(&format!("dead:class:{}", record.class)));
+                keys.push(self.key(&format!("dead:code:{}", record.code)));
+            }
+            Status::Deferred | Status::InFlight => keys.push(self.key("waiting:time")),
+            Status::Resolved => keys.push(self.key("resolved:time")),
         }
         keys
     }
@@ -568,6 +580,80 @@ impl RedisStore {
         self.fetch_matching(&ids, filter).await
     }
 
+    /// Counts of the records last failed at or after `since` from the index sets: the dead
+    /// ones per class and per code, and the deferred and in-flight ones; `None` when the indexes
+    /// by status do not hold every record (records written by a version before they were kept),
+    /// and the records are read instead.
+    async fn counts_from_indexes(&self, since: SystemTime) -> Result<Option<Counts>, StoreError> {
+        let mut conn = self.conn.clone();
+        let (classes, codes, all, dead, waiting, resolved): (
+            Vec<String>,
+            BTreeMap<String, i64>,
+            u64,
+            u64,
+            u64,
+            u64,
+        ) = redis::pipe()
+            .cmd("SMEMBERS")
+            .arg(self.key("classes"))
+            .cmd("HGETALL")
+            .arg(self.key("codes"))
+            .cmd("ZCARD")
+            .arg(self.key("time"))
+            .cmd("ZCARD")
+            .arg(self.key("dead:time"))
+            .cmd("ZCARD")
+            .arg(self.key("waiting:time"))
+            .cmd("ZCARD")
+            .arg(self.key("resolved:time"))
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("count records"))?;
+        if all != dead + waiting + resolved {
+            return Ok(None);
+        }
+        let from = to_millis(since);
+        let mut pipe = redis::pipe();
+        for key in ["dead:time".to_owned(), "waiting:time".to_owned()]
+            .into_iter()
+            .chain(classes.iter().map(|c| format!("dead:class:{c}")))
+            .chain(codes.keys().map(|c| format!("dead:code:{c}")))
+        {
+            pipe.cmd("ZCOUNT").arg(self.key(&key)).arg(from).arg("+inf");
+        }
+        let counted: Vec<u64> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("count records"))?;
+        let (total, deferred) = (
+            counted.first().copied().unwrap_or(0),
+            counted.get(1).copied().unwrap_or(0),
+        );
+        let rest = counted.get(2..).unwrap_or_default();
+        let (per_class, per_code) = rest.split_at(classes.len().min(rest.len()));
+        let nonzero = |names: Vec<String>, counts: &[u64]| {
+            top_first(
+                names
+                    .into_iter()
+                    .zip(counts.iter().copied())
+                    .filter(|(_, n)| *n > 0),
+            )
+        };
+        let mut new_codes: Vec<(String, SystemTime)> = codes
+            .iter()
+            .map(|(c, ms)| (c.clone(), from_millis(*ms)))
+            .filter(|(_, t)| *t >= since)
+            .collect();
+        new_codes.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(Some(Counts {
+            total,
+            by_class: nonzero(classes, per_class),
+            by_code: nonzero(codes.into_keys().collect(), per_code),
+            new_codes,
+            deferred,
+        }))
+    }
+
     /// Every record that matches `filter`, newest first, read through the narrowest index.
     async fn matching(&self, filter: &Filter) -> Result<Vec<Record>, StoreError> {
         let ids: Vec<String> = if filter.ids.is_empty() {
@@ -638,8 +724,9 @@ impl Store for RedisStore {
     fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
         let this = self.clone();
         Box::pin(async move {
-            // The indexes are not kept per status: the records of the window are read, so that
-            // only dead ones count as dead letters.
+            if let Some(counts) = this.counts_from_indexes(since).await? {
+                return Ok(counts);
+            }
             let records = this.matching(&Filter::new().since(since)).await?;
             let mut conn = this.conn.clone();
             let codes: BTreeMap<String, i64> = redis::cmd("HGETALL")
