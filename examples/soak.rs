@@ -2,8 +2,9 @@
 //! `Retry` + `Timeout` in the same process.
 //!
 //! ```text
-//! cargo run --release --example soak            # the full run (about 40 s)
-//! cargo run --example soak -- --small           # the small run `.ci/run` makes (seconds)
+//! cargo run --release --example soak                # the full run (about 6 minutes)
+//! cargo run --release --example soak -- --long-only # the long outage alone
+//! cargo run --example soak -- --small               # the small run `.ci/run` makes (about 1 minute)
 //! ```
 //!
 //! # The provider
@@ -31,7 +32,14 @@
 //!   messages sent open loop at 200 per second; then the dead-letter scheduler re-sends what was
 //!   deferred.
 //!
-//! One message in ten is a keyless POST (no `Idempotency-Key`), the rest carry their id as key.
+//! - **long outage** (ours alone; `support/long_outage.rs`): healthy 3 s, every request answered
+//!   503 for 120 s (15 s in the small run), healthy 30 s (10 s), 50 messages a second open loop
+//!   throughout, each with an idempotency key, over a SQLite store, with the dead-letter
+//!   scheduler (at its default rate of 50 re-sends a second) running beside the callers from the
+//!   start.
+//!
+//! One message in ten of the mixed and outage scenarios is a keyless POST (no `Idempotency-Key`),
+//! the rest carry their id as key.
 //!
 //! # The stacks
 //!
@@ -71,6 +79,13 @@
 //! - outage: at most 1.1 provider requests per message sent during the outage; no lost track;
 //!   every message delivered or in the store; after the scheduler's pass at least 99 %
 //!   delivered, each once.
+//! - long outage: every deliverable message delivered exactly once (the few that used up their
+//!   attempts on real 503s before the breaker opened are dead letters by the retry policy and
+//!   counted apart); no record dead only because of local rejections; none lost or still waiting;
+//!   at most one scheduler send reaching the provider per breaker half-open period during the
+//!   outage; every deferred record read halfway through names the 503 as its root cause; the
+//!   backlog drained, from the breaker's closing, within 2× the time the scheduler's rate allows
+//!   (+ 1 s of polling). It also prints the time from recovery until the breaker closed.
 //!
 //! # Where the wall time goes
 //!
@@ -97,6 +112,8 @@
 //! `--small` runs the same with 600 messages in the mixed scenario and an outage of 1 s healthy,
 //! 2 s down, 1.5 s healthy.
 
+#[path = "support/long_outage.rs"]
+mod long_outage;
 #[path = "support/settle.rs"]
 mod settle;
 
@@ -209,6 +226,8 @@ struct Provider {
     mixed: bool,
     outage: AtomicBool,
     outage_requests: AtomicU64,
+    /// Of those, the dead-letter scheduler's re-sends (the long outage marks them).
+    resend_outage_requests: AtomicU64,
 }
 
 impl Provider {
@@ -257,6 +276,11 @@ async fn send_message(
     };
     if provider.outage.load(Ordering::SeqCst) {
         provider.outage_requests.fetch_add(1, Ordering::Relaxed);
+        if headers.contains_key(long_outage::RESEND_HEADER) {
+            provider
+                .resend_outage_requests
+                .fetch_add(1, Ordering::Relaxed);
+        }
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
     let fault = if provider.mixed {
@@ -327,6 +351,7 @@ async fn start_provider(mixed: bool) -> Result<(SocketAddr, Arc<Provider>), BoxE
         mixed,
         outage: AtomicBool::new(false),
         outage_requests: AtomicU64::new(0),
+        resend_outage_requests: AtomicU64::new(0),
     });
     let router = Router::new()
         .route("/v1/messages", post(send_message))
@@ -850,9 +875,113 @@ fn row(o: &Outcome, f: &Figures) -> String {
     )
 }
 
+/// The long outage's plan: 15 s down in the small run, 120 s in the full one, at 50 messages a
+/// second, the scheduler at its default rate of 50 re-sends a second.
+fn long_plan(small: bool) -> long_outage::Plan {
+    long_outage::Plan {
+        healthy: Duration::from_secs(3),
+        down: Duration::from_secs(if small { 15 } else { 120 }),
+        after: Duration::from_secs(if small { 10 } else { 30 }),
+        rate: 50,
+        drain_rate: 50,
+    }
+}
+
+/// Runs the long outage, prints its report, and returns its targets: each met or not, and what
+/// it says.
+async fn long_outage_targets(small: bool) -> Result<Vec<(bool, String)>, BoxError> {
+    let plan = long_plan(small);
+    let r = long_outage::run(plan).await?;
+    println!(
+        "long outage: healthy {:?}, 503 for {:?}, healthy {:?}, {} messages/s open loop, scheduler at {}/s",
+        plan.healthy, plan.down, plan.after, plan.rate, plan.drain_rate
+    );
+    println!(
+        "long outage: {} sent, {} delivered ({} exactly once), {} dead after exhausting their attempts, {} dead by local rejections, {} still waiting, {} lost",
+        r.sent, r.delivered, r.delivered_once, r.dead_exhausted, r.dead_local, r.waiting, r.lost
+    );
+    if let Some((message, cause)) = &r.sample {
+        println!("long outage: a record read mid-outage: {message:?}, root cause {cause:?}");
+    }
+    println!(
+        "long outage: recovery to breaker closed {:.1} s; backlog then {} records; drained in {:.1} s (the rate allows {:.1} s)",
+        r.recovery_to_close.as_secs_f64(),
+        r.backlog,
+        r.drain.as_secs_f64(),
+        r.drain_allowed.as_secs_f64()
+    );
+    let deliverable = r.sent - r.dead_exhausted;
+    Ok(vec![
+        (
+            r.delivered == deliverable && r.delivered_once == r.delivered && r.duplicates == 0,
+            format!(
+                "long outage: {} of {deliverable} deliverable messages delivered, {} exactly once, {} duplicates (target all, once)",
+                r.delivered, r.delivered_once, r.duplicates
+            ),
+        ),
+        (
+            r.dead_local == 0,
+            format!(
+                "long outage: {} records dead only because of local rejections (target 0)",
+                r.dead_local
+            ),
+        ),
+        (
+            r.lost == 0 && r.waiting == 0,
+            format!(
+                "long outage: {} messages lost, {} still waiting (target 0)",
+                r.lost, r.waiting
+            ),
+        ),
+        (
+            r.resends_in_outage <= r.half_open_periods,
+            format!(
+                "long outage: {} scheduler sends reached the provider during the outage, over {} half-open periods (target at most 1 per period)",
+                r.resends_in_outage, r.half_open_periods
+            ),
+        ),
+        (
+            r.read_mid_outage > 0 && r.named_cause == r.read_mid_outage,
+            format!(
+                "long outage: {} of {} deferred records read mid-outage name the provider's 503 as root cause (target all)",
+                r.named_cause, r.read_mid_outage
+            ),
+        ),
+        (
+            r.drain <= r.drain_allowed * 2 + Duration::from_secs(1),
+            format!(
+                "long outage: backlog of {} drained {:.1} s after the breaker closed (target at most 2x the {:.1} s the rate allows, + 1 s of polling)",
+                r.backlog,
+                r.drain.as_secs_f64(),
+                r.drain_allowed.as_secs_f64()
+            ),
+        ),
+    ])
+}
+
 #[tokio::main]
 async fn main() -> Result<ExitCode, BoxError> {
     let small = std::env::args().any(|a| a == "--small");
+    if std::env::args().any(|a| a == "--long-only") {
+        let targets = long_outage_targets(small).await?;
+        let missed = targets.iter().filter(|(ok, _)| !ok).count();
+        for (ok, what) in &targets {
+            println!("{} {what}", if *ok { "ok    " } else { "MISSED" });
+        }
+        println!(
+            "soak: {}",
+            if missed == 0 {
+                "every target met".to_owned()
+            } else {
+                format!("{missed} target(s) missed")
+            }
+        );
+        return Ok(if missed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     let (mixed, outage) = if small {
         (
             Load::Closed {
@@ -1081,6 +1210,9 @@ async fn main() -> Result<ExitCode, BoxError> {
             oo.exactly_once, oo.delivered, oo.duplicates
         ),
     );
+    for (ok, what) in long_outage_targets(small).await? {
+        check(ok, what);
+    }
     Ok(if missed.is_empty() {
         println!("soak: every target met");
         ExitCode::SUCCESS

@@ -893,3 +893,69 @@ async fn a_failure_of_a_call_admitted_with_nothing_counted_still_trips_a_live_br
     assert_eq!(handle.state(), State::Open);
     assert_eq!(handle.stats().failures, 1);
 }
+
+/// Calls `svc` once, expects an open breaker's rejection, and returns what its
+/// [`OpenError`](tower_backstop::breaker::OpenError) says of the cause.
+async fn rejection_cause<S>(svc: S) -> Option<String>
+where
+    S: Service<http::Request<String>, Response = http::Response<()>>,
+    S::Error: Into<tower_backstop::Failure<http::Response<()>>>,
+{
+    let f: tower_backstop::Failure<http::Response<()>> =
+        svc.oneshot(get("/")).await.unwrap_err().into();
+    assert_eq!(f.code(), Code::CircuitOpen);
+    std::error::Error::source(&f)
+        .and_then(|s| s.downcast_ref::<tower_backstop::breaker::OpenError>())
+        .expect("an OpenError")
+        .cause()
+}
+
+/// The breaker's rejection names why it opened: the failure that opened it with the failures
+/// counted since it last closed, then the failed probe; a close forgets the outage.
+#[tokio::test(start_paused = true)]
+async fn a_rejection_names_the_failure_that_opened_the_breaker_until_it_closes() {
+    let upstream = Scripted::new(
+        [
+            status(503),
+            status(502),
+            status(500),
+            status(200),
+            status(503),
+            status(503),
+        ],
+        status(200),
+    );
+    let layer = BreakerLayer::consecutive_failures(2)
+        .open_for(Duration::from_secs(5))
+        .name("mail");
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    let cause = |svc| async move { rejection_cause(svc).await };
+    for _ in 0..2 {
+        let _ = svc.clone().oneshot(get("/")).await; // 503, 502: open
+    }
+    let first = cause(svc.clone()).await.expect("a cause while open");
+    assert!(
+        first.contains("http 502") && first.contains("2 failures in"),
+        "{first}"
+    );
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let _ = svc.clone().oneshot(get("/")).await; // the probe: 500, open again
+    let probe = cause(svc.clone()).await.expect("a cause while open");
+    assert!(
+        probe.contains("http 500") && probe.contains("3 failures in 5s"),
+        "{probe}"
+    );
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(svc.clone().oneshot(get("/")).await.is_ok()); // the probe: 200, closed
+    for _ in 0..2 {
+        let _ = svc.clone().oneshot(get("/")).await; // 503, 503: open again
+    }
+    let again = cause(svc.clone()).await.expect("a cause while open");
+    assert!(
+        again.contains("http 503") && again.contains("2 failures in"),
+        "the close forgot the first outage: {again}"
+    );
+}

@@ -235,13 +235,21 @@ impl OpenError {
     }
 }
 
-/// `message (code); N failures in D` (or `1 failure`), the text of a cause.
+/// `message (code); N failures in D` (or `1 failure`), the text of a cause; the code is not
+/// repeated when the message names it already (a failure with no source error reads
+/// `transient (http 503)`).
 pub(crate) fn describe(c: &Cause) -> String {
     let span = c.at.saturating_duration_since(c.since);
     let span = Duration::from_millis(u64::try_from(span.as_millis()).unwrap_or(u64::MAX));
+    let code = c.code.to_string();
+    let what = if c.message.contains(&code) {
+        c.message.clone()
+    } else {
+        format!("{} ({code})", c.message)
+    };
     match c.failures {
-        0 | 1 => format!("{} ({}); 1 failure", c.message, c.code),
-        n => format!("{} ({}); {n} failures in {span:?}", c.message, c.code),
+        0 | 1 => format!("{what}; 1 failure"),
+        n => format!("{what}; {n} failures in {span:?}"),
     }
 }
 
@@ -257,6 +265,36 @@ impl std::error::Error for OpenError {}
 #[cfg(test)]
 mod open_error_tests {
     use super::*;
+
+    #[test]
+    fn a_cause_reads_its_failure_code_count_and_span_once() {
+        let at = Instant::now();
+        let cause = |message: &str, failures| Cause {
+            class: Class::TRANSIENT,
+            code: Code::Io(std::io::ErrorKind::ConnectionRefused),
+            message: message.to_owned(),
+            at: at + Duration::from_millis(10_250),
+            failures,
+            since: at,
+        };
+        assert_eq!(
+            describe(&cause("connection refused", 12)),
+            "connection refused (io ConnectionRefused); 12 failures in 10.25s"
+        );
+        assert_eq!(
+            describe(&cause("transient (io ConnectionRefused)", 1)),
+            "transient (io ConnectionRefused); 1 failure"
+        );
+        // Kept in the slot until the breaker closes; shared by both of its errors.
+        let slot = Arc::new(CauseSlot::default());
+        let [open, forced] = OpenError::pair(&Arc::from("api.mail.test:443"), &slot);
+        assert_eq!(open.cause(), None);
+        slot.set(Some(cause("connection refused", 3)));
+        assert_eq!(open.cause(), forced.cause());
+        assert!(open.cause().unwrap().starts_with("connection refused"));
+        slot.set(None);
+        assert_eq!(forced.cause(), None);
+    }
 
     #[test]
     fn an_open_breakers_failure_has_its_open_error_as_source() {
