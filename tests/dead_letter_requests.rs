@@ -230,6 +230,17 @@ async fn a_stored_header_that_is_not_valid_http_is_a_clear_rebuild_error() {
     );
 }
 
+/// The dead-letter table of schema version 2, and one record in it.
+const V2_COLUMNS: &str = "id TEXT PRIMARY KEY, class TEXT NOT NULL, code TEXT NOT NULL,
+    message TEXT NOT NULL, attempts INTEGER NOT NULL, budget_spent INTEGER NOT NULL,
+    first_failed_at_ms INTEGER NOT NULL, last_failed_at_ms INTEGER NOT NULL,
+    retry_at_ms INTEGER, status TEXT NOT NULL, resends INTEGER NOT NULL,
+    resolved_at_ms INTEGER, history TEXT NOT NULL, tags TEXT NOT NULL,
+    payload BLOB NOT NULL, payload_truncated INTEGER NOT NULL,
+    payload_len INTEGER NOT NULL, content_type TEXT, metadata TEXT NOT NULL";
+const V2_ROW: &str = "'old', 'transient', 'http 503', 'm', 1, 1, 0, 0, NULL, 'dead', 0, NULL, \
+    '[]', '{}', X'6869', 0, 2, NULL, '{\"method\":\"POST\",\"uri\":\"http://a.test/\"}'";
+
 /// A store written by the previous schema (version 2, no headers) opens, reads, and takes
 /// headers from then on.
 #[tokio::test]
@@ -238,20 +249,11 @@ async fn a_version_2_sqlite_store_is_upgraded_in_place() {
     let path = dir.path().join("old.db");
     {
         let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE dead_letters (
-                id TEXT PRIMARY KEY, class TEXT NOT NULL, code TEXT NOT NULL,
-                message TEXT NOT NULL, attempts INTEGER NOT NULL, budget_spent INTEGER NOT NULL,
-                first_failed_at_ms INTEGER NOT NULL, last_failed_at_ms INTEGER NOT NULL,
-                retry_at_ms INTEGER, status TEXT NOT NULL, resends INTEGER NOT NULL,
-                resolved_at_ms INTEGER, history TEXT NOT NULL, tags TEXT NOT NULL,
-                payload BLOB NOT NULL, payload_truncated INTEGER NOT NULL,
-                payload_len INTEGER NOT NULL, content_type TEXT, metadata TEXT NOT NULL);
-             INSERT INTO dead_letters VALUES ('old', 'transient', 'http 503', 'm', 1, 1, 0, 0,
-                NULL, 'dead', 0, NULL, '[]', '{}', X'6869', 0, 2, NULL,
-                '{\"method\":\"POST\",\"uri\":\"http://a.test/\"}');
-             PRAGMA user_version = 2;",
-        )
+        conn.execute_batch(&format!(
+            "CREATE TABLE dead_letters ({V2_COLUMNS});
+             INSERT INTO dead_letters VALUES ({V2_ROW});
+             PRAGMA user_version = 2;"
+        ))
         .unwrap();
     }
     let store = SqliteStore::open(&path).unwrap();
@@ -275,22 +277,12 @@ async fn a_version_3_sqlite_store_is_upgraded_in_place() {
     let path = dir.path().join("v3.db");
     {
         let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE dead_letters (
-                id TEXT PRIMARY KEY, class TEXT NOT NULL, code TEXT NOT NULL,
-                message TEXT NOT NULL, attempts INTEGER NOT NULL, budget_spent INTEGER NOT NULL,
-                first_failed_at_ms INTEGER NOT NULL, last_failed_at_ms INTEGER NOT NULL,
-                retry_at_ms INTEGER, status TEXT NOT NULL, resends INTEGER NOT NULL,
-                resolved_at_ms INTEGER, history TEXT NOT NULL, tags TEXT NOT NULL,
-                payload BLOB NOT NULL, payload_truncated INTEGER NOT NULL,
-                payload_len INTEGER NOT NULL, content_type TEXT, metadata TEXT NOT NULL,
+        conn.execute_batch(&format!(
+            "CREATE TABLE dead_letters ({V2_COLUMNS},
                 headers TEXT NOT NULL DEFAULT '[]', redacted_headers TEXT NOT NULL DEFAULT '[]');
-             INSERT INTO dead_letters VALUES ('old', 'transient', 'http 503', 'm', 1, 1, 0, 0,
-                NULL, 'dead', 0, NULL, '[]', '{}', X'6869', 0, 2, NULL,
-                '{\"method\":\"POST\",\"uri\":\"http://a.test/\"}',
-                '[[\"x-a\",\"utf8:b\"]]', '[]');
-             PRAGMA user_version = 3;",
-        )
+             INSERT INTO dead_letters VALUES ({V2_ROW}, '[[\"x-a\",\"utf8:b\"]]', '[]');
+             PRAGMA user_version = 3;"
+        ))
         .unwrap();
     }
     let store = SqliteStore::open(&path).unwrap();

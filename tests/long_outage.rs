@@ -12,10 +12,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use bytes::Bytes;
+use http_body_util::Full;
 use support::outage::{OPEN_FOR, Provider, URI, as_string_request, send_all, stack};
 use tower_backstop::breaker::State;
 use tower_backstop::dead_letter::record_of;
-use tower_backstop::resend::Scheduler;
+use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::store::{
     BoxFuture, Change, Claim, Counts, Filter, MemoryStore, Record, SqliteStore, Status, Store,
     StoreError,
@@ -349,4 +351,94 @@ async fn a_store_that_fails_during_the_drain_loses_nothing() {
     let twice = effects.values().filter(|&&n| n == 2).count();
     assert!(effects.values().all(|&n| n <= 2), "{effects:?}");
     assert!(twice <= 8, "at most the 8 in flight: {twice}");
+}
+
+/// The newcomer's case, end to end: a webhook dispatcher (the preset, 4 attempts, SQLite, a
+/// hyper-util client) posts 300 keyed events to four customers on 127.0.0.1, one of whose ports
+/// refuses connections. Every record of that customer names the refused connections as its root
+/// cause, whether it used up its attempts before the customer's breaker opened or was rejected
+/// by it; the other customers' events are delivered; the scheduler then paces the down
+/// customer's records by its breaker and none dies of local rejections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_record_of_a_refusing_customer_names_the_refusals() {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use tower_backstop::BackstopLayer;
+    use tower_backstop::retry::RetryPolicy;
+
+    let mut targets = Vec::new();
+    for _ in 0..3 {
+        let app = axum::Router::new().route(
+            "/hooks",
+            axum::routing::post(|| async { axum::http::StatusCode::ACCEPTED }),
+        );
+        targets.push(format!("{}/hooks", support::serve(app).await));
+    }
+    // A port nothing listens on: bound, then closed.
+    let down = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    targets.push(format!("http://{down}/hooks"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(dir.path().join("hooks.db")).unwrap());
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let svc = tower::ServiceBuilder::new()
+        .layer(
+            BackstopLayer::http(Duration::from_secs(2))
+                .retry(RetryPolicy::new().max_attempts(4).build().unwrap())
+                .dead_letters(tower_backstop::dead_letter::DeadLetterLayer::from_arc(
+                    store.clone(),
+                )),
+        )
+        .service(client);
+    let mut delivered = 0;
+    for i in 0..300 {
+        let req = http::Request::post(&targets[i % 4])
+            .header("content-type", "application/json")
+            .header("idempotency-key", format!("evt-{i:03}"))
+            .body(Full::new(Bytes::from(format!("{{\"n\":{i}}}"))))
+            .unwrap();
+        if tower::ServiceExt::oneshot(svc.clone(), req).await.is_ok() {
+            delivered += 1;
+        }
+    }
+    assert_eq!(delivered, 225);
+    let records = store.list(usize::MAX).await.unwrap();
+    assert_eq!(
+        records.len(),
+        75,
+        "the down customer's events, and only those"
+    );
+    let key = format!("127.0.0.1:{}", down.port());
+    for r in &records {
+        let cause = r.cause.as_ref().expect("a root cause");
+        assert_eq!(cause.code, "io ConnectionRefused", "{}: {cause:?}", r.id);
+        if r.class == "circuit_open" {
+            assert_eq!(r.status, Status::Deferred, "{}", r.id);
+            assert_eq!(r.breaker.as_deref(), Some(key.as_str()), "{}", r.id);
+            assert!(cause.message.contains("failures in"), "{}", cause.message);
+            assert!(r.message.contains("half-opens at 20"), "{}", r.message);
+        }
+    }
+    let rejected = records.iter().filter(|r| r.class == "circuit_open").count();
+    assert!(rejected > 0, "the breaker opened");
+
+    // A few seconds of the scheduler: the breaker half-opens (1 s, doubling), one probe goes out
+    // per period, and no deferred record dies of it.
+    let scheduler = Scheduler::new(Arc::clone(&store) as Arc<dyn Store>, svc, |r: &Record| {
+        http_request(r, None)
+    })
+    .poll_every(Duration::from_millis(100))
+    .spawn();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    scheduler.shutdown().await;
+    let after = store.list(usize::MAX).await.unwrap();
+    let dead_by_rejection = after
+        .iter()
+        .filter(|r| r.status == Status::Dead && r.class == "circuit_open")
+        .count();
+    assert_eq!(dead_by_rejection, 0);
+    assert!(after.iter().all(|r| r.resends <= 2), "a few probes at most");
 }

@@ -7,24 +7,17 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
-use http_body_util::Full;
+use support::outage::as_string_request;
 use support::{Scripted, status, status_with};
 use tokio::time::Instant;
 use tower::ServiceBuilder;
 use tower_backstop::Clock;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
-use tower_backstop::resend::{Scheduler, http_request};
+use tower_backstop::resend::Scheduler;
 use tower_backstop::retry::Attempts;
 use tower_backstop::store::{MemoryStore, Record, SqliteStore, Status, Store};
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
-
-fn as_string_request(record: &Record) -> Result<http::Request<String>, BoxError> {
-    let request = http_request(record, None)?;
-    let payload = String::from_utf8(record.payload.clone())?;
-    Ok(request.map(|_: Full<Bytes>| payload))
-}
 
 fn deferred(id: &str, retry_at: SystemTime) -> Record {
     let f: Failure = Failure::new(
