@@ -4,6 +4,7 @@
 //! backlog drains exactly once after recovery, with one scheduler or two, and through a store
 //! that fails for a while. On tokio's paused clock, with an in-process provider.
 
+mod redis_support;
 mod support;
 
 use std::collections::HashMap;
@@ -14,7 +15,9 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::Full;
-use support::outage::{OPEN_FOR, Provider, URI, as_string_request, send_all, stack};
+use support::outage::{
+    OPEN_FOR, Provider, URI, as_string_request, send_all, stack, stack_opening_for,
+};
 use tower_backstop::breaker::State;
 use tower_backstop::dead_letter::record_of;
 use tower_backstop::resend::{Scheduler, http_request};
@@ -207,8 +210,51 @@ async fn a_record_whose_breaker_is_gone_is_sent_once() {
 #[tokio::test(start_paused = true)]
 async fn two_schedulers_on_one_store_through_recovery_send_each_record_once() {
     let dir = tempfile::tempdir().unwrap();
-    let clock = Clock::tokio();
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path().join("d.db")).unwrap());
+    two_schedulers_through_recovery(store).await;
+}
+
+/// The same with two processes sharing a Redis store, on the real clock (on a paused one, tokio
+/// moves the clock on while a Redis reply is on its way): breakers open for 300 ms, an outage of
+/// 1.5 s.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_schedulers_on_one_redis_store_through_recovery_send_each_record_once() {
+    let Some(store) = redis_support::redis_store("long_outage_two").await else {
+        return;
+    };
+    let store: Arc<dyn Store> = Arc::new(store);
+    let clock = Clock::system();
+    let provider = Provider::default();
+    provider.down(true);
+    let open_for = Duration::from_millis(300);
+    let (a, _) = stack_opening_for(&store, &provider, clock, open_for);
+    let (b, _) = stack_opening_for(&store, &provider, clock, open_for);
+    send_all(&a, 20).await;
+    let spawn = |svc| {
+        Scheduler::new(Arc::clone(&store), svc, as_string_request)
+            .poll_every(Duration::from_millis(50))
+            .rate(200)
+            .clock(clock)
+            .spawn()
+    };
+    let (sa, sb) = (spawn(a), spawn(b));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during = provider.requests();
+    provider.down(false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while statuses(&*store).await.get(&Status::Resolved) != Some(&20)
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sa.shutdown().await;
+    sb.shutdown().await;
+    assert_sent_once_after(&store, &provider, during).await;
+}
+
+async fn two_schedulers_through_recovery(store: Arc<dyn Store>) {
+    let clock = Clock::tokio();
     let provider = Provider::default();
     provider.down(true);
     let (a, _) = stack(&store, &provider, clock);
@@ -227,7 +273,13 @@ async fn two_schedulers_on_one_store_through_recovery_send_each_record_once() {
     tokio::time::sleep(Duration::from_secs(30)).await;
     sa.shutdown().await;
     sb.shutdown().await;
-    let after = statuses(&*store).await;
+    assert_sent_once_after(&store, &provider, during).await;
+}
+
+/// Every one of the 20 records is resolved, and after the first `during` requests each was sent
+/// exactly once.
+async fn assert_sent_once_after(store: &Arc<dyn Store>, provider: &Provider, during: usize) {
+    let after = statuses(&**store).await;
     assert_eq!(after.get(&Status::Resolved), Some(&20), "{after:?}");
     // After the recovery, each message was sent exactly once (keys are not even needed).
     let requests = provider.requests.lock().unwrap()[during..].to_vec();

@@ -170,6 +170,29 @@ async fn root_cause_and_breaker_are_kept(b: Backend) {
     assert_eq!(o.store.get("m-1").await.unwrap().unwrap().cause, real_cause);
 }
 
+/// A page that ends at `usize::MAX` ("the rest") reads every record after its start, through
+/// every index: `list(usize::MAX)` is the whole store.
+async fn an_open_ended_page_reads_to_the_end(b: Backend) {
+    let Some(o) = b.open("open_ended", 10).await else {
+        return;
+    };
+    for i in 0..7 {
+        o.store
+            .put(rec(&format!("m-{i}"), "transient", "http 503", at(i)))
+            .await
+            .unwrap();
+    }
+    assert_eq!(o.store.list(usize::MAX).await.unwrap().len(), 7);
+    let rest = o
+        .store
+        .search(&Filter::new().class("transient"), 5..usize::MAX)
+        .await
+        .unwrap();
+    assert_eq!(ids(&rest), ["m-1", "m-0"]);
+    let rest = o.store.search(&Filter::new(), 2..usize::MAX).await.unwrap();
+    assert_eq!(rest.len(), 5);
+}
+
 /// Only dead records count as dead letters, the deferred and in-flight ones apart, resolved
 /// ones nowhere, through every status change.
 async fn counts_follow_each_status_change(b: Backend) {
@@ -1128,4 +1151,5 @@ conformance!(
     root_cause_and_breaker_are_kept,
     a_held_record_gives_its_claim_back,
     counts_follow_each_status_change,
+    an_open_ended_page_reads_to_the_end,
 );

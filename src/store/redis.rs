@@ -550,8 +550,9 @@ impl RedisStore {
             .arg(&min)
             .arg("WITHSCORES")
             .arg("LIMIT")
-            .arg(page.start)
-            .arg(page.len())
+            .arg(i64::try_from(page.start).unwrap_or(i64::MAX))
+            // Redis reads a count as a signed 64-bit number; a negative one means "all".
+            .arg(i64::try_from(page.len()).unwrap_or(-1))
             .query_async(&mut conn)
             .await
             .map_err(redis_error("search records"))?;

@@ -101,8 +101,28 @@ pub fn stack(
     + 'static,
     BreakerHandle,
 ) {
+    stack_opening_for(store, provider, clock, OPEN_FOR)
+}
+
+/// [`stack`] with a breaker that opens for `open_for`.
+pub fn stack_opening_for(
+    store: &Arc<dyn Store>,
+    provider: &Provider,
+    clock: Clock,
+    open_for: Duration,
+) -> (
+    impl tower::Service<
+        http::Request<String>,
+        Response = http::Response<()>,
+        Error = Failure<http::Response<()>>,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static,
+    BreakerHandle,
+) {
     let breaker = BreakerLayer::consecutive_failures(2)
-        .open_for(OPEN_FOR)
+        .open_for(open_for)
         .name("mail.test");
     let handle = breaker.handle();
     let svc = ServiceBuilder::new()
