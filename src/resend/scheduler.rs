@@ -31,8 +31,11 @@ use crate::store::{Change, Record, Status, Store, add_clamped};
 /// sent: each is put back, deferred to the breaker's half-open time, and costs no re-send. At
 /// half-open the scheduler sends one record as the probe and holds the others; when a re-send
 /// of that breaker succeeds, the breaker is closed and its records drain at the rate. A re-send
-/// the breaker rejects locally reached nobody: it is put back the same way, never counts as a
-/// re-send, and teaches the scheduler the breaker's half-open time. The breakers are those of
+/// whose final word is the breaker's local rejection is put back the same way, never counts as a
+/// re-send, and teaches the scheduler the breaker's half-open time; that includes a probe whose
+/// first attempt reached the provider and failed, so that its retry met the re-opened breaker:
+/// the failure is the provider's outage, not the message's, and no outage is long enough to use
+/// up a record's re-sends. The breakers are those of
 /// the stack given, so each process paces by its own, and several schedulers on one Redis store
 /// still never both send a record (claims are compare-and-set). A breaker the stack no longer
 /// has (the process restarted, the key was evicted) is not known to be open: its records are
