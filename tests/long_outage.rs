@@ -494,3 +494,38 @@ async fn every_record_of_a_refusing_customer_names_the_refusals() {
     assert_eq!(dead_by_rejection, 0);
     assert!(after.iter().all(|r| r.resends <= 2), "a few probes at most");
 }
+
+/// An operator forces the breaker open: no half-open time is known, so the scheduler's records
+/// are put back and looked at again every ten polls, none dies of it, and once the operator
+/// resets the breaker they are delivered.
+#[tokio::test(start_paused = true)]
+async fn a_breaker_forced_open_holds_the_records_without_killing_them() {
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let provider = Provider::default();
+    let (svc, breaker) = stack(&store, &provider, clock);
+    provider.down(true);
+    send_all(&svc, 5).await;
+    provider.down(false);
+    breaker.force_open();
+    let scheduler = Scheduler::new(Arc::clone(&store), svc, as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .max_resends(1)
+        .clock(clock)
+        .spawn();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(provider.requests(), 2, "nothing reaches the provider");
+    for r in store.list(usize::MAX).await.unwrap() {
+        assert_eq!(r.status, Status::Deferred, "{}: {}", r.id, r.message);
+        assert_eq!(r.resends, 0, "{}", r.id);
+        // Held a second (ten polls) at a time: a forced breaker names no half-open time.
+        let next = r.retry_at.unwrap().duration_since(clock.now()).unwrap();
+        assert!(next <= Duration::from_secs(1), "{}: {next:?}", r.id);
+    }
+    breaker.reset();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    scheduler.shutdown().await;
+    let after = statuses(&*store).await;
+    assert_eq!(after.get(&Status::Resolved), Some(&5), "{after:?}");
+    assert!(provider.effects().values().all(|&n| n == 1));
+}
