@@ -29,7 +29,7 @@ TESTS[timeout]="--lib --test timeout"
 FILES[failure]="src/failure.rs"
 TESTS[failure]="--lib --test retry --test classify"
 FILES[scheduler]="src/resend/scheduler.rs"
-TESTS[scheduler]="--lib --test scheduler --test long_outage"
+TESTS[scheduler]="--lib --test scheduler --test long_outage --test scheduler_tracing"
 
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
     sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'

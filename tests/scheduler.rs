@@ -512,3 +512,125 @@ fn debug_shows_the_settings() {
         assert!(debug.contains(part), "{debug}");
     }
 }
+
+/// Sends `n` records due now through a recording provider with `configure`d scheduler for
+/// `run`, and returns when each was sent, from the start.
+async fn drain(
+    n: usize,
+    run: Duration,
+    configure: impl FnOnce(
+        Scheduler<Stack, fn(&Record) -> Result<Req, BoxError>>,
+    ) -> Scheduler<Stack, fn(&Record) -> Result<Req, BoxError>>,
+    breaker: Option<&str>,
+) -> (Arc<dyn Store>, Vec<Duration>) {
+    let clock = Clock::tokio();
+    let start = Instant::now();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    for i in 0..n {
+        let mut r = deferred(&format!("d-{i:02}"), clock.now());
+        r.breaker = breaker.map(str::to_owned);
+        store.put(r).await.unwrap();
+    }
+    let calls: Calls = Arc::default();
+    let stack: Stack = tower::util::BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
+            .layer(ClassifyLayer::http())
+            .service(recording_provider(Arc::clone(&calls))),
+    );
+    let rebuild: fn(&Record) -> Result<Req, BoxError> = as_string_request;
+    let scheduler =
+        configure(Scheduler::new(Arc::clone(&store), stack, rebuild).clock(clock)).spawn();
+    tokio::time::sleep(run).await;
+    scheduler.shutdown().await;
+    let at = calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(t, _)| *t - start)
+        .collect();
+    (store, at)
+}
+
+type Req = http::Request<String>;
+type Stack = tower::util::BoxCloneService<Req, http::Response<()>, Failure<http::Response<()>>>;
+
+/// The scheduler's rate bounds its re-sends: 20 due records at 10 a second take about 2 s
+/// (each gap jittered within 50–150 % of 100 ms), never a burst.
+#[tokio::test(start_paused = true)]
+async fn re_sends_are_paced_at_the_rate() {
+    let (_, at) = drain(
+        20,
+        Duration::from_secs(5),
+        |s| s.poll_every(Duration::from_millis(10)).rate(10),
+        None,
+    )
+    .await;
+    assert_eq!(at.len(), 20);
+    let span = at[19] - at[0];
+    assert!(
+        span >= Duration::from_millis(950) && span <= Duration::from_millis(2_900),
+        "19 gaps of 50 to 150 ms: {span:?}"
+    );
+    for pair in at.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap >= Duration::from_millis(49) && gap <= Duration::from_millis(151),
+            "{gap:?}"
+        );
+    }
+}
+
+/// A full batch is followed at once, not a poll later: with a 1 s poll, 8 at a time and a high
+/// rate, 40 due records are all sent within the first second.
+#[tokio::test(start_paused = true)]
+async fn a_full_batch_is_followed_at_once() {
+    let (store, at) = drain(
+        40,
+        Duration::from_millis(900),
+        |s| s.poll_every(Duration::from_secs(1)).rate(10_000),
+        None,
+    )
+    .await;
+    assert_eq!(at.len(), 40, "{at:?}");
+    let resolved = store.list(usize::MAX).await.unwrap();
+    assert!(resolved.iter().all(|r| r.status == Status::Resolved));
+}
+
+/// The first record of a breaker the scheduler has not seen is sent alone as its probe; when
+/// that record is dead-lettered instead of sent (it used up its re-sends), the next one probes,
+/// and the rest follow.
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_is_not_sent_lets_the_next_record_probe() {
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mut spent = deferred("spent", clock.now() - Duration::from_secs(1));
+    spent.breaker = Some("mail.test".to_owned());
+    spent.resends = 5;
+    store.put(spent).await.unwrap();
+    for i in 0..3 {
+        let mut r = deferred(&format!("r-{i}"), clock.now());
+        r.breaker = Some("mail.test".to_owned());
+        store.put(r).await.unwrap();
+    }
+    let calls: Calls = Arc::default();
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
+        .layer(ClassifyLayer::http())
+        .service(recording_provider(Arc::clone(&calls)));
+    let scheduler = Scheduler::new(Arc::clone(&store), stack, as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .clock(clock)
+        .spawn();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    scheduler.shutdown().await;
+    assert_eq!(
+        store.get("spent").await.unwrap().unwrap().status,
+        Status::Dead
+    );
+    for i in 0..3 {
+        let r = store.get(&format!("r-{i}")).await.unwrap().unwrap();
+        assert_eq!(r.status, Status::Resolved, "r-{i}");
+    }
+    assert_eq!(calls.lock().unwrap().len(), 3);
+}
