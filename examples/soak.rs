@@ -747,6 +747,9 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
         )
         .poll_every(Duration::from_millis(50))
         .concurrency(64)
+        // This load runs at about 1,000 messages a second: a scheduler must keep up with what
+        // it defers (the default of 50 re-sends a second suits the long outage's 50 a second).
+        .rate(1_000)
         .spawn();
         settle::until_settled(&*store, Duration::from_secs(90)).await?;
         scheduler.shutdown().await;

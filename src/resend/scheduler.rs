@@ -153,7 +153,9 @@ impl<S, F> Scheduler<S, F> {
     /// `1 s / per_second`, jittered by ±50 % so that the schedulers of several processes do not
     /// send in step. Default 50, so that the backlog of a long outage (50 messages a second for
     /// two minutes make 6,000) drains in about two minutes instead of hitting the recovered
-    /// provider at once.
+    /// provider at once. Set it above the rate at which your stack defers requests in steady
+    /// state (a stack that defers 300 `Retry-After` answers a second needs more than 300), or
+    /// the scheduler falls behind; the rate applies to every re-send, not only to a drain.
     pub fn rate(mut self, per_second: u32) -> Self {
         self.rate = per_second.max(1);
         self
