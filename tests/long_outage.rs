@@ -35,6 +35,23 @@ async fn statuses(store: &dyn Store) -> HashMap<Status, usize> {
     out
 }
 
+/// A record of a request to [`URI`] keyed `id`, deferred to `at`, that `breaker` rejected.
+fn deferred(id: &str, breaker: &str, at: SystemTime) -> Record {
+    let f: Failure = Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen);
+    let mut r = record_of(
+        id.to_owned(),
+        Envelope::new("{}")
+            .with_metadata("method", "POST")
+            .with_metadata("uri", URI)
+            .with_metadata("idempotency-key", id),
+        &f,
+    );
+    r.status = Status::Deferred;
+    r.retry_at = Some(at);
+    r.breaker = Some(breaker.to_owned());
+    r
+}
+
 /// The newcomer's case, longer: the provider refuses connections for a minute (twelve open
 /// periods), then recovers.
 #[tokio::test(start_paused = true)]
@@ -181,19 +198,10 @@ async fn a_record_whose_breaker_is_gone_is_sent_once() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let provider = Provider::default();
     let (svc, _) = stack(&store, &provider, clock);
-    let f: Failure = Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen);
-    let mut r = record_of(
-        "m-gone".to_owned(),
-        Envelope::new("{}")
-            .with_metadata("method", "POST")
-            .with_metadata("uri", URI)
-            .with_metadata("idempotency-key", "m-gone"),
-        &f,
-    );
-    r.status = Status::Deferred;
-    r.retry_at = Some(clock.now());
-    r.breaker = Some("gone.test:443".to_owned());
-    store.put(r).await.unwrap();
+    store
+        .put(deferred("m-gone", "gone.test:443", clock.now()))
+        .await
+        .unwrap();
     let scheduler = Scheduler::new(Arc::clone(&store), svc, as_string_request)
         .poll_every(Duration::from_millis(100))
         .clock(clock)
@@ -203,6 +211,61 @@ async fn a_record_whose_breaker_is_gone_is_sent_once() {
     assert_eq!(provider.requests(), 1);
     let r = store.get("m-gone").await.unwrap().unwrap();
     assert_eq!((r.status, r.resends), (Status::Resolved, 1));
+}
+
+/// One destination's backlog does not delay another's: ten records of a breaker whose probe is
+/// still out are held batch after batch, and the record behind them, of another breaker, is
+/// sent in the same poll, not ten polls later.
+#[tokio::test(start_paused = true)]
+async fn a_held_backlog_does_not_delay_another_breakers_records() {
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let t0 = clock.now();
+    for i in 0..10 {
+        let at = t0 + Duration::from_millis(i);
+        store
+            .put(deferred(&format!("a-{i}"), "a.test:443", at))
+            .await
+            .unwrap();
+    }
+    store
+        .put(deferred(
+            "b-0",
+            "b.test:443",
+            t0 + Duration::from_millis(10),
+        ))
+        .await
+        .unwrap();
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::clone(&sent);
+    // Destination a takes a minute to answer its probe; b answers at once.
+    let svc = tower::service_fn(move |req: http::Request<String>| {
+        let key = req.headers()["idempotency-key"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        log.lock().unwrap().push(key.clone());
+        async move {
+            if key.starts_with("a-") {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            }
+            Ok::<_, Failure<http::Response<()>>>(http::Response::new(()))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let scheduler = Scheduler::new(Arc::clone(&store), svc, as_string_request)
+        .poll_every(Duration::from_secs(1))
+        .concurrency(2)
+        .clock(clock)
+        .spawn();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(*sent.lock().unwrap(), ["a-0", "b-0"], "a's probe, then b");
+    let b = store.get("b-0").await.unwrap().unwrap();
+    assert_eq!(b.status, Status::Resolved, "b was not held behind a");
+    scheduler.shutdown().await;
+    // The probe answered: a's other records were then sent, each once.
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent.iter().filter(|k| *k == "a-0").count(), 1, "{sent:?}");
 }
 
 /// Two processes, each with its own breaker and scheduler, share one SQLite store through an
@@ -291,10 +354,25 @@ async fn assert_sent_once_after(store: &Arc<dyn Store>, provider: &Provider, dur
     assert!(per_key.values().all(|&n| n == 1), "{per_key:?}");
 }
 
-/// A store that fails every call while `failing` is set.
+/// A store that fails every call while `failing` is set, and that lets someone else change a
+/// record (`meddle`) just before the next read of one.
 struct Flaky {
     inner: MemoryStore,
     failing: Arc<AtomicBool>,
+    meddle: std::sync::Mutex<Option<Change>>,
+    /// The id of the record `meddle` changed.
+    meddled: std::sync::Mutex<Option<String>>,
+}
+
+impl Flaky {
+    fn new(inner: MemoryStore) -> Self {
+        Flaky {
+            inner,
+            failing: Arc::default(),
+            meddle: std::sync::Mutex::new(None),
+            meddled: std::sync::Mutex::new(None),
+        }
+    }
 }
 
 impl Flaky {
@@ -322,6 +400,15 @@ impl Store for Flaky {
         self.guarded(self.inner.put_many(records))
     }
     fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        if let Some(change) = self.meddle.lock().unwrap().take() {
+            *self.meddled.lock().unwrap() = Some(id.to_owned());
+            let meddled = self.inner.update(id, change);
+            let read = self.inner.get(id);
+            return self.guarded(Box::pin(async move {
+                meddled.await?;
+                read.await
+            }));
+        }
         self.guarded(self.inner.get(id))
     }
     fn search(
@@ -367,12 +454,10 @@ impl Store for Flaky {
 #[tokio::test(start_paused = true)]
 async fn a_store_that_fails_during_the_drain_loses_nothing() {
     let clock = Clock::tokio();
-    let failing = Arc::new(AtomicBool::new(false));
     let inner = MemoryStore::new();
-    let store: Arc<dyn Store> = Arc::new(Flaky {
-        inner: inner.clone(),
-        failing: Arc::clone(&failing),
-    });
+    let flaky = Flaky::new(inner.clone());
+    let failing = Arc::clone(&flaky.failing);
+    let store: Arc<dyn Store> = Arc::new(flaky);
     let provider = Provider::default();
     provider.down(true);
     let (svc, _) = stack(&store, &provider, clock);
@@ -528,4 +613,60 @@ async fn a_breaker_forced_open_holds_the_records_without_killing_them() {
     let after = statuses(&*store).await;
     assert_eq!(after.get(&Status::Resolved), Some(&5), "{after:?}");
     assert!(provider.effects().values().all(|&n| n == 1));
+}
+
+/// A locally rejected re-send gives its claim back only if no one changed the record since it
+/// was claimed: here, between the rejection and the give-back, an operator resolves it (it was
+/// delivered by other means), or another scheduler claims it. Either change stands: the
+/// resolved record is never sent again, the other claim is not taken away.
+#[tokio::test(start_paused = true)]
+async fn a_rejected_re_send_never_undoes_someone_elses_change() {
+    let resolved_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let (r, provider) = rejected_while(Change::Resolved { at: resolved_at }).await;
+    assert_eq!(r.status, Status::Resolved, "{}", r.message);
+    assert_eq!(r.resolved_at, Some(resolved_at));
+    assert!(
+        !provider.effects().contains_key(&r.id),
+        "{}: resolved by an operator, never sent again",
+        r.id
+    );
+
+    let until = SystemTime::UNIX_EPOCH + Duration::from_secs(4_000_000_000);
+    let (r, _) = rejected_while(Change::Redriving { until }).await;
+    assert_eq!(r.status, Status::InFlight, "{}", r.message);
+    assert_eq!(r.retry_at, Some(until), "the other claim stands");
+    assert_eq!(r.resends, 2, "ours and the other claim's");
+}
+
+/// Five records rejected by a forced-open breaker; the first one read back after its local
+/// rejection is changed by `change` just before; the breaker is reset 30 s later. The changed
+/// record as it ends, and the provider.
+async fn rejected_while(change: Change) -> (Record, Provider) {
+    let clock = Clock::tokio();
+    let flaky = Arc::new(Flaky::new(MemoryStore::new()));
+    let store: Arc<dyn Store> = flaky.clone();
+    let provider = Provider::default();
+    let (svc, breaker) = stack(&store, &provider, clock);
+    provider.down(true);
+    send_all(&svc, 5).await;
+    provider.down(false);
+    breaker.force_open();
+    *flaky.meddle.lock().unwrap() = Some(change);
+    let scheduler = Scheduler::new(Arc::clone(&store), svc, as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .clock(clock)
+        .spawn();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    breaker.reset();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    scheduler.shutdown().await;
+    let id = flaky
+        .meddled
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("a record was read back");
+    let after = statuses(&*store).await;
+    assert_eq!(after.values().sum::<usize>(), 5, "{after:?}");
+    (store.get(&id).await.unwrap().unwrap(), provider)
 }

@@ -224,7 +224,6 @@ where
                 {
                     Ok(due) => {
                         let full = due.len() == free;
-                        let mut sent = false;
                         for record in due {
                             while let Ok(report) = rx.try_recv() {
                                 holds.learn(report, self.rate);
@@ -239,14 +238,13 @@ where
                             };
                             pace.wait().await;
                             let breaker = record.breaker.clone();
-                            if self.start(record, slot, &tx, &mut in_flight).await {
-                                sent = true;
-                            } else {
+                            if !self.start(record, slot, &tx, &mut in_flight).await {
                                 holds.not_sent(breaker.as_deref());
                             }
                         }
-                        // A full batch with something sent: more may be due now.
-                        more = full && sent;
+                        // A full batch: more may be due now, even when all of it was held
+                        // (another breaker's records wait behind an open one's backlog).
+                        more = full;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "dead-letter scheduler cannot claim due records")
@@ -512,5 +510,54 @@ impl Pace {
         let now = Instant::now();
         let from = self.next.map_or(now, |next| next.max(now));
         self.next = Some(from + self.gap.mul_f64(jitter));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failure::{Class, Code};
+
+    fn record(id: &str, breaker: &str) -> Record {
+        let f: Failure = Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen);
+        let mut r = crate::dead_letter::record_of(id.to_owned(), crate::Envelope::new("{}"), &f);
+        r.breaker = Some(breaker.to_owned());
+        r
+    }
+
+    fn open(holds: &mut Holds, breaker: &str, until: SystemTime) {
+        holds.learn(
+            Report::Open {
+                breaker: breaker.to_owned(),
+                until,
+                cause: None,
+                id: "rejected".to_owned(),
+            },
+            50,
+        );
+    }
+
+    /// A breaker half-opens at its half-open instant: a record due then is the probe, one due a
+    /// moment before is held to that instant, and one due while the probe is out waits a poll.
+    #[test]
+    fn the_probe_goes_at_the_half_open_instant_and_alone() {
+        let poll = Duration::from_secs(1);
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let mut holds = Holds::default();
+        open(&mut holds, "a", t);
+        let early = t - Duration::from_nanos(1);
+        assert_eq!(holds.hold(&record("r-0", "a"), early, poll), Some(t));
+        assert_eq!(holds.hold(&record("r-1", "a"), t, poll), None, "the probe");
+        assert_eq!(holds.hold(&record("r-2", "a"), t, poll), Some(t + poll));
+        // Another breaker's record is not held by this one.
+        assert_eq!(holds.hold(&record("r-3", "b"), early, poll), None);
+        // The probe failed: the next record is the next probe.
+        holds.learn(
+            Report::Failed {
+                breaker: Some("a".to_owned()),
+            },
+            50,
+        );
+        assert_eq!(holds.hold(&record("r-4", "a"), t, poll), None);
     }
 }
