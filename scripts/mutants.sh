@@ -13,7 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # module: files (comma-separated) | cargo test arguments
-declare -A FILES TESTS
+declare -A FILES TESTS FEATURES
+# FEATURES[module] (cargo-mutants feature options) is --all-features unless set; empty means the
+# default features: a module whose code and tests need no optional one builds faster without.
 FILES[backoff]="src/retry/backoff.rs"
 TESTS[backoff]="--lib --test proptest_backoff --test retry --test config"
 FILES[policy]="src/retry/policy.rs"
@@ -22,6 +24,7 @@ FILES[retry_future]="src/retry/future.rs"
 TESTS[retry_future]="--lib --test retry --test reconcile --test bodies"
 FILES[breaker]="src/breaker/state.rs,src/breaker/window.rs,src/breaker/open.rs"
 TESTS[breaker]="--lib --test breaker --test config"
+FEATURES[breaker]=""
 FILES[classify]="src/classify/mod.rs,src/classify/http.rs,src/classify/grpc.rs,src/classify/smtp.rs"
 TESTS[classify]="--lib --test classify"
 FILES[timeout]="src/timeout/mod.rs,src/timeout/future.rs,src/timeout/layer.rs"
@@ -59,8 +62,9 @@ done
 out="target/mutants-out/$module"
 mkdir -p "$out"
 export CARGO_TARGET_DIR="$PWD/target/mutants"
-# shellcheck disable=SC2086 # the test arguments are words
-cargo mutants "${args[@]}" --all-features --jobs 1 --timeout 120 --output "$out" "$@" \
+# shellcheck disable=SC2086 # the feature and test arguments are words
+cargo mutants "${args[@]}" ${FEATURES[$module]---all-features} --profile mutants --jobs 1 \
+    --timeout 120 --output "$out" "$@" \
     -- ${TESTS[$module]} || true
 
 dir="$out/mutants.out"

@@ -696,6 +696,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn debug_and_display_show_what_a_failure_holds() {
+        #[derive(Debug)]
+        struct Region(&'static str);
+        impl Note for Region {}
+
+        assert_eq!(format!("{:?}", Class::TRANSIENT), "Class(transient)");
+        let mut f: Failure<u16> = Failure::new(Class::TRANSIENT, Code::Error)
+            .with_response(503)
+            .with_note(Region("eu-1"));
+        assert_eq!(format!("{:?}", f.notes()), r#"[Region("eu-1")]"#);
+        assert_eq!(f.note::<Region>().map(|r| r.0), Some("eu-1"));
+        assert!(f.has_response());
+        *f.response_mut().expect("the response is held") = 502;
+        assert_eq!(f.into_response(), Some(502));
+        let mut bare: Failure<u16> = Failure::new(Class::TRANSIENT, Code::Error);
+        assert!(!bare.has_response());
+        assert!(bare.response_mut().is_none());
+
+        // An open breaker's time left is written once: by its source when it has one, which
+        // names the breaker, or by the failure itself.
+        let left = Duration::from_millis(1500);
+        let named: Failure = Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen)
+            .with_retry_after(left)
+            .with_source("breaker mail is open, half-opens soon");
+        assert_eq!(
+            named.to_string(),
+            "circuit_open failure (circuit open): breaker mail is open, half-opens soon"
+        );
+        let bare: Failure =
+            Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen).with_retry_after(left);
+        assert_eq!(
+            bare.to_string(),
+            "circuit_open failure (circuit open), half-opens in 1.5s"
+        );
+    }
+
+    #[test]
     fn a_failure_is_one_word() {
         // Whatever the response type: everything is behind the one pointer.
         assert_eq!(std::mem::size_of::<Failure<[u8; 256]>>(), 8);

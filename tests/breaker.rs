@@ -959,3 +959,100 @@ async fn a_rejection_names_the_failure_that_opened_the_breaker_until_it_closes()
         "the close forgot the first outage: {again}"
     );
 }
+
+/// Calls `svc` once, expects an open breaker's rejection, and returns what its
+/// [`OpenError`](tower_backstop::breaker::OpenError) says: the breaker's name and whether an
+/// operator forced it open.
+async fn rejection<S>(svc: S) -> (String, bool)
+where
+    S: Service<http::Request<String>, Response = http::Response<()>>,
+    S::Error: Into<tower_backstop::Failure<http::Response<()>>>,
+{
+    let f: tower_backstop::Failure<http::Response<()>> =
+        svc.oneshot(get("/")).await.unwrap_err().into();
+    assert_eq!(f.code(), Code::CircuitOpen);
+    let open = std::error::Error::source(&f)
+        .and_then(|s| s.downcast_ref::<tower_backstop::breaker::OpenError>())
+        .expect("an OpenError");
+    (open.breaker().to_owned(), open.forced())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejection_says_which_breaker_and_whether_it_was_forced_open() {
+    let upstream = Scripted::always(status(503));
+    let (handle, svc) = stack(breaker(2, Duration::from_secs(30)).name("mail"), &upstream);
+    send(&svc, 2).await;
+    assert_eq!(rejection(svc.clone()).await, ("mail".to_owned(), false));
+    handle.force_open();
+    assert_eq!(rejection(svc.clone()).await, ("mail".to_owned(), true));
+
+    // A keyed breaker is named after its key.
+    let keyed = BreakerLayer::builder()
+        .consecutive_failures(1)
+        .keyed_by(|req: &http::Request<String>| Some(req.uri().path().to_owned()))
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(keyed)
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    let _ = svc.clone().oneshot(get("/")).await;
+    assert_eq!(rejection(svc).await, ("/".to_owned(), false));
+}
+
+/// With no rule chosen a breaker opens after five failures in a row, as the builder's table of
+/// defaults says.
+#[tokio::test(start_paused = true)]
+async fn a_breaker_with_no_rule_opens_after_five_failures_in_a_row() {
+    let upstream = Scripted::always(status(503));
+    let (handle, svc) = stack(Builder::new().build().unwrap(), &upstream);
+    send(&svc, 4).await;
+    assert_eq!(handle.state(), State::Closed);
+    send(&svc, 1).await;
+    assert_eq!(handle.state(), State::Open);
+    assert_eq!(upstream.calls(), 5);
+}
+
+/// `open_jitter` applies whatever the order: set before `open_for` it still spreads the open
+/// duration over `[d, 2d]` for a fraction of 1.
+#[tokio::test(start_paused = true)]
+async fn an_open_jitter_set_before_the_duration_still_applies() {
+    let mut lefts = Vec::new();
+    for _ in 0..5 {
+        let upstream = Scripted::always(status(503));
+        let layer = Builder::new()
+            .consecutive_failures(1)
+            .open_jitter(1.0)
+            .open_for(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let (handle, svc) = stack(layer, &upstream);
+        send(&svc, 1).await;
+        let left = handle.retry_after().expect("open");
+        assert!(
+            (Duration::from_secs(10)..=Duration::from_secs(20)).contains(&left),
+            "{left:?}"
+        );
+        lefts.push(left);
+    }
+    assert!(
+        lefts.iter().any(|&l| l > Duration::from_secs(10)),
+        "no jitter: {lefts:?}"
+    );
+    let debug = format!(
+        "{:?}",
+        Builder::new()
+            .open_jitter(0.5)
+            .open_for(Duration::from_secs(10))
+    );
+    assert!(debug.contains("jitter: 0.5"), "{debug}");
+    assert!(debug.contains("name: \"breaker\""), "{debug}");
+}
+
+#[test]
+fn a_doubling_open_duration_may_be_capped_at_its_base() {
+    let layer = Builder::new()
+        .open_doubling(Duration::from_secs(1), Duration::from_secs(1))
+        .build();
+    assert!(layer.is_ok(), "{layer:?}");
+}

@@ -171,3 +171,123 @@ async fn a_provider_code_in_a_json_body_is_mapped_by_a_user_function() {
     assert_eq!(response.status(), 200);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_closure_classifier_turns_a_response_into_a_failure_that_keeps_it() {
+    use tower_backstop::classify::Verdict;
+    let svc = ServiceBuilder::new()
+        .layer(ClassifyLayer::new(|r: &String| {
+            (r == "quota exceeded").then(|| Verdict::new(Class::THROTTLED, Code::Provider(4029)))
+        }))
+        .service(tower::service_fn(|req: &'static str| async move {
+            Ok::<_, BoxError>(req.to_string())
+        }));
+    assert_eq!(svc.clone().oneshot("sent").await.unwrap(), "sent");
+    let failure = svc.oneshot("quota exceeded").await.unwrap_err();
+    assert_eq!(failure.class(), Class::THROTTLED);
+    assert_eq!(failure.code(), Code::Provider(4029));
+    assert_eq!(failure.into_response().as_deref(), Some("quota exceeded"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_is_the_inner_services_and_its_error_is_classified() {
+    let (mut svc, mut handle) = tower_test::mock::spawn_layer::<&'static str, String, _>(
+        ClassifyLayer::new(|_: &String| None),
+    );
+    handle.allow(0);
+    assert!(svc.poll_ready().is_pending());
+    handle.allow(1);
+    assert!(svc.poll_ready().is_ready());
+    handle.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+    let failure = match svc.poll_ready() {
+        std::task::Poll::Ready(Err(e)) => e,
+        other => panic!("expected the inner error, got {other:?}"),
+    };
+    assert_eq!(failure.class(), Class::TRANSIENT);
+    assert_eq!(
+        failure.code(),
+        Code::Io(std::io::ErrorKind::ConnectionReset)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_timeout_error_we_know_is_a_transient_timeout() {
+    use tower_backstop::classify::classify_error;
+    let tokio_elapsed =
+        tokio::time::timeout(std::time::Duration::ZERO, std::future::pending::<()>())
+            .await
+            .unwrap_err();
+    assert_eq!(
+        classify_error(&tokio_elapsed),
+        (Class::TRANSIENT, Code::Timeout)
+    );
+    let tower_elapsed = tower::timeout::error::Elapsed::new();
+    assert_eq!(
+        classify_error(&tower_elapsed),
+        (Class::TRANSIENT, Code::Timeout)
+    );
+    // Found behind a wrapper too.
+    let wrapped: BoxError = Box::new(Wrapped(Box::new(tower_elapsed)));
+    assert_eq!(classify_error(&*wrapped), (Class::TRANSIENT, Code::Timeout));
+}
+
+#[derive(Debug)]
+struct Wrapped(BoxError);
+
+impl std::fmt::Display for Wrapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("request failed")
+    }
+}
+
+impl std::error::Error for Wrapped {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+/// A connect error of hyper-util's client is transient whatever its cause: nothing was sent. The
+/// connector here is the user's own (a proxy tunnel, a Unix socket); its errors are not io
+/// errors of a kind we know.
+#[tokio::test]
+async fn a_hyper_util_connect_error_is_transient_whatever_its_cause() {
+    use http_body_util::Empty;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tower_backstop::classify::classify_error;
+
+    async fn connect_with(error: fn() -> BoxError) -> (Class, Code) {
+        let connector = tower::service_fn(move |_: http::Uri| {
+            std::future::ready(Err::<TokioIo<tokio::net::TcpStream>, BoxError>(error()))
+        });
+        let client: Client<_, Empty<bytes::Bytes>> =
+            Client::builder(TokioExecutor::new()).build(connector);
+        let err = client
+            .get("http://127.0.0.1:9/".parse().unwrap())
+            .await
+            .unwrap_err();
+        assert!(err.is_connect(), "{err:?}");
+        classify_error(&err)
+    }
+
+    assert_eq!(
+        connect_with(|| "proxy refused the tunnel".into()).await,
+        (Class::TRANSIENT, Code::Error)
+    );
+    assert_eq!(
+        connect_with(|| std::io::Error::from(std::io::ErrorKind::PermissionDenied).into()).await,
+        (
+            Class::TRANSIENT,
+            Code::Io(std::io::ErrorKind::PermissionDenied)
+        )
+    );
+    // The same io error outside a connect is not known to be transient.
+    let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+    assert_eq!(
+        classify_error(&denied),
+        (
+            Class::UNKNOWN,
+            Code::Io(std::io::ErrorKind::PermissionDenied)
+        )
+    );
+}

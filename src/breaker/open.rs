@@ -114,6 +114,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn both_errors_of_a_pair_read_the_one_cause() {
+        let slot = Arc::new(CauseSlot::default());
+        let [open, forced] = OpenError::pair(&Arc::from("mail"), &slot);
+        assert!(!open.forced() && forced.forced());
+        assert!(open.cause_now().is_none() && forced.cause().is_none());
+        let now = Instant::now();
+        slot.set(Some(Cause {
+            class: Class::TRANSIENT,
+            code: Code::Http(http::StatusCode::SERVICE_UNAVAILABLE),
+            message: "upstream said no".into(),
+            at: now,
+            failures: 1,
+            since: now,
+        }));
+        for e in [&open, &forced] {
+            let cause = e.cause_now().expect("the cause is shared");
+            assert_eq!(
+                cause.code,
+                Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)
+            );
+            assert_eq!(
+                e.cause().as_deref(),
+                Some("upstream said no (http 503); 1 failure")
+            );
+        }
+    }
+
+    #[test]
     fn open_duration_never_grows_past_its_cap() {
         let d = OpenDuration::doubling(Duration::from_secs(1), Duration::from_secs(60));
         assert_eq!(d.nth(0), Duration::from_secs(1));

@@ -176,6 +176,17 @@ mod tests {
     }
 
     #[test]
+    fn a_code_mapped_again_takes_its_latest_class_and_leaves_the_others() {
+        let c = GrpcClassifier::new()
+            .map_code(14, Class::PERMANENT)
+            .map_code(8, Class::TRANSIENT)
+            .map_code(14, Class::UNKNOWN);
+        assert_eq!(c.class_of(14), Some(Class::UNKNOWN));
+        assert_eq!(c.class_of(8), Some(Class::TRANSIENT));
+        assert_eq!(c.class_of(3), Some(Class::PERMANENT));
+    }
+
+    #[test]
     fn default_mapping_follows_the_design() {
         let c = GrpcClassifier::new();
         for (code, class) in [

@@ -368,6 +368,48 @@ mod tests {
     }
 
     #[test]
+    fn a_body_verdict_keeps_its_own_hint_else_takes_the_status_hint() {
+        use crate::request::BufferedBody;
+        let response = |status: u16, retry_after: &str, body: &'static str| {
+            http::Response::builder()
+                .status(status)
+                .header(RETRY_AFTER, retry_after)
+                .body(BufferedBody::<()>::new(body, None))
+                .unwrap()
+        };
+        let c = HttpClassifier::new().with_body(|_, body: &[u8]| match body {
+            b"quota" => Some(Verdict::new(Class::THROTTLED, Code::Provider(1))),
+            b"quota-in-2s" => Some(
+                Verdict::new(Class::THROTTLED, Code::Provider(2))
+                    .with_retry_after(Duration::from_secs(2)),
+            ),
+            _ => None,
+        });
+        let v = c.classify_response(&response(429, "5", "quota")).unwrap();
+        assert_eq!(
+            (v.code, v.retry_after),
+            (Code::Provider(1), Some(Duration::from_secs(5)))
+        );
+        let v = c
+            .classify_response(&response(429, "5", "quota-in-2s"))
+            .unwrap();
+        assert_eq!(
+            (v.code, v.retry_after),
+            (Code::Provider(2), Some(Duration::from_secs(2)))
+        );
+        // Nothing said by the body: the status decides.
+        let v = c.classify_response(&response(503, "5", "{}")).unwrap();
+        assert_eq!(
+            (v.class, v.retry_after),
+            (Class::TRANSIENT, Some(Duration::from_secs(5)))
+        );
+        assert_eq!(
+            format!("{c:?}"),
+            format!("BodyClassifier {{ http: {:?}, .. }}", HttpClassifier::new())
+        );
+    }
+
+    #[test]
     fn retry_after_forms() {
         let now = SystemTime::now();
         assert_eq!(
@@ -427,6 +469,8 @@ mod tests {
         // Bad input: ignored, never a panic, never a deferral of years.
         for bad in [
             "-5",
+            "+5",
+            " ",
             "1.5",
             "0x10",
             "soon",
@@ -441,7 +485,8 @@ mod tests {
             }
         }
         // A week ahead is still a hint; a second more is nonsense.
-        let week = MAX_RESET_HINT.as_secs();
+        let week = 7 * 24 * 3600;
+        assert_eq!(MAX_RESET_HINT, Duration::from_secs(week));
         assert_eq!(
             hint("ratelimit-reset", &week.to_string()),
             Some(MAX_RESET_HINT)

@@ -924,8 +924,11 @@ mod tests {
             retry_at(whole, Duration::from_secs(5)),
             UNIX_EPOCH + Duration::from_secs(1_005)
         );
-        // Absurd delays do not overflow.
-        let _ = retry_at(SystemTime::now(), Duration::MAX);
+        // Absurd delays do not overflow: they are cut to about 136 years.
+        assert_eq!(
+            retry_at(whole, Duration::MAX),
+            whole + Duration::from_secs(u32::MAX.into())
+        );
     }
 
     #[test]
@@ -991,6 +994,62 @@ mod tests {
         };
         assert_eq!(seeded(3), seeded(3));
         assert_ne!(seeded(3), seeded(4));
+    }
+
+    #[test]
+    fn each_edit_changes_its_class_only() {
+        let p = RetryPolicy::new()
+            .never_retry(Class::TRANSIENT)
+            .retry(Class::PERMANENT)
+            .retry_at_most(Class::UNKNOWN, 1)
+            .retry(Class::UNKNOWN);
+        assert_eq!(p.attempts_for(Class::TRANSIENT), None);
+        assert!(matches!(
+            p.decide(&failure(Class::TRANSIENT, None), &at(1, 1, Spare::Ready)),
+            Decision::Stop(GiveUp::NotRetryable)
+        ));
+        assert_eq!(p.attempts_for(Class::PERMANENT), Some(3));
+        // A class already retried keeps its cap.
+        assert_eq!(p.attempts_for(Class::UNKNOWN), Some(1));
+        assert_eq!(p.attempts_for(Class::THROTTLED), Some(3));
+
+        let two = Backoff::constant(Duration::from_secs(2));
+        let hourly = Backoff::constant(Duration::from_secs(3600));
+        let soft_bounce = Class::new("soft_bounce");
+        let p = RetryPolicy::new()
+            .backoff(two.clone())
+            .class(soft_bounce, ClassPolicy::retry().backoff(hourly.clone()));
+        assert_eq!(p.backoff_for(Class::TRANSIENT), &two);
+        assert_eq!(p.backoff_for(soft_bounce), &hourly);
+    }
+
+    #[test]
+    fn a_zero_hint_falls_back_to_backoff() {
+        // `Retry-After: 0` says "now", which is no reason to skip the backoff.
+        let p = RetryPolicy::new().backoff(
+            Backoff::constant(Duration::from_millis(200)).jitter(super::super::Jitter::None),
+        );
+        assert!(matches!(
+            p.decide(&failure(Class::THROTTLED, Some(Duration::ZERO)), &at(1, 1, Spare::Ready)),
+            Decision::Retry(d, DelaySource::Backoff) if d == Duration::from_millis(200)
+        ));
+        assert!(matches!(
+            p.decide(&failure(Class::THROTTLED, Some(Duration::from_nanos(1))), &at(1, 1, Spare::Ready)),
+            Decision::Retry(d, DelaySource::ServerHint) if d == Duration::from_nanos(1)
+        ));
+    }
+
+    #[test]
+    fn delay_sources_and_debug_read_as_logged() {
+        assert_eq!(DelaySource::ServerHint.as_str(), "server hint");
+        assert_eq!(DelaySource::Backoff.as_str(), "backoff");
+        assert_eq!(DelaySource::Breaker.as_str(), "breaker half-opens");
+        let debug = format!("{:?}", RetryPolicy::new().max_attempts(5));
+        assert!(
+            debug.starts_with("RetryPolicy { max_attempts: 5, backoff: "),
+            "{debug}"
+        );
+        assert!(debug.contains("retry_unprocessed: true"), "{debug}");
     }
 
     #[test]
