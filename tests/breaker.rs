@@ -1056,3 +1056,279 @@ fn a_doubling_open_duration_may_be_capped_at_its_base() {
         .build();
     assert!(layer.is_ok(), "{layer:?}");
 }
+
+/// A half-open breaker's probe taken in `poll_ready` is kept while the inner service is not
+/// ready: polling again does not ask the breaker for a second permit (there is none), and the
+/// probe reaches the inner service once it is ready. While it is out, the handle's time left is
+/// the next open duration, the longest a rejected caller may wait.
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_waits_for_readiness_keeps_its_permit() {
+    let layer = breaker(1, Duration::from_secs(5)).name("mail");
+    let breaker = layer.handle();
+    let (mut svc, mut handle) =
+        tower_test::mock::spawn_layer::<&'static str, &'static str, _>(layer);
+    handle.allow(1);
+    assert!(svc.poll_ready().is_ready());
+    let call = tokio::spawn(svc.call("a"));
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+    assert!(call.await.unwrap().is_err());
+    assert_eq!(breaker.state(), State::Open);
+
+    tokio::time::advance(Duration::from_secs(5)).await;
+    handle.allow(0);
+    assert!(
+        svc.poll_ready().is_pending(),
+        "the probe waits for the inner service"
+    );
+    assert_eq!(breaker.state(), State::HalfOpen);
+    assert_eq!(breaker.retry_after(), Some(Duration::from_secs(5)));
+    assert!(svc.poll_ready().is_pending(), "still the same probe");
+    handle.allow(1);
+    assert!(svc.poll_ready().is_ready());
+    let call = svc.call("probe");
+    let shown = format!("{call:?}");
+    assert!(shown.contains(r#"name: "mail""#), "{shown}");
+    let call = tokio::spawn(call);
+    let (req, send) = handle.next_request().await.expect("the probe is sent");
+    assert_eq!(req, "probe");
+    send.send_response("ok");
+    assert_eq!(call.await.unwrap().unwrap(), "ok");
+    assert_eq!(breaker.state(), State::Closed);
+}
+
+/// The cause of an opening is a failure that counts: a 404 of a call admitted before the trip
+/// that ends while the breaker is open does not replace it. And its span runs from the first
+/// failure of the outage, however long after the breaker was built that outage began.
+#[tokio::test(start_paused = true)]
+async fn the_cause_is_a_counted_failure_and_its_span_starts_with_the_outage() {
+    let upstream = Scripted::new([after(3, 404), status(503), status(503)], status(500));
+    let layer = breaker(2, Duration::from_secs(5)).name("mail");
+    let (_, svc) = stack(layer, &upstream);
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let slow = tokio::spawn(svc.clone().oneshot(get("/")));
+    tokio::task::yield_now().await;
+    send(&svc, 2).await; // 503, 503 at 10 s: open
+    let first = rejection_cause(svc.clone())
+        .await
+        .expect("a cause while open");
+    assert!(
+        first.contains("http 503") && first.contains("2 failures in 0ns"),
+        "{first}"
+    );
+    let _ = slow.await.unwrap(); // the 404, at 13 s
+    let still = rejection_cause(svc.clone())
+        .await
+        .expect("a cause while open");
+    assert_eq!(still, first, "a 404 does not count");
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let _ = svc.clone().oneshot(get("/")).await; // the probe at 18 s: 500, open again
+    let probe = rejection_cause(svc.clone())
+        .await
+        .expect("a cause while open");
+    assert!(
+        probe.contains("http 500") && probe.contains("3 failures in 8s"),
+        "{probe}"
+    );
+}
+
+/// A call that takes exactly the slow-call threshold is not slow (resilience4j: slower than the
+/// threshold).
+#[tokio::test(start_paused = true)]
+async fn a_call_of_exactly_the_threshold_is_not_slow() {
+    let upstream = Scripted::always(after(1, 200));
+    let layer = BreakerLayer::builder()
+        .slow_calls(Duration::from_secs(1), 0.5)
+        .count_window(4)
+        .minimum_calls(4)
+        .build()
+        .unwrap();
+    let (handle, svc) = stack(layer, &upstream);
+    send(&svc, 4).await;
+    assert_eq!(handle.stats().window_slow_calls, 0);
+    assert_eq!(handle.state(), State::Closed);
+}
+
+/// With a rate rule beside it, the consecutive rule still counts failures in a row: a success
+/// ends the row.
+#[tokio::test(start_paused = true)]
+async fn a_success_ends_the_row_when_a_rate_rule_is_set_too() {
+    let upstream = Scripted::new(
+        [
+            status(503),
+            status(503),
+            status(200),
+            status(503),
+            status(503),
+        ],
+        status(503),
+    );
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(3)
+        .failure_rate(1.0)
+        .count_window(100)
+        .build()
+        .unwrap();
+    let (handle, svc) = stack(layer, &upstream);
+    send(&svc, 5).await;
+    assert_eq!(
+        handle.state(),
+        State::Closed,
+        "no three failures in a row yet"
+    );
+    assert_eq!(handle.stats().consecutive_failures, 2);
+    send(&svc, 1).await;
+    assert_eq!(handle.state(), State::Open);
+}
+
+/// Under the slow-call rule a probe that succeeds slowly is a failed probe; one that takes the
+/// threshold exactly, or less, closes the breaker.
+#[tokio::test(start_paused = true)]
+async fn a_slow_probe_is_a_failed_probe() {
+    for (probe_secs, closes) in [(2, false), (1, true), (0, true)] {
+        let probe = if probe_secs == 0 {
+            status(200)
+        } else {
+            after(probe_secs, 200)
+        };
+        let upstream = Scripted::new([after(2, 200), probe], status(200));
+        let layer = BreakerLayer::builder()
+            .slow_calls(Duration::from_secs(1), 1.0)
+            .count_window(1)
+            .minimum_calls(1)
+            .open_for(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let (handle, svc) = stack(layer, &upstream);
+        send(&svc, 1).await; // one slow call of one: open
+        assert_eq!(handle.state(), State::Open);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(svc.clone().oneshot(get("/")).await.is_ok());
+        let want = if closes { State::Closed } else { State::Open };
+        assert_eq!(handle.state(), want, "a probe of {probe_secs} s");
+    }
+}
+
+/// The outcome of a probe from an earlier half-open period, ending while a later period's probe
+/// is out, changes nothing: neither a late failure (it would re-open the breaker) nor a late
+/// success (it would close it), nor a late drop (it would hand out a second permit).
+#[tokio::test(start_paused = true)]
+async fn a_probe_of_an_earlier_half_open_period_does_not_decide_a_later_one() {
+    for late in ["failure", "success", "drop"] {
+        let stale = match late {
+            "failure" => after(100, 503),
+            _ => after(100, 200),
+        };
+        // Trip; probe A (hangs 100 s); trip again after a reset; probe B (hangs 200 s).
+        let upstream = Scripted::new(
+            [status(503), stale, status(503), after(200, 200)],
+            status(200),
+        );
+        let (handle, svc) = stack(breaker(1, Duration::from_secs(5)), &upstream);
+        send(&svc, 1).await;
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let a = tokio::spawn(svc.clone().oneshot(get("/")));
+        tokio::task::yield_now().await;
+        assert_eq!(handle.state(), State::HalfOpen);
+        handle.reset();
+        send(&svc, 1).await;
+        assert_eq!(handle.state(), State::Open);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let b = tokio::spawn(svc.clone().oneshot(get("/")));
+        tokio::task::yield_now().await;
+        assert_eq!(handle.state(), State::HalfOpen);
+        if late == "drop" {
+            a.abort();
+            let _ = a.await;
+        } else {
+            let _ = a.await.unwrap();
+        }
+        assert_eq!(handle.state(), State::HalfOpen, "late {late} of probe A");
+        // B still holds the one permit: another call is rejected without reaching the upstream.
+        let calls = upstream.calls();
+        let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+        assert_eq!(f.class(), Class::CIRCUIT_OPEN, "late {late}");
+        assert_eq!(upstream.calls(), calls);
+        assert!(b.await.unwrap().is_ok());
+        assert_eq!(handle.state(), State::Closed);
+    }
+}
+
+/// With one permit and two successes to close, each successful probe gives its permit back, so
+/// the next probe can go.
+#[tokio::test(start_paused = true)]
+async fn one_permit_and_two_successes_close_after_two_probes_in_turn() {
+    let upstream = Scripted::new([status(503)], status(200));
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(1)
+        .open_for(Duration::from_secs(5))
+        .half_open_probes(1)
+        .close_after(2)
+        .build()
+        .unwrap();
+    let (handle, svc) = stack(layer, &upstream);
+    send(&svc, 1).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(svc.clone().oneshot(get("/")).await.is_ok());
+    assert_eq!(handle.state(), State::HalfOpen);
+    assert!(
+        svc.clone().oneshot(get("/")).await.is_ok(),
+        "the permit came back"
+    );
+    assert_eq!(handle.state(), State::Closed);
+    assert_eq!(upstream.calls(), 3);
+}
+
+/// An operator's reset starts afresh: the row of failures, the window, the doubling of the
+/// open duration and the cause are forgotten. Forcing open forgets none of them.
+#[tokio::test(start_paused = true)]
+async fn a_reset_forgets_the_outage_and_forcing_open_keeps_its_cause() {
+    let upstream = Scripted::always(status(503));
+    let (handle, svc) = stack(doubling_breaker(), &upstream);
+    send(&svc, 1).await; // open for 1 s
+    tokio::time::advance(Duration::from_secs(1)).await;
+    send(&svc, 1).await; // failed probe: open for 2 s
+    assert_eq!(handle.retry_after(), Some(Duration::from_secs(2)));
+    handle.force_open();
+    let cause = rejection_cause(svc.clone()).await;
+    assert!(
+        cause.as_deref().is_some_and(|c| c.contains("http 503")),
+        "{cause:?}"
+    );
+    handle.reset();
+    handle.force_open();
+    assert_eq!(
+        rejection_cause(svc.clone()).await,
+        None,
+        "the reset forgot it"
+    );
+    handle.reset();
+    send(&svc, 1).await;
+    assert_eq!(
+        handle.retry_after(),
+        Some(Duration::from_secs(1)),
+        "the doubling starts again"
+    );
+
+    // The row and the window.
+    let layer = BreakerLayer::builder()
+        .consecutive_failures(3)
+        .failure_rate(0.5)
+        .count_window(4)
+        .minimum_calls(4)
+        .build()
+        .unwrap();
+    let (handle, svc) = stack(layer, &upstream);
+    send(&svc, 2).await;
+    assert_eq!(handle.stats().consecutive_failures, 2);
+    assert_eq!(handle.stats().window_calls, 2);
+    handle.reset();
+    assert_eq!(handle.stats().consecutive_failures, 0);
+    assert_eq!(handle.stats().window_calls, 0);
+    send(&svc, 2).await;
+    assert_eq!(
+        handle.state(),
+        State::Closed,
+        "two failures after the reset"
+    );
+}

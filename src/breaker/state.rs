@@ -296,7 +296,7 @@ pub(crate) struct Shared {
     classes: Arc<[Class]>,
     listener: Option<Arc<dyn Listener>>,
     window: Option<Window>,
-    /// Whether completion needs the clock (slow calls, time window).
+    /// Whether a completion with no window needs the clock (the slow-call rule).
     clock_on_complete: bool,
     /// Whether a call's start time is needed (the slow-call rule).
     needs_start: bool,
@@ -350,7 +350,8 @@ impl Shared {
             }
         });
         let slow = config.slow.map(|(d, r)| (saturating_nanos(d), r));
-        let clock_on_complete = slow.is_some() || window.as_ref().is_some_and(Window::needs_clock);
+        // Only the hot path (no window) reads this: there, only the slow-call rule needs the time.
+        let clock_on_complete = slow.is_some();
         let cause = Arc::new(CauseSlot::default());
         Shared {
             name: config.name.clone(),

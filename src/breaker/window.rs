@@ -46,11 +46,6 @@ impl Window {
         Window::Time(TimeWindow::new(bucket_nanos, buckets))
     }
 
-    /// Whether recording needs the time.
-    pub(crate) fn needs_clock(&self) -> bool {
-        matches!(self, Window::Time(_))
-    }
-
     /// Records one call; `now` is read only by the time window.
     pub(crate) fn record(&self, bits: u8, now: impl FnOnce() -> u64) {
         match self {
