@@ -35,6 +35,8 @@ TESTS[failure]="--lib --test retry --test classify"
 FEATURES[failure]=""
 FILES[scheduler]="src/resend/scheduler.rs"
 TESTS[scheduler]="--lib --test scheduler --test long_outage --test scheduler_tracing"
+# The Redis tests of these files run when a server answers at BACKSTOP_REDIS_URL.
+FEATURES[scheduler]="--features redis"
 
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
     sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'

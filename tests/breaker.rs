@@ -1332,3 +1332,39 @@ async fn a_reset_forgets_the_outage_and_forcing_open_keeps_its_cause() {
         "two failures after the reset"
     );
 }
+
+/// A time window counts every slow call of a bucket, not only its first.
+#[tokio::test(start_paused = true)]
+async fn a_time_window_counts_each_slow_call() {
+    let upstream = Scripted::always(after(2, 200));
+    let layer = BreakerLayer::builder()
+        .slow_calls(Duration::from_secs(1), 1.0)
+        .time_window(Duration::from_secs(60), 1)
+        .minimum_calls(10)
+        .build()
+        .unwrap();
+    let (handle, svc) = stack(layer, &upstream);
+    send(&svc, 3).await;
+    let stats = handle.stats();
+    assert_eq!((stats.window_calls, stats.window_slow_calls), (3, 3));
+    assert_eq!(handle.state(), State::Closed, "below the minimum of calls");
+}
+
+/// A reset empties a time window as it does a count window.
+#[tokio::test(start_paused = true)]
+async fn a_reset_empties_a_time_window() {
+    let upstream = Scripted::always(status(503));
+    let layer = BreakerLayer::builder()
+        .failure_rate(0.5)
+        .time_window(Duration::from_secs(60), 4)
+        .minimum_calls(4)
+        .build()
+        .unwrap();
+    let (handle, svc) = stack(layer, &upstream);
+    send(&svc, 3).await;
+    assert_eq!(handle.stats().window_failures, 3);
+    handle.reset();
+    assert_eq!(handle.stats().window_calls, 0);
+    send(&svc, 3).await;
+    assert_eq!(handle.state(), State::Closed, "three calls after the reset");
+}

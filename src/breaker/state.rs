@@ -296,8 +296,6 @@ pub(crate) struct Shared {
     classes: Arc<[Class]>,
     listener: Option<Arc<dyn Listener>>,
     window: Option<Window>,
-    /// Whether a completion with no window needs the clock (the slow-call rule).
-    clock_on_complete: bool,
     /// Whether a call's start time is needed (the slow-call rule).
     needs_start: bool,
 
@@ -350,8 +348,6 @@ impl Shared {
             }
         });
         let slow = config.slow.map(|(d, r)| (saturating_nanos(d), r));
-        // Only the hot path (no window) reads this: there, only the slow-call rule needs the time.
-        let clock_on_complete = slow.is_some();
         let cause = Arc::new(CauseSlot::default());
         Shared {
             name: config.name.clone(),
@@ -368,7 +364,6 @@ impl Shared {
             classes: config.classes.clone(),
             listener: config.listener.clone(),
             window,
-            clock_on_complete,
             needs_start: slow.is_some(),
             word: AtomicU64::new(CLOSED),
             failures: AtomicU32::new(0),
@@ -663,8 +658,9 @@ impl Shared {
             // A class that does not count: neither a failure nor a success.
             Outcome::Failure(_) => return,
         };
-        if !failed && !self.clock_on_complete && self.window.is_none() {
-            // The hot path: a success under the consecutive rule alone. It ends the row of
+        if !failed && self.window.is_none() {
+            // The hot path: a success under the consecutive rule alone (a rate rule, the
+            // slow-call rule included, always has a window). It ends the row of
             // failures if it started in this closed period (after the breaker last closed).
             if self.failures.load(Ordering::Relaxed) != 0
                 && self.word.load(Ordering::Acquire) == permit.word
