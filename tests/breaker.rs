@@ -33,6 +33,17 @@ fn rate_breaker(rate: f64, window: u32, minimum: u32) -> BreakerLayer {
         .unwrap()
 }
 
+/// A breaker that opens at half of the calls failed over a time window of `buckets` buckets of
+/// `width` each, once it holds 4 calls.
+fn time_breaker(width: Duration, buckets: u32) -> BreakerLayer {
+    BreakerLayer::builder()
+        .failure_rate(0.5)
+        .time_window(width, buckets)
+        .minimum_calls(4)
+        .build()
+        .unwrap()
+}
+
 /// A breaker that opens on the first failure for 1 s, doubling on each failed probe up to 60 s.
 fn doubling_breaker() -> BreakerLayer {
     BreakerLayer::builder()
@@ -362,13 +373,7 @@ async fn four_slow_calls_of_ten_do_not_trip_the_slow_call_rule() {
 #[tokio::test(start_paused = true)]
 async fn time_window_forgets_failures_older_than_its_buckets() {
     let upstream = Scripted::always(status(503));
-    let layer = BreakerLayer::builder()
-        .failure_rate(0.5)
-        .time_window(Duration::from_secs(1), 10)
-        .minimum_calls(4)
-        .build()
-        .unwrap();
-    let (handle, svc) = stack(layer, &upstream);
+    let (handle, svc) = stack(time_breaker(Duration::from_secs(1), 10), &upstream);
     // Three failures, then 11 s pass: they leave the 10 s window.
     send(&svc, 3).await;
     assert_eq!(handle.stats().window_failures, 3);
@@ -1354,13 +1359,7 @@ async fn a_time_window_counts_each_slow_call() {
 #[tokio::test(start_paused = true)]
 async fn a_reset_empties_a_time_window() {
     let upstream = Scripted::always(status(503));
-    let layer = BreakerLayer::builder()
-        .failure_rate(0.5)
-        .time_window(Duration::from_secs(60), 4)
-        .minimum_calls(4)
-        .build()
-        .unwrap();
-    let (handle, svc) = stack(layer, &upstream);
+    let (handle, svc) = stack(time_breaker(Duration::from_secs(60), 4), &upstream);
     send(&svc, 3).await;
     assert_eq!(handle.stats().window_failures, 3);
     handle.reset();
