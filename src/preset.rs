@@ -10,7 +10,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::Class;
-use crate::breaker::{BreakerLayer, Builder, PerKey};
+use crate::breaker::{BreakerLayer, Builder, Health, PerKey};
 use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
 use crate::dead_letter::{self, DeadLetter, DeadLetterLayer, DeadLetterRetryLayer};
 use crate::failure::Failure;
@@ -147,6 +147,16 @@ impl<C, B> BackstopLayer<C, B> {
             classify: self.classify,
             attempt_timeout: self.attempt_timeout,
         }
+    }
+}
+
+impl<C, K: Send + Sync + 'static> BackstopLayer<C, BreakerLayer<K>> {
+    /// A reader of this stack's breakers (for the HTTP preset one per host, listed by
+    /// `host:port` as requests reach them), for a health or admin route: see [`Health`]. Take
+    /// it from the layer before building the service; every service the layer builds shares
+    /// these breakers.
+    pub fn health(&self) -> Health {
+        self.breaker.health()
     }
 }
 

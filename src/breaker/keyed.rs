@@ -331,6 +331,17 @@ impl<K> Registry<K> {
         map.get(key).map(|entry| Arc::clone(&entry.shared))
     }
 
+    /// Calls `f` with each key's breaker, in key order, under the map's read lock (no `Arc`
+    /// is cloned, so reading never keeps a breaker from eviction).
+    pub(crate) fn each(&self, f: &mut dyn FnMut(&Shared)) {
+        let map = self.breakers.read().unwrap_or_else(PoisonError::into_inner);
+        let mut entries: Vec<(&Box<str>, &Entry)> = map.iter().collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (_, entry) in entries {
+            f(&entry.shared);
+        }
+    }
+
     /// The keys that have a breaker, sorted.
     pub(crate) fn keys(&self) -> Vec<String> {
         let map = self.breakers.read().unwrap_or_else(PoisonError::into_inner);

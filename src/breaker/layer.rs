@@ -7,6 +7,7 @@ use tower_layer::Layer;
 use super::Breaker;
 use super::config::Builder;
 use super::handle::BreakerHandle;
+use super::health::Health;
 use super::keyed::{Authority, PerKey, Registry};
 use super::state::Shared;
 use crate::BuildError;
@@ -236,6 +237,21 @@ impl<F> Builder<PerKey<F>> {
     pub fn build(self) -> Result<BreakerLayer<PerKey<F>>, BuildError> {
         self.validate_keyed()?;
         Ok(BreakerLayer::from_keyed(self))
+    }
+}
+
+impl<K> BreakerLayer<K> {
+    /// A reader of this layer's breakers (one, or with [`per_host`](Self::per_host) and
+    /// [`keyed_by`](Self::keyed_by) one per key and the `unkeyed` one), for a health or admin
+    /// route: see [`Health`].
+    pub fn health(&self) -> Health
+    where
+        K: Send + Sync + 'static,
+    {
+        match &self.keys {
+            None => Health::one(Arc::clone(&self.shared)),
+            Some(keys) => Health::keyed(Arc::clone(&self.shared), Arc::clone(keys)),
+        }
     }
 }
 

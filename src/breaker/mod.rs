@@ -25,7 +25,8 @@
 //! breaker and the time left until it half-opens.
 //!
 //! Around it: [`BreakerHandle`] for operators (read, force open, disable, reset: an axum admin
-//! route is shown on [`BreakerHandle`]), [`Listener`] for metrics,
+//! route is shown on [`BreakerHandle`]), [`Health`] for a health route listing every breaker,
+//! [`Listener`] for metrics,
 //! [`per_host`](BreakerLayer::per_host) and [`keyed_by`](BreakerLayer::keyed_by) for one breaker
 //! per host or per key of yours, [`FailoverLayer`] to send rejected calls to a second provider, and
 //! [`ServerLayer::breaker`](crate::server::ServerLayer::breaker) for an axum server that answers `503` with `Retry-After` itself.
@@ -131,6 +132,7 @@ mod event;
 mod failover;
 pub(crate) mod future;
 mod handle;
+mod health;
 pub(crate) mod keyed;
 mod layer;
 pub(crate) mod open;
@@ -143,6 +145,7 @@ pub use self::event::{Event, Listener, State};
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;
+pub use self::health::{BreakerHealth, Health, HealthReport};
 pub use self::keyed::{Authority, KeyOf, PerKey};
 pub use self::layer::BreakerLayer;
 pub use self::open::OpenError;

@@ -1,0 +1,281 @@
+//! [`Health`]: every breaker of a stack at a glance, for a `/health` or admin route.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Serialize, Serializer};
+
+use super::event::State;
+use super::keyed::Registry;
+use super::open::describe;
+use super::state::Shared;
+
+/// A reader of every breaker of one or more breaker layers (keyed ones included, each key's
+/// breaker listed under its key), and which of them are essential to this process.
+///
+/// Take it from [`BreakerLayer::health`](super::BreakerLayer::health) or
+/// [`BackstopLayer::health`](crate::BackstopLayer::health), mark the breakers the process cannot
+/// serve without with [`essential`](Self::essential), combine several stacks with
+/// [`and`](Self::and), and call [`report`](Self::report) on each request of the route. It is
+/// cheap to clone (reference counts) and holds no breaker of a keyed layer itself, so a key
+/// stays evictable. Each `report` takes the key map's read lock once and a few atomic loads per
+/// breaker; the report's size is bounded by the keyed layer's bound on keys (64 by default).
+///
+/// With the `axum` feature, a [`HealthReport`] is a response (`200 OK`, or `503 Service
+/// Unavailable` while an essential breaker is open), so a route is one line:
+///
+/// ```
+/// # #[cfg(feature = "axum")] {
+/// use std::time::Duration;
+/// use axum::{Router, routing::get};
+/// use tower_backstop::BackstopLayer;
+///
+/// let backstop = BackstopLayer::http(Duration::from_secs(2));
+/// // Unhealthy while the breaker of the mail provider's host is open.
+/// let health = backstop.health().essential("mail.example.com:443");
+/// let admin: Router = Router::new().route("/health", get(move || async move { health.report() }));
+/// # let _ = admin;
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Health {
+    sources: Vec<Source>,
+    essential: Vec<Box<str>>,
+}
+
+/// The breakers of one layer.
+#[derive(Clone)]
+enum Source {
+    /// One breaker.
+    One(Arc<Shared>),
+    /// A keyed layer: the breaker of requests without a key, and one per key.
+    Keyed {
+        unkeyed: Arc<Shared>,
+        keys: Arc<dyn Keys>,
+    },
+}
+
+/// The breakers of a keyed layer, whatever its key function.
+trait Keys: Send + Sync {
+    /// Calls `f` with each key's breaker, in key order.
+    fn each(&self, f: &mut dyn FnMut(&Shared));
+}
+
+impl<K: Send + Sync> Keys for Registry<K> {
+    fn each(&self, f: &mut dyn FnMut(&Shared)) {
+        Registry::each(self, f)
+    }
+}
+
+impl Health {
+    /// The one breaker of an unkeyed layer.
+    pub(crate) fn one(shared: Arc<Shared>) -> Self {
+        Health {
+            sources: vec![Source::One(shared)],
+            essential: Vec::new(),
+        }
+    }
+
+    /// The breakers of a keyed layer.
+    pub(crate) fn keyed<K: Send + Sync + 'static>(
+        unkeyed: Arc<Shared>,
+        keys: Arc<Registry<K>>,
+    ) -> Self {
+        Health {
+            sources: vec![Source::Keyed { unkeyed, keys }],
+            essential: Vec::new(),
+        }
+    }
+
+    /// Marks the breaker named `name` as essential: while it is open (or forced open), the
+    /// report is unhealthy. For a keyed layer the name is the key as its key function
+    /// normalises it (for one breaker per host, `host:port` in lower case); a key that has no
+    /// breaker yet (no request with it was seen, or it was evicted) is not open. A half-open
+    /// breaker is not counted as down, since it is already letting probes through
+    /// (resilience4j's health indicator reports half-open as `UNKNOWN`, not `DOWN`).
+    pub fn essential(mut self, name: &str) -> Self {
+        self.essential.push(name.into());
+        self
+    }
+
+    /// This reader and `other` as one: the report lists this one's breakers, then `other`'s,
+    /// and the essential names of both apply to all of them.
+    pub fn and(mut self, other: Health) -> Self {
+        self.sources.extend(other.sources);
+        self.essential.extend(other.essential);
+        self
+    }
+
+    /// Every breaker's state now, in layer order (a keyed layer's breaker of requests without a
+    /// key, named `unkeyed`, then its keys in sorted order).
+    pub fn report(&self) -> HealthReport {
+        let mut breakers = Vec::new();
+        let mut push = |shared: &Shared| breakers.push(self.read(shared));
+        for source in &self.sources {
+            match source {
+                Source::One(shared) => push(shared),
+                Source::Keyed { unkeyed, keys } => {
+                    push(unkeyed);
+                    keys.each(&mut push);
+                }
+            }
+        }
+        let healthy = !breakers.iter().any(|b| b.essential && b.is_open());
+        HealthReport { healthy, breakers }
+    }
+
+    fn read(&self, shared: &Shared) -> BreakerHealth {
+        let stats = shared.stats();
+        let mut state = shared.state();
+        let mut half_open_in = None;
+        if state == State::Open {
+            match shared.retry_after() {
+                // The breaker half-opens at the next call once its open duration is over; it
+                // is reported as it will act. Reported as still open, a readiness probe that
+                // took the instance out of rotation would keep it out: no call would come.
+                Some(Duration::ZERO) | None => state = State::HalfOpen,
+                left => half_open_in = left,
+            }
+        }
+        let failure_rate = (shared.settings.failure_rate.is_some() && stats.window_calls > 0)
+            .then(|| stats.window_failures as f64 / stats.window_calls as f64);
+        let cause = match state {
+            State::Closed | State::Disabled => None,
+            _ => shared.open_errors[0]
+                .cause_now()
+                .map(|cause| describe(&cause)),
+        };
+        BreakerHealth {
+            name: shared.name.to_string(),
+            state,
+            essential: self.essential.iter().any(|e| **e == *shared.name),
+            failure_rate,
+            window_calls: stats.window_calls,
+            window_failures: stats.window_failures,
+            consecutive_failures: stats.consecutive_failures,
+            half_open_in,
+            cause,
+            opened: stats.opened,
+            rejected: stats.rejected,
+        }
+    }
+}
+
+impl fmt::Debug for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Health")
+            .field("layers", &self.sources.len())
+            .field("essential", &self.essential)
+            .finish()
+    }
+}
+
+/// What [`Health::report`] read: whether the process is healthy, and every breaker.
+///
+/// Serialised (serde) as JSON it reads
+/// `{"healthy":false,"breakers":[{"name":"mail.example.com:443","state":"open","essential":true,
+/// "failure_rate":0.6,"window_calls":20,"window_failures":12,"consecutive_failures":3,
+/// "half_open_in_ms":850,"cause":"…","opened":1,"rejected":4}]}`: states in the lower-case
+/// words of [`State::as_str`], durations in whole milliseconds, `null` where a field does not
+/// apply. With the `axum` feature it is a response: that JSON with `Cache-Control: no-store`,
+/// status `200 OK` when healthy and `503 Service Unavailable` when not (as a Kubernetes
+/// readiness probe or a load balancer's health check expects).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct HealthReport {
+    /// `false` while a breaker marked [essential](Health::essential) is open or forced open.
+    pub healthy: bool,
+    /// Every breaker, in the order of [`Health::report`].
+    pub breakers: Vec<BreakerHealth>,
+}
+
+/// One breaker in a [`HealthReport`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct BreakerHealth {
+    /// The breaker's name (a keyed breaker's key; `unkeyed` for a keyed layer's requests
+    /// without a key).
+    pub name: String,
+    /// Its state now. An open breaker whose open duration is over is reported half-open: it
+    /// half-opens at its next call.
+    #[serde(serialize_with = "state_name")]
+    pub state: State,
+    /// Whether it was marked [essential](Health::essential).
+    pub essential: bool,
+    /// Failed calls ÷ calls in the current window, from 0.0 to 1.0: `None` for a breaker
+    /// without a failure-rate rule, or whose window holds no call.
+    pub failure_rate: Option<f64>,
+    /// Calls in the current window (rate rules only; 0 otherwise).
+    pub window_calls: u64,
+    /// Failed calls in the current window (rate rules only; 0 otherwise).
+    pub window_failures: u64,
+    /// Failures in a row towards a consecutive-failures rule (0 without that rule; back to 0
+    /// when the breaker opens).
+    pub consecutive_failures: u32,
+    /// While open: the time left until it half-opens. `None` in any other state. Serialised
+    /// as `half_open_in_ms`, whole milliseconds rounded up.
+    #[serde(rename = "half_open_in_ms", serialize_with = "millis")]
+    pub half_open_in: Option<Duration>,
+    /// While open, half-open or forced open: why it last opened, as the rejections' message
+    /// gives it (the failures counted, over how long, and the last one's class, code and
+    /// message), when it tripped on failures.
+    pub cause: Option<String>,
+    /// Times it opened since it was built (trips and failed probes, not forced opens).
+    pub opened: u64,
+    /// Calls it rejected since it was built.
+    pub rejected: u64,
+}
+
+impl BreakerHealth {
+    /// Open or forced open: rejecting every call.
+    fn is_open(&self) -> bool {
+        matches!(self.state, State::Open | State::ForcedOpen)
+    }
+}
+
+fn state_name<S: Serializer>(state: &State, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(state.as_str())
+}
+
+fn millis<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => {
+            let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 > 0);
+            s.serialize_u64(u64::try_from(ms).unwrap_or(u64::MAX))
+        }
+        None => s.serialize_none(),
+    }
+}
+
+#[cfg(feature = "axum")]
+mod response {
+    use axum_core::body::Body;
+    use axum_core::response::{IntoResponse, Response};
+    use http::{HeaderValue, StatusCode, header};
+
+    use super::HealthReport;
+
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    impl IntoResponse for HealthReport {
+        /// The report as JSON, `200 OK` when healthy, `503 Service Unavailable` when not.
+        fn into_response(self) -> Response {
+            let status = if self.healthy {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            // Only strings, numbers, booleans and `null`: serialising cannot fail.
+            let body = serde_json::to_vec(&self).unwrap_or_default();
+            let mut response = Response::new(Body::from(body));
+            *response.status_mut() = status;
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            response
+        }
+    }
+}
