@@ -75,6 +75,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
+use tower_backstop::event::Event;
 use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::retry::{Attempts, Backoff, DelaySource, RetryPolicy};
 use tower_backstop::store::{AlertRules, Record, SqliteStore, Stats, Status, Store};
@@ -483,13 +484,16 @@ async fn main() -> Result<ExitCode, BoxError> {
         .max_attempts(MAX_ATTEMPTS)
         .backoff(Backoff::exponential(BACKOFF_BASE, BACKOFF_CAP))
         .max_delay(MAX_DELAY)
-        .on_retry({
+        .listener({
             let retries = Arc::clone(&retries);
-            move |event| {
+            move |event: &Event<'_>| {
+                let Event::RetryScheduled { class, source, .. } = *event else {
+                    return;
+                };
                 let mut retries = retries.lock().unwrap_or_else(PoisonError::into_inner);
-                let entry = retries.by_class.entry(event.class.name()).or_default();
+                let entry = retries.by_class.entry(class.name()).or_default();
                 entry.0 += 1;
-                if event.source == DelaySource::ServerHint {
+                if source == DelaySource::ServerHint {
                     entry.1 += 1;
                 }
             }

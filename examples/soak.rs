@@ -91,7 +91,7 @@
 //!
 //! `SOAK_DEBUG=1` prints, per stack and scenario, the callers' latency summed by the fault of
 //! the message's first request, and for ours every delay the retry layer slept, by source
-//! (server hint or backoff) and class (through `RetryPolicy::on_retry`, installed only then).
+//! (server hint or backoff) and class (through `RetryPolicy::listener`, installed only then).
 //! The mixed scenario is a closed loop of 32 callers, so its wall time is about the summed
 //! latency divided by 32, plus the drain of the last messages.
 //!
@@ -146,8 +146,9 @@ use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, PerKey};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
+use tower_backstop::event::Event;
 use tower_backstop::resend::{Scheduler, http_request};
-use tower_backstop::retry::{Attempts, Delivery, RetryEvent, RetryPolicy};
+use tower_backstop::retry::{Attempts, Delivery, RetryPolicy};
 use tower_backstop::store::{MemoryStore, Record, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Envelope, Failure};
@@ -633,14 +634,23 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
     if debug() {
         // Only under SOAK_DEBUG: the hook costs a lock per retry.
         let delays = Arc::clone(&delays);
-        policy = policy.on_retry(move |e: &RetryEvent| {
+        policy = policy.listener(move |e: &Event<'_>| {
+            let Event::RetryScheduled {
+                class,
+                delay,
+                source,
+                ..
+            } = *e
+            else {
+                return;
+            };
             let mut delays = delays.lock().unwrap_or_else(PoisonError::into_inner);
             let entry = delays
-                .entry((e.source.as_str(), e.class.name().to_owned()))
+                .entry((source.as_str(), class.name().to_owned()))
                 .or_default();
             entry.0 += 1;
-            entry.1 += e.delay;
-            entry.2 = entry.2.max(e.delay);
+            entry.1 += delay;
+            entry.2 = entry.2.max(delay);
         });
     }
     let ours_typed = ServiceBuilder::new()

@@ -124,6 +124,7 @@ pub mod classify;
 mod clock;
 mod config;
 pub mod dead_letter;
+pub mod event;
 mod failure;
 mod grpc_wire;
 mod integration;

@@ -13,6 +13,7 @@ use crate::Class;
 use crate::breaker::{BreakerLayer, Builder, Health, PerKey};
 use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
 use crate::dead_letter::{self, DeadLetter, DeadLetterLayer, DeadLetterRetryLayer};
+use crate::event::{Hook, Listener};
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
 use crate::retry::{self, Retry, RetryLayer, RetryPolicy};
@@ -88,6 +89,7 @@ pub struct BackstopLayer<C = HttpClassifier, B = BreakerLayer<PerKey>> {
     breaker: B,
     classify: ClassifyLayer<C>,
     attempt_timeout: Duration,
+    listener: Hook,
 }
 
 impl BackstopLayer<HttpClassifier> {
@@ -117,6 +119,7 @@ impl<C> BackstopLayer<C> {
             breaker: per_host,
             classify: ClassifyLayer::new(classifier),
             attempt_timeout,
+            listener: Hook::default(),
         }
     }
 }
@@ -124,14 +127,24 @@ impl<C> BackstopLayer<C> {
 impl<C, B> BackstopLayer<C, B> {
     /// Records requests that finally fail in this dead-letter layer's store (outermost).
     pub fn dead_letters(mut self, layer: DeadLetterLayer) -> Self {
-        self.dead_letters = Some(layer);
+        self.dead_letters = Some(if self.listener.is_set() {
+            layer.with_hook(&self.listener)
+        } else {
+            layer
+        });
         self
     }
 
     /// Retries with this layer instead: a policy checked by [`RetryPolicy::build`], as
     /// [`breaker`](Self::breaker) takes a built breaker layer.
     pub fn retry(mut self, retry: RetryLayer) -> Self {
-        self.retry = retry;
+        self.retry = if self.listener.is_set() {
+            RetryLayer {
+                policy: retry.policy.with_hook(&self.listener),
+            }
+        } else {
+            retry
+        };
         self
     }
 
@@ -146,6 +159,7 @@ impl<C, B> BackstopLayer<C, B> {
             breaker,
             classify: self.classify,
             attempt_timeout: self.attempt_timeout,
+            listener: self.listener,
         }
     }
 }
@@ -157,6 +171,30 @@ impl<C, K: Send + Sync + 'static> BackstopLayer<C, BreakerLayer<K>> {
     /// these breakers.
     pub fn health(&self) -> Health {
         self.breaker.health()
+    }
+}
+
+impl<C, K: Clone> BackstopLayer<C, BreakerLayer<K>> {
+    /// Hands every layer's events to `listener`, the retry layer's, the breaker's and the
+    /// dead-letter layer's: attempts, retries, timeouts, giving up, breaker transitions and
+    /// rejections, dead letters and store errors (see [`event`](crate::event)). It replaces a
+    /// listener those layers had, and reaches a retry policy or dead-letter layer given later.
+    ///
+    /// The breakers are built afresh with it: call it before taking a
+    /// [`health`](Self::health) reader, and after [`breaker`](Self::breaker) (a breaker layer
+    /// given after it has no listener; give it one with
+    /// [`Builder::listener`](crate::breaker::Builder::listener)). A
+    /// [`Scheduler`](crate::resend::Scheduler) takes its own
+    /// ([`Scheduler::listener`](crate::resend::Scheduler::listener)).
+    pub fn listener(mut self, listener: impl Listener) -> Self {
+        let hook = Hook::new(listener);
+        self.breaker = self.breaker.with_hook(&hook);
+        self.retry = RetryLayer {
+            policy: self.retry.policy.with_hook(&hook),
+        };
+        self.dead_letters = self.dead_letters.map(|layer| layer.with_hook(&hook));
+        self.listener = hook;
+        self
     }
 }
 

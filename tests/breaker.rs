@@ -8,8 +8,9 @@ use std::time::Duration;
 use support::{Scripted, Step, get, status};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_backstop::BuildError;
-use tower_backstop::breaker::{BreakerHandle, BreakerLayer, Builder, Event, State};
+use tower_backstop::breaker::{BreakerHandle, BreakerLayer, Builder, State};
 use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::event::Event;
 use tower_backstop::{Class, Code};
 
 /// An upstream answer with `code` after `secs` seconds.
@@ -558,13 +559,13 @@ async fn the_listener_sees_every_transition_and_rejection() {
         .open_for(Duration::from_secs(5))
         .listener(move |e: &Event<'_>| {
             let line = match *e {
-                Event::Transition {
+                Event::BreakerTransition {
                     breaker,
                     from,
                     to,
                     reason,
                 } => format!("{breaker}: {from} -> {to} ({reason})"),
-                Event::Rejected {
+                Event::BreakerRejected {
                     breaker,
                     state,
                     retry_after,

@@ -12,18 +12,30 @@ use tokio::time::Instant;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier};
 use tower_backstop::dead_letter::DeadLetterStatus;
+use tower_backstop::event::Event;
 use tower_backstop::retry::{
-    Attempts, Backoff, Budget, DelaySource, GiveUp, Jitter, RetryEvent, RetryLayer, RetryPolicy,
+    Attempts, Backoff, Budget, DelaySource, GiveUp, Jitter, RetryLayer, RetryPolicy,
 };
 use tower_backstop::{Class, Code, Failure, Sent};
 
+/// One `Event::RetryScheduled`, as the listener saw it.
+#[derive(Clone, Copy, Debug)]
+struct RetryEvent {
+    delay: Duration,
+    source: DelaySource,
+}
+
 fn recorder() -> (
     Arc<Mutex<Vec<RetryEvent>>>,
-    impl Fn(&RetryEvent) + Send + Sync + 'static,
+    impl Fn(&Event<'_>) + Send + Sync + 'static,
 ) {
     let events = Arc::new(Mutex::new(Vec::new()));
     let sink = events.clone();
-    (events, move |e: &RetryEvent| sink.lock().unwrap().push(*e))
+    (events, move |e: &Event<'_>| {
+        if let Event::RetryScheduled { delay, source, .. } = *e {
+            sink.lock().unwrap().push(RetryEvent { delay, source });
+        }
+    })
 }
 
 #[tokio::test(start_paused = true)]
@@ -107,7 +119,7 @@ async fn absurd_retry_after_values_never_panic() {
         let (events, on_retry) = recorder();
         let policy = RetryPolicy::new()
             .backoff(no_jitter(100))
-            .on_retry(on_retry);
+            .listener(on_retry);
         let start = Instant::now();
         let response = stack(policy, &upstream).oneshot(get("/")).await.unwrap();
         assert_eq!(response.status(), 200, "{bad}");
@@ -151,7 +163,7 @@ async fn retry_after_in_the_past_uses_backoff() {
     let (events, on_retry) = recorder();
     let policy = RetryPolicy::new()
         .backoff(no_jitter(250))
-        .on_retry(on_retry);
+        .listener(on_retry);
     stack(policy, &upstream).oneshot(get("/")).await.unwrap();
     let events = events.lock().unwrap();
     assert_eq!(events[0].source, DelaySource::Backoff);
@@ -491,7 +503,7 @@ async fn waiting_for_the_breaker_is_an_opt_in_with_a_bound() {
         .backoff(no_jitter(10))
         .wait_for_breaker(Duration::from_secs(2))
         .retry_at_most(Class::TRANSIENT, 4)
-        .on_retry(on_retry);
+        .listener(on_retry);
     let failure = fail_through(policy, &upstream).await;
     assert_eq!(upstream.calls(), 6, "2 rejections + 4 transient failures");
     assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 4);
@@ -590,7 +602,7 @@ async fn per_class_delay_rules_are_followed() {
                 .max_attempts(3)
                 .backoff(Backoff::schedule([5, 15, 30].map(Duration::from_secs)).unwrap()),
         )
-        .on_retry(on_retry);
+        .listener(on_retry);
     let failure = fail_through(policy, &upstream).await;
     let delays: Vec<_> = events.lock().unwrap().iter().map(|e| e.delay).collect();
     // Transient: linear 100 ms, 150 ms; then the soft bounce's own schedule from its start.
@@ -1006,7 +1018,7 @@ async fn rate_limit_reset_and_grpc_pushback_are_server_hints() {
     // RateLimit-Reset: 7 s, slept as given (no jitter on a server hint).
     let upstream = Scripted::new([status_with(429, "ratelimit-reset", "7")], status(200));
     let (events, on_retry) = recorder();
-    stack(RetryPolicy::new().on_retry(on_retry), &upstream)
+    stack(RetryPolicy::new().listener(on_retry), &upstream)
         .oneshot(get("/"))
         .await
         .unwrap();
@@ -1120,7 +1132,7 @@ async fn throttled_waits_the_servers_delay_first_then_slower() {
     let policy = RetryPolicy::new()
         .max_attempts(4)
         .retry_at_most(Class::THROTTLED, 4)
-        .on_retry(on_retry);
+        .listener(on_retry);
     stack(policy, &upstream).oneshot(get("/")).await.unwrap();
     let delays: Vec<_> = events
         .lock()
@@ -1140,7 +1152,7 @@ async fn throttled_waits_the_servers_delay_first_then_slower() {
     let (events, on_retry) = recorder();
     let policy = RetryPolicy::new()
         .backoff(no_jitter(100))
-        .on_retry(on_retry);
+        .listener(on_retry);
     stack(policy, &upstream).oneshot(get("/")).await.unwrap();
     let delays: Vec<_> = events.lock().unwrap().iter().map(|e| e.delay).collect();
     assert_eq!(delays, [100, 200].map(Duration::from_millis).to_vec());
@@ -1355,7 +1367,7 @@ async fn unknown_is_retried_once_and_more_slowly() {
         RetryPolicy::new()
             .max_attempts(5)
             .backoff(no_jitter(100))
-            .on_retry(on_retry),
+            .listener(on_retry),
         &upstream,
     );
     let failure = svc.oneshot(get("/mail")).await.unwrap_err();
@@ -1377,7 +1389,7 @@ async fn unknown_is_retried_once_and_more_slowly() {
             .max_attempts(5)
             .backoff(no_jitter(100))
             .retry_at_most(Class::UNKNOWN, 3)
-            .on_retry(on_retry),
+            .listener(on_retry),
         &upstream,
     );
     let failure = svc.oneshot(get("/mail")).await.unwrap_err();

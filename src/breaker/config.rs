@@ -5,12 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::event::Listener;
 use super::keyed::{Authority, PerKey};
 use super::open::OpenDuration;
 use super::state::{MAX_PROBES, Settings};
 use super::window::WindowKind;
 use crate::BuildError;
+use crate::event::Listener;
 use crate::failure::Class;
 
 /// The classes that count as failures by default: the ones that blame the provider.
@@ -233,7 +233,9 @@ impl<K> Builder<K> {
         self
     }
 
-    /// A hook that sees every transition and rejection; see [`Listener`].
+    /// A hook that sees every transition and rejection
+    /// ([`Event::BreakerTransition`](crate::event::Event::BreakerTransition),
+    /// [`Event::BreakerRejected`](crate::event::Event::BreakerRejected)); see [`Listener`].
     pub fn listener(mut self, listener: impl Listener) -> Self {
         self.settings.listener = Some(Arc::new(listener));
         self

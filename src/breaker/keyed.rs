@@ -302,6 +302,24 @@ impl<F> Registry<PerKey<F>> {
     }
 }
 
+impl<K: Clone> Registry<K> {
+    /// An empty registry with this one's key function and bound, and `template`.
+    pub(crate) fn with_template(&self, template: Settings) -> Self {
+        Registry {
+            keys: self.keys.clone(),
+            max_keys: self.max_keys,
+            template,
+            breakers: RwLock::default(),
+            epoch: AtomicU64::new(0),
+        }
+    }
+
+    /// The settings every key's breaker is built from.
+    pub(crate) fn template(&self) -> &Settings {
+        &self.template
+    }
+}
+
 impl<K> Registry<K> {
     pub(crate) fn max_keys(&self) -> usize {
         self.max_keys

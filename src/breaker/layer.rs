@@ -11,6 +11,7 @@ use super::health::Health;
 use super::keyed::{Authority, PerKey, Registry};
 use super::state::Shared;
 use crate::BuildError;
+use crate::event::Hook;
 use crate::failure::Class;
 
 /// Applies [`Breaker`] to a service, and owns the breakers' state.
@@ -251,6 +252,22 @@ impl<K> BreakerLayer<K> {
         match &self.keys {
             None => Health::one(Arc::clone(&self.shared)),
             Some(keys) => Health::keyed(Arc::clone(&self.shared), Arc::clone(keys)),
+        }
+    }
+}
+
+impl<K: Clone> BreakerLayer<K> {
+    /// Fresh breakers with the same settings and `hook` as their listener, for the preset.
+    pub(crate) fn with_hook(&self, hook: &Hook) -> Self {
+        let mut settings = self.shared.settings.clone();
+        settings.listener = hook.arc();
+        BreakerLayer {
+            shared: Arc::new(Shared::new(&settings)),
+            keys: self.keys.as_ref().map(|keys| {
+                let mut template = keys.template().clone();
+                template.listener = hook.arc();
+                Arc::new(keys.with_template(template))
+            }),
         }
     }
 }

@@ -26,7 +26,7 @@
 //!
 //! Around it: [`BreakerHandle`] for operators (read, force open, disable, reset: an axum admin
 //! route is shown on [`BreakerHandle`]), [`Health`] for a health route listing every breaker,
-//! [`Listener`] for metrics,
+//! [`Listener`](crate::event::Listener) for metrics,
 //! [`per_host`](BreakerLayer::per_host) and [`keyed_by`](BreakerLayer::keyed_by) for one breaker
 //! per host or per key of yours, [`FailoverLayer`] to send rejected calls to a second provider, and
 //! [`ServerLayer::breaker`](crate::server::ServerLayer::breaker) for an axum server that answers `503` with `Retry-After` itself.
@@ -141,7 +141,7 @@ mod sync;
 mod window;
 
 pub use self::config::Builder;
-pub use self::event::{Event, Listener, State};
+pub use self::event::State;
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;

@@ -18,10 +18,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::event::{Event, Listener, State};
+use super::event::State;
 use super::open::{Cause, CauseSlot, OpenDuration, OpenError};
 use super::sync::{AtomicU32, AtomicU64, Ordering};
 use super::window::{Counts, FAILED, SLOW, Window, WindowKind};
+use crate::event::{Event, Listener, deliver};
 use crate::failure::{Class, Code};
 
 /// The most probes or successful probes a half-open breaker can be configured with.
@@ -467,7 +468,7 @@ impl Shared {
 
     fn emit(&self, event: Event<'_>) {
         if let Some(listener) = &self.listener {
-            listener.on_event(&event);
+            deliver(&**listener, &event);
         }
     }
 
@@ -505,7 +506,7 @@ impl Shared {
                 "circuit state changed"
             ),
         }
-        self.emit(Event::Transition {
+        self.emit(Event::BreakerTransition {
             breaker: &self.name,
             from,
             to,
@@ -517,7 +518,7 @@ impl Shared {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         let state = state_name(word);
         tracing::debug!(breaker = &*self.name, state = state.as_str(), retry_after = ?retry_after, "call rejected");
-        self.emit(Event::Rejected {
+        self.emit(Event::BreakerRejected {
             breaker: &self.name,
             state,
             retry_after,

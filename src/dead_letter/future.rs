@@ -10,6 +10,7 @@ use super::budget::refusal;
 use super::layer::Config;
 use super::note::{DeadLetterStatus, Unsent};
 use super::record::record_at;
+use crate::event::Event;
 use crate::failure::{Code, Failure};
 use crate::request::{Describe, Envelope};
 use crate::retry::Attempts;
@@ -205,6 +206,11 @@ where
             let spent = match ready!(check.read.as_mut().poll(cx)) {
                 Ok(spent) => spent.unwrap_or(0),
                 Err(error) => {
+                    this.config.listener.emit_ref(&Event::StoreError {
+                        operation: "read",
+                        id: Some(&check.id),
+                        error: &error,
+                    });
                     tracing::warn!(
                         id = %check.id,
                         error = %error,
@@ -249,6 +255,20 @@ where
                     let mut failure = failure
                         .take()
                         .expect("dead-letter future polled after completion");
+                    let hook = &this.config.listener;
+                    match &result {
+                        Ok(()) => hook.emit_ref(&Event::DeadLetterStored {
+                            id: &id,
+                            class: failure.class(),
+                            code: failure.code(),
+                            deferred: deferred(&failure),
+                        }),
+                        Err(error) => hook.emit_ref(&Event::StoreError {
+                            operation: "put",
+                            id: Some(&id),
+                            error,
+                        }),
+                    }
                     match result {
                         Ok(()) if deferred(&failure) && failure.code() == Code::CircuitOpen => {
                             // Rejected locally by an open breaker, which said so once at WARN.

@@ -5,6 +5,7 @@ use tower_layer::Layer;
 
 use super::DeadLetter;
 use crate::clock::Clock;
+use crate::event::{Hook, Listener};
 use crate::request::Envelope;
 use crate::store::{RedactHeaders, Store};
 
@@ -28,6 +29,7 @@ pub(crate) struct Config {
     pub(crate) redact: RedactHeaders,
     /// The durable attempt budget per message id, when set.
     pub(crate) budget: Option<u32>,
+    pub(crate) listener: Hook,
 }
 
 impl Config {
@@ -40,6 +42,7 @@ impl Config {
             clock: Clock::system(),
             redact: RedactHeaders::default(),
             budget: None,
+            listener: Hook::default(),
         }
     }
 }
@@ -52,6 +55,7 @@ impl fmt::Debug for Config {
             .field("clock", &self.clock)
             .field("redact", &self.redact)
             .field("budget", &self.budget)
+            .field("listener", &self.listener)
             .finish()
     }
 }
@@ -100,6 +104,22 @@ impl DeadLetterLayer {
         F: Fn(&Envelope) -> Vec<(String, String)> + Send + Sync + 'static,
     {
         Arc::make_mut(&mut self.config).tags = Some(Arc::new(f));
+        self
+    }
+
+    /// Hands the layer's events to `listener`: each record written
+    /// ([`Event::DeadLetterStored`](crate::event::Event::DeadLetterStored), dead or deferred)
+    /// and each write the store failed
+    /// ([`Event::StoreError`](crate::event::Event::StoreError), operation `"put"`). See
+    /// [`event`](crate::event). On the failure path only.
+    pub fn listener(mut self, listener: impl Listener) -> Self {
+        Arc::make_mut(&mut self.config).listener = Hook::new(listener);
+        self
+    }
+
+    /// The same listener as another layer's, for the preset.
+    pub(crate) fn with_hook(mut self, hook: &Hook) -> Self {
+        Arc::make_mut(&mut self.config).listener = hook.clone();
         self
     }
 

@@ -12,6 +12,7 @@ use tower_service::Service;
 
 use super::redrive::{Outcome, resend};
 use crate::clock::Clock;
+use crate::event::{Event, Hook, Listener};
 use crate::failure::Failure;
 use crate::store::{Change, Record, Status, Store, add_clamped};
 
@@ -82,6 +83,7 @@ pub struct Scheduler<S, F> {
     max_resends: u32,
     rate: u32,
     clock: Clock,
+    listener: Hook,
 }
 
 impl<S, F> fmt::Debug for Scheduler<S, F> {
@@ -119,6 +121,7 @@ impl<S, F> Scheduler<S, F> {
             max_resends: 5,
             rate: 50,
             clock: Clock::system(),
+            listener: Hook::default(),
         }
     }
 
@@ -158,6 +161,15 @@ impl<S, F> Scheduler<S, F> {
     /// the scheduler falls behind; the rate applies to every re-send, not only to a drain.
     pub fn rate(mut self, per_second: u32) -> Self {
         self.rate = per_second.max(1);
+        self
+    }
+
+    /// Hands the scheduler's events to `listener`: each re-send's outcome
+    /// ([`Event::Resent`]: delivered, failed again, or held by an open breaker) and each store
+    /// operation that failed ([`Event::StoreError`], operations `"claim"` and `"update"`). See
+    /// [`event`](crate::event).
+    pub fn listener(mut self, listener: impl Listener) -> Self {
+        self.listener = Hook::new(listener);
         self
     }
 
@@ -247,6 +259,11 @@ where
                         more = full;
                     }
                     Err(e) => {
+                        self.listener.emit_ref(&Event::StoreError {
+                            operation: "claim",
+                            id: None,
+                            error: &e,
+                        });
                         tracing::warn!(error = %e, "dead-letter scheduler cannot claim due records")
                     }
                 }
@@ -257,6 +274,14 @@ where
             }
         }
         while in_flight.join_next().await.is_some() {}
+    }
+
+    fn update_failed(&self, id: &str, error: &crate::store::StoreError) {
+        self.listener.emit_ref(&Event::StoreError {
+            operation: "update",
+            id: Some(id),
+            error,
+        });
     }
 
     /// Starts the re-send of a claimed record; whether it was started (false: dead-lettered
@@ -276,6 +301,7 @@ where
                 "re-sent as often as allowed; dead-lettered"
             );
             if let Err(e) = store.update(&record.id, Change::Dead).await {
+                self.update_failed(&record.id, &e);
                 tracing::error!(id = %record.id, error = %e, "cannot dead-letter the record");
             }
             return false;
@@ -286,6 +312,7 @@ where
             Err(e) => {
                 tracing::error!(id = %record.id, error = %e, "cannot rebuild the request; dead-lettered");
                 if let Err(e) = store.update(&record.id, Change::Dead).await {
+                    self.update_failed(&record.id, &e);
                     tracing::error!(id = %record.id, error = %e, "cannot dead-letter the record");
                 }
                 return false;
@@ -295,6 +322,7 @@ where
         let clock = self.clock;
         let reports = reports.clone();
         let recheck = self.poll.saturating_mul(10);
+        let listener = self.listener.clone();
         in_flight.spawn(async move {
             let (outcome, rejected) =
                 resend(&*store, &mut service, &record, request, None, &clock).await;
@@ -307,6 +335,10 @@ where
                         breaker = %rejected.breaker,
                         "scheduled re-send rejected by an open breaker; held"
                     );
+                    listener.emit_ref(&Event::Resent {
+                        id: &record.id,
+                        outcome: "held",
+                    });
                     give_back(&*store, &record, until).await;
                     Report::Open {
                         breaker: rejected.breaker,
@@ -316,12 +348,20 @@ where
                     }
                 }
                 (Outcome::Resolved { .. }, None) => {
+                    listener.emit_ref(&Event::Resent {
+                        id: &record.id,
+                        outcome: "delivered",
+                    });
                     tracing::info!(id = %record.id, "scheduled re-send succeeded");
                     Report::Delivered {
                         breaker: record.breaker.clone(),
                     }
                 }
                 (other, None) => {
+                    listener.emit_ref(&Event::Resent {
+                        id: &record.id,
+                        outcome: "failed",
+                    });
                     tracing::warn!(id = %record.id, outcome = ?other, "scheduled re-send failed");
                     Report::Failed {
                         breaker: record.breaker.clone(),

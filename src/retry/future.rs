@@ -10,9 +10,10 @@ use tower_service::Service;
 
 use super::RetryPolicy;
 use super::note::{Attempts, GiveUp};
-use super::policy::{Attempted, Decision, RetryEvent, Spare, retry_at};
+use super::policy::{Attempted, Decision, Spare, retry_at};
 use super::reconcile::{Attempt, Reconcile, outcome_unknown};
-use crate::failure::{Class, Code, Failure};
+use crate::event::{Event, Hook};
+use crate::failure::{Class, Code, Failure, Sent};
 use crate::request::Replay;
 
 pin_project! {
@@ -43,6 +44,9 @@ pin_project! {
         kept: Option<Req>,
         // The policy's status check, for a request not safe to resend (`RetryPolicy::reconcile`).
         reconcile: Option<Reconcile>,
+        // The policy's listener, and when the current attempt was called (only with one).
+        hook: Hook,
+        started: Option<Instant>,
     }
 }
 
@@ -168,6 +172,7 @@ where
     /// `kept` is the copy handed back by `hand_back`, when there is one. `reconcile` is the
     /// policy's status check, given only for a request not safe to resend.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn single(
         future: S::Future,
         safe: bool,
@@ -176,8 +181,11 @@ where
         hand_back: Option<HandBack<S::Response, Req>>,
         kept: Option<Req>,
         reconcile: Option<Reconcile>,
+        hook: Hook,
     ) -> Self {
         ResponseFuture {
+            started: hook.is_set().then(Instant::now),
+            hook,
             state: State::Called {
                 future: Attempt::new(future),
                 deadline: None,
@@ -205,7 +213,10 @@ where
         hand_back: Option<HandBack<S::Response, Req>>,
         reconcile: Option<Reconcile>,
     ) -> Self {
+        let hook = policy.hook().clone();
         ResponseFuture {
+            started: hook.is_set().then(Instant::now),
+            hook,
             state: State::Called {
                 future: Attempt::new(future),
                 deadline: None,
@@ -242,11 +253,18 @@ impl fmt::Display for DeadlineElapsed {
 impl std::error::Error for DeadlineElapsed {}
 
 fn give_up<R>(
+    hook: &Hook,
     mut failure: Failure<R>,
     attempts: u32,
     first_failed_at: Option<SystemTime>,
     reason: GiveUp,
 ) -> Failure<R> {
+    hook.emit(|| Event::GaveUp {
+        attempts,
+        class: failure.class(),
+        code: failure.code(),
+        reason,
+    });
     tracing::info!(
         attempts,
         class = %failure.class(),
@@ -260,6 +278,35 @@ fn give_up<R>(
     }
     failure.notes_mut().insert(note);
     failure
+}
+
+/// Hands the end of an attempt to the listener: a success (`failure` is `None`) or a failure,
+/// and a per-attempt timeout.
+#[inline(never)]
+fn attempt_ended<R>(
+    hook: &Hook,
+    started: Option<Instant>,
+    attempt: u32,
+    failure: Option<&Failure<R>>,
+) {
+    let duration = started.map_or(Duration::ZERO, |at| at.elapsed());
+    let (class, code, sent) = match failure {
+        None => (None, None, Sent::Yes),
+        Some(f) => (Some(f.class()), Some(f.code()), f.sent()),
+    };
+    hook.emit(|| Event::AttemptEnded {
+        attempt,
+        class,
+        code,
+        sent,
+        duration,
+    });
+    if code == Some(Code::Timeout) {
+        hook.emit(|| Event::TimedOut {
+            attempt,
+            deadline: false,
+        });
+    }
 }
 
 /// `failure`, with the unsent copy of the request on it when a dead-letter layer above reuses
@@ -338,10 +385,15 @@ where
                                     }
                                     None => deadline_failure(last),
                                 };
+                                this.hook.emit(|| Event::TimedOut {
+                                    attempt: attempts,
+                                    deadline: true,
+                                });
                                 return Poll::Ready(Err(handed(
                                     *this.hand_back,
                                     spare,
                                     give_up(
+                                        this.hook,
                                         failure,
                                         attempts,
                                         first.or_else(|| Some(SystemTime::now())),
@@ -354,6 +406,15 @@ where
                     };
                     let mut failure: Failure<S::Response> = match result {
                         Ok(response) => {
+                            if this.hook.is_set() {
+                                let attempt = this.retry.as_ref().map_or(1, |r| r.attempts);
+                                attempt_ended::<S::Response>(
+                                    this.hook,
+                                    *this.started,
+                                    attempt,
+                                    None,
+                                );
+                            }
                             if let Some(budget) =
                                 this.retry.as_ref().and_then(|r| r.policy.budget_ref())
                             {
@@ -369,6 +430,10 @@ where
                     if unknown {
                         failure.set_class(Class::OUTCOME_UNKNOWN);
                     }
+                    if this.hook.is_set() {
+                        let attempt = this.retry.as_ref().map_or(1, |r| r.attempts);
+                        attempt_ended(this.hook, *this.started, attempt, Some(&failure));
+                    }
                     // A breaker rejection is not an attempt: the request never left.
                     let rejected = failure.code() == Code::CircuitOpen;
                     let Some(r) = this.retry.as_mut() else {
@@ -381,6 +446,12 @@ where
                                     .with_first_failed_at(now)
                                     .with_retry_at(retry_at(now, left)),
                             );
+                            this.hook.emit(|| Event::GaveUp {
+                                attempts: 0,
+                                class: failure.class(),
+                                code: failure.code(),
+                                reason: GiveUp::Deferred,
+                            });
                             return Poll::Ready(Err(handed(
                                 *this.hand_back,
                                 this.kept.take(),
@@ -396,6 +467,7 @@ where
                             *this.hand_back,
                             this.kept.take(),
                             give_up(
+                                this.hook,
                                 failure,
                                 u32::from(!rejected),
                                 Some(SystemTime::now()),
@@ -417,7 +489,13 @@ where
                         return Poll::Ready(Err(handed(
                             *this.hand_back,
                             r.spare.take(),
-                            give_up(failure, r.attempts, Some(first), GiveUp::NotIdempotent),
+                            give_up(
+                                this.hook,
+                                failure,
+                                r.attempts,
+                                Some(first),
+                                GiveUp::NotIdempotent,
+                            ),
                         )));
                     }
                     let attempted = Attempted {
@@ -431,7 +509,7 @@ where
                             return Poll::Ready(Err(handed(
                                 *this.hand_back,
                                 r.spare.take(),
-                                give_up(failure, r.attempts, Some(first), reason),
+                                give_up(this.hook, failure, r.attempts, Some(first), reason),
                             )));
                         }
                         Decision::Defer(at, delay) => {
@@ -452,6 +530,12 @@ where
                                     "deferring: delay above the maximum in-process delay"
                                 );
                             }
+                            this.hook.emit(|| Event::GaveUp {
+                                attempts: r.attempts,
+                                class: failure.class(),
+                                code: failure.code(),
+                                reason: GiveUp::Deferred,
+                            });
                             failure.notes_mut().insert(
                                 Attempts::new(r.attempts, GiveUp::Deferred)
                                     .with_first_failed_at(first)
@@ -473,7 +557,13 @@ where
                         return Poll::Ready(Err(handed(
                             *this.hand_back,
                             r.spare.take(),
-                            give_up(failure, r.attempts, Some(first), GiveUp::DeadlineExceeded),
+                            give_up(
+                                this.hook,
+                                failure,
+                                r.attempts,
+                                Some(first),
+                                GiveUp::DeadlineExceeded,
+                            ),
                         )));
                     }
                     if let Some(budget) = policy.budget_ref()
@@ -482,25 +572,31 @@ where
                         return Poll::Ready(Err(handed(
                             *this.hand_back,
                             r.spare.take(),
-                            give_up(failure, r.attempts, Some(first), GiveUp::BudgetExhausted),
+                            give_up(
+                                this.hook,
+                                failure,
+                                r.attempts,
+                                Some(first),
+                                GiveUp::BudgetExhausted,
+                            ),
                         )));
                     }
-                    let event = RetryEvent {
-                        attempt: r.attempts,
-                        class: failure.class(),
-                        code: failure.code(),
-                        delay,
-                        source,
-                    };
+                    let (class, code) = (failure.class(), failure.code());
                     tracing::info!(
                         attempt = r.attempts,
-                        class = %event.class,
-                        code = %event.code,
+                        class = %class,
+                        code = %code,
                         delay = ?delay,
                         why = source.as_str(),
                         "retrying"
                     );
-                    policy.notify(&event);
+                    this.hook.emit(|| Event::RetryScheduled {
+                        attempt: r.attempts,
+                        class,
+                        code,
+                        delay,
+                        source,
+                    });
                     let history = history_of(&mut r.history);
                     history.last = Some(failure);
                     history.previous_delay = Some(delay);
@@ -526,7 +622,13 @@ where
                         return Poll::Ready(Err(handed(
                             *this.hand_back,
                             r.spare.take(),
-                            give_up(failure, r.attempts, r.first_failed_at(), GiveUp::NotReady),
+                            give_up(
+                                this.hook,
+                                failure,
+                                r.attempts,
+                                r.first_failed_at(),
+                                GiveUp::NotReady,
+                            ),
                         )));
                     }
                     let request = match r.spare.take() {
@@ -537,6 +639,7 @@ where
                                 *this.hand_back,
                                 r.spare.take(),
                                 give_up(
+                                    this.hook,
                                     failure,
                                     r.attempts,
                                     r.first_failed_at(),
@@ -557,6 +660,9 @@ where
                             Some(copy) => r.spare = Some(copy),
                             None => r.spare_state = Spare::NotReplayable,
                         }
+                    }
+                    if this.hook.is_set() {
+                        *this.started = Some(Instant::now());
                     }
                     let future = r.service.call(request);
                     this.state.set(State::Called {

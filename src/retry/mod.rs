@@ -107,7 +107,7 @@ pub use self::buffer::{ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
 pub use self::note::{Attempts, GiveUp};
-pub use self::policy::{ClassPolicy, DelaySource, RetryEvent, RetryPolicy};
+pub use self::policy::{ClassPolicy, DelaySource, RetryPolicy};
 pub use self::reconcile::{Delivery, ReconciledResponse, StatusCheck};
 
 /// Retries failed calls by a [`RetryPolicy`]; see the [module docs](self).
@@ -214,7 +214,16 @@ impl<S> Retry<S> {
                 } else {
                     GiveUp::NotReplayable
                 };
-                ResponseFuture::single(future, safe, reason, deadline, hand_back, kept, reconcile)
+                ResponseFuture::single(
+                    future,
+                    safe,
+                    reason,
+                    deadline,
+                    hand_back,
+                    kept,
+                    reconcile,
+                    policy.hook().clone(),
+                )
             }
         }
     }

@@ -13,7 +13,8 @@ use super::budget::Budget;
 use super::note::GiveUp;
 use super::reconcile::{Reconcile, ReconciledResponse, StatusCheck};
 use crate::BuildError;
-use crate::failure::{Class, Code, Failure, Sent};
+use crate::event::{Hook, Listener};
+use crate::failure::{Class, Failure, Sent};
 
 /// Where a retry's delay came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -38,22 +39,6 @@ impl DelaySource {
             DelaySource::Breaker => "breaker half-opens",
         }
     }
-}
-
-/// One retry about to happen, as given to [`RetryPolicy::on_retry`].
-#[derive(Clone, Copy, Debug)]
-#[non_exhaustive]
-pub struct RetryEvent {
-    /// The number of the attempt that failed (1 for the first call).
-    pub attempt: u32,
-    /// Its class.
-    pub class: Class,
-    /// Its original code.
-    pub code: Code,
-    /// How long the layer sleeps before the next attempt.
-    pub delay: Duration,
-    /// Why that delay.
-    pub source: DelaySource,
 }
 
 /// How one class of failures is retried: a cap on the attempts that failed with that class, and
@@ -117,8 +102,6 @@ impl ClassPolicy {
     }
 }
 
-type OnRetry = Arc<dyn Fn(&RetryEvent) + Send + Sync>;
-
 #[derive(Clone)]
 struct Inner {
     max_attempts: u32,
@@ -138,7 +121,7 @@ struct Inner {
     retry_unprocessed: bool,
     assume_idempotent: bool,
     rng: Option<Arc<Mutex<SmallRng>>>,
-    on_retry: Option<OnRetry>,
+    listener: Hook,
     reconcile: Option<Reconcile>,
 }
 
@@ -248,7 +231,7 @@ impl Default for RetryPolicy {
                 retry_unprocessed: true,
                 assume_idempotent: false,
                 rng: None,
-                on_retry: None,
+                listener: Hook::default(),
                 reconcile: None,
             }),
         }
@@ -436,7 +419,7 @@ impl RetryPolicy {
     /// (or its failure, when it fails without waiting), not from `call`. A first attempt that
     /// answers at its first poll never reads the clock; its synchronous first poll is not
     /// counted. A zero deadline lets only such an answer through: a first attempt that waits
-    /// fails at once, with class [`Class::TRANSIENT`], code [`Code::Timeout`] and a source that
+    /// fails at once, with class [`Class::TRANSIENT`], code [`Code::Timeout`](crate::Code::Timeout) and a source that
     /// reads `retry deadline elapsed during the first attempt`; one that fails is not retried. A deadline too far to represent (`Duration::MAX`) is no deadline.
     pub fn deadline(self, deadline: Duration) -> Self {
         self.edit(|p| p.deadline = Some(deadline))
@@ -465,10 +448,27 @@ impl RetryPolicy {
         self.edit(|p| p.rng = Some(Arc::new(Mutex::new(SmallRng::seed_from_u64(seed)))))
     }
 
-    /// Calls `f` before every retry (on the failure path only), for metrics or logs.
-    pub fn on_retry(self, f: impl Fn(&RetryEvent) + Send + Sync + 'static) -> Self {
-        let f: OnRetry = Arc::new(f);
-        self.edit(|p| p.on_retry = Some(f))
+    /// Hands the retry layer's events to `listener`: every attempt's end
+    /// ([`Event::AttemptEnded`], with its duration), every retry
+    /// ([`Event::RetryScheduled`], with its delay and why), every timeout
+    /// ([`Event::TimedOut`]) and the end of every call that failed ([`Event::GaveUp`], with
+    /// why). See [`event`](crate::event). Without a listener (the default) the layer reads no
+    /// clock for them and clones nothing; with one, each call clones one `Arc` and reads tokio's
+    /// clock at each attempt's start and end.
+    ///
+    /// [`Event::AttemptEnded`]: crate::event::Event::AttemptEnded
+    /// [`Event::RetryScheduled`]: crate::event::Event::RetryScheduled
+    /// [`Event::TimedOut`]: crate::event::Event::TimedOut
+    /// [`Event::GaveUp`]: crate::event::Event::GaveUp
+    pub fn listener(self, listener: impl Listener) -> Self {
+        let hook = Hook::new(listener);
+        self.edit(|p| p.listener = hook)
+    }
+
+    /// The same listener as another layer's, for the preset.
+    pub(crate) fn with_hook(self, hook: &Hook) -> Self {
+        let hook = hook.clone();
+        self.edit(|p| p.listener = hook)
     }
 
     /// Asks `check` about each outcome-unknown failure of a request that is not safe to send
@@ -726,10 +726,9 @@ impl RetryPolicy {
         }
     }
 
-    pub(crate) fn notify(&self, event: &RetryEvent) {
-        if let Some(f) = &self.inner.on_retry {
-            f(event);
-        }
+    /// The listener, if set.
+    pub(crate) fn hook(&self) -> &Hook {
+        &self.inner.listener
     }
 }
 
@@ -763,7 +762,7 @@ impl fmt::Debug for RetryPolicy {
             .field("retry_unprocessed", &self.inner.retry_unprocessed)
             .field("assume_idempotent", &self.inner.assume_idempotent)
             .field("seeded", &self.inner.rng.is_some())
-            .field("on_retry", &self.inner.on_retry.is_some())
+            .field("listener", &self.inner.listener.is_set())
             .field("reconcile", &self.inner.reconcile)
             .finish()
     }

@@ -1,0 +1,257 @@
+//! One vocabulary of [`Event`]s for every layer and the re-send path, and the [`Listener`] that
+//! sees them: count them in your own metrics, or raise your own alerts.
+//!
+//! Set a listener once on the preset ([`BackstopLayer::listener`](crate::BackstopLayer::listener)),
+//! which gives it to each of its layers, or on a layer of your own stack:
+//! [`RetryPolicy::listener`](crate::retry::RetryPolicy::listener) (attempts, retries, giving up,
+//! timeouts), [`Builder::listener`](crate::breaker::Builder::listener) (breaker transitions and
+//! rejections), [`DeadLetterLayer::listener`](crate::dead_letter::DeadLetterLayer::listener)
+//! (dead letters stored or deferred, store errors) and
+//! [`Scheduler::listener`](crate::resend::Scheduler::listener) (re-sends, store errors). Every
+//! event is also written as a `tracing` event by the layer that has it, listener or not.
+//!
+//! Fields are typed and bounded: classes are the stack's closed set, breaker names are bounded
+//! by a keyed layer's bound on keys, outcomes and reasons are fixed words. Ids (`id`) are the
+//! only unbounded fields: never use them as a metric label.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use std::time::Duration;
+//! use tower_backstop::BackstopLayer;
+//! use tower_backstop::event::Event;
+//!
+//! let retries = Arc::new(AtomicU64::new(0));
+//! let counter = Arc::clone(&retries);
+//! let layer = BackstopLayer::http(Duration::from_secs(2)).listener(move |event: &Event<'_>| {
+//!     if let Event::RetryScheduled { .. } = event {
+//!         counter.fetch_add(1, Ordering::Relaxed);
+//!     }
+//! });
+//! # let _ = layer;
+//! ```
+
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::breaker::State;
+use crate::failure::{Class, Code, Sent};
+use crate::retry::{DelaySource, GiveUp};
+
+/// Something a layer or the re-send path did, handed to a [`Listener`].
+///
+/// Borrowed fields (`&'a str`) live only for the call: copy what you keep.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum Event<'a> {
+    /// An attempt of the retry layer ended: the inner service answered or failed. A call the
+    /// breaker rejected is an attempt too, of class [`Class::CIRCUIT_OPEN`], never sent. An
+    /// attempt cut short by the overall deadline ends in [`TimedOut`](Event::TimedOut) and
+    /// [`GaveUp`](Event::GaveUp) instead.
+    AttemptEnded {
+        /// The attempt's number in its call, from 1.
+        attempt: u32,
+        /// The failure's class; `None` for a success.
+        class: Option<Class>,
+        /// The failure's original code; `None` for a success.
+        code: Option<Code>,
+        /// Whether the request reached the provider: [`Sent::Yes`] for a success.
+        sent: Sent,
+        /// From the attempt's call to its answer, on tokio's clock.
+        duration: Duration,
+    },
+    /// The retry layer will send the request again after `delay`.
+    RetryScheduled {
+        /// The number of the attempt that failed, from 1.
+        attempt: u32,
+        /// Its class.
+        class: Class,
+        /// Its original code.
+        code: Code,
+        /// How long the layer sleeps before the next attempt.
+        delay: Duration,
+        /// Why that delay: the backoff, or the server's hint.
+        source: DelaySource,
+    },
+    /// The retry layer handed a failure up: the call is over, or (with
+    /// [`GiveUp::Deferred`]) left to a dead-letter store's re-send.
+    GaveUp {
+        /// The attempts made (0 when the breaker rejected the only one).
+        attempts: u32,
+        /// The final failure's class.
+        class: Class,
+        /// Its original code.
+        code: Code,
+        /// Why it stopped.
+        reason: GiveUp,
+    },
+    /// An attempt ran out of time: the per-attempt timeout of
+    /// [`TimeoutLayer`](crate::timeout::TimeoutLayer) (seen by the retry layer as a failure
+    /// with [`Code::Timeout`]), or the retry policy's overall
+    /// [deadline](crate::retry::RetryPolicy::deadline).
+    TimedOut {
+        /// The attempt's number in its call, from 1.
+        attempt: u32,
+        /// `true` for the overall deadline, `false` for the per-attempt timeout.
+        deadline: bool,
+    },
+    /// A breaker moved from one state to another.
+    BreakerTransition {
+        /// The breaker's name (a keyed breaker's key).
+        breaker: &'a str,
+        /// The state before.
+        from: State,
+        /// The state after.
+        to: State,
+        /// Why, in a few lower-case words ("failure rate", "probe failed", "forced open", …).
+        reason: &'static str,
+    },
+    /// A breaker rejected a call without calling the inner service.
+    BreakerRejected {
+        /// The breaker's name (a keyed breaker's key).
+        breaker: &'a str,
+        /// The state that rejected it: open, half-open with every probe permit taken, or
+        /// forced open.
+        state: State,
+        /// The time left until half-open, as given to the caller; `None` when forced open.
+        retry_after: Option<Duration>,
+    },
+    /// The dead-letter layer wrote a failed request to its store.
+    DeadLetterStored {
+        /// The record's id (unbounded: not a label).
+        id: &'a str,
+        /// The failure's class.
+        class: Class,
+        /// Its original code.
+        code: Code,
+        /// `true` when stored deferred (the scheduler re-sends it when due), `false` when
+        /// stored dead (waiting for a person).
+        deferred: bool,
+    },
+    /// The scheduler re-sent a deferred record, or tried to.
+    Resent {
+        /// The record's id (unbounded: not a label).
+        id: &'a str,
+        /// `"delivered"` (the record is resolved), `"failed"` (it failed again and is dead or
+        /// deferred again by its policy), or `"held"` (an open breaker rejected it in this
+        /// process: nothing was sent, the record is put back).
+        outcome: &'static str,
+    },
+    /// A dead-letter store failed an operation; what it was doing is not lost where the
+    /// operation allows (a record that cannot be written is on the caller's failure as
+    /// [`DeadLetterStatus::NotStored`](crate::dead_letter::DeadLetterStatus::NotStored)).
+    StoreError {
+        /// What failed: `"put"` (writing a dead letter), `"read"` (reading a message's
+        /// attempt budget; the call goes on as if none was spent), `"claim"` (the scheduler's
+        /// claim of due records), `"update"` (the scheduler writing a record's new state).
+        operation: &'static str,
+        /// The record concerned, when there is one (unbounded: not a label).
+        id: Option<&'a str>,
+        /// The store's error.
+        error: &'a (dyn Error + 'static),
+    },
+}
+
+impl Event<'_> {
+    /// The event's name in snake case (`attempt_ended`, `retry_scheduled`, `gave_up`,
+    /// `timed_out`, `breaker_transition`, `breaker_rejected`, `dead_letter_stored`, `resent`,
+    /// `store_error`), for a log field or a metric label.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Event::AttemptEnded { .. } => "attempt_ended",
+            Event::RetryScheduled { .. } => "retry_scheduled",
+            Event::GaveUp { .. } => "gave_up",
+            Event::TimedOut { .. } => "timed_out",
+            Event::BreakerTransition { .. } => "breaker_transition",
+            Event::BreakerRejected { .. } => "breaker_rejected",
+            Event::DeadLetterStored { .. } => "dead_letter_stored",
+            Event::Resent { .. } => "resent",
+            Event::StoreError { .. } => "store_error",
+        }
+    }
+}
+
+/// A hook that sees every [`Event`] of the layers it is given to.
+///
+/// Implemented for `()` (does nothing) and for closures `Fn(&Event<'_>)`, like tower-http's
+/// `OnFailure`. It is called on the thread that caused the event, inside the call that caused
+/// it: keep it short and do not block. A listener that panics does not break the call: the
+/// panic is caught and the call goes on (the panic is written at `ERROR` to `tracing`).
+pub trait Listener: Send + Sync + 'static {
+    /// Called once per event.
+    fn on_event(&self, event: &Event<'_>);
+}
+
+impl Listener for () {
+    #[inline]
+    fn on_event(&self, _: &Event<'_>) {}
+}
+
+impl<F> Listener for F
+where
+    F: Fn(&Event<'_>) + Send + Sync + 'static,
+{
+    fn on_event(&self, event: &Event<'_>) {
+        self(event)
+    }
+}
+
+/// A layer's listener, if it has one: a counted reference, cloned into a call's future only
+/// when set.
+#[derive(Clone, Default)]
+pub(crate) struct Hook(Option<Arc<dyn Listener>>);
+
+impl Hook {
+    pub(crate) fn new(listener: impl Listener) -> Self {
+        Hook(Some(Arc::new(listener)))
+    }
+
+    /// The listener itself, for a breaker's settings.
+    pub(crate) fn arc(&self) -> Option<Arc<dyn Listener>> {
+        self.0.clone()
+    }
+
+    #[inline]
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Hands `event` to the listener, if there is one; a panic of the listener is caught.
+    #[inline]
+    pub(crate) fn emit(&self, event: impl FnOnce() -> Event<'static>) {
+        if let Some(listener) = &self.0 {
+            deliver(&**listener, &event());
+        }
+    }
+
+    /// As [`emit`](Self::emit), for an event that borrows.
+    #[inline]
+    pub(crate) fn emit_ref(&self, event: &Event<'_>) {
+        if let Some(listener) = &self.0 {
+            deliver(&**listener, event);
+        }
+    }
+}
+
+pub(crate) fn deliver(listener: &dyn Listener, event: &Event<'_>) {
+    let caught =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| listener.on_event(event)));
+    if caught.is_err() {
+        tracing::error!(
+            event = event.name(),
+            "an event listener panicked; the call goes on"
+        );
+    }
+}
+
+impl fmt::Debug for Hook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.is_set() {
+            "Some(Listener)"
+        } else {
+            "None"
+        })
+    }
+}
