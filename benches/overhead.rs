@@ -20,6 +20,9 @@
 //! consecutive failures (tower-resilience: a failure rate over a count window of 5 calls);
 //! timeouts are 30 s, never reached.
 //!
+//! With `--features metrics`, one more entry: the preset with the `Metrics` listener over a
+//! Prometheus recorder (`stack/backstop_preset_metrics`).
+//!
 //! ```text
 //! cargo bench --bench overhead -- --warm-up-time 1 --measurement-time 3
 //! ```
@@ -347,6 +350,26 @@ fn overhead(c: &mut Criterion) {
         "stack/tower_retry_timeout",
         Tower(tower_retry_timeout()),
     );
+    // The preset with the `Metrics` listener, recording into a Prometheus recorder: beside
+    // `stack/backstop_five_layers_shared_copy`, the same stack without it.
+    #[cfg(feature = "metrics")]
+    {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .expect("the first recorder of this process");
+        entry(
+            &mut group,
+            &rt,
+            "stack/backstop_preset_metrics",
+            Tower(
+                BackstopLayer::new(all_ok::<Req>, TIMEOUT)
+                    .breaker(BreakerLayer::new())
+                    .listener(tower_backstop::metrics::Metrics::new())
+                    .dead_letters(DeadLetterLayer::new(MemoryStore::new()))
+                    .layer(bare()),
+            ),
+        );
+    }
     group.finish();
 }
 

@@ -124,10 +124,15 @@ pub mod classify;
 mod clock;
 mod config;
 pub mod dead_letter;
+#[path = "observe/event.rs"]
 pub mod event;
 mod failure;
 mod grpc_wire;
 mod integration;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+#[path = "observe/metrics.rs"]
+pub mod metrics;
 mod order;
 mod preset;
 pub mod request;

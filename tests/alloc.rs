@@ -875,3 +875,41 @@ fn preset_copies_an_http_request_once() {
         );
     }
 }
+
+// With the `metrics` feature and a Prometheus recorder (metrics-exporter-prometheus, as a
+// user installs it), the preset's `Metrics` listener adds at most one allocation per call: its
+// handles are registered once, and the exporter's histograms grow in blocks.
+
+#[cfg(feature = "metrics")]
+#[test]
+fn preset_with_metrics_allocates_at_most_once_per_call() {
+    use tower_backstop::BackstopLayer;
+    use tower_backstop::metrics::Metrics;
+
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let (bare, layered) = metrics::with_local_recorder(&recorder, || {
+        let preset = BackstopLayer::http(Duration::from_secs(30))
+            .breaker(BreakerLayer::new())
+            .listener(Metrics::new());
+        (count(bare_http()), count(preset.layer(bare_http())))
+    });
+    println!(
+        "BackstopLayer::http with Metrics: bare {bare}, layered {layered} allocations over \
+         {CALLS} calls ({} per call added)",
+        (layered as f64 - bare as f64) / CALLS as f64
+    );
+    assert!(
+        layered <= bare + CALLS,
+        "the metrics listener allocates {layered} times over {CALLS} calls, the bare service \
+         {bare} times"
+    );
+    let scraped = handle.render();
+    assert!(
+        scraped.contains(&format!(
+            "backstop_calls_total{{outcome=\"success_without_retry\"}} {}",
+            WARM_UP + CALLS
+        )),
+        "every call is counted: {scraped}"
+    );
+}

@@ -84,6 +84,7 @@ pub struct Scheduler<S, F> {
     rate: u32,
     clock: Clock,
     listener: Hook,
+    backlog_every: Duration,
 }
 
 impl<S, F> fmt::Debug for Scheduler<S, F> {
@@ -122,6 +123,7 @@ impl<S, F> Scheduler<S, F> {
             rate: 50,
             clock: Clock::system(),
             listener: Hook::default(),
+            backlog_every: Duration::from_secs(15),
         }
     }
 
@@ -165,11 +167,21 @@ impl<S, F> Scheduler<S, F> {
     }
 
     /// Hands the scheduler's events to `listener`: each re-send's outcome
-    /// ([`Event::Resent`]: delivered, failed again, or held by an open breaker) and each store
-    /// operation that failed ([`Event::StoreError`], operations `"claim"` and `"update"`). See
-    /// [`event`](crate::event).
+    /// ([`Event::Resent`]: delivered, failed again, or held by an open breaker), the records
+    /// waiting ([`Event::Backlog`], every [`backlog_every`](Self::backlog_every)) and each store
+    /// operation that failed ([`Event::StoreError`], operations `"claim"`, `"count"` and
+    /// `"update"`). See [`event`](crate::event).
     pub fn listener(mut self, listener: impl Listener) -> Self {
         self.listener = Hook::new(listener);
+        self
+    }
+
+    /// How often a scheduler with a [`listener`](Self::listener) counts the records waiting in
+    /// its store and reports them ([`Event::Backlog`]), at least once a poll. Default 15 s, the
+    /// Prometheus default scrape interval: each count reads the store's counts
+    /// ([`Store::counts`]), which is a scan of its records.
+    pub fn backlog_every(mut self, every: Duration) -> Self {
+        self.backlog_every = every;
         self
     }
 
@@ -221,8 +233,15 @@ where
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut holds = Holds::default();
         let mut pace = Pace::new(self.rate);
+        let mut backlog_at: Option<tokio::time::Instant> = None;
         loop {
             while in_flight.try_join_next().is_some() {}
+            if self.listener.is_set()
+                && backlog_at.is_none_or(|at| at.elapsed() >= self.backlog_every)
+            {
+                backlog_at = Some(tokio::time::Instant::now());
+                report_backlog(&*self.store, &self.listener).await;
+            }
             while let Ok(report) = rx.try_recv() {
                 holds.learn(report, self.rate);
             }
@@ -550,6 +569,20 @@ impl Pace {
         let now = Instant::now();
         let from = self.next.map_or(now, |next| next.max(now));
         self.next = Some(from + self.gap.mul_f64(jitter));
+    }
+}
+
+/// Counts the records waiting and hands the number to the listener.
+async fn report_backlog(store: &dyn Store, listener: &Hook) {
+    match store.counts(std::time::UNIX_EPOCH).await {
+        Ok(counts) => listener.emit(|| Event::Backlog {
+            deferred: counts.deferred,
+        }),
+        Err(e) => listener.emit_ref(&Event::StoreError {
+            operation: "count",
+            id: None,
+            error: &e,
+        }),
     }
 }
 

@@ -7,8 +7,10 @@
 //! timeouts), [`Builder::listener`](crate::breaker::Builder::listener) (breaker transitions and
 //! rejections), [`DeadLetterLayer::listener`](crate::dead_letter::DeadLetterLayer::listener)
 //! (dead letters stored or deferred, store errors) and
-//! [`Scheduler::listener`](crate::resend::Scheduler::listener) (re-sends, store errors). Every
-//! event is also written as a `tracing` event by the layer that has it, listener or not.
+//! [`Scheduler::listener`](crate::resend::Scheduler::listener) (re-sends, backlog, store
+//! errors). Every event is also written as a `tracing` event by the layer that has it,
+//! listener or not. With the `metrics` feature, `tower_backstop::metrics::Metrics` is a
+//! listener that records them all as metrics.
 //!
 //! Fields are typed and bounded: classes are the stack's closed set, breaker names are bounded
 //! by a keyed layer's bound on keys, outcomes and reasons are fixed words. Ids (`id`) are the
@@ -139,13 +141,22 @@ pub enum Event<'a> {
         /// process: nothing was sent, the record is put back).
         outcome: &'static str,
     },
+    /// The scheduler counted the records waiting in its store to be re-sent (deferred, or
+    /// claimed and in flight), at most once per
+    /// [`Scheduler::backlog_every`](crate::resend::Scheduler::backlog_every) and only when it
+    /// has a listener: a backlog that grows while deliveries fall is an outage that has not
+    /// ended.
+    Backlog {
+        /// The records waiting.
+        deferred: u64,
+    },
     /// A dead-letter store failed an operation; what it was doing is not lost where the
     /// operation allows (a record that cannot be written is on the caller's failure as
     /// [`DeadLetterStatus::NotStored`](crate::dead_letter::DeadLetterStatus::NotStored)).
     StoreError {
         /// What failed: `"put"` (writing a dead letter), `"read"` (reading a message's
         /// attempt budget; the call goes on as if none was spent), `"claim"` (the scheduler's
-        /// claim of due records), `"update"` (the scheduler writing a record's new state).
+        /// claim of due records), `"count"` (the scheduler counting its backlog), `"update"` (the scheduler writing a record's new state).
         operation: &'static str,
         /// The record concerned, when there is one (unbounded: not a label).
         id: Option<&'a str>,
@@ -157,7 +168,7 @@ pub enum Event<'a> {
 impl Event<'_> {
     /// The event's name in snake case (`attempt_ended`, `retry_scheduled`, `gave_up`,
     /// `timed_out`, `breaker_transition`, `breaker_rejected`, `dead_letter_stored`, `resent`,
-    /// `store_error`), for a log field or a metric label.
+    /// `backlog`, `store_error`), for a log field or a metric label.
     pub const fn name(&self) -> &'static str {
         match self {
             Event::AttemptEnded { .. } => "attempt_ended",
@@ -168,6 +179,7 @@ impl Event<'_> {
             Event::BreakerRejected { .. } => "breaker_rejected",
             Event::DeadLetterStored { .. } => "dead_letter_stored",
             Event::Resent { .. } => "resent",
+            Event::Backlog { .. } => "backlog",
             Event::StoreError { .. } => "store_error",
         }
     }
@@ -239,6 +251,8 @@ pub(crate) fn deliver(listener: &dyn Listener, event: &Event<'_>) {
     let caught =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| listener.on_event(event)));
     if caught.is_err() {
+        #[cfg(feature = "metrics")]
+        ::metrics::counter!("backstop_listener_panics_total", "event" => event.name()).increment(1);
         tracing::error!(
             event = event.name(),
             "an event listener panicked; the call goes on"

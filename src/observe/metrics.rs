@@ -1,0 +1,517 @@
+//! [`Metrics`]: a [`Listener`] that records every [`Event`] through the
+//! [`metrics`](https://docs.rs/metrics) facade, so any of its exporters (Prometheus,
+//! OpenTelemetry, StatsD, …) shows the stack.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_backstop::BackstopLayer;
+//! use tower_backstop::metrics::Metrics;
+//!
+//! // Install your exporter's recorder first (metrics-exporter-prometheus, say): handles are
+//! // registered with the recorder of the first event that needs them.
+//! let layer = BackstopLayer::http(Duration::from_secs(2)).listener(Metrics::new());
+//! # let _ = layer;
+//! ```
+//!
+//! Give a clone of the same `Metrics` to the [`Scheduler`](crate::resend::Scheduler) for the
+//! re-send and backlog metrics.
+//!
+//! # Names
+//!
+//! Base units (seconds), `_total` for counters, as Prometheus' naming conventions ask
+//! (<https://prometheus.io/docs/practices/naming/>). Histograms are recorded in seconds;
+//! their buckets are the exporter's.
+//!
+//! | metric | kind | labels | from |
+//! |---|---|---|---|
+//! | `backstop_calls_total` | counter | `outcome` = `success_without_retry`, `success_with_retry`, `failed_without_retry`, `failed_with_retry`, `deferred` | each call of the retry layer, once, when it ends |
+//! | `backstop_attempts_total` | counter | `class` (the failure's class, or `success`), `sent` = `yes`, `maybe`, `no` | each attempt |
+//! | `backstop_attempt_duration_seconds` | histogram | `class` | each attempt, from its call to its answer |
+//! | `backstop_call_retries` | histogram | — | retries per call (attempts − 1), when it ends |
+//! | `backstop_retry_delay_seconds` | histogram | `source` = `backoff`, `server_hint`, `breaker` | each retry scheduled |
+//! | `backstop_breaker_state` | gauge | `breaker`, `state` = `closed`, `open`, `half_open`, `forced_open`, `disabled` | 1 for the breaker's state, 0 for the one it left; set at its first transition |
+//! | `backstop_breaker_transitions_total` | counter | `breaker`, `from`, `to` | each transition |
+//! | `backstop_breaker_rejections_total` | counter | `breaker` | each call a breaker rejected |
+//! | `backstop_timeouts_total` | counter | `layer` = `timeout` (the per-attempt timeout), `retry` (the retry deadline) | each attempt that ran out of time |
+//! | `backstop_dead_letters_total` | counter | `class`, `status` = `dead`, `deferred` | each record the dead-letter layer stored |
+//! | `backstop_deferred_backlog` | gauge | — | records waiting to be re-sent, as the scheduler last counted them |
+//! | `backstop_resends_total` | counter | `outcome` = `delivered`, `failed`, `held` | each re-send of the scheduler |
+//! | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `claim`, `count`, `update` | each failed store operation |
+//! | `backstop_listener_panics_total` | counter | `event` | each panic of a listener, caught |
+//!
+//! # Bounded labels
+//!
+//! No label is a path, an id or an error text. Classes are the stack's closed set and breaker
+//! names are bounded by a keyed breaker's bound on keys; in case they are not, each label
+//! takes at most [`max_label_values`](Metrics::max_label_values) values (default 100) per
+//! metric, and the events of any further value are counted under the value `other`.
+//!
+//! # Cost
+//!
+//! A handle is registered once per label set and kept; an event then costs a lookup under a
+//! read lock and the handles' own updates, with no allocation of ours. A slow recorder slows
+//! each event by its own update, and by nothing else.
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::Hash;
+use std::sync::{Arc, OnceLock, RwLock};
+
+use ::metrics::{Counter, Gauge, Histogram, Unit};
+
+use crate::breaker::State;
+use crate::event::{Event, Listener};
+use crate::failure::{Class, Sent};
+use crate::retry::{DelaySource, GiveUp};
+
+/// The label value of events beyond the bound on a label's values.
+const OTHER: &str = "other";
+
+/// A [`Listener`] that records events as the metrics of the [module](self) table. Cheap to
+/// clone: clones share their handles.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics")
+            .field("max_label_values", &self.inner.max)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A listener that records into the installed recorder. Describes the metrics (units and
+    /// help text) to the recorder installed now, if any.
+    pub fn new() -> Self {
+        describe();
+        Metrics {
+            inner: Arc::new(Inner::new(100)),
+        }
+    }
+
+    /// At most `n` values (at least 1) per label and metric; the events of a further value are
+    /// counted under `other`. Default 100. Resets the handles: call it before the first event.
+    pub fn max_label_values(self, n: usize) -> Self {
+        Metrics {
+            inner: Arc::new(Inner::new(n.max(1))),
+        }
+    }
+}
+
+impl Listener for Metrics {
+    fn on_event(&self, event: &Event<'_>) {
+        self.inner.record(event)
+    }
+}
+
+fn describe() {
+    use ::metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "backstop_calls_total",
+        Unit::Count,
+        "Calls of the retry layer, by outcome."
+    );
+    describe_counter!(
+        "backstop_attempts_total",
+        Unit::Count,
+        "Attempts, by class (or success) and whether the request was sent."
+    );
+    describe_histogram!(
+        "backstop_attempt_duration_seconds",
+        Unit::Seconds,
+        "Duration of each attempt, by class."
+    );
+    describe_histogram!(
+        "backstop_call_retries",
+        Unit::Count,
+        "Retries per call (attempts minus one)."
+    );
+    describe_histogram!(
+        "backstop_retry_delay_seconds",
+        Unit::Seconds,
+        "Delay before each retry, by its source."
+    );
+    describe_gauge!(
+        "backstop_breaker_state",
+        Unit::Count,
+        "1 for a breaker's current state, 0 for the states it left."
+    );
+    describe_counter!(
+        "backstop_breaker_transitions_total",
+        Unit::Count,
+        "Breaker transitions."
+    );
+    describe_counter!(
+        "backstop_breaker_rejections_total",
+        Unit::Count,
+        "Calls rejected by a breaker."
+    );
+    describe_counter!(
+        "backstop_timeouts_total",
+        Unit::Count,
+        "Attempts that ran out of time: per-attempt timeout or retry deadline."
+    );
+    describe_counter!(
+        "backstop_dead_letters_total",
+        Unit::Count,
+        "Records stored by the dead-letter layer, by class and status."
+    );
+    describe_gauge!(
+        "backstop_deferred_backlog",
+        Unit::Count,
+        "Records waiting to be re-sent by the scheduler."
+    );
+    describe_counter!(
+        "backstop_resends_total",
+        Unit::Count,
+        "Re-sends of the scheduler, by outcome."
+    );
+    describe_counter!(
+        "backstop_store_errors_total",
+        Unit::Count,
+        "Failed dead-letter store operations."
+    );
+    describe_counter!(
+        "backstop_listener_panics_total",
+        Unit::Count,
+        "Panics of an event listener, caught."
+    );
+}
+
+/// Handles of one metric, one per label set, registered on first use; at most `max` values of
+/// the bounded label, further ones counted under `other`.
+struct Family<K, H> {
+    handles: RwLock<HashMap<K, H>>,
+    max: usize,
+}
+
+impl<K: Eq + Hash, H: Clone> Family<K, H> {
+    fn new(max: usize) -> Self {
+        Family {
+            handles: RwLock::new(HashMap::new()),
+            max,
+        }
+    }
+
+    /// The handle of `key`; registered by `make` the first time, with the key `owned` makes
+    /// of it. A key beyond the bound gets `other`'s handle, `overflow` naming it.
+    #[inline]
+    fn get<Q>(
+        &self,
+        key: &Q,
+        owned: impl FnOnce(&Q) -> K,
+        overflow: impl FnOnce() -> K,
+        make: impl Fn(&K) -> H,
+    ) -> H
+    where
+        K: Borrow<Q>,
+        Q: Eq + Hash + ?Sized,
+    {
+        if let Some(handle) = self
+            .handles
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+        {
+            return handle.clone();
+        }
+        let mut handles = self.handles.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(handle) = handles.get(key) {
+            return handle.clone();
+        }
+        let key = if handles.len() >= self.max {
+            overflow()
+        } else {
+            owned(key)
+        };
+        handles.entry(key).or_insert_with_key(|k| make(k)).clone()
+    }
+}
+
+/// A handle per fixed label value, registered on first use.
+struct Fixed<H, const N: usize>([OnceLock<H>; N]);
+
+impl<H: Clone, const N: usize> Fixed<H, N> {
+    fn new() -> Self {
+        Fixed(std::array::from_fn(|_| OnceLock::new()))
+    }
+
+    #[inline]
+    fn get(&self, i: usize, make: impl FnOnce() -> H) -> &H {
+        self.0[i].get_or_init(make)
+    }
+}
+
+/// A label value that is either one of the stack's names or the overflow value.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Name(&'static str);
+
+struct Inner {
+    max: usize,
+    calls: Fixed<Counter, 5>,
+    retries: OnceLock<Histogram>,
+    /// Per class (or `success`).
+    attempts: Family<Name, Arc<ClassHandles>>,
+    delays: Fixed<Histogram, 3>,
+    breakers: Family<String, Arc<BreakerHandles>>,
+    timeouts: Fixed<Counter, 2>,
+    /// Per class: dead, deferred.
+    dead_letters: Family<Name, Arc<Fixed<Counter, 2>>>,
+    backlog: OnceLock<Gauge>,
+    resends: Family<Name, Counter>,
+    store_errors: Family<Name, Counter>,
+}
+
+/// The handles of one class's attempts.
+struct ClassHandles {
+    name: &'static str,
+    /// Per [`Sent`]: no, maybe, yes.
+    attempts: Fixed<Counter, 3>,
+    duration: Histogram,
+}
+
+/// The handles of one breaker.
+struct BreakerHandles {
+    name: String,
+    /// Per state, in the order of `STATES`: registered together, so that every state of a
+    /// breaker that moved has its 0 or 1.
+    states: OnceLock<[Gauge; 5]>,
+    /// Per (from, to), `from * 5 + to`.
+    transitions: Fixed<Counter, 25>,
+    rejections: OnceLock<Counter>,
+}
+
+const OUTCOMES: [&str; 5] = [
+    "success_without_retry",
+    "success_with_retry",
+    "failed_without_retry",
+    "failed_with_retry",
+    "deferred",
+];
+const SENT: [&str; 3] = ["no", "maybe", "yes"];
+const SOURCES: [&str; 3] = ["backoff", "server_hint", "breaker"];
+const STATES: [State; 5] = [
+    State::Closed,
+    State::Open,
+    State::HalfOpen,
+    State::ForcedOpen,
+    State::Disabled,
+];
+
+fn sent_index(sent: Sent) -> usize {
+    match sent {
+        Sent::No => 0,
+        Sent::Maybe => 1,
+        Sent::Yes => 2,
+    }
+}
+
+fn state_index(state: State) -> usize {
+    STATES.iter().position(|s| *s == state).unwrap_or(0)
+}
+
+impl Inner {
+    fn new(max: usize) -> Self {
+        Inner {
+            max,
+            calls: Fixed::new(),
+            retries: OnceLock::new(),
+            attempts: Family::new(max),
+            delays: Fixed::new(),
+            breakers: Family::new(max),
+            timeouts: Fixed::new(),
+            dead_letters: Family::new(max),
+            backlog: OnceLock::new(),
+            resends: Family::new(max),
+            store_errors: Family::new(max),
+        }
+    }
+
+    fn breaker(&self, name: &str) -> Arc<BreakerHandles> {
+        self.breakers.get(
+            name,
+            str::to_owned,
+            || OTHER.to_owned(),
+            |name| {
+                Arc::new(BreakerHandles {
+                    name: name.clone(),
+                    states: OnceLock::new(),
+                    transitions: Fixed::new(),
+                    rejections: OnceLock::new(),
+                })
+            },
+        )
+    }
+
+    fn call_ended(&self, outcome: usize, attempts: u32) {
+        self.calls
+            .get(
+                outcome,
+                || ::metrics::counter!("backstop_calls_total", "outcome" => OUTCOMES[outcome]),
+            )
+            .increment(1);
+        self.retries
+            .get_or_init(|| ::metrics::histogram!("backstop_call_retries"))
+            .record(f64::from(attempts.saturating_sub(1)));
+    }
+
+    fn record(&self, event: &Event<'_>) {
+        match *event {
+            Event::AttemptEnded {
+                attempt,
+                class,
+                sent,
+                duration,
+                ..
+            } => {
+                let name = Name(class.map_or("success", Class::name));
+                let handles = self.attempts.get(
+                    &name,
+                    |k| *k,
+                    || Name(OTHER),
+                    |name| {
+                        let class = name.0;
+                        Arc::new(ClassHandles {
+                            name: class,
+                            attempts: Fixed::new(),
+                            duration: ::metrics::histogram!("backstop_attempt_duration_seconds", "class" => class),
+                        })
+                    },
+                );
+                let sent = sent_index(sent);
+                let counter = handles.attempts.get(sent, || {
+                    ::metrics::counter!("backstop_attempts_total", "class" => handles.name, "sent" => SENT[sent])
+                });
+                let histogram = &handles.duration;
+                counter.increment(1);
+                histogram.record(duration.as_secs_f64());
+                if class.is_none() {
+                    self.call_ended(usize::from(attempt > 1), attempt);
+                }
+            }
+            Event::GaveUp {
+                attempts, reason, ..
+            } => {
+                let outcome = match reason {
+                    GiveUp::Deferred => 4,
+                    _ if attempts > 1 => 3,
+                    _ => 2,
+                };
+                self.call_ended(outcome, attempts);
+            }
+            Event::RetryScheduled { delay, source, .. } => {
+                let i = match source {
+                    DelaySource::Backoff => 0,
+                    DelaySource::ServerHint => 1,
+                    DelaySource::Breaker => 2,
+                };
+                self.delays
+                    .get(i, || {
+                        ::metrics::histogram!("backstop_retry_delay_seconds", "source" => SOURCES[i])
+                    })
+                    .record(delay.as_secs_f64());
+            }
+            Event::TimedOut { deadline, .. } => {
+                let i = usize::from(deadline);
+                self.timeouts
+                    .get(i, || {
+                        let layer = if deadline { "retry" } else { "timeout" };
+                        ::metrics::counter!("backstop_timeouts_total", "layer" => layer)
+                    })
+                    .increment(1);
+            }
+            Event::BreakerTransition {
+                breaker, from, to, ..
+            } => {
+                let handles = self.breaker(breaker);
+                let gauges = handles.states.get_or_init(|| {
+                    STATES.map(|state| {
+                        ::metrics::gauge!("backstop_breaker_state", "breaker" => handles.name.clone(), "state" => state.as_str())
+                    })
+                });
+                gauges[state_index(from)].set(0.0);
+                gauges[state_index(to)].set(1.0);
+                let (from, to) = (state_index(from), state_index(to));
+                handles
+                    .transitions
+                    .get(from * STATES.len() + to, || {
+                        ::metrics::counter!(
+                            "backstop_breaker_transitions_total",
+                            "breaker" => handles.name.clone(),
+                            "from" => STATES[from].as_str(),
+                            "to" => STATES[to].as_str()
+                        )
+                    })
+                    .increment(1);
+            }
+            Event::BreakerRejected { breaker, .. } => {
+                let handles = self.breaker(breaker);
+                handles
+                    .rejections
+                    .get_or_init(|| {
+                        ::metrics::counter!("backstop_breaker_rejections_total", "breaker" => handles.name.clone())
+                    })
+                    .increment(1);
+            }
+            Event::DeadLetterStored {
+                class, deferred, ..
+            } => {
+                let name = Name(class.name());
+                let handles = self.dead_letters.get(
+                    &name,
+                    |k| *k,
+                    || Name(OTHER),
+                    |_| Arc::new(Fixed::new()),
+                );
+                let class = name.0;
+                let i = usize::from(deferred);
+                handles
+                    .get(i, || {
+                        let status = if deferred { "deferred" } else { "dead" };
+                        ::metrics::counter!("backstop_dead_letters_total", "class" => class, "status" => status)
+                    })
+                    .increment(1);
+            }
+            Event::Resent { outcome, .. } => {
+                self.resends
+                    .get(
+                        &Name(outcome),
+                        |k| *k,
+                        || Name(OTHER),
+                        |name| ::metrics::counter!("backstop_resends_total", "outcome" => name.0),
+                    )
+                    .increment(1);
+            }
+            Event::Backlog { deferred } => {
+                // Exact up to 2^53 records.
+                #[allow(clippy::cast_precision_loss)]
+                let deferred = deferred as f64;
+                self.backlog
+                    .get_or_init(|| ::metrics::gauge!("backstop_deferred_backlog"))
+                    .set(deferred);
+            }
+            Event::StoreError { operation, .. } => {
+                self.store_errors
+                    .get(
+                        &Name(operation),
+                        |k| *k,
+                        || Name(OTHER),
+                        |name| {
+                            ::metrics::counter!("backstop_store_errors_total", "operation" => name.0)
+                        },
+                    )
+                    .increment(1);
+            }
+        }
+    }
+}

@@ -1,0 +1,576 @@
+//! `Metrics`: every event recorded through the `metrics` facade under the documented names and
+//! bounded labels. Each test records into its own `metrics-util` debugging recorder, installed
+//! for its thread only, on tokio's paused clock with in-process services.
+#![cfg(feature = "metrics")]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use support::outage::as_string_request;
+use support::{Scripted, Step, get, no_jitter, post_with_key, status, status_with};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_backstop::breaker::{BreakerLayer, State};
+use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
+use tower_backstop::event::{Event, Listener};
+use tower_backstop::metrics::Metrics;
+use tower_backstop::resend::Scheduler;
+use tower_backstop::retry::RetryPolicy;
+use tower_backstop::store::{MemoryStore, Status, Store};
+use tower_backstop::timeout::TimeoutLayer;
+use tower_backstop::{BackstopLayer, Class, Clock, Code, Envelope, Failure};
+
+/// Runs `test` on a paused current-thread runtime with `recorder` as this thread's recorder.
+fn run<F: Future>(recorder: &dyn Recorder, test: impl FnOnce() -> F) -> F::Output {
+    metrics::with_local_recorder(recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(test())
+    })
+}
+
+/// The recorder's values by `name{label=value,…}`, labels in name order. A snapshot takes the
+/// counters' and histograms' values: the next one has only what came after.
+fn values(snapshotter: &Snapshotter) -> BTreeMap<String, DebugValue> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let key = key.key();
+            let mut labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            (format!("{}{{{}}}", key.name(), labels.join(",")), value)
+        })
+        .collect()
+}
+
+fn counter(values: &BTreeMap<String, DebugValue>, key: &str) -> u64 {
+    match values.get(key) {
+        Some(DebugValue::Counter(n)) => *n,
+        other => panic!("no counter {key}: {other:?} in {:#?}", values.keys()),
+    }
+}
+
+fn gauge(values: &BTreeMap<String, DebugValue>, key: &str) -> f64 {
+    match values.get(key) {
+        Some(DebugValue::Gauge(v)) => v.0,
+        other => panic!("no gauge {key}: {other:?} in {:#?}", values.keys()),
+    }
+}
+
+fn histogram(values: &BTreeMap<String, DebugValue>, key: &str) -> Vec<f64> {
+    match values.get(key) {
+        Some(DebugValue::Histogram(v)) => v.iter().map(|x| x.0).collect(),
+        other => panic!("no histogram {key}: {other:?} in {:#?}", values.keys()),
+    }
+}
+
+fn after(ms: u64, step: Step) -> Step {
+    Step::After(Duration::from_millis(ms), Box::new(step))
+}
+
+#[test]
+fn calls_attempts_and_retry_delays_are_counted_by_outcome_class_and_source() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    run(&recorder, || async {
+        let metrics = Metrics::new();
+        let policy = RetryPolicy::new()
+            .max_attempts(3)
+            .backoff(no_jitter(10))
+            .listener(metrics);
+        let stack = |upstream: Scripted| {
+            ServiceBuilder::new()
+                .layer(policy.clone().build().unwrap())
+                .layer(ClassifyLayer::http())
+                .service(upstream)
+        };
+        let call = |upstream| stack(upstream).oneshot(get("http://mail.test/"));
+        call(Scripted::always(after(40, status(200))))
+            .await
+            .unwrap();
+        call(Scripted::new([status(503)], status(200)))
+            .await
+            .unwrap();
+        call(Scripted::always(status(400))).await.unwrap_err();
+        call(Scripted::always(status(503))).await.unwrap_err();
+        // An hour's `Retry-After` is over the in-process maximum: deferred.
+        call(Scripted::always(status_with(429, "retry-after", "3600")))
+            .await
+            .unwrap_err();
+    });
+    let v = values(&snapshotter);
+    for outcome in [
+        "success_without_retry",
+        "success_with_retry",
+        "failed_without_retry",
+        "failed_with_retry",
+        "deferred",
+    ] {
+        assert_eq!(
+            counter(&v, &format!("backstop_calls_total{{outcome={outcome}}}")),
+            1,
+            "{outcome}"
+        );
+    }
+    assert_eq!(
+        counter(&v, "backstop_attempts_total{class=success,sent=yes}"),
+        2
+    );
+    assert_eq!(
+        counter(&v, "backstop_attempts_total{class=transient,sent=no}"),
+        4,
+        "one 503 before a success, three before giving up"
+    );
+    assert_eq!(
+        counter(&v, "backstop_attempts_total{class=permanent,sent=yes}"),
+        1
+    );
+    assert_eq!(
+        counter(&v, "backstop_attempts_total{class=throttled,sent=no}"),
+        1
+    );
+    let mut retries = histogram(&v, "backstop_call_retries{}");
+    retries.sort_by(f64::total_cmp);
+    assert_eq!(retries, [0.0, 0.0, 0.0, 1.0, 2.0]);
+    let mut delays = histogram(&v, "backstop_retry_delay_seconds{source=backoff}");
+    delays.sort_by(f64::total_cmp);
+    assert_eq!(delays, [0.01, 0.01, 0.02], "10 ms, then 20 ms");
+    let mut durations = histogram(&v, "backstop_attempt_duration_seconds{class=success}");
+    durations.sort_by(f64::total_cmp);
+    assert_eq!(durations, [0.0, 0.04], "seconds, on tokio's clock");
+}
+
+#[test]
+fn a_server_hint_is_its_own_delay_source() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    run(&recorder, || async {
+        let svc = ServiceBuilder::new()
+            .layer(
+                RetryPolicy::new()
+                    .backoff(no_jitter(10))
+                    .listener(Metrics::new())
+                    .build()
+                    .unwrap(),
+            )
+            .layer(ClassifyLayer::http())
+            .service(Scripted::new(
+                [status_with(503, "retry-after", "2")],
+                status(200),
+            ));
+        svc.oneshot(get("http://mail.test/")).await.unwrap();
+    });
+    let v = values(&snapshotter);
+    assert_eq!(
+        histogram(&v, "backstop_retry_delay_seconds{source=server_hint}"),
+        [2.0]
+    );
+    assert!(!v.contains_key("backstop_retry_delay_seconds{source=backoff}"));
+}
+
+#[test]
+fn timeouts_are_counted_by_the_layer_that_ran_out_of_time() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    run(&recorder, || async {
+        let metrics = Metrics::new();
+        let per_attempt = ServiceBuilder::new()
+            .layer(
+                RetryPolicy::new()
+                    .max_attempts(2)
+                    .backoff(no_jitter(10))
+                    .listener(metrics.clone())
+                    .build()
+                    .unwrap(),
+            )
+            .layer(ClassifyLayer::http())
+            .layer(TimeoutLayer::new(Duration::from_secs(1)))
+            .service(Scripted::always(after(5_000, status(200))));
+        per_attempt
+            .oneshot(get("http://mail.test/"))
+            .await
+            .unwrap_err();
+        let deadline = ServiceBuilder::new()
+            .layer(
+                RetryPolicy::new()
+                    .deadline(Duration::from_millis(300))
+                    .listener(metrics)
+                    .build()
+                    .unwrap(),
+            )
+            .layer(ClassifyLayer::http())
+            .service(Scripted::always(after(1_000, status(200))));
+        deadline
+            .oneshot(get("http://mail.test/"))
+            .await
+            .unwrap_err();
+    });
+    let v = values(&snapshotter);
+    assert_eq!(counter(&v, "backstop_timeouts_total{layer=timeout}"), 2);
+    assert_eq!(counter(&v, "backstop_timeouts_total{layer=retry}"), 1);
+    assert_eq!(
+        counter(&v, "backstop_attempts_total{class=transient,sent=maybe}"),
+        2,
+        "a timed-out attempt may have been processed"
+    );
+}
+
+/// The preset's listener reaches its own per-host breaker and the dead-letter layer: state
+/// gauge, transitions, rejections, and dead letters by class and status.
+#[test]
+fn the_presets_breaker_and_dead_letters_are_counted() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    run(&recorder, || async {
+        let store = Arc::new(MemoryStore::new());
+        let svc = ServiceBuilder::new()
+            .layer(
+                BackstopLayer::http(Duration::from_secs(1))
+                    .retry(RetryPolicy::new().backoff(no_jitter(10)).build().unwrap())
+                    .listener(Metrics::new())
+                    .dead_letters(DeadLetterLayer::from_arc(store)),
+            )
+            .service(Scripted::always(status(503)));
+        // The preset's rule opens the host's breaker once 20 calls were seen, half of them
+        // failed: 7 calls of 3 attempts.
+        for n in 0..7 {
+            let _ = svc
+                .clone()
+                .oneshot(post_with_key("http://mail.test/", "{}", &format!("k-{n}")))
+                .await;
+        }
+    });
+    let v = values(&snapshotter);
+    let breaker = "breaker=mail.test:80";
+    assert_eq!(
+        counter(
+            &v,
+            &format!("backstop_breaker_transitions_total{{{breaker},from=closed,to=open}}")
+        ),
+        1
+    );
+    assert_eq!(
+        gauge(
+            &v,
+            &format!("backstop_breaker_state{{{breaker},state=open}}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        gauge(
+            &v,
+            &format!("backstop_breaker_state{{{breaker},state=closed}}")
+        ),
+        0.0
+    );
+    let rejections = counter(
+        &v,
+        &format!("backstop_breaker_rejections_total{{{breaker}}}"),
+    );
+    assert!(rejections >= 1, "{rejections}");
+    assert_eq!(
+        counter(&v, "backstop_attempts_total{class=circuit_open,sent=no}"),
+        rejections,
+        "each rejection is an attempt that never left"
+    );
+    let dead = counter(
+        &v,
+        "backstop_dead_letters_total{class=transient,status=dead}",
+    );
+    let deferred = counter(
+        &v,
+        "backstop_dead_letters_total{class=circuit_open,status=deferred}",
+    );
+    assert_eq!(dead + deferred, 7, "every call is a record: {v:#?}");
+    assert!(
+        dead >= 1 && deferred >= 1,
+        "dead {dead}, deferred {deferred}"
+    );
+    assert_eq!(
+        counter(&v, "backstop_calls_total{outcome=deferred}"),
+        deferred
+    );
+}
+
+#[test]
+fn the_scheduler_counts_resends_by_outcome_and_its_backlog() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let first = run(&recorder, || async {
+        let clock = Clock::tokio();
+        let store = Arc::new(MemoryStore::new());
+        for (id, due_in) in [("ok-1", 0), ("bad-1", 0), ("later-1", 3_600)] {
+            let mut record = record_of(
+                id.to_owned(),
+                Envelope::new("{}")
+                    .with_metadata("method", "POST")
+                    .with_metadata("uri", format!("http://mail.test/{id}"))
+                    .with_metadata("idempotency-key", id),
+                &Failure::<()>::new(
+                    Class::TRANSIENT,
+                    Code::Http(http::StatusCode::SERVICE_UNAVAILABLE),
+                ),
+            );
+            record.status = Status::Deferred;
+            record.retry_at = Some(clock.now() + Duration::from_secs(due_in));
+            store.put(record).await.unwrap();
+        }
+        let upstream = tower::service_fn(|req: http::Request<String>| async move {
+            let status = if req.uri().path().starts_with("/ok") {
+                200
+            } else {
+                400
+            };
+            Ok::<_, tower_backstop::BoxError>(
+                http::Response::builder().status(status).body(()).unwrap(),
+            )
+        });
+        let metrics = Metrics::new();
+        let stack = ServiceBuilder::new()
+            .layer(
+                DeadLetterLayer::from_arc(store.clone())
+                    .clock(clock)
+                    .listener(metrics.clone()),
+            )
+            .layer(ClassifyLayer::http())
+            .service(upstream);
+        let handle = Scheduler::new(store.clone(), stack, as_string_request)
+            .poll_every(Duration::from_millis(100))
+            .backlog_every(Duration::from_secs(10))
+            .clock(clock)
+            .listener(metrics)
+            .spawn();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let v = values(&snapshotter);
+        assert_eq!(
+            gauge(&v, "backstop_deferred_backlog{}"),
+            3.0,
+            "counted before the first claim"
+        );
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        handle.shutdown().await;
+        v
+    });
+    // A snapshot takes the counters' values: add the first one's.
+    let v = values(&snapshotter);
+    let resends = |outcome: &str| {
+        let key = format!("backstop_resends_total{{outcome={outcome}}}");
+        [&first, &v]
+            .iter()
+            .filter(|v| v.contains_key(&key))
+            .map(|v| counter(v, &key))
+            .sum::<u64>()
+    };
+    assert_eq!(resends("delivered"), 1);
+    assert_eq!(resends("failed"), 1);
+    assert_eq!(
+        gauge(&v, "backstop_deferred_backlog{}"),
+        1.0,
+        "the record due in an hour still waits"
+    );
+    let key = "backstop_dead_letters_total{class=permanent,status=dead}";
+    assert_eq!(
+        counter(&first, key) + counter(&v, key),
+        1,
+        "the re-send that failed again is a dead letter"
+    );
+}
+
+/// Breaker names beyond the bound are counted under `other`, so a key per user cannot blow up
+/// the label set; the events are counted all the same.
+#[test]
+fn label_values_beyond_the_bound_are_counted_under_other() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    run(&recorder, || async {
+        let metrics = Metrics::new().max_label_values(2);
+        for name in ["b1", "b2", "b3", "b4", "b5", "b1"] {
+            metrics.on_event(&Event::BreakerRejected {
+                breaker: name,
+                state: State::Open,
+                retry_after: Some(Duration::from_secs(1)),
+            });
+        }
+        for class in ["c1", "c2", "c3"] {
+            metrics.on_event(&Event::AttemptEnded {
+                attempt: 1,
+                class: Some(Class::new(class)),
+                code: Some(Code::Error),
+                sent: tower_backstop::Sent::Yes,
+                duration: Duration::ZERO,
+            });
+        }
+    });
+    let v = values(&snapshotter);
+    let rejections: Vec<(&String, u64)> = v
+        .iter()
+        .filter(|(k, _)| k.starts_with("backstop_breaker_rejections_total"))
+        .map(|(k, v)| match v {
+            DebugValue::Counter(n) => (k, *n),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        rejections
+            .iter()
+            .map(|(k, n)| (k.as_str(), *n))
+            .collect::<Vec<_>>(),
+        [
+            ("backstop_breaker_rejections_total{breaker=b1}", 2),
+            ("backstop_breaker_rejections_total{breaker=b2}", 1),
+            ("backstop_breaker_rejections_total{breaker=other}", 3),
+        ]
+    );
+    let classes: Vec<&String> = v
+        .keys()
+        .filter(|k| k.starts_with("backstop_attempts_total"))
+        .collect();
+    assert_eq!(classes.len(), 3, "c1, c2 and other: {classes:?}");
+    assert_eq!(
+        counter(&v, "backstop_attempts_total{class=other,sent=yes}"),
+        1
+    );
+}
+
+/// A recorder that counts registrations and updates, and forwards to a debugging recorder.
+struct Counting {
+    inner: DebuggingRecorder,
+    registered: Arc<AtomicUsize>,
+}
+
+impl Recorder for Counting {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_counter(key, unit, description)
+    }
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_gauge(key, unit, description)
+    }
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_histogram(key, unit, description)
+    }
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        self.registered.fetch_add(1, Ordering::Relaxed);
+        self.inner.register_counter(key, metadata)
+    }
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        self.registered.fetch_add(1, Ordering::Relaxed);
+        self.inner.register_gauge(key, metadata)
+    }
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+        self.registered.fetch_add(1, Ordering::Relaxed);
+        self.inner.register_histogram(key, metadata)
+    }
+}
+
+/// Handles are registered once per label set: the hundredth call registers nothing, so the
+/// work inside a call is the handles' updates only, however slow the recorder's registration.
+#[test]
+fn handles_are_registered_once_per_label_set_not_per_call() {
+    let registered = Arc::new(AtomicUsize::new(0));
+    let recorder = Counting {
+        inner: DebuggingRecorder::new(),
+        registered: Arc::clone(&registered),
+    };
+    let snapshotter = recorder.inner.snapshotter();
+    let after_first = run(&recorder, || async {
+        let policy = RetryPolicy::new()
+            .max_attempts(2)
+            .backoff(no_jitter(10))
+            .listener(Metrics::new());
+        let svc = ServiceBuilder::new()
+            .layer(policy.build().unwrap())
+            .layer(ClassifyLayer::http())
+            .service(Scripted::new(
+                [status(200), status(503), status(503)],
+                status(200),
+            ));
+        svc.clone().oneshot(get("http://mail.test/")).await.unwrap();
+        svc.clone()
+            .oneshot(get("http://mail.test/"))
+            .await
+            .unwrap_err();
+        let after_first = registered.load(Ordering::Relaxed);
+        for _ in 0..100 {
+            svc.clone().oneshot(get("http://mail.test/")).await.unwrap();
+        }
+        (after_first, registered.load(Ordering::Relaxed))
+    });
+    assert!(after_first.0 > 0, "the first calls register their handles");
+    assert_eq!(
+        after_first.0, after_first.1,
+        "a hundred more calls register nothing"
+    );
+    let v = values(&snapshotter);
+    assert_eq!(
+        counter(&v, "backstop_calls_total{outcome=success_without_retry}"),
+        101
+    );
+}
+
+#[test]
+fn a_panicking_listener_is_counted() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    run(&recorder, || async {
+        let svc = ServiceBuilder::new()
+            .layer(
+                RetryPolicy::new()
+                    .listener(|_: &Event<'_>| panic!("a listener's bug"))
+                    .build()
+                    .unwrap(),
+            )
+            .layer(ClassifyLayer::http())
+            .service(Scripted::always(status(200)));
+        let response = svc.oneshot(get("http://mail.test/")).await.unwrap();
+        assert_eq!(response.status(), 200, "the call goes on");
+    });
+    let v = values(&snapshotter);
+    assert_eq!(
+        counter(&v, "backstop_listener_panics_total{event=attempt_ended}"),
+        1
+    );
+}
+
+/// With no recorder installed every handle is a no-op: the stack works as without metrics.
+#[test]
+fn without_a_recorder_nothing_is_recorded_and_calls_go_on() {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+        .block_on(async {
+            let breaker = BreakerLayer::builder()
+                .consecutive_failures(1)
+                .listener(Metrics::new())
+                .build()
+                .unwrap();
+            let svc = ServiceBuilder::new()
+                .layer(breaker)
+                .layer(ClassifyLayer::http())
+                .service(Scripted::always(status(503)));
+            let first = svc
+                .clone()
+                .oneshot(get("http://mail.test/"))
+                .await
+                .unwrap_err();
+            assert_eq!(first.class(), Class::TRANSIENT);
+            let second = svc.oneshot(get("http://mail.test/")).await.unwrap_err();
+            assert_eq!(second.class(), Class::CIRCUIT_OPEN);
+        });
+}
