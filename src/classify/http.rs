@@ -122,6 +122,11 @@ impl HttpClassifier {
     /// The verdict on a response's status and headers, for any HTTP response type
     /// (`http::Response`, `reqwest::Response`): `None` for success.
     pub(crate) fn classify_head(&self, status: StatusCode, headers: &HeaderMap) -> Option<Verdict> {
+        // On the retry layer's attempt span, when there is one (the span of the future that
+        // polls this classification).
+        if tracing::level_enabled!(tracing::Level::INFO) {
+            tracing::Span::current().record("http.response.status_code", status.as_u16());
+        }
         let class = self.class_of(status)?;
         let verdict = Verdict::new(class, Code::Http(status)).with_sent(self.sent_of(status));
         Some(match retry_after_hint(headers) {

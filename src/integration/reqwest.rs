@@ -53,6 +53,18 @@ impl Replay for reqwest::Request {
     fn retry_safe(&self) -> bool {
         retry_safe_head(self.method(), self.headers())
     }
+
+    fn record_span(&self, span: &tracing::Span) {
+        let method = self.method().as_str();
+        span.record("otel.name", method);
+        span.record("http.request.method", method);
+        if let Some(host) = self.url().host_str() {
+            span.record("server.address", host);
+        }
+        if let Some(port) = self.url().port_or_known_default() {
+            span.record("server.port", port);
+        }
+    }
 }
 
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]

@@ -45,6 +45,10 @@ impl Replay for GrpcRequest {
     fn retry_safe(&self) -> bool {
         self.0.retry_safe()
     }
+
+    fn record_span(&self, span: &tracing::Span) {
+        self.0.record_span(span)
+    }
 }
 
 impl Describe for GrpcRequest {

@@ -185,6 +185,10 @@ impl<B> Replay for http::Request<BufferedBody<B>> {
     fn retry_safe(&self) -> bool {
         http_retry_safe(self)
     }
+
+    fn record_span(&self, span: &tracing::Span) {
+        super::replay::record_http_span(span, self.method(), self.uri());
+    }
 }
 
 /// Reads a body into a [`BufferedBody`], up to `limit` bytes: the state of a buffering future.

@@ -41,6 +41,16 @@ pub trait Replay: Sized {
     fn retry_safe(&self) -> bool {
         true
     }
+
+    /// Records where the request goes on `span`, the span of one attempt
+    /// (`backstop.attempt`): OpenTelemetry's HTTP client attributes `http.request.method`,
+    /// `server.address` and `server.port`, and `otel.name` (the method, as the HTTP client
+    /// semantic conventions name a client span). Called only when the span is enabled. The
+    /// default records nothing; HTTP requests, `reqwest::Request` and gRPC requests record
+    /// their method and URI's host and port.
+    fn record_span(&self, span: &tracing::Span) {
+        let _ = span;
+    }
 }
 
 // `do_not_recommend`: a body that is not `Clone` is reported with `Replay`'s own message, which
@@ -54,6 +64,28 @@ impl<B: Clone> Replay for http::Request<B> {
 
     fn retry_safe(&self) -> bool {
         http_retry_safe(self)
+    }
+
+    fn record_span(&self, span: &tracing::Span) {
+        record_http_span(span, self.method(), self.uri());
+    }
+}
+
+/// Records an HTTP request's method, host and port (the URI's, or its scheme's default) on an
+/// attempt's span.
+pub(crate) fn record_http_span(span: &tracing::Span, method: &http::Method, uri: &http::Uri) {
+    span.record("otel.name", method.as_str());
+    span.record("http.request.method", method.as_str());
+    if let Some(host) = uri.host() {
+        span.record("server.address", host);
+    }
+    let port = uri.port_u16().or(match uri.scheme_str() {
+        Some("https") => Some(443),
+        Some("http") => Some(80),
+        _ => None,
+    });
+    if let Some(port) = port {
+        span.record("server.port", port);
     }
 }
 

@@ -7,6 +7,8 @@ use std::time::{Duration, SystemTime};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
+use tracing::Span;
+use tracing::field::Empty;
 
 use super::RetryPolicy;
 use super::note::{Attempts, GiveUp};
@@ -47,6 +49,10 @@ pin_project! {
         // The policy's listener, and when the current attempt was called (only with one).
         hook: Hook,
         started: Option<Instant>,
+        // The call's span (`backstop.call`) and the current attempt's (`backstop.attempt`):
+        // disabled, and costing a branch, without a subscriber that wants them.
+        call_span: Span,
+        attempt_span: Span,
     }
 }
 
@@ -182,10 +188,13 @@ where
         kept: Option<Req>,
         reconcile: Option<Reconcile>,
         hook: Hook,
+        (call_span, attempt_span): (Span, Span),
     ) -> Self {
         ResponseFuture {
             started: hook.is_set().then(Instant::now),
             hook,
+            call_span,
+            attempt_span,
             state: State::Called {
                 future: Attempt::new(future),
                 deadline: None,
@@ -212,11 +221,14 @@ where
         deadline: Option<Duration>,
         hand_back: Option<HandBack<S::Response, Req>>,
         reconcile: Option<Reconcile>,
+        (call_span, attempt_span): (Span, Span),
     ) -> Self {
         let hook = policy.hook().clone();
         ResponseFuture {
             started: hook.is_set().then(Instant::now),
             hook,
+            call_span,
+            attempt_span,
             state: State::Called {
                 future: Attempt::new(future),
                 deadline: None,
@@ -280,6 +292,69 @@ fn give_up<R>(
     failure
 }
 
+/// The span of one call of the retry layer, `backstop.call`, parent of its attempts' spans.
+#[inline]
+pub(crate) fn call_span() -> Span {
+    tracing::info_span!("backstop.call", attempts = Empty)
+}
+
+/// The span of attempt number `attempt` of `request`, `backstop.attempt`, a child of `call`:
+/// OpenTelemetry's HTTP client span (`otel.kind = "client"`), with the request's method,
+/// server address and port (from [`Replay::record_span`]), `http.request.resend_count` from
+/// the second attempt on, and, when it ends, `http.response.status_code` and `error.type`.
+#[inline]
+pub(crate) fn attempt_span<Req: Replay>(call: &Span, request: &Req, attempt: u32) -> Span {
+    if call.is_disabled() {
+        return Span::none();
+    }
+    new_attempt_span(call, request, attempt)
+}
+
+#[inline(never)]
+fn new_attempt_span<Req: Replay>(call: &Span, request: &Req, attempt: u32) -> Span {
+    let span = tracing::info_span!(
+        parent: call,
+        "backstop.attempt",
+        attempt,
+        otel.name = "backstop.attempt",
+        otel.kind = "client",
+        otel.status_code = Empty,
+        http.request.method = Empty,
+        server.address = Empty,
+        server.port = Empty,
+        http.request.resend_count = Empty,
+        http.response.status_code = Empty,
+        error.type = Empty,
+    );
+    if !span.is_disabled() {
+        request.record_span(&span);
+        if attempt > 1 {
+            span.record("http.request.resend_count", attempt - 1);
+        }
+    }
+    span
+}
+
+/// Records a failed attempt on its span: `error.type` is the HTTP status code for an HTTP
+/// answer (as the semantic conventions ask), else the failure's class; `otel.status_code` is
+/// `ERROR`.
+#[inline]
+fn record_failure<R>(span: &Span, failure: &Failure<R>) {
+    if span.is_disabled() {
+        return;
+    }
+    match failure.code() {
+        Code::Http(status) => {
+            span.record("http.response.status_code", status.as_u16());
+            span.record("error.type", status.as_str());
+        }
+        _ => {
+            span.record("error.type", failure.class().name());
+        }
+    }
+    span.record("otel.status_code", "ERROR");
+}
+
 /// Hands the end of an attempt to the listener: a success (`failure` is `None`) or a failure,
 /// and a per-attempt timeout.
 #[inline(never)]
@@ -340,6 +415,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let _call = this.call_span.enter();
         loop {
             match this.state.as_mut().project() {
                 StateProj::Called {
@@ -351,9 +427,12 @@ where
                         Some(r) => r.spare.as_ref(),
                         None => kept.as_ref(),
                     };
-                    let polled = future
-                        .as_mut()
-                        .poll_attempt(cx, this.reconcile.as_ref(), request);
+                    let polled = {
+                        let _attempt = this.attempt_span.enter();
+                        future
+                            .as_mut()
+                            .poll_attempt(cx, this.reconcile.as_ref(), request)
+                    };
                     let result = match polled {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
@@ -406,6 +485,10 @@ where
                     };
                     let mut failure: Failure<S::Response> = match result {
                         Ok(response) => {
+                            if !this.call_span.is_disabled() {
+                                let attempts = this.retry.as_ref().map_or(1, |r| r.attempts);
+                                this.call_span.record("attempts", attempts);
+                            }
                             if this.hook.is_set() {
                                 let attempt = this.retry.as_ref().map_or(1, |r| r.attempts);
                                 attempt_ended::<S::Response>(
@@ -429,6 +512,13 @@ where
                     let unknown = !*this.safe && outcome_unknown(&failure);
                     if unknown {
                         failure.set_class(Class::OUTCOME_UNKNOWN);
+                    }
+                    record_failure(this.attempt_span, &failure);
+                    if !this.call_span.is_disabled() {
+                        let attempts = this.retry.as_ref().map_or(1, |r| r.attempts);
+                        this.call_span.record("attempts", attempts);
+                        // The attempt is over: its span closes, whatever comes next.
+                        *this.attempt_span = Span::none();
                     }
                     if this.hook.is_set() {
                         let attempt = this.retry.as_ref().map_or(1, |r| r.attempts);
@@ -664,7 +754,12 @@ where
                     if this.hook.is_set() {
                         *this.started = Some(Instant::now());
                     }
-                    let future = r.service.call(request);
+                    let span = attempt_span(this.call_span, &request, r.attempts);
+                    let future = {
+                        let _attempt = span.enter();
+                        r.service.call(request)
+                    };
+                    *this.attempt_span = span;
                     this.state.set(State::Called {
                         future: Attempt::new(future),
                         deadline: None,

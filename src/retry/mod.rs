@@ -84,6 +84,19 @@
 //! assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 4);
 //! # }
 //! ```
+//!
+//! # Spans
+//!
+//! Each call is a `tracing` span `backstop.call` (field `attempts`, the attempts made), and
+//! each attempt a child span `backstop.attempt`, at `INFO`, with OpenTelemetry's HTTP client
+//! attributes (semantic conventions for HTTP client spans): `otel.kind = "client"`,
+//! `otel.name` (the method), `http.request.method`, `server.address`, `server.port`,
+//! `http.request.resend_count` from the second attempt on, `http.response.status_code` (set by
+//! the HTTP classifier below), and on failure `error.type` (the status code for an HTTP answer,
+//! else the failure's class) and `otel.status_code = "ERROR"`; plus `attempt`, its number from
+//! one. With `tracing-opentelemetry`, the attempts are the call's child spans with no glue. The
+//! request's fields come from [`Replay::record_span`](crate::Replay::record_span). Without a
+//! subscriber that wants them, the spans are disabled and cost a branch.
 
 use std::task::{Context, Poll};
 
@@ -192,7 +205,13 @@ impl<S> Retry<S> {
         } else {
             None
         };
-        let future = self.inner.call(req);
+        let call_span = future::call_span();
+        let attempt_span = future::attempt_span(&call_span, &req, 1);
+        let future = {
+            let _attempt = attempt_span.enter();
+            self.inner.call(req)
+        };
+        let spans = (call_span, attempt_span);
         match copy {
             // Keep a clone of the service (driven to readiness before each later attempt) and
             // of the policy only when another attempt is possible.
@@ -205,6 +224,7 @@ impl<S> Retry<S> {
                 deadline,
                 hand_back,
                 reconcile,
+                spans,
             ),
             kept => {
                 let reason = if policy.attempts() <= 1 {
@@ -223,6 +243,7 @@ impl<S> Retry<S> {
                     kept,
                     reconcile,
                     policy.hook().clone(),
+                    spans,
                 )
             }
         }
