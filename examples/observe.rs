@@ -1,7 +1,8 @@
 //! What an operator sees: the preset over two real providers on 127.0.0.1 (a mail provider that
 //! fails some messages once and refuses others for good, and an SMS provider that is down), its
 //! events recorded by `Metrics` into a Prometheus recorder, served on an axum admin server with
-//! `/metrics` and the breakers' `/health` route. The example then scrapes itself, and exits
+//! `/metrics` and the breakers' `/health` route; the in-process `Alerts` print each alert as
+//! it is raised. The example then scrapes itself, and exits
 //! non-zero unless the scraped numbers agree with what the providers and the store saw:
 //! attempts that reached a provider, calls the open breaker rejected, dead letters by class and
 //! status.
@@ -25,9 +26,10 @@ use hyper_util::rt::TokioExecutor;
 use tower::{Layer, ServiceExt};
 use tower_backstop::BackstopLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
+use tower_backstop::event::Alerts;
 use tower_backstop::metrics::Metrics;
 use tower_backstop::retry::{Backoff, RetryPolicy};
-use tower_backstop::store::{MemoryStore, Status, Store};
+use tower_backstop::store::{Alert, MemoryStore, Status, Store};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -131,6 +133,15 @@ async fn main() -> Result<(), Error> {
     .await?;
 
     let metrics = Metrics::new();
+    // The in-process alerts see every event first, then hand it on to the metrics.
+    let alerts = Alerts::new()
+        .on_alert(|alert, firing| {
+            println!(
+                "alert {}: {alert}",
+                if firing { "raised" } else { "cleared" }
+            )
+        })
+        .then(metrics.clone());
     let store = Arc::new(MemoryStore::new());
     let backstop = BackstopLayer::http(Duration::from_secs(2))
         .retry(
@@ -141,7 +152,7 @@ async fn main() -> Result<(), Error> {
                 ))
                 .build()?,
         )
-        .listener(metrics.clone());
+        .listener(alerts.clone());
     let health = backstop.health().essential(&sms_addr.to_string());
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let stack = backstop
@@ -268,6 +279,25 @@ async fn main() -> Result<(), Error> {
         ),
         1.0,
     );
+
+    check(
+        "the alert gauge of breaker_open",
+        sum(
+            &scraped,
+            "backstop_alert_active",
+            &["rule=\"breaker_open\""],
+        ),
+        1.0,
+    );
+    let open_alert = Alert::BreakerOpen {
+        breaker: sms_addr.to_string(),
+    };
+    if !alerts.active().contains(&open_alert) {
+        problems.push(format!(
+            "no breaker_open alert for the SMS provider: {:?}",
+            alerts.active()
+        ));
+    }
 
     println!("GET /health: {health_status} {health_body}");
     let sms_state = health_body["breakers"]

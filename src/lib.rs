@@ -119,6 +119,8 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[path = "observe/alerts.rs"]
+mod alerts;
 pub mod breaker;
 pub mod classify;
 mod clock;

@@ -574,3 +574,32 @@ fn without_a_recorder_nothing_is_recorded_and_calls_go_on() {
             assert_eq!(second.class(), Class::CIRCUIT_OPEN);
         });
 }
+
+/// In-process alerts set `backstop_alert_active{rule}`: 1 while an alert of the rule fires.
+#[test]
+fn an_alert_sets_its_rules_gauge_while_it_fires() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (firing, cleared) = run(&recorder, || async {
+        let alerts = tower_backstop::event::Alerts::new();
+        let transition = |from, to| Event::BreakerTransition {
+            breaker: "mail",
+            from,
+            to,
+            reason: "test",
+        };
+        alerts.on_event(&transition(State::Closed, State::Open));
+        let firing = values(&snapshotter);
+        alerts.on_event(&transition(State::Open, State::HalfOpen));
+        alerts.on_event(&transition(State::HalfOpen, State::Closed));
+        (firing, values(&snapshotter))
+    });
+    assert_eq!(
+        gauge(&firing, "backstop_alert_active{rule=breaker_open}"),
+        1.0
+    );
+    assert_eq!(
+        gauge(&cleared, "backstop_alert_active{rule=breaker_open}"),
+        0.0
+    );
+}

@@ -10,7 +10,8 @@
 //! [`Scheduler::listener`](crate::resend::Scheduler::listener) (re-sends, backlog, store
 //! errors). Every event is also written as a `tracing` event by the layer that has it,
 //! listener or not. With the `metrics` feature, `tower_backstop::metrics::Metrics` is a
-//! listener that records them all as metrics.
+//! listener that records them all as metrics; [`Alerts`] is one that raises the alerts of an
+//! on-call runbook as they happen.
 //!
 //! Fields are typed and bounded: classes are the stack's closed set, breaker names are bounded
 //! by a keyed layer's bound on keys, outcomes and reasons are fixed words. Ids (`id`) are the
@@ -38,6 +39,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::alerts::Alerts;
 use crate::breaker::State;
 use crate::failure::{Class, Code, Sent};
 use crate::retry::{DelaySource, GiveUp};

@@ -95,7 +95,7 @@
 //! the HTTP classifier below), and on failure `error.type` (the status code for an HTTP answer,
 //! else the failure's class) and `otel.status_code = "ERROR"`; plus `attempt`, its number from
 //! one. With `tracing-opentelemetry`, the attempts are the call's child spans with no glue. The
-//! request's fields come from [`Replay::record_span`](crate::Replay::record_span). Without a
+//! request's fields come from [`Replay::record_span`]. Without a
 //! subscriber that wants them, the spans are disabled and cost a branch.
 
 use std::task::{Context, Poll};

@@ -32,6 +32,13 @@ pub struct AlertRules {
     /// The window's rate at least this many times the baseline's raises [`Alert::RateSpike`].
     /// Default 3.0.
     pub spike_factor: f64,
+    /// In-process alerts only ([`Alerts`](crate::event::Alerts)): the period over which a
+    /// growing deferred backlog and falling deliveries raise [`Alert::BacklogGrowing`].
+    /// Default 10 minutes.
+    pub backlog_window: Duration,
+    /// In-process alerts only: deliveries of the last `backlog_window` below this fraction of
+    /// those of the one before count as falling. Default 0.5.
+    pub delivery_drop: f64,
 }
 
 impl Default for AlertRules {
@@ -42,6 +49,8 @@ impl Default for AlertRules {
             min_count: 5,
             baseline: Duration::from_secs(60 * 60),
             spike_factor: 3.0,
+            backlog_window: Duration::from_secs(10 * 60),
+            delivery_drop: 0.5,
         }
     }
 }
@@ -75,6 +84,38 @@ pub enum Alert {
         /// When it was first seen.
         first_seen: SystemTime,
     },
+    /// A breaker opened (in-process alerts only): raised when it opens or is forced open,
+    /// cleared when it closes or is disabled, not while it is half-open.
+    BreakerOpen {
+        /// The breaker's name (a keyed breaker's key).
+        breaker: String,
+    },
+    /// The deferred backlog grew over the backlog window while deliveries fell (in-process
+    /// alerts only).
+    BacklogGrowing {
+        /// The records waiting now.
+        backlog: u64,
+        /// How many more than a backlog window ago.
+        grown_by: u64,
+        /// Deliveries (successful attempts and re-sends) per minute over the last window.
+        delivered_per_minute: f64,
+        /// Deliveries per minute over the window before.
+        before_per_minute: f64,
+    },
+}
+
+impl Alert {
+    /// The rule's name, stable, for a log field or a metric label: `dead_letter_spike`,
+    /// `class_share`, `new_code`, `breaker_open`, `backlog_growing`.
+    pub const fn rule(&self) -> &'static str {
+        match self {
+            Alert::RateSpike { .. } => "dead_letter_spike",
+            Alert::ClassShare { .. } => "class_share",
+            Alert::NewCode { .. } => "new_code",
+            Alert::BreakerOpen { .. } => "breaker_open",
+            Alert::BacklogGrowing { .. } => "backlog_growing",
+        }
+    }
 }
 
 impl fmt::Display for Alert {
@@ -101,6 +142,17 @@ impl fmt::Display for Alert {
                 f,
                 "new code {code:?} first seen {}",
                 humantime::format_rfc3339_seconds(super::record::truncate(*first_seen))
+            ),
+            Alert::BreakerOpen { breaker } => write!(f, "breaker {breaker} is open"),
+            Alert::BacklogGrowing {
+                backlog,
+                grown_by,
+                delivered_per_minute,
+                before_per_minute,
+            } => write!(
+                f,
+                "deferred backlog {backlog} (+{grown_by}) while deliveries fell to \
+                 {delivered_per_minute:.1}/min from {before_per_minute:.1}/min"
             ),
         }
     }

@@ -1,0 +1,459 @@
+//! [`Alerts`]: the alert rules of a mail pipeline's runbook, evaluated in process on the
+//! events as they happen.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use crate::breaker::State;
+use crate::event::{Event, Listener, deliver};
+use crate::failure::{Class, Code};
+use crate::store::{Alert, AlertRules};
+
+type Hook = Arc<dyn Fn(&Alert, bool) + Send + Sync>;
+
+/// A [`Listener`] that raises the alerts of [`AlertRules`] as the events happen, and clears
+/// them when their condition ends:
+///
+/// - [`Alert::RateSpike`] (`dead_letter_spike`): the dead letters of the last `window` (5
+///   minutes) at least `spike_factor` (3) times the rate of the `baseline` (the hour) before,
+///   and at least `min_count` (5) of them; raised only once the listener has seen a whole
+///   baseline and window;
+/// - [`Alert::ClassShare`] (`class_share`): one class above `class_share` (20 %) of the dead
+///   letters of the last `window`, at least `min_count` in all; one alert per class;
+/// - [`Alert::BreakerOpen`] (`breaker_open`): a breaker opened or was forced open; cleared
+///   when it closes;
+/// - [`Alert::BacklogGrowing`] (`backlog_growing`): the scheduler's backlog ([`Event::Backlog`])
+///   grew over the last `backlog_window` (10 minutes) while deliveries (successful attempts
+///   and re-sends) fell below `delivery_drop` (half) of the window before;
+/// - [`Alert::NewCode`] (`new_code`): a failure's code never seen before, once a first whole
+///   `window` has passed (every code is new to a listener that just started); active for one
+///   `window`.
+///
+/// Dead letters are records stored dead ([`Event::DeadLetterStored`] with `deferred: false`),
+/// as for `backstop-dlq stats`: a deferred record waits for the scheduler. Each raise is
+/// written at `WARN` and each clear at `INFO` to `tracing`, with the fields `alert` (the rule),
+/// `firing`, and the alert's text; handed to [`on_alert`](Self::on_alert); and, with the
+/// `metrics` feature, set on the gauge `backstop_alert_active{rule}` (1 while any alert of the
+/// rule fires).
+///
+/// Rules are evaluated on the events that change them, and at most once a second on any
+/// other: a spike with no traffic after it clears at the next event, such as the scheduler's
+/// backlog count every 15 s. Time is tokio's clock.
+///
+/// Give it to a stack like any listener; [`then`](Self::then) passes every event on to
+/// another one (the `Metrics` listener, say):
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_backstop::BackstopLayer;
+/// use tower_backstop::event::Alerts;
+///
+/// let alerts = Alerts::new().on_alert(|alert, firing| {
+///     if firing {
+///         eprintln!("page: {alert}");
+///     }
+/// });
+/// let layer = BackstopLayer::http(Duration::from_secs(2)).listener(alerts.clone());
+/// # let _ = layer;
+/// ```
+#[derive(Clone)]
+pub struct Alerts {
+    rules: AlertRules,
+    hook: Option<Hook>,
+    next: Option<Arc<dyn Listener>>,
+    state: Arc<Mutex<Watch>>,
+}
+
+impl fmt::Debug for Alerts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Alerts")
+            .field("rules", &self.rules)
+            .field("active", &self.active())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Alerts {
+    fn default() -> Self {
+        Alerts::new()
+    }
+}
+
+impl Alerts {
+    /// The default rules ([`AlertRules::default`]), no hook.
+    pub fn new() -> Self {
+        Alerts {
+            rules: AlertRules::default(),
+            hook: None,
+            next: None,
+            state: Arc::new(Mutex::new(Watch::default())),
+        }
+    }
+
+    /// The thresholds.
+    pub fn rules(mut self, rules: AlertRules) -> Self {
+        self.rules = rules;
+        self
+    }
+
+    /// Called on each raise (`firing` is `true`) and clear (`false`), on the thread of the
+    /// event that caused it; a panic is caught like a listener's.
+    pub fn on_alert(mut self, hook: impl Fn(&Alert, bool) + Send + Sync + 'static) -> Self {
+        self.hook = Some(Arc::new(hook));
+        self
+    }
+
+    /// Hands every event on to `listener` too, after the rules saw it.
+    pub fn then(mut self, listener: impl Listener) -> Self {
+        self.next = Some(Arc::new(listener));
+        self
+    }
+
+    /// The alerts firing now, in the order of their rules' names.
+    pub fn active(&self) -> Vec<Alert> {
+        let watch = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        watch.firing.values().cloned().collect()
+    }
+}
+
+impl Listener for Alerts {
+    fn on_event(&self, event: &Event<'_>) {
+        let changes = {
+            let mut watch = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            watch.see(&self.rules, event, Instant::now())
+        };
+        for (alert, firing) in &changes {
+            self.tell(alert, *firing);
+        }
+        if let Some(next) = &self.next {
+            deliver(&**next, event);
+        }
+    }
+}
+
+impl Alerts {
+    fn tell(&self, alert: &Alert, firing: bool) {
+        if firing {
+            tracing::warn!(alert = alert.rule(), firing, "alert: {alert}");
+        } else {
+            tracing::info!(alert = alert.rule(), firing, "alert cleared: {alert}");
+        }
+        #[cfg(feature = "metrics")]
+        {
+            let watch = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let active = watch.firing.values().any(|a| a.rule() == alert.rule());
+            ::metrics::gauge!("backstop_alert_active", "rule" => alert.rule()).set(if active {
+                1.0
+            } else {
+                0.0
+            });
+        }
+        if let Some(hook) = &self.hook {
+            let caught =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(alert, firing)));
+            if caught.is_err() {
+                tracing::error!(
+                    alert = alert.rule(),
+                    "an alert hook panicked; the call goes on"
+                );
+            }
+        }
+    }
+}
+
+/// Dead letters of one minute.
+struct Minute {
+    minute: u64,
+    total: u64,
+    by_class: Vec<(Class, u64)>,
+}
+
+/// What the rules remember.
+#[derive(Default)]
+struct Watch {
+    started: Option<Instant>,
+    evaluated: Option<Instant>,
+    /// Dead letters per minute since `started`, over the window and baseline.
+    dead: VecDeque<Minute>,
+    codes: HashSet<Code>,
+    /// New codes and when their alert ends.
+    new_codes: Vec<(Code, Instant)>,
+    /// Backlog counts, oldest first, over the backlog window and a sample before it.
+    backlog: VecDeque<(Instant, u64)>,
+    /// Deliveries per minute, over two backlog windows.
+    delivered: VecDeque<(u64, u64)>,
+    /// Firing alerts by key (the rule, and the class, breaker or code it is about).
+    firing: BTreeMap<String, Alert>,
+}
+
+fn minutes(d: Duration) -> u64 {
+    (d.as_secs() / 60).max(1)
+}
+
+impl Watch {
+    /// Takes `event` in at `now`; the alerts raised (`true`) and cleared (`false`).
+    fn see(&mut self, rules: &AlertRules, event: &Event<'_>, now: Instant) -> Vec<(Alert, bool)> {
+        let started = *self.started.get_or_insert(now);
+        let minute = now.duration_since(started).as_secs() / 60;
+        let mut changes = Vec::new();
+        let mut evaluate = false;
+        match *event {
+            Event::DeadLetterStored {
+                class,
+                deferred: false,
+                ..
+            } => {
+                match self.dead.back_mut() {
+                    Some(m) if m.minute == minute => m.count(class),
+                    _ => {
+                        let mut m = Minute {
+                            minute,
+                            total: 0,
+                            by_class: Vec::new(),
+                        };
+                        m.count(class);
+                        self.dead.push_back(m);
+                    }
+                }
+                evaluate = true;
+            }
+            Event::AttemptEnded {
+                class: None,
+                code: None,
+                ..
+            }
+            | Event::Resent {
+                outcome: "delivered",
+                ..
+            } => {
+                match self.delivered.back_mut() {
+                    Some((m, n)) if *m == minute => *n += 1,
+                    _ => self.delivered.push_back((minute, 1)),
+                }
+                let keep = 2 * minutes(rules.backlog_window) + 1;
+                while self
+                    .delivered
+                    .front()
+                    .is_some_and(|(m, _)| minute.saturating_sub(*m) > keep)
+                {
+                    self.delivered.pop_front();
+                }
+            }
+            Event::AttemptEnded {
+                code: Some(code), ..
+            } if self.codes.insert(code) && now.duration_since(started) >= rules.window => {
+                // The guard records every code; only one seen after a whole window alerts.
+                let alert = Alert::NewCode {
+                    code: code.to_string(),
+                    first_seen: SystemTime::now(),
+                };
+                self.new_codes.push((code, now + rules.window));
+                self.firing
+                    .insert(format!("new_code/{code}"), alert.clone());
+                changes.push((alert, true));
+            }
+            Event::BreakerTransition { breaker, to, .. } => {
+                let key = format!("breaker_open/{breaker}");
+                match to {
+                    State::Open | State::ForcedOpen => {
+                        if let std::collections::btree_map::Entry::Vacant(slot) =
+                            self.firing.entry(key)
+                        {
+                            let alert = Alert::BreakerOpen {
+                                breaker: breaker.to_owned(),
+                            };
+                            slot.insert(alert.clone());
+                            changes.push((alert, true));
+                        }
+                    }
+                    State::Closed | State::Disabled => {
+                        if let Some(alert) = self.firing.remove(&key) {
+                            changes.push((alert, false));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Event::Backlog { deferred } => {
+                self.backlog.push_back((now, deferred));
+                // Keep the newest sample at or before the window's start, and those after.
+                while self.backlog.len() > 1
+                    && now.duration_since(self.backlog[1].0) >= rules.backlog_window
+                {
+                    self.backlog.pop_front();
+                }
+                evaluate = true;
+            }
+            _ => {}
+        }
+        if evaluate
+            || self
+                .evaluated
+                .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1))
+        {
+            self.evaluated = Some(now);
+            self.evaluate(rules, now, started, minute, &mut changes);
+        }
+        changes
+    }
+
+    /// Raises and clears the alerts whose conditions are measured over windows.
+    fn evaluate(
+        &mut self,
+        rules: &AlertRules,
+        now: Instant,
+        started: Instant,
+        minute: u64,
+        changes: &mut Vec<(Alert, bool)>,
+    ) {
+        let window = minutes(rules.window);
+        let baseline = minutes(rules.baseline);
+        while self
+            .dead
+            .front()
+            .is_some_and(|m| minute.saturating_sub(m.minute) >= window + baseline)
+        {
+            self.dead.pop_front();
+        }
+        let mut now_firing: BTreeMap<String, Alert> = BTreeMap::new();
+        // Dead letters of the window (the current minute and the window - 1 before it) and of
+        // the baseline before it.
+        let in_window = |m: &Minute| minute - m.minute < window;
+        let total: u64 = self
+            .dead
+            .iter()
+            .filter(|m| in_window(m))
+            .map(|m| m.total)
+            .sum();
+        let before: u64 = self
+            .dead
+            .iter()
+            .filter(|m| !in_window(m))
+            .map(|m| m.total)
+            .sum();
+        let elapsed = now.duration_since(started);
+        if total >= rules.min_count {
+            let per_minute = total as f64 / window as f64;
+            let baseline_per_minute = before as f64 / baseline as f64;
+            if elapsed >= rules.window + rules.baseline
+                && per_minute >= rules.spike_factor * baseline_per_minute
+            {
+                now_firing.insert(
+                    "dead_letter_spike".to_owned(),
+                    Alert::RateSpike {
+                        per_minute,
+                        baseline_per_minute,
+                    },
+                );
+            }
+            let mut by_class: BTreeMap<Class, u64> = BTreeMap::new();
+            for m in self.dead.iter().filter(|m| in_window(m)) {
+                for (class, n) in &m.by_class {
+                    *by_class.entry(*class).or_default() += n;
+                }
+            }
+            for (class, count) in by_class {
+                let share = count as f64 / total as f64;
+                if share > rules.class_share {
+                    now_firing.insert(
+                        format!("class_share/{class}"),
+                        Alert::ClassShare {
+                            class: class.name().to_owned(),
+                            share,
+                            count,
+                            total,
+                        },
+                    );
+                }
+            }
+        }
+        if let Some(alert) = self.backlog_growing(rules, now, started, minute) {
+            now_firing.insert("backlog_growing".to_owned(), alert);
+        }
+        // The measured rules: raise what became true, clear what stopped; a firing alert
+        // keeps its first figures until it clears.
+        let measured = |key: &str| {
+            key == "dead_letter_spike"
+                || key == "backlog_growing"
+                || key.starts_with("class_share/")
+        };
+        let ended: Vec<String> = self
+            .firing
+            .keys()
+            .filter(|k| measured(k) && !now_firing.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in ended {
+            if let Some(alert) = self.firing.remove(&key) {
+                changes.push((alert, false));
+            }
+        }
+        for (key, alert) in now_firing {
+            if let std::collections::btree_map::Entry::Vacant(slot) = self.firing.entry(key) {
+                slot.insert(alert.clone());
+                changes.push((alert, true));
+            }
+        }
+        // New codes stay active for one window.
+        let firing = &mut self.firing;
+        self.new_codes.retain(|(code, until)| {
+            if now < *until {
+                return true;
+            }
+            if let Some(alert) = firing.remove(&format!("new_code/{code}")) {
+                changes.push((alert, false));
+            }
+            false
+        });
+    }
+
+    fn backlog_growing(
+        &self,
+        rules: &AlertRules,
+        now: Instant,
+        started: Instant,
+        minute: u64,
+    ) -> Option<Alert> {
+        let window = minutes(rules.backlog_window);
+        if now.duration_since(started) < 2 * rules.backlog_window {
+            return None;
+        }
+        let (then_at, then) = *self.backlog.front()?;
+        let &(_, backlog) = self.backlog.back()?;
+        if now.duration_since(then_at) < rules.backlog_window || backlog <= then {
+            return None;
+        }
+        let delivered = |range: std::ops::Range<u64>| -> u64 {
+            self.delivered
+                .iter()
+                .filter(|(m, _)| range.contains(m))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let recent = delivered(minute.saturating_sub(window - 1)..minute + 1);
+        let earlier =
+            delivered(minute.saturating_sub(2 * window - 1)..minute.saturating_sub(window - 1));
+        (earlier > 0 && (recent as f64) < rules.delivery_drop * earlier as f64).then(|| {
+            Alert::BacklogGrowing {
+                backlog,
+                grown_by: backlog - then,
+                delivered_per_minute: recent as f64 / window as f64,
+                before_per_minute: earlier as f64 / window as f64,
+            }
+        })
+    }
+}
+
+impl Minute {
+    fn count(&mut self, class: Class) {
+        self.total += 1;
+        match self.by_class.iter_mut().find(|(c, _)| *c == class) {
+            Some((_, n)) => *n += 1,
+            None => self.by_class.push((class, 1)),
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! In-process alerts (`event::Alerts`): each rule raised as it happens and cleared when its
+//! condition ends, through the hook, the `WARN` log line and the list of active alerts. On
+//! tokio's paused clock with in-process services; the dead letters are real records of a
+//! dead-letter layer over a memory store.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::{LogCapture, Scripted, get, no_jitter, post_with_key, status};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_backstop::breaker::{BreakerLayer, State};
+use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::dead_letter::DeadLetterLayer;
+use tower_backstop::event::{Alerts, Event, Listener};
+use tower_backstop::retry::RetryPolicy;
+use tower_backstop::store::{Alert, AlertRules, MemoryStore};
+
+type Told = Arc<Mutex<Vec<(String, bool)>>>;
+
+/// Alerts whose hook writes down each raise and clear as `(rule/detail, firing)`.
+fn alerts() -> (Alerts, Told) {
+    let told = Told::default();
+    let sink = Arc::clone(&told);
+    let alerts = Alerts::new().on_alert(move |alert, firing| {
+        let detail = match alert {
+            Alert::ClassShare { class, .. } => format!("class_share/{class}"),
+            Alert::BreakerOpen { breaker } => format!("breaker_open/{breaker}"),
+            Alert::NewCode { code, .. } => format!("new_code/{code}"),
+            other => other.rule().to_owned(),
+        };
+        sink.lock().unwrap().push((detail, firing));
+    });
+    (alerts, told)
+}
+
+fn taken(told: &Told) -> Vec<(String, bool)> {
+    std::mem::take(&mut *told.lock().unwrap())
+}
+
+fn told(detail: &str, firing: bool) -> (String, bool) {
+    (detail.to_owned(), firing)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_breaker_that_opens_raises_an_alert_cleared_when_it_closes() {
+    let (alerts, log) = alerts();
+    let logs = LogCapture::start(tracing::Level::INFO);
+    let breaker = BreakerLayer::builder()
+        .name("mail")
+        .consecutive_failures(2)
+        .open_for(Duration::from_secs(10))
+        .listener(alerts.clone())
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(breaker)
+        .layer(ClassifyLayer::http())
+        .service(Scripted::new([status(503), status(503)], status(200)));
+    for _ in 0..2 {
+        svc.clone()
+            .oneshot(get("http://mail.test/"))
+            .await
+            .unwrap_err();
+    }
+    assert_eq!(taken(&log), [told("breaker_open/mail", true)]);
+    assert_eq!(
+        alerts.active(),
+        [Alert::BreakerOpen {
+            breaker: "mail".into()
+        }]
+    );
+    let text = logs.text();
+    assert!(
+        text.contains("WARN") && text.contains("alert=\"breaker_open\""),
+        "{text}"
+    );
+
+    // Half-open is still an outage: no clear, and no second raise when the probe closes it.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    svc.clone().oneshot(get("http://mail.test/")).await.unwrap();
+    assert_eq!(taken(&log), [told("breaker_open/mail", false)]);
+    assert!(alerts.active().is_empty());
+}
+
+/// An hour of one permanent failure a minute, then 6 a minute of transient ones: a spike
+/// against the baseline, and "transient" above 20 % of the window; both clear once the
+/// window has only the old rate again.
+#[tokio::test(start_paused = true)]
+async fn a_dead_letter_spike_and_a_class_share_are_raised_and_cleared() {
+    let (alerts, log) = alerts();
+    let store = Arc::new(MemoryStore::new());
+    let stack = |upstream: Scripted| {
+        ServiceBuilder::new()
+            .layer(DeadLetterLayer::from_arc(store.clone()).listener(alerts.clone()))
+            .layer(RetryPolicy::new().max_attempts(1).build().unwrap())
+            .layer(ClassifyLayer::http())
+            .service(upstream)
+    };
+    let mut n = 0;
+    let mut fail = |code: u16| {
+        n += 1;
+        stack(Scripted::always(status(code))).oneshot(post_with_key(
+            "http://mail.test/",
+            "{}",
+            &format!("m-{n}"),
+        ))
+    };
+    for _ in 0..65 {
+        fail(400).await.unwrap_err();
+        tokio::time::advance(Duration::from_secs(60)).await;
+    }
+    let seen = taken(&log);
+    assert!(
+        !seen.iter().any(|(d, _)| d == "dead_letter_spike"),
+        "a steady rate is no spike: {seen:?}"
+    );
+    assert!(
+        seen.contains(&told("class_share/permanent", true)),
+        "one class alone is 100 % of the window: {seen:?}"
+    );
+
+    for _ in 0..3 {
+        for _ in 0..6 {
+            fail(503).await.unwrap_err();
+        }
+        tokio::time::advance(Duration::from_secs(60)).await;
+    }
+    let seen = taken(&log);
+    assert!(seen.contains(&told("dead_letter_spike", true)), "{seen:?}");
+    assert!(
+        seen.contains(&told("class_share/transient", true)),
+        "{seen:?}"
+    );
+    let spike = alerts
+        .active()
+        .into_iter()
+        .find_map(|a| match a {
+            Alert::RateSpike {
+                per_minute,
+                baseline_per_minute,
+            } => Some((per_minute, baseline_per_minute)),
+            _ => None,
+        })
+        .expect("a spike is active");
+    assert!(spike.0 >= 3.0 * spike.1, "{spike:?}");
+
+    // Back to one permanent failure a minute: after a window, neither rule holds.
+    for _ in 0..8 {
+        fail(400).await.unwrap_err();
+        tokio::time::advance(Duration::from_secs(60)).await;
+    }
+    let seen = taken(&log);
+    assert!(seen.contains(&told("dead_letter_spike", false)), "{seen:?}");
+    assert!(
+        seen.contains(&told("class_share/transient", false)),
+        "{seen:?}"
+    );
+    assert!(
+        alerts
+            .active()
+            .iter()
+            .all(|a| !matches!(a, Alert::RateSpike { .. })),
+        "{:?}",
+        alerts.active()
+    );
+}
+
+/// A deferred record waits for the scheduler: it is no dead letter, however many there are.
+#[tokio::test(start_paused = true)]
+async fn deferred_records_raise_no_dead_letter_alert() {
+    let (alerts, log) = alerts();
+    for _ in 0..100 {
+        alerts.on_event(&Event::DeadLetterStored {
+            id: "m",
+            class: tower_backstop::Class::THROTTLED,
+            code: tower_backstop::Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
+            deferred: true,
+        });
+    }
+    assert_eq!(taken(&log), []);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_code_never_seen_after_a_first_window_is_new() {
+    let (alerts, log) = alerts();
+    let svc = |code: u16| {
+        ServiceBuilder::new()
+            .layer(
+                RetryPolicy::new()
+                    .max_attempts(1)
+                    .listener(alerts.clone())
+                    .build()
+                    .unwrap(),
+            )
+            .layer(ClassifyLayer::http())
+            .service(Scripted::always(status(code)))
+    };
+    // Within the first window every code is new to the listener: no alert.
+    svc(503)
+        .oneshot(get("http://mail.test/"))
+        .await
+        .unwrap_err();
+    svc(429)
+        .oneshot(get("http://mail.test/"))
+        .await
+        .unwrap_err();
+    tokio::time::advance(Duration::from_secs(5 * 60)).await;
+    svc(503)
+        .oneshot(get("http://mail.test/"))
+        .await
+        .unwrap_err();
+    assert_eq!(taken(&log), []);
+    svc(418)
+        .oneshot(get("http://mail.test/"))
+        .await
+        .unwrap_err();
+    assert_eq!(taken(&log), [told("new_code/http 418", true)]);
+    svc(418)
+        .oneshot(get("http://mail.test/"))
+        .await
+        .unwrap_err();
+    assert_eq!(taken(&log), [], "seen once, no longer new");
+    // Active for one window, then cleared at the next evaluation.
+    tokio::time::advance(Duration::from_secs(5 * 60)).await;
+    svc(200).oneshot(get("http://mail.test/")).await.unwrap();
+    assert_eq!(taken(&log), [told("new_code/http 418", false)]);
+}
+
+/// Twenty minutes of deliveries with an empty backlog, then deliveries stop and the backlog
+/// grows: raised; cleared once it shrinks.
+#[tokio::test(start_paused = true)]
+async fn a_backlog_growing_while_deliveries_fall_is_raised() {
+    let (alerts, log) = alerts();
+    let rules = AlertRules::default();
+    let alerts = alerts.rules(rules);
+    let delivered = Event::Resent {
+        id: "m",
+        outcome: "delivered",
+    };
+    for _ in 0..20 {
+        for _ in 0..10 {
+            alerts.on_event(&delivered);
+        }
+        alerts.on_event(&Event::Backlog { deferred: 0 });
+        tokio::time::advance(Duration::from_secs(60)).await;
+    }
+    assert_eq!(taken(&log), [], "a steady flow and no backlog");
+    let mut backlog = 0;
+    for _ in 0..11 {
+        backlog += 30;
+        alerts.on_event(&delivered);
+        alerts.on_event(&Event::Backlog { deferred: backlog });
+        tokio::time::advance(Duration::from_secs(60)).await;
+    }
+    assert_eq!(taken(&log), [told("backlog_growing", true)]);
+    let Some(Alert::BacklogGrowing {
+        grown_by,
+        delivered_per_minute,
+        before_per_minute,
+        ..
+    }) = alerts.active().into_iter().next()
+    else {
+        panic!("{:?}", alerts.active());
+    };
+    assert!(grown_by > 0);
+    assert!(delivered_per_minute < 0.5 * before_per_minute);
+
+    // The scheduler drains it: the backlog falls below what it was a window ago.
+    for _ in 0..11 {
+        backlog = backlog.saturating_sub(40);
+        alerts.on_event(&Event::Backlog { deferred: backlog });
+        tokio::time::advance(Duration::from_secs(60)).await;
+    }
+    assert_eq!(taken(&log), [told("backlog_growing", false)]);
+}
+
+/// A hook that panics is caught: the call goes on, the next alert is still told, and every
+/// event still reaches the listener given with `then`.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_hook_is_caught_and_events_go_on_to_the_next_listener() {
+    let forwarded = Arc::new(Mutex::new(0_u32));
+    let count = Arc::clone(&forwarded);
+    let alerts = Alerts::new()
+        .on_alert(|_, _| panic!("a hook's bug"))
+        .then(move |_: &Event<'_>| *count.lock().unwrap() += 1);
+    let breaker = BreakerLayer::builder()
+        .consecutive_failures(1)
+        .listener(alerts.clone())
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(
+            RetryPolicy::new()
+                .backoff(no_jitter(10))
+                .max_attempts(1)
+                .build()
+                .unwrap(),
+        )
+        .layer(breaker)
+        .layer(ClassifyLayer::http())
+        .service(Scripted::always(status(503)));
+    let failure = svc
+        .clone()
+        .oneshot(get("http://mail.test/"))
+        .await
+        .unwrap_err();
+    assert_eq!(failure.class(), tower_backstop::Class::TRANSIENT);
+    assert_eq!(alerts.active().len(), 1, "raised despite the hook's panic");
+    let transitions = *forwarded.lock().unwrap();
+    assert!(transitions >= 1, "the transition reached the next listener");
+    let _ = State::Open;
+}
