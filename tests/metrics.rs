@@ -603,3 +603,54 @@ fn an_alert_sets_its_rules_gauge_while_it_fires() {
         0.0
     );
 }
+
+/// An operator's re-drive: each record's outcome counted, resolved and failed apart.
+#[test]
+fn an_operators_redrive_is_counted_by_outcome() {
+    use tower_backstop::resend::Redrive;
+    use tower_backstop::store::Filter;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let report = run(&recorder, || async {
+        let clock = Clock::tokio();
+        let store = Arc::new(MemoryStore::new());
+        for id in ["ok-1", "bad-1"] {
+            let record = record_of(
+                id.to_owned(),
+                Envelope::new("{}")
+                    .with_metadata("method", "POST")
+                    .with_metadata("uri", format!("http://mail.test/{id}")),
+                &Failure::<()>::new(
+                    Class::TRANSIENT,
+                    Code::Http(http::StatusCode::SERVICE_UNAVAILABLE),
+                ),
+            );
+            store.put(record).await.unwrap();
+        }
+        let upstream = tower::service_fn(|req: http::Request<String>| async move {
+            let status = if req.uri().path().starts_with("/ok") {
+                200
+            } else {
+                503
+            };
+            Ok::<_, tower_backstop::BoxError>(
+                http::Response::builder().status(status).body(()).unwrap(),
+            )
+        });
+        let stack = ServiceBuilder::new()
+            .layer(ClassifyLayer::http())
+            .service(upstream);
+        Redrive::new(Filter::new().class("transient"), 100, 10)
+            .unwrap()
+            .clock(clock)
+            .listener(Metrics::new())
+            .run(&*store, stack, as_string_request)
+            .await
+            .unwrap()
+    });
+    assert_eq!((report.resolved(), report.failed()), (1, 1));
+    let v = values(&snapshotter);
+    assert_eq!(counter(&v, "backstop_redrives_total{outcome=resolved}"), 1);
+    assert_eq!(counter(&v, "backstop_redrives_total{outcome=failed}"), 1);
+}

@@ -27,8 +27,8 @@ type Hook = Arc<dyn Fn(&Alert, bool) + Send + Sync>;
 /// - [`Alert::BreakerOpen`] (`breaker_open`): a breaker opened or was forced open; cleared
 ///   when it closes;
 /// - [`Alert::BacklogGrowing`] (`backlog_growing`): the scheduler's backlog ([`Event::Backlog`])
-///   grew over the last `backlog_window` (10 minutes) while deliveries (successful attempts
-///   and re-sends) fell below `delivery_drop` (half) of the window before;
+///   grew over the last `backlog_window` (10 minutes) while deliveries (successful attempts,
+///   re-sends and re-drives) fell below `delivery_drop` (half) of the window before;
 /// - [`Alert::NewCode`] (`new_code`): a failure's code never seen before, once a first whole
 ///   `window` has passed (every code is new to a listener that just started); active for one
 ///   `window`.
@@ -228,6 +228,10 @@ impl Watch {
             }
             | Event::Resent {
                 outcome: "delivered",
+                ..
+            }
+            | Event::Redriven {
+                outcome: "resolved",
                 ..
             } => {
                 match self.delivered.back_mut() {

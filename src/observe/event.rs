@@ -8,7 +8,7 @@
 //! rejections), [`DeadLetterLayer::listener`](crate::dead_letter::DeadLetterLayer::listener)
 //! (dead letters stored or deferred, store errors) and
 //! [`Scheduler::listener`](crate::resend::Scheduler::listener) (re-sends, backlog, store
-//! errors). Every event is also written as a `tracing` event by the layer that has it,
+//! errors) and [`Redrive::listener`](crate::resend::Redrive::listener) (re-drives). Every event is also written as a `tracing` event by the layer that has it,
 //! listener or not. With the `metrics` feature, `tower_backstop::metrics::Metrics` is a
 //! listener that records them all as metrics; [`Alerts`] is one that raises the alerts of an
 //! on-call runbook as they happen.
@@ -143,6 +143,16 @@ pub enum Event<'a> {
         /// process: nothing was sent, the record is put back).
         outcome: &'static str,
     },
+    /// An operator's re-drive ([`Redrive::run`](crate::resend::Redrive::run)) re-sent a
+    /// record, or skipped it.
+    Redriven {
+        /// The record's id (unbounded: not a label).
+        id: &'a str,
+        /// `"resolved"` (delivered; the record is resolved), `"failed"` (it failed again and
+        /// has the new failure), or `"skipped"` (not sent: its request could not be rebuilt,
+        /// or it changed meanwhile).
+        outcome: &'static str,
+    },
     /// The scheduler counted the records waiting in its store to be re-sent (deferred, or
     /// claimed and in flight), at most once per
     /// [`Scheduler::backlog_every`](crate::resend::Scheduler::backlog_every) and only when it
@@ -170,7 +180,7 @@ pub enum Event<'a> {
 impl Event<'_> {
     /// The event's name in snake case (`attempt_ended`, `retry_scheduled`, `gave_up`,
     /// `timed_out`, `breaker_transition`, `breaker_rejected`, `dead_letter_stored`, `resent`,
-    /// `backlog`, `store_error`), for a log field or a metric label.
+    /// `redriven`, `backlog`, `store_error`), for a log field or a metric label.
     pub const fn name(&self) -> &'static str {
         match self {
             Event::AttemptEnded { .. } => "attempt_ended",
@@ -181,6 +191,7 @@ impl Event<'_> {
             Event::BreakerRejected { .. } => "breaker_rejected",
             Event::DeadLetterStored { .. } => "dead_letter_stored",
             Event::Resent { .. } => "resent",
+            Event::Redriven { .. } => "redriven",
             Event::Backlog { .. } => "backlog",
             Event::StoreError { .. } => "store_error",
         }

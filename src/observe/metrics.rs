@@ -36,6 +36,7 @@
 //! | `backstop_dead_letters_total` | counter | `class`, `status` = `dead`, `deferred` | each record the dead-letter layer stored |
 //! | `backstop_deferred_backlog` | gauge | — | records waiting to be re-sent, as the scheduler last counted them |
 //! | `backstop_resends_total` | counter | `outcome` = `delivered`, `failed`, `held` | each re-send of the scheduler |
+//! | `backstop_redrives_total` | counter | `outcome` = `resolved`, `failed`, `skipped` | each record of an operator's re-drive |
 //! | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `claim`, `count`, `update` | each failed store operation |
 //! | `backstop_listener_panics_total` | counter | `event` | each panic of a listener, caught |
 //! | `backstop_alert_active` | gauge | `rule` = `dead_letter_spike`, `class_share`, `new_code`, `breaker_open`, `backlog_growing` | 1 while an alert of [`Alerts`](crate::event::Alerts) fires, 0 once cleared |
@@ -178,6 +179,11 @@ fn describe() {
         "Re-sends of the scheduler, by outcome."
     );
     describe_counter!(
+        "backstop_redrives_total",
+        Unit::Count,
+        "Records of an operator's re-drive, by outcome."
+    );
+    describe_counter!(
         "backstop_store_errors_total",
         Unit::Count,
         "Failed dead-letter store operations."
@@ -270,6 +276,7 @@ struct Inner {
     dead_letters: Family<Name, Arc<Fixed<Counter, 2>>>,
     backlog: OnceLock<Gauge>,
     resends: Family<Name, Counter>,
+    redrives: Family<Name, Counter>,
     store_errors: Family<Name, Counter>,
 }
 
@@ -334,6 +341,7 @@ impl Inner {
             dead_letters: Family::new(max),
             backlog: OnceLock::new(),
             resends: Family::new(max),
+            redrives: Family::new(max),
             store_errors: Family::new(max),
         }
     }
@@ -490,6 +498,16 @@ impl Inner {
                         |k| *k,
                         || Name(OTHER),
                         |name| ::metrics::counter!("backstop_resends_total", "outcome" => name.0),
+                    )
+                    .increment(1);
+            }
+            Event::Redriven { outcome, .. } => {
+                self.redrives
+                    .get(
+                        &Name(outcome),
+                        |k| *k,
+                        || Name(OTHER),
+                        |name| ::metrics::counter!("backstop_redrives_total", "outcome" => name.0),
                     )
                     .increment(1);
             }

@@ -12,6 +12,7 @@ use crate::breaker::OpenError;
 use crate::clock::Clock;
 use crate::dead_letter::DeadLetterStatus;
 use crate::dead_letter::record_of;
+use crate::event::{Event, Hook, Listener};
 use crate::failure::Failure;
 use crate::store::{Change, Claim, Filter, Record, Status, Store, StoreError, add_clamped};
 
@@ -69,6 +70,15 @@ impl Outcome {
             Outcome::Resolved { class, .. }
             | Outcome::Failed { class, .. }
             | Outcome::Skipped { class, .. } => class,
+        }
+    }
+
+    /// `"resolved"`, `"failed"` or `"skipped"`.
+    fn word(&self) -> &'static str {
+        match self {
+            Outcome::Resolved { .. } => "resolved",
+            Outcome::Failed { .. } => "failed",
+            Outcome::Skipped { .. } => "skipped",
         }
     }
 
@@ -152,6 +162,7 @@ pub struct Redrive {
     max: usize,
     lease: Duration,
     clock: Clock,
+    listener: Hook,
 }
 
 impl Redrive {
@@ -192,6 +203,7 @@ impl Redrive {
             max,
             lease: Duration::from_secs(60),
             clock: Clock::system(),
+            listener: Hook::default(),
         })
     }
 
@@ -205,6 +217,13 @@ impl Redrive {
     /// The clock for record times. Default [`Clock::system`].
     pub fn clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Hands each record's outcome to `listener` ([`Event::Redriven`]: resolved, failed or
+    /// skipped). See [`event`](crate::event).
+    pub fn listener(mut self, listener: impl Listener) -> Self {
+        self.listener = Hook::new(listener);
         self
     }
 
@@ -279,6 +298,10 @@ impl Redrive {
                 }
             };
             tracing::info!(id = %record.id, class = %record.class, outcome = ?outcome, "re-drive");
+            self.listener.emit_ref(&Event::Redriven {
+                id: &record.id,
+                outcome: outcome.word(),
+            });
             report.records.push(outcome);
         }
         Ok(report)
