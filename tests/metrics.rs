@@ -7,8 +7,8 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
@@ -653,4 +653,71 @@ fn an_operators_redrive_is_counted_by_outcome() {
     let v = values(&snapshotter);
     assert_eq!(counter(&v, "backstop_redrives_total{outcome=resolved}"), 1);
     assert_eq!(counter(&v, "backstop_redrives_total{outcome=failed}"), 1);
+}
+
+/// A slow recorder: every update of its handles takes a lock and counts itself. A successful
+/// call without retry updates exactly four handles (its attempt, the attempt's duration, the
+/// call, its retries) whatever the recorder does, so the work a recorder adds to a call is
+/// bounded by four of its own updates.
+#[test]
+fn a_slow_recorder_costs_a_call_four_updates() {
+    use metrics::{CounterFn, GaugeFn, HistogramFn};
+
+    /// A handle whose every update goes through a mutex.
+    struct Slow(Arc<Mutex<u64>>);
+    impl CounterFn for Slow {
+        fn increment(&self, _: u64) {
+            *self.0.lock().unwrap() += 1;
+        }
+        fn absolute(&self, _: u64) {
+            *self.0.lock().unwrap() += 1;
+        }
+    }
+    impl GaugeFn for Slow {
+        fn increment(&self, _: f64) {
+            *self.0.lock().unwrap() += 1;
+        }
+        fn decrement(&self, _: f64) {
+            *self.0.lock().unwrap() += 1;
+        }
+        fn set(&self, _: f64) {
+            *self.0.lock().unwrap() += 1;
+        }
+    }
+    impl HistogramFn for Slow {
+        fn record(&self, _: f64) {
+            *self.0.lock().unwrap() += 1;
+        }
+    }
+    struct SlowRecorder(Arc<Mutex<u64>>);
+    impl Recorder for SlowRecorder {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::from_arc(Arc::new(Slow(Arc::clone(&self.0))))
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::from_arc(Arc::new(Slow(Arc::clone(&self.0))))
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::from_arc(Arc::new(Slow(Arc::clone(&self.0))))
+        }
+    }
+
+    let updates = Arc::new(Mutex::new(0_u64));
+    let recorder = SlowRecorder(Arc::clone(&updates));
+    let per_call = run(&recorder, || async {
+        let svc = ServiceBuilder::new()
+            .layer(RetryPolicy::new().listener(Metrics::new()).build().unwrap())
+            .layer(ClassifyLayer::http())
+            .service(Scripted::always(status(200)));
+        svc.clone().oneshot(get("http://mail.test/")).await.unwrap();
+        let before = *updates.lock().unwrap();
+        for _ in 0..10 {
+            svc.clone().oneshot(get("http://mail.test/")).await.unwrap();
+        }
+        (*updates.lock().unwrap() - before) / 10
+    });
+    assert_eq!(per_call, 4);
 }
