@@ -49,10 +49,9 @@ pin_project! {
         // The policy's listener, and when the current attempt was called (only with one).
         hook: Hook,
         started: Option<Instant>,
-        // The call's span (`backstop.call`) and the current attempt's (`backstop.attempt`):
-        // disabled, and costing a branch, without a subscriber that wants them.
-        call_span: Span,
-        attempt_span: Span,
+        // The call's span (`backstop.call`) and the current attempt's (`backstop.attempt`),
+        // boxed and made only for a subscriber that wants them: otherwise one word, `None`.
+        spans: Traced,
     }
 }
 
@@ -188,13 +187,12 @@ where
         kept: Option<Req>,
         reconcile: Option<Reconcile>,
         hook: Hook,
-        (call_span, attempt_span): (Span, Span),
+        spans: Traced,
     ) -> Self {
         ResponseFuture {
             started: hook.is_set().then(Instant::now),
             hook,
-            call_span,
-            attempt_span,
+            spans,
             state: State::Called {
                 future: Attempt::new(future),
                 deadline: None,
@@ -221,14 +219,13 @@ where
         deadline: Option<Duration>,
         hand_back: Option<HandBack<S::Response, Req>>,
         reconcile: Option<Reconcile>,
-        (call_span, attempt_span): (Span, Span),
+        spans: Traced,
     ) -> Self {
         let hook = policy.hook().clone();
         ResponseFuture {
             started: hook.is_set().then(Instant::now),
             hook,
-            call_span,
-            attempt_span,
+            spans,
             state: State::Called {
                 future: Attempt::new(future),
                 deadline: None,
@@ -292,22 +289,73 @@ fn give_up<R>(
     failure
 }
 
-/// The span of one call of the retry layer, `backstop.call`, parent of its attempts' spans.
-#[inline]
-pub(crate) fn call_span() -> Span {
-    tracing::info_span!("backstop.call", attempts = Empty)
+/// A call's [`Spans`], if a subscriber wants them: one word, whose drop is a branch inline
+/// (the spans' own drop is out of line, on the path that made them).
+pub(crate) struct Traced(Option<Box<Spans>>);
+
+impl Traced {
+    #[inline]
+    fn as_ref(&self) -> Option<&Spans> {
+        self.0.as_deref()
+    }
+
+    #[inline]
+    fn as_mut(&mut self) -> Option<&mut Spans> {
+        self.0.as_deref_mut()
+    }
 }
 
-/// The span of attempt number `attempt` of `request`, `backstop.attempt`, a child of `call`:
-/// OpenTelemetry's HTTP client span (`otel.kind = "client"`), with the request's method,
-/// server address and port (from [`Replay::record_span`]), `http.request.resend_count` from
-/// the second attempt on, and, when it ends, `http.response.status_code` and `error.type`.
-#[inline]
-pub(crate) fn attempt_span<Req: Replay>(call: &Span, request: &Req, attempt: u32) -> Span {
-    if call.is_disabled() {
-        return Span::none();
+impl Drop for Traced {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(spans) = self.0.take() {
+            close(spans);
+        }
     }
-    new_attempt_span(call, request, attempt)
+}
+
+#[cold]
+#[inline(never)]
+fn close(spans: Box<Spans>) {
+    drop(spans);
+}
+
+/// A call's spans: `backstop.call`, and the current attempt's `backstop.attempt`, its child.
+pub(crate) struct Spans {
+    call: Span,
+    attempt: Span,
+}
+
+impl Spans {
+    /// The spans of a call of `request`, its first attempt's included; `None` (after one
+    /// atomic load) unless a subscriber wants `INFO` spans.
+    #[inline]
+    pub(crate) fn of<Req: Replay>(request: &Req) -> Traced {
+        Traced(if tracing::level_enabled!(tracing::Level::INFO) {
+            Spans::new(request)
+        } else {
+            None
+        })
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn new<Req: Replay>(request: &Req) -> Option<Box<Spans>> {
+        let call = tracing::info_span!("backstop.call", attempts = Empty);
+        if call.is_disabled() {
+            return None;
+        }
+        let attempt = new_attempt_span(&call, request, 1);
+        Some(Box::new(Spans { call, attempt }))
+    }
+}
+
+impl Traced {
+    /// The current attempt's span, if there are spans.
+    #[inline]
+    pub(crate) fn attempt(&self) -> Option<&Span> {
+        self.0.as_ref().map(|s| &s.attempt)
+    }
 }
 
 #[inline(never)]
@@ -340,9 +388,6 @@ fn new_attempt_span<Req: Replay>(call: &Span, request: &Req, attempt: u32) -> Sp
 /// `ERROR`.
 #[inline]
 fn record_failure<R>(span: &Span, failure: &Failure<R>) {
-    if span.is_disabled() {
-        return;
-    }
     match failure.code() {
         Code::Http(status) => {
             span.record("http.response.status_code", status.as_u16());
@@ -415,7 +460,6 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let _call = this.call_span.enter();
         loop {
             match this.state.as_mut().project() {
                 StateProj::Called {
@@ -427,11 +471,12 @@ where
                         Some(r) => r.spare.as_ref(),
                         None => kept.as_ref(),
                     };
-                    let polled = {
-                        let _attempt = this.attempt_span.enter();
-                        future
-                            .as_mut()
-                            .poll_attempt(cx, this.reconcile.as_ref(), request)
+                    let reconcile = this.reconcile.as_ref();
+                    let polled = match this.spans.as_ref() {
+                        None => future.as_mut().poll_attempt(cx, reconcile, request),
+                        Some(spans) => spans
+                            .attempt
+                            .in_scope(|| future.as_mut().poll_attempt(cx, reconcile, request)),
                     };
                     let result = match polled {
                         Poll::Ready(result) => result,
@@ -485,9 +530,9 @@ where
                     };
                     let mut failure: Failure<S::Response> = match result {
                         Ok(response) => {
-                            if !this.call_span.is_disabled() {
+                            if let Some(spans) = this.spans.as_ref() {
                                 let attempts = this.retry.as_ref().map_or(1, |r| r.attempts);
-                                this.call_span.record("attempts", attempts);
+                                spans.call.record("attempts", attempts);
                             }
                             if this.hook.is_set() {
                                 let attempt = this.retry.as_ref().map_or(1, |r| r.attempts);
@@ -513,12 +558,12 @@ where
                     if unknown {
                         failure.set_class(Class::OUTCOME_UNKNOWN);
                     }
-                    record_failure(this.attempt_span, &failure);
-                    if !this.call_span.is_disabled() {
+                    if let Some(spans) = this.spans.as_mut() {
+                        record_failure(&spans.attempt, &failure);
                         let attempts = this.retry.as_ref().map_or(1, |r| r.attempts);
-                        this.call_span.record("attempts", attempts);
+                        spans.call.record("attempts", attempts);
                         // The attempt is over: its span closes, whatever comes next.
-                        *this.attempt_span = Span::none();
+                        spans.attempt = Span::none();
                     }
                     if this.hook.is_set() {
                         let attempt = this.retry.as_ref().map_or(1, |r| r.attempts);
@@ -754,12 +799,13 @@ where
                     if this.hook.is_set() {
                         *this.started = Some(Instant::now());
                     }
-                    let span = attempt_span(this.call_span, &request, r.attempts);
-                    let future = {
-                        let _attempt = span.enter();
-                        r.service.call(request)
+                    if let Some(spans) = this.spans.as_mut() {
+                        spans.attempt = new_attempt_span(&spans.call, &request, r.attempts);
+                    }
+                    let future = match this.spans.as_ref() {
+                        None => r.service.call(request),
+                        Some(spans) => spans.attempt.in_scope(|| r.service.call(request)),
                     };
-                    *this.attempt_span = span;
                     this.state.set(State::Called {
                         future: Attempt::new(future),
                         deadline: None,
