@@ -64,7 +64,7 @@ use ::metrics::{Counter, Gauge, Histogram, Unit};
 
 use crate::breaker::State;
 use crate::event::{Event, Listener};
-use crate::failure::{Class, Sent};
+use crate::failure::Sent;
 use crate::retry::{DelaySource, GiveUp};
 
 /// The label value of events beyond the bound on a label's values.
@@ -267,7 +267,9 @@ struct Inner {
     max: usize,
     calls: Fixed<Counter, 5>,
     retries: OnceLock<Histogram>,
-    /// Per class (or `success`).
+    /// The attempts that succeeded: the path of every healthy call, with no lookup.
+    success: OnceLock<ClassHandles>,
+    /// Per failure class.
     attempts: Family<Name, Arc<ClassHandles>>,
     delays: Fixed<Histogram, 3>,
     breakers: Family<String, Arc<BreakerHandles>>,
@@ -286,6 +288,16 @@ struct ClassHandles {
     /// Per [`Sent`]: no, maybe, yes.
     attempts: Fixed<Counter, 3>,
     duration: Histogram,
+}
+
+impl ClassHandles {
+    fn new(class: &'static str) -> Self {
+        ClassHandles {
+            name: class,
+            attempts: Fixed::new(),
+            duration: ::metrics::histogram!("backstop_attempt_duration_seconds", "class" => class),
+        }
+    }
 }
 
 /// The handles of one breaker.
@@ -334,6 +346,7 @@ impl Inner {
             max,
             calls: Fixed::new(),
             retries: OnceLock::new(),
+            success: OnceLock::new(),
             attempts: Family::new(max),
             delays: Fixed::new(),
             breakers: Family::new(max),
@@ -383,20 +396,19 @@ impl Inner {
                 duration,
                 ..
             } => {
-                let name = Name(class.map_or("success", Class::name));
-                let handles = self.attempts.get(
-                    &name,
-                    |k| *k,
-                    || Name(OTHER),
-                    |name| {
-                        let class = name.0;
-                        Arc::new(ClassHandles {
-                            name: class,
-                            attempts: Fixed::new(),
-                            duration: ::metrics::histogram!("backstop_attempt_duration_seconds", "class" => class),
-                        })
-                    },
-                );
+                let failed;
+                let handles: &ClassHandles = match class {
+                    None => self.success.get_or_init(|| ClassHandles::new("success")),
+                    Some(class) => {
+                        failed = self.attempts.get(
+                            &Name(class.name()),
+                            |k| *k,
+                            || Name(OTHER),
+                            |name| Arc::new(ClassHandles::new(name.0)),
+                        );
+                        &failed
+                    }
+                };
                 let sent = sent_index(sent);
                 let counter = handles.attempts.get(sent, || {
                     ::metrics::counter!("backstop_attempts_total", "class" => handles.name, "sent" => SENT[sent])
