@@ -20,6 +20,11 @@ use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
+/// The tests of this binary run one at a time: `tracing` caches each callsite's interest
+/// process-wide, and a thread-local subscriber set while another thread's is being dropped can
+/// miss spans (as tests/breaker_tracing.rs notes).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A span as the subscriber saw it: name, parent's name, fields, and whether it closed.
 #[derive(Clone, Debug, Default)]
 struct Seen {
@@ -100,6 +105,7 @@ fn field<'a>(span: &'a Seen, name: &str) -> Option<&'a str> {
 
 #[tokio::test(start_paused = true)]
 async fn each_attempt_is_a_client_span_under_the_call() {
+    let _serial = SERIAL.lock().await;
     let capture = Capture::default();
     let _guard = tracing::subscriber::set_default(capture.subscriber());
     let svc = ServiceBuilder::new()
@@ -152,6 +158,7 @@ async fn each_attempt_is_a_client_span_under_the_call() {
 /// the default port of the scheme is recorded when the URI has none.
 #[tokio::test(start_paused = true)]
 async fn a_timeout_has_its_class_as_error_type() {
+    let _serial = SERIAL.lock().await;
     let capture = Capture::default();
     let _guard = tracing::subscriber::set_default(capture.subscriber());
     let svc = ServiceBuilder::new()
@@ -208,6 +215,7 @@ async fn a_real_call_has_its_attempts_as_child_spans() {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
 
+    let _serial = SERIAL.lock().await;
     let capture = Capture::default();
     let _guard = tracing::subscriber::set_default(capture.subscriber());
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
