@@ -913,3 +913,20 @@ fn preset_with_metrics_allocates_at_most_once_per_call() {
         "every call is counted: {scraped}"
     );
 }
+
+// A service that logs at INFO (a `fmt` subscriber, as most services have) gets no span from the
+// retry layer (its spans are at DEBUG) and so no allocation for one.
+
+#[test]
+fn retry_allocates_nothing_under_an_info_subscriber() {
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(std::io::sink)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    assert_adds_nothing(
+        "RetryLayer under an INFO subscriber",
+        bare(),
+        RetryLayer::default().layer(bare()),
+    );
+}

@@ -124,7 +124,7 @@ impl HttpClassifier {
     pub(crate) fn classify_head(&self, status: StatusCode, headers: &HeaderMap) -> Option<Verdict> {
         // On the retry layer's attempt span, when there is one (the span of the future that
         // polls this classification).
-        if tracing::level_enabled!(tracing::Level::INFO) {
+        if tracing::level_enabled!(tracing::Level::DEBUG) {
             tracing::Span::current().record("http.response.status_code", status.as_u16());
         }
         let class = self.class_of(status)?;

@@ -55,15 +55,13 @@ impl Replay for reqwest::Request {
     }
 
     fn record_span(&self, span: &tracing::Span) {
-        let method = self.method().as_str();
-        span.record("otel.name", method);
-        span.record("http.request.method", method);
-        if let Some(host) = self.url().host_str() {
-            span.record("server.address", host);
-        }
-        if let Some(port) = self.url().port_or_known_default() {
-            span.record("server.port", port);
-        }
+        let url = self.url();
+        crate::request::record_destination(
+            span,
+            self.method().as_str(),
+            url.host_str(),
+            url.port_or_known_default(),
+        );
     }
 }
 

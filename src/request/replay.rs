@@ -74,16 +74,26 @@ impl<B: Clone> Replay for http::Request<B> {
 /// Records an HTTP request's method, host and port (the URI's, or its scheme's default) on an
 /// attempt's span.
 pub(crate) fn record_http_span(span: &tracing::Span, method: &http::Method, uri: &http::Uri) {
-    span.record("otel.name", method.as_str());
-    span.record("http.request.method", method.as_str());
-    if let Some(host) = uri.host() {
-        span.record("server.address", host);
-    }
     let port = uri.port_u16().or(match uri.scheme_str() {
         Some("https") => Some(443),
         Some("http") => Some(80),
         _ => None,
     });
+    record_destination(span, method.as_str(), uri.host(), port);
+}
+
+/// Records a request's method, server address and port on an attempt's span.
+pub(crate) fn record_destination(
+    span: &tracing::Span,
+    method: &str,
+    host: Option<&str>,
+    port: Option<u16>,
+) {
+    span.record("otel.name", method);
+    span.record("http.request.method", method);
+    if let Some(host) = host {
+        span.record("server.address", host);
+    }
     if let Some(port) = port {
         span.record("server.port", port);
     }

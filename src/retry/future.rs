@@ -50,7 +50,7 @@ pin_project! {
         hook: Hook,
         started: Option<Instant>,
         // The call's span (`backstop.call`) and the current attempt's (`backstop.attempt`),
-        // boxed and made only for a subscriber that wants them: otherwise one word, `None`.
+        // boxed and made only for a subscriber that wants them (at `DEBUG`): otherwise one word, `None`.
         spans: Traced,
     }
 }
@@ -303,6 +303,12 @@ impl Traced {
     fn as_mut(&mut self) -> Option<&mut Spans> {
         self.0.as_deref_mut()
     }
+
+    /// The current attempt's span, if there are spans.
+    #[inline]
+    pub(crate) fn attempt(&self) -> Option<&Span> {
+        self.as_ref().map(|s| &s.attempt)
+    }
 }
 
 impl Drop for Traced {
@@ -328,10 +334,10 @@ pub(crate) struct Spans {
 
 impl Spans {
     /// The spans of a call of `request`, its first attempt's included; `None` (after one
-    /// atomic load) unless a subscriber wants `INFO` spans.
+    /// atomic load) unless a subscriber wants `DEBUG` spans.
     #[inline]
     pub(crate) fn of<Req: Replay>(request: &Req) -> Traced {
-        Traced(if tracing::level_enabled!(tracing::Level::INFO) {
+        Traced(if tracing::level_enabled!(tracing::Level::DEBUG) {
             Spans::new(request)
         } else {
             None
@@ -341,7 +347,7 @@ impl Spans {
     #[cold]
     #[inline(never)]
     fn new<Req: Replay>(request: &Req) -> Option<Box<Spans>> {
-        let call = tracing::info_span!("backstop.call", attempts = Empty);
+        let call = tracing::debug_span!("backstop.call", attempts = Empty);
         if call.is_disabled() {
             return None;
         }
@@ -350,17 +356,9 @@ impl Spans {
     }
 }
 
-impl Traced {
-    /// The current attempt's span, if there are spans.
-    #[inline]
-    pub(crate) fn attempt(&self) -> Option<&Span> {
-        self.0.as_ref().map(|s| &s.attempt)
-    }
-}
-
 #[inline(never)]
 fn new_attempt_span<Req: Replay>(call: &Span, request: &Req, attempt: u32) -> Span {
-    let span = tracing::info_span!(
+    let span = tracing::debug_span!(
         parent: call,
         "backstop.attempt",
         attempt,

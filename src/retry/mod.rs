@@ -88,15 +88,17 @@
 //! # Spans
 //!
 //! Each call is a `tracing` span `backstop.call` (field `attempts`, the attempts made), and
-//! each attempt a child span `backstop.attempt`, at `INFO`, with OpenTelemetry's HTTP client
+//! each attempt a child span `backstop.attempt`, at `DEBUG`, with OpenTelemetry's HTTP client
 //! attributes (semantic conventions for HTTP client spans): `otel.kind = "client"`,
 //! `otel.name` (the method), `http.request.method`, `server.address`, `server.port`,
 //! `http.request.resend_count` from the second attempt on, `http.response.status_code` (set by
 //! the HTTP classifier below), and on failure `error.type` (the status code for an HTTP answer,
 //! else the failure's class) and `otel.status_code = "ERROR"`; plus `attempt`, its number from
 //! one. With `tracing-opentelemetry`, the attempts are the call's child spans with no glue. The
-//! request's fields come from [`Replay::record_span`]. Without a
-//! subscriber that wants them, no span is made: the check costs one atomic load.
+//! request's fields come from [`Replay::record_span`]. The level is `DEBUG`, like the spans
+//! of tower-http's `TraceLayer`: a service logging at `INFO` makes no span and allocates
+//! nothing for them (enable `tower_backstop=debug` in the filter of the layer that exports
+//! traces); without a subscriber that wants them, the check costs one atomic load.
 
 use std::task::{Context, Poll};
 
