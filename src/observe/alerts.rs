@@ -165,6 +165,14 @@ impl Alerts {
     }
 }
 
+/// The key of a firing alert: its rule, and the class it is about.
+fn key(alert: &Alert) -> String {
+    match alert {
+        Alert::ClassShare { class, .. } => format!("class_share/{class}"),
+        other => other.rule().to_owned(),
+    }
+}
+
 /// Dead letters of one minute.
 struct Minute {
     minute: u64,
@@ -339,41 +347,16 @@ impl Watch {
             .filter(|m| !in_window(m))
             .map(|m| m.total)
             .sum();
-        let elapsed = now.duration_since(started);
-        if total >= rules.min_count {
-            let per_minute = total as f64 / window as f64;
-            let baseline_per_minute = before as f64 / baseline as f64;
-            if elapsed >= rules.window + rules.baseline
-                && per_minute >= rules.spike_factor * baseline_per_minute
-            {
-                now_firing.insert(
-                    "dead_letter_spike".to_owned(),
-                    Alert::RateSpike {
-                        per_minute,
-                        baseline_per_minute,
-                    },
-                );
+        let has_baseline = now.duration_since(started) >= rules.window + rules.baseline;
+        let mut by_class: BTreeMap<Class, u64> = BTreeMap::new();
+        for m in self.dead.iter().filter(|m| in_window(m)) {
+            for (class, n) in &m.by_class {
+                *by_class.entry(*class).or_default() += n;
             }
-            let mut by_class: BTreeMap<Class, u64> = BTreeMap::new();
-            for m in self.dead.iter().filter(|m| in_window(m)) {
-                for (class, n) in &m.by_class {
-                    *by_class.entry(*class).or_default() += n;
-                }
-            }
-            for (class, count) in by_class {
-                let share = count as f64 / total as f64;
-                if share > rules.class_share {
-                    now_firing.insert(
-                        format!("class_share/{class}"),
-                        Alert::ClassShare {
-                            class: class.name().to_owned(),
-                            share,
-                            count,
-                            total,
-                        },
-                    );
-                }
-            }
+        }
+        let by_class = by_class.into_iter().map(|(class, n)| (class.name(), n));
+        for alert in rules.measure(total, before, has_baseline, by_class) {
+            now_firing.insert(key(&alert), alert);
         }
         if let Some(alert) = self.backlog_growing(rules, now, started, minute) {
             now_firing.insert("backlog_growing".to_owned(), alert);

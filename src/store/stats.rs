@@ -180,6 +180,45 @@ pub struct Stats {
     pub alerts: Vec<Alert>,
 }
 
+impl AlertRules {
+    /// The rate spike and class-share signals of a window that holds `total` dead letters
+    /// (`by_class`, per class) after a baseline period that held `baseline_total`;
+    /// `has_baseline` when that period is really in the past of what was counted. Shared by
+    /// [`Stats`] (over a store) and the in-process [`Alerts`](crate::event::Alerts).
+    pub(crate) fn measure<'a>(
+        &self,
+        total: u64,
+        baseline_total: u64,
+        has_baseline: bool,
+        by_class: impl IntoIterator<Item = (&'a str, u64)>,
+    ) -> Vec<Alert> {
+        let mut alerts = Vec::new();
+        if total < self.min_count {
+            return alerts;
+        }
+        let rate = per_minute(total, self.window);
+        let baseline_rate = per_minute(baseline_total, self.baseline);
+        if has_baseline && rate >= self.spike_factor * baseline_rate {
+            alerts.push(Alert::RateSpike {
+                per_minute: rate,
+                baseline_per_minute: baseline_rate,
+            });
+        }
+        for (class, count) in by_class {
+            let share = count as f64 / total as f64;
+            if share > self.class_share {
+                alerts.push(Alert::ClassShare {
+                    class: class.to_owned(),
+                    share,
+                    count,
+                    total,
+                });
+            }
+        }
+        alerts
+    }
+}
+
 fn per_minute(count: u64, over: Duration) -> f64 {
     let minutes = over.as_secs_f64() / 60.0;
     if minutes > 0.0 {
@@ -207,38 +246,14 @@ impl Stats {
         let recent = store.counts(since(rules.window)).await?;
         let with_baseline = store.counts(since(rules.window + rules.baseline)).await?;
         let rate = per_minute(recent.total, rules.window);
-        let baseline_rate = per_minute(
-            with_baseline.total.saturating_sub(recent.total),
-            rules.baseline,
-        );
         let baseline_start = since(rules.window + rules.baseline);
         let has_baseline = !store
             .search(&super::Filter::new().until(baseline_start), 0..1)
             .await?
             .is_empty();
-        let mut alerts = Vec::new();
-        if has_baseline
-            && recent.total >= rules.min_count
-            && rate >= rules.spike_factor * baseline_rate
-        {
-            alerts.push(Alert::RateSpike {
-                per_minute: rate,
-                baseline_per_minute: baseline_rate,
-            });
-        }
-        if recent.total >= rules.min_count {
-            for (class, count) in &recent.by_class {
-                let share = *count as f64 / recent.total as f64;
-                if share > rules.class_share {
-                    alerts.push(Alert::ClassShare {
-                        class: class.clone(),
-                        share,
-                        count: *count,
-                        total: recent.total,
-                    });
-                }
-            }
-        }
+        let by_class = recent.by_class.iter().map(|(c, n)| (c.as_str(), *n));
+        let baseline_total = with_baseline.total.saturating_sub(recent.total);
+        let mut alerts = rules.measure(recent.total, baseline_total, has_baseline, by_class);
         // A new code of a dead letter: deferred records are not dead letters.
         let dead_codes: Vec<&str> = recent.by_code.iter().map(|(c, _)| c.as_str()).collect();
         for (code, first_seen) in &recent.new_codes {
