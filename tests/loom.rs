@@ -188,3 +188,41 @@ fn permits_return_on_drop_under_contention() {
         assert!(try_probe(&layer).is_none());
     });
 }
+
+#[test]
+fn a_call_that_finds_the_breaker_closed_by_a_racing_probe_is_let_through_as_a_closed_call() {
+    loom::model(|| {
+        let layer = tripped(1);
+        let prober = layer.clone();
+        // One thread takes the half-open period's only probe and succeeds with it, closing the
+        // breaker; the other arrives while the breaker is open or half-open and may find it closed
+        // by the time it acts on what it read.
+        let a = thread::spawn(move || {
+            let mut f = start(&mut prober.layer(succeed()));
+            match poll_once(&mut f) {
+                Poll::Ready(Ok(())) => true,
+                Poll::Ready(Err(e)) => {
+                    assert_eq!(e.class(), Class::CIRCUIT_OPEN);
+                    false
+                }
+                Poll::Pending => unreachable!("the inner service answers at once"),
+            }
+        });
+        let b = try_probe(&layer);
+        let a_succeeded = a.join().unwrap();
+        let handle = layer.handle();
+        let stats = handle.stats();
+        // One half-open period with one probe permit: whichever thread took it, exactly one
+        // probe was admitted. A call let through after the probe closed the breaker is a closed
+        // call, not a second probe.
+        assert_eq!(stats.half_opened, 1, "{stats:?}");
+        assert_eq!(stats.probes, 1, "{stats:?}");
+        if a_succeeded {
+            assert_eq!(handle.state(), State::Closed);
+        } else {
+            assert!(b.is_some(), "the hanging call holds the probe");
+            assert_eq!(handle.state(), State::HalfOpen);
+        }
+        drop(b);
+    });
+}
