@@ -66,10 +66,21 @@ done
 out="target/mutants-out/$module"
 mkdir -p "$out"
 export CARGO_TARGET_DIR="$PWD/target/mutants"
-# shellcheck disable=SC2086 # the feature and test arguments are words
+# The test targets go to every cargo invocation (-C), the build (`cargo test --no-run`)
+# included: each mutant then builds only the targets that run, not every test of the crate.
+read -ra words <<<"${TESTS[$module]}"
+targets=()
+for ((i = 0; i < ${#words[@]}; i++)); do
+    if [[ ${words[i]} == --test ]]; then
+        targets+=(-C "--test=${words[i + 1]}")
+        i=$((i + 1))
+    else
+        targets+=(-C "${words[i]}")
+    fi
+done
+# shellcheck disable=SC2086 # the feature arguments are words
 cargo mutants "${args[@]}" ${FEATURES[$module]---all-features} --profile mutants --jobs 1 \
-    --timeout 120 --output "$out" "$@" \
-    -- ${TESTS[$module]} || true
+    --timeout 120 --output "$out" "${targets[@]}" "$@" || true
 
 dir="$out/mutants.out"
 count() {
