@@ -1,4 +1,4 @@
-//! [`BuildError`]: the one error of every fallible configuration in the crate.
+//! [`BuildError`]: the one error of every fallible builder in the crate.
 
 use std::fmt;
 
@@ -51,6 +51,12 @@ impl BuildError {
     /// several (`"Budget::ratio(window)"`).
     pub fn setting(&self) -> &'static str {
         self.setting
+    }
+
+    /// What is wrong with the value, without the setting's name.
+    #[cfg(feature = "serde")]
+    pub(crate) fn problem(&self) -> &'static str {
+        self.problem
     }
 }
 

@@ -122,9 +122,12 @@
 #[path = "observe/alerts.rs"]
 mod alerts;
 pub mod breaker;
+mod build_error;
 pub mod classify;
 mod clock;
-mod config;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod config;
 pub mod dead_letter;
 #[path = "observe/event.rs"]
 pub mod event;
@@ -144,8 +147,8 @@ pub mod server;
 pub mod store;
 pub mod timeout;
 
+pub use self::build_error::BuildError;
 pub use self::clock::Clock;
-pub use self::config::BuildError;
 pub use self::failure::{BoxError, Class, Code, Failure, Note, Notes, Sent};
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]

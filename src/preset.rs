@@ -25,7 +25,7 @@ use crate::timeout::{Timeout, TimeoutLayer};
 /// for 1 s, doubling at each trip while the provider keeps failing, up to 30 s, jittered by half
 /// so that many breakers do not half-open together. Noise (a few failures in a healthy provider's
 /// traffic) stays under the rate; an outage crosses it within 20 calls.
-fn client_rule() -> Builder {
+pub(crate) fn client_rule() -> Builder {
     BreakerLayer::builder()
         .failure_rate(0.5)
         .count_window(100)

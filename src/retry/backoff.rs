@@ -16,6 +16,11 @@ use crate::BuildError;
 /// Architecture Blog, 2015), plus a bounded additive spread. The cap of the [`Backoff`] applies
 /// after jitter, so no jittered delay is ever above it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum Jitter {
     /// No randomness: the delay is exactly the rule's value.

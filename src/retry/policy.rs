@@ -100,6 +100,12 @@ impl ClassPolicy {
         self.slow_down = enabled;
         self
     }
+
+    /// Retried or never, keeping the other settings.
+    #[cfg(feature = "serde")]
+    pub(crate) fn set_retried(&mut self, retried: bool) {
+        self.retried = retried;
+    }
 }
 
 #[derive(Clone)]
@@ -403,6 +409,26 @@ impl RetryPolicy {
     /// Never retries failures of `class`.
     pub fn never_retry(self, class: Class) -> Self {
         self.class(class, ClassPolicy::never())
+    }
+
+    /// Changes the rule of `class` with `f`: the policy's rule for it (retried or not), or a
+    /// retried class when it has none.
+    #[cfg(feature = "serde")]
+    pub(crate) fn edit_class(self, class: Class, f: impl FnOnce(&mut ClassPolicy)) -> Self {
+        let mut rule = self
+            .inner
+            .rules
+            .iter()
+            .find(|(c, _)| *c == class)
+            .map_or(ClassPolicy::retry(), |(_, r)| r.clone());
+        f(&mut rule);
+        self.class(class, rule)
+    }
+
+    /// [`give_up_long_delays`](Self::give_up_long_delays), or back to deferring.
+    #[cfg(feature = "serde")]
+    pub(crate) fn set_give_up_long_delays(self, give_up: bool) -> Self {
+        self.edit(|p| p.give_up_long_delays = give_up)
     }
 
     /// A retry budget shared by every clone of this policy (see [`Budget`]).
