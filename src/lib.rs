@@ -123,6 +123,9 @@
 mod alerts;
 pub mod breaker;
 mod build_error;
+#[cfg(feature = "chaos")]
+#[cfg_attr(docsrs, doc(cfg(feature = "chaos")))]
+pub mod chaos;
 pub mod classify;
 mod clock;
 #[cfg(feature = "serde")]

@@ -157,6 +157,33 @@ fn bare_services_allocate_nothing() {
 
 // Each layer alone.
 
+#[cfg(feature = "chaos")]
+#[test]
+fn chaos_disabled_or_drawing_nothing() {
+    use tower_backstop::chaos::{ChaosLayer, Fault};
+    // Built disabled: one atomic load per call.
+    let layer = ChaosLayer::builder()
+        .fault(1.0, Fault::status(503))
+        .build()
+        .unwrap();
+    assert_adds_nothing(
+        "ChaosLayer (disabled)",
+        bare_http(),
+        layer.layer(bare_http()),
+    );
+    // Enabled, with a draw per call that hits no fault.
+    let layer = ChaosLayer::builder()
+        .fault(0.0, Fault::status(503))
+        .enabled(true)
+        .build()
+        .unwrap();
+    assert_adds_nothing(
+        "ChaosLayer (enabled, no fault drawn)",
+        bare_http(),
+        layer.layer(bare_http()),
+    );
+}
+
 #[test]
 fn timeout_alone() {
     let svc = TimeoutLayer::new(Duration::from_secs(30)).layer(bare());
