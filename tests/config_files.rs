@@ -265,6 +265,16 @@ fn errors_of_meaning_name_the_field() {
             "above `max_delay`, which bounds server hints too, so it would never apply",
         ),
         (
+            "[retry]\nhedge = { delay = \"50ms\", max_copies = 9 }",
+            "retry.hedge.max_copies",
+            "hedging sends 1..=4 copies (gRFC A6 caps an RPC at 5 attempts)",
+        ),
+        (
+            "[retry]\ndeadline = \"1s\"\nhedge = { delay = \"2s\", max_copies = 1 }",
+            "retry.hedge.delay",
+            "not below the deadline, so no copy could ever be sent",
+        ),
+        (
             "[breaker]\nfailure_rate = 1.5",
             "breaker.failure_rate",
             "the failure rate must be within (0.0, 1.0]",
@@ -410,4 +420,30 @@ async fn a_timeout_section_bounds_each_call() {
         .unwrap_err();
     assert_eq!(started.elapsed(), Duration::from_millis(100));
     assert!(err.is::<tower_backstop::timeout::Elapsed>(), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_section_sends_a_copy_of_a_slow_request() {
+    let config: RetryConfig =
+        toml::from_str("hedge = { delay = \"100ms\", max_copies = 1 }").unwrap();
+    let upstream = Scripted::new(
+        [support::Step::After(
+            Duration::from_secs(1),
+            Box::new(status(200)),
+        )],
+        status(200),
+    );
+    let svc = ServiceBuilder::new()
+        .layer(config.build().unwrap())
+        .layer(tower_backstop::classify::ClassifyLayer::http())
+        .service(upstream.clone());
+    let started = tokio::time::Instant::now();
+    svc.oneshot(get("http://api.test/")).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+    assert_eq!(upstream.calls(), 2);
+    assert!(
+        toml::to_string(&config)
+            .unwrap()
+            .contains("delay = \"100ms\"")
+    );
 }

@@ -61,7 +61,7 @@ mod retry;
 
 pub use self::breaker::{BreakerConfig, OpenDoubling, SlowCalls, TimeWindow};
 pub use self::preset::{BackstopConfig, TimeoutConfig};
-pub use self::retry::{BackoffConfig, BudgetConfig, ClassConfig, RetryConfig};
+pub use self::retry::{BackoffConfig, BudgetConfig, ClassConfig, HedgeConfig, RetryConfig};
 
 /// A configuration that reads but cannot work, found when it is built: the field, by its path
 /// in the configuration (`retry.classes.throttled.max_attempts`, `breaker.failure_rate`), and
@@ -97,7 +97,11 @@ impl ConfigError {
                     None => section,
                 }
             }
-            None => setting.to_owned(),
+            // A method of several arguments: `hedge(delay)` is `hedge.delay`.
+            None => match setting.split_once('(') {
+                Some((method, arg)) => format!("{method}.{}", arg.trim_end_matches(')')),
+                None => setting.to_owned(),
+            },
         };
         ConfigError::new(join(prefix, &field), err.problem())
     }
@@ -256,6 +260,7 @@ mod tests {
         );
         assert_eq!(path("Backoff::schedule"), "retry.backoff.delays");
         assert_eq!(path("ClassPolicy::backoff"), "retry.backoff");
+        assert_eq!(path("hedge(max_copies)"), "retry.hedge.max_copies");
         let top = ConfigError::from_build("", &BuildError::new("failure_rate", 2, "bad"));
         assert_eq!(top.to_string(), "failure_rate: bad");
     }

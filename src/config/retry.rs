@@ -23,6 +23,7 @@ use crate::retry::{Backoff, Budget, Jitter, RetryLayer, RetryPolicy};
 /// | `retry_unprocessed` | [`RetryPolicy::retry_unprocessed`] | bool |
 /// | `assume_idempotent` | [`RetryPolicy::assume_idempotent`] | bool |
 /// | `budget` | [`RetryPolicy::budget`] | a [`BudgetConfig`] |
+/// | `hedge` | [`RetryPolicy::hedge`] | `{ delay = "100ms", max_copies = 1 }` ([`HedgeConfig`]) |
 /// | `classes` | [`RetryPolicy::class`] | a table of class name to [`ClassConfig`] |
 ///
 /// ```toml
@@ -74,9 +75,25 @@ pub struct RetryConfig {
     /// The retry budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetConfig>,
+    /// Hedging: a copy of a slow request that is safe to send twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<HedgeConfig>,
     /// Per class, by name: how that class is retried, on top of the policy's rule for it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub classes: BTreeMap<String, ClassConfig>,
+}
+
+/// [`RetryPolicy::hedge`] as data: after `delay` without an answer, a copy; at most
+/// `max_copies` (1 to 4) in a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HedgeConfig {
+    /// How long an attempt is out without an answer before a copy is sent; above zero, below
+    /// the deadline.
+    #[serde(with = "humane::required")]
+    pub delay: Duration,
+    /// The most copies in a call, 1 to 4.
+    pub max_copies: u32,
 }
 
 /// How one class is retried: a [`ClassPolicy`](crate::retry::ClassPolicy) as data. The fields
@@ -316,6 +333,9 @@ impl RetryConfig {
         }
         if let Some(b) = &self.budget {
             policy = policy.budget(b.budget(prefix)?);
+        }
+        if let Some(h) = self.hedge {
+            policy = policy.hedge(h.delay, h.max_copies);
         }
         for (name, class_config) in &self.classes {
             let path = join(prefix, &format!("classes.{name}"));

@@ -79,6 +79,14 @@ pub enum Event<'a> {
         /// Why that delay: the backoff, or the server's hint.
         source: DelaySource,
     },
+    /// The retry layer sent a copy of the request while an earlier attempt is still out
+    /// ([`RetryPolicy::hedge`](crate::retry::RetryPolicy::hedge)).
+    HedgeSent {
+        /// The copy's attempt number in its call, from 2.
+        attempt: u32,
+        /// How long the attempt before it had been out without an answer.
+        after: Duration,
+    },
     /// The retry layer handed a failure up: the call is over, or (with
     /// [`GiveUp::Deferred`]) left to a dead-letter store's re-send.
     GaveUp {
@@ -178,13 +186,14 @@ pub enum Event<'a> {
 }
 
 impl Event<'_> {
-    /// The event's name in snake case (`attempt_ended`, `retry_scheduled`, `gave_up`,
+    /// The event's name in snake case (`attempt_ended`, `retry_scheduled`, `hedge_sent`, `gave_up`,
     /// `timed_out`, `breaker_transition`, `breaker_rejected`, `dead_letter_stored`, `resent`,
     /// `redriven`, `backlog`, `store_error`), for a log field or a metric label.
     pub const fn name(&self) -> &'static str {
         match self {
             Event::AttemptEnded { .. } => "attempt_ended",
             Event::RetryScheduled { .. } => "retry_scheduled",
+            Event::HedgeSent { .. } => "hedge_sent",
             Event::GaveUp { .. } => "gave_up",
             Event::TimedOut { .. } => "timed_out",
             Event::BreakerTransition { .. } => "breaker_transition",

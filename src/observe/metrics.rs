@@ -29,6 +29,7 @@
 //! | `backstop_attempt_duration_seconds` | histogram | `class` | each attempt, from its call to its answer |
 //! | `backstop_call_retries` | histogram | — | retries per call (attempts − 1), when it ends |
 //! | `backstop_retry_delay_seconds` | histogram | `source` = `backoff`, `server_hint`, `breaker` | each retry scheduled |
+//! | `backstop_hedges_total` | counter | — | each copy sent while an earlier attempt was still out (hedging) |
 //! | `backstop_breaker_state` | gauge | `breaker`, `state` = `closed`, `open`, `half_open`, `forced_open`, `disabled` | 1 for the breaker's state, 0 for the one it left; set at its first transition |
 //! | `backstop_breaker_transitions_total` | counter | `breaker`, `from`, `to` | each transition |
 //! | `backstop_breaker_rejections_total` | counter | `breaker` | each call a breaker rejected |
@@ -142,6 +143,11 @@ fn describe() {
         "backstop_retry_delay_seconds",
         Unit::Seconds,
         "Delay before each retry, by its source."
+    );
+    describe_counter!(
+        "backstop_hedges_total",
+        Unit::Count,
+        "Copies sent while an earlier attempt was still out (hedging)."
     );
     describe_gauge!(
         "backstop_breaker_state",
@@ -267,6 +273,7 @@ struct Inner {
     max: usize,
     calls: Fixed<Counter, 5>,
     retries: OnceLock<Histogram>,
+    hedges: OnceLock<Counter>,
     /// The attempts that succeeded: the path of every healthy call, with no lookup.
     success: OnceLock<ClassHandles>,
     /// Per failure class.
@@ -346,6 +353,7 @@ impl Inner {
             max,
             calls: Fixed::new(),
             retries: OnceLock::new(),
+            hedges: OnceLock::new(),
             success: OnceLock::new(),
             attempts: Family::new(max),
             delays: Fixed::new(),
@@ -441,6 +449,11 @@ impl Inner {
                         ::metrics::histogram!("backstop_retry_delay_seconds", "source" => SOURCES[i])
                     })
                     .record(delay.as_secs_f64());
+            }
+            Event::HedgeSent { .. } => {
+                self.hedges
+                    .get_or_init(|| ::metrics::counter!("backstop_hedges_total"))
+                    .increment(1);
             }
             Event::TimedOut { deadline, .. } => {
                 let i = usize::from(deadline);

@@ -33,7 +33,7 @@ pin_project! {
     {
         #[pin]
         state: State<S::Future, S::Response>,
-        retry: Option<Retrying<S, Req, S::Response>>,
+        retry: Option<Retrying<S, Req, S::Future, S::Response>>,
         deadline: Deadline,
         // Whether the request is safe to send twice (for the outcome-unknown rule).
         safe: bool,
@@ -113,39 +113,61 @@ impl Deadline {
 
 /// What a request that may be retried keeps between attempts: built on the call, used on the
 /// failure path only. Kept small: what only failures need is boxed on the first failure.
-struct Retrying<S, Req, R> {
+struct Retrying<S, Req, F, R> {
     service: S,
     /// The layer's policy.
     policy: RetryPolicy,
     spare: Option<Req>,
     spare_state: Spare,
+    /// Attempts sent, hedged copies included.
     attempts: u32,
-    history: Option<Box<History<R>>>,
+    history: Option<Box<History<F, R>>>,
 }
 
-/// The failure path's record, allocated on the first failure.
-struct History<R> {
+/// The failure path's record, allocated on the first failure (or the first hedged copy).
+struct History<F, R> {
     /// Attempts failed per class.
     failed: Vec<(Class, u32)>,
     first_failed_at: Option<SystemTime>,
     /// The last real failure, kept while the next attempt runs so the deadline can return it.
     last: Option<Failure<R>>,
     previous_delay: Option<Duration>,
+    /// Hedged copies still out, beside the current attempt.
+    hedges: Vec<Hedge<F, R>>,
+    /// Copies sent in the call.
+    hedged: u32,
+    /// No more copies: a server pushed back, the budget or the service said no.
+    hedging_off: bool,
+    /// The current attempt's number, once a copy was sent beside it (`attempts` counts the
+    /// copies too).
+    primary: Option<u32>,
+}
+
+/// A hedged copy under way.
+struct Hedge<F, R> {
+    attempt: u32,
+    started: Option<Instant>,
+    span: Span,
+    future: Pin<Box<Attempt<F, R>>>,
 }
 
 /// The failure path's record, created at the first failure.
-fn history_of<R>(history: &mut Option<Box<History<R>>>) -> &mut History<R> {
+fn history_of<F, R>(history: &mut Option<Box<History<F, R>>>) -> &mut History<F, R> {
     history.get_or_insert_with(|| {
         Box::new(History {
             failed: Vec::new(),
             first_failed_at: None,
             last: None,
             previous_delay: None,
+            hedges: Vec::new(),
+            hedged: 0,
+            hedging_off: false,
+            primary: None,
         })
     })
 }
 
-impl<S, Req, R> Retrying<S, Req, R> {
+impl<S, Req, F, R> Retrying<S, Req, F, R> {
     fn first_failed_at(&self) -> Option<SystemTime> {
         self.history.as_ref().and_then(|h| h.first_failed_at)
     }
@@ -155,7 +177,200 @@ impl<S, Req, R> Retrying<S, Req, R> {
     }
 }
 
-impl<R> History<R> {
+impl<S, Req, F, R> Retrying<S, Req, F, R> {
+    /// The current attempt's number (`attempts` counts the hedged copies too).
+    #[inline]
+    fn current(&self) -> u32 {
+        self.history
+            .as_ref()
+            .and_then(|h| h.primary)
+            .unwrap_or(self.attempts)
+    }
+
+    /// Whether hedged copies are still out.
+    #[inline]
+    fn hedges_out(&self) -> bool {
+        self.history.as_ref().is_some_and(|h| !h.hedges.is_empty())
+    }
+
+    /// The hedging delay, when a copy may be sent beside the attempts out: hedging is on, the
+    /// request is safe to send twice and copied, and neither the copies nor the attempts are
+    /// used up.
+    #[inline]
+    fn hedge_delay(&self) -> Option<Duration> {
+        let (delay, max_copies) = self.policy.hedging()?;
+        hedge_allowed(self, max_copies).then_some(delay)
+    }
+
+    /// Counts a failure of an attempt while another is still out. `Some` when it ends the call
+    /// (gRFC A6's fatal status: a class never retried, a server that said not to retry).
+    fn set_aside(&mut self, failure: &Failure<R>) -> Option<GiveUp> {
+        let class = failure.class();
+        if failure.code() == Code::CircuitOpen {
+            // A rejection is not an attempt.
+            self.attempts -= 1;
+        } else if let Some(budget) = self.policy.budget_ref() {
+            budget.failure();
+        }
+        let history = history_of(&mut self.history);
+        history.count(class);
+        history.first_failed_at.get_or_insert_with(SystemTime::now);
+        if failure.retry_after().is_some() || class == Class::THROTTLED {
+            // The server pushed back: no more copies.
+            history.hedging_off = true;
+        }
+        if failure.no_retry() {
+            Some(GiveUp::ServerSaidNo)
+        } else if self.policy.attempts_for(class).is_none() {
+            Some(GiveUp::NotRetryable)
+        } else {
+            None
+        }
+    }
+}
+
+#[cold]
+fn hedge_allowed<S, Req, F, R>(r: &Retrying<S, Req, F, R>, max_copies: u32) -> bool {
+    r.spare_state == Spare::Ready
+        && r.spare.is_some()
+        && r.attempts < r.policy.attempts()
+        && r.history
+            .as_ref()
+            .is_none_or(|h| !h.hedging_off && h.hedged < max_copies)
+}
+
+impl<S, Req> Retrying<S, Req, S::Future, S::Response>
+where
+    S: Service<Req>,
+    S::Error: Into<Failure<S::Response>>,
+    S::Response: 'static,
+    Req: Replay + 'static,
+{
+    /// Sends a hedged copy: `Ready(true)` when sent, `Ready(false)` when hedging stops here
+    /// (the budget, the service's readiness error, a copy that cannot be made), `Pending`
+    /// while the service is not ready.
+    #[cold]
+    #[inline(never)]
+    fn send_hedge(
+        &mut self,
+        cx: &mut Context<'_>,
+        hook: &Hook,
+        spans: Option<&Spans>,
+        delay: Duration,
+    ) -> Poll<bool> {
+        if let Err(e) = ready!(self.service.poll_ready(cx)) {
+            let failure: Failure<S::Response> = e.into();
+            tracing::debug!(class = %failure.class(), "hedging stopped: the service is not ready");
+            history_of(&mut self.history).hedging_off = true;
+            return Poll::Ready(false);
+        }
+        if let Some(budget) = self.policy.budget_ref()
+            && !budget.withdraw()
+        {
+            tracing::debug!("hedging stopped: retry budget exhausted");
+            history_of(&mut self.history).hedging_off = true;
+            return Poll::Ready(false);
+        }
+        let Some(request) = self.spare.as_ref().and_then(Replay::replay) else {
+            self.spare_state = Spare::NotReplayable;
+            return Poll::Ready(false);
+        };
+        let primary = self.current();
+        self.attempts += 1;
+        let attempt = self.attempts;
+        let span = spans.map_or_else(Span::none, |s| new_attempt_span(&s.call, &request, attempt));
+        let future = span.in_scope(|| self.service.call(request));
+        tracing::info!(
+            attempt,
+            after = ?delay,
+            "hedging: a copy sent while an earlier attempt is still out"
+        );
+        hook.emit(|| Event::HedgeSent {
+            attempt,
+            after: delay,
+        });
+        let history = history_of(&mut self.history);
+        history.primary.get_or_insert(primary);
+        history.hedged += 1;
+        history.hedges.push(Hedge {
+            attempt,
+            started: hook.is_set().then(Instant::now),
+            span,
+            future: Box::pin(Attempt::new(future)),
+        });
+        Poll::Ready(true)
+    }
+
+    /// Polls the hedged copies out: the first that ended, taken out, with its number, start
+    /// and span.
+    #[inline]
+    #[allow(clippy::type_complexity)]
+    fn poll_hedges(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Option<(
+        u32,
+        Option<Instant>,
+        Span,
+        Result<S::Response, Failure<S::Response>>,
+    )> {
+        let history = self.history.as_deref_mut()?;
+        if history.hedges.is_empty() {
+            return None;
+        }
+        poll_copies(&mut history.hedges, cx)
+    }
+}
+
+#[cold]
+#[inline(never)]
+#[allow(clippy::type_complexity)]
+fn poll_copies<F, R, E>(
+    hedges: &mut Vec<Hedge<F, R>>,
+    cx: &mut Context<'_>,
+) -> Option<(u32, Option<Instant>, Span, Result<R, Failure<R>>)>
+where
+    F: Future<Output = Result<R, E>>,
+    E: Into<Failure<R>>,
+    R: 'static,
+{
+    for i in 0..hedges.len() {
+        let hedge = &mut hedges[i];
+        let polled = hedge.span.in_scope(|| {
+            hedge
+                .future
+                .as_mut()
+                .poll_attempt(cx, None, || None::<&NoRequest>)
+        });
+        if let Poll::Ready(result) = polled {
+            let hedge = hedges.swap_remove(i);
+            return Some((hedge.attempt, hedge.started, hedge.span, result));
+        }
+    }
+    None
+}
+
+/// The request type of a copy's `poll_attempt`, which never checks a status (copies are only
+/// of requests safe to send twice, which are never reconciled).
+struct NoRequest;
+
+impl Replay for NoRequest {
+    fn replay(&self) -> Option<Self> {
+        None
+    }
+}
+
+/// The earlier of the deadline and the hedging delay from now.
+#[inline]
+fn earliest(deadline: Option<Instant>, hedge: Option<Duration>) -> Option<Instant> {
+    let hedge = hedge.and_then(|delay| Instant::now().checked_add(delay));
+    match (deadline, hedge) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+impl<F, R> History<F, R> {
     fn count(&mut self, class: Class) -> u32 {
         match self.failed.iter_mut().find(|(c, _)| *c == class) {
             Some((_, n)) => {
@@ -476,55 +691,92 @@ where
                             .attempt
                             .in_scope(|| future.as_mut().poll_attempt(cx, reconcile, request)),
                     };
+                    // Which attempt ended: the current one (`None`), or a hedged copy.
+                    let mut copy: Option<(u32, Option<Instant>, Span)> = None;
                     let result = match polled {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
-                            if deadline.is_none() {
-                                // The attempt's first `Pending`: only now race it against the
-                                // deadline (and, for the first attempt, start the deadline).
-                                let Some(at) = this.deadline.at() else {
-                                    return Poll::Pending;
-                                };
-                                deadline.set(Some(tokio::time::sleep_until(at)));
-                            }
-                            if let Some(deadline) = deadline.as_pin_mut() {
-                                ready!(deadline.poll(cx));
-                                // The deadline ended this attempt: return the last real failure.
-                                let (attempts, first, last, spare) = match this.retry.as_mut() {
-                                    Some(r) => (
-                                        r.attempts,
-                                        r.first_failed_at(),
-                                        r.take_last(),
-                                        r.spare.take(),
-                                    ),
-                                    None => (1, None, None, this.kept.take()),
-                                };
-                                // A status check cut short: its failure, still outcome-unknown.
-                                let failure = match future.as_mut().take_checked() {
-                                    Some(mut checked) => {
-                                        checked.set_class(Class::OUTCOME_UNKNOWN);
-                                        checked
+                            if let Some((attempt, started, span, result)) =
+                                this.retry.as_mut().and_then(|r| r.poll_hedges(cx))
+                            {
+                                copy = Some((attempt, started, span));
+                                result
+                            } else {
+                                if deadline.is_none() {
+                                    // The attempt's first `Pending`: only now race it against
+                                    // the deadline (and, for the first attempt, start the
+                                    // deadline), and against the hedging delay.
+                                    let hedge = this.retry.as_ref().and_then(Retrying::hedge_delay);
+                                    let Some(at) = earliest(this.deadline.at(), hedge) else {
+                                        return Poll::Pending;
+                                    };
+                                    deadline.set(Some(tokio::time::sleep_until(at)));
+                                }
+                                if let Some(timer) = deadline.as_mut().as_pin_mut() {
+                                    ready!(timer.poll(cx));
+                                    let deadline_at = this.deadline.at();
+                                    if deadline_at.is_none_or(|at| Instant::now() < at)
+                                        && let Some(r) = this.retry.as_mut()
+                                    {
+                                        // The hedging delay, not the deadline: send a copy.
+                                        if let Some(delay) = r.hedge_delay() {
+                                            ready!(r.send_hedge(
+                                                cx,
+                                                this.hook,
+                                                this.spans.as_ref(),
+                                                delay
+                                            ));
+                                        }
+                                        let next = earliest(deadline_at, r.hedge_delay());
+                                        match (next, deadline.as_mut().as_pin_mut()) {
+                                            (Some(at), Some(timer)) => timer.reset(at),
+                                            _ => deadline.set(None),
+                                        }
+                                        continue;
                                     }
-                                    None => deadline_failure(last),
-                                };
-                                this.hook.emit(|| Event::TimedOut {
-                                    attempt: attempts,
-                                    deadline: true,
-                                });
-                                return Poll::Ready(Err(handed(
-                                    *this.hand_back,
-                                    spare,
-                                    give_up(
-                                        this.hook,
-                                        failure,
-                                        attempts,
-                                        first.or_else(|| Some(SystemTime::now())),
-                                        GiveUp::DeadlineExceeded,
-                                    ),
-                                )));
+                                    // The deadline ended this attempt: return the last real failure.
+                                    let (attempts, first, last, spare) = match this.retry.as_mut() {
+                                        Some(r) => (
+                                            r.attempts,
+                                            r.first_failed_at(),
+                                            r.take_last(),
+                                            r.spare.take(),
+                                        ),
+                                        None => (1, None, None, this.kept.take()),
+                                    };
+                                    // A status check cut short: its failure, still outcome-unknown.
+                                    let failure = match future.as_mut().take_checked() {
+                                        Some(mut checked) => {
+                                            checked.set_class(Class::OUTCOME_UNKNOWN);
+                                            checked
+                                        }
+                                        None => deadline_failure(last),
+                                    };
+                                    this.hook.emit(|| Event::TimedOut {
+                                        attempt: attempts,
+                                        deadline: true,
+                                    });
+                                    return Poll::Ready(Err(handed(
+                                        *this.hand_back,
+                                        spare,
+                                        give_up(
+                                            this.hook,
+                                            failure,
+                                            attempts,
+                                            first.or_else(|| Some(SystemTime::now())),
+                                            GiveUp::DeadlineExceeded,
+                                        ),
+                                    )));
+                                }
+                                return Poll::Pending;
                             }
-                            return Poll::Pending;
                         }
+                    };
+                    // The attempt's number and start, for the listener.
+                    let ended = |retry: Option<&Retrying<_, _, _, _>>| match (&copy, retry) {
+                        (Some((attempt, started, _)), _) => (*attempt, *started),
+                        (None, Some(r)) => (r.current(), *this.started),
+                        (None, None) => (1, *this.started),
                     };
                     let mut failure: Failure<S::Response> = match result {
                         Ok(response) => {
@@ -533,13 +785,8 @@ where
                                 spans.call.record("attempts", attempts);
                             }
                             if this.hook.is_set() {
-                                let attempt = this.retry.as_ref().map_or(1, |r| r.attempts);
-                                attempt_ended::<S::Response>(
-                                    this.hook,
-                                    *this.started,
-                                    attempt,
-                                    None,
-                                );
+                                let (attempt, started) = ended(this.retry.as_ref());
+                                attempt_ended::<S::Response>(this.hook, started, attempt, None);
                             }
                             if let Some(budget) =
                                 this.retry.as_ref().and_then(|r| r.policy.budget_ref())
@@ -557,15 +804,39 @@ where
                         failure.set_class(Class::OUTCOME_UNKNOWN);
                     }
                     if let Some(spans) = this.spans.as_mut() {
-                        record_failure(&spans.attempt, &failure);
+                        match &copy {
+                            Some((_, _, span)) => record_failure(span, &failure),
+                            None => {
+                                record_failure(&spans.attempt, &failure);
+                                // The attempt is over: its span closes, whatever comes next.
+                                spans.attempt = Span::none();
+                            }
+                        }
                         let attempts = this.retry.as_ref().map_or(1, |r| r.attempts);
                         spans.call.record("attempts", attempts);
-                        // The attempt is over: its span closes, whatever comes next.
-                        spans.attempt = Span::none();
                     }
                     if this.hook.is_set() {
-                        let attempt = this.retry.as_ref().map_or(1, |r| r.attempts);
-                        attempt_ended(this.hook, *this.started, attempt, Some(&failure));
+                        let (attempt, started) = ended(this.retry.as_ref());
+                        attempt_ended(this.hook, started, attempt, Some(&failure));
+                    }
+                    // Hedged: another attempt is still out. The failure is set aside, unless it
+                    // ends the call (a class never retried, a server that said no).
+                    if let Some(r) = this.retry.as_mut()
+                        && (r.hedges_out() || (copy.is_some() && !future.is_done()))
+                    {
+                        if let Some(reason) = r.set_aside(&failure) {
+                            let first = r.first_failed_at();
+                            return Poll::Ready(Err(handed(
+                                *this.hand_back,
+                                r.spare.take(),
+                                give_up(this.hook, failure, r.attempts, first, reason),
+                            )));
+                        }
+                        history_of(&mut r.history).last = Some(failure);
+                        if copy.is_none() {
+                            future.set(Attempt::Done);
+                        }
+                        continue;
                     }
                     // A breaker rejection is not an attempt: the request never left.
                     let rejected = failure.code() == Code::CircuitOpen;
@@ -782,6 +1053,9 @@ where
                         }
                     };
                     r.attempts += 1;
+                    if let Some(history) = r.history.as_deref_mut() {
+                        history.primary = None;
+                    }
                     let max_attempts = r.policy.attempts();
                     // Under a dead-letter layer that reuses the copy, keep one for the last
                     // attempt too: it goes up with the failure; so with a status check.

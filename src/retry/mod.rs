@@ -29,6 +29,10 @@
 //!    scheduled; a [`deadline`](RetryPolicy::deadline) past which no attempt starts and no delay
 //!    is slept.
 //!
+//! With [`RetryPolicy::hedge`], a request that is safe to send twice also gets a copy sent while
+//! a slow attempt is still out (gRFC A6's hedging, tower's `Hedge`): the first answer wins, the
+//! others are cancelled, and every copy is an attempt and comes out of the budget.
+//!
 //! Waiting is a timer in the response future, stored inline: no thread blocks and nothing is
 //! allocated. Each logical request has its own attempt counts. The request is copied with
 //! [`Replay`] once per attempt, the one cost of the success path; it is free for `Bytes`,

@@ -124,6 +124,8 @@ struct Inner {
     rules: Vec<(Class, ClassPolicy)>,
     budget: Option<Budget>,
     deadline: Option<Duration>,
+    /// The hedging delay and the most extra copies.
+    hedge: Option<(Duration, u32)>,
     retry_unprocessed: bool,
     assume_idempotent: bool,
     rng: Option<Arc<Mutex<SmallRng>>>,
@@ -234,6 +236,7 @@ impl Default for RetryPolicy {
                 ],
                 budget: None,
                 deadline: None,
+                hedge: None,
                 retry_unprocessed: true,
                 assume_idempotent: false,
                 rng: None,
@@ -451,6 +454,29 @@ impl RetryPolicy {
         self.edit(|p| p.deadline = Some(deadline))
     }
 
+    /// Hedging (gRFC A6's `hedgingPolicy`, tower's `Hedge`, Dean and Barroso's "The Tail at
+    /// Scale"): when an attempt of a request that is safe to send twice (an idempotent method,
+    /// or an `Idempotency-Key`) has not answered after `delay`, a copy is sent while the first
+    /// is still out, and another after each further `delay`, at most `max_copies` copies in
+    /// the call. The first success wins: the other attempts are cancelled (their futures
+    /// dropped, so a breaker's permits go back).
+    ///
+    /// Each copy is an attempt (it counts toward [`max_attempts`](Self::max_attempts)) and
+    /// withdraws from the [`budget`](Self::budget), which throttles hedges as it throttles
+    /// retries. An attempt that fails while another is out is set aside: a class that is not
+    /// retried, or a server that said not to retry, ends the call at once (A6's fatal status);
+    /// a server's pushback (a `Retry-After` or `grpc-retry-pushback-ms` hint, a throttled
+    /// class) stops further copies. When every attempt out has failed, the last failure goes
+    /// through the retry rules as usual. A request that is not safe to send twice is never
+    /// hedged. Off by default.
+    ///
+    /// `delay` must be above zero and below the [`deadline`](Self::deadline);
+    /// `max_copies` within 1..=4 (A6 caps an RPC at 5 attempts): [`build`](Self::build)
+    /// checks both.
+    pub fn hedge(self, delay: Duration, max_copies: u32) -> Self {
+        self.edit(|p| p.hedge = Some((delay, max_copies)))
+    }
+
     /// Whether a request that is not safe to send twice (a POST without an `Idempotency-Key`) may
     /// still be retried after a failure that proves it was not processed
     /// ([`Failure::sent`] is [`Sent::No`](crate::Sent::No): by default a refused connection, an
@@ -637,6 +663,31 @@ impl RetryPolicy {
                 "above `max_delay`, which bounds server hints too, so it would never apply",
             ));
         }
+        if let Some((delay, copies)) = p.hedge {
+            if delay.is_zero() {
+                return Err(BuildError::new(
+                    "hedge(delay)",
+                    "0ns",
+                    "a hedging delay must be above zero (every request would be sent twice at once)",
+                ));
+            }
+            if let Some(deadline) = p.deadline
+                && delay >= deadline
+            {
+                return Err(BuildError::new(
+                    "hedge(delay)",
+                    format_args!("{delay:?}"),
+                    "not below the deadline, so no copy could ever be sent",
+                ));
+            }
+            if copies == 0 || copies > 4 {
+                return Err(BuildError::new(
+                    "hedge(max_copies)",
+                    copies,
+                    "hedging sends 1..=4 copies (gRFC A6 caps an RPC at 5 attempts)",
+                ));
+            }
+        }
         if p.breaker_wait > p.max_delay {
             return Err(BuildError::new(
                 "wait_for_breaker",
@@ -645,6 +696,12 @@ impl RetryPolicy {
             ));
         }
         Ok(())
+    }
+
+    /// The hedging delay and the most extra copies, when hedging is on.
+    #[inline]
+    pub(crate) fn hedging(&self) -> Option<(Duration, u32)> {
+        self.inner.hedge
     }
 
     pub(crate) fn budget_ref(&self) -> Option<&Budget> {
@@ -785,6 +842,7 @@ impl fmt::Debug for RetryPolicy {
             .field("rules", &self.inner.rules)
             .field("budget", &self.inner.budget)
             .field("deadline", &self.inner.deadline)
+            .field("hedge", &self.inner.hedge)
             .field("retry_unprocessed", &self.inner.retry_unprocessed)
             .field("assume_idempotent", &self.inner.assume_idempotent)
             .field("seeded", &self.inner.rng.is_some())

@@ -205,6 +205,8 @@ pin_project_lite::pin_project! {
             // Boxed whole, so that the variant is one word beside the call's future.
             checking: Box<Checking<R>>,
         },
+        // Failed while a hedged copy is still out: the copies carry on, this one is over.
+        Done,
     }
 }
 
@@ -224,8 +226,13 @@ impl<F, R> Attempt<F, R> {
     pub(crate) fn take_checked(self: Pin<&mut Self>) -> Option<Failure<R>> {
         match self.project() {
             AttemptProj::Checking { checking } => checking.failure.take(),
-            AttemptProj::Calling { .. } => None,
+            AttemptProj::Calling { .. } | AttemptProj::Done => None,
         }
+    }
+
+    /// Whether this attempt failed while hedged copies were still out (see `Done`).
+    pub(crate) fn is_done(&self) -> bool {
+        matches!(self, Attempt::Done)
     }
 
     /// Polls the call, and the check when `reconcile` is given (only for a request not safe to
@@ -263,11 +270,13 @@ impl<F, R> Attempt<F, R> {
             AttemptProj::Checking { checking } => {
                 return poll_check(checking, cx, reconcile);
             }
+            // Never woken again: the hedged copies still out are polled beside it.
+            AttemptProj::Done => return Poll::Pending,
         };
         self.set(Attempt::Checking { checking });
         match self.project() {
             AttemptProj::Checking { checking } => poll_check(checking, cx, reconcile),
-            AttemptProj::Calling { .. } => unreachable!("set above"),
+            AttemptProj::Calling { .. } | AttemptProj::Done => unreachable!("set above"),
         }
     }
 }
