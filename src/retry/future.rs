@@ -301,8 +301,8 @@ where
         Poll::Ready(true)
     }
 
-    /// Polls the hedged copies out: the first that ended, taken out, with its number, start
-    /// and span.
+    /// Polls the hedged copies out: the first that ended, taken out, with its number and
+    /// start (a failure is recorded on the copy's span).
     #[inline]
     #[allow(clippy::type_complexity)]
     fn poll_hedges(
@@ -311,7 +311,6 @@ where
     ) -> Option<(
         u32,
         Option<Instant>,
-        Span,
         Result<S::Response, Failure<S::Response>>,
     )> {
         let history = self.history.as_deref_mut()?;
@@ -328,7 +327,7 @@ where
 fn poll_copies<F, R, E>(
     hedges: &mut Vec<Hedge<F, R>>,
     cx: &mut Context<'_>,
-) -> Option<(u32, Option<Instant>, Span, Result<R, Failure<R>>)>
+) -> Option<(u32, Option<Instant>, Result<R, Failure<R>>)>
 where
     F: Future<Output = Result<R, E>>,
     E: Into<Failure<R>>,
@@ -344,7 +343,10 @@ where
         });
         if let Poll::Ready(result) = polled {
             let hedge = hedges.swap_remove(i);
-            return Some((hedge.attempt, hedge.started, hedge.span, result));
+            if let Err(failure) = &result {
+                record_failure(&hedge.span, failure);
+            }
+            return Some((hedge.attempt, hedge.started, result));
         }
     }
     None
@@ -692,14 +694,14 @@ where
                             .in_scope(|| future.as_mut().poll_attempt(cx, reconcile, request)),
                     };
                     // Which attempt ended: the current one (`None`), or a hedged copy.
-                    let mut copy: Option<(u32, Option<Instant>, Span)> = None;
+                    let mut copy: Option<(u32, Option<Instant>)> = None;
                     let result = match polled {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
-                            if let Some((attempt, started, span, result)) =
+                            if let Some((attempt, started, result)) =
                                 this.retry.as_mut().and_then(|r| r.poll_hedges(cx))
                             {
-                                copy = Some((attempt, started, span));
+                                copy = Some((attempt, started));
                                 result
                             } else {
                                 if deadline.is_none() {
@@ -774,7 +776,7 @@ where
                     };
                     // The attempt's number and start, for the listener.
                     let ended = |retry: Option<&Retrying<_, _, _, _>>| match (&copy, retry) {
-                        (Some((attempt, started, _)), _) => (*attempt, *started),
+                        (Some((attempt, started)), _) => (*attempt, *started),
                         (None, Some(r)) => (r.current(), *this.started),
                         (None, None) => (1, *this.started),
                     };
@@ -804,13 +806,11 @@ where
                         failure.set_class(Class::OUTCOME_UNKNOWN);
                     }
                     if let Some(spans) = this.spans.as_mut() {
-                        match &copy {
-                            Some((_, _, span)) => record_failure(span, &failure),
-                            None => {
-                                record_failure(&spans.attempt, &failure);
-                                // The attempt is over: its span closes, whatever comes next.
-                                spans.attempt = Span::none();
-                            }
+                        // A copy's failure is on its own span (`poll_copies`).
+                        if copy.is_none() {
+                            record_failure(&spans.attempt, &failure);
+                            // The attempt is over: its span closes, whatever comes next.
+                            spans.attempt = Span::none();
                         }
                         let attempts = this.retry.as_ref().map_or(1, |r| r.attempts);
                         spans.call.record("attempts", attempts);
