@@ -190,6 +190,45 @@ async fn a_timeout_has_its_class_as_error_type() {
     }
 }
 
+/// A hedged copy is an attempt span of its own, a resend under the call; the slow first
+/// attempt's span closes when the copy's answer ends the call.
+#[tokio::test(start_paused = true)]
+async fn a_hedged_copy_is_an_attempt_span_of_its_own() {
+    let _serial = SERIAL.lock().await;
+    let capture = Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.subscriber());
+    let svc = ServiceBuilder::new()
+        .layer(
+            RetryPolicy::new()
+                .hedge(Duration::from_millis(100), 1)
+                .build()
+                .unwrap(),
+        )
+        .layer(ClassifyLayer::http())
+        .service(Scripted::new(
+            [Step::After(Duration::from_secs(1), Box::new(status(200)))],
+            status(503),
+        ));
+    // The copy fails at once with a 503, set aside; the first attempt answers at 1 s.
+    svc.oneshot(get("http://mail.test/")).await.unwrap();
+    let spans = capture.spans();
+    let attempts: Vec<&Seen> = spans
+        .iter()
+        .filter(|s| s.name == "backstop.attempt")
+        .collect();
+    assert_eq!(attempts.len(), 2, "{spans:#?}");
+    let (first, copy) = (attempts[0], attempts[1]);
+    assert_eq!(field(first, "attempt"), Some("1"));
+    assert_eq!(field(first, "http.response.status_code"), Some("200"));
+    assert_eq!(field(copy, "attempt"), Some("2"));
+    assert_eq!(copy.parent.as_deref(), Some("backstop.call"));
+    assert_eq!(field(copy, "http.request.resend_count"), Some("1"));
+    assert_eq!(field(copy, "error.type"), Some("503"));
+    assert_eq!(field(copy, "otel.status_code"), Some("ERROR"));
+    assert!(first.closed && copy.closed);
+    assert_eq!(field(&spans[0], "attempts"), Some("2"));
+}
+
 /// Against a real server: the spans of a call through hyper-util's client, the attempts
 /// children of the call, the server's 503 then 200 on them.
 #[tokio::test]
