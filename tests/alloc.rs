@@ -184,6 +184,63 @@ fn chaos_disabled_or_drawing_nothing() {
     );
 }
 
+/// A hedged call allocates twice, whatever its copies: the failure path's record and one block
+/// for the copies under way (their futures inline), beside the request's copy (free for
+/// `&'static str`). The same slow call unhedged allocates nothing.
+#[test]
+fn a_hedged_call_allocates_the_record_and_the_copies_block() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    // Every other call (the first attempt of each request) takes 1 s; its copy answers at once.
+    fn slow_then_fast(
+        calls: Arc<AtomicU64>,
+    ) -> impl Service<Req, Response = Req, Error = BoxError> + Clone {
+        service_fn(move |req: Req| {
+            let slow = calls.fetch_add(1, Ordering::Relaxed).is_multiple_of(2);
+            async move {
+                if slow {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Ok::<_, BoxError>(req)
+            }
+        })
+    }
+    let count_paused = |policy: RetryPolicy, calls: Arc<AtomicU64>| {
+        let mut svc = ServiceBuilder::new()
+            .layer(policy.build().unwrap())
+            .layer(ClassifyLayer::new(all_ok::<Req>))
+            .service(slow_then_fast(calls));
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(async move {
+                for _ in 0..10 {
+                    call_once(&mut svc).await.unwrap();
+                }
+                let before = allocations();
+                for _ in 0..100 {
+                    call_once(&mut svc).await.unwrap();
+                }
+                allocations() - before
+            })
+    };
+    let calls = Arc::new(AtomicU64::new(0));
+    let hedged = count_paused(
+        RetryPolicy::new().hedge(Duration::from_millis(100), 1),
+        calls.clone(),
+    );
+    assert_eq!(calls.load(Ordering::Relaxed), 220, "each call sent a copy");
+    // Unhedged, every call is the slow one (the counter moves by one per call).
+    let calls = Arc::new(AtomicU64::new(0));
+    let unhedged = count_paused(RetryPolicy::new(), calls.clone());
+    println!("100 calls: hedged {hedged} allocations, unhedged {unhedged}");
+    assert_eq!(unhedged, 0);
+    assert_eq!(hedged, 200);
+}
+
 #[test]
 fn timeout_alone() {
     let svc = TimeoutLayer::new(Duration::from_secs(30)).layer(bare());

@@ -132,8 +132,9 @@ struct History<F, R> {
     /// The last real failure, kept while the next attempt runs so the deadline can return it.
     last: Option<Failure<R>>,
     previous_delay: Option<Duration>,
-    /// Hedged copies still out, beside the current attempt.
-    hedges: Vec<Hedge<F, R>>,
+    /// Hedged copies still out, beside the current attempt: one allocation for the call's
+    /// copies, made with the first.
+    copies: Option<Pin<Box<Copies<F, R>>>>,
     /// Copies sent in the call.
     hedged: u32,
     /// No more copies: a server pushed back, the budget or the service said no.
@@ -143,12 +144,70 @@ struct History<F, R> {
     primary: Option<u32>,
 }
 
-/// A hedged copy under way.
-struct Hedge<F, R> {
+/// The most copies of a call ([`RetryPolicy::hedge`] checks `max_copies` against it).
+pub(crate) const MAX_COPIES: usize = 4;
+
+pin_project! {
+    /// The hedged copies under way, inline: slot `i` is out when `meta[i]` is `Some`.
+    struct Copies<F, R> {
+        #[pin]
+        c0: Option<Attempt<F, R>>,
+        #[pin]
+        c1: Option<Attempt<F, R>>,
+        #[pin]
+        c2: Option<Attempt<F, R>>,
+        #[pin]
+        c3: Option<Attempt<F, R>>,
+        meta: [Option<Out>; MAX_COPIES],
+    }
+}
+
+/// A copy's number, start and span, while it is out.
+struct Out {
     attempt: u32,
     started: Option<Instant>,
     span: Span,
-    future: Pin<Box<Attempt<F, R>>>,
+}
+
+impl<F, R> Copies<F, R> {
+    fn new() -> Self {
+        Copies {
+            c0: None,
+            c1: None,
+            c2: None,
+            c3: None,
+            meta: [None, None, None, None],
+        }
+    }
+
+    fn out(&self) -> bool {
+        self.meta.iter().any(Option::is_some)
+    }
+
+    /// Slot `i`'s future and metadata.
+    #[allow(clippy::type_complexity)]
+    fn slot(self: Pin<&mut Self>, i: usize) -> (Pin<&mut Option<Attempt<F, R>>>, &mut Option<Out>) {
+        let this = self.project();
+        let slot = match i {
+            0 => this.c0,
+            1 => this.c1,
+            2 => this.c2,
+            _ => this.c3,
+        };
+        (slot, &mut this.meta[i])
+    }
+
+    /// Puts `future` in a free slot (there is one: at most `MAX_COPIES` copies are sent).
+    fn push(mut self: Pin<&mut Self>, future: F, copy: Out) {
+        let free = self
+            .meta
+            .iter()
+            .position(Option::is_none)
+            .expect("at most MAX_COPIES copies in a call");
+        let (mut slot, meta) = self.as_mut().slot(free);
+        slot.set(Some(Attempt::new(future)));
+        *meta = Some(copy);
+    }
 }
 
 /// The failure path's record, created at the first failure.
@@ -159,7 +218,7 @@ fn history_of<F, R>(history: &mut Option<Box<History<F, R>>>) -> &mut History<F,
             first_failed_at: None,
             last: None,
             previous_delay: None,
-            hedges: Vec::new(),
+            copies: None,
             hedged: 0,
             hedging_off: false,
             primary: None,
@@ -190,7 +249,10 @@ impl<S, Req, F, R> Retrying<S, Req, F, R> {
     /// Whether hedged copies are still out.
     #[inline]
     fn hedges_out(&self) -> bool {
-        self.history.as_ref().is_some_and(|h| !h.hedges.is_empty())
+        self.history
+            .as_ref()
+            .and_then(|h| h.copies.as_ref())
+            .is_some_and(|c| c.out())
     }
 
     /// The hedging delay, when a copy may be sent beside the attempts out: hedging is on, the
@@ -292,12 +354,16 @@ where
         let history = history_of(&mut self.history);
         history.primary.get_or_insert(primary);
         history.hedged += 1;
-        history.hedges.push(Hedge {
+        let copy = Out {
             attempt,
             started: hook.is_set().then(Instant::now),
             span,
-            future: Box::pin(Attempt::new(future)),
-        });
+        };
+        history
+            .copies
+            .get_or_insert_with(|| Box::pin(Copies::new()))
+            .as_mut()
+            .push(future, copy);
         Poll::Ready(true)
     }
 
@@ -313,11 +379,7 @@ where
         Option<Instant>,
         Result<S::Response, Failure<S::Response>>,
     )> {
-        let history = self.history.as_deref_mut()?;
-        if history.hedges.is_empty() {
-            return None;
-        }
-        poll_copies(&mut history.hedges, cx)
+        poll_copies(self.history.as_deref_mut()?.copies.as_mut()?.as_mut(), cx)
     }
 }
 
@@ -325,7 +387,7 @@ where
 #[inline(never)]
 #[allow(clippy::type_complexity)]
 fn poll_copies<F, R, E>(
-    hedges: &mut Vec<Hedge<F, R>>,
+    mut copies: Pin<&mut Copies<F, R>>,
     cx: &mut Context<'_>,
 ) -> Option<(u32, Option<Instant>, Result<R, Failure<R>>)>
 where
@@ -333,20 +395,21 @@ where
     E: Into<Failure<R>>,
     R: 'static,
 {
-    for i in 0..hedges.len() {
-        let hedge = &mut hedges[i];
-        let polled = hedge.span.in_scope(|| {
-            hedge
-                .future
-                .as_mut()
-                .poll_attempt(cx, None, || None::<&NoRequest>)
-        });
+    for i in 0..MAX_COPIES {
+        let (mut slot, meta) = copies.as_mut().slot(i);
+        let (Some(copy), Some(future)) = (meta.as_ref(), slot.as_mut().as_pin_mut()) else {
+            continue;
+        };
+        let polled = copy
+            .span
+            .in_scope(|| future.poll_attempt(cx, None, || None::<&NoRequest>));
         if let Poll::Ready(result) = polled {
-            let hedge = hedges.swap_remove(i);
+            slot.set(None);
+            let copy = meta.take().expect("checked above");
             if let Err(failure) = &result {
-                record_failure(&hedge.span, failure);
+                record_failure(&copy.span, failure);
             }
-            return Some((hedge.attempt, hedge.started, result));
+            return Some((copy.attempt, copy.started, result));
         }
     }
     None

@@ -680,7 +680,7 @@ impl RetryPolicy {
                     "not below the deadline, so no copy could ever be sent",
                 ));
             }
-            if copies == 0 || copies > 4 {
+            if copies == 0 || copies as usize > super::future::MAX_COPIES {
                 return Err(BuildError::new(
                     "hedge(max_copies)",
                     copies,
