@@ -12,7 +12,7 @@ use tracing::field::Empty;
 
 use super::RetryPolicy;
 use super::note::{Attempts, GiveUp};
-use super::policy::{Attempted, Decision, Spare, retry_at};
+use super::policy::{Attempted, Decision, MAX_COPIES, Spare, retry_at};
 use super::reconcile::{Attempt, Reconcile, outcome_unknown};
 use crate::event::{Event, Hook};
 use crate::failure::{Class, Code, Failure, Sent};
@@ -143,9 +143,6 @@ struct History<F, R> {
     /// copies too).
     primary: Option<u32>,
 }
-
-/// The most copies of a call ([`RetryPolicy::hedge`] checks `max_copies` against it).
-pub(crate) const MAX_COPIES: usize = 4;
 
 pin_project! {
     /// The hedged copies under way, inline: slot `i` is out when `meta[i]` is `Some`.

@@ -247,6 +247,10 @@ impl Default for RetryPolicy {
     }
 }
 
+/// The most hedged copies of a call (gRFC A6 caps an RPC at 5 attempts): the retry future keeps
+/// this many slots.
+pub(crate) const MAX_COPIES: usize = 4;
+
 pub(crate) enum Decision {
     Retry(Duration, DelaySource),
     Defer(SystemTime, Duration),
@@ -680,7 +684,7 @@ impl RetryPolicy {
                     "not below the deadline, so no copy could ever be sent",
                 ));
             }
-            if copies == 0 || copies as usize > super::future::MAX_COPIES {
+            if copies == 0 || copies as usize > MAX_COPIES {
                 return Err(BuildError::new(
                     "hedge(max_copies)",
                     copies,
