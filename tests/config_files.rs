@@ -196,6 +196,36 @@ fn json_reads_the_same_settings() {
 }
 
 #[test]
+fn yaml_reads_the_same_settings() {
+    let yaml = r#"
+attempt_timeout: 2s
+retry:
+  max_attempts: 4
+  deadline: 1m
+  backoff: { kind: constant, delay: 250ms, jitter: none }
+  budget: { kind: token_bucket, max_tokens: 10, token_ratio: 0.1 }
+  classes:
+    throttled: { max_attempts: 2 }
+    unknown: { retry: false }
+breaker:
+  consecutive_failures: 5
+  open_for: 30s
+  max_keys: 8
+"#;
+    let from_yaml: BackstopConfig = serde_yaml_ng::from_str(yaml).unwrap();
+    assert_eq!(from_yaml, read(MAIL));
+    let back = serde_yaml_ng::to_string(&from_yaml).unwrap();
+    assert_eq!(
+        serde_yaml_ng::from_str::<BackstopConfig>(&back).unwrap(),
+        from_yaml
+    );
+    let err = serde_yaml_ng::from_str::<BackstopConfig>("attempt_timeout: 2s\nretyr: {}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown field `retyr`"), "{err}");
+}
+
+#[test]
 fn a_configuration_serialises_back_with_humane_durations() {
     let config = read(MAIL);
     let text = toml::to_string(&config).unwrap();
