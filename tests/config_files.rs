@@ -371,7 +371,12 @@ fn errors_of_shape_name_the_field_and_the_line() {
         assert!(err.contains(&format!("invalid duration `{bad}`")), "{err}");
     }
     let err = read_err("attempt_timeout = 5");
-    assert!(err.contains("invalid type"), "{err}");
+    assert!(
+        err.contains("invalid duration 5: a duration needs a unit and quotes, as \"5s\""),
+        "{err}"
+    );
+    let err = read_err("attempt_timeout = \"-5s\"");
+    assert!(err.contains("a duration cannot be negative"), "{err}");
     // A negative count does not read as a count.
     let err = read_err("attempt_timeout = \"1s\"\n[retry]\nmax_attempts = -1");
     assert!(

@@ -148,6 +148,99 @@ async fn a_servers_pushback_stops_the_copies() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn any_hint_or_a_throttled_answer_is_pushback() {
+    // A 503 with Retry-After (a hint, not throttled), and a 429 without one (throttled, no
+    // hint): either stops the copies; the first attempt's answer at 1 s is the call's.
+    for pushback in [status_with(503, "retry-after", "5"), status(429)] {
+        let upstream = Scripted::new(
+            [after(1_000, status(200)), pushback.clone()],
+            after(10, status(200)),
+        );
+        let start = Instant::now();
+        retry_stack(hedged(3), &upstream)
+            .oneshot(get("http://api.test/"))
+            .await
+            .unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(1), "{pushback:?}");
+        assert_eq!(upstream.calls(), 2, "{pushback:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_slot_of_four_copies_keeps_its_own_copy() {
+    // Four copies out at once (sent at 100, 200, 300 and 400 ms); the one that answers first is
+    // in turn the first, second, third and fourth copy, 350 ms after it was sent.
+    for fast in 1..=4u64 {
+        let steps = (0..5).map(|i| {
+            if i == fast {
+                after(350, status(200))
+            } else {
+                after(5_000, status(200))
+            }
+        });
+        let upstream = Scripted::new(steps, status(200));
+        let start = Instant::now();
+        retry_stack(hedged(4), &upstream)
+            .oneshot(get("http://api.test/"))
+            .await
+            .unwrap();
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(100 * fast + 350),
+            "copy {fast}"
+        );
+        assert_eq!(
+            (upstream.calls(), upstream.finished()),
+            (5, 1),
+            "copy {fast}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejected_copy_is_not_an_attempt() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tower_backstop::{BoxError, Code, Failure};
+
+    // The first attempt fails with a 503 at 1 s; its copy, at 100 ms, is rejected by a breaker
+    // below (a local rejection, never sent); then the one retry left is delivered.
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let upstream = tower::service_fn(move |_: http::Request<String>| {
+        let n = counter.fetch_add(1, Ordering::Relaxed);
+        async move {
+            let mut response = http::Response::new(());
+            match n {
+                0 => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+                }
+                1 => {
+                    let open = Failure::<()>::new(Class::CIRCUIT_OPEN, Code::CircuitOpen);
+                    return Err::<http::Response<()>, BoxError>(Box::new(open));
+                }
+                _ => {}
+            }
+            Ok(response)
+        }
+    });
+    let svc = tower::ServiceBuilder::new()
+        .layer(
+            RetryPolicy::new()
+                .max_attempts(2)
+                .backoff(no_jitter(50))
+                .hedge(Duration::from_millis(100), 1)
+                .build()
+                .unwrap(),
+        )
+        .layer(tower_backstop::classify::ClassifyLayer::http())
+        .service(upstream);
+    let response = svc.oneshot(get("http://api.test/")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(calls.load(Ordering::Relaxed), 3);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_fatal_answer_of_a_copy_ends_the_call() {
     // The copy is answered 400 (permanent, never retried): the call ends with it at once, and
     // the first attempt is cancelled.

@@ -34,7 +34,7 @@
 //! use tower_backstop::retry::{Attempts, RetryPolicy};
 //! use tower_backstop::{BackstopLayer, Class};
 //!
-//! // The provider always answers 200; the first two attempts are made to fail with a 503.
+//! // The provider always answers 200; every attempt is made to fail with a 503.
 //! let provider = tower::service_fn(|_: http::Request<String>| async {
 //!     Ok::<_, tower_backstop::BoxError>(http::Response::new(String::from("sent")))
 //! });

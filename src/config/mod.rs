@@ -2,7 +2,8 @@
 //! read from TOML, JSON, YAML or any other [serde](https://serde.rs) format, so that operators
 //! tune attempts, delays and breaker rules per provider without a rebuild.
 //!
-//! Every type here is a plain `Deserialize + Serialize` struct whose fields are all optional:
+//! Every type here is a plain `Deserialize + Serialize` struct whose fields are optional (but
+//! the preset's `attempt_timeout`, and the parts of a tagged section such as a backoff's `base`):
 //! a field left out keeps the default of the layer it configures (the preset's, for
 //! [`BackstopConfig`]), so a file says only what it changes. Unknown fields are an error (a typo
 //! never passes silently). Durations are written in humane form, as the `humantime` crate reads
@@ -168,12 +169,55 @@ pub(crate) mod humane {
     use std::time::Duration;
 
     use serde::de::Error as _;
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::{Deserializer, Serializer};
 
     pub(crate) fn parse(text: &str) -> Result<Duration, String> {
+        if text.trim_start().starts_with('-') {
+            return Err(format!(
+                "invalid duration `{text}`: a duration cannot be negative; write a number and a unit, as \"250ms\", \"30s\" or \"5m\""
+            ));
+        }
         humantime::parse_duration(text.trim()).map_err(|e| {
             format!("invalid duration `{text}` ({e}): write a number and a unit, as \"250ms\", \"30s\" or \"5m\"")
         })
+    }
+
+    /// Reads a duration's text; a number without quotes is an error that says how to write it.
+    struct Text;
+
+    impl serde::de::Visitor<'_> for Text {
+        type Value = String;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a duration as a string with a unit, as \"250ms\" or \"30s\"")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_owned())
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<String, E> {
+            Err(E::custom(format_args!(
+                "invalid duration {v}: a duration needs a unit and quotes, as \"{v}s\" or \"{v}ms\""
+            )))
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<String, E> {
+            Err(E::custom(format_args!(
+                "invalid duration {v}: a duration needs a unit and quotes, as \"{v}s\" or \"{v}ms\" (and cannot be negative)"
+            )))
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<String, E> {
+            Err(E::custom(format_args!(
+                "invalid duration {v}: a duration needs a unit and quotes, as \"{v}s\""
+            )))
+        }
+    }
+
+    /// The text of a duration field.
+    pub(crate) fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        d.deserialize_any(Text)
     }
 
     pub(crate) fn serialize<S: Serializer>(
@@ -189,7 +233,7 @@ pub(crate) mod humane {
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<Option<Duration>, D::Error> {
-        let text = String::deserialize(d)?;
+        let text = text(d)?;
         parse(&text).map(Some).map_err(D::Error::custom)
     }
 
@@ -198,14 +242,14 @@ pub(crate) mod humane {
         use std::time::Duration;
 
         use serde::de::Error as _;
-        use serde::{Deserialize, Deserializer, Serializer};
+        use serde::{Deserializer, Serializer};
 
         pub(crate) fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
             s.collect_str(&humantime::format_duration(*value))
         }
 
         pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-            let text = String::deserialize(d)?;
+            let text = super::text(d)?;
             super::parse(&text).map_err(D::Error::custom)
         }
     }
