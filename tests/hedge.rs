@@ -241,6 +241,39 @@ async fn a_rejected_copy_is_not_an_attempt() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_deadline_ends_a_hedged_call_and_no_copy_goes_after_it() {
+    // Every attempt would take 5 s; copies at 200 ms and 400 ms (the delay is 200 ms), the
+    // deadline at 450 ms: two copies, then the deadline ends the call, before a third.
+    let upstream = Scripted::always(after(5_000, status(200)));
+    let start = Instant::now();
+    let failure = retry_stack(
+        RetryPolicy::new()
+            .max_attempts(5)
+            .deadline(Duration::from_millis(450))
+            .hedge(Duration::from_millis(200), 4),
+        &upstream,
+    )
+    .oneshot(get("http://api.test/"))
+    .await
+    .unwrap_err();
+    assert_eq!(start.elapsed(), Duration::from_millis(450));
+    assert_eq!(
+        failure.note::<Attempts>().map(|a| (a.count(), a.give_up())),
+        Some((3, GiveUp::DeadlineExceeded))
+    );
+    let seen = upstream.seen();
+    let sent: Vec<_> = seen.iter().map(|s| s.at - start).collect();
+    assert_eq!(
+        sent,
+        [
+            Duration::ZERO,
+            Duration::from_millis(200),
+            Duration::from_millis(400)
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_fatal_answer_of_a_copy_ends_the_call() {
     // The copy is answered 400 (permanent, never retried): the call ends with it at once, and
     // the first attempt is cancelled.
