@@ -229,6 +229,38 @@ async fn a_hedged_copy_is_an_attempt_span_of_its_own() {
     assert_eq!(field(&spans[0], "attempts"), Some("2"));
 }
 
+/// The inner service is called inside the attempt's span, the first attempt's too, so that what
+/// the client logs or spans while it starts the request belongs to the attempt.
+#[tokio::test(start_paused = true)]
+async fn the_inner_call_is_made_inside_the_attempts_span() {
+    let _serial = SERIAL.lock().await;
+    let capture = Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.subscriber());
+    let current = Arc::new(Mutex::new(Vec::new()));
+    let seen = current.clone();
+    let upstream = tower::service_fn(move |_: http::Request<String>| {
+        let span = tracing::Span::current();
+        seen.lock().unwrap().push(span.metadata().map(|m| m.name()));
+        let n = seen.lock().unwrap().len();
+        async move {
+            let mut response = http::Response::new(());
+            if n == 1 {
+                *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+            }
+            Ok::<_, tower_backstop::BoxError>(response)
+        }
+    });
+    let svc = ServiceBuilder::new()
+        .layer(RetryPolicy::new().backoff(no_jitter(10)).build().unwrap())
+        .layer(ClassifyLayer::http())
+        .service(upstream);
+    svc.oneshot(get("http://mail.test/")).await.unwrap();
+    assert_eq!(
+        *current.lock().unwrap(),
+        [Some("backstop.attempt"), Some("backstop.attempt")]
+    );
+}
+
 /// Against a real server: the spans of a call through hyper-util's client, the attempts
 /// children of the call, the server's 503 then 200 on them.
 #[tokio::test]
