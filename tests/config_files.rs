@@ -146,6 +146,43 @@ fn the_preset_keeps_its_defaults_for_what_the_file_leaves_out() {
     assert_eq!(policy.attempts_for(Class::THROTTLED), Some(2));
     assert_eq!(policy.attempts_for(Class::TRANSIENT), Some(3));
     assert_eq!(policy.attempts_for(Class::UNKNOWN), Some(2));
+    // Only a backoff for `unknown`: its cap of 2 attempts stays; a count for `permanent`, which
+    // the policy never retries, makes it retried.
+    let config: RetryConfig = toml::from_str(
+        r#"
+        classes.unknown = { backoff = { kind = "constant", delay = "1s" } }
+        classes.permanent = { max_attempts = 2 }
+        "#,
+    )
+    .unwrap();
+    let policy = config.apply(RetryPolicy::new(), &[]).unwrap();
+    assert_eq!(policy.attempts_for(Class::UNKNOWN), Some(2));
+    assert_eq!(
+        *policy.backoff_for(Class::UNKNOWN),
+        Backoff::constant(Duration::from_secs(1))
+    );
+    assert_eq!(policy.attempts_for(Class::PERMANENT), Some(2));
+    assert_eq!(policy.attempts_for(Class::POISON), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn give_up_long_delays_chooses_between_giving_up_and_deferring() {
+    use tower_backstop::retry::{Attempts, GiveUp};
+    for (give_up, expected) in [(true, GiveUp::HintTooLong), (false, GiveUp::Deferred)] {
+        let config: RetryConfig = toml::from_str(&format!(
+            "max_delay = \"1s\"\ngive_up_long_delays = {give_up}"
+        ))
+        .unwrap();
+        let svc = ServiceBuilder::new()
+            .layer(config.build().unwrap())
+            .layer(tower_backstop::classify::ClassifyLayer::http())
+            .service(Scripted::always(status_with(429, "retry-after", "3600")));
+        let failure = svc.oneshot(get("http://api.test/")).await.unwrap_err();
+        assert_eq!(
+            failure.note::<Attempts>().map(Attempts::give_up),
+            Some(expected)
+        );
+    }
 }
 
 #[test]

@@ -98,7 +98,8 @@ pub struct HedgeConfig {
 
 /// How one class is retried: a [`ClassPolicy`](crate::retry::ClassPolicy) as data. The fields
 /// given change the policy's rule for the class (for a class the policy has no rule for, a
-/// retried class); the others keep it.
+/// retried class); the others keep it. Giving `max_attempts`, `backoff` or `slow_down` for a
+/// class the policy never retries (such as `permanent`) makes it retried, unless `retry = false`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -380,8 +381,13 @@ impl ClassConfig {
             Some(b) => Some(b.backoff(&format!("{path}.backoff"))?),
             None => None,
         };
+        // Retry settings given for a class the policy never retries mean it is retried now.
+        let retried = self.retry.or_else(|| {
+            (self.max_attempts.is_some() || self.backoff.is_some() || self.slow_down.is_some())
+                .then_some(true)
+        });
         Ok(policy.edit_class(class, |rule| {
-            if let Some(retry) = self.retry {
+            if let Some(retry) = retried {
                 rule.set_retried(retry);
             }
             if let Some(n) = self.max_attempts {
