@@ -117,6 +117,39 @@ pub enum Code {
     /// `Overloaded`). Proof that the request was not processed, so even a request that is not
     /// idempotent may be sent again.
     Overloaded,
+    /// The server reset the HTTP/2 stream (`RST_STREAM`) with this error code (RFC 9113 §7:
+    /// `REFUSED_STREAM` is 7, `CANCEL` 8). `REFUSED_STREAM` proves the request was not processed
+    /// (RFC 9113 §8.7); any other reset came after the request left, so its outcome is unknown.
+    Reset(u32),
+    /// The server sent an HTTP/2 `GOAWAY` (with this error code, RFC 9113 §7) that did not cover
+    /// the stream: the server says it did not process it (RFC 9113 §6.8), so it may be sent again
+    /// on a new connection.
+    GoAway(u32),
+    /// The TLS handshake failed: a certificate the client does not trust (self-signed, expired,
+    /// another host's), or a peer that does not speak TLS (an `https://` URL on a plain-HTTP
+    /// port). A configuration error that no retry fixes; the cause is in the failure's source.
+    Tls,
+}
+
+/// The name of an HTTP/2 error code (RFC 9113 §7), for a [`Code::Reset`] or [`Code::GoAway`].
+fn http2_error_name(code: u32) -> &'static str {
+    match code {
+        0 => "NO_ERROR",
+        1 => "PROTOCOL_ERROR",
+        2 => "INTERNAL_ERROR",
+        3 => "FLOW_CONTROL_ERROR",
+        4 => "SETTINGS_TIMEOUT",
+        5 => "STREAM_CLOSED",
+        6 => "FRAME_SIZE_ERROR",
+        7 => "REFUSED_STREAM",
+        8 => "CANCEL",
+        9 => "COMPRESSION_ERROR",
+        10 => "CONNECT_ERROR",
+        11 => "ENHANCE_YOUR_CALM",
+        12 => "INADEQUATE_SECURITY",
+        13 => "HTTP_1_1_REQUIRED",
+        _ => "unknown error code",
+    }
 }
 
 impl fmt::Display for Code {
@@ -132,6 +165,9 @@ impl fmt::Display for Code {
             Code::Provider(code) => write!(f, "provider {code}"),
             Code::Error => f.write_str("error"),
             Code::Overloaded => f.write_str("overloaded, not sent"),
+            Code::Reset(code) => write!(f, "http2 reset {} ({code})", http2_error_name(*code)),
+            Code::GoAway(code) => write!(f, "http2 goaway {} ({code})", http2_error_name(*code)),
+            Code::Tls => f.write_str("tls handshake"),
         }
     }
 }
@@ -163,13 +199,21 @@ pub enum Sent {
 
 impl Sent {
     /// The default for a failure of `code`: [`Sent::No`] for a refused connection,
-    /// [`Code::CircuitOpen`], [`Code::Overloaded`] and HTTP 408, 425, 429 and 503;
-    /// [`Sent::Maybe`] for [`Code::Timeout`] and an io error of kind connection reset or aborted,
-    /// broken pipe, unexpected end of file, or timed out; [`Sent::Yes`] for anything else.
+    /// [`Code::CircuitOpen`], [`Code::Overloaded`], [`Code::Tls`], an HTTP/2 `REFUSED_STREAM`
+    /// reset or a `GOAWAY` that did not cover the stream, and HTTP 408, 425, 429 and 503;
+    /// [`Sent::Maybe`] for [`Code::Timeout`], any other HTTP/2 reset, gRPC `DEADLINE_EXCEEDED`
+    /// (4) and an io error of kind connection reset or aborted, broken pipe, unexpected end of
+    /// file, or timed out; [`Sent::Yes`] for anything else.
     pub const fn of(code: Code) -> Sent {
         use io::ErrorKind::*;
         match code {
-            Code::Io(ConnectionRefused) | Code::CircuitOpen | Code::Overloaded => Sent::No,
+            Code::Io(ConnectionRefused)
+            | Code::CircuitOpen
+            | Code::Overloaded
+            | Code::Tls
+            | Code::Reset(7)
+            | Code::GoAway(_) => Sent::No,
+            Code::Reset(_) | Code::Grpc(4) => Sent::Maybe,
             Code::Http(status) => match status.as_u16() {
                 408 | 425 | 429 | 503 => Sent::No,
                 _ => Sent::Yes,
@@ -765,6 +809,12 @@ mod tests {
             Code::Provider(i64::MAX),
             Code::Error,
             Code::Overloaded,
+            Code::Reset(0),
+            Code::Reset(7),
+            Code::Reset(u32::MAX),
+            Code::GoAway(0),
+            Code::GoAway(u32::MAX),
+            Code::Tls,
         ];
         for code in codes {
             let f: Failure<()> = Failure::new(Class::UNKNOWN, code);
@@ -910,6 +960,13 @@ mod tests {
             (Code::Http(StatusCode::BAD_GATEWAY), Sent::Yes),
             (Code::Http(StatusCode::INTERNAL_SERVER_ERROR), Sent::Yes),
             (Code::Grpc(14), Sent::Yes),
+            (Code::Grpc(4), Sent::Maybe),
+            (Code::Reset(7), Sent::No),
+            (Code::Reset(8), Sent::Maybe),
+            (Code::Reset(0), Sent::Maybe),
+            (Code::GoAway(0), Sent::No),
+            (Code::GoAway(2), Sent::No),
+            (Code::Tls, Sent::No),
             (Code::Timeout, Sent::Maybe),
             (Code::Io(ConnectionReset), Sent::Maybe),
             (Code::Io(ConnectionAborted), Sent::Maybe),

@@ -26,13 +26,16 @@ pub(crate) struct Trailers(pub(crate) HeaderMap);
 /// | `grpc-status` | class |
 /// |---|---|
 /// | `OK` (0) | success |
-/// | `UNAVAILABLE` (14) | [`Class::TRANSIENT`] |
+/// | `UNAVAILABLE` (14), `DEADLINE_EXCEEDED` (4) | [`Class::TRANSIENT`] |
 /// | `RESOURCE_EXHAUSTED` (8) | [`Class::THROTTLED`] |
-/// | `UNKNOWN` (2), `INTERNAL` (13), `CANCELLED` (1), `DEADLINE_EXCEEDED` (4), `ABORTED` (10), `DATA_LOSS` (15), any other value | [`Class::UNKNOWN`] |
+/// | `UNKNOWN` (2), `INTERNAL` (13), `CANCELLED` (1), `ABORTED` (10), `DATA_LOSS` (15), any other value | [`Class::UNKNOWN`] |
 /// | `INVALID_ARGUMENT` (3), `NOT_FOUND` (5), `ALREADY_EXISTS` (6), `PERMISSION_DENIED` (7), `FAILED_PRECONDITION` (9), `OUT_OF_RANGE` (11), `UNIMPLEMENTED` (12), `UNAUTHENTICATED` (16) | [`Class::PERMANENT`] |
 ///
-/// `DEADLINE_EXCEEDED` is not transient: the server may have done the work (gRFC A6 leaves it
-/// out of the default retryable codes too). A response whose HTTP status is not 200 is
+/// A server's `DEADLINE_EXCEEDED` is a timeout like our own per-attempt one: transient, and
+/// its outcome unknown ([`Sent::Maybe`](crate::Sent::Maybe): the server may have done the
+/// work), so a request that is not safe to send twice is not resent. Under an overall
+/// deadline the retry layer writes the time left into `grpc-timeout`, so a server that ran out
+/// of it is not asked again after the deadline. A response whose HTTP status is not 200 is
 /// classified by its HTTP status, as [`HttpClassifier`](super::HttpClassifier) would.
 /// [`map_code`](Self::map_code) overrides the mapping code by code.
 ///
@@ -113,7 +116,7 @@ fn default_class(code: i32) -> Option<Class> {
     use codes::*;
     match code {
         OK => None,
-        UNAVAILABLE => Some(Class::TRANSIENT),
+        UNAVAILABLE | DEADLINE_EXCEEDED => Some(Class::TRANSIENT),
         RESOURCE_EXHAUSTED => Some(Class::THROTTLED),
         INVALID_ARGUMENT | NOT_FOUND | ALREADY_EXISTS | PERMISSION_DENIED | FAILED_PRECONDITION
         | OUT_OF_RANGE | UNIMPLEMENTED | UNAUTHENTICATED => Some(Class::PERMANENT),

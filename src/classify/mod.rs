@@ -275,16 +275,30 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
         {
             return (Class::TRANSIENT, Code::Timeout);
         }
+        // tonic's channel ends a call at its own `grpc-timeout` with this error.
+        #[cfg(feature = "tonic")]
+        if e.is::<tonic::TimeoutExpired>() {
+            return (Class::TRANSIENT, Code::Timeout);
+        }
         if e.is::<tower::load_shed::error::Overloaded>() {
             return (Class::TRANSIENT, Code::Overloaded);
         }
         if e.is::<Invalid>() {
             return (Class::POISON, Code::Error);
         }
+        #[cfg(feature = "http2")]
+        if let Some(e) = e.downcast_ref::<h2::Error>()
+            && let Some(verdict) = h2_error(e)
+        {
+            return verdict;
+        }
         // reqwest says what its error was: a refused connection, a timeout.
         #[cfg(feature = "reqwest")]
         if let Some(e) = e.downcast_ref::<reqwest::Error>() {
             if e.is_connect() {
+                if tls_failed(e) {
+                    return (Class::PERMANENT, Code::Tls);
+                }
                 return (Class::TRANSIENT, Code::Io(io::ErrorKind::ConnectionRefused));
             }
             if e.is_timeout() {
@@ -298,16 +312,79 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
         if let Some(io) = e.downcast_ref::<io::Error>()
             && found_io.is_none()
         {
-            found_io = Some(io.kind());
+            found_io = Some(if invalid_data(io) {
+                io::ErrorKind::InvalidData
+            } else {
+                io.kind()
+            });
         }
         current = e.source();
     }
     match found_io {
+        // The connection was made but the peer's handshake was not what the client expects:
+        // rustls (through tokio-rustls) reports every TLS failure as an io error of this kind.
+        Some(io::ErrorKind::InvalidData) if connect => (Class::PERMANENT, Code::Tls),
         Some(kind) if io_kind_is_transient(kind) || connect => (Class::TRANSIENT, Code::Io(kind)),
         Some(kind) => (Class::UNKNOWN, Code::Io(kind)),
         None if connect => (Class::TRANSIENT, Code::Error),
         None => (Class::UNKNOWN, Code::Error),
     }
+}
+
+/// Whether a connect error's cause is a failed TLS handshake: an io error of kind
+/// `InvalidData` in its source chain, which is how rustls (through tokio-rustls and
+/// hyper-rustls) reports a certificate it does not trust and a peer that does not speak TLS.
+#[cfg(feature = "reqwest")]
+fn tls_failed(error: &(dyn StdError + 'static)) -> bool {
+    let mut current = error.source();
+    while let Some(e) = current {
+        if e.downcast_ref::<io::Error>().is_some_and(invalid_data) {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+/// Whether `error`, or an io error it wraps (`io::Error::new(kind, inner_io_error)`, which
+/// its `source()` skips), is of kind `InvalidData`.
+fn invalid_data(error: &io::Error) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if e.kind() == io::ErrorKind::InvalidData {
+            return true;
+        }
+        current = e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<io::Error>());
+    }
+    false
+}
+
+/// An HTTP/2 reset or `GOAWAY` the server sent (RFC 9113 §6.4, §6.8): `REFUSED_STREAM` and a
+/// `GOAWAY` that did not cover the stream (the only streams h2 fails with the server's `GOAWAY`;
+/// the covered ones run to their end) are transient and not sent; `ENHANCE_YOUR_CALM` is
+/// throttled; `INADEQUATE_SECURITY` and `HTTP_1_1_REQUIRED` are permanent (a configuration
+/// that no retry fixes); any other reset is transient, its outcome unknown. A reset or
+/// `GOAWAY` of our own side, or an io error inside h2, is left to the rest of the chain.
+#[cfg(feature = "http2")]
+fn h2_error(error: &h2::Error) -> Option<(Class, Code)> {
+    if !error.is_remote() {
+        return None;
+    }
+    let reason = u32::from(error.reason()?);
+    if error.is_go_away() {
+        return Some((Class::TRANSIENT, Code::GoAway(reason)));
+    }
+    if !error.is_reset() {
+        return None;
+    }
+    let class = match h2::Reason::from(reason) {
+        h2::Reason::ENHANCE_YOUR_CALM => Class::THROTTLED,
+        h2::Reason::INADEQUATE_SECURITY | h2::Reason::HTTP_1_1_REQUIRED => Class::PERMANENT,
+        _ => Class::TRANSIENT,
+    };
+    Some((class, Code::Reset(reason)))
 }
 
 fn io_kind_is_transient(kind: io::ErrorKind) -> bool {
