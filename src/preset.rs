@@ -115,7 +115,9 @@ impl<C> BackstopLayer<C> {
             .expect("the preset breaker rule is valid (checked by a unit test)");
         BackstopLayer {
             dead_letters: None,
-            retry: RetryLayer::default(),
+            retry: RetryLayer {
+                policy: RetryPolicy::default().with_attempt_bound(attempt_timeout),
+            },
             breaker: per_host,
             classify: ClassifyLayer::new(classifier),
             attempt_timeout,
@@ -138,12 +140,14 @@ impl<C, B> BackstopLayer<C, B> {
     /// Retries with this layer instead: a policy checked by [`RetryPolicy::build`], as
     /// [`breaker`](Self::breaker) takes a built breaker layer.
     pub fn retry(mut self, retry: RetryLayer) -> Self {
-        self.retry = if self.listener.is_set() {
-            RetryLayer {
-                policy: retry.policy.with_hook(&self.listener),
-            }
-        } else {
-            retry
+        // The time left written into each attempt is never above the per-attempt timeout.
+        let policy = retry.policy.with_attempt_bound(self.attempt_timeout);
+        self.retry = RetryLayer {
+            policy: if self.listener.is_set() {
+                policy.with_hook(&self.listener)
+            } else {
+                policy
+            },
         };
         self
     }

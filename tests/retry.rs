@@ -340,6 +340,42 @@ async fn readiness_is_driven_before_each_retry() {
     assert!(response.await.unwrap().is_ok());
 }
 
+#[tokio::test(start_paused = true)]
+async fn no_attempt_starts_after_the_deadline_even_when_readiness_is_late() {
+    // A 100 ms delay fits in a 150 ms deadline; readiness then takes until 250 ms.
+    let (mut svc, mut handle) = tower_test::mock::spawn_layer::<&'static str, (), _>(
+        RetryPolicy::new()
+            .backoff(no_jitter(100))
+            .deadline(Duration::from_millis(150))
+            .build()
+            .unwrap(),
+    );
+    handle.allow(1);
+    assert!(svc.poll_ready().is_ready());
+    let response = tokio::spawn(svc.call("hello"));
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(!response.is_finished());
+    handle.allow(1);
+    let failure = response.await.unwrap().unwrap_err();
+    // The last real failure, given up for the deadline; no second request was sent.
+    assert_eq!(
+        failure.code(),
+        Code::Io(std::io::ErrorKind::ConnectionReset)
+    );
+    assert_eq!(
+        failure.notes().get::<Attempts>().unwrap().give_up(),
+        GiveUp::DeadlineExceeded
+    );
+    assert_eq!(failure.notes().get::<Attempts>().unwrap().count(), 1);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(10), handle.next_request())
+            .await
+            .is_err()
+    );
+}
+
 /// A service that answers with a scripted list of ready-made failures, then `then`, counting calls.
 #[derive(Clone)]
 struct Failing {

@@ -54,6 +54,14 @@ impl Replay for reqwest::Request {
         retry_safe_head(self.method(), self.headers())
     }
 
+    fn time_left(&self, header: Option<&http::HeaderName>) -> Option<std::time::Duration> {
+        crate::request::replay::read_time_left(self.headers(), header)
+    }
+
+    fn set_time_left(&mut self, left: std::time::Duration, header: Option<&http::HeaderName>) {
+        crate::request::replay::write_time_left(self.headers_mut(), left, header);
+    }
+
     fn record_span(&self, span: &tracing::Span) {
         let url = self.url();
         crate::request::record_destination(

@@ -189,6 +189,14 @@ impl<B> Replay for http::Request<BufferedBody<B>> {
     fn record_span(&self, span: &tracing::Span) {
         super::replay::record_http_span(span, self.method(), self.uri());
     }
+
+    fn time_left(&self, header: Option<&http::HeaderName>) -> Option<std::time::Duration> {
+        super::replay::read_time_left(self.headers(), header)
+    }
+
+    fn set_time_left(&mut self, left: std::time::Duration, header: Option<&http::HeaderName>) {
+        super::replay::write_time_left(self.headers_mut(), left, header);
+    }
 }
 
 /// Reads a body into a [`BufferedBody`], up to `limit` bytes: the state of a buffering future.

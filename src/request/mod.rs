@@ -9,7 +9,7 @@
 mod body;
 pub(crate) mod describe;
 pub(crate) mod idempotency;
-mod replay;
+pub(crate) mod replay;
 
 pub use self::body::BufferedBody;
 pub(crate) use self::body::Collect;

@@ -1,5 +1,7 @@
 //! [`Replay`]: a copy of a request for the next attempt, and whether sending it again is safe.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 
 use super::idempotency::http_retry_safe;
@@ -51,6 +53,54 @@ pub trait Replay: Sized {
     fn record_span(&self, span: &tracing::Span) {
         let _ = span;
     }
+
+    /// The caller's own time left, carried in the request, which the retry layer takes as a
+    /// deadline for the whole call (never extended by a retry). `header` is the policy's
+    /// [`time_left_header`](crate::retry::RetryPolicy::time_left_header), if any. The default
+    /// is `None`; an HTTP request reads `header` (whole milliseconds); a gRPC request under
+    /// `GrpcLayer` reads its `grpc-timeout`. A malformed value is ignored.
+    fn time_left(&self, header: Option<&http::HeaderName>) -> Option<Duration> {
+        let _ = header;
+        None
+    }
+
+    /// Writes the time left for this attempt into the request, so that the server stops when
+    /// the caller will have given up: called by the retry layer before each attempt, with the
+    /// least of the overall deadline's time left, the caller's own and the per-attempt timeout.
+    /// The default writes nothing; an HTTP request writes `header` (whole milliseconds, rounded
+    /// down) when there is one; a gRPC request under `GrpcLayer` writes `grpc-timeout`.
+    fn set_time_left(&mut self, left: Duration, header: Option<&http::HeaderName>) {
+        let _ = (left, header);
+    }
+}
+
+/// The time left in `header` of `headers`: whole milliseconds, ASCII digits only (at most 19);
+/// `None` when absent or malformed.
+pub(crate) fn read_time_left(
+    headers: &http::HeaderMap,
+    header: Option<&http::HeaderName>,
+) -> Option<Duration> {
+    let value = headers.get(header?)?.as_bytes();
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value)
+        .ok()?
+        .parse()
+        .ok()
+        .map(Duration::from_millis)
+}
+
+/// Writes `left` into `header` of `headers` in whole milliseconds, rounded down.
+pub(crate) fn write_time_left(
+    headers: &mut http::HeaderMap,
+    left: Duration,
+    header: Option<&http::HeaderName>,
+) {
+    if let Some(header) = header {
+        let millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+        headers.insert(header.clone(), http::HeaderValue::from(millis));
+    }
 }
 
 // `do_not_recommend`: a body that is not `Clone` is reported with `Replay`'s own message, which
@@ -68,6 +118,14 @@ impl<B: Clone> Replay for http::Request<B> {
 
     fn record_span(&self, span: &tracing::Span) {
         record_http_span(span, self.method(), self.uri());
+    }
+
+    fn time_left(&self, header: Option<&http::HeaderName>) -> Option<Duration> {
+        read_time_left(self.headers(), header)
+    }
+
+    fn set_time_left(&mut self, left: Duration, header: Option<&http::HeaderName>) {
+        write_time_left(self.headers_mut(), left, header);
     }
 }
 

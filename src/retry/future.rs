@@ -316,6 +316,7 @@ where
         hook: &Hook,
         spans: Option<&Spans>,
         delay: Duration,
+        deadline: Option<Instant>,
     ) -> Poll<bool> {
         if let Err(e) = ready!(self.service.poll_ready(cx)) {
             let failure: Failure<S::Response> = e.into();
@@ -330,10 +331,11 @@ where
             history_of(&mut self.history).hedging_off = true;
             return Poll::Ready(false);
         }
-        let Some(request) = self.spare.as_ref().and_then(Replay::replay) else {
+        let Some(mut request) = self.spare.as_ref().and_then(Replay::replay) else {
             self.spare_state = Spare::NotReplayable;
             return Poll::Ready(false);
         };
+        write_time_left(&mut request, &self.policy, deadline);
         let primary = self.current();
         self.attempts += 1;
         let attempt = self.attempts;
@@ -419,6 +421,20 @@ struct NoRequest;
 impl Replay for NoRequest {
     fn replay(&self) -> Option<Self> {
         None
+    }
+}
+
+/// Writes into `request` the time left for its attempt: the least of the deadline's (read now)
+/// and the policy's per-attempt bound; nothing with neither.
+#[inline]
+fn write_time_left<Req: Replay>(
+    request: &mut Req,
+    policy: &RetryPolicy,
+    deadline: Option<Instant>,
+) {
+    let left = deadline.map(|at| at.saturating_duration_since(Instant::now()));
+    if let Some(left) = super::earlier(left, policy.attempt_bound()) {
+        request.set_time_left(left, policy.time_left_header_ref());
     }
 }
 
@@ -551,13 +567,25 @@ fn give_up<R>(
         code: failure.code(),
         reason,
     });
-    tracing::info!(
-        attempts,
-        class = %failure.class(),
-        code = %failure.code(),
-        reason = reason.as_str(),
-        "giving up"
-    );
+    match reason {
+        // A retry skipped for want of a copy: said with its cause, so that a request over the
+        // replay buffer is not a silent single attempt.
+        GiveUp::NotReplayable => tracing::info!(
+            attempts,
+            class = %failure.class(),
+            code = %failure.code(),
+            reason = reason.as_str(),
+            cause = "the request has no copy to send again: a streaming body, or one over the replay buffer limit",
+            "giving up: retry skipped"
+        ),
+        _ => tracing::info!(
+            attempts,
+            class = %failure.class(),
+            code = %failure.code(),
+            reason = reason.as_str(),
+            "giving up"
+        ),
+    }
     let mut note = Attempts::new(attempts, reason);
     if let Some(at) = first_failed_at {
         note = note.with_first_failed_at(at);
@@ -786,7 +814,8 @@ where
                                                 cx,
                                                 this.hook,
                                                 this.spans.as_ref(),
-                                                delay
+                                                delay,
+                                                deadline_at,
                                             ));
                                         }
                                         let next = earliest(deadline_at, r.hedge_delay());
@@ -1095,7 +1124,24 @@ where
                             ),
                         )));
                     }
-                    let request = match r.spare.take() {
+                    // A late wake (a loaded runtime, a slow `poll_ready`) may pass the
+                    // deadline: no attempt starts after it.
+                    let deadline_at = this.deadline.at();
+                    if deadline_at.is_some_and(|at| Instant::now() >= at) {
+                        let failure = deadline_failure(r.take_last());
+                        return Poll::Ready(Err(handed(
+                            *this.hand_back,
+                            r.spare.take(),
+                            give_up(
+                                this.hook,
+                                failure,
+                                r.attempts,
+                                r.first_failed_at(),
+                                GiveUp::DeadlineExceeded,
+                            ),
+                        )));
+                    }
+                    let mut request = match r.spare.take() {
                         Some(request) => request,
                         None => {
                             let failure = deadline_failure(r.take_last());
@@ -1116,6 +1162,9 @@ where
                     if let Some(history) = r.history.as_deref_mut() {
                         history.primary = None;
                     }
+                    // Before the copy for the next attempt is taken, which then carries this
+                    // value until its own is written.
+                    write_time_left(&mut request, &r.policy, deadline_at);
                     let max_attempts = r.policy.attempts();
                     // Under a dead-letter layer that reuses the copy, keep one for the last
                     // attempt too: it goes up with the failure; so with a status check.

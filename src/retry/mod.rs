@@ -105,6 +105,7 @@
 //! traces); without a subscriber that wants them, the check costs one atomic load.
 
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tower_service::Service;
 
@@ -134,6 +135,16 @@ pub use self::reconcile::{Delivery, ReconciledResponse, StatusCheck};
 pub struct Retry<S> {
     inner: S,
     policy: RetryPolicy,
+}
+
+/// The smaller of two optional bounds.
+#[inline]
+pub(crate) fn earlier(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
 }
 
 impl<S> Retry<S> {
@@ -192,8 +203,14 @@ impl<S> Retry<S> {
         if let Some(budget) = policy.budget_ref() {
             budget.first_attempt();
         }
-        // No clock read here: the deadline starts when an attempt first waits or fails.
-        let deadline = policy.deadline_after();
+        // No clock read here: the deadline starts when an attempt first waits or fails. The
+        // caller's own time left in the request is a deadline too, never extended by a retry.
+        let header = policy.time_left_header_ref();
+        let deadline = earlier(policy.deadline_after(), req.time_left(header));
+        let mut req = req;
+        if let Some(left) = earlier(deadline, policy.attempt_bound()) {
+            req.set_time_left(left, header);
+        }
         let safe = policy.assumes_idempotent() || req.retry_safe();
         let retries = policy.wants_copy(safe);
         // A request not safe to resend keeps a copy for the status check, when there is one.

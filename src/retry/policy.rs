@@ -124,6 +124,10 @@ struct Inner {
     rules: Vec<(Class, ClassPolicy)>,
     budget: Option<Budget>,
     deadline: Option<Duration>,
+    /// The per-attempt timeout below, for the time left written into each attempt.
+    attempt_timeout: Option<Duration>,
+    /// The HTTP header that carries the time left (`grpc-timeout` needs none).
+    time_left_header: Option<http::HeaderName>,
     /// The hedging delay and the most extra copies.
     hedge: Option<(Duration, u32)>,
     retry_unprocessed: bool,
@@ -236,6 +240,8 @@ impl Default for RetryPolicy {
                 ],
                 budget: None,
                 deadline: None,
+                attempt_timeout: None,
+                time_left_header: None,
                 hedge: None,
                 retry_unprocessed: true,
                 assume_idempotent: false,
@@ -456,6 +462,38 @@ impl RetryPolicy {
     /// reads `retry deadline elapsed during the first attempt`; one that fails is not retried. A deadline too far to represent (`Duration::MAX`) is no deadline.
     pub fn deadline(self, deadline: Duration) -> Self {
         self.edit(|p| p.deadline = Some(deadline))
+    }
+
+    /// The per-attempt timeout of the [`TimeoutLayer`](crate::timeout::TimeoutLayer) below,
+    /// so that the time left written into each attempt (gRPC's `grpc-timeout`, or the
+    /// [`time_left_header`](Self::time_left_header)) is never above it: each attempt then
+    /// carries the least of this, the [`deadline`](Self::deadline)'s time left and the caller's
+    /// own value. It times nothing out itself. [`BackstopLayer`](crate::BackstopLayer) sets it
+    /// to its own per-attempt timeout (the smaller of the two, when both are set).
+    /// [`build`](Self::build) rejects zero.
+    pub fn attempt_timeout(self, timeout: Duration) -> Self {
+        self.edit(|p| p.attempt_timeout = Some(timeout))
+    }
+
+    /// Writes the time left (whole milliseconds, rounded down) into `header` of each HTTP
+    /// attempt, and reads a value the caller put there as the caller's own deadline, never
+    /// extended by a retry. Like Envoy's `x-envoy-expected-rq-timeout-ms`, for servers that
+    /// stop work the caller has given up on. The time left is the least of the
+    /// [`deadline`](Self::deadline)'s, the caller's and the
+    /// [`attempt_timeout`](Self::attempt_timeout); with none of them, nothing is written.
+    /// gRPC requests under `GrpcLayer` always carry `grpc-timeout` and need no header.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_backstop::retry::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::default()
+    ///     .deadline(Duration::from_secs(5))
+    ///     .time_left_header(http::HeaderName::from_static("x-request-timeout-ms"));
+    /// # policy.build().unwrap();
+    /// ```
+    pub fn time_left_header(self, header: http::HeaderName) -> Self {
+        self.edit(|p| p.time_left_header = Some(header))
     }
 
     /// Hedging (gRFC A6's `hedgingPolicy`, tower's `Hedge`, Dean and Barroso's "The Tail at
@@ -692,6 +730,13 @@ impl RetryPolicy {
                 ));
             }
         }
+        if p.attempt_timeout == Some(Duration::ZERO) {
+            return Err(BuildError::new(
+                "attempt_timeout",
+                "0ns",
+                "an attempt with no time left would be given up before it is sent",
+            ));
+        }
         if p.breaker_wait > p.max_delay {
             return Err(BuildError::new(
                 "wait_for_breaker",
@@ -714,6 +759,26 @@ impl RetryPolicy {
 
     pub(crate) fn deadline_after(&self) -> Option<Duration> {
         self.inner.deadline
+    }
+
+    /// The per-attempt bound on the time left written into each attempt.
+    #[inline]
+    pub(crate) fn attempt_bound(&self) -> Option<Duration> {
+        self.inner.attempt_timeout
+    }
+
+    /// The header of [`time_left_header`](Self::time_left_header), if any.
+    #[inline]
+    pub(crate) fn time_left_header_ref(&self) -> Option<&http::HeaderName> {
+        self.inner.time_left_header.as_ref()
+    }
+
+    /// The policy with `timeout` as its attempt bound, or the smaller of it and the one set.
+    pub(crate) fn with_attempt_bound(self, timeout: Duration) -> Self {
+        match self.inner.attempt_timeout {
+            Some(set) if set <= timeout => self,
+            _ => self.edit(|p| p.attempt_timeout = Some(timeout)),
+        }
     }
 
     pub(crate) fn assumes_idempotent(&self) -> bool {
@@ -846,6 +911,8 @@ impl fmt::Debug for RetryPolicy {
             .field("rules", &self.inner.rules)
             .field("budget", &self.inner.budget)
             .field("deadline", &self.inner.deadline)
+            .field("attempt_timeout", &self.inner.attempt_timeout)
+            .field("time_left_header", &self.inner.time_left_header)
             .field("hedge", &self.inner.hedge)
             .field("retry_unprocessed", &self.inner.retry_unprocessed)
             .field("assume_idempotent", &self.inner.assume_idempotent)
