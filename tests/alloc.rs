@@ -278,32 +278,47 @@ fn classify_http_alone() {
 type Handled = Ready<Result<http::Response<()>, Infallible>>;
 
 /// A bare infallible inner service answering an `http::Response<()>`, as a server's handlers.
-fn bare_handler() -> tower::util::ServiceFn<fn(Req) -> Handled> {
-    service_fn(|_: Req| ready(Ok(http::Response::new(()))))
+type Handler = tower::util::ServiceFn<fn(http::Request<()>) -> Handled>;
+
+fn handler() -> Handler {
+    service_fn(|_: http::Request<()>| ready(Ok(http::Response::new(()))))
+}
+
+/// Our request made an `http::Request<()>`, which allocates nothing.
+type ToHttp = fn(Req) -> http::Request<()>;
+
+/// Our request, made an `http::Request<()>` for `svc`.
+fn from_req<S>(svc: S) -> tower::util::MapRequest<S, ToHttp> {
+    tower::util::MapRequest::new(svc, |_: Req| http::Request::new(()))
+}
+
+/// The bare handler, taking our request.
+fn bare_handler() -> tower::util::MapRequest<Handler, ToHttp> {
+    from_req(handler())
 }
 
 #[test]
 fn server_layer_alone() {
     let timeout = || ServerLayer::new().timeout(Duration::from_secs(30));
-    let svc = timeout().layer(bare_handler());
-    assert_adds_nothing("ServerLayer timeout", bare_handler(), svc);
+    let svc = timeout().layer(handler());
+    assert_adds_nothing("ServerLayer timeout", bare_handler(), from_req(svc));
     let svc = ServerLayer::new()
         .breaker(BreakerLayer::new())
-        .layer(bare_handler());
-    assert_adds_nothing("ServerLayer breaker", bare_handler(), svc);
+        .layer(handler());
+    assert_adds_nothing("ServerLayer breaker", bare_handler(), from_req(svc));
     let layer = timeout().breaker(BreakerLayer::new());
     let handle = layer.handle().expect("a breaker");
     assert_adds_nothing(
         "ServerLayer both",
         bare_handler(),
-        layer.layer(bare_handler()),
+        from_req(layer.layer(handler())),
     );
     assert_eq!(handle.state(), State::Closed);
     let svc = ServerLayer::grpc()
         .timeout(Duration::from_secs(30))
         .breaker(BreakerLayer::new())
-        .layer(bare_handler());
-    assert_adds_nothing("ServerLayer::grpc both", bare_handler(), svc);
+        .layer(handler());
+    assert_adds_nothing("ServerLayer::grpc both", bare_handler(), from_req(svc));
 }
 
 #[test]

@@ -82,13 +82,22 @@ impl Guard {
     }
 }
 
+impl Guard {
+    /// Gives the permit back with nothing counted: the call was dropped, or never left this
+    /// process (a load-shed rejection below the breaker).
+    #[inline]
+    pub(crate) fn release(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            self.shared.cancel(permit);
+        }
+    }
+}
+
 impl Drop for Guard {
     #[inline]
     fn drop(&mut self) {
         // Dropped or cancelled before it ended: a probe's permit goes back, nothing counts.
-        if let Some(permit) = self.permit.take() {
-            self.shared.cancel(permit);
-        }
+        self.release();
     }
 }
 
@@ -131,6 +140,12 @@ where
                 }
                 Err(e) => {
                     let failure: Failure<R> = e.into();
+                    if failure.code() == Code::Overloaded {
+                        // Refused in this process (tower's `LoadShed` below): the provider was
+                        // never asked, so it is neither its failure nor its success.
+                        guard.release();
+                        return Poll::Ready(Err(failure));
+                    }
                     guard.finish_with(Outcome::Failure(failure.class()));
                     guard.note_failure(&failure);
                     Poll::Ready(Err(failure))

@@ -1,6 +1,7 @@
 //! The server flavour: a timeout and a circuit breaker for an axum or tonic server protecting
-//! itself, answering with a response instead of an error so that an `Infallible` service stays
-//! `Infallible` (and so fits `Router::layer`).
+//! itself, answering with a response instead of an error, so that the service is `Infallible`
+//! (and so fits `Router::layer`) even over fallible inner layers (tower's `LoadShed`,
+//! `Timeout`, `ConcurrencyLimit`, `Buffer`), whose errors it answers with the right status.
 //!
 //! One layer, [`ServerLayer`], with either or both:
 //!
@@ -44,6 +45,12 @@ use crate::breaker::BreakerLayer;
 use crate::breaker::future::Guard;
 use crate::breaker::state::{Outcome, Permit, Rejection, Shared};
 use crate::classify::{GrpcClassifier, HttpClassifier};
+use crate::failure::{BoxError, Code};
+
+/// The `Retry-After` of [`ServerLayer`]'s answer to a call refused as overloaded: 1 second, the
+/// smallest whole delay-seconds value of RFC 9110 §10.2.3 (a load-shed rejection says nothing
+/// of when capacity returns, so the client comes back soon, with its own backoff and jitter).
+pub const DEFAULT_OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The server flavour of the timeout and the breaker, for an axum (or any `http`) server
 /// protecting itself; see the [module docs](self).
@@ -59,8 +66,33 @@ use crate::classify::{GrpcClassifier, HttpClassifier};
 ///   seconds, rounded up (RFC 9110 §10.2.3, delay-seconds); it is left out when the breaker was
 ///   forced open.
 ///
-/// The breaker sits outside the timeout, so it sees the timeout's answers. The inner service must
-/// be infallible, and so is this one, so it works with axum's `Router::layer`:
+/// The breaker sits outside the timeout, so it sees the timeout's answers.
+///
+/// The gRPC flavour honours the client's `grpc-timeout`: the shorter of it and the
+/// [`timeout`](Self::timeout) (or it alone, without one), timed from the call, so the server
+/// answers `DEADLINE_EXCEEDED` itself before tonic's own timeout cancels the call. A malformed
+/// value (more than 8 digits, an unknown unit) is ignored, as gRPC servers do; `0n` answers at
+/// once unless the handler is ready at its first poll.
+///
+/// # Fallible inner services
+///
+/// The inner service's error may be anything that converts into a
+/// [`BoxError`], so tower's `LoadShed`, `Timeout`, `ConcurrencyLimit` or `Buffer` can sit
+/// inside; this service stays `Infallible` and answers the error, classified by
+/// [`classify_error`](crate::classify::classify_error):
+///
+/// | inner error | HTTP | gRPC (trailers-only) | breaker |
+/// |---|---|---|---|
+/// | overloaded (`LoadShed`) | 503, `Retry-After` ([`overloaded_retry_after`](Self::overloaded_retry_after)) | `UNAVAILABLE`, `grpc-retry-pushback-ms` | not counted |
+/// | elapsed (tower's `Timeout`, ours) | the timeout's answer (504) | `DEADLINE_EXCEEDED` | a failure |
+/// | anything else (a readiness error too) | 500 | `INTERNAL` | a failure |
+///
+/// A shed call never ran a handler, so it is neither a failure nor a success for the breaker.
+/// With axum, give the router its state (`.with_state(state)`) before `.layer(...)` when the
+/// inner layers keep state across requests (`ConcurrencyLimit`'s slots): until then axum makes
+/// each handler's route, and so the layers under it, per request.
+///
+/// It works with axum's `Router::layer`:
 ///
 /// ```
 /// use std::time::Duration;
@@ -86,6 +118,7 @@ use crate::classify::{GrpcClassifier, HttpClassifier};
 pub struct ServerLayer {
     timeout: Option<Duration>,
     status: StatusCode,
+    overloaded_retry_after: Duration,
     breaker: Option<BreakerLayer>,
     classifier: HttpClassifier,
     grpc: bool,
@@ -104,6 +137,7 @@ impl ServerLayer {
         ServerLayer {
             timeout: None,
             status: StatusCode::GATEWAY_TIMEOUT,
+            overloaded_retry_after: DEFAULT_OVERLOADED_RETRY_AFTER,
             breaker: None,
             classifier: HttpClassifier::new(),
             grpc: false,
@@ -141,6 +175,15 @@ impl ServerLayer {
         self
     }
 
+    /// The `Retry-After` (gRPC: `grpc-retry-pushback-ms`) of the answer to a call that an
+    /// inner layer refused as overloaded (tower's `LoadShed`); [`DEFAULT_OVERLOADED_RETRY_AFTER`]
+    /// by default. Sent in whole seconds, rounded up (at least 1), for HTTP; in milliseconds
+    /// for gRPC.
+    pub fn overloaded_retry_after(mut self, delay: Duration) -> Self {
+        self.overloaded_retry_after = delay;
+        self
+    }
+
     /// Answers 503 with `Retry-After` (gRPC: `UNAVAILABLE`) while `breaker` is open.
     pub fn breaker(mut self, breaker: BreakerLayer) -> Self {
         self.breaker = Some(breaker);
@@ -168,6 +211,8 @@ impl<S> Layer<S> for ServerLayer {
             inner,
             timeout: self.timeout,
             status: self.status,
+            overloaded_retry_after: self.overloaded_retry_after,
+            ready_error: None,
             breaker: self.breaker.as_ref().map(|b| Counting {
                 shared: b.shared(),
                 classifier: self.classifier.clone(),
@@ -192,6 +237,9 @@ pub struct Server<S> {
     inner: S,
     timeout: Option<Duration>,
     status: StatusCode,
+    overloaded_retry_after: Duration,
+    // The inner service's readiness error, answered to the next call.
+    ready_error: Option<BoxError>,
     breaker: Option<Counting>,
     grpc: bool,
     decision: Option<Result<Permit, Rejection>>,
@@ -203,6 +251,8 @@ impl<S: Clone> Clone for Server<S> {
             inner: self.inner.clone(),
             timeout: self.timeout,
             status: self.status,
+            overloaded_retry_after: self.overloaded_retry_after,
+            ready_error: None,
             breaker: self.breaker.clone(),
             grpc: self.grpc,
             decision: None,
@@ -229,9 +279,10 @@ pub(crate) fn retry_after_secs(left: Duration) -> u64 {
     }
 }
 
-impl<S, Req, B> Service<Req> for Server<S>
+impl<S, ReqBody, B> Service<http::Request<ReqBody>> for Server<S>
 where
-    S: Service<Req, Response = Response<B>, Error = Infallible>,
+    S: Service<http::Request<ReqBody>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
     B: Default,
 {
     type Response = Response<B>;
@@ -239,16 +290,28 @@ where
     type Future = ServerFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        if self.ready_error.is_some() {
+            return Poll::Ready(Ok(()));
+        }
         if let Some(breaker) = &self.breaker {
             let decision = self.decision.get_or_insert_with(|| breaker.shared.admit());
             if decision.is_err() {
                 return Poll::Ready(Ok(()));
             }
         }
-        self.inner.poll_ready(cx)
+        if let Err(e) = ready!(self.inner.poll_ready(cx)) {
+            // Answered to the call that follows, as the inner service's error would be.
+            self.ready_error = Some(e.into());
+        }
+        Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        let answers = Answers {
+            grpc: self.grpc,
+            status: self.status,
+            overloaded_retry_after: self.overloaded_retry_after,
+        };
         let counted = match &self.breaker {
             None => None,
             Some(breaker) => match self
@@ -271,16 +334,105 @@ where
                 }
             },
         };
+        if let Some(error) = self.ready_error.take() {
+            return ServerFuture {
+                kind: Kind::Failed {
+                    error: Some(error),
+                    answers,
+                    counted,
+                },
+            };
+        }
+        // The client's own deadline (gRPC's `grpc-timeout`): the shorter of it and ours, timed
+        // from now, so that this server answers `DEADLINE_EXCEEDED` itself, no later than the
+        // client gives up. A malformed value is ignored, as gRPC servers do.
+        let client = if self.grpc {
+            req.headers()
+                .get("grpc-timeout")
+                .and_then(crate::grpc_wire::parse_timeout)
+        } else {
+            None
+        };
+        let (timeout, sleep) = match client {
+            None => (self.timeout, None),
+            Some(client) => {
+                let timeout = self.timeout.map_or(client, |own| own.min(client));
+                (Some(timeout), Some(tokio::time::sleep(timeout)))
+            }
+        };
         ServerFuture {
             kind: Kind::Called {
                 future: self.inner.call(req),
-                sleep: None,
-                timeout: self.timeout,
-                status: self.status,
-                grpc: self.grpc,
+                sleep,
+                timeout,
+                answers,
                 counted,
             },
         }
+    }
+}
+
+/// How a [`Server`] answers what its handlers did not: a timeout, an inner layer's error.
+#[derive(Clone, Copy, Debug)]
+struct Answers {
+    grpc: bool,
+    status: StatusCode,
+    overloaded_retry_after: Duration,
+}
+
+impl Answers {
+    /// The answer to an inner service's error (classified by
+    /// [`classify_error`](crate::classify::classify_error)): overloaded (tower's `LoadShed`)
+    /// → 503 with `Retry-After` / `UNAVAILABLE` with `grpc-retry-pushback-ms`, and not counted
+    /// by the breaker (the handler never ran); elapsed (tower's `Timeout`, ours) → the timeout's
+    /// answer; anything else → 500 / `INTERNAL`. gRPC answers are trailers-only.
+    fn error<B: Default>(&self, error: BoxError, counted: Option<&mut Counted>) -> Response<B> {
+        let (_, code) = crate::classify::classify_error(&*error);
+        let response = match code {
+            Code::Overloaded => {
+                if let Some(counted) = counted {
+                    counted.guard.release();
+                }
+                tracing::debug!(error = %error, "call refused as overloaded");
+                return self.overloaded();
+            }
+            Code::Timeout => timed_out(self.grpc, self.status),
+            _ => {
+                tracing::warn!(error = %error, "inner service failed");
+                if self.grpc {
+                    crate::grpc_wire::trailers_only(
+                        crate::grpc_wire::codes::INTERNAL,
+                        "internal error",
+                        None,
+                    )
+                } else {
+                    let mut response = Response::new(B::default());
+                    *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                    response
+                }
+            }
+        };
+        if let Some(counted) = counted {
+            counted.finish(&response);
+        }
+        response
+    }
+
+    fn overloaded<B: Default>(&self) -> Response<B> {
+        if self.grpc {
+            return crate::grpc_wire::trailers_only(
+                crate::grpc_wire::codes::UNAVAILABLE,
+                "overloaded",
+                Some(self.overloaded_retry_after),
+            );
+        }
+        let mut response = Response::new(B::default());
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        response.headers_mut().insert(
+            RETRY_AFTER,
+            HeaderValue::from(retry_after_secs(self.overloaded_retry_after).max(1)),
+        );
+        response
     }
 }
 
@@ -332,20 +484,26 @@ pin_project! {
             #[pin]
             sleep: Option<Sleep>,
             timeout: Option<Duration>,
-            status: StatusCode,
-            grpc: bool,
+            answers: Answers,
             counted: Option<Counted>,
         },
         Rejected {
             retry_after: Option<Duration>,
             grpc: bool,
         },
+        // The inner service's readiness error, answered without calling the handler.
+        Failed {
+            error: Option<BoxError>,
+            answers: Answers,
+            counted: Option<Counted>,
+        },
     }
 }
 
-impl<F, B> Future for ServerFuture<F>
+impl<F, B, E> Future for ServerFuture<F>
 where
-    F: Future<Output = Result<Response<B>, Infallible>>,
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
     B: Default,
 {
     type Output = Result<Response<B>, Infallible>;
@@ -356,12 +514,14 @@ where
                 future,
                 mut sleep,
                 timeout,
-                status,
-                grpc,
+                answers,
                 counted,
             } => {
                 let response = match future.poll(cx) {
                     Poll::Ready(Ok(response)) => response,
+                    Poll::Ready(Err(error)) => {
+                        return Poll::Ready(Ok(answers.error(error.into(), counted.as_mut())));
+                    }
                     Poll::Pending => {
                         let Some(timeout) = *timeout else {
                             return Poll::Pending;
@@ -372,7 +532,7 @@ where
                         if let Some(sleep) = sleep.as_pin_mut() {
                             ready!(sleep.poll(cx));
                         }
-                        let response = timed_out(*grpc, *status);
+                        let response = timed_out(answers.grpc, answers.status);
                         tracing::debug!(
                             ?timeout,
                             status = response.status().as_u16(),
@@ -385,6 +545,16 @@ where
                     counted.finish(&response);
                 }
                 Poll::Ready(Ok(response))
+            }
+            KindProj::Failed {
+                error,
+                answers,
+                counted,
+            } => {
+                let error = error
+                    .take()
+                    .expect("a server's answer polled after completion");
+                Poll::Ready(Ok(answers.error(error, counted.as_mut())))
             }
             KindProj::Rejected { retry_after, grpc } => {
                 if *grpc {
