@@ -230,6 +230,64 @@ fn timeouts_are_counted_by_the_layer_that_ran_out_of_time() {
     );
 }
 
+#[test]
+fn retries_skipped_for_want_of_a_safe_copy_are_counted_by_reason() {
+    use http_body_util::Full;
+    use tower_backstop::retry::ReplayBufferLayer;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    run(&recorder, || async {
+        let metrics = Metrics::new();
+        // A body over the replay buffer (8 bytes): one attempt, then a skipped retry.
+        let over = ServiceBuilder::new()
+            .layer(ReplayBufferLayer::new(8))
+            .layer(
+                RetryPolicy::new()
+                    .backoff(no_jitter(10))
+                    .listener(metrics.clone())
+                    .build()
+                    .unwrap(),
+            )
+            .layer(ClassifyLayer::http())
+            .service(tower::service_fn(|_: http::Request<_>| async {
+                Ok::<_, tower_backstop::BoxError>(
+                    http::Response::builder().status(503).body(()).unwrap(),
+                )
+            }));
+        let request = http::Request::put("http://mail.test/")
+            .body(Full::new(bytes::Bytes::from_static(
+                b"far more than eight bytes",
+            )))
+            .unwrap();
+        over.oneshot(request).await.unwrap_err();
+        // A keyless POST that timed out: outcome unknown, not resent.
+        let unknown = ServiceBuilder::new()
+            .layer(
+                RetryPolicy::new()
+                    .backoff(no_jitter(10))
+                    .listener(metrics)
+                    .build()
+                    .unwrap(),
+            )
+            .layer(ClassifyLayer::http())
+            .layer(TimeoutLayer::new(Duration::from_secs(1)))
+            .service(Scripted::always(after(5_000, status(200))));
+        unknown
+            .oneshot(support::post("http://mail.test/", "{}"))
+            .await
+            .unwrap_err();
+    });
+    let v = values(&snapshotter);
+    assert_eq!(
+        counter(&v, "backstop_retries_skipped_total{reason=not_replayable}"),
+        1
+    );
+    assert_eq!(
+        counter(&v, "backstop_retries_skipped_total{reason=not_idempotent}"),
+        1
+    );
+}
+
 /// The preset's listener reaches its own per-host breaker and the dead-letter layer: state
 /// gauge, transitions, rejections, and dead letters by class and status.
 #[test]

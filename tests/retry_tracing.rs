@@ -19,7 +19,36 @@ async fn every_retry_give_up_and_deferral_is_traced() {
     let upstream = Scripted::always(status(404));
     let _ = stack(RetryPolicy::new(), &upstream).oneshot(get("/")).await;
 
+    // A body over the replay buffer: the skipped retry is said at INFO, with its cause.
+    let over = tower::ServiceBuilder::new()
+        .layer(tower_backstop::retry::ReplayBufferLayer::new(8))
+        .layer(RetryPolicy::new().backoff(no_jitter(10)).build().unwrap())
+        .layer(tower_backstop::classify::ClassifyLayer::http())
+        .service(tower::service_fn(|_: http::Request<_>| async {
+            Ok::<_, tower_backstop::BoxError>(
+                http::Response::builder().status(503).body(()).unwrap(),
+            )
+        }));
+    let request = http::Request::put("http://mail.test/")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            b"far more than eight bytes",
+        )))
+        .unwrap();
+    let _ = over.oneshot(request).await;
+
     let log = logs.text();
+    let skipped = log
+        .lines()
+        .find(|l| l.contains("retry skipped"))
+        .expect(&log);
+    for field in [
+        " INFO ",
+        "attempts=1",
+        "code=http 503",
+        "over the replay buffer limit",
+    ] {
+        assert!(skipped.contains(field), "{field} in {skipped}");
+    }
     let retry = log.lines().find(|l| l.contains("retrying")).expect(&log);
     for field in [
         "attempt=1",

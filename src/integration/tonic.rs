@@ -8,9 +8,11 @@
 //!   [`RetryLayer`](crate::retry::RetryLayer) can send it again, and the request travels down
 //!   as a [`GrpcRequest`], which the `Channel` accepts;
 //! - it hands the caller the `tonic::Status` it expects: the server's own status (code and
-//!   message) after the last attempt, `UNAVAILABLE` at once for an open breaker,
-//!   `DEADLINE_EXCEEDED` for our per-attempt timeout, and for anything else the status tonic
-//!   finds in the error (a refused connection is `UNAVAILABLE`).
+//!   message) after the last attempt, `UNAVAILABLE` at once for an open breaker, a load-shed
+//!   rejection or an HTTP/2 reset, `DEADLINE_EXCEEDED` for our per-attempt timeout, and for
+//!   anything else the status tonic finds in the error (a refused connection is
+//!   `UNAVAILABLE`); the [`Failure`] behind it is the status's `source()`
+//!   ([`GrpcLayer::failure`]): class, code, attempts and why the retries stopped.
 
 use std::fmt;
 use std::future::Future;
@@ -49,7 +51,22 @@ impl Replay for GrpcRequest {
     fn record_span(&self, span: &tracing::Span) {
         self.0.record_span(span)
     }
+
+    /// The caller's `grpc-timeout` (a malformed value is ignored, as gRPC servers do).
+    fn time_left(&self, _header: Option<&http::HeaderName>) -> Option<std::time::Duration> {
+        crate::grpc_wire::parse_timeout(self.0.headers().get(GRPC_TIMEOUT)?)
+    }
+
+    /// Writes `grpc-timeout` (gRPC over HTTP/2): at most 8 digits in the coarsest exact unit,
+    /// rounded down.
+    fn set_time_left(&mut self, left: std::time::Duration, _header: Option<&http::HeaderName>) {
+        self.0
+            .headers_mut()
+            .insert(GRPC_TIMEOUT, crate::grpc_wire::encode_timeout(left));
+    }
 }
+
+const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
 impl Describe for GrpcRequest {
     fn message_id(&self) -> Option<&str> {
@@ -89,9 +106,11 @@ impl Service<GrpcRequest> for Channel {
 ///   [`RetryLayer`](crate::retry::RetryLayer) can send it again; the request travels down as a
 ///   [`GrpcRequest`], which the `Channel` accepts.
 /// - It hands the caller the `tonic::Status` it expects: the server's own status (code and
-///   message) after the last attempt, `UNAVAILABLE` at once for an open breaker,
-///   `DEADLINE_EXCEEDED` for our per-attempt timeout, and for anything else the status tonic
-///   finds in the error (a refused connection is `UNAVAILABLE`).
+///   message) after the last attempt, `UNAVAILABLE` at once for an open breaker, a load-shed
+///   rejection or an HTTP/2 reset, `DEADLINE_EXCEEDED` for our per-attempt timeout, and for
+///   anything else the status tonic finds in the error (a refused connection is
+///   `UNAVAILABLE`). The [`Failure`] behind it (class, code, attempts, why the retries
+///   stopped) is the status's `source()`: [`GrpcLayer::failure`].
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -129,6 +148,32 @@ impl GrpcLayer {
         GrpcLayer {
             buffer: ReplayBufferLayer::new(limit),
         }
+    }
+}
+
+impl GrpcLayer {
+    /// The [`Failure`] behind a `tonic::Status` that a client over this layer returned: its
+    /// class, code, [`Sent`](crate::Sent), server hint and notes (the retry layer's
+    /// [`Attempts`](crate::retry::Attempts): how many attempts, and why the retries stopped;
+    /// the dead-letter layer's record id), without the response. `None` for a status that did
+    /// not come from this layer (a success's status read by tonic from the response body's
+    /// trailers, or a status of the caller's own making).
+    ///
+    /// It is the status's `source()`, downcast: `status.source()?.downcast_ref::<Failure>()`.
+    ///
+    /// ```
+    /// use tower_backstop::{Failure, GrpcLayer};
+    ///
+    /// fn report(status: &tonic::Status) {
+    ///     match GrpcLayer::failure(status) {
+    ///         Some(failure) => eprintln!("{}: {} ({})", status.code(), failure.class(), failure.code()),
+    ///         None => eprintln!("{status}"),
+    ///     }
+    /// }
+    /// # report(&tonic::Status::unavailable("down"));
+    /// ```
+    pub fn failure(status: &tonic::Status) -> Option<&Failure> {
+        std::error::Error::source(status)?.downcast_ref::<Failure>()
     }
 }
 
@@ -229,26 +274,65 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match ready!(self.project().inner.poll(cx)) {
             Ok(response) => Poll::Ready(Ok(response)),
-            // The server's own answer (a trailers-only status, a proxy's 503): tonic reads its
-            // status and message itself.
-            Err(failure) if failure.has_response() => match Failure::into_response(failure) {
-                Some(response) => Poll::Ready(Ok(response)),
-                None => Poll::Ready(Err("response lost".into())),
-            },
+            Err(mut failure) if failure.has_response() => {
+                // The server's own trailers-only status: the caller's `Status` is the server's,
+                // with the failure as its source.
+                if let Some(status) = failure.response_mut().and_then(|r| server_status(r)) {
+                    return Poll::Ready(Err(with_failure(status, failure)));
+                }
+                // A proxy's 503, a status with details: tonic reads the answer itself.
+                match Failure::into_response(failure) {
+                    Some(response) => Poll::Ready(Ok(response)),
+                    None => Poll::Ready(Err("response lost".into())),
+                }
+            }
             Err(failure) => Poll::Ready(Err(status_of(failure))),
         }
     }
 }
 
-/// The error tonic turns into the caller's `Status`: `UNAVAILABLE` for an open breaker,
-/// `DEADLINE_EXCEEDED` for a timeout, else the failure itself (tonic finds a status, or a
-/// refused connection, in its source chain).
-fn status_of<R: Send + 'static>(failure: Failure<R>) -> BoxError {
-    if failure.class() == Class::CIRCUIT_OPEN {
-        Box::new(tonic::Status::unavailable(failure.to_string()))
-    } else if failure.code() == Code::Timeout {
-        Box::new(tonic::Status::deadline_exceeded(failure.to_string()))
-    } else {
-        Box::new(failure)
+/// The status of a trailers-only gRPC answer (`grpc-status` in the headers of an HTTP 200).
+/// `None` for any other answer, and when the status has `grpc-status-details-bin` (tonic's
+/// own parsing of those details panics on a malformed value; its client path is left to read
+/// them).
+fn server_status<B>(response: &http::Response<B>) -> Option<tonic::Status> {
+    let headers = response.headers();
+    if response.status() != http::StatusCode::OK || headers.contains_key("grpc-status-details-bin")
+    {
+        return None;
     }
+    tonic::Status::from_header_map(headers)
+}
+
+/// `status` with `failure` (its response dropped) as its `source()`.
+fn with_failure<R>(mut status: tonic::Status, failure: Failure<R>) -> BoxError {
+    status.set_source(std::sync::Arc::new(failure.map_response(|_| ())));
+    Box::new(status)
+}
+
+/// The caller's `Status` for a failure without a server's answer, with the failure as its
+/// `source()`: `UNAVAILABLE` for an open breaker, a load-shed rejection and an HTTP/2 reset or
+/// `GOAWAY` (gRPC's mapping of `REFUSED_STREAM`; the others may be retried by the caller as
+/// any `UNAVAILABLE`), `DEADLINE_EXCEEDED` for a timeout, else the status tonic finds in the
+/// error's source chain (a refused connection is `UNAVAILABLE`), or `UNKNOWN`.
+fn status_of<R: Send + 'static>(failure: Failure<R>) -> BoxError {
+    let message = failure.to_string();
+    let status = match failure.code() {
+        _ if failure.class() == Class::CIRCUIT_OPEN => tonic::Status::unavailable(message),
+        Code::Overloaded | Code::Reset(_) | Code::GoAway(_) => tonic::Status::unavailable(message),
+        Code::Timeout => tonic::Status::deadline_exceeded(message),
+        _ => {
+            // tonic's own reading of the source chain; the failure stays the source either way.
+            let failure: BoxError = Box::new(failure.map_response(|_| ()));
+            return match tonic::Status::try_from_error(failure) {
+                Ok(status) => Box::new(status),
+                Err(failure) => {
+                    let mut status = tonic::Status::unknown(message);
+                    status.set_source(failure.into());
+                    Box::new(status)
+                }
+            };
+        }
+    };
+    with_failure(status, failure)
 }

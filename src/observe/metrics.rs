@@ -29,6 +29,7 @@
 //! | `backstop_attempt_duration_seconds` | histogram | `class` | each attempt, from its call to its answer |
 //! | `backstop_call_retries` | histogram | — | retries per call (attempts − 1), when it ends |
 //! | `backstop_retry_delay_seconds` | histogram | `source` = `backoff`, `server_hint`, `breaker` | each retry scheduled |
+//! | `backstop_retries_skipped_total` | counter | `reason` = `not_replayable` (no copy: a streaming body, or one over the replay buffer), `not_idempotent` (outcome unknown, no key) | each call whose failure was not retried for want of a safe copy |
 //! | `backstop_hedges_total` | counter | — | each copy sent while an earlier attempt was still out (hedging) |
 //! | `backstop_breaker_state` | gauge | `breaker`, `state` = `closed`, `open`, `half_open`, `forced_open`, `disabled` | 1 for the breaker's state, 0 for the one it left; set at its first transition |
 //! | `backstop_breaker_transitions_total` | counter | `breaker`, `from`, `to` | each transition |
@@ -165,6 +166,11 @@ fn describe() {
         "Calls rejected by a breaker."
     );
     describe_counter!(
+        "backstop_retries_skipped_total",
+        Unit::Count,
+        "Failed calls not retried for want of a safe copy: not replayable, or not idempotent."
+    );
+    describe_counter!(
         "backstop_timeouts_total",
         Unit::Count,
         "Attempts that ran out of time: per-attempt timeout or retry deadline."
@@ -281,6 +287,8 @@ struct Inner {
     delays: Fixed<Histogram, 3>,
     breakers: Family<String, Arc<BreakerHandles>>,
     timeouts: Fixed<Counter, 2>,
+    /// Per reason: not replayable, not idempotent.
+    skipped: Fixed<Counter, 2>,
     /// Per class: dead, deferred.
     dead_letters: Family<Name, Arc<Fixed<Counter, 2>>>,
     backlog: OnceLock<Gauge>,
@@ -359,6 +367,7 @@ impl Inner {
             delays: Fixed::new(),
             breakers: Family::new(max),
             timeouts: Fixed::new(),
+            skipped: Fixed::new(),
             dead_letters: Family::new(max),
             backlog: OnceLock::new(),
             resends: Family::new(max),
@@ -437,6 +446,19 @@ impl Inner {
                     _ => 2,
                 };
                 self.call_ended(outcome, attempts);
+                let skipped = match reason {
+                    GiveUp::NotReplayable => Some(0),
+                    GiveUp::NotIdempotent => Some(1),
+                    _ => None,
+                };
+                if let Some(i) = skipped {
+                    self.skipped
+                        .get(i, || {
+                            let reason = ["not_replayable", "not_idempotent"][i];
+                            ::metrics::counter!("backstop_retries_skipped_total", "reason" => reason)
+                        })
+                        .increment(1);
+                }
             }
             Event::RetryScheduled { delay, source, .. } => {
                 let i = match source {
