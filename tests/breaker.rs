@@ -1368,3 +1368,35 @@ async fn a_reset_empties_a_time_window() {
     send(&svc, 3).await;
     assert_eq!(handle.state(), State::Closed, "three calls after the reset");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_load_shed_rejection_below_never_counts() {
+    // One slot, taken by a call that hangs; every other call is shed in this process.
+    let breaker = BreakerLayer::consecutive_failures(2);
+    let handle = breaker.handle();
+    let svc = ServiceBuilder::new()
+        .layer(breaker)
+        .layer(ClassifyLayer::http())
+        .load_shed()
+        .concurrency_limit(1)
+        .service(tower::service_fn(|_: http::Request<String>| async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok::<_, tower_backstop::BoxError>(http::Response::new(()))
+        }));
+    let mut held = svc.clone();
+    let _hanging = tokio::spawn(async move {
+        let ready = held.ready().await.unwrap();
+        ready.call(get("http://mail.test/")).await
+    });
+    tokio::task::yield_now().await;
+    for _ in 0..5 {
+        let failure = svc
+            .clone()
+            .oneshot(get("http://mail.test/"))
+            .await
+            .unwrap_err();
+        assert_eq!(failure.code(), Code::Overloaded);
+        assert_eq!(failure.sent(), tower_backstop::Sent::No);
+    }
+    assert_eq!(handle.state(), State::Closed);
+}

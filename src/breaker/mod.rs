@@ -2,7 +2,9 @@
 //!
 //! [`BreakerLayer`] counts the failures of the classes that blame the provider
 //! ([`Class::TRANSIENT`](crate::Class::TRANSIENT), [`Class::THROTTLED`](crate::Class::THROTTLED), [`Class::UNKNOWN`](crate::Class::UNKNOWN) by default; a permanent 4xx is
-//! the caller's fault, and a call whose future is dropped is cancelled: neither counts). It trips
+//! the caller's fault, a call whose future is dropped is cancelled, and a call refused in this
+//! process by tower's `LoadShed` below ([`Code::Overloaded`](crate::Code::Overloaded)) never
+//! reached the provider: none of them counts). It trips
 //! on consecutive failures, or on the failure rate or slow-call rate over a count-based window
 //! (the last N calls) or a time-based window (N buckets of a fixed width) once the window holds a
 //! minimum number of calls ([`Builder`]). Once tripped it is open: every call is rejected at once
