@@ -157,7 +157,7 @@ pub use self::failure::{BoxError, Class, Code, Failure, Note, Notes, Sent};
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use self::integration::tonic::{DEFAULT_GRPC_BUFFER, Grpc, GrpcFuture, GrpcLayer, GrpcRequest};
 pub use self::preset::{Backstop, BackstopLayer};
-pub use self::request::{Describe, Envelope, MessageId, Replay};
+pub use self::request::{Describe, Envelope, MessageId, Replay, TimeLeft};
 
 // The README's code blocks compile as doctests.
 #[cfg(doctest)]

@@ -879,6 +879,26 @@ fn grpc_stack_adds_only_the_replay_copy() {
     assert_eq!(alone, bare, "GrpcLayer alone");
     println!("grpc: bare {bare}, stack {stack} allocations over {CALLS} calls; one copy {copy}");
     assert_eq!(stack, bare + CALLS * copy);
+
+    // The preset, which writes `grpc-timeout` into each attempt: the per-attempt timeout's
+    // value, encoded once with the policy, is shared, not made per call.
+    fn timed(req: GrpcRequest) -> Ready<Result<Response, BoxError>> {
+        assert_eq!(req.0.headers()["grpc-timeout"], "1S");
+        ready(Ok(ok()))
+    }
+    let preset = run(ServiceBuilder::new()
+        .layer(GrpcLayer::new())
+        .layer(
+            tower_backstop::BackstopLayer::grpc(Duration::from_secs(1)).retry(
+                RetryPolicy::grpc()
+                    .deadline(Duration::from_secs(5))
+                    .build()
+                    .unwrap(),
+            ),
+        )
+        .service(service_fn(timed)));
+    println!("grpc preset with grpc-timeout: {preset} allocations over {CALLS} calls");
+    assert_eq!(preset, bare + CALLS * copy);
 }
 
 #[test]

@@ -58,8 +58,8 @@ impl Replay for reqwest::Request {
         crate::request::replay::read_time_left(self.headers(), header)
     }
 
-    fn set_time_left(&mut self, left: std::time::Duration, header: Option<&http::HeaderName>) {
-        crate::request::replay::write_time_left(self.headers_mut(), left, header);
+    fn set_time_left(&mut self, left: &crate::request::TimeLeft<'_>) {
+        crate::request::replay::write_time_left(self.headers_mut(), left);
     }
 
     fn record_span(&self, span: &tracing::Span) {

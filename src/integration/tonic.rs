@@ -59,10 +59,10 @@ impl Replay for GrpcRequest {
 
     /// Writes `grpc-timeout` (gRPC over HTTP/2): at most 8 digits in the coarsest exact unit,
     /// rounded down.
-    fn set_time_left(&mut self, left: std::time::Duration, _header: Option<&http::HeaderName>) {
+    fn set_time_left(&mut self, left: &crate::request::TimeLeft<'_>) {
         self.0
             .headers_mut()
-            .insert(GRPC_TIMEOUT, crate::grpc_wire::encode_timeout(left));
+            .insert(GRPC_TIMEOUT, left.grpc_timeout());
     }
 }
 

@@ -194,8 +194,8 @@ impl<B> Replay for http::Request<BufferedBody<B>> {
         super::replay::read_time_left(self.headers(), header)
     }
 
-    fn set_time_left(&mut self, left: std::time::Duration, header: Option<&http::HeaderName>) {
-        super::replay::write_time_left(self.headers_mut(), left, header);
+    fn set_time_left(&mut self, left: &crate::request::TimeLeft<'_>) {
+        super::replay::write_time_left(self.headers_mut(), left);
     }
 }
 

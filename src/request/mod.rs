@@ -15,6 +15,6 @@ pub use self::body::BufferedBody;
 pub(crate) use self::body::Collect;
 pub use self::describe::{Describe, Envelope, MessageId};
 pub use self::idempotency::{IDEMPOTENCY_KEY, new_idempotency_key};
-pub use self::replay::Replay;
 #[cfg(feature = "reqwest")]
 pub(crate) use self::replay::record_destination;
+pub use self::replay::{Replay, TimeLeft};

@@ -67,10 +67,97 @@ pub trait Replay: Sized {
     /// Writes the time left for this attempt into the request, so that the server stops when
     /// the caller will have given up: called by the retry layer before each attempt, with the
     /// least of the overall deadline's time left, the caller's own and the per-attempt timeout.
-    /// The default writes nothing; an HTTP request writes `header` (whole milliseconds, rounded
-    /// down) when there is one; a gRPC request under `GrpcLayer` writes `grpc-timeout`.
-    fn set_time_left(&mut self, left: Duration, header: Option<&http::HeaderName>) {
-        let _ = (left, header);
+    /// The default writes nothing; an HTTP request writes [`TimeLeft::millis`] into
+    /// [`TimeLeft::header`] when there is one; a gRPC request under `GrpcLayer` writes
+    /// [`TimeLeft::grpc_timeout`] into `grpc-timeout`.
+    fn set_time_left(&mut self, left: &TimeLeft<'_>) {
+        let _ = left;
+    }
+}
+
+/// The time left for one attempt, as the retry layer hands it to [`Replay::set_time_left`]:
+/// its duration, the header the policy names for HTTP
+/// ([`RetryPolicy::time_left_header`](crate::retry::RetryPolicy::time_left_header)), and its
+/// two wire forms. When the time left is exactly the policy's per-attempt timeout or its
+/// deadline (a first attempt, in the common case), both forms were encoded once with the
+/// policy and are shared, so writing them allocates nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct TimeLeft<'a> {
+    left: Duration,
+    header: Option<&'a http::HeaderName>,
+    encoded: Option<&'a Encoded>,
+}
+
+impl<'a> TimeLeft<'a> {
+    pub(crate) fn new(
+        left: Duration,
+        header: Option<&'a http::HeaderName>,
+        encoded: Option<&'a Encoded>,
+    ) -> Self {
+        TimeLeft {
+            left,
+            header,
+            encoded: encoded.filter(|e| e.left == left),
+        }
+    }
+
+    /// How long the attempt has, counted from now.
+    pub fn duration(&self) -> Duration {
+        self.left
+    }
+
+    /// The HTTP header the policy writes it into, if it names one.
+    pub fn header(&self) -> Option<&'a http::HeaderName> {
+        self.header
+    }
+
+    /// The `grpc-timeout` value (gRPC over HTTP/2): at most 8 digits in the coarsest exact
+    /// unit, rounded down, so never above [`duration`](Self::duration): `2S`, `1500m`,
+    /// `1234567u`.
+    pub fn grpc_timeout(&self) -> http::HeaderValue {
+        match self.encoded {
+            Some(e) => e.grpc.clone(),
+            None => crate::grpc_wire::encode_timeout(self.left),
+        }
+    }
+
+    /// Whole milliseconds, rounded down, as a header value.
+    pub fn millis(&self) -> http::HeaderValue {
+        match self.encoded {
+            Some(e) => e.millis.clone(),
+            None => millis_value(self.left),
+        }
+    }
+}
+
+fn millis_value(left: Duration) -> http::HeaderValue {
+    http::HeaderValue::from(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A duration's two wire forms, encoded once (with a policy) and shared by every attempt that
+/// has exactly that time left.
+#[derive(Clone, Debug)]
+pub(crate) struct Encoded {
+    left: Duration,
+    grpc: http::HeaderValue,
+    millis: http::HeaderValue,
+}
+
+impl Encoded {
+    pub(crate) fn new(left: Duration) -> Self {
+        let encoded = Encoded {
+            left,
+            grpc: crate::grpc_wire::encode_timeout(left),
+            millis: millis_value(left),
+        };
+        // Cloned once now, so that the bytes are shared from here on and every later clone
+        // only counts a reference.
+        drop(encoded.clone());
+        encoded
+    }
+
+    pub(crate) fn left(&self) -> Duration {
+        self.left
     }
 }
 
@@ -91,15 +178,11 @@ pub(crate) fn read_time_left(
         .map(Duration::from_millis)
 }
 
-/// Writes `left` into `header` of `headers` in whole milliseconds, rounded down.
-pub(crate) fn write_time_left(
-    headers: &mut http::HeaderMap,
-    left: Duration,
-    header: Option<&http::HeaderName>,
-) {
-    if let Some(header) = header {
-        let millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-        headers.insert(header.clone(), http::HeaderValue::from(millis));
+/// Writes the time left into its header of `headers`, in whole milliseconds, when the policy
+/// names one.
+pub(crate) fn write_time_left(headers: &mut http::HeaderMap, left: &TimeLeft<'_>) {
+    if let Some(header) = left.header() {
+        headers.insert(header.clone(), left.millis());
     }
 }
 
@@ -124,8 +207,8 @@ impl<B: Clone> Replay for http::Request<B> {
         read_time_left(self.headers(), header)
     }
 
-    fn set_time_left(&mut self, left: Duration, header: Option<&http::HeaderName>) {
-        write_time_left(self.headers_mut(), left, header);
+    fn set_time_left(&mut self, left: &TimeLeft<'_>) {
+        write_time_left(self.headers_mut(), left);
     }
 }
 

@@ -434,7 +434,7 @@ fn write_time_left<Req: Replay>(
 ) {
     let left = deadline.map(|at| at.saturating_duration_since(Instant::now()));
     if let Some(left) = super::earlier(left, policy.attempt_bound()) {
-        request.set_time_left(left, policy.time_left_header_ref());
+        request.set_time_left(&policy.time_left(left));
     }
 }
 

@@ -209,7 +209,7 @@ impl<S> Retry<S> {
         let deadline = earlier(policy.deadline_after(), req.time_left(header));
         let mut req = req;
         if let Some(left) = earlier(deadline, policy.attempt_bound()) {
-            req.set_time_left(left, header);
+            req.set_time_left(&policy.time_left(left));
         }
         let safe = policy.assumes_idempotent() || req.retry_safe();
         let retries = policy.wants_copy(safe);

@@ -1,6 +1,8 @@
 //! The retry policy: a matrix of classes to attempt caps and delay rules, the server's hints, the
 //! budget, the deadline and the idempotency rules.
 
+use crate::request::TimeLeft;
+use crate::request::replay::Encoded;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -124,8 +126,10 @@ struct Inner {
     rules: Vec<(Class, ClassPolicy)>,
     budget: Option<Budget>,
     deadline: Option<Duration>,
-    /// The per-attempt timeout below, for the time left written into each attempt.
-    attempt_timeout: Option<Duration>,
+    /// The per-attempt timeout below, for the time left written into each attempt, encoded.
+    attempt_timeout: Option<Encoded>,
+    /// The deadline's wire forms, for a first attempt that has all of it.
+    deadline_encoded: Option<Encoded>,
     /// The HTTP header that carries the time left (`grpc-timeout` needs none).
     time_left_header: Option<http::HeaderName>,
     /// The hedging delay and the most extra copies.
@@ -241,6 +245,7 @@ impl Default for RetryPolicy {
                 budget: None,
                 deadline: None,
                 attempt_timeout: None,
+                deadline_encoded: None,
                 time_left_header: None,
                 hedge: None,
                 retry_unprocessed: true,
@@ -461,7 +466,10 @@ impl RetryPolicy {
     /// fails at once, with class [`Class::TRANSIENT`], code [`Code::Timeout`](crate::Code::Timeout) and a source that
     /// reads `retry deadline elapsed during the first attempt`; one that fails is not retried. A deadline too far to represent (`Duration::MAX`) is no deadline.
     pub fn deadline(self, deadline: Duration) -> Self {
-        self.edit(|p| p.deadline = Some(deadline))
+        self.edit(|p| {
+            p.deadline = Some(deadline);
+            p.deadline_encoded = Some(Encoded::new(deadline));
+        })
     }
 
     /// The per-attempt timeout of the [`TimeoutLayer`](crate::timeout::TimeoutLayer) below,
@@ -472,7 +480,7 @@ impl RetryPolicy {
     /// to its own per-attempt timeout (the smaller of the two, when both are set).
     /// [`build`](Self::build) rejects zero.
     pub fn attempt_timeout(self, timeout: Duration) -> Self {
-        self.edit(|p| p.attempt_timeout = Some(timeout))
+        self.edit(|p| p.attempt_timeout = Some(Encoded::new(timeout)))
     }
 
     /// Writes the time left (whole milliseconds, rounded down) into `header` of each HTTP
@@ -730,7 +738,7 @@ impl RetryPolicy {
                 ));
             }
         }
-        if p.attempt_timeout == Some(Duration::ZERO) {
+        if p.attempt_timeout.as_ref().map(Encoded::left) == Some(Duration::ZERO) {
             return Err(BuildError::new(
                 "attempt_timeout",
                 "0ns",
@@ -764,7 +772,19 @@ impl RetryPolicy {
     /// The per-attempt bound on the time left written into each attempt.
     #[inline]
     pub(crate) fn attempt_bound(&self) -> Option<Duration> {
-        self.inner.attempt_timeout
+        self.inner.attempt_timeout.as_ref().map(Encoded::left)
+    }
+
+    /// The time left `left` for one attempt, with the wire forms encoded with the policy when
+    /// it is exactly the per-attempt timeout or the deadline.
+    #[inline]
+    pub(crate) fn time_left(&self, left: Duration) -> TimeLeft<'_> {
+        let p = &*self.inner;
+        let encoded = [p.attempt_timeout.as_ref(), p.deadline_encoded.as_ref()]
+            .into_iter()
+            .flatten()
+            .find(|e| e.left() == left);
+        TimeLeft::new(left, p.time_left_header.as_ref(), encoded)
     }
 
     /// The header of [`time_left_header`](Self::time_left_header), if any.
@@ -775,9 +795,9 @@ impl RetryPolicy {
 
     /// The policy with `timeout` as its attempt bound, or the smaller of it and the one set.
     pub(crate) fn with_attempt_bound(self, timeout: Duration) -> Self {
-        match self.inner.attempt_timeout {
+        match self.attempt_bound() {
             Some(set) if set <= timeout => self,
-            _ => self.edit(|p| p.attempt_timeout = Some(timeout)),
+            _ => self.attempt_timeout(timeout),
         }
     }
 
@@ -911,7 +931,7 @@ impl fmt::Debug for RetryPolicy {
             .field("rules", &self.inner.rules)
             .field("budget", &self.inner.budget)
             .field("deadline", &self.inner.deadline)
-            .field("attempt_timeout", &self.inner.attempt_timeout)
+            .field("attempt_timeout", &self.attempt_bound())
             .field("time_left_header", &self.inner.time_left_header)
             .field("hedge", &self.inner.hedge)
             .field("retry_unprocessed", &self.inner.retry_unprocessed)
