@@ -99,6 +99,22 @@ fn tonic(c: &mut Criterion) {
             })
         })
     });
+    // The bare channel with the deadline the stack propagates (`grpc-timeout: 30S` on each
+    // call): what the client's and the server's timers for a deadline cost by themselves.
+    group.bench_function("bare channel with a deadline", |b| {
+        let mut client = HealthClient::new(channel.clone());
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let mut request = tonic::Request::new(HealthCheckRequest::default());
+                    request.set_timeout(TIMEOUT);
+                    black_box(client.check(request).await.unwrap());
+                }
+                start.elapsed()
+            })
+        })
+    });
     group.bench_function("GrpcLayer + BackstopLayer::grpc", |b| {
         let stack = ServiceBuilder::new()
             .layer(GrpcLayer::new())
