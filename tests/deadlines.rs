@@ -217,3 +217,30 @@ async fn an_http_policy_writes_the_time_left_into_the_header_it_names() {
         assert!(pair[1].unwrap() + 50 <= pair[0].unwrap(), "{seen:?}");
     }
 }
+
+#[test]
+fn a_callers_malformed_grpc_timeout_is_ignored() {
+    use tower_backstop::request::BufferedBody;
+    use tower_backstop::{GrpcRequest, Replay};
+    let request = |value: &str| {
+        let body = BufferedBody::<tonic::body::Body>::new(bytes::Bytes::new(), None);
+        GrpcRequest(
+            http::Request::post("http://127.0.0.1:1/grpc.health.v1.Health/Check")
+                .header("grpc-timeout", value)
+                .body(body)
+                .unwrap(),
+        )
+    };
+    for bad in ["123456789S", "5x", "-1S", "S", "1.5m", " 5S"] {
+        assert_eq!(request(bad).time_left(None), None, "{bad:?}");
+    }
+    assert_eq!(request("0n").time_left(None), Some(Duration::ZERO));
+    assert_eq!(
+        request("250m").time_left(None),
+        Some(Duration::from_millis(250))
+    );
+    assert_eq!(
+        request("99999999H").time_left(None),
+        Some(Duration::from_secs(99_999_999 * 3600))
+    );
+}

@@ -195,8 +195,10 @@ mod tests {
         for (code, class) in [
             (0, None),
             (14, Some(Class::TRANSIENT)),
+            (4, Some(Class::TRANSIENT)),
             (8, Some(Class::THROTTLED)),
             (2, Some(Class::UNKNOWN)),
+            (1, Some(Class::UNKNOWN)),
             (13, Some(Class::UNKNOWN)),
             (3, Some(Class::PERMANENT)),
             (7, Some(Class::PERMANENT)),
@@ -211,6 +213,11 @@ mod tests {
                 assert_eq!(v.code, Code::Grpc(code));
             }
         }
+        // A server's DEADLINE_EXCEEDED is a timeout like ours: it may have done the work.
+        let v = c
+            .classify_response(&response(&[("grpc-status", "4")]))
+            .unwrap();
+        assert_eq!(v.sent, crate::Sent::Maybe);
         // No status in headers: success at classification time.
         assert_eq!(c.classify_response(&response(&[])), None);
         // A malformed status is UNKNOWN, not success.
