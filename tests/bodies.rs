@@ -162,3 +162,153 @@ async fn a_body_above_the_buffer_limit_is_sent_whole_once_and_never_retried() {
     assert_eq!(seen.len(), 1, "never retried");
     assert_eq!(seen[0].0, kib(), "but sent in full");
 }
+
+/// A service that counts its clones and records each body it gets, answering 503 first.
+#[derive(Clone)]
+struct Recording {
+    clones: Arc<std::sync::atomic::AtomicUsize>,
+    bodies: Arc<Mutex<Vec<Bytes>>>,
+}
+
+impl Recording {
+    fn new() -> Self {
+        Recording {
+            clones: Arc::default(),
+            bodies: Arc::default(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Counted(Recording);
+
+impl Counted {
+    fn clones(&self) -> usize {
+        self.0.clones.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl<B> tower::Service<http::Request<BufferedBody<B>>> for Counted
+where
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::fmt::Debug,
+{
+    type Response = http::Response<()>;
+    type Error = tower_backstop::BoxError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<BufferedBody<B>>) -> Self::Future {
+        use http_body_util::BodyExt;
+        let bodies = self.0.bodies.clone();
+        Box::pin(async move {
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let n = {
+                let mut bodies = bodies.lock().unwrap();
+                bodies.push(body);
+                bodies.len()
+            };
+            let status = if n == 1 { 503 } else { 200 };
+            Ok(http::Response::builder().status(status).body(()).unwrap())
+        })
+    }
+}
+
+/// Counts clones as they happen: a `Clone` that goes through `Counted::clone` increments.
+fn counting(recording: &Recording) -> CountingClone {
+    CountingClone(Counted(recording.clone()))
+}
+
+struct CountingClone(Counted);
+
+impl Clone for CountingClone {
+    fn clone(&self) -> Self {
+        self.0
+            .0
+            .clones
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        CountingClone(self.0.clone())
+    }
+}
+
+impl<B> tower::Service<http::Request<BufferedBody<B>>> for CountingClone
+where
+    Counted: tower::Service<
+            http::Request<BufferedBody<B>>,
+            Response = http::Response<()>,
+            Error = tower_backstop::BoxError,
+        >,
+{
+    type Response = http::Response<()>;
+    type Error = tower_backstop::BoxError;
+    type Future = <Counted as tower::Service<http::Request<BufferedBody<B>>>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<BufferedBody<B>>) -> Self::Future {
+        self.0.call(req)
+    }
+}
+
+#[tokio::test]
+async fn a_body_there_at_once_is_read_in_call_without_a_clone_of_the_service() {
+    let recording = Recording::new();
+    let svc = ServiceBuilder::new()
+        .layer(ReplayBufferLayer::new(4096))
+        .service(counting(&recording));
+    let request = http::Request::put("http://mail.test/")
+        .body(streaming())
+        .unwrap();
+    let response = svc.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(Counted(recording.clone()).clones(), 0);
+    assert_eq!(recording.bodies.lock().unwrap()[0], kib());
+}
+
+#[tokio::test]
+async fn a_body_that_arrives_later_is_read_by_the_future_and_replayed() {
+    let recording = Recording::new();
+    let svc = ServiceBuilder::new()
+        .layer(ReplayBufferLayer::new(4096))
+        .layer(policy().build().unwrap())
+        .layer(ClassifyLayer::http())
+        .service(counting(&recording));
+    // Frames sent after the call: the body is pending when `call` looks at it.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, Infallible>>(8);
+    let body = StreamBody::new(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|frame| (frame, rx))
+    }));
+    let request = http::Request::put("http://mail.test/")
+        .body(Box::pin(body))
+        .unwrap();
+    let call = tokio::spawn(svc.oneshot(request));
+    for chunk in kib().chunks(256) {
+        tokio::task::yield_now().await;
+        tx.send(Ok(http_body::Frame::data(Bytes::copy_from_slice(chunk))))
+            .await
+            .unwrap();
+    }
+    drop(tx);
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    let bodies = recording.bodies.lock().unwrap();
+    assert_eq!(bodies.len(), 2);
+    assert!(bodies.iter().all(|b| b == &kib()), "replayed byte for byte");
+    assert!(
+        Counted(recording.clone()).clones() >= 1,
+        "the pending path keeps a clone"
+    );
+}

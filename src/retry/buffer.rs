@@ -108,18 +108,50 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        // Take the service that was made ready; leave a clone behind.
-        let clone = self.inner.clone();
-        let service = std::mem::replace(&mut self.inner, clone);
         let (parts, body) = req.into_parts();
-        ReplayBufferFuture {
-            state: BufferState::Reading {
-                collect: Collect::new(body, self.limit),
-                parts: Some(parts),
-                service: Some(service),
+        let mut collect = Collect::new(body, self.limit);
+        // A body that is all there at once (a unary gRPC message, a body in memory) is read
+        // here and the service made ready is called now: no clone of it, no second state. The
+        // body saw a no-op waker only if it answered at once; otherwise the future polls it
+        // again with its own.
+        let mut now = Context::from_waker(std::task::Waker::noop());
+        let state = match collect.poll_collect(&mut now) {
+            Poll::Ready(Ok(body)) => BufferState::Calling {
+                future: self
+                    .inner
+                    .call(http::Request::from_parts(parts, read(body))),
             },
-        }
+            Poll::Ready(Err(e)) => BufferState::Failed {
+                error: Some(unreadable(e)),
+            },
+            Poll::Pending => {
+                // Take the service that was made ready; leave a clone behind.
+                let clone = self.inner.clone();
+                BufferState::Reading {
+                    collect,
+                    parts: Some(parts),
+                    service: Some(std::mem::replace(&mut self.inner, clone)),
+                }
+            }
+        };
+        ReplayBufferFuture { state }
     }
+}
+
+/// The body read, said at `DEBUG` when it was over the limit.
+fn read<B>(body: BufferedBody<B>) -> BufferedBody<B> {
+    if !body.is_complete() {
+        tracing::debug!("request body above the replay buffer limit: not replayable");
+    }
+    body
+}
+
+/// The error of a body that could not be read.
+fn unreadable<E: From<BoxError>>(error: impl Into<BoxError>) -> E {
+    let error: BoxError = Box::new(BodyReadError {
+        source: error.into(),
+    });
+    error.into()
 }
 
 pin_project! {
@@ -147,6 +179,9 @@ pin_project! {
         Calling {
             #[pin]
             future: S::Future,
+        },
+        Failed {
+            error: Option<S::Error>,
         },
     }
 }
@@ -179,17 +214,9 @@ where
                     service,
                 } => {
                     let body = match ready!(collect.poll_collect(cx)) {
-                        Ok(body) => body,
-                        Err(e) => {
-                            let error: BoxError = Box::new(BodyReadError { source: e.into() });
-                            return Poll::Ready(Err(error.into()));
-                        }
+                        Ok(body) => read(body),
+                        Err(e) => return Poll::Ready(Err(unreadable(e))),
                     };
-                    if !body.is_complete() {
-                        tracing::debug!(
-                            "request body above the replay buffer limit: not replayable"
-                        );
-                    }
                     let (Some(parts), Some(mut service)) = (parts.take(), service.take()) else {
                         let error: BoxError = "replay buffer polled after completion".into();
                         return Poll::Ready(Err(error.into()));
@@ -198,6 +225,12 @@ where
                     this.state.set(BufferState::Calling { future });
                 }
                 BufferStateProj::Calling { future } => return future.poll(cx),
+                BufferStateProj::Failed { error } => {
+                    return Poll::Ready(Err(error.take().unwrap_or_else(|| {
+                        let error: BoxError = "replay buffer polled after completion".into();
+                        error.into()
+                    })));
+                }
             }
         }
     }
