@@ -94,7 +94,9 @@ pub struct BackstopLayer<C = HttpClassifier, B = BreakerLayer<PerKey>> {
 
 impl BackstopLayer<HttpClassifier> {
     /// The stack for an HTTP client (hyper-util, reqwest): [`HttpClassifier::new`]'s mapping,
-    /// each attempt bounded by `attempt_timeout`, the other defaults above.
+    /// each attempt bounded by `attempt_timeout`, and the other defaults of [`BackstopLayer`]
+    /// ([`RetryPolicy::default`]; one breaker per host, opening when half of its last 100
+    /// calls failed once 20 were seen, for 1 s doubling to 30 s; no store).
     ///
     /// `attempt_timeout` means what it means for [`TimeoutLayer::new`]: a zero timeout lets
     /// through only an answer ready at its first poll (and with a store defers every server
@@ -107,7 +109,9 @@ impl BackstopLayer<HttpClassifier> {
 impl<C> BackstopLayer<C> {
     /// The stack classifying with `classifier` (for example
     /// [`GrpcClassifier`](crate::classify::GrpcClassifier)), each attempt bounded by
-    /// `attempt_timeout`, the other defaults above (one breaker per request authority).
+    /// `attempt_timeout`, and the other defaults of [`BackstopLayer`] ([`RetryPolicy::default`];
+    /// one breaker per request authority, opening when half of its last 100 calls failed once
+    /// 20 were seen, for 1 s doubling to 30 s; no store).
     pub fn new(classifier: C, attempt_timeout: Duration) -> Self {
         let per_host = client_rule()
             .per_host()
@@ -205,8 +209,10 @@ impl<C, K: Clone> BackstopLayer<C, BreakerLayer<K>> {
 impl BackstopLayer<GrpcClassifier, BreakerLayer> {
     /// The stack for a gRPC client: [`GrpcClassifier::new`]'s mapping, [`RetryPolicy::grpc`],
     /// each attempt bounded by `attempt_timeout`, one breaker (a `Channel` is one endpoint) with
-    /// the failure-rate rule above, the other defaults above. Around a tonic `Channel`, put
-    /// `GrpcLayer` (feature `tonic`) above it.
+    /// the failure-rate rule of [`BackstopLayer`] (half of the last 100 calls failed once 20 were
+    /// seen; open 1 s doubling to 30 s), no store. Around a tonic `Channel`, put `GrpcLayer`
+    /// (feature `tonic`) on top of it: each attempt then carries `grpc-timeout`, the least of
+    /// `attempt_timeout`, the retry deadline's time left and the caller's own.
     pub fn grpc(attempt_timeout: Duration) -> Self {
         BackstopLayer::new(GrpcClassifier::new(), attempt_timeout)
             .retry(

@@ -57,8 +57,9 @@ impl Replay for GrpcRequest {
         crate::grpc_wire::parse_timeout(self.0.headers().get(GRPC_TIMEOUT)?)
     }
 
-    /// Writes `grpc-timeout` (gRPC over HTTP/2): at most 8 digits in the coarsest exact unit,
-    /// rounded down.
+    /// Writes `grpc-timeout` (gRPC over HTTP/2), at most 8 digits: in the coarsest unit that
+    /// holds the time left exactly (`500m`, `2S`), else in the finest unit that holds it in 8
+    /// digits, rounded down so never above it (`89907220n` for 89.9 ms left after a retry).
     fn set_time_left(&mut self, left: &crate::request::TimeLeft<'_>) {
         self.0
             .headers_mut()

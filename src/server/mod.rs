@@ -70,7 +70,11 @@ pub const DEFAULT_OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
 ///
 /// The gRPC flavour honours the client's `grpc-timeout`: the shorter of it and the
 /// [`timeout`](Self::timeout) (or it alone, without one), timed from the call, so the server
-/// answers `DEADLINE_EXCEEDED` itself before tonic's own timeout cancels the call. A malformed
+/// stops the handler and answers `DEADLINE_EXCEEDED` itself, before tonic's server timeout
+/// would cancel the call. A tonic client ends the call at the same instant on its own side, so
+/// a plain tonic caller usually sees its channel's `CANCELLED` ("Timeout expired"); through
+/// `GrpcLayer`, that is `DEADLINE_EXCEEDED` too. Clients that do not time out themselves get
+/// the server's answer. A malformed
 /// value (more than 8 digits, an unknown unit) is ignored, as gRPC servers do; `0n` answers at
 /// once unless the handler is ready at its first poll.
 ///
@@ -87,7 +91,11 @@ pub const DEFAULT_OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// | elapsed (tower's `Timeout`, ours) | the timeout's answer (504) | `DEADLINE_EXCEEDED` | a failure |
 /// | anything else (a readiness error too) | 500 | `INTERNAL` | a failure |
 ///
-/// A shed call never ran a handler, so it is neither a failure nor a success for the breaker.
+/// Put `load_shed()` outside `concurrency_limit(n)` (`.layer(server).load_shed().concurrency_limit(n)`):
+/// `ConcurrencyLimit` alone queues calls, `LoadShed` turns a full limit into the rejection
+/// answered here. A shed call never ran a handler, so it is neither a failure nor a success for
+/// the breaker. tonic's `Server::builder().layer(..)` builds the layers once, so every
+/// connection shares the limit's slots.
 /// With axum, give the router its state (`.with_state(state)`) before `.layer(...)` when the
 /// inner layers keep state across requests (`ConcurrencyLimit`'s slots): until then axum makes
 /// each handler's route, and so the layers under it, per request.
