@@ -244,3 +244,54 @@ fn a_callers_malformed_grpc_timeout_is_ignored() {
         Some(Duration::from_secs(99_999_999 * 3600))
     );
 }
+
+#[tokio::test]
+async fn a_dead_letter_keeps_the_callers_headers_not_the_time_left_this_call_wrote() {
+    use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
+    use tower_backstop::store::{MemoryStore, Store};
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let router = axum::Router::new().route(
+        "/send",
+        axum::routing::put(move |headers: http::HeaderMap| {
+            record
+                .lock()
+                .unwrap()
+                .push(headers.contains_key("x-request-timeout-ms"));
+            async { http::StatusCode::SERVICE_UNAVAILABLE }
+        }),
+    );
+    let base = support::serve(router).await;
+    let store = MemoryStore::new();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let stack = ServiceBuilder::new()
+        .layer(
+            BackstopLayer::http(Duration::from_secs(2))
+                .retry(
+                    RetryPolicy::default()
+                        .max_attempts(2)
+                        .backoff(Backoff::constant(Duration::from_millis(5)))
+                        .time_left_header(http::HeaderName::from_static("x-request-timeout-ms"))
+                        .build()
+                        .unwrap(),
+                )
+                .dead_letters(DeadLetterLayer::new(store.clone())),
+        )
+        .service(client);
+    let request = http::Request::put(format!("{base}/send"))
+        .header("idempotency-key", "order-9")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    let failure = stack.oneshot(request).await.unwrap_err();
+    // Every attempt carried it...
+    assert_eq!(*seen.lock().unwrap(), vec![true, true]);
+    // ...but the record, which a re-drive sends again, has only what the caller sent.
+    let Some(DeadLetterStatus::Stored { id }) = failure.note::<DeadLetterStatus>() else {
+        panic!("stored: {failure:?}");
+    };
+    let record = store.get(id).await.unwrap().unwrap();
+    let names: Vec<&str> = record.headers.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(names.contains(&"idempotency-key"), "{names:?}");
+    assert!(!names.contains(&"x-request-timeout-ms"), "{names:?}");
+}

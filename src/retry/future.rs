@@ -1162,9 +1162,6 @@ where
                     if let Some(history) = r.history.as_deref_mut() {
                         history.primary = None;
                     }
-                    // Before the copy for the next attempt is taken, which then carries this
-                    // value until its own is written.
-                    write_time_left(&mut request, &r.policy, deadline_at);
                     let max_attempts = r.policy.attempts();
                     // Under a dead-letter layer that reuses the copy, keep one for the last
                     // attempt too: it goes up with the failure; so with a status check.
@@ -1177,6 +1174,8 @@ where
                             None => r.spare_state = Spare::NotReplayable,
                         }
                     }
+                    // Into this attempt only, after its copy was taken.
+                    write_time_left(&mut request, &r.policy, deadline_at);
                     if this.hook.is_set() {
                         *this.started = Some(Instant::now());
                     }

@@ -207,10 +207,6 @@ impl<S> Retry<S> {
         // caller's own time left in the request is a deadline too, never extended by a retry.
         let header = policy.time_left_header_ref();
         let deadline = earlier(policy.deadline_after(), req.time_left(header));
-        let mut req = req;
-        if let Some(left) = earlier(deadline, policy.attempt_bound()) {
-            req.set_time_left(&policy.time_left(left));
-        }
         let safe = policy.assumes_idempotent() || req.retry_safe();
         let retries = policy.wants_copy(safe);
         // A request not safe to resend keeps a copy for the status check, when there is one.
@@ -228,6 +224,13 @@ impl<S> Retry<S> {
         } else {
             None
         };
+        // Into the attempt only, after the copy: a copy (for a later attempt, a dead letter, a
+        // status check) keeps the caller's own headers, so a re-sent record does not carry a
+        // time left that this call wrote.
+        let mut req = req;
+        if let Some(left) = earlier(deadline, policy.attempt_bound()) {
+            req.set_time_left(&policy.time_left(left));
+        }
         let spans = future::Spans::of(&req);
         let future = match spans.attempt() {
             None => self.inner.call(req),
