@@ -150,9 +150,7 @@ impl GrpcLayer {
             buffer: ReplayBufferLayer::new(limit),
         }
     }
-}
 
-impl GrpcLayer {
     /// The [`Failure`] behind a `tonic::Status` that a client over this layer returned: its
     /// class, code, [`Sent`](crate::Sent), server hint and notes (the retry layer's
     /// [`Attempts`](crate::retry::Attempts): how many attempts, and why the retries stopped;
