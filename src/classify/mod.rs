@@ -267,6 +267,9 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
     let mut found_io = None;
     #[allow(unused_mut)]
     let mut connect = false;
+    // A reqwest connect error, which reqwest says proves nothing was sent.
+    #[allow(unused_mut)]
+    let mut refused = false;
     let mut current: Option<&(dyn StdError + 'static)> = Some(error);
     while let Some(e) = current {
         if e.is::<crate::timeout::Elapsed>()
@@ -296,12 +299,10 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
         #[cfg(feature = "reqwest")]
         if let Some(e) = e.downcast_ref::<reqwest::Error>() {
             if e.is_connect() {
-                if tls_failed(e) {
-                    return (Class::PERMANENT, Code::Tls);
-                }
-                return (Class::TRANSIENT, Code::Io(io::ErrorKind::ConnectionRefused));
-            }
-            if e.is_timeout() {
+                // Not sent: a refused connection, unless the walk below finds the TLS
+                // handshake's error.
+                refused = true;
+            } else if e.is_timeout() {
                 return (Class::TRANSIENT, Code::Timeout);
             }
         }
@@ -323,27 +324,13 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
     match found_io {
         // The connection was made but the peer's handshake was not what the client expects:
         // rustls (through tokio-rustls) reports every TLS failure as an io error of this kind.
-        Some(io::ErrorKind::InvalidData) if connect => (Class::PERMANENT, Code::Tls),
+        Some(io::ErrorKind::InvalidData) if connect || refused => (Class::PERMANENT, Code::Tls),
+        _ if refused => (Class::TRANSIENT, Code::Io(io::ErrorKind::ConnectionRefused)),
         Some(kind) if io_kind_is_transient(kind) || connect => (Class::TRANSIENT, Code::Io(kind)),
         Some(kind) => (Class::UNKNOWN, Code::Io(kind)),
         None if connect => (Class::TRANSIENT, Code::Error),
         None => (Class::UNKNOWN, Code::Error),
     }
-}
-
-/// Whether a connect error's cause is a failed TLS handshake: an io error of kind
-/// `InvalidData` in its source chain, which is how rustls (through tokio-rustls and
-/// hyper-rustls) reports a certificate it does not trust and a peer that does not speak TLS.
-#[cfg(feature = "reqwest")]
-fn tls_failed(error: &(dyn StdError + 'static)) -> bool {
-    let mut current = error.source();
-    while let Some(e) = current {
-        if e.downcast_ref::<io::Error>().is_some_and(invalid_data) {
-            return true;
-        }
-        current = e.source();
-    }
-    false
 }
 
 /// Whether `error`, or an io error it wraps (`io::Error::new(kind, inner_io_error)`, which

@@ -1,12 +1,11 @@
 //! `axum` (feature `axum`): a handler that calls an upstream through the stack can return the
 //! [`Failure`] itself.
 
-use std::time::Duration;
-
 use axum_core::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header::RETRY_AFTER};
 
 use crate::failure::{Class, Code, Failure};
+use crate::server::retry_after_secs;
 
 /// The answer a proxying handler gives for a failed upstream call:
 ///
@@ -74,15 +73,11 @@ impl<R: IntoResponse> IntoResponse for Failure<R> {
                 .or((code == Code::Overloaded)
                     .then_some(crate::server::DEFAULT_OVERLOADED_RETRY_AFTER));
         if let Some(delay) = retry_after {
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(delay_seconds(delay)));
+            response.headers_mut().insert(
+                RETRY_AFTER,
+                HeaderValue::from(retry_after_secs(delay).max(1)),
+            );
         }
         response
     }
-}
-
-/// `delay` in whole seconds, rounded up, at least 1.
-fn delay_seconds(delay: Duration) -> u64 {
-    (delay.as_secs() + u64::from(delay.subsec_nanos() > 0)).max(1)
 }
