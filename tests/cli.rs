@@ -534,3 +534,70 @@ async fn a_closed_pipe_ends_the_tool_quietly() {
         assert!(!stderr(&o).contains("panicked"), "{args:?}: {}", stderr(&o));
     }
 }
+
+/// `prune`: a dry run counts, the real run removes the records beyond the retention (old ones
+/// by age, then the oldest beyond the count), never a deferred record; a bad age is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_removes_what_the_retention_no_longer_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dl.db");
+    let db = path.to_str().unwrap().to_owned();
+    let store = SqliteStore::open(&path).unwrap();
+    let now = std::time::SystemTime::now();
+    let day = std::time::Duration::from_secs(24 * 3600);
+    let mut records = Vec::new();
+    for i in 0..6u32 {
+        let mut r = record(
+            &format!("m-{i}"),
+            "throttled",
+            Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
+            "spring",
+        );
+        // m-0 and m-1 are 40 days old, the rest 1 to 4 days.
+        r.last_failed_at = now - day * if i < 2 { 40 } else { 6 - i };
+        if i == 1 {
+            r.status = Status::Deferred;
+            r.retry_at = Some(now);
+        }
+        records.push(r);
+    }
+    store.put_many(records).await.unwrap();
+
+    let o = dlq_on(&db, &["prune", "--max-records", "2", "--dry-run"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("would remove 4 records: 1 older than 30days, 3 beyond 2 records"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(
+        store.list(100).await.unwrap().len(),
+        6,
+        "a dry run removes nothing"
+    );
+
+    let o = dlq_on(&db, &["prune", "--max-records", "2"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("removed 4 records: 1 older than 30days, 3 beyond 2 records"),
+        "{}",
+        stdout(&o)
+    );
+    let mut left: Vec<String> = store
+        .list(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        ["m-1", "m-5"],
+        "the newest kept, and the deferred one"
+    );
+
+    let o = dlq_on(&db, &["prune", "--max-age", "a while"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("is not a duration"), "{}", stderr(&o));
+}

@@ -634,3 +634,88 @@ async fn a_probe_that_is_not_sent_lets_the_next_record_probe() {
     }
     assert_eq!(calls.lock().unwrap().len(), 3);
 }
+
+/// With a retention, the scheduler prunes at its start and on its interval, on its own clock:
+/// the record that grew too old meanwhile goes, the deferred one (due, and re-sent) stays; a
+/// closed store's failed prune is reported and the scheduler goes on.
+#[tokio::test(start_paused = true)]
+async fn the_scheduler_prunes_by_its_retention_on_an_interval() {
+    use tower_backstop::event::Event;
+    use tower_backstop::store::{Filter, Retention};
+
+    let clock = Clock::tokio();
+    let store = Arc::new(MemoryStore::new());
+    let day = Duration::from_secs(24 * 3600);
+    let dead = |id: &str, age: Duration| {
+        let mut r = deferred(id, clock.now());
+        r.status = Status::Dead;
+        r.retry_at = None;
+        r.last_failed_at = clock.now() - age;
+        r
+    };
+    store
+        .put_many(vec![
+            dead("too-old", day * 40),
+            dead("old-soon", day * 30 - Duration::from_secs(60)),
+            dead("fresh", Duration::ZERO),
+            deferred("waiting", clock.now() + Duration::from_secs(120)),
+        ])
+        .await
+        .unwrap();
+    let calls: Calls = Arc::default();
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&errors);
+    let handle = Scheduler::new(
+        store.clone() as Arc<dyn Store>,
+        ServiceBuilder::new()
+            .layer(ClassifyLayer::http())
+            .service(recording_provider(Arc::clone(&calls))),
+        as_string_request,
+    )
+    .clock(clock)
+    .poll_every(Duration::from_secs(1))
+    .retention(Retention::new(), Duration::from_secs(3600))
+    .listener(move |e: &Event<'_>| {
+        if let Event::StoreError { operation, .. } = e {
+            seen.lock().unwrap().push(*operation);
+        }
+    })
+    .spawn();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ids = |store: &MemoryStore| {
+        let store = store.clone();
+        async move {
+            let mut ids: Vec<String> = store
+                .search(&Filter::new(), 0..100)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| r.id)
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    assert_eq!(
+        ids(&store).await,
+        ["fresh", "old-soon", "waiting"],
+        "pruned at the start"
+    );
+    // An hour on, `old-soon` is past 30 days; `waiting` was re-sent meanwhile (resolved, fresh).
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(ids(&store).await, ["fresh", "waiting"]);
+    assert_eq!(
+        calls.lock().unwrap().len(),
+        1,
+        "the deferred record was sent"
+    );
+    // A closed store: the prune fails, is reported, and the scheduler keeps running.
+    store.close();
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(
+        errors.lock().unwrap().contains(&"prune"),
+        "{:?}",
+        errors.lock().unwrap()
+    );
+    handle.shutdown().await;
+}

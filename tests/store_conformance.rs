@@ -14,8 +14,8 @@ use http_body_util::Full;
 use tower_backstop::dead_letter::record_of;
 use tower_backstop::resend::{Outcome, Redrive, Scheduler, http_request};
 use tower_backstop::store::{
-    BoxFuture, Change, Claim, Counts, Filter, MemoryStore, Record, SqliteStore, Status, Store,
-    StoreError,
+    BoxFuture, Change, Claim, Counts, Filter, MemoryStore, Record, Retention, SqliteStore, Status,
+    Store, StoreError,
 };
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 
@@ -1117,6 +1117,104 @@ async fn awkward_ids_and_a_big_payload(b: Backend) {
     assert!(provider.sent().is_empty());
 }
 
+/// Retention: by age (dead and resolved only), then by count (the oldest resolved first, then
+/// the oldest dead), never a deferred record, due or not; the dry run counts the same.
+async fn retention_prunes_by_age_then_count(b: Backend) {
+    let Some(o) = b.open("retention", 10).await else {
+        return;
+    };
+    let forty_days = Duration::from_secs(40 * 24 * 3600);
+    let old = at(0) - forty_days;
+    let resolved = |mut r: Record| {
+        r.status = Status::Resolved;
+        r.resolved_at = Some(r.last_failed_at);
+        r
+    };
+    let mut batch = vec![
+        rec("old-dead", "transient", "x", old),
+        resolved(rec("old-resolved", "transient", "x", old)),
+        // Old and due: still to be delivered, never pruned.
+        deferred(rec("old-deferred", "transient", "x", old), at(1)),
+    ];
+    for i in 0..4u64 {
+        batch.push(resolved(rec(&format!("r-{i}"), "transient", "x", at(i))));
+        batch.push(rec(&format!("d-{i}"), "poison", "y", at(4 + i)));
+    }
+    batch.push(deferred(rec("w-due", "transient", "x", at(8)), at(9)));
+    batch.push(deferred(rec("w-later", "transient", "x", at(9)), at(5_000)));
+    o.store.put_many(batch).await.unwrap();
+    assert_eq!(o.store.count(&Filter::new()).await.unwrap(), 13);
+    assert_eq!(
+        o.store
+            .count(&Filter::new().status(Status::Dead))
+            .await
+            .unwrap(),
+        5
+    );
+    assert_eq!(
+        o.store
+            .count(&Filter::new().status(Status::Resolved).until(at(0)))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        o.store.count(&Filter::new().class("poison")).await.unwrap(),
+        4
+    );
+
+    let now = at(1_000);
+    let retention = Retention::new()
+        .max_age(Duration::from_secs(30 * 24 * 3600))
+        .max_records(6);
+    let plan = retention.plan(&*o.store, now).await.unwrap();
+    assert_eq!((plan.by_age, plan.by_count), (2, 5), "the dry run");
+    assert_eq!(
+        o.store.count(&Filter::new()).await.unwrap(),
+        13,
+        "a dry run removes nothing"
+    );
+
+    let pruned = retention.prune(&*o.store, now).await.unwrap();
+    assert_eq!((pruned.by_age, pruned.by_count), (2, 5));
+    let mut left: Vec<String> = o
+        .other
+        .list(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        ["d-1", "d-2", "d-3", "old-deferred", "w-due", "w-later"],
+        "every resolved record went before the oldest dead one; the deferred ones stayed"
+    );
+    // Nothing left above the bounds: a second prune removes nothing.
+    assert_eq!(retention.prune(&*o.store, now).await.unwrap().total(), 0);
+    // A bound of 0 keeps only what is still to be delivered.
+    let all = Retention::new().no_max_age().max_records(0);
+    assert_eq!(all.plan(&*o.store, now).await.unwrap().by_count, 3);
+    assert_eq!(all.prune(&*o.store, now).await.unwrap().by_count, 3);
+    assert_eq!(o.store.count(&Filter::new()).await.unwrap(), 3);
+    let due = o
+        .store
+        .claim_due(at(1_000), 10, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let mut due = ids(&due);
+    due.sort();
+    assert_eq!(
+        due,
+        ["old-deferred", "w-due"],
+        "the due records are still claimed"
+    );
+    // Retention off: nothing is removed.
+    let off = Retention::new().no_max_age().no_max_records();
+    assert_eq!(off.prune(&*o.store, now).await.unwrap().total(), 0);
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -1152,4 +1250,5 @@ conformance!(
     a_held_record_gives_its_claim_back,
     counts_follow_each_status_change,
     an_open_ended_page_reads_to_the_end,
+    retention_prunes_by_age_then_count,
 );

@@ -32,7 +32,9 @@ use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::resend::{Outcome, Reconciler, Redrive, http_request};
 use tower_backstop::retry::{Delivery, RetryPolicy};
-use tower_backstop::store::{AlertRules, Filter, Record, SqliteStore, Stats, Status, Store};
+use tower_backstop::store::{
+    AlertRules, Filter, Record, Retention, SqliteStore, Stats, Status, Store,
+};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Envelope};
 
@@ -162,6 +164,20 @@ enum Command {
         /// Timeout of each status request (`5s`, `500ms`).
         #[arg(long, default_value = "5s", value_parser = parse_duration)]
         timeout: Duration,
+    },
+    /// Remove what the retention no longer keeps: resolved and dead records older than
+    /// `--max-age`, then, above `--max-records`, the oldest resolved records, then the oldest
+    /// dead ones. Deferred and in-flight records are never removed.
+    Prune {
+        /// Records whose last failure is older than this go (`30days`, `12h`).
+        #[arg(long, default_value = "30days", value_parser = parse_duration)]
+        max_age: Duration,
+        /// At most this many records are kept.
+        #[arg(long, default_value_t = tower_backstop::store::DEFAULT_MAX_RECORDS)]
+        max_records: u64,
+        /// Only count what would go.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Delete the dead letters that match a filter.
     Purge {
@@ -617,6 +633,27 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 report.not_delivered.len(),
                 report.unknown.len(),
                 report.skipped.len()
+            );
+        }
+        Command::Prune {
+            max_age,
+            max_records,
+            dry_run,
+        } => {
+            let retention = Retention::new().max_age(*max_age).max_records(*max_records);
+            let store = open(&cli, !*dry_run).await?;
+            let pruned = if *dry_run {
+                retention.plan(&*store, now).await?
+            } else {
+                retention.prune(&*store, now).await?
+            };
+            let verb = if *dry_run { "would remove" } else { "removed" };
+            out!(
+                "{verb} {} records: {} older than {}, {} beyond {max_records} records",
+                pruned.total(),
+                pruned.by_age,
+                humantime::format_duration(*max_age),
+                pruned.by_count
             );
         }
         Command::Purge { filter, yes } => {

@@ -14,7 +14,7 @@ use super::redrive::{Outcome, resend};
 use crate::clock::Clock;
 use crate::event::{Event, Hook, Listener};
 use crate::failure::Failure;
-use crate::store::{Change, Record, Status, Store, add_clamped};
+use crate::store::{Change, Record, Retention, Status, Store, add_clamped};
 
 /// Re-sends deferred dead letters when they are due: the retry schedule, paced by breaker.
 ///
@@ -85,6 +85,7 @@ pub struct Scheduler<S, F> {
     clock: Clock,
     listener: Hook,
     backlog_every: Duration,
+    retention: Option<(Retention, Duration)>,
 }
 
 impl<S, F> fmt::Debug for Scheduler<S, F> {
@@ -124,6 +125,7 @@ impl<S, F> Scheduler<S, F> {
             clock: Clock::system(),
             listener: Hook::default(),
             backlog_every: Duration::from_secs(15),
+            retention: None,
         }
     }
 
@@ -185,6 +187,16 @@ impl<S, F> Scheduler<S, F> {
         self
     }
 
+    /// Prunes the store by `retention` every `every` (the first time when the scheduler starts),
+    /// on the scheduler's clock: see [`Retention::prune`], which never removes a deferred or
+    /// in-flight record. Off by default; an hour is a sensible interval. A failed prune is
+    /// reported as [`Event::StoreError`] (operation `"prune"`) and at `WARN`, and the scheduler
+    /// goes on.
+    pub fn retention(mut self, retention: Retention, every: Duration) -> Self {
+        self.retention = Some((retention, every));
+        self
+    }
+
     /// The clock for record times. Default [`Clock::system`]; tests on a paused clock use
     /// [`Clock::tokio`].
     pub fn clock(mut self, clock: Clock) -> Self {
@@ -234,8 +246,30 @@ where
         let mut holds = Holds::default();
         let mut pace = Pace::new(self.rate);
         let mut backlog_at: Option<tokio::time::Instant> = None;
+        let mut pruned_at: Option<tokio::time::Instant> = None;
         loop {
             while in_flight.try_join_next().is_some() {}
+            if let Some((retention, every)) = &self.retention
+                && pruned_at.is_none_or(|at| at.elapsed() >= *every)
+            {
+                pruned_at = Some(tokio::time::Instant::now());
+                match retention.prune(&*self.store, self.clock.now()).await {
+                    Ok(pruned) if pruned.total() > 0 => tracing::info!(
+                        by_age = pruned.by_age,
+                        by_count = pruned.by_count,
+                        "pruned the dead-letter records beyond the retention"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => {
+                        self.listener.emit_ref(&Event::StoreError {
+                            operation: "prune",
+                            id: None,
+                            error: &e,
+                        });
+                        tracing::warn!(error = %e, "dead-letter scheduler cannot prune the store");
+                    }
+                }
+            }
             if self.listener.is_set()
                 && backlog_at.is_none_or(|at| at.elapsed() >= self.backlog_every)
             {

@@ -112,6 +112,17 @@ impl Store for MemoryStore {
         })
     }
 
+    fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let filter = filter.clone();
+        self.with(move |memory| {
+            memory
+                .records
+                .values()
+                .filter(|r| filter.matches(r))
+                .count() as u64
+        })
+    }
+
     fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
         self.with(move |memory| {
             Counts::tally(

@@ -52,6 +52,7 @@ mod query;
 mod record;
 #[cfg(feature = "redis")]
 mod redis;
+mod retention;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod stats;
@@ -63,6 +64,7 @@ pub use self::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::RedisStore;
+pub use self::retention::{DEFAULT_MAX_AGE, DEFAULT_MAX_RECORDS, Pruned, Retention};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use self::sqlite::SqliteStore;
@@ -227,6 +229,18 @@ pub trait Store: Send + Sync + 'static {
         filter: &Filter,
         page: Range<usize>,
     ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>>;
+
+    /// How many records match `filter`, whatever their status. The stores count with their
+    /// indexes (SQLite `COUNT(*)`, Redis `ZCARD`/`ZCOUNT` when the filter is a status or
+    /// nothing); the default reads every matching record.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let all = self.search(filter, 0..usize::MAX);
+        Box::pin(async move { Ok(all.await?.len() as u64) })
+    }
 
     /// Up to `limit` records, the most recently failed first.
     ///

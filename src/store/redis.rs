@@ -517,6 +517,38 @@ impl RedisStore {
         Some(self.narrowest_index(filter))
     }
 
+    /// The index of one status's records, for a filter of the dead or the resolved records
+    /// alone (between times, or not): `None` for any other filter, or when the indexes by status
+    /// do not hold every record (records written by a version before they were kept).
+    async fn status_index(&self, filter: &Filter) -> Result<Option<String>, StoreError> {
+        let key = match filter.status {
+            Some(Status::Dead) => "dead:time",
+            Some(Status::Resolved) => "resolved:time",
+            _ => return Ok(None),
+        };
+        if filter.class.is_some()
+            || filter.code.is_some()
+            || !filter.tags.is_empty()
+            || !filter.ids.is_empty()
+        {
+            return Ok(None);
+        }
+        let mut conn = self.conn.clone();
+        let (all, dead, waiting, resolved): (u64, u64, u64, u64) = redis::pipe()
+            .cmd("ZCARD")
+            .arg(self.key("time"))
+            .cmd("ZCARD")
+            .arg(self.key("dead:time"))
+            .cmd("ZCARD")
+            .arg(self.key("waiting:time"))
+            .cmd("ZCARD")
+            .arg(self.key("resolved:time"))
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("count records"))?;
+        Ok((all == dead + waiting + resolved).then(|| self.key(key)))
+    }
+
     /// The narrowest index for `filter`: its class's, else its code's, else its first tag's, else
     /// the time index.
     fn narrowest_index(&self, filter: &Filter) -> String {
@@ -712,6 +744,9 @@ impl Store for RedisStore {
             if let Some(index) = this.sole_index(&filter) {
                 return this.page_of(&index, &filter, page).await;
             }
+            if let Some(index) = this.status_index(&filter).await? {
+                return this.page_of(&index, &filter, page).await;
+            }
             Ok(this
                 .matching(&filter)
                 .await?
@@ -719,6 +754,35 @@ impl Store for RedisStore {
                 .skip(page.start)
                 .take(page.len())
                 .collect())
+        })
+    }
+
+    fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let this = self.clone();
+        let filter = filter.clone();
+        Box::pin(async move {
+            let times_only = filter.status.is_none()
+                && filter.class.is_none()
+                && filter.code.is_none()
+                && filter.tags.is_empty()
+                && filter.ids.is_empty();
+            let index = if times_only {
+                Some(this.key("time"))
+            } else {
+                this.status_index(&filter).await?
+            };
+            let Some(index) = index else {
+                return Ok(this.matching(&filter).await?.len() as u64);
+            };
+            let (min, max) = score_range(&filter);
+            let mut conn = this.conn.clone();
+            redis::cmd("ZCOUNT")
+                .arg(index)
+                .arg(min)
+                .arg(max)
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error("count records"))
         })
     }
 

@@ -672,6 +672,19 @@ impl Store for SqliteStore {
         })
     }
 
+    fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let (clause, values) = where_clause(filter);
+        self.run(move |conn| {
+            conn.prepare(&format!("SELECT COUNT(*) FROM dead_letters WHERE {clause}"))
+                .map_err(sql_error("count records"))?
+                .query_row(rusqlite::params_from_iter(values), |row| {
+                    row.get::<_, i64>(0)
+                })
+                .map(|n| u64::try_from(n).unwrap_or(0))
+                .map_err(sql_error("count records"))
+        })
+    }
+
     fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
         let since = to_millis(since);
         self.run(move |conn| {
