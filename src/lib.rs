@@ -104,7 +104,8 @@
 //! |---|---|---|
 //! | `sqlite` | [`SqliteStore`](store::SqliteStore), the durable dead-letter store (bundled SQLite) | yes |
 //! | `redis` | `RedisStore`, the dead-letter store shared by many instances (redis crate, tokio) | no |
-//! | `cli` | the `backstop-dlq` command-line tool over a SQLite file or a Redis URL (clap) | no |
+//! | `cli` | the `backstop-dlq` command-line tool over a SQLite file or a Redis URL (clap), with `serve` for the board | no |
+//! | `board` | [`board::Board`], the dead-letter board: an axum `Router` of web pages over any store (list, groups, one record, re-drive and purge behind an authorisation hook) | no |
 //! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain; a layer of ours can sit directly over a hyper-util client | yes |
 //! | `axum` | [`Failure`] is axum's `IntoResponse` (axum-core) | no |
 //! | `tonic` | `GrpcLayer`: a generated tonic client takes the stack around a `Channel` as its channel (bounded replay buffer, the caller's `tonic::Status`) | no |
@@ -121,6 +122,9 @@
 
 #[path = "observe/alerts.rs"]
 mod alerts;
+#[cfg(feature = "board")]
+#[cfg_attr(docsrs, doc(cfg(feature = "board")))]
+pub mod board;
 pub mod breaker;
 mod build_error;
 #[cfg(feature = "chaos")]

@@ -8,6 +8,8 @@
 //! backstop-dlq --store dead_letters.db redrive --target http://127.0.0.1:8080 \
 //!     --filter class=throttled --rate 50 --max 200
 //! backstop-dlq --store dead_letters.db purge --filter class=permanent --filter until=2026-04-01T00:00:00Z --yes
+//! backstop-dlq --store dead_letters.db serve --bind 127.0.0.1:8080
+//! backstop-dlq --store dead_letters.db serve --allow-actions --target http://127.0.0.1:8080
 //! backstop-dlq --store dead_letters.db reconcile --status-url 'http://provider/v1/messages/{id}' \
 //!     --id-from-json id
 //! ```
@@ -16,7 +18,12 @@
 //! deferred, in_flight, resolved), `id` (several: any of them), `tag.NAME`, `since` and `until`
 //! (an RFC 3339 time, or a duration back from now such as `15m`, `2h`, `7days`).
 //!
-//! Exit status: 0 done, 1 an error, 2 a bad command line or a purge without `--yes`.
+//! `serve` runs the dead-letter board (`tower_backstop::board`) on a loopback address, read-only
+//! unless `--allow-actions` (the actor is `$USER`, else `$LOGNAME`); another address needs
+//! `--allow-remote`.
+//!
+//! Exit status: 0 done, 1 an error, 2 a bad command line, a purge without `--yes`, or a refused
+//! `serve`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -28,6 +35,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceBuilder;
+use tower_backstop::board::Board;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::resend::{Outcome, Reconciler, Redrive, http_request};
@@ -144,6 +152,29 @@ enum Command {
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
         timeout: Duration,
     },
+    /// Serve the dead-letter board: web pages of the overview, the records, their groups, one
+    /// record and the audit trail; with `--allow-actions`, re-drives (through the same stack as
+    /// `redrive`) and purges, each previewed and confirmed. Prints the address it listens on.
+    Serve {
+        /// The address to listen on; port 0 picks a free one.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        bind: std::net::SocketAddr,
+        /// Allow an address that is not loopback (put your own authentication in front).
+        #[arg(long)]
+        allow_remote: bool,
+        /// Allow re-drives and purges, as the OS user (`$USER`, else `$LOGNAME`).
+        #[arg(long)]
+        allow_actions: bool,
+        /// Re-drive to here instead of each record's own URI (as `redrive --target`).
+        #[arg(long)]
+        target: Option<String>,
+        /// Attempts per re-driven message (the first included).
+        #[arg(long, default_value_t = 3)]
+        attempts: u32,
+        /// Timeout per attempt of a re-drive (`10s`, `500ms`).
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
     /// Ask the provider about each outcome-unknown dead letter: `GET` the status URL with the
     /// message id in it; 200 → delivered (the record is resolved), 404 → never delivered (the
     /// record is deferred, due now, for the scheduler to send again), anything else → still
@@ -200,42 +231,24 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration (15m, 2h): {e}"))
 }
 
-fn parse_time(s: &str, now: SystemTime) -> Result<SystemTime, String> {
-    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
-        return Ok(t);
-    }
-    let back = humantime::parse_duration(s)
-        .map_err(|_| format!("{s:?} is neither an RFC 3339 time nor a duration back from now"))?;
-    Ok(now.checked_sub(back).unwrap_or(SystemTime::UNIX_EPOCH))
-}
-
 impl FilterArgs {
     fn build(&self, now: SystemTime) -> Result<Filter, String> {
-        let mut filter = Filter::new();
-        for item in &self.filters {
-            let (key, value) = item
-                .split_once('=')
-                .ok_or_else(|| format!("filter {item:?} is not key=value"))?;
-            filter = match key {
-                "class" => filter.class(value),
-                "code" => filter.code(value),
-                "id" => filter.id(value),
-                "status" => filter.status(value.parse::<Status>().map_err(|e| e.to_string())?),
-                "since" => filter.since(parse_time(value, now)?),
-                "until" => filter.until(parse_time(value, now)?),
-                _ => match key.strip_prefix("tag.") {
-                    Some(tag) if !tag.is_empty() => filter.tag(tag, value),
-                    _ => {
-                        return Err(format!(
-                            "unknown filter key {key:?} (class, code, status, id, tag.NAME, \
-                             since, until)"
-                        ));
-                    }
-                },
-            };
-        }
-        Ok(filter)
+        Filter::from_pairs(&self.filters, now).map_err(|e| e.to_string())
     }
+}
+
+/// The stack re-drives send through: a dead-letter layer over `store`, retry, classify and a
+/// timeout per attempt around a hyper-util client (`redrive` and `serve`).
+macro_rules! redrive_stack {
+    ($store:expr, $attempts:expr, $timeout:expr) => {{
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        ServiceBuilder::new()
+            .layer(DeadLetterLayer::from_arc($store))
+            .layer(RetryPolicy::new().max_attempts($attempts).build()?)
+            .layer(ClassifyLayer::http())
+            .layer(TimeoutLayer::new($timeout))
+            .service(client)
+    }};
 }
 
 /// Opens the store named on the command line. SQLite files must exist; reads open them read-only.
@@ -557,13 +570,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 out!("dry run: {} would be sent, nothing sent", plan.len());
                 return Ok(ExitCode::SUCCESS);
             }
-            let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-            let stack = ServiceBuilder::new()
-                .layer(DeadLetterLayer::from_arc(Arc::clone(&store)))
-                .layer(RetryPolicy::new().max_attempts(*attempts).build()?)
-                .layer(ClassifyLayer::http())
-                .layer(TimeoutLayer::new(*timeout))
-                .service(client);
+            let stack = redrive_stack!(Arc::clone(&store), *attempts, *timeout);
             let report = redrive
                 .run(&*store, stack, |r| http_request(r, target.as_ref()))
                 .await?;
@@ -591,6 +598,61 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 report.failed(),
                 report.skipped()
             );
+        }
+        Command::Serve {
+            bind,
+            allow_remote,
+            allow_actions,
+            target,
+            attempts,
+            timeout,
+        } => {
+            if !bind.ip().is_loopback() && !*allow_remote {
+                eprintln!(
+                    "refusing to serve the board on {bind}, which is not a loopback address: \
+                     add --allow-remote (and put your own authentication in front)"
+                );
+                return Ok(ExitCode::from(2));
+            }
+            let actor = if *allow_actions {
+                match std::env::var("USER")
+                    .ok()
+                    .filter(|u| !u.is_empty())
+                    .or_else(|| std::env::var("LOGNAME").ok().filter(|u| !u.is_empty()))
+                {
+                    Some(actor) => Some(actor),
+                    None => {
+                        eprintln!("--allow-actions needs $USER or $LOGNAME to name the actor");
+                        return Ok(ExitCode::from(2));
+                    }
+                }
+            } else {
+                None
+            };
+            let target: Option<http::Uri> = target
+                .as_deref()
+                .map(|t| t.parse().map_err(|e| format!("bad target {t:?}: {e}")))
+                .transpose()?;
+            let store = open(&cli, actor.is_some()).await?;
+            let mut board = Board::new(Arc::clone(&store));
+            if let Some(actor) = actor.clone() {
+                board = board
+                    .authorize(move |_| Some(actor.clone()))
+                    .redrive_through(redrive_stack!(Arc::clone(&store), *attempts, *timeout));
+                if let Some(target) = target {
+                    board = board.redrive_target(target);
+                }
+            }
+            let listener = tokio::net::TcpListener::bind(bind).await?;
+            out!(
+                "serving the dead-letter board on http://{}/ ({})",
+                listener.local_addr()?,
+                match &actor {
+                    Some(a) => format!("actions allowed, as {a}"),
+                    None => "read-only".to_owned(),
+                }
+            );
+            axum::serve(listener, board.router()).await?;
         }
         Command::Reconcile {
             filter,

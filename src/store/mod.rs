@@ -59,7 +59,7 @@ mod stats;
 
 pub(crate) use self::headers::RedactHeaders;
 pub use self::memory::MemoryStore;
-pub use self::query::{Change, Claim, Counts, Filter};
+pub use self::query::{Change, Claim, Counts, Filter, FilterError};
 pub use self::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

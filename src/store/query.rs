@@ -114,6 +114,137 @@ impl Filter {
     }
 }
 
+impl Filter {
+    /// The filter that `key=value` pairs describe, every one of which must hold: the vocabulary
+    /// of `backstop-dlq --filter` and of the board's query strings.
+    ///
+    /// | key | value |
+    /// |---|---|
+    /// | `class` | the class name, exactly |
+    /// | `code` | the original code as displayed (`http 503`), exactly |
+    /// | `status` | `dead`, `deferred`, `in_flight` (or `in-flight`), `resolved` |
+    /// | `id` | a record id; several: any of them |
+    /// | `tag.NAME` | the tag `NAME` has this value |
+    /// | `since`, `until` | an RFC 3339 time (`2026-04-01T00:00:00Z`), or a duration back from `now` (`15m`, `2h`, `7days`) |
+    ///
+    /// A later `class`, `code`, `status`, `since`, `until` or `tag.NAME` replaces an earlier one.
+    /// No pairs at all give the empty filter.
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use tower_backstop::store::{Filter, Status};
+    ///
+    /// let now = SystemTime::now();
+    /// let f = Filter::from_pairs(["class=throttled", "tag.campaign=spring", "since=2h"], now)?;
+    /// assert_eq!(f, Filter::new().class("throttled").tag("campaign", "spring")
+    ///     .since(now - Duration::from_secs(7200)));
+    ///
+    /// let bad = Filter::from_pairs(["colour=red"], now).unwrap_err();
+    /// assert_eq!(bad.key(), "colour");
+    /// # Ok::<(), tower_backstop::store::FilterError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`FilterError`] naming the pair that is not `key=value`, the unknown key, or the key
+    /// whose value is not a status or a time.
+    pub fn from_pairs<I>(pairs: I, now: SystemTime) -> Result<Filter, FilterError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let mut filter = Filter::new();
+        for item in pairs {
+            let item = item.as_ref();
+            let Some((key, value)) = item.split_once('=') else {
+                return Err(FilterError::new(
+                    item,
+                    format!("filter {item:?} is not key=value"),
+                ));
+            };
+            filter = match key {
+                "class" => filter.class(value),
+                "code" => filter.code(value),
+                "id" => filter.id(value),
+                "status" => filter.status(
+                    value
+                        .parse::<Status>()
+                        .map_err(|e| FilterError::new(key, format!("filter status: {e}")))?,
+                ),
+                "since" | "until" => {
+                    let t = parse_time(value, now).ok_or_else(|| {
+                        FilterError::new(
+                            key,
+                            format!(
+                                "filter {key}: {value:?} is neither an RFC 3339 time \
+                                 (2026-04-01T00:00:00Z) nor a duration back from now (15m, 2h)"
+                            ),
+                        )
+                    })?;
+                    if key == "since" {
+                        filter.since(t)
+                    } else {
+                        filter.until(t)
+                    }
+                }
+                _ => match key.strip_prefix("tag.") {
+                    Some(tag) if !tag.is_empty() => filter.tag(tag, value),
+                    _ => {
+                        return Err(FilterError::new(
+                            key,
+                            format!(
+                                "unknown filter key {key:?} (class, code, status, id, tag.NAME, \
+                                 since, until)"
+                            ),
+                        ));
+                    }
+                },
+            };
+        }
+        Ok(filter)
+    }
+}
+
+/// An RFC 3339 time, or a duration back from `now` (clamped at the Unix epoch).
+fn parse_time(s: &str, now: SystemTime) -> Option<SystemTime> {
+    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
+        return Some(t);
+    }
+    let back = humantime::parse_duration(s).ok()?;
+    Some(now.checked_sub(back).unwrap_or(std::time::UNIX_EPOCH))
+}
+
+/// A `key=value` filter that [`Filter::from_pairs`] cannot read: not `key=value`, an unknown
+/// key, a status or a time that does not parse. [`key`](FilterError::key) names the key (or the
+/// whole pair when it has no `=`); the message says what was wrong and what is expected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FilterError {
+    key: String,
+    message: String,
+}
+
+impl FilterError {
+    fn new(key: impl Into<String>, message: String) -> Self {
+        FilterError {
+            key: key.into(),
+            message,
+        }
+    }
+
+    /// The key whose value is bad, the unknown key, or the pair that has no `=`.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl std::fmt::Display for FilterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for FilterError {}
+
 /// Counts of outstanding dead letters over a window: what [`Store::counts`](super::Store::counts)
 /// returns.
 ///
@@ -342,4 +473,67 @@ pub(crate) fn newest_first(records: &mut [Record]) {
             .cmp(&a.last_failed_at)
             .then_with(|| a.id.cmp(&b.id))
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_read_every_key() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000);
+        let f = Filter::from_pairs(
+            [
+                "class=throttled",
+                "code=http 503",
+                "status=in-flight",
+                "id=a",
+                "id=b",
+                "tag.campaign=spring=2",
+                "since=1h",
+                "until=1970-01-01T02:00:00Z",
+            ],
+            now,
+        )
+        .unwrap();
+        let want = Filter::new()
+            .class("throttled")
+            .code("http 503")
+            .status(Status::InFlight)
+            .id("a")
+            .id("b")
+            .tag("campaign", "spring=2")
+            .since(now - Duration::from_secs(3600))
+            .until(SystemTime::UNIX_EPOCH + Duration::from_secs(7200));
+        assert_eq!(f, want);
+        assert!(
+            Filter::from_pairs(Vec::<String>::new(), now)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn bad_pairs_name_the_key() {
+        let now = SystemTime::now();
+        for (pair, key, says) in [
+            ("colour=red", "colour", "unknown filter key"),
+            ("tag.=x", "tag.", "unknown filter key"),
+            ("class", "class", "not key=value"),
+            ("status=gone", "status", "\"gone\""),
+            ("since=yesterday", "since", "neither an RFC 3339 time"),
+            ("until=2026-13-01T00:00:00Z", "until", "neither"),
+        ] {
+            let e = Filter::from_pairs([pair], now).unwrap_err();
+            assert_eq!(e.key(), key, "{pair}");
+            assert!(e.to_string().contains(says), "{pair}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_duration_longer_than_the_epoch_clamps() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(5);
+        let f = Filter::from_pairs(["since=1h"], now).unwrap();
+        assert_eq!(f.since, Some(SystemTime::UNIX_EPOCH));
+    }
 }

@@ -1,0 +1,237 @@
+//! From a query string (or a form) to a [`Filter`], and the pages of records it selects.
+
+use std::ops::Range;
+use std::time::SystemTime;
+
+use super::GROUP_LIMIT;
+use super::fingerprint::Fingerprint;
+use super::html::PageError;
+use crate::store::{Filter, Record, Status, Store, StoreError};
+
+/// The keys of a query string or form that are the board's own, not a filter's.
+const BOARD_KEYS: &[&str] = &[
+    "page", "resolved", "group", "window", "view", "csrf", "rate", "max", "planned",
+];
+
+/// A query string or a form, split: the filter's pairs as given (for links and hidden fields),
+/// the filter they describe, and the board's own keys.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Scope {
+    /// The pairs of the filter as they came (`class`, `tag` as `NAME=value`, `tag.NAME`, …),
+    /// empty values left out.
+    pub(crate) pairs: Vec<(String, String)>,
+    /// What they describe.
+    pub(crate) filter: Filter,
+    /// A group's fingerprint key (`group=…`), narrowing the filter to that group.
+    pub(crate) group: Option<String>,
+    /// The board's other keys, as given.
+    pub(crate) board: Vec<(String, String)>,
+}
+
+impl Scope {
+    /// Reads `pairs` (a query string or a form): every key that is not the board's own is a
+    /// filter key of [`Filter::from_pairs`]; the filter form's `tag` field is `NAME=value`.
+    pub(crate) fn read(pairs: Vec<(String, String)>, now: SystemTime) -> Result<Self, PageError> {
+        let mut scope = Scope::default();
+        let mut filter_pairs = Vec::new();
+        for (key, value) in pairs {
+            if BOARD_KEYS.contains(&key.as_str()) {
+                if key == "group" && !value.is_empty() {
+                    scope.group = Some(value.clone());
+                }
+                scope.board.push((key, value));
+                continue;
+            }
+            if value.is_empty() {
+                // An empty field of the filter form: no condition.
+                continue;
+            }
+            let pair = if key == "tag" {
+                if !value.contains('=') || value.starts_with('=') {
+                    return Err(PageError::bad_request(format!(
+                        "filter tag: {value:?} is not NAME=value (campaign=spring)"
+                    )));
+                }
+                format!("tag.{value}")
+            } else {
+                format!("{key}={value}")
+            };
+            filter_pairs.push(pair);
+            scope.pairs.push((key, value));
+        }
+        scope.filter = Filter::from_pairs(&filter_pairs, now)
+            .map_err(|e| PageError::bad_request(format!("bad filter: {e}")))?;
+        Ok(scope)
+    }
+
+    /// The board key `key`'s value, the last one given.
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
+        self.board
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The board key `key` as a number, `default` when absent or empty.
+    pub(crate) fn number(&self, key: &str, default: usize) -> Result<usize, PageError> {
+        match self.get(key) {
+            None | Some("") => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| PageError::bad_request(format!("{key}: {v:?} is not a whole number"))),
+        }
+    }
+
+    /// The pairs for links: the filter's, and the group when there is one.
+    pub(crate) fn link_pairs(&self) -> Vec<(String, String)> {
+        let mut pairs = self.pairs.clone();
+        if let Some(group) = &self.group {
+            pairs.push(("group".to_owned(), group.clone()));
+        }
+        pairs
+    }
+
+    /// The filter an action applies to: the filter, narrowed to the group's ids when there is
+    /// a group (of the newest [`GROUP_LIMIT`] records that match). `None` when the group has no
+    /// records: then there is nothing to act on, and never the wider filter.
+    pub(crate) async fn action_filter(
+        &self,
+        store: &dyn Store,
+    ) -> Result<Option<Filter>, StoreError> {
+        let Some(group) = &self.group else {
+            return Ok(Some(self.filter.clone()));
+        };
+        let members = group_members(store, &self.filter, group).await?;
+        if members.is_empty() {
+            return Ok(None);
+        }
+        let mut filter = self.filter.clone();
+        filter.ids = members.into_iter().map(|r| r.id).collect();
+        Ok(Some(filter))
+    }
+}
+
+/// The records of the group `key` among the newest [`GROUP_LIMIT`] that match `filter`, the
+/// most recently failed first.
+pub(crate) async fn group_members(
+    store: &dyn Store,
+    filter: &Filter,
+    key: &str,
+) -> Result<Vec<Record>, StoreError> {
+    let mut records = store.search(filter, 0..GROUP_LIMIT).await?;
+    records.retain(|r| Fingerprint::of(r).key() == key);
+    Ok(records)
+}
+
+/// The statuses a list shows, in its order: the filter's one; else dead, then deferred, then in
+/// flight, then (when asked) resolved.
+pub(crate) fn statuses(filter: &Filter, resolved: bool) -> Vec<Status> {
+    match filter.status {
+        Some(s) => vec![s],
+        None if resolved => vec![
+            Status::Dead,
+            Status::Deferred,
+            Status::InFlight,
+            Status::Resolved,
+        ],
+        None => vec![Status::Dead, Status::Deferred, Status::InFlight],
+    }
+}
+
+/// One page of a list, outstanding first, and the counts of what it lists.
+#[derive(Debug)]
+pub(crate) struct Listing {
+    pub(crate) records: Vec<Record>,
+    /// The records the list holds in all, on every page.
+    pub(crate) total: u64,
+    /// Those per status, in the list's order.
+    pub(crate) by_status: Vec<(Status, u64)>,
+}
+
+/// The records at positions `page` of the list of `filter`: the statuses of [`statuses`] one
+/// after the other (each the most recently failed first, the stores' order). One count per
+/// status and at most one search per status that the page overlaps: never a scan of all.
+pub(crate) async fn outstanding_page(
+    store: &dyn Store,
+    filter: &Filter,
+    resolved: bool,
+    page: Range<usize>,
+) -> Result<Listing, StoreError> {
+    let mut by_status = Vec::new();
+    for status in statuses(filter, resolved) {
+        let n = store.count(&filter.clone().status(status)).await?;
+        by_status.push((status, n));
+    }
+    let total = by_status.iter().map(|(_, n)| n).sum();
+    let mut records = Vec::new();
+    let mut start = 0usize;
+    for &(status, n) in &by_status {
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        let end = start.saturating_add(n);
+        // The overlap of the page with this status's positions [start, end).
+        let from = page.start.max(start);
+        let to = page.end.min(end);
+        if from < to {
+            let part = store
+                .search(&filter.clone().status(status), from - start..to - start)
+                .await?;
+            records.extend(part);
+        }
+        start = end;
+    }
+    Ok(Listing {
+        records,
+        total,
+        by_status,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+        p.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn form_fields_become_a_filter() {
+        let now = SystemTime::now();
+        let s = Scope::read(
+            pairs(&[
+                ("class", "throttled"),
+                ("code", ""),
+                ("tag", "campaign=spring"),
+                ("tag.tenant", "acme"),
+                ("page", "3"),
+                ("group", "00ff"),
+            ]),
+            now,
+        )
+        .unwrap();
+        assert_eq!(
+            s.filter,
+            Filter::new()
+                .class("throttled")
+                .tag("campaign", "spring")
+                .tag("tenant", "acme")
+        );
+        assert_eq!(s.number("page", 1).unwrap(), 3);
+        assert_eq!(s.group.as_deref(), Some("00ff"));
+        assert_eq!(s.pairs.len(), 3);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let now = SystemTime::now();
+        let e = Scope::read(pairs(&[("colour", "red")]), now).unwrap_err();
+        assert!(e.message.contains("\"colour\""), "{}", e.message);
+        let e = Scope::read(pairs(&[("tag", "campaign")]), now).unwrap_err();
+        assert!(e.message.contains("NAME=value"), "{}", e.message);
+        let s = Scope::read(pairs(&[("page", "two")]), now).unwrap();
+        assert!(s.number("page", 1).unwrap_err().message.contains("\"two\""));
+    }
+}

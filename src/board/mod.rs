@@ -1,0 +1,283 @@
+//! The dead-letter board: web pages over a [`Store`] for the people who look after it.
+//!
+//! [`Board`] builds an axum [`Router`] that you mount in your own app. Its pages are server
+//! rendered HTML that works without JavaScript:
+//!
+//! | route | page |
+//! |---|---|
+//! | `GET /` | the overview: outstanding dead letters and deferred records, the top classes and codes over `?window=24h`, the dead-letter rate over that window, the alert rules' state |
+//! | `GET /records` | the list, filtered by the `key=value` vocabulary of [`Filter::from_pairs`](crate::store::Filter::from_pairs) (`class`, `code`, `status`, `tag` as `NAME=value` or `tag.NAME`, `since`, `until`, `id`), outstanding first, [`PAGE_SIZE`] a page (`?page=N`) |
+//! | `GET /groups` | the records grouped by fingerprint (class, code, and the message with numbers, ids, addresses and emails masked), over the newest [`GROUP_LIMIT`] that match |
+//! | `GET /records/{id}` | one record: status, times, tags, headers (redacted ones by name only), payload as text, JSON or hex, history and root cause |
+//! | `GET /audit` | the audit trail, newest first |
+//! | `POST /redrive/preview`, `POST /redrive/run` | a re-drive's dry run, then the run |
+//! | `POST /purge/preview`, `POST /purge/run` | a purge's count, then the purge |
+//!
+//! # Safe by default
+//!
+//! A board is read-only: it shows no action form and answers every `POST` with 403, until
+//! [`Board::authorize`] gives it a hook that names the actor of a request (from its
+//! [`Parts`]: a header your authentication middleware sets, an extension). The hook runs for
+//! every request; `None` makes that request read-only. Each action form carries a random
+//! per-board token that the `POST` must send back (compared in constant time), so another site
+//! cannot make an operator's browser act. Actions never apply to everything: an empty filter is
+//! refused (400). Re-drives need a service to send through ([`Board::redrive_through`]).
+//!
+//! The board does not authenticate anyone: mount it behind your own authentication.
+//!
+//! # Example
+//!
+//! Read-only, mounted under `/dead-letters`:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tower_backstop::board::Board;
+//! use tower_backstop::store::{MemoryStore, Store};
+//!
+//! let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+//! let app: axum::Router = axum::Router::new().nest("/dead-letters", Board::new(store).router());
+//! # let _ = app;
+//! ```
+//!
+//! # Customised
+//!
+//! Re-drives and purges for the requests your auth middleware marked with `x-operator`,
+//! re-driven through a client stack to another host:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tower_backstop::board::Board;
+//! use tower_backstop::store::{MemoryStore, Store};
+//!
+//! let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+//! # let client = tower::service_fn(|_: http::Request<http_body_util::Full<bytes::Bytes>>| async {
+//! #     Ok::<_, tower_backstop::BoxError>(http::Response::new(())) });
+//! let board = Board::new(store)
+//!     .authorize(|parts: &http::request::Parts| {
+//!         let who = parts.headers.get("x-operator")?.to_str().ok()?;
+//!         Some(who.to_owned())
+//!     })
+//!     .redrive_through(client)
+//!     .redrive_target("http://mail.internal:8080".parse().unwrap());
+//! let app: axum::Router = axum::Router::new().nest("/dead-letters", board.router());
+//! # let _ = app;
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{FromRequestParts, OriginalUri};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http::request::Parts;
+use http_body_util::Full;
+use tower::ServiceExt;
+use tower::util::BoxCloneSyncService;
+use tower_service::Service;
+
+use crate::failure::Failure;
+use crate::store::{AlertRules, Store};
+
+mod actions;
+mod filter;
+mod fingerprint;
+mod html;
+mod pages;
+mod record;
+
+use self::html::Ctx;
+
+/// Records per page of the list (`GET /records`): 50.
+pub const PAGE_SIZE: usize = 50;
+
+/// The groups page, a group's list and a group's actions look at the newest this many
+/// records that match the filter: 5,000. The page says so when there are more.
+pub const GROUP_LIMIT: usize = 5_000;
+
+/// The record page shows at most this many bytes of a payload (64 KiB), with a note when the
+/// payload is longer; the hex view shows a quarter of that.
+pub const PAYLOAD_PREVIEW: usize = 64 * 1024;
+
+/// The re-drive form's default rate, messages per second: 10 (as `backstop-dlq redrive`).
+pub const DEFAULT_RATE: u32 = 10;
+
+/// The re-drive form's default maximum, messages: 100 (as `backstop-dlq redrive`).
+pub const DEFAULT_MAX: usize = 100;
+
+/// The largest maximum a re-drive form may ask for: 10,000.
+pub const MAX_REDRIVE: usize = 10_000;
+
+/// What a re-drive sends through, erased.
+type Sender = BoxCloneSyncService<http::Request<Full<Bytes>>, (), Failure<()>>;
+
+/// The authorisation hook: the actor of a request, or `None` for read-only.
+type Authorize = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
+/// The dead-letter board: a builder of the [`Router`] of its pages over a store. See the
+/// [module docs](self) for the routes and the safety rules.
+///
+/// Defaults: read-only (no [`authorize`](Board::authorize) hook), no re-drive service, each
+/// record re-sent to its own URI, [`AlertRules::default`] for the overview's alert state.
+#[derive(Clone)]
+pub struct Board {
+    store: Arc<dyn Store>,
+    authorize: Option<Authorize>,
+    sender: Option<Sender>,
+    target: Option<http::Uri>,
+    rules: AlertRules,
+}
+
+impl fmt::Debug for Board {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Board")
+            .field("actions", &self.authorize.is_some())
+            .field("redrive", &self.sender.is_some())
+            .field("target", &self.target)
+            .field("rules", &self.rules)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Board {
+    /// A read-only board over `store`.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Board {
+            store,
+            authorize: None,
+            sender: None,
+            target: None,
+            rules: AlertRules::default(),
+        }
+    }
+
+    /// Allows actions (re-drive, purge) for the requests `hook` names an actor for: it gets the
+    /// request's [`Parts`] (headers, extensions, URI) and returns the actor's name, recorded in
+    /// the audit trail, or `None` to keep that request read-only. Without a hook the board is
+    /// read-only for everyone.
+    pub fn authorize<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.authorize = Some(Arc::new(hook));
+        self
+    }
+
+    /// The service re-drives send through: normally the same stack as the original calls, with
+    /// its [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer) over the same store, so that
+    /// a request that fails again updates its record. Each record is rebuilt with
+    /// [`http_request`](crate::resend::http_request) (to [`redrive_target`](Board::redrive_target)
+    /// when set). Without one the board offers no re-drive.
+    pub fn redrive_through<S>(mut self, service: S) -> Self
+    where
+        S: Service<http::Request<Full<Bytes>>> + Clone + Send + Sync + 'static,
+        S::Future: Send + 'static,
+        S::Response: 'static,
+        S::Error: Into<Failure<S::Response>> + 'static,
+    {
+        let erased = service
+            .map_response(|_| ())
+            .map_err(|e: S::Error| e.into().map_response(drop));
+        self.sender = Some(BoxCloneSyncService::new(erased));
+        self
+    }
+
+    /// Re-drives send to `target` instead of each record's own URI: `http://host:port` keeps
+    /// each record's path; a URI with a path replaces it (as
+    /// [`http_request`](crate::resend::http_request)'s target).
+    pub fn redrive_target(mut self, target: http::Uri) -> Self {
+        self.target = Some(target);
+        self
+    }
+
+    /// The rules whose state the overview shows. Default [`AlertRules::default`].
+    pub fn alert_rules(mut self, rules: AlertRules) -> Self {
+        self.rules = rules;
+        self
+    }
+
+    /// The router of the board's pages, to mount with
+    /// [`Router::nest`](axum::Router::nest) (links follow the mount point) or to serve as it is.
+    /// Each call makes a new CSRF secret.
+    pub fn router(self) -> Router {
+        let mut secret = [0u8; 32];
+        rand::Rng::fill(&mut rand::rng(), &mut secret);
+        let shared = Arc::new(Shared {
+            csrf: secret.iter().map(|b| format!("{b:02x}")).collect(),
+            board: self,
+        });
+        Router::new()
+            .route("/", get(pages::overview))
+            .route("/records", get(pages::list))
+            .route("/records/{id}", get(record::show))
+            .route("/groups", get(pages::groups))
+            .route("/audit", get(pages::audit))
+            .route("/redrive/preview", post(actions::redrive_preview))
+            .route("/redrive/run", post(actions::redrive_run))
+            .route("/purge/preview", post(actions::purge_preview))
+            .route("/purge/run", post(actions::purge_run))
+            .with_state(shared)
+    }
+}
+
+/// What every handler reads.
+struct Shared {
+    board: Board,
+    csrf: String,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("board", &self.board)
+            .finish_non_exhaustive()
+    }
+}
+
+type BoardState = Arc<Shared>;
+
+impl FromRequestParts<BoardState> for Ctx {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &BoardState,
+    ) -> Result<Self, Self::Rejection> {
+        // Nested under a prefix, the request's URI has it stripped; the original has it.
+        let inner = parts.uri.path().to_owned();
+        let original = parts
+            .extensions
+            .get::<OriginalUri>()
+            .map_or_else(|| inner.clone(), |u| u.0.path().to_owned());
+        let base = match original.strip_suffix(inner.as_str()) {
+            Some(base) => base.to_owned(),
+            None if inner == "/" => original.trim_end_matches('/').to_owned(),
+            None => String::new(),
+        };
+        let actor = state.board.authorize.as_ref().and_then(|hook| hook(parts));
+        Ok(Ctx {
+            base,
+            actor,
+            csrf: state.csrf.clone(),
+        })
+    }
+}
+
+/// Whether `a` and `b` are equal, in a time that depends on their lengths only.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn constant_time_eq_compares() {
+        assert!(super::constant_time_eq(b"abc", b"abc"));
+        assert!(!super::constant_time_eq(b"abc", b"abd"));
+        assert!(!super::constant_time_eq(b"abc", b"ab"));
+        assert!(!super::constant_time_eq(b"", b"a"));
+    }
+}
