@@ -10,7 +10,7 @@ use super::query::{
     Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable, top_first,
 };
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
-use super::{BoxFuture, Store, StoreError, redact_url};
+use super::{AuditEntry, BoxFuture, Store, StoreError, redact_url};
 
 /// A dead-letter store in Redis, shared by many instances (feature `redis`).
 ///
@@ -929,6 +929,49 @@ impl Store for RedisStore {
                 None if json_len > 0 => Ok(this.read(&id).await?.0.map(|r| r.budget_spent)),
                 None => Ok(None),
             }
+        })
+    }
+
+    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let json = serde_json::to_string(&entry).map_err(|e| {
+                StoreError::with_source("redis dead-letter store: encode audit entry", e)
+            })?;
+            let mut conn = this.conn.clone();
+            redis::cmd("LPUSH")
+                .arg(this.key("audit"))
+                .arg(json)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(redis_error("write audit entry"))
+        })
+    }
+
+    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            if page.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut conn = this.conn.clone();
+            // LRANGE's end is inclusive; -1 is the end of the list.
+            let end = i64::try_from(page.end - 1).unwrap_or(-1);
+            let items: Vec<String> = redis::cmd("LRANGE")
+                .arg(this.key("audit"))
+                .arg(i64::try_from(page.start).unwrap_or(i64::MAX))
+                .arg(end)
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error("read audit trail"))?;
+            items
+                .iter()
+                .map(|json| {
+                    serde_json::from_str(json).map_err(|e| {
+                        StoreError::with_source("redis dead-letter store: decode audit entry", e)
+                    })
+                })
+                .collect()
         })
     }
 
