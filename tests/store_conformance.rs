@@ -1174,6 +1174,24 @@ async fn retention_prunes_by_age_then_count(b: Backend) {
         o.store.count(&Filter::new().class("poison")).await.unwrap(),
         4
     );
+    // A status with a class, and the deferred records: counted and paged as the others.
+    let dead_poison = Filter::new().status(Status::Dead).class("poison");
+    assert_eq!(o.store.count(&dead_poison).await.unwrap(), 4);
+    assert_eq!(
+        ids(&o.store.search(&dead_poison, 1..3).await.unwrap()),
+        ["d-2", "d-1"]
+    );
+    let waiting = Filter::new().status(Status::Deferred);
+    assert_eq!(o.store.count(&waiting).await.unwrap(), 3);
+    assert_eq!(
+        ids(&o.store.search(&waiting, 0..10).await.unwrap()),
+        ["w-later", "w-due", "old-deferred"]
+    );
+    let resolved = Filter::new().status(Status::Resolved);
+    assert_eq!(
+        ids(&o.store.search(&resolved, 3..10).await.unwrap()),
+        ["r-0", "old-resolved"]
+    );
 
     let now = at(1_000);
     let retention = Retention::new()
