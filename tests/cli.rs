@@ -350,6 +350,16 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
         stdout(&o)
     );
     assert_eq!(store.list(100).await.unwrap().len(), 5);
+    let trail = store.audit(0..10).await.unwrap();
+    assert_eq!(
+        (
+            trail[0].action.as_str(),
+            trail[0].filter.as_str(),
+            trail[0].sent
+        ),
+        ("purge", "class=permanent", 3),
+        "the purge is in the audit trail"
+    );
     let o = dlq_on(&db, &["purge", "--yes"]).await;
     assert_eq!(o.status.code(), Some(2), "no purge of everything");
 
@@ -596,6 +606,28 @@ async fn prune_removes_what_the_retention_no_longer_keeps() {
         ["m-1", "m-5"],
         "the newest kept, and the deferred one"
     );
+
+    // The prune is in the audit trail, by the OS user.
+    let o = dlq_on(&db, &["audit"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "unknown user".to_owned());
+    let out = stdout(&o);
+    let line = out.lines().nth(1).unwrap_or_default();
+    assert!(
+        line.contains(&user)
+            && line.contains("prune")
+            && line.contains("removed 1 older than 30days and 3 beyond 2 records"),
+        "{out}"
+    );
+    let o = dlq_on(&db, &["audit", "--json"]).await;
+    let entry: serde_json::Value =
+        serde_json::from_str(stdout(&o).lines().next().unwrap()).unwrap();
+    assert_eq!(entry["action"], "prune");
+    assert_eq!(entry["sent"], 4);
 
     let o = dlq_on(&db, &["prune", "--max-age", "a while"]).await;
     assert_eq!(o.status.code(), Some(2));

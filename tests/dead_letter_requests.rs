@@ -293,7 +293,7 @@ async fn a_version_3_sqlite_store_is_upgraded_in_place() {
         .unwrap()
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5, "upgraded to the current schema");
     let provider = Provider::default();
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
@@ -302,4 +302,43 @@ async fn a_version_3_sqlite_store_is_upgraded_in_place() {
     let new = store.get("evt-42").await.unwrap().unwrap();
     let cause = new.cause.expect("a real failure is its own root cause");
     assert_eq!((cause.class, cause.code), (new.class, new.code));
+}
+
+/// A store written by schema version 4 (no audit trail) opens with an empty trail, and keeps
+/// one from then on; the file is at version 5 after.
+#[tokio::test]
+async fn a_version_4_sqlite_store_gains_an_audit_trail() {
+    use tower_backstop::store::{AuditAction, AuditEntry, Filter, Store};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v4.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "CREATE TABLE dead_letters ({V2_COLUMNS},
+                headers TEXT NOT NULL DEFAULT '[]', redacted_headers TEXT NOT NULL DEFAULT '[]',
+                cause TEXT, breaker TEXT);
+             INSERT INTO dead_letters VALUES ({V2_ROW}, '[]', '[]', NULL, NULL);
+             PRAGMA user_version = 4;"
+        ))
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    assert!(store.get("old").await.unwrap().is_some());
+    assert!(store.audit(0..10).await.unwrap().is_empty());
+    store
+        .append_audit(AuditEntry::new(
+            AuditAction::Purge,
+            "ops",
+            &Filter::new().id("old"),
+        ))
+        .await
+        .unwrap();
+    let trail = store.audit(0..10).await.unwrap();
+    assert_eq!((trail.len(), trail[0].filter.as_str()), (1, "id=old"));
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, 5);
 }

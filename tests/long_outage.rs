@@ -439,6 +439,18 @@ impl Store for Flaky {
     fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
         self.guarded(self.inner.delete(filter))
     }
+    fn append_audit(
+        &self,
+        entry: tower_backstop::store::AuditEntry,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.guarded(self.inner.append_audit(entry))
+    }
+    fn audit(
+        &self,
+        page: std::ops::Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<tower_backstop::store::AuditEntry>, StoreError>> {
+        self.guarded(self.inner.audit(page))
+    }
     fn change_if_unchanged(
         &self,
         seen: &Record,

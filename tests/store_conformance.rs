@@ -14,8 +14,8 @@ use http_body_util::Full;
 use tower_backstop::dead_letter::record_of;
 use tower_backstop::resend::{Outcome, Redrive, Scheduler, http_request};
 use tower_backstop::store::{
-    BoxFuture, Change, Claim, Counts, Filter, MemoryStore, Record, Retention, SqliteStore, Status,
-    Store, StoreError,
+    AuditAction, AuditEntry, BoxFuture, Change, Claim, Counts, Filter, MemoryStore, Record,
+    Retention, SqliteStore, Status, Store, StoreError, purge,
 };
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 
@@ -812,6 +812,18 @@ impl Store for Gated {
     fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
         self.inner.delete(filter)
     }
+    fn append_audit(
+        &self,
+        entry: tower_backstop::store::AuditEntry,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.append_audit(entry)
+    }
+    fn audit(
+        &self,
+        page: std::ops::Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<tower_backstop::store::AuditEntry>, StoreError>> {
+        self.inner.audit(page)
+    }
     fn change_if_unchanged(
         &self,
         seen: &Record,
@@ -1162,6 +1174,24 @@ async fn retention_prunes_by_age_then_count(b: Backend) {
         o.store.count(&Filter::new().class("poison")).await.unwrap(),
         4
     );
+    // A status with a class, and the deferred records: counted and paged as the others.
+    let dead_poison = Filter::new().status(Status::Dead).class("poison");
+    assert_eq!(o.store.count(&dead_poison).await.unwrap(), 4);
+    assert_eq!(
+        ids(&o.store.search(&dead_poison, 1..3).await.unwrap()),
+        ["d-2", "d-1"]
+    );
+    let waiting = Filter::new().status(Status::Deferred);
+    assert_eq!(o.store.count(&waiting).await.unwrap(), 3);
+    assert_eq!(
+        ids(&o.store.search(&waiting, 0..10).await.unwrap()),
+        ["w-later", "w-due", "old-deferred"]
+    );
+    let resolved = Filter::new().status(Status::Resolved);
+    assert_eq!(
+        ids(&o.store.search(&resolved, 3..10).await.unwrap()),
+        ["r-0", "old-resolved"]
+    );
 
     let now = at(1_000);
     let retention = Retention::new()
@@ -1215,6 +1245,105 @@ async fn retention_prunes_by_age_then_count(b: Backend) {
     assert_eq!(off.prune(&*o.store, now).await.unwrap().total(), 0);
 }
 
+/// The audit trail: entries come back newest first and paged, from another handle too; a
+/// re-drive, a purge and a prune each write one with their actor, filter, counts and outcome;
+/// an empty purge is refused and writes nothing.
+async fn audit_trail_records_redrives_purges_and_prunes(b: Backend) {
+    let Some(o) = b.open("audit", 10).await else {
+        return;
+    };
+    assert!(o.store.audit(0..10).await.unwrap().is_empty());
+    for i in 0..5u64 {
+        let filter = Filter::new().class(format!("c{i}")).code("http 503");
+        let entry = AuditEntry::new(AuditAction::Redrive, format!("op-{i}"), &filter)
+            .at(at(i))
+            .planned(i)
+            .sent(i)
+            .outcome(format!("resolved {i}"));
+        o.store.append_audit(entry).await.unwrap();
+    }
+    let page = o.other.audit(1..3).await.unwrap();
+    let actors: Vec<&str> = page.iter().map(|e| e.actor.as_str()).collect();
+    assert_eq!(actors, ["op-3", "op-2"], "newest first, paged");
+    assert_eq!(page[0].filter, "class=c3 code=\"http 503\"");
+    assert_eq!(
+        (page[0].planned, page[0].sent, page[0].at),
+        (Some(3), 3, at(3))
+    );
+    assert_eq!(page[0].outcome, "resolved 3");
+    assert!(
+        o.store.audit(5..10).await.unwrap().is_empty(),
+        "past the end"
+    );
+
+    // A re-drive by a named operator.
+    o.store
+        .put_many(vec![
+            rec("m-1", "transient", "x", at(10)),
+            rec("m-2", "transient", "x", at(11)),
+            rec("p-1", "poison", "y", at(12)),
+        ])
+        .await
+        .unwrap();
+    let provider = Provider::default();
+    Redrive::new(Filter::new().class("transient"), 1_000, 10)
+        .unwrap()
+        .actor("alice")
+        .run(&*o.store, provider.service(), |r| http_request(r, None))
+        .await
+        .unwrap();
+    assert_eq!(provider.sent(), ["m-1", "m-2"]);
+    let last = o.store.audit(0..1).await.unwrap().remove(0);
+    assert_eq!(
+        (last.action, last.actor.as_str(), last.filter.as_str()),
+        (AuditAction::Redrive, "alice", "class=transient")
+    );
+    assert_eq!((last.planned, last.sent), (Some(2), 2));
+    assert_eq!(last.outcome, "resolved 2, failed 0, skipped 0");
+
+    // A purge, and a refused one.
+    assert!(purge(&*o.store, &Filter::new(), "bob").await.is_err());
+    assert_eq!(
+        o.store.audit(0..100).await.unwrap().len(),
+        6,
+        "nothing written"
+    );
+    assert_eq!(
+        purge(&*o.store, &Filter::new().class("poison"), "bob")
+            .await
+            .unwrap(),
+        1
+    );
+    let last = o.store.audit(0..1).await.unwrap().remove(0);
+    assert_eq!(
+        (last.action, last.actor.as_str(), last.sent),
+        (AuditAction::Purge, "bob", 1)
+    );
+    assert_eq!(last.outcome, "deleted 1");
+
+    // A prune that removes something is recorded; one that removes nothing is not.
+    let retention = Retention::new().no_max_age().max_records(1);
+    let pruned = retention
+        .prune_as(&*o.store, at(1_000), "scheduler")
+        .await
+        .unwrap();
+    assert_eq!(pruned.by_count, 1);
+    let last = o.store.audit(0..1).await.unwrap().remove(0);
+    assert_eq!(
+        (last.action, last.actor.as_str(), last.sent),
+        (AuditAction::Prune, "scheduler", 1)
+    );
+    assert_eq!(
+        last.outcome,
+        "removed 0 older than none and 1 beyond 1 records"
+    );
+    retention
+        .prune_as(&*o.store, at(1_000), "scheduler")
+        .await
+        .unwrap();
+    assert_eq!(o.store.audit(0..100).await.unwrap().len(), 8);
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -1251,4 +1380,5 @@ conformance!(
     counts_follow_each_status_change,
     an_open_ended_page_reads_to_the_end,
     retention_prunes_by_age_then_count,
+    audit_trail_records_redrives_purges_and_prunes,
 );

@@ -210,6 +210,20 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// The audit trail, the newest first: each re-drive, purge and prune, who ran it (the OS
+    /// user for this tool), when, on which records, what the dry run counted, what it sent or
+    /// removed, and the outcome.
+    Audit {
+        /// Entries per page.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Entries to skip (paging).
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+        /// One JSON entry per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete the dead letters that match a filter.
     Purge {
         #[command(flatten)]
@@ -249,6 +263,15 @@ macro_rules! redrive_stack {
             .layer(TimeoutLayer::new($timeout))
             .service(client)
     }};
+}
+
+/// Who runs this tool, for the audit trail: the OS user (`$USER`, else `$LOGNAME`).
+fn os_user() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "unknown user".to_owned())
 }
 
 /// Opens the store named on the command line. SQLite files must exist; reads open them read-only.
@@ -557,7 +580,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 .as_deref()
                 .map(|t| t.parse().map_err(|e| format!("bad target {t:?}: {e}")))
                 .transpose()?;
-            let redrive = Redrive::new(filter, *rate, *max)?;
+            let redrive = Redrive::new(filter, *rate, *max)?.actor(os_user());
             let store = open(&cli, true).await?;
             if *dry_run {
                 let plan = redrive.plan(&*store).await?;
@@ -614,21 +637,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 );
                 return Ok(ExitCode::from(2));
             }
-            let actor = if *allow_actions {
-                match std::env::var("USER")
-                    .ok()
-                    .filter(|u| !u.is_empty())
-                    .or_else(|| std::env::var("LOGNAME").ok().filter(|u| !u.is_empty()))
-                {
-                    Some(actor) => Some(actor),
-                    None => {
-                        eprintln!("--allow-actions needs $USER or $LOGNAME to name the actor");
-                        return Ok(ExitCode::from(2));
-                    }
-                }
-            } else {
-                None
-            };
+            let actor = allow_actions.then(os_user);
             let target: Option<http::Uri> = target
                 .as_deref()
                 .map(|t| t.parse().map_err(|e| format!("bad target {t:?}: {e}")))
@@ -707,7 +716,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
             let pruned = if *dry_run {
                 retention.plan(&*store, now).await?
             } else {
-                retention.prune(&*store, now).await?
+                retention.prune_as(&*store, now, &os_user()).await?
             };
             let verb = if *dry_run { "would remove" } else { "removed" };
             out!(
@@ -717,6 +726,43 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 humantime::format_duration(*max_age),
                 pruned.by_count
             );
+        }
+        Command::Audit {
+            limit,
+            offset,
+            json,
+        } => {
+            let store = open(&cli, false).await?;
+            let entries = store.audit(*offset..offset.saturating_add(*limit)).await?;
+            if *json {
+                for e in &entries {
+                    out!("{}", serde_json::to_string(e)?);
+                }
+            } else if entries.is_empty() {
+                out!("no audit entries");
+            } else {
+                out!(
+                    "{:<24}  {:<12}  {:<8}  {:>7}  {:>5}  {:<40}  filter",
+                    "at",
+                    "actor",
+                    "action",
+                    "planned",
+                    "sent",
+                    "outcome"
+                );
+                for e in &entries {
+                    out!(
+                        "{:<24}  {:<12}  {:<8}  {:>7}  {:>5}  {:<40}  {}",
+                        humantime::format_rfc3339_millis(e.at).to_string(),
+                        e.actor,
+                        e.action,
+                        e.planned.map_or_else(|| "-".to_owned(), |n| n.to_string()),
+                        e.sent,
+                        e.outcome,
+                        e.filter
+                    );
+                }
+            }
         }
         Command::Purge { filter, yes } => {
             let filter = filter.build(now)?;
@@ -730,7 +776,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 eprintln!("{n} dead letters match; add --yes to delete them");
                 return Ok(ExitCode::from(2));
             }
-            let n = store.delete(&filter).await?;
+            let n = tower_backstop::store::purge(&*store, &filter, &os_user()).await?;
             out!("deleted {n} dead letters");
         }
     }

@@ -180,10 +180,11 @@ pub(super) async fn redrive_run(
     ctx: Ctx,
     Form(fields): Fields,
 ) -> PageResult {
-    let (_actor, scope) = guard(&ctx, fields)?;
+    let (actor, scope) = guard(&ctx, fields)?;
     let Some((redrive, _)) = redrive_of(&s, &scope).await? else {
         return empty_group(&ctx, "Re-drive");
     };
+    let redrive = redrive.actor(actor);
     let Some(sender) = s.board.sender.clone() else {
         return Err(PageError::forbidden(
             "this board has no service to re-drive through",
@@ -201,7 +202,7 @@ pub(super) async fn redrive_run(
             "Re-drove " (report.records.len()) ": resolved " (report.resolved())
             ", failed " (report.failed()) ", skipped " (report.skipped()) "."
         }
-        p.note { "The preview planned " (previewed) "." }
+        p.note { "The preview planned " (previewed) ". Recorded in the " a href=(ctx.link("/audit")) { "audit trail" } " as done by " (ctx.actor.as_deref().unwrap_or("")) "." }
         table #outcomes {
             thead { tr { th { "id" } th { "outcome" } th { "detail" } } }
             tbody {
@@ -278,16 +279,16 @@ pub(super) async fn purge_run(
     ctx: Ctx,
     Form(fields): Fields,
 ) -> PageResult {
-    let (_actor, scope) = guard(&ctx, fields)?;
+    let (actor, scope) = guard(&ctx, fields)?;
     let store = &*s.board.store;
     let Some(filter) = scope.action_filter(store).await? else {
         return empty_group(&ctx, "Purge");
     };
-    let n = store.delete(&filter).await?;
+    let n = crate::store::purge(store, &filter, &actor).await?;
     let previewed = scope.get("planned").unwrap_or("?").to_owned();
     let body = html! {
         p #result { "Deleted " (n) " records." }
-        p.note { "The preview counted " (previewed) "." }
+        p.note { "The preview counted " (previewed) ". Recorded in the " a href=(ctx.link("/audit")) { "audit trail" } " as done by " (actor) "." }
     };
     Ok(page(&ctx, "Purge", body))
 }

@@ -393,10 +393,56 @@ fn group_link(ctx: &Ctx, scope: &Scope, key: &str) -> String {
     ctx.link(&format!("/records?{}", query(&pairs)))
 }
 
-/// `GET /audit`: the audit trail, newest first.
-pub(super) async fn audit(ctx: Ctx) -> PageResult {
+/// `GET /audit`: the audit trail, newest first, [`PAGE_SIZE`] a page.
+pub(super) async fn audit(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs) -> PageResult {
+    let scope = Scope::read(
+        q.into_iter().filter(|(k, _)| k == "page").collect(),
+        SystemTime::now(),
+    )?;
+    let page_no = scope.number("page", 1)?;
+    if page_no == 0 {
+        return Err(PageError::bad_request("page: pages are counted from 1"));
+    }
+    let start = (page_no - 1).saturating_mul(PAGE_SIZE);
+    // One more than a page, to know whether another follows.
+    let mut entries = s
+        .board
+        .store
+        .audit(start..start.saturating_add(PAGE_SIZE + 1))
+        .await?;
+    let more = entries.len() > PAGE_SIZE;
+    entries.truncate(PAGE_SIZE);
+    let link = |n: usize| ctx.link(&format!("/audit?page={n}"));
     let body = html! {
-        table #audit { thead { tr { th { "at" } th { "actor" } th { "action" } th { "filter" } th { "outcome" } } } }
+        @if entries.is_empty() && page_no > 1 {
+            p #past-end { "Page " (page_no) " is past the end of the audit trail." }
+        } @else if entries.is_empty() {
+            p #empty { "Nothing has been re-driven, purged or pruned yet." }
+        }
+        table #audit {
+            thead { tr {
+                th { "at" } th { "actor" } th { "action" } th { "filter" }
+                th { "planned" } th { "sent or removed" } th { "outcome" }
+            } }
+            tbody {
+                @for e in &entries {
+                    tr data-action=(e.action.as_str()) {
+                        td { (time(e.at)) }
+                        td { (e.actor) }
+                        td { (e.action.as_str()) }
+                        td { code { (cut(&e.filter, 300)) } }
+                        td.n { @if let Some(p) = e.planned { (p) } @else { "-" } }
+                        td.n { (e.sent) }
+                        td { (e.outcome) }
+                    }
+                }
+            }
+        }
+        p #pages {
+            @if page_no > 1 { a rel="prev" href=(link(page_no - 1)) { "← newer" } " " }
+            "page " (page_no)
+            @if more { " " a rel="next" href=(link(page_no + 1)) { "older →" } }
+        }
     };
     Ok(page(&ctx, "Audit trail", body))
 }

@@ -39,7 +39,7 @@
 //! | `backstop_deferred_backlog` | gauge | — | records waiting to be re-sent, as the scheduler last counted them |
 //! | `backstop_resends_total` | counter | `outcome` = `delivered`, `failed`, `held` | each re-send of the scheduler |
 //! | `backstop_redrives_total` | counter | `outcome` = `resolved`, `failed`, `skipped` | each record of an operator's re-drive |
-//! | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `claim`, `count`, `update`, `prune` | each failed store operation |
+//! | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `claim`, `count`, `update`, `prune`, `audit` | each failed store operation |
 //! | `backstop_listener_panics_total` | counter | `event` | each panic of a listener, caught |
 //! | `backstop_alert_active` | gauge | `rule` = `dead_letter_spike`, `class_share`, `new_code`, `breaker_open`, `backlog_growing` | 1 while an alert of [`Alerts`](crate::event::Alerts) fires, 0 once cleared |
 //!

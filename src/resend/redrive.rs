@@ -14,7 +14,9 @@ use crate::dead_letter::DeadLetterStatus;
 use crate::dead_letter::record_of;
 use crate::event::{Event, Hook, Listener};
 use crate::failure::Failure;
-use crate::store::{Change, Claim, Filter, Record, Status, Store, StoreError, add_clamped};
+use crate::store::{
+    AuditAction, AuditEntry, Change, Claim, Filter, Record, Status, Store, StoreError, add_clamped,
+};
 
 /// One record of a re-drive and how it ended: re-sent with success, failed again, or not sent.
 /// Every variant names the record ([`id`](Outcome::id)) and its class before the re-drive
@@ -163,6 +165,7 @@ pub struct Redrive {
     lease: Duration,
     clock: Clock,
     listener: Hook,
+    actor: String,
 }
 
 impl Redrive {
@@ -204,7 +207,15 @@ impl Redrive {
             lease: Duration::from_secs(60),
             clock: Clock::system(),
             listener: Hook::default(),
+            actor: "library".to_owned(),
         })
+    }
+
+    /// Who runs the re-drive, for the audit trail ([`AuditEntry::actor`]): the operator's name.
+    /// Default `"library"`.
+    pub fn actor(mut self, who: impl Into<String>) -> Self {
+        self.actor = who.into();
+        self
     }
 
     /// How long a record stays claimed ([`InFlight`](Status::InFlight)) while it is re-sent; if
@@ -277,6 +288,7 @@ impl Redrive {
         // A client with no classifier would count an error response as delivered.
         crate::order::check::<S>(crate::order::Role::Resend);
         let plan = self.plan(store).await?;
+        let planned = plan.len() as u64;
         let mut report = RedriveReport::default();
         let mut ticks = tokio::time::interval(self.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -303,6 +315,26 @@ impl Redrive {
                 outcome: outcome.word(),
             });
             report.records.push(outcome);
+        }
+        let entry = AuditEntry::new(AuditAction::Redrive, self.actor.clone(), &self.filter)
+            .at(self.clock.now())
+            .planned(planned)
+            .sent((report.resolved() + report.failed()) as u64)
+            .outcome(format!(
+                "resolved {}, failed {}, skipped {}",
+                report.resolved(),
+                report.failed(),
+                report.skipped()
+            ));
+        if let Err(e) = store.append_audit(entry).await {
+            // The records were sent and their outcomes written: the run stands, the trail
+            // misses its entry, and says so here.
+            self.listener.emit_ref(&Event::StoreError {
+                operation: "audit",
+                id: None,
+                error: &e,
+            });
+            tracing::warn!(error = %e, "re-drive done, but its audit entry was not written");
         }
         Ok(report)
     }

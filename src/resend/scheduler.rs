@@ -253,7 +253,10 @@ where
                 && pruned_at.is_none_or(|at| at.elapsed() >= *every)
             {
                 pruned_at = Some(tokio::time::Instant::now());
-                match retention.prune(&*self.store, self.clock.now()).await {
+                match retention
+                    .prune_as(&*self.store, self.clock.now(), "scheduler")
+                    .await
+                {
                     Ok(pruned) if pruned.total() > 0 => tracing::info!(
                         by_age = pruned.by_age,
                         by_count = pruned.by_count,

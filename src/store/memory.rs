@@ -10,7 +10,7 @@ use super::query::{
     Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable, newest_first,
 };
 use super::record::{DEFAULT_HISTORY_LIMIT, Record};
-use super::{BoxFuture, Store, StoreError};
+use super::{AuditEntry, BoxFuture, Store, StoreError};
 
 /// A store in memory, for tests and short-lived tools. Clones share the records.
 #[derive(Clone, Debug)]
@@ -24,6 +24,8 @@ pub struct MemoryStore {
 struct Memory {
     records: BTreeMap<String, Record>,
     first_seen: HashMap<String, SystemTime>,
+    /// The audit trail, the oldest first.
+    audit: Vec<AuditEntry>,
 }
 
 impl Default for MemoryStore {
@@ -186,6 +188,23 @@ impl Store for MemoryStore {
     fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
         let id = id.to_owned();
         self.with(move |memory| memory.records.get(&id).map(|r| r.budget_spent))
+    }
+
+    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.with(move |memory| memory.audit.push(entry))
+    }
+
+    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
+        self.with(move |memory| {
+            memory
+                .audit
+                .iter()
+                .rev()
+                .skip(page.start)
+                .take(page.len())
+                .cloned()
+                .collect()
+        })
     }
 
     fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {

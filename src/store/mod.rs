@@ -46,6 +46,7 @@ use std::fmt;
 use std::ops::Range;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod audit;
 mod headers;
 mod memory;
 mod query;
@@ -57,6 +58,7 @@ mod retention;
 mod sqlite;
 mod stats;
 
+pub use self::audit::{AuditAction, AuditEntry, purge};
 pub(crate) use self::headers::RedactHeaders;
 pub use self::memory::MemoryStore;
 pub use self::query::{Change, Claim, Counts, Filter, FilterError};
@@ -345,6 +347,22 @@ pub trait Store: Send + Sync + 'static {
         seen: &Record,
         change: Change,
     ) -> BoxFuture<'static, Result<Claim, StoreError>>;
+
+    /// Appends `entry` to the audit trail, which the store keeps apart from the records (no
+    /// retention prunes it).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails.
+    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>>;
+
+    /// One page of the audit trail, the newest entry first: positions `page`, counted from 0,
+    /// as for [`search`](Store::search).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>>;
 
     /// How many attempts of the message `id` count against its durable attempt budget
     /// ([`Record::budget_spent`]), or `None` when there is no record: what the dead-letter layer's

@@ -2,6 +2,7 @@
 //! [`Counts`].
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use super::record::{Record, Status};
@@ -244,6 +245,54 @@ impl std::fmt::Display for FilterError {
 }
 
 impl std::error::Error for FilterError {}
+
+/// The filter as `key=value` pairs separated by spaces, the vocabulary of the command-line
+/// tool's `--filter` (`class=throttled tag.campaign=spring status=dead since=2026-12-01T00:00:00.000Z`);
+/// a value with a space or a quote in it is quoted (`code="http 503"`). Empty for the empty
+/// filter.
+impl fmt::Display for Filter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        if let Some(class) = &self.class {
+            pairs.push(("class".into(), class.clone()));
+        }
+        if let Some(code) = &self.code {
+            pairs.push(("code".into(), code.clone()));
+        }
+        if let Some(status) = self.status {
+            pairs.push(("status".into(), status.as_str().into()));
+        }
+        for (k, v) in &self.tags {
+            pairs.push((format!("tag.{k}"), v.clone()));
+        }
+        if let Some(t) = self.since {
+            pairs.push((
+                "since".into(),
+                humantime::format_rfc3339_millis(t).to_string(),
+            ));
+        }
+        if let Some(t) = self.until {
+            pairs.push((
+                "until".into(),
+                humantime::format_rfc3339_millis(t).to_string(),
+            ));
+        }
+        for id in &self.ids {
+            pairs.push(("id".into(), id.clone()));
+        }
+        for (i, (k, v)) in pairs.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            if v.is_empty() || v.contains(|c: char| c.is_whitespace() || c == '"') {
+                write!(f, "{k}={v:?}")?;
+            } else {
+                write!(f, "{k}={v}")?;
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Counts of outstanding dead letters over a window: what [`Store::counts`](super::Store::counts)
 /// returns.

@@ -287,17 +287,22 @@ impl Record {
     }
 }
 
-mod time_text {
+pub(super) mod time_text {
     //! Timestamps as RFC 3339 text in UTC, with milliseconds.
     use std::time::SystemTime;
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    pub(in crate::store) fn serialize<S: Serializer>(
+        t: &SystemTime,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
         s.collect_str(&humantime::format_rfc3339_millis(super::truncate(*t)))
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+    pub(in crate::store) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<SystemTime, D::Error> {
         let s = String::deserialize(d)?;
         humantime::parse_rfc3339_weak(&s).map_err(serde::de::Error::custom)
     }

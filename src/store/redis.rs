@@ -10,7 +10,7 @@ use super::query::{
     Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable, top_first,
 };
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
-use super::{BoxFuture, Store, StoreError, redact_url};
+use super::{AuditEntry, BoxFuture, Store, StoreError, redact_url};
 
 /// A dead-letter store in Redis, shared by many instances (feature `redis`).
 ///
@@ -517,22 +517,9 @@ impl RedisStore {
         Some(self.narrowest_index(filter))
     }
 
-    /// The index of one status's records, for a filter of the dead or the resolved records
-    /// alone (between times, or not): `None` for any other filter, or when the indexes by status
-    /// do not hold every record (records written by a version before they were kept).
-    async fn status_index(&self, filter: &Filter) -> Result<Option<String>, StoreError> {
-        let key = match filter.status {
-            Some(Status::Dead) => "dead:time",
-            Some(Status::Resolved) => "resolved:time",
-            _ => return Ok(None),
-        };
-        if filter.class.is_some()
-            || filter.code.is_some()
-            || !filter.tags.is_empty()
-            || !filter.ids.is_empty()
-        {
-            return Ok(None);
-        }
+    /// Whether the indexes by status hold every record (records written by a version before
+    /// they were kept are in none).
+    async fn status_indexes_complete(&self) -> Result<bool, StoreError> {
         let mut conn = self.conn.clone();
         let (all, dead, waiting, resolved): (u64, u64, u64, u64) = redis::pipe()
             .cmd("ZCARD")
@@ -546,7 +533,33 @@ impl RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(redis_error("count records"))?;
-        Ok((all == dead + waiting + resolved).then(|| self.key(key)))
+        Ok(all == dead + waiting + resolved)
+    }
+
+    /// An index whose members are exactly the records that `filter` matches, but for its times
+    /// (which are the index's scores): the filter's one class, code or tag index, or the time
+    /// index, for a filter without a status; the dead records' index, by class or code or all
+    /// of them, for the dead ones; the resolved records' index for the resolved ones. `None`
+    /// when there is none (several conditions, ids, the deferred or in-flight records, or
+    /// indexes by status that do not hold every record).
+    async fn exact_index(&self, filter: &Filter) -> Result<Option<String>, StoreError> {
+        if let Some(index) = self.sole_index(filter) {
+            return Ok(Some(index));
+        }
+        if !filter.ids.is_empty() || !filter.tags.is_empty() {
+            return Ok(None);
+        }
+        let key = match (filter.status, &filter.class, &filter.code) {
+            (Some(Status::Dead), None, None) => "dead:time".to_owned(),
+            (Some(Status::Dead), Some(class), None) => format!("dead:class:{class}"),
+            (Some(Status::Dead), None, Some(code)) => format!("dead:code:{code}"),
+            (Some(Status::Resolved), None, None) => "resolved:time".to_owned(),
+            _ => return Ok(None),
+        };
+        Ok(self
+            .status_indexes_complete()
+            .await?
+            .then(|| self.key(&key)))
     }
 
     /// The narrowest index for `filter`: its class's, else its code's, else its first tag's, else
@@ -690,7 +703,16 @@ impl RedisStore {
     /// Every record that matches `filter`, newest first, read through the narrowest index.
     async fn matching(&self, filter: &Filter) -> Result<Vec<Record>, StoreError> {
         let ids: Vec<String> = if filter.ids.is_empty() {
-            let index = self.narrowest_index(filter);
+            let waiting_only = matches!(filter.status, Some(Status::Deferred | Status::InFlight))
+                && filter.class.is_none()
+                && filter.code.is_none()
+                && filter.tags.is_empty();
+            let index = if waiting_only && self.status_indexes_complete().await? {
+                // Deferred and in-flight records share one index: read it, then filter.
+                self.key("waiting:time")
+            } else {
+                self.narrowest_index(filter)
+            };
             let max = filter
                 .until
                 .map(|t| format!("({}", to_millis(t)))
@@ -741,10 +763,7 @@ impl Store for RedisStore {
         let this = self.clone();
         let filter = filter.clone();
         Box::pin(async move {
-            if let Some(index) = this.sole_index(&filter) {
-                return this.page_of(&index, &filter, page).await;
-            }
-            if let Some(index) = this.status_index(&filter).await? {
+            if let Some(index) = this.exact_index(&filter).await? {
                 return this.page_of(&index, &filter, page).await;
             }
             Ok(this
@@ -761,17 +780,7 @@ impl Store for RedisStore {
         let this = self.clone();
         let filter = filter.clone();
         Box::pin(async move {
-            let times_only = filter.status.is_none()
-                && filter.class.is_none()
-                && filter.code.is_none()
-                && filter.tags.is_empty()
-                && filter.ids.is_empty();
-            let index = if times_only {
-                Some(this.key("time"))
-            } else {
-                this.status_index(&filter).await?
-            };
-            let Some(index) = index else {
+            let Some(index) = this.exact_index(&filter).await? else {
                 return Ok(this.matching(&filter).await?.len() as u64);
             };
             let (min, max) = score_range(&filter);
@@ -929,6 +938,49 @@ impl Store for RedisStore {
                 None if json_len > 0 => Ok(this.read(&id).await?.0.map(|r| r.budget_spent)),
                 None => Ok(None),
             }
+        })
+    }
+
+    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let json = serde_json::to_string(&entry).map_err(|e| {
+                StoreError::with_source("redis dead-letter store: encode audit entry", e)
+            })?;
+            let mut conn = this.conn.clone();
+            redis::cmd("LPUSH")
+                .arg(this.key("audit"))
+                .arg(json)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(redis_error("write audit entry"))
+        })
+    }
+
+    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            if page.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut conn = this.conn.clone();
+            // LRANGE's end is inclusive; -1 is the end of the list.
+            let end = i64::try_from(page.end - 1).unwrap_or(-1);
+            let items: Vec<String> = redis::cmd("LRANGE")
+                .arg(this.key("audit"))
+                .arg(i64::try_from(page.start).unwrap_or(i64::MAX))
+                .arg(end)
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error("read audit trail"))?;
+            items
+                .iter()
+                .map(|json| {
+                    serde_json::from_str(json).map_err(|e| {
+                        StoreError::with_source("redis dead-letter store: decode audit entry", e)
+                    })
+                })
+                .collect()
         })
     }
 

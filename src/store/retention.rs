@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use super::query::Filter;
 use super::record::Status;
-use super::{Store, StoreError};
+use super::{AuditAction, AuditEntry, Store, StoreError};
 
 /// Records older than this are pruned by default: 30 days, measured from a record's last
 /// failure. A month covers a billing cycle and most incident reviews; Sidekiq keeps its dead
@@ -205,6 +205,51 @@ impl Retention {
                 excess = excess.saturating_sub(deleted);
             }
         }
+        Ok(pruned)
+    }
+}
+
+impl Retention {
+    /// [`prune`](Self::prune), and when it removed anything, an entry in the audit trail
+    /// ([`AuditAction::Prune`]) by `actor`, with the bounds and the counts.
+    ///
+    /// # Errors
+    ///
+    /// As [`prune`](Self::prune); and when the records were removed but the audit entry could
+    /// not be written, an error that says so.
+    pub async fn prune_as(
+        &self,
+        store: &dyn Store,
+        now: SystemTime,
+        actor: &str,
+    ) -> Result<Pruned, StoreError> {
+        let pruned = self.prune(store, now).await?;
+        if pruned.total() == 0 {
+            return Ok(pruned);
+        }
+        let bound = |d: Option<String>| d.unwrap_or_else(|| "none".to_owned());
+        let entry = AuditEntry::new(AuditAction::Prune, actor, &Filter::new())
+            .at(now)
+            .sent(pruned.total())
+            .outcome(format!(
+                "removed {} older than {} and {} beyond {} records",
+                pruned.by_age,
+                bound(
+                    self.max_age
+                        .map(|a| humantime::format_duration(a).to_string())
+                ),
+                pruned.by_count,
+                bound(self.max_records.map(|n| n.to_string())),
+            ));
+        store.append_audit(entry).await.map_err(|e| {
+            StoreError::with_source(
+                format!(
+                    "{} records pruned, but the audit entry was not written",
+                    pruned.total()
+                ),
+                e,
+            )
+        })?;
         Ok(pruned)
     }
 }

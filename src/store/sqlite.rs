@@ -11,7 +11,7 @@ use rusqlite::{
 
 use super::query::{Change, Claim, Counts, Filter, change_if_unchanged, claim, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status, from_millis, to_millis};
-use super::{BoxFuture, Store, StoreError};
+use super::{AuditAction, AuditEntry, BoxFuture, Store, StoreError};
 
 /// A durable dead-letter store in one SQLite file (embedded, bundled SQLite; feature `sqlite`).
 ///
@@ -63,7 +63,7 @@ struct Link {
 }
 
 /// The schema version written to `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -94,6 +94,8 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 CREATE INDEX IF NOT EXISTS dead_letters_by_class ON dead_letters (class, last_failed_at_ms);
 CREATE INDEX IF NOT EXISTS dead_letters_by_code ON dead_letters (code, last_failed_at_ms);
 CREATE INDEX IF NOT EXISTS dead_letters_by_time ON dead_letters (last_failed_at_ms);
+-- Covering for the counts of a window by status (class and code read from the index).
+CREATE INDEX IF NOT EXISTS dead_letters_by_status ON dead_letters (status, last_failed_at_ms, class, code);
 CREATE INDEX IF NOT EXISTS dead_letters_by_retry ON dead_letters (retry_at_ms)
     WHERE retry_at_ms IS NOT NULL;
 CREATE TABLE IF NOT EXISTS dead_letter_tags (
@@ -106,6 +108,16 @@ CREATE INDEX IF NOT EXISTS dead_letter_tags_by_value ON dead_letter_tags (key, v
 CREATE TABLE IF NOT EXISTS dead_letter_codes (
     code          TEXT PRIMARY KEY,
     first_seen_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dead_letter_audit (
+    seq     INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms   INTEGER NOT NULL,
+    actor   TEXT NOT NULL,
+    action  TEXT NOT NULL,
+    filter  TEXT NOT NULL,
+    planned INTEGER,
+    sent    INTEGER NOT NULL,
+    outcome TEXT NOT NULL
 );
 ";
 
@@ -179,7 +191,8 @@ fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError
                 e,
             )
         })?;
-    } else if has_table && version != SCHEMA_VERSION {
+    } else if has_table && version != SCHEMA_VERSION && version != 4 {
+        // Version 4 had no audit trail: the schema below adds its table.
         return Err(StoreError::new(format!(
             "sqlite dead-letter store {} has schema version {version}, this version of \
              tower-backstop reads version {SCHEMA_VERSION}",
@@ -813,6 +826,80 @@ impl Store for SqliteStore {
                 .query_row(params![id], |row| row.get::<_, u32>(0))
                 .optional()
                 .map_err(sql_error("read attempt budget"))
+        })
+    }
+
+    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.write(move |tx| {
+            tx.prepare_cached(
+                "INSERT INTO dead_letter_audit (at_ms, actor, action, filter, planned, sent, outcome)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )
+            .map_err(sql_error("write audit entry"))?
+            .execute(params![
+                to_millis(entry.at),
+                entry.actor,
+                entry.action.as_str(),
+                entry.filter,
+                entry.planned.map(|n| i64::try_from(n).unwrap_or(i64::MAX)),
+                i64::try_from(entry.sent).unwrap_or(i64::MAX),
+                entry.outcome,
+            ])
+            .map_err(sql_error("write audit entry"))?;
+            Ok(())
+        })
+    }
+
+    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
+        self.run(move |conn| {
+            // A file of an earlier version opened read-only has no trail yet.
+            let has_table: bool = conn
+                .query_row(
+                    "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'dead_letter_audit'",
+                    [],
+                    |row| row.get::<_, i64>(0).map(|n| n > 0),
+                )
+                .map_err(sql_error("read audit trail"))?;
+            if !has_table || page.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT at_ms, actor, action, filter, planned, sent, outcome
+                     FROM dead_letter_audit ORDER BY seq DESC LIMIT ?1 OFFSET ?2",
+                )
+                .map_err(sql_error("read audit trail"))?;
+            let rows = stmt
+                .query_map(
+                    params![
+                        i64::try_from(page.len()).unwrap_or(i64::MAX),
+                        i64::try_from(page.start).unwrap_or(i64::MAX)
+                    ],
+                    |row| {
+                        let action: String = row.get(2)?;
+                        let action = AuditAction::parse(&action).ok_or_else(|| {
+                            rusqlite::Error::FromSqlConversionFailure(
+                                2,
+                                rusqlite::types::Type::Text,
+                                format!("unknown audit action {action:?}").into(),
+                            )
+                        })?;
+                        Ok(AuditEntry {
+                            at: from_millis(row.get(0)?),
+                            actor: row.get(1)?,
+                            action,
+                            filter: row.get(3)?,
+                            planned: row
+                                .get::<_, Option<i64>>(4)?
+                                .map(|n| u64::try_from(n).unwrap_or(0)),
+                            sent: u64::try_from(row.get::<_, i64>(5)?).unwrap_or(0),
+                            outcome: row.get(6)?,
+                        })
+                    },
+                )
+                .map_err(sql_error("read audit trail"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(sql_error("decode audit entry"))
         })
     }
 
