@@ -41,9 +41,17 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    /// A link to `path` (starting with `/`) inside the board.
+    /// A link to `path` (starting with `/`) inside the board. The overview of a nested board
+    /// is the mount point itself (`/dead-letters`: axum's nested routers do not answer
+    /// `/dead-letters/`).
     pub(crate) fn link(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+        match (path, self.base.is_empty()) {
+            ("/", false) => self.base.clone(),
+            (p, _) if p.starts_with("/?") && !self.base.is_empty() => {
+                format!("{}{}", self.base, &p[1..])
+            }
+            _ => format!("{}{path}", self.base),
+        }
     }
 
     /// The hidden CSRF field every action form carries.

@@ -212,7 +212,12 @@ fn parse_time(s: &str, now: SystemTime) -> Option<SystemTime> {
         return Some(t);
     }
     let back = humantime::parse_duration(s).ok()?;
-    Some(now.checked_sub(back).unwrap_or(std::time::UNIX_EPOCH))
+    // `SystemTime` can go before the epoch on some platforms: clamp there by hand.
+    Some(
+        now.checked_sub(back)
+            .filter(|t| *t >= std::time::UNIX_EPOCH)
+            .unwrap_or(std::time::UNIX_EPOCH),
+    )
 }
 
 /// A `key=value` filter that [`Filter::from_pairs`] cannot read: not `key=value`, an unknown

@@ -1,0 +1,936 @@
+//! The dead-letter board end to end: a real axum server on 127.0.0.1 serving the board over a
+//! seeded SQLite file (or a memory store), driven by reqwest; re-drives go to a real axum
+//! provider on loopback that records what it received.
+#![cfg(feature = "board")]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::ServiceBuilder;
+use tower_backstop::board::{Board, GROUP_LIMIT, PAGE_SIZE, PAYLOAD_PREVIEW};
+use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
+use tower_backstop::store::{
+    AlertRules, AuditAction, Filter, MemoryStore, Record, SqliteStore, Stats, Status, Store,
+};
+use tower_backstop::{Class, Code, Envelope, Failure};
+
+// ---- seeding ----
+
+fn at(secs_ago: u64) -> SystemTime {
+    SystemTime::now() - Duration::from_secs(secs_ago)
+}
+
+fn record(id: &str, class: &'static str, code: Code, message: &str, secs_ago: u64) -> Record {
+    let f: Failure = Failure::new(Class::new(class), code);
+    let mut r = record_of(
+        id.to_owned(),
+        Envelope::new(format!("{{\"id\":\"{id}\"}}"))
+            .with_content_type("application/json")
+            .with_metadata("method", "POST")
+            .with_metadata("uri", "http://mail.invalid/v1/messages")
+            .with_metadata("idempotency-key", id)
+            .with_header("x-tenant", "acme")
+            .with_header("authorization", "Bearer not-to-be-seen")
+            .with_tag("campaign", "spring"),
+        &f,
+    );
+    r.message = message.to_owned();
+    r.first_failed_at = at(secs_ago + 60);
+    r.last_failed_at = at(secs_ago);
+    r
+}
+
+fn throttled(i: u64) -> Record {
+    record(
+        &format!("thr-{i:03}"),
+        "throttled",
+        Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
+        &format!("quota {i} exceeded for tenant 77{i} at 10.0.0.{}", i % 250),
+        10 + i,
+    )
+}
+
+fn permanent(i: u64) -> Record {
+    record(
+        &format!("perm-{i:03}"),
+        "permanent",
+        Code::Http(http::StatusCode::BAD_REQUEST),
+        &format!("rejected recipient user{i}@example.com"),
+        5_000 + i,
+    )
+}
+
+fn with_status(mut r: Record, status: Status) -> Record {
+    r.status = status;
+    if matches!(status, Status::Deferred | Status::InFlight) {
+        r.retry_at = Some(at(0) + Duration::from_secs(600));
+    }
+    r
+}
+
+async fn sqlite(records: Vec<Record>) -> (tempfile::TempDir, Arc<dyn Store>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("d.db")).unwrap();
+    store.put_many(records).await.unwrap();
+    (dir, Arc::new(store))
+}
+
+// ---- servers ----
+
+/// Serves `app` on 127.0.0.1; returns its base URL.
+async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// Serves `board` mounted under `/dead-letters`; returns the board's URL.
+async fn serve_board(board: Board) -> String {
+    let app = axum::Router::new().nest("/dead-letters", board.router());
+    format!("{}/dead-letters", serve(app).await)
+}
+
+type Received = Arc<Mutex<Vec<String>>>;
+
+/// A provider that answers 202 and records the idempotency key of every request; `on_request`
+/// runs first (for the race test).
+async fn provider(
+    on_request: impl Fn(&str) -> Option<tokio::task::JoinHandle<()>> + Clone + Send + Sync + 'static,
+) -> (String, Received) {
+    let seen: Received = Arc::default();
+    let log = Arc::clone(&seen);
+    let app = axum::Router::new().fallback(move |headers: HeaderMap| {
+        let log = Arc::clone(&log);
+        let on_request = on_request.clone();
+        async move {
+            let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+            if let Some(task) = on_request(&key) {
+                task.await.unwrap();
+            }
+            log.lock().unwrap().push(key);
+            http::StatusCode::ACCEPTED
+        }
+    });
+    (serve(app).await, seen)
+}
+
+/// A board over `store` that lets requests with `x-operator` act, re-driving to `target`
+/// through the dead-letter, classify and hyper-util stack.
+fn acting_board(store: &Arc<dyn Store>, target: &str) -> Board {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(store)))
+        .layer(ClassifyLayer::http())
+        .service(client);
+    Board::new(Arc::clone(store))
+        .authorize(|parts: &http::request::Parts| {
+            Some(parts.headers.get("x-operator")?.to_str().ok()?.to_owned())
+        })
+        .redrive_through(stack)
+        .redrive_target(target.parse().unwrap())
+}
+
+// ---- the client side ----
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().build().unwrap()
+}
+
+async fn get(url: &str) -> (u16, String) {
+    let r = client().get(url).send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+async fn get_as(url: &str, who: &str) -> (u16, String) {
+    let r = client()
+        .get(url)
+        .header("x-operator", who)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+async fn post(url: &str, who: Option<&str>, fields: &[(&str, &str)]) -> (u16, String) {
+    let body = fields
+        .iter()
+        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+        .collect::<Vec<_>>()
+        .join("&");
+    let mut req = client()
+        .post(url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body);
+    if let Some(who) = who {
+        req = req.header("x-operator", who);
+    }
+    let r = req.send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// The text of the element with `id` (its inner HTML up to its closing tag).
+fn element<'a>(html: &'a str, id: &str) -> &'a str {
+    let start = html
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in {html}"));
+    let open_end = start + html[start..].find('>').unwrap() + 1;
+    let tag_start = html[..start].rfind('<').unwrap();
+    let tag = html[tag_start + 1..].split([' ', '>']).next().unwrap();
+    let close = open_end + html[open_end..].find(&format!("</{tag}>")).unwrap();
+    &html[open_end..close]
+}
+
+/// The text of an element without its tags.
+fn text(html: &str) -> String {
+    let mut out = String::new();
+    let mut in_tag = false;
+    for c in html.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            c if !in_tag => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The ids of the records a table links to, in order.
+fn linked_ids(table: &str) -> Vec<String> {
+    table
+        .split("href=\"/dead-letters/records/")
+        .skip(1)
+        .map(|s| s[..s.find('"').unwrap()].to_owned())
+        .collect()
+}
+
+/// Every hidden field of the form that holds the button `button_id`.
+fn form_fields(html: &str, button_id: &str) -> (String, Vec<(String, String)>) {
+    let button = html
+        .find(&format!("id=\"{button_id}\""))
+        .unwrap_or_else(|| panic!("no #{button_id} in {html}"));
+    let form_start = html[..button].rfind("<form").unwrap();
+    let form = &html[form_start..button];
+    let action = form.split("action=\"").nth(1).unwrap();
+    let action = action[..action.find('"').unwrap()].to_owned();
+    let mut fields = Vec::new();
+    for input in form.split("<input").skip(1) {
+        let attr = |name: &str| {
+            input.split(&format!(" {name}=\"")).nth(1).map(|v| {
+                v[..v.find('"').unwrap()]
+                    .replace("&quot;", "\"")
+                    .replace("&amp;", "&")
+            })
+        };
+        if let (Some(name), Some(value)) = (attr("name"), attr("value")) {
+            fields.push((name, value));
+        }
+    }
+    (action, fields)
+}
+
+/// Submits the form of `button_id` on `html` (served by `board`) as `who`.
+async fn submit(board: &str, html: &str, button_id: &str, who: &str) -> (u16, String) {
+    let (action, fields) = form_fields(html, button_id);
+    let origin = &board[..board.find("/dead-letters").unwrap()];
+    let fields: Vec<(&str, &str)> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    post(&format!("{origin}{action}"), Some(who), &fields).await
+}
+
+fn csrf(html: &str) -> String {
+    let v = html
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .expect("a csrf field");
+    v[..v.find('"').unwrap()].to_owned()
+}
+
+// ---- read-only pages ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overview_counts_what_the_store_holds() {
+    let mut records: Vec<Record> = (0..7).map(throttled).collect();
+    records.extend((0..3).map(permanent));
+    records.push(with_status(throttled(100), Status::Deferred));
+    records.push(with_status(throttled(101), Status::Resolved));
+    let (_dir, store) = sqlite(records.clone()).await;
+    let board = serve_board(Board::new(Arc::clone(&store))).await;
+
+    let (status, html) = get(&board).await;
+    assert_eq!(status, 200, "{html}");
+    let dead = records.iter().filter(|r| r.status == Status::Dead).count();
+    assert_eq!(text(element(&html, "dead")), dead.to_string());
+    assert_eq!(text(element(&html, "deferred")), "1");
+    // Within the 24 h window: the seeded dead letters, throttled first (7 against 3).
+    assert_eq!(text(element(&html, "window-dead")), dead.to_string());
+    let classes = text(element(&html, "top-classes"));
+    assert!(classes.find("throttled").unwrap() < classes.find("permanent").unwrap());
+    assert!(classes.contains('7') && classes.contains('3'), "{classes}");
+    // The rate chart has a bar per bucket whose counts add up to the window's dead letters.
+    let chart = element(&html, "rate");
+    let sum: u64 = chart
+        .split("<title>")
+        .skip(1)
+        .map(|t| t.split(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(sum, dead as u64);
+    // Each rule's state is what `Stats` computes over the same store: the permanent ones
+    // failed before the baseline period, so the spike rule has its history.
+    let stats = Stats::gather(
+        &*store,
+        SystemTime::now(),
+        Duration::from_secs(86_400),
+        AlertRules::default(),
+    )
+    .await
+    .unwrap();
+    assert!(stats.has_baseline);
+    let alerts = element(&html, "alerts");
+    let row = |rule: &str| {
+        let i = alerts.find(&format!("data-rule=\"{rule}\"")).unwrap();
+        alerts[i..i + alerts[i..].find("</tr>").unwrap()].to_owned()
+    };
+    for rule in ["dead_letter_spike", "class_share", "new_code"] {
+        let fired = stats.alerts.iter().any(|a| a.rule() == rule);
+        assert_eq!(row(rule).contains("firing"), fired, "{rule}: {alerts}");
+    }
+    // Seven throttled of seven recent dead letters is above the 20 % share.
+    assert!(
+        row("class_share").contains("class throttled is 100%"),
+        "{alerts}"
+    );
+
+    // A store with no history before the baseline: the spike and new-code rules wait.
+    let fresh: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    fresh
+        .put_many((0..7).map(throttled).collect())
+        .await
+        .unwrap();
+    let (_, html) = get(&serve_board(Board::new(fresh)).await).await;
+    let alerts = element(&html, "alerts");
+    for rule in ["dead_letter_spike", "new_code"] {
+        let i = alerts.find(&format!("data-rule=\"{rule}\"")).unwrap();
+        assert!(
+            alerts[i..i + alerts[i..].find("</tr>").unwrap()].contains("waiting for history"),
+            "{alerts}"
+        );
+    }
+
+    // A shorter window leaves out the permanent ones (failed about 83 minutes ago).
+    let (_, html) = get(&format!("{board}?window=30m")).await;
+    assert_eq!(text(element(&html, "window-dead")), "7");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_pages_outstanding_first_by_counts() {
+    let n_dead = 2 * PAGE_SIZE as u64 + 20;
+    let mut records: Vec<Record> = (0..n_dead).map(throttled).collect();
+    records.extend((200..205).map(|i| with_status(throttled(i), Status::Deferred)));
+    records.extend((300..303).map(|i| with_status(throttled(i), Status::Resolved)));
+    let (_dir, store) = sqlite(records).await;
+    let board = serve_board(Board::new(Arc::clone(&store))).await;
+
+    let (status, html) = get(&format!("{board}/records?class=throttled")).await;
+    assert_eq!(status, 200);
+    let first = linked_ids(element(&html, "records"));
+    assert_eq!(first.len(), PAGE_SIZE);
+    // The newest dead letter first (throttled(0) failed most recently).
+    assert_eq!(first[0], "thr-000");
+    assert!(text(element(&html, "total")).starts_with(&format!("{} records", n_dead + 5)));
+
+    // The last page: the 20 remaining dead ones, then the deferred ones; no resolved one.
+    let (_, html) = get(&format!("{board}/records?class=throttled&page=3")).await;
+    let last = linked_ids(element(&html, "records"));
+    assert_eq!(last.len(), 25);
+    assert!(last[..20].iter().all(|id| id.as_str() < "thr-200"));
+    let deferred: Vec<&str> = last[20..].iter().map(String::as_str).collect();
+    assert_eq!(
+        deferred,
+        ["thr-200", "thr-201", "thr-202", "thr-203", "thr-204"]
+    );
+    // With resolved ones, they come last.
+    let (_, html) = get(&format!(
+        "{board}/records?class=throttled&page=3&resolved=1"
+    ))
+    .await;
+    let with = linked_ids(element(&html, "records"));
+    assert_eq!(with.len(), 28);
+    assert!(with[25..].iter().all(|id| id.starts_with("thr-30")));
+    // Every page together is every outstanding record once.
+    let mut all = Vec::new();
+    for page in 1..=3 {
+        let (_, html) = get(&format!("{board}/records?class=throttled&page={page}")).await;
+        all.extend(linked_ids(element(&html, "records")));
+    }
+    let unique: std::collections::BTreeSet<_> = all.iter().collect();
+    assert_eq!(all.len(), unique.len());
+    assert_eq!(all.len() as u64, n_dead + 5);
+
+    // Past the end: an empty page that says so.
+    let (status, html) = get(&format!("{board}/records?class=throttled&page=9")).await;
+    assert_eq!(status, 200);
+    assert!(linked_ids(element(&html, "records")).is_empty());
+    assert!(text(element(&html, "past-end")).starts_with("Page 9 is past the end"));
+
+    // Filter by status and tag, as the filter form sends them (empty fields included).
+    let (_, html) = get(&format!(
+        "{board}/records?class=&code=&status=deferred&tag=campaign%3Dspring&since=&until="
+    ))
+    .await;
+    assert_eq!(linked_ids(element(&html, "records")).len(), 5);
+    let (_, html) = get(&format!("{board}/records?tag=campaign%3Dautumn")).await;
+    assert!(linked_ids(element(&html, "records")).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_has_a_defined_page() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    store
+        .put_many((0..3).map(throttled).collect())
+        .await
+        .unwrap();
+    let board = serve_board(Board::new(Arc::clone(&store))).await;
+
+    for (path, status, says) in [
+        ("/records?colour=red", 400, "colour"),
+        ("/records?since=yesterday", 400, "since"),
+        ("/records?until=2026-13-40T00:00:00Z", 400, "until"),
+        ("/records?status=gone", 400, "gone"),
+        ("/records?tag=campaign", 400, "NAME=value"),
+        ("/records?page=0", 400, "page"),
+        ("/records?page=two", 400, "two"),
+        ("/groups?colour=red", 400, "colour"),
+        ("?window=soon", 400, "window"),
+        ("/records/no-such-id", 404, "no-such-id"),
+        ("/records/thr-000?view=pdf", 400, "pdf"),
+    ] {
+        let (got, html) = get(&format!("{board}{path}")).await;
+        assert_eq!(got, status, "{path}: {html}");
+        assert!(
+            text(element(&html, "error")).contains(says),
+            "{path}: {html}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_page_shows_it_all_and_escapes_it() {
+    let mut plain = throttled(1);
+    plain.history.push(plain.history[0].clone());
+    let mut binary = throttled(2);
+    binary.payload = b"caf\xe9 \x00\x01".to_vec();
+    binary.payload_len = binary.payload.len() as u64;
+    binary.content_type = None;
+    let mut big = throttled(3);
+    big.payload = vec![b'a'; 10 * 1024 * 1024];
+    big.payload_len = big.payload.len() as u64;
+    big.content_type = Some("text/plain".into());
+    let mut evil = throttled(4);
+    evil.tags
+        .insert("campaign".into(), "<script>alert(1)</script>".into());
+    evil.message = "<script>alert(2)</script> at 10.0.0.1".into();
+    let (_dir, store) = sqlite(vec![plain.clone(), binary, big, evil]).await;
+    let board = serve_board(Board::new(Arc::clone(&store))).await;
+
+    let (status, html) = get(&format!("{board}/records/thr-001")).await;
+    assert_eq!(status, 200);
+    let section = element(&html, "record");
+    assert!(section.contains("throttled") && section.contains("http 429"));
+    assert_eq!(text(element(&html, "status")), "dead");
+    // The redacted header by name, never its value.
+    assert!(element(&html, "headers").contains("authorization"));
+    assert!(!html.contains("not-to-be-seen"));
+    assert!(element(&html, "headers").contains("acme"));
+    // JSON, pretty.
+    assert!(html.contains("data-view=\"json\""));
+    assert!(element(&html, "payload").contains("\n  &quot;id&quot;: &quot;thr-001&quot;"));
+    // History with both entries, and the root cause.
+    let history = element(&html, "history");
+    assert_eq!(history.matches("<tr>").count() - 1, plain.history.len());
+    // The text view of the same payload.
+    let (_, html) = get(&format!("{board}/records/thr-001?view=text")).await;
+    assert!(html.contains("data-view=\"text\""));
+
+    // Not UTF-8: hex, whatever is asked.
+    for q in ["", "?view=text", "?view=hex"] {
+        let (status, html) = get(&format!("{board}/records/thr-002{q}")).await;
+        assert_eq!(status, 200);
+        assert!(html.contains("data-view=\"hex\""), "{q}");
+        assert!(element(&html, "payload").contains("63 61 66 e9 20 00 01"));
+        assert!(text(element(&html, "payload-info")).contains("not valid UTF-8"));
+    }
+
+    // 10 MiB: a bounded prefix and a note.
+    let (status, html) = get(&format!("{board}/records/thr-003")).await;
+    assert_eq!(status, 200);
+    assert!(html.len() < 2 * PAYLOAD_PREVIEW, "{} bytes", html.len());
+    let note = text(element(&html, "payload-cut"));
+    assert!(
+        note.contains(&format!("first {PAYLOAD_PREVIEW} of {}", 10 * 1024 * 1024)),
+        "{note}"
+    );
+
+    // HTML in a tag and a message: escaped on every page, never executed.
+    for path in [
+        "/records/thr-004",
+        "/records?class=throttled",
+        "/groups",
+        "/records?tag=campaign%3D%3Cscript%3Ealert(1)%3C%2Fscript%3E",
+    ] {
+        let (status, html) = get(&format!("{board}{path}")).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(!html.contains("<script"), "{path}: {html}");
+        assert!(html.contains("&lt;script&gt;alert("), "{path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_mask_what_varies_and_link_to_their_records() {
+    let mut records: Vec<Record> = (0..6).map(throttled).collect();
+    records.extend((0..2).map(permanent));
+    let (_dir, store) = sqlite(records).await;
+    let board = serve_board(Board::new(Arc::clone(&store))).await;
+
+    let (status, html) = get(&format!("{board}/groups")).await;
+    assert_eq!(status, 200);
+    let table = element(&html, "groups");
+    assert_eq!(table.matches("data-group=").count(), 2, "{table}");
+    assert!(table.contains("quota &lt;n&gt; exceeded for tenant &lt;n&gt; at &lt;ip&gt;"));
+    assert!(table.contains("rejected recipient &lt;email&gt;"));
+    let n = store.count(&Filter::new()).await.unwrap();
+    assert!(text(element(&html, "scanned")).contains(&format!("newest {n} of {n}")));
+
+    // The throttled group (the largest, first) links to exactly its six records.
+    let link = table.split("class=\"see\" href=\"").nth(1).unwrap();
+    let link = link[..link.find('"').unwrap()].replace("&amp;", "&");
+    let origin = &board[..board.find("/dead-letters").unwrap()];
+    let (status, html) = get(&format!("{origin}{link}")).await;
+    assert_eq!(status, 200);
+    let mut ids = linked_ids(element(&html, "records"));
+    ids.sort();
+    let want: Vec<String> = (0..6).map(|i| format!("thr-{i:03}")).collect();
+    assert_eq!(ids, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_read_a_bounded_number_of_records_and_say_so() {
+    let n = GROUP_LIMIT as u64 + 7;
+    let (_dir, store) = sqlite((0..n).map(throttled).collect()).await;
+    let board = serve_board(Board::new(Arc::clone(&store))).await;
+    let (status, html) = get(&format!("{board}/groups")).await;
+    assert_eq!(status, 200);
+    let scanned = text(element(&html, "scanned"));
+    assert!(
+        scanned.contains(&format!("newest {GROUP_LIMIT} of {n}")),
+        "{scanned}"
+    );
+    assert!(
+        scanned.contains(&format!("at most {GROUP_LIMIT} are read")),
+        "{scanned}"
+    );
+    // The groups' sizes add up to what was read, not to what there is.
+    let table = element(&html, "groups");
+    let sizes: u64 = table
+        .split("<tr data-group=")
+        .skip(1)
+        .map(|row| {
+            let cell = row.split("<td class=\"n\">").nth(1).unwrap();
+            cell[..cell.find('<').unwrap()].parse::<u64>().unwrap()
+        })
+        .sum();
+    assert_eq!(sizes, GROUP_LIMIT as u64);
+}
+
+// ---- actions ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_board_shows_no_actions_and_refuses_posts() {
+    let (_dir, store) = sqlite((0..3).map(throttled).collect()).await;
+    let board = serve_board(Board::new(Arc::clone(&store))).await;
+    let (_, html) = get_as(&format!("{board}/records?class=throttled"), "alice").await;
+    assert!(!html.contains("id=\"preview\"") && !html.contains("id=\"purge\""));
+    assert!(!html.contains("name=\"csrf\""));
+    for action in [
+        "redrive/preview",
+        "redrive/run",
+        "purge/preview",
+        "purge/run",
+    ] {
+        let (status, html) = post(
+            &format!("{board}/{action}"),
+            Some("alice"),
+            &[("class", "throttled")],
+        )
+        .await;
+        assert_eq!(status, 403, "{action}");
+        assert!(text(element(&html, "error")).contains("read-only"));
+    }
+    assert_eq!(store.count(&Filter::new()).await.unwrap(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csrf_and_empty_filters_are_refused() {
+    let (_dir, store) = sqlite((0..3).map(throttled).collect()).await;
+    let (target, received) = provider(|_| None).await;
+    let board = serve_board(acting_board(&store, &target)).await;
+
+    // A request the hook names no actor for is read-only.
+    let (_, html) = get(&format!("{board}/records?class=throttled")).await;
+    assert!(!html.contains("id=\"preview\""));
+    let (_, html) = get_as(&format!("{board}/records?class=throttled"), "alice").await;
+    assert!(html.contains("id=\"preview\"") && html.contains("id=\"purge\""));
+    let token = csrf(&html);
+
+    let forged = "0".repeat(token.len());
+    for action in [
+        "redrive/preview",
+        "redrive/run",
+        "purge/preview",
+        "purge/run",
+    ] {
+        for fields in [
+            vec![("class", "throttled")],
+            vec![("class", "throttled"), ("csrf", forged.as_str())],
+            vec![("class", "throttled"), ("csrf", &token[..10])],
+        ] {
+            let (status, html) = post(&format!("{board}/{action}"), Some("alice"), &fields).await;
+            assert_eq!(status, 403, "{action} {fields:?}");
+            assert!(text(element(&html, "error")).contains("CSRF"));
+        }
+        // The right token without an actor: still read-only.
+        let (status, _) = post(
+            &format!("{board}/{action}"),
+            None,
+            &[("class", "throttled"), ("csrf", &token)],
+        )
+        .await;
+        assert_eq!(status, 403);
+        // No filter, or only empty fields: refused.
+        for fields in [
+            vec![("csrf", token.as_str())],
+            vec![("csrf", token.as_str()), ("class", ""), ("tag", "")],
+        ] {
+            let (status, html) = post(&format!("{board}/{action}"), Some("alice"), &fields).await;
+            assert_eq!(status, 400, "{action}");
+            assert!(text(element(&html, "error")).contains("every record"));
+        }
+        // A bad filter in a form: 400 naming it.
+        let (status, html) = post(
+            &format!("{board}/{action}"),
+            Some("alice"),
+            &[("csrf", &token), ("colour", "red")],
+        )
+        .await;
+        assert_eq!(status, 400);
+        assert!(text(element(&html, "error")).contains("colour"));
+    }
+    // The list of an empty filter offers no action.
+    let (_, html) = get_as(&format!("{board}/records"), "alice").await;
+    assert!(!html.contains("id=\"preview\""));
+    assert!(received.lock().unwrap().is_empty());
+    assert_eq!(store.count(&Filter::new()).await.unwrap(), 3);
+    assert!(store.audit(0..10).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_is_previewed_confirmed_sent_once_and_audited() {
+    let mut records: Vec<Record> = (0..4).map(throttled).collect();
+    records.extend((0..2).map(permanent));
+    let (_dir, store) = sqlite(records).await;
+    let (target, received) = provider(|_| None).await;
+    let board = serve_board(acting_board(&store, &target)).await;
+
+    let (_, list) = get_as(&format!("{board}/records?class=throttled"), "alice").await;
+    // Preview with a high rate, so that the test does not wait on the pacing.
+    let (action, mut fields) = form_fields(&list, "preview");
+    for (k, v) in &mut fields {
+        if k == "rate" {
+            *v = "1000".into();
+        }
+    }
+    let origin = &board[..board.find("/dead-letters").unwrap()];
+    let fields: Vec<(&str, &str)> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let (status, preview) = post(&format!("{origin}{action}"), Some("alice"), &fields).await;
+    assert_eq!(status, 200, "{preview}");
+    let planned = store
+        .count(&Filter::new().class("throttled").status(Status::Dead))
+        .await
+        .unwrap();
+    assert_eq!(text(element(&preview, "planned")), planned.to_string());
+    assert_eq!(
+        linked_ids(element(&preview, "planned-records")).len() as u64,
+        planned
+    );
+    // The preview sent nothing.
+    assert!(received.lock().unwrap().is_empty());
+
+    let (status, done) = submit(&board, &preview, "confirm", "alice").await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(
+        text(element(&done, "result")),
+        format!("Re-drove {planned}: resolved {planned}, failed 0, skipped 0.")
+    );
+    // Each throttled record arrived exactly once; no permanent one did.
+    let mut got = received.lock().unwrap().clone();
+    got.sort();
+    let want: Vec<String> = (0..4).map(|i| format!("thr-{i:03}")).collect();
+    assert_eq!(got, want);
+    assert_eq!(
+        store
+            .count(&Filter::new().class("throttled").status(Status::Resolved))
+            .await
+            .unwrap(),
+        planned
+    );
+    // The audit trail says who did it, what was planned and what came of it.
+    let audit = store.audit(0..10).await.unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(audit[0].actor, "alice");
+    assert_eq!(audit[0].action, AuditAction::Redrive);
+    assert_eq!(audit[0].planned, Some(planned));
+    assert_eq!(audit[0].sent, planned);
+    let (status, page) = get(&format!("{board}/audit")).await;
+    assert_eq!(status, 200);
+    let table = element(&page, "audit");
+    assert!(table.contains("data-action=\"redrive\"") && table.contains("alice"));
+    assert!(table.contains("class=throttled"));
+    let (_, page) = get(&format!("{board}/audit?page=5")).await;
+    assert!(page.contains("id=\"past-end\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_record_and_one_group_are_redriven_alone() {
+    let mut records: Vec<Record> = (0..3).map(throttled).collect();
+    records.extend((0..3).map(permanent));
+    let (_dir, store) = sqlite(records).await;
+    let (target, received) = provider(|_| None).await;
+    let board = serve_board(acting_board(&store, &target)).await;
+
+    // One record, from its page.
+    let (_, page) = get_as(&format!("{board}/records/perm-001"), "bob").await;
+    let (_, preview) = submit(&board, &page, "preview", "bob").await;
+    assert_eq!(text(element(&preview, "planned")), "1");
+    let (_, done) = submit(&board, &preview, "confirm", "bob").await;
+    assert!(text(element(&done, "result")).contains("resolved 1"));
+    assert_eq!(*received.lock().unwrap(), ["perm-001"]);
+
+    // The permanent group, from the groups page: the other two dead ones (the resolved one is
+    // not re-driven again).
+    let (_, groups) = get_as(&format!("{board}/groups?status=dead"), "bob").await;
+    let table = element(&groups, "groups");
+    let row = &table[table.find("rejected recipient").unwrap()..];
+    let link = row.split("class=\"see\" href=\"").nth(1).unwrap();
+    let link = link[..link.find('"').unwrap()].replace("&amp;", "&");
+    let origin = &board[..board.find("/dead-letters").unwrap()];
+    let (_, list) = get_as(&format!("{origin}{link}"), "bob").await;
+    assert_eq!(linked_ids(element(&list, "records")).len(), 2);
+    let (_, preview) = submit(&board, &list, "preview", "bob").await;
+    assert_eq!(text(element(&preview, "planned")), "2");
+    let (_, done) = submit(&board, &preview, "confirm", "bob").await;
+    assert!(
+        text(element(&done, "result")).contains("resolved 2"),
+        "{done}"
+    );
+    let mut got = received.lock().unwrap().clone();
+    got.sort();
+    assert_eq!(got, ["perm-000", "perm-001", "perm-002"]);
+    assert_eq!(
+        store
+            .count(&Filter::new().class("throttled").status(Status::Dead))
+            .await
+            .unwrap(),
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_racing_the_scheduler_reports_the_record_skipped() {
+    let (_dir, store) = sqlite(vec![throttled(1), throttled(2)]).await;
+    let as_read: BTreeMap<String, Record> = store
+        .search(&Filter::new(), 0..10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.id.clone(), r))
+        .collect();
+    // When the first record arrives, "the scheduler" claims the other one, compare-and-set on
+    // the record as it was read: the re-drive's own claim of it then loses.
+    let racer = Arc::clone(&store);
+    let raced: Arc<Mutex<Option<String>>> = Arc::default();
+    let raced_log = Arc::clone(&raced);
+    let (target, received) = provider(move |key| {
+        let mut raced = raced_log.lock().unwrap();
+        if raced.is_some() {
+            return None;
+        }
+        let other = as_read.values().find(|r| r.id != key).unwrap().clone();
+        *raced = Some(other.id.clone());
+        let store = Arc::clone(&racer);
+        Some(tokio::spawn(async move {
+            let claim = store
+                .claim(&other, SystemTime::now() + Duration::from_secs(60))
+                .await
+                .unwrap();
+            assert!(matches!(claim, tower_backstop::store::Claim::Claimed(_)));
+        }))
+    })
+    .await;
+    let board = serve_board(acting_board(&store, &target)).await;
+
+    let (_, list) = get_as(&format!("{board}/records?class=throttled"), "carol").await;
+    let (_, preview) = submit(&board, &list, "preview", "carol").await;
+    assert_eq!(text(element(&preview, "planned")), "2");
+    let (status, done) = submit(&board, &preview, "confirm", "carol").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        text(element(&done, "result")),
+        "Re-drove 2: resolved 1, failed 0, skipped 1."
+    );
+    let loser = raced.lock().unwrap().clone().unwrap();
+    let outcomes = element(&done, "outcomes");
+    let row = &outcomes[outcomes.find(&format!(">{loser}<")).unwrap()..];
+    assert!(
+        row[..row.find("</tr>").unwrap()].contains("claimed elsewhere"),
+        "{outcomes}"
+    );
+    // The provider got the winner once and never the loser.
+    let got = received.lock().unwrap().clone();
+    assert_eq!(got.len(), 1);
+    assert_ne!(got[0], loser);
+    let audit = store.audit(0..10).await.unwrap();
+    assert_eq!(audit[0].sent, 1);
+    assert!(
+        audit[0].outcome.contains("skipped 1"),
+        "{}",
+        audit[0].outcome
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_is_counted_confirmed_and_audited() {
+    let mut records: Vec<Record> = (0..4).map(throttled).collect();
+    records.extend((0..3).map(permanent));
+    let (_dir, store) = sqlite(records).await;
+    let board =
+        serve_board(Board::new(Arc::clone(&store)).authorize(|_| Some("dave".into()))).await;
+
+    let (_, list) = get(&format!("{board}/records?class=permanent")).await;
+    // No re-drive service: no re-drive form, but a purge.
+    assert!(!list.contains("id=\"preview\""));
+    let (status, preview) = submit(&board, &list, "purge", "dave").await;
+    assert_eq!(status, 200);
+    assert_eq!(text(element(&preview, "planned")), "3");
+    assert_eq!(store.count(&Filter::new()).await.unwrap(), 7);
+    let (status, done) = submit(&board, &preview, "confirm-purge", "dave").await;
+    assert_eq!(status, 200);
+    assert_eq!(text(element(&done, "result")), "Deleted 3 records.");
+    assert_eq!(
+        store
+            .count(&Filter::new().class("permanent"))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(store.count(&Filter::new()).await.unwrap(), 4);
+    let audit = store.audit(0..10).await.unwrap();
+    assert_eq!(audit[0].action, AuditAction::Purge);
+    assert_eq!(audit[0].actor, "dave");
+    assert_eq!(audit[0].sent, 3);
+    // A re-drive on a board without a service is refused.
+    let token = csrf(&list);
+    let (status, _) = post(
+        &format!("{board}/redrive/preview"),
+        None,
+        &[("csrf", &token), ("class", "throttled")],
+    )
+    .await;
+    assert_eq!(status, 403);
+}
+
+// ---- backstop-dlq serve ----
+
+#[cfg(feature = "cli")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_binds_loopback_read_only() {
+    use std::io::BufRead as _;
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    SqliteStore::open(&path)
+        .unwrap()
+        .put_many((0..2).map(throttled).collect())
+        .await
+        .unwrap();
+    let db = path.to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_backstop-dlq");
+
+    // Not loopback: refused unless --allow-remote.
+    let o = Command::new(bin)
+        .args(["--store", db, "serve", "--bind", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--allow-remote"));
+
+    let mut child = Command::new(bin)
+        .args(["--store", db, "serve", "--bind", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let url = format!("http://{url}");
+    assert!(line.contains("read-only"), "{line}");
+    let (status, html) = get(&format!("{url}/records")).await;
+    assert_eq!(status, 200);
+    assert_eq!(linked_ids_at(&html, "/records/").len(), 2);
+    assert!(!html.contains("id=\"preview\""));
+    let (status, _) = post(&format!("{url}/purge/run"), None, &[("class", "throttled")]).await;
+    assert_eq!(status, 403);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[cfg(feature = "cli")]
+fn linked_ids_at(html: &str, prefix: &str) -> Vec<String> {
+    element(html, "records")
+        .split(&format!("href=\"{prefix}"))
+        .skip(1)
+        .map(|s| s[..s.find('"').unwrap()].to_owned())
+        .collect()
+}
