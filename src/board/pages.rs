@@ -63,7 +63,7 @@ pub(super) async fn overview(State(s): State<BoardState>, ctx: Ctx, Query(q): Pa
                 label { "window " input name="window" value=(window_text) size="6"; }
                 " " button type="submit" { "show" }
             }
-            h2 { "Last " (humantime::format_duration(window)) }
+            h2 { "The last " (window_text) }
             p {
                 "dead letters " strong #window-dead { (c.total) }
                 ", deferred and in flight " (c.deferred)
@@ -86,7 +86,7 @@ pub(super) async fn overview(State(s): State<BoardState>, ctx: Ctx, Query(q): Pa
 fn top_table(ctx: &Ctx, id: &str, key: &str, rows: &[(String, u64)], total: u64) -> Markup {
     let max = rows.first().map_or(0, |r| r.1);
     html! {
-        h3 { "Top " (key) "es" }
+        h3 { "Top " (if key == "class" { "classes" } else { "codes" }) }
         @if rows.is_empty() {
             p.note { "none" }
         } @else {

@@ -273,7 +273,14 @@ impl RedisStore {
                 keys.push(self.key(&format!("dead:class:{}", record.class)));
                 keys.push(self.key(&format!("dead:code:{}", record.code)));
             }
-            Status::Deferred | Status::InFlight => keys.push(self.key("waiting:time")),
+            Status::Deferred => {
+                keys.push(self.key("waiting:time"));
+                keys.push(self.key("deferred:time"));
+            }
+            Status::InFlight => {
+                keys.push(self.key("waiting:time"));
+                keys.push(self.key("in_flight:time"));
+            }
             Status::Resolved => keys.push(self.key("resolved:time")),
         }
         keys
@@ -521,27 +528,34 @@ impl RedisStore {
     /// they were kept are in none).
     async fn status_indexes_complete(&self) -> Result<bool, StoreError> {
         let mut conn = self.conn.clone();
-        let (all, dead, waiting, resolved): (u64, u64, u64, u64) = redis::pipe()
-            .cmd("ZCARD")
-            .arg(self.key("time"))
-            .cmd("ZCARD")
-            .arg(self.key("dead:time"))
-            .cmd("ZCARD")
-            .arg(self.key("waiting:time"))
-            .cmd("ZCARD")
-            .arg(self.key("resolved:time"))
-            .query_async(&mut conn)
-            .await
-            .map_err(redis_error("count records"))?;
-        Ok(all == dead + waiting + resolved)
+        let (all, dead, waiting, resolved, deferred, in_flight): (u64, u64, u64, u64, u64, u64) =
+            redis::pipe()
+                .cmd("ZCARD")
+                .arg(self.key("time"))
+                .cmd("ZCARD")
+                .arg(self.key("dead:time"))
+                .cmd("ZCARD")
+                .arg(self.key("waiting:time"))
+                .cmd("ZCARD")
+                .arg(self.key("resolved:time"))
+                .cmd("ZCARD")
+                .arg(self.key("deferred:time"))
+                .cmd("ZCARD")
+                .arg(self.key("in_flight:time"))
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error("count records"))?;
+        // The deferred and in-flight indexes came after the waiting one: records written before
+        // them are only in the latter.
+        Ok(all == dead + waiting + resolved && waiting == deferred + in_flight)
     }
 
     /// An index whose members are exactly the records that `filter` matches, but for its times
     /// (which are the index's scores): the filter's one class, code or tag index, or the time
     /// index, for a filter without a status; the dead records' index, by class or code or all
-    /// of them, for the dead ones; the resolved records' index for the resolved ones. `None`
-    /// when there is none (several conditions, ids, the deferred or in-flight records, or
-    /// indexes by status that do not hold every record).
+    /// of them, for the dead ones; the index of the resolved, the deferred or the in-flight
+    /// records for those. `None` when there is none (several conditions, ids, or indexes by
+    /// status that do not hold every record).
     async fn exact_index(&self, filter: &Filter) -> Result<Option<String>, StoreError> {
         if let Some(index) = self.sole_index(filter) {
             return Ok(Some(index));
@@ -554,6 +568,8 @@ impl RedisStore {
             (Some(Status::Dead), Some(class), None) => format!("dead:class:{class}"),
             (Some(Status::Dead), None, Some(code)) => format!("dead:code:{code}"),
             (Some(Status::Resolved), None, None) => "resolved:time".to_owned(),
+            (Some(Status::Deferred), None, None) => "deferred:time".to_owned(),
+            (Some(Status::InFlight), None, None) => "in_flight:time".to_owned(),
             _ => return Ok(None),
         };
         Ok(self

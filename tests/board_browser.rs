@@ -1,0 +1,420 @@
+//! The dead-letter board in a real browser: Debian's Chromium, driven through chromedriver
+//! (WebDriver) by fantoccini, against a board served on 127.0.0.1 over a seeded SQLite store,
+//! re-driving to a real axum provider on 127.0.0.1.
+//!
+//! Each page is saved as a PNG under `target/tmp/board-screenshots/`. Without chromedriver the
+//! tests say so and pass, unless `BACKSTOP_REQUIRE_BROWSER` is set (as `.ci/run` does), when they
+//! fail.
+#![cfg(feature = "board")]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::routing::post;
+use bytes::Bytes;
+use fantoccini::{Client, ClientBuilder, Locator};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::rt::TokioExecutor;
+use tower::ServiceBuilder;
+use tower_backstop::board::Board;
+use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
+use tower_backstop::store::{Record, SqliteStore, Status, Store};
+use tower_backstop::{Class, Code, Envelope, Failure};
+
+/// chromedriver on a free port, ended on drop.
+struct Driver {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts chromedriver, or says why not: `None` skips the test, unless the browser is required.
+async fn driver() -> Option<Driver> {
+    let port = free_port();
+    let child = match Command::new("chromedriver")
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => {
+            assert!(
+                std::env::var_os("BACKSTOP_REQUIRE_BROWSER").is_none(),
+                "chromedriver is required (BACKSTOP_REQUIRE_BROWSER) and cannot start: {e}"
+            );
+            eprintln!("skipped: no chromedriver ({e}); apt-get install chromium chromium-driver");
+            return None;
+        }
+    };
+    let driver = Driver { child, port };
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Some(driver);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("chromedriver did not listen on port {port}");
+}
+
+/// A headless Chromium session, with the flags this machine's closed network needs.
+async fn browser(driver: &Driver, profile: &std::path::Path) -> Client {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": "/usr/bin/chromium",
+            "args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-quic", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--window-size=1280,1000",
+                format!("--user-data-dir={}", profile.display()),
+            ],
+        }),
+    );
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.port))
+        .await
+        .expect("a WebDriver session with Chromium")
+}
+
+fn screenshots() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("board-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn snap(c: &Client, name: &str) {
+    let png = c.screenshot().await.unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    std::fs::write(screenshots().join(format!("{name}.png")), png).unwrap();
+}
+
+/// The provider: answers 202 and notes each message id it received, once per request.
+#[derive(Clone, Default)]
+struct Provider {
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+async fn serve(router: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    addr
+}
+
+async fn provider() -> (Provider, SocketAddr) {
+    let p = Provider::default();
+    let seen = p.seen.clone();
+    let app = axum::Router::new().route(
+        "/v1/messages",
+        post(move |headers: http::HeaderMap| {
+            let seen = seen.clone();
+            async move {
+                let id = headers
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("?")
+                    .to_owned();
+                seen.lock().unwrap().push(id);
+                http::StatusCode::ACCEPTED
+            }
+        }),
+    );
+    (p, serve(app).await)
+}
+
+fn record(id: &str, class: &'static str, code: Code, message: String, to: SocketAddr) -> Record {
+    let f: Failure = Failure::new(Class::new(class), code);
+    let mut r = record_of(
+        id.to_owned(),
+        Envelope::new(format!("{{\"id\":\"{id}\",\"to\":\"user@example.test\"}}"))
+            .with_content_type("application/json")
+            .with_metadata("method", "POST")
+            .with_metadata("uri", format!("http://{to}/v1/messages"))
+            .with_metadata("idempotency-key", id)
+            .with_header("x-tenant", "acme")
+            .with_tag("campaign", "<script>alert('x')</script>"),
+        &f,
+    );
+    r.message = message;
+    r
+}
+
+/// Dead letters of three kinds: 5 throttled (429), 4 transient (503, one group), 2 permanent.
+async fn seeded(dir: &std::path::Path, to: SocketAddr) -> Arc<dyn Store> {
+    let store = SqliteStore::open(dir.join("dl.db")).unwrap();
+    let now = SystemTime::now();
+    let mut records = Vec::new();
+    for i in 0..5 {
+        records.push(record(
+            &format!("thr-{i}"),
+            "throttled",
+            Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
+            format!("429 from 10.0.0.{i}: slow down, retry in {i}0 s"),
+            to,
+        ));
+    }
+    for i in 0..4 {
+        records.push(record(
+            &format!("tr-{i}"),
+            "transient",
+            Code::Http(http::StatusCode::SERVICE_UNAVAILABLE),
+            format!("503 Service Unavailable for message {}", 1000 + i),
+            to,
+        ));
+    }
+    for i in 0..2 {
+        records.push(record(
+            &format!("perm-{i}"),
+            "permanent",
+            Code::Http(http::StatusCode::BAD_REQUEST),
+            "400 invalid recipient".to_owned(),
+            to,
+        ));
+    }
+    for (i, r) in records.iter_mut().enumerate() {
+        r.last_failed_at = now - Duration::from_secs(60 * (i as u64 + 1));
+        r.first_failed_at = r.last_failed_at;
+    }
+    store.put_many(records).await.unwrap();
+    Arc::new(store)
+}
+
+/// The stack a re-drive sends through: a dead-letter layer over the same store, classified HTTP,
+/// a real hyper-util client.
+fn stack(
+    store: &Arc<dyn Store>,
+) -> impl tower::Service<
+    http::Request<Full<Bytes>>,
+    Response = http::Response<hyper::body::Incoming>,
+    Error = Failure<http::Response<hyper::body::Incoming>>,
+    Future: Send,
+> + Clone
++ Send
++ Sync
++ 'static {
+    let client = HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(store)))
+        .layer(ClassifyLayer::http())
+        .service(client)
+}
+
+async fn text(c: &Client, css: &str) -> String {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// An operator's round: the overview, a filter by class, a record, then a group re-driven with a
+/// dry run and a confirm; the provider gets each message once and the audit trail says who.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_filters_opens_a_record_and_redrives_a_group() {
+    let Some(driver) = driver().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, to) = provider().await;
+    let store = seeded(dir.path(), to).await;
+    let board = Board::new(Arc::clone(&store))
+        .authorize(|_| Some("alice".to_owned()))
+        .redrive_through(stack(&store));
+    let addr = serve(axum::Router::new().nest("/dead-letters", board.router())).await;
+    let base = format!("http://{addr}/dead-letters");
+    let c = browser(&driver, &dir.path().join("profile")).await;
+
+    // The overview: outstanding counts, the classes' bars.
+    c.goto(&base).await.unwrap();
+    let overview = text(&c, "#overview").await;
+    assert!(overview.contains("throttled"), "{overview}");
+    assert!(
+        overview.contains("11"),
+        "11 outstanding dead letters: {overview}"
+    );
+    snap(&c, "overview").await;
+
+    // The list, filtered by class through the form.
+    c.goto(&format!("{base}/records")).await.unwrap();
+    let form = c.form(Locator::Css("#filter")).await.unwrap();
+    form.set_by_name("class", "throttled").await.unwrap();
+    form.submit().await.unwrap();
+    let rows = text(&c, "#records").await;
+    assert!(rows.contains("thr-0") && rows.contains("thr-4"), "{rows}");
+    assert!(!rows.contains("tr-0") && !rows.contains("perm-0"), "{rows}");
+    // The tag's HTML is shown as text, never run.
+    let source = c.source().await.unwrap();
+    assert!(!source.contains("<script>alert"), "escaped");
+    snap(&c, "list").await;
+
+    // A record, opened from the list.
+    c.find(Locator::LinkText("thr-2"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let shown = text(&c, "#record").await;
+    assert!(
+        shown.contains("thr-2") && shown.contains("x-tenant"),
+        "{shown}"
+    );
+    assert!(shown.contains("429"), "{shown}");
+    snap(&c, "record").await;
+
+    // The groups: the four 503s are one group (their message ids masked).
+    c.goto(&format!("{base}/groups")).await.unwrap();
+    let groups = text(&c, "#groups").await;
+    assert!(groups.contains("transient"), "{groups}");
+    snap(&c, "groups").await;
+    // Re-drive the transient group: its records, then the dry run, then the confirm.
+    let row = c
+        .find(Locator::XPath(
+            "//*[@id='groups']//tr[contains(., 'transient')]",
+        ))
+        .await
+        .unwrap();
+    row.find(Locator::Css("a.see"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let rows = text(&c, "#records").await;
+    assert!(rows.contains("tr-0") && !rows.contains("thr-0"), "{rows}");
+    c.find(Locator::Css("#preview"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(text(&c, "#planned").await.trim(), "4");
+    assert!(
+        provider.seen.lock().unwrap().is_empty(),
+        "a dry run sends nothing"
+    );
+    snap(&c, "redrive-preview").await;
+    c.find(Locator::Css("#confirm"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let result = text(&c, "#result").await;
+    assert!(result.contains("resolved 4"), "{result}");
+    snap(&c, "redrive-result").await;
+    let mut seen = provider.seen.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(seen, ["tr-0", "tr-1", "tr-2", "tr-3"], "each message once");
+    for i in 0..4 {
+        let r = store.get(&format!("tr-{i}")).await.unwrap().unwrap();
+        assert_eq!(r.status, Status::Resolved);
+    }
+
+    // The audit trail shows it, by the hook's actor.
+    c.goto(&format!("{base}/audit")).await.unwrap();
+    let audit = text(&c, "#audit").await;
+    assert!(
+        audit.contains("alice") && audit.contains("redrive") && audit.contains("resolved 4"),
+        "{audit}"
+    );
+    snap(&c, "audit").await;
+    c.close().await.unwrap();
+}
+
+/// A read-only board shows no action, and refuses the action posted anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_board_refuses_the_action() {
+    let Some(driver) = driver().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, to) = provider().await;
+    let store = seeded(dir.path(), to).await;
+    // A re-drive service, but no authorisation hook: read-only.
+    let board = Board::new(Arc::clone(&store)).redrive_through(stack(&store));
+    let addr = serve(board.router()).await;
+    let c = browser(&driver, &dir.path().join("profile")).await;
+
+    c.goto(&format!("http://{addr}/records/tr-1"))
+        .await
+        .unwrap();
+    assert!(text(&c, "#record").await.contains("tr-1"));
+    assert!(
+        c.find_all(Locator::Css("#preview, #confirm, #confirm-purge"))
+            .await
+            .unwrap()
+            .is_empty(),
+        "no action on a read-only board"
+    );
+    snap(&c, "read-only-record").await;
+    // The action posted anyway, from a form the page does not offer.
+    let mut fields = HashMap::new();
+    fields.insert("id", "tr-1");
+    c.execute(
+        "const f = document.createElement('form'); f.method = 'POST'; f.action = arguments[0];
+         for (const [k, v] of Object.entries(arguments[1])) {
+             const i = document.createElement('input'); i.name = k; i.value = v; f.appendChild(i);
+         }
+         document.body.appendChild(f); f.submit();",
+        vec![
+            serde_json::json!(format!("http://{addr}/redrive/run")),
+            serde_json::json!(fields),
+        ],
+    )
+    .await
+    .unwrap();
+    c.wait()
+        .for_url(&url_of(&format!("http://{addr}/redrive/run")))
+        .await
+        .unwrap();
+    let body = c
+        .find(Locator::Css("body"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        body.to_lowercase().contains("read-only") || body.contains("403"),
+        "{body}"
+    );
+    snap(&c, "read-only-refused").await;
+    assert!(provider.seen.lock().unwrap().is_empty(), "nothing sent");
+    assert_eq!(
+        store.get("tr-1").await.unwrap().unwrap().status,
+        Status::Dead
+    );
+    c.close().await.unwrap();
+}
+
+fn url_of(s: &str) -> url::Url {
+    url::Url::parse(s).unwrap()
+}
