@@ -38,7 +38,7 @@ use tower::ServiceBuilder;
 use tower_backstop::board::Board;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::resend::{Outcome, Reconciler, Redrive, http_request};
+use tower_backstop::resend::{Reconciler, Redrive, http_request};
 use tower_backstop::retry::{Delivery, RetryPolicy};
 use tower_backstop::store::{
     AlertRules, Filter, Record, Retention, SqliteStore, Stats, Status, Store,
@@ -101,15 +101,8 @@ enum Command {
         /// Also list resolved records (re-sent with success), after the outstanding ones.
         #[arg(long)]
         resolved: bool,
-        /// Records per page.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-        /// Records to skip (paging).
-        #[arg(long, default_value_t = 0)]
-        offset: usize,
-        /// One JSON record per line instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// Show one dead letter in full: history, metadata, payload.
     Show {
@@ -214,15 +207,8 @@ enum Command {
     /// user for this tool), when, on which records, what the dry run counted, what it sent or
     /// removed, and the outcome.
     Audit {
-        /// Entries per page.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-        /// Entries to skip (paging).
-        #[arg(long, default_value_t = 0)]
-        offset: usize,
-        /// One JSON entry per line instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        page: PageArgs,
     },
     /// Delete the dead letters that match a filter.
     Purge {
@@ -232,6 +218,26 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
+}
+
+/// One page of a listing.
+#[derive(Args, Debug)]
+struct PageArgs {
+    /// Records (or entries) per page.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+    /// Records (or entries) to skip (paging).
+    #[arg(long, default_value_t = 0)]
+    offset: usize,
+    /// One JSON line per record (or entry) instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl PageArgs {
+    fn range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset.saturating_add(self.limit)
+    }
 }
 
 #[derive(Args, Debug, Default)]
@@ -482,16 +488,7 @@ async fn outstanding_first(
     resolved: bool,
     page: std::ops::Range<usize>,
 ) -> Result<Vec<Record>, BoxError> {
-    let statuses: Vec<Status> = match filter.status {
-        Some(status) => vec![status],
-        None if resolved => vec![
-            Status::Dead,
-            Status::Deferred,
-            Status::InFlight,
-            Status::Resolved,
-        ],
-        None => vec![Status::Dead, Status::Deferred, Status::InFlight],
-    };
+    let statuses = filter.listed_statuses(resolved);
     let mut dead = Vec::new();
     let mut waiting = Vec::new();
     let mut healed = Vec::new();
@@ -527,14 +524,16 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
         Command::List {
             filter,
             resolved,
-            limit,
-            offset,
-            json,
+            page,
         } => {
+            let PageArgs {
+                limit,
+                offset,
+                json,
+            } = page;
             let filter = filter.build(now)?;
             let store = open(&cli, false).await?;
-            let page = *offset..offset.saturating_add(*limit);
-            let records = outstanding_first(&*store, &filter, *resolved, page).await?;
+            let records = outstanding_first(&*store, &filter, *resolved, page.range()).await?;
             if *json {
                 for r in &records {
                     out!("{}", serde_json::to_string(r)?);
@@ -598,19 +597,10 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 .run(&*store, stack, |r| http_request(r, target.as_ref()))
                 .await?;
             for r in &report.records {
-                let outcome = match r {
-                    Outcome::Resolved { .. } => "resolved".to_owned(),
-                    Outcome::Failed {
-                        new_class,
-                        new_code,
-                        recorded,
-                        ..
-                    } => format!(
-                        "failed again: {new_class} ({new_code}){}",
-                        if *recorded { "" } else { ", NOT recorded" }
-                    ),
-                    Outcome::Skipped { reason, .. } => format!("skipped: {reason}"),
-                    other => format!("{other:?}"),
+                let outcome = match r.word() {
+                    "resolved" => "resolved".to_owned(),
+                    "skipped" => format!("skipped: {}", r.detail()),
+                    _ => r.detail(),
                 };
                 out!("{}  {}", r.id(), outcome);
             }
@@ -727,14 +717,10 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
                 pruned.by_count
             );
         }
-        Command::Audit {
-            limit,
-            offset,
-            json,
-        } => {
+        Command::Audit { page } => {
             let store = open(&cli, false).await?;
-            let entries = store.audit(*offset..offset.saturating_add(*limit)).await?;
-            if *json {
+            let entries = store.audit(page.range()).await?;
+            if page.json {
                 for e in &entries {
                     out!("{}", serde_json::to_string(e)?);
                 }

@@ -8,7 +8,7 @@ use maud::{Markup, html};
 use super::filter::Scope;
 use super::html::{Ctx, PageError, PageResult, page, records_table};
 use super::{BoardState, DEFAULT_MAX, DEFAULT_RATE, MAX_REDRIVE, Shared, constant_time_eq};
-use crate::resend::{Outcome, Redrive, http_request};
+use crate::resend::{Redrive, http_request};
 use crate::store::{Filter, Record};
 
 type Fields = Form<Vec<(String, String)>>;
@@ -207,40 +207,16 @@ pub(super) async fn redrive_run(
             thead { tr { th { "id" } th { "outcome" } th { "detail" } } }
             tbody {
                 @for o in &report.records {
-                    tr data-outcome=(word(o)) {
+                    tr data-outcome=(o.word()) {
                         td { a href=(super::html::record_link(&ctx, o.id())) { (o.id()) } }
-                        td { (word(o)) }
-                        td { (detail(o)) }
+                        td { (o.word()) }
+                        td { (o.detail()) }
                     }
                 }
             }
         }
     };
     Ok(page(&ctx, "Re-drive", body))
-}
-
-fn word(o: &Outcome) -> &'static str {
-    match o {
-        Outcome::Resolved { .. } => "resolved",
-        Outcome::Failed { .. } => "failed",
-        Outcome::Skipped { .. } => "skipped",
-    }
-}
-
-fn detail(o: &Outcome) -> String {
-    match o {
-        Outcome::Resolved { .. } => String::new(),
-        Outcome::Failed {
-            new_class,
-            new_code,
-            recorded,
-            ..
-        } => format!(
-            "failed again: {new_class} ({new_code}){}",
-            if *recorded { "" } else { ", NOT recorded" }
-        ),
-        Outcome::Skipped { reason, .. } => reason.clone(),
-    }
 }
 
 /// `POST /purge/preview`: how many would go, and the form that confirms it.

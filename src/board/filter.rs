@@ -124,21 +124,6 @@ pub(crate) async fn group_members(
     Ok(records)
 }
 
-/// The statuses a list shows, in its order: the filter's one; else dead, then deferred, then in
-/// flight, then (when asked) resolved.
-pub(crate) fn statuses(filter: &Filter, resolved: bool) -> Vec<Status> {
-    match filter.status {
-        Some(s) => vec![s],
-        None if resolved => vec![
-            Status::Dead,
-            Status::Deferred,
-            Status::InFlight,
-            Status::Resolved,
-        ],
-        None => vec![Status::Dead, Status::Deferred, Status::InFlight],
-    }
-}
-
 /// One page of a list, outstanding first, and the counts of what it lists.
 #[derive(Debug)]
 pub(crate) struct Listing {
@@ -159,7 +144,7 @@ pub(crate) async fn outstanding_page(
     page: Range<usize>,
 ) -> Result<Listing, StoreError> {
     let mut by_status = Vec::new();
-    for status in statuses(filter, resolved) {
+    for status in filter.listed_statuses(resolved) {
         let n = store.count(&filter.clone().status(status)).await?;
         by_status.push((status, n));
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use axum::extract::{Query, State};
 use maud::{Markup, html};
 
-use super::filter::{Scope, group_members, outstanding_page, statuses};
+use super::filter::{Scope, group_members, outstanding_page};
 use super::fingerprint::Fingerprint;
 use super::html::{Ctx, PageError, PageResult, bar, cut, page, query, records_table, time};
 use super::{BoardState, GROUP_LIMIT, PAGE_SIZE};
@@ -262,7 +262,7 @@ pub(super) async fn list(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs)
         Some(key) => {
             // A group: its members among the newest GROUP_LIMIT, in the list's status order.
             let members = group_members(store, &scope.filter, key).await?;
-            let order = statuses(&scope.filter, resolved);
+            let order = scope.filter.listed_statuses(resolved);
             let mut by_status = Vec::new();
             let mut sorted = Vec::new();
             for st in order {

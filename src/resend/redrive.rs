@@ -75,12 +75,32 @@ impl Outcome {
         }
     }
 
-    /// `"resolved"`, `"failed"` or `"skipped"`.
-    fn word(&self) -> &'static str {
+    /// `"resolved"`, `"failed"` or `"skipped"`: the outcome's label in events, metrics and
+    /// the audit trail.
+    pub fn word(&self) -> &'static str {
         match self {
             Outcome::Resolved { .. } => "resolved",
             Outcome::Failed { .. } => "failed",
             Outcome::Skipped { .. } => "skipped",
+        }
+    }
+
+    /// What happened, in words, for a failed or skipped record: `failed again: transient (http
+    /// 503)` (with `, NOT recorded` when the new failure could not be written), or why it was
+    /// skipped; empty for a resolved one.
+    pub fn detail(&self) -> String {
+        match self {
+            Outcome::Resolved { .. } => String::new(),
+            Outcome::Failed {
+                new_class,
+                new_code,
+                recorded,
+                ..
+            } => format!(
+                "failed again: {new_class} ({new_code}){}",
+                if *recorded { "" } else { ", NOT recorded" }
+            ),
+            Outcome::Skipped { reason, .. } => reason.clone(),
         }
     }
 

@@ -103,6 +103,22 @@ impl Filter {
             && self.ids.is_empty()
     }
 
+    /// The statuses an outstanding-first list of this filter shows, in its order: the filter's
+    /// one; else dead, then deferred, then in flight, then resolved when `resolved` asks for
+    /// them (the order of `backstop-dlq list` and of the board's list).
+    pub fn listed_statuses(&self, resolved: bool) -> Vec<Status> {
+        match self.status {
+            Some(s) => vec![s],
+            None if resolved => vec![
+                Status::Dead,
+                Status::Deferred,
+                Status::InFlight,
+                Status::Resolved,
+            ],
+            None => vec![Status::Dead, Status::Deferred, Status::InFlight],
+        }
+    }
+
     /// Whether `record` meets every condition.
     pub fn matches(&self, record: &Record) -> bool {
         self.class.as_ref().is_none_or(|c| *c == record.class)

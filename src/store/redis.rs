@@ -137,6 +137,23 @@ return 1
 const CAS_TRIES: usize = 64;
 
 /// The `ZRANGEBYSCORE` bounds of a filter's time range: `since` inclusive, `until` exclusive.
+/// The sizes of the time index and of the indexes by status ([`RedisStore::index_sizes`]).
+struct IndexSizes {
+    all: u64,
+    dead: u64,
+    waiting: u64,
+    resolved: u64,
+    deferred: u64,
+    in_flight: u64,
+}
+
+impl IndexSizes {
+    /// Whether every record is in the dead, waiting or resolved index.
+    fn by_status_complete(&self) -> bool {
+        self.all == self.dead + self.waiting + self.resolved
+    }
+}
+
 fn score_range(filter: &Filter) -> (String, String) {
     let min = filter
         .since
@@ -524,30 +541,41 @@ impl RedisStore {
         Some(self.narrowest_index(filter))
     }
 
-    /// Whether the indexes by status hold every record (records written by a version before
-    /// they were kept are in none).
-    async fn status_indexes_complete(&self) -> Result<bool, StoreError> {
+    /// The sizes of the time index and of the indexes by status.
+    async fn index_sizes(&self) -> Result<IndexSizes, StoreError> {
         let mut conn = self.conn.clone();
-        let (all, dead, waiting, resolved, deferred, in_flight): (u64, u64, u64, u64, u64, u64) =
-            redis::pipe()
-                .cmd("ZCARD")
-                .arg(self.key("time"))
-                .cmd("ZCARD")
-                .arg(self.key("dead:time"))
-                .cmd("ZCARD")
-                .arg(self.key("waiting:time"))
-                .cmd("ZCARD")
-                .arg(self.key("resolved:time"))
-                .cmd("ZCARD")
-                .arg(self.key("deferred:time"))
-                .cmd("ZCARD")
-                .arg(self.key("in_flight:time"))
-                .query_async(&mut conn)
-                .await
-                .map_err(redis_error("count records"))?;
-        // The deferred and in-flight indexes came after the waiting one: records written before
-        // them are only in the latter.
-        Ok(all == dead + waiting + resolved && waiting == deferred + in_flight)
+        let (all, dead, waiting, resolved, deferred, in_flight) = redis::pipe()
+            .cmd("ZCARD")
+            .arg(self.key("time"))
+            .cmd("ZCARD")
+            .arg(self.key("dead:time"))
+            .cmd("ZCARD")
+            .arg(self.key("waiting:time"))
+            .cmd("ZCARD")
+            .arg(self.key("resolved:time"))
+            .cmd("ZCARD")
+            .arg(self.key("deferred:time"))
+            .cmd("ZCARD")
+            .arg(self.key("in_flight:time"))
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("count records"))?;
+        Ok(IndexSizes {
+            all,
+            dead,
+            waiting,
+            resolved,
+            deferred,
+            in_flight,
+        })
+    }
+
+    /// Whether the indexes by status hold every record (records written by a version before
+    /// they were kept are in none; the deferred and in-flight indexes came after the waiting
+    /// one, so records written before them are only in the latter).
+    async fn status_indexes_complete(&self) -> Result<bool, StoreError> {
+        let n = self.index_sizes().await?;
+        Ok(n.by_status_complete() && n.waiting == n.deferred + n.in_flight)
     }
 
     /// An index whose members are exactly the records that `filter` matches, but for its times
@@ -647,33 +675,18 @@ impl RedisStore {
     /// by status do not hold every record (records written by a version before they were kept),
     /// and the records are read instead.
     async fn counts_from_indexes(&self, since: SystemTime) -> Result<Option<Counts>, StoreError> {
+        if !self.index_sizes().await?.by_status_complete() {
+            return Ok(None);
+        }
         let mut conn = self.conn.clone();
-        let (classes, codes, all, dead, waiting, resolved): (
-            Vec<String>,
-            BTreeMap<String, i64>,
-            u64,
-            u64,
-            u64,
-            u64,
-        ) = redis::pipe()
+        let (classes, codes): (Vec<String>, BTreeMap<String, i64>) = redis::pipe()
             .cmd("SMEMBERS")
             .arg(self.key("classes"))
             .cmd("HGETALL")
             .arg(self.key("codes"))
-            .cmd("ZCARD")
-            .arg(self.key("time"))
-            .cmd("ZCARD")
-            .arg(self.key("dead:time"))
-            .cmd("ZCARD")
-            .arg(self.key("waiting:time"))
-            .cmd("ZCARD")
-            .arg(self.key("resolved:time"))
             .query_async(&mut conn)
             .await
             .map_err(redis_error("count records"))?;
-        if all != dead + waiting + resolved {
-            return Ok(None);
-        }
         let from = to_millis(since);
         let mut pipe = redis::pipe();
         for key in ["dead:time".to_owned(), "waiting:time".to_owned()]
