@@ -469,7 +469,7 @@ where
 {
     /// `kept` is the copy handed back by `hand_back`, when there is one. `reconcile` is the
     /// policy's status check, given only for a request not safe to resend.
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn single(
         future: S::Future,
@@ -480,10 +480,11 @@ where
         kept: Option<Req>,
         reconcile: Option<Reconcile>,
         hook: Hook,
+        started: Option<Instant>,
         spans: Traced,
     ) -> Self {
         ResponseFuture {
-            started: hook.is_set().then(Instant::now),
+            started,
             hook,
             spans,
             state: State::Called {
@@ -501,7 +502,7 @@ where
     }
 
     /// `reconcile` as for `single`.
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn retrying(
         future: S::Future,
@@ -512,11 +513,12 @@ where
         deadline: Option<Duration>,
         hand_back: Option<HandBack<S::Response, Req>>,
         reconcile: Option<Reconcile>,
+        hook: Hook,
+        started: Option<Instant>,
         spans: Traced,
     ) -> Self {
-        let hook = policy.hook().clone();
         ResponseFuture {
-            started: hook.is_set().then(Instant::now),
+            started,
             hook,
             spans,
             state: State::Called {

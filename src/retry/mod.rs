@@ -232,6 +232,11 @@ impl<S> Retry<S> {
             req.set_time_left(&policy.time_left(left));
         }
         let spans = future::Spans::of(&req);
+        // The listener and the attempt's start are read before the inner call, so that nothing
+        // runs between the inner future's making and its move into ours (the compiler then
+        // builds it in place instead of copying it).
+        let hook = policy.hook().clone();
+        let started = hook.is_set().then(tokio::time::Instant::now);
         let future = match spans.attempt() {
             None => self.inner.call(req),
             Some(attempt) => attempt.in_scope(|| self.inner.call(req)),
@@ -248,6 +253,8 @@ impl<S> Retry<S> {
                 deadline,
                 hand_back,
                 reconcile,
+                hook,
+                started,
                 spans,
             ),
             kept => {
@@ -259,14 +266,7 @@ impl<S> Retry<S> {
                     GiveUp::NotReplayable
                 };
                 ResponseFuture::single(
-                    future,
-                    safe,
-                    reason,
-                    deadline,
-                    hand_back,
-                    kept,
-                    reconcile,
-                    policy.hook().clone(),
+                    future, safe, reason, deadline, hand_back, kept, reconcile, hook, started,
                     spans,
                 )
             }
