@@ -225,8 +225,23 @@ fn stack(
         .service(client)
 }
 
+/// Waits (up to 30 s) until the browser's address contains `part`: a submitted form returns
+/// before the next page has loaded.
+async fn url_containing(c: &Client, part: &str) {
+    for _ in 0..600 {
+        if c.current_url().await.unwrap().as_str().contains(part) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the browser never reached an address with {part:?}");
+}
+
+/// The text of the element `css` names, waited for: a click that submits a form returns before
+/// the next page has loaded (fantoccini's `wait` polls up to 30 s).
 async fn text(c: &Client, css: &str) -> String {
-    c.find(Locator::Css(css))
+    c.wait()
+        .for_element(Locator::Css(css))
         .await
         .unwrap()
         .text()
@@ -266,6 +281,8 @@ async fn an_operator_filters_opens_a_record_and_redrives_a_group() {
     let form = c.form(Locator::Css("#filter")).await.unwrap();
     form.set_by_name("class", "throttled").await.unwrap();
     form.submit().await.unwrap();
+    // The unfiltered list has `#records` too: wait for the filtered page's address first.
+    url_containing(&c, "class=throttled").await;
     let rows = text(&c, "#records").await;
     assert!(rows.contains("thr-0") && rows.contains("thr-4"), "{rows}");
     assert!(!rows.contains("tr-0") && !rows.contains("perm-0"), "{rows}");
