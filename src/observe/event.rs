@@ -252,6 +252,13 @@ impl Hook {
         self.0.is_some()
     }
 
+    /// An attempt's start on tokio's clock, read just before the inner call, for the duration of
+    /// `Event::AttemptEnded`: `None`, and no clock read, without a listener.
+    #[inline]
+    pub(crate) fn attempt_start(&self) -> Option<tokio::time::Instant> {
+        self.is_set().then(tokio::time::Instant::now)
+    }
+
     /// Hands `event` to the listener, if there is one; a panic of the listener is caught.
     #[inline]
     pub(crate) fn emit(&self, event: impl FnOnce() -> Event<'static>) {

@@ -340,6 +340,7 @@ where
         self.attempts += 1;
         let attempt = self.attempts;
         let span = spans.map_or_else(Span::none, |s| new_attempt_span(&s.call, &request, attempt));
+        let started = hook.attempt_start();
         let future = span.in_scope(|| self.service.call(request));
         tracing::info!(
             attempt,
@@ -355,7 +356,7 @@ where
         history.hedged += 1;
         let copy = Out {
             attempt,
-            started: hook.is_set().then(Instant::now),
+            started,
             span,
         };
         history
@@ -1178,12 +1179,10 @@ where
                     }
                     // Into this attempt only, after its copy was taken.
                     write_time_left(&mut request, &r.policy, deadline_at);
-                    if this.hook.is_set() {
-                        *this.started = Some(Instant::now());
-                    }
                     if let Some(spans) = this.spans.as_mut() {
                         spans.attempt = new_attempt_span(&spans.call, &request, r.attempts);
                     }
+                    *this.started = this.hook.attempt_start();
                     let future = match this.spans.as_ref() {
                         None => r.service.call(request),
                         Some(spans) => spans.attempt.in_scope(|| r.service.call(request)),

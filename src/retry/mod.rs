@@ -236,7 +236,7 @@ impl<S> Retry<S> {
         // runs between the inner future's making and its move into ours (the compiler then
         // builds it in place instead of copying it).
         let hook = policy.hook().clone();
-        let started = hook.is_set().then(tokio::time::Instant::now);
+        let started = hook.attempt_start();
         let future = match spans.attempt() {
             None => self.inner.call(req),
             Some(attempt) => attempt.in_scope(|| self.inner.call(req)),
