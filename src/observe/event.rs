@@ -238,6 +238,9 @@ where
 pub(crate) struct Hook(Option<Arc<dyn Listener>>);
 
 impl Hook {
+    /// No listener.
+    pub(crate) const NONE: Hook = Hook(None);
+
     pub(crate) fn new(listener: impl Listener) -> Self {
         Hook(Some(Arc::new(listener)))
     }

@@ -46,8 +46,10 @@ pin_project! {
         kept: Option<Req>,
         // The policy's status check, for a request not safe to resend (`RetryPolicy::reconcile`).
         reconcile: Option<Reconcile>,
-        // The policy's listener, and when the current attempt was called (only with one).
-        hook: Hook,
+        // The policy, kept for its listener when `retry` is `None` and there is one (a retrying
+        // future reads the listener from its own clone of the policy, so a call clones one
+        // reference, not two); and when the current attempt was called (only with a listener).
+        single_policy: Option<RetryPolicy>,
         started: Option<Instant>,
         // The call's span (`backstop.call`) and the current attempt's (`backstop.attempt`),
         // boxed and made only for a subscriber that wants them (at `DEBUG`): otherwise one word, `None`.
@@ -313,7 +315,6 @@ where
     fn send_hedge(
         &mut self,
         cx: &mut Context<'_>,
-        hook: &Hook,
         spans: Option<&Spans>,
         delay: Duration,
         deadline: Option<Instant>,
@@ -340,14 +341,14 @@ where
         self.attempts += 1;
         let attempt = self.attempts;
         let span = spans.map_or_else(Span::none, |s| new_attempt_span(&s.call, &request, attempt));
-        let started = hook.attempt_start();
+        let started = self.policy.hook().attempt_start();
         let future = span.in_scope(|| self.service.call(request));
         tracing::info!(
             attempt,
             after = ?delay,
             "hedging: a copy sent while an earlier attempt is still out"
         );
-        hook.emit(|| Event::HedgeSent {
+        self.policy.hook().emit(|| Event::HedgeSent {
             attempt,
             after: delay,
         });
@@ -480,13 +481,13 @@ where
         hand_back: Option<HandBack<S::Response, Req>>,
         kept: Option<Req>,
         reconcile: Option<Reconcile>,
-        hook: Hook,
+        single_policy: Option<RetryPolicy>,
         started: Option<Instant>,
         spans: Traced,
     ) -> Self {
         ResponseFuture {
             started,
-            hook,
+            single_policy,
             spans,
             state: State::Called {
                 future: Attempt::new(future),
@@ -514,13 +515,12 @@ where
         deadline: Option<Duration>,
         hand_back: Option<HandBack<S::Response, Req>>,
         reconcile: Option<Reconcile>,
-        hook: Hook,
         started: Option<Instant>,
         spans: Traced,
     ) -> Self {
         ResponseFuture {
             started,
-            hook,
+            single_policy: None,
             spans,
             state: State::Called {
                 future: Attempt::new(future),
@@ -735,6 +735,20 @@ fn attempt_ended<R>(
     }
 }
 
+/// The call's listener: the policy's, read from the retry state or, without one, from the
+/// policy kept for its listener; [`Hook::NONE`] when neither is there.
+#[inline]
+fn hook_of<'a, S, Req, F, R>(
+    retry: Option<&'a Retrying<S, Req, F, R>>,
+    single_policy: Option<&'a RetryPolicy>,
+) -> &'a Hook {
+    match (retry, single_policy) {
+        (Some(r), _) => r.policy.hook(),
+        (None, Some(policy)) => policy.hook(),
+        (None, None) => &Hook::NONE,
+    }
+}
+
 /// `failure`, with the unsent copy of the request on it when a dead-letter layer above reuses
 /// it (see `HandBack`).
 #[inline]
@@ -815,7 +829,6 @@ where
                                         if let Some(delay) = r.hedge_delay() {
                                             ready!(r.send_hedge(
                                                 cx,
-                                                this.hook,
                                                 this.spans.as_ref(),
                                                 delay,
                                                 deadline_at,
@@ -846,7 +859,9 @@ where
                                         }
                                         None => deadline_failure(last),
                                     };
-                                    this.hook.emit(|| Event::TimedOut {
+                                    let hook =
+                                        hook_of(this.retry.as_ref(), this.single_policy.as_ref());
+                                    hook.emit(|| Event::TimedOut {
                                         attempt: attempts,
                                         deadline: true,
                                     });
@@ -854,7 +869,7 @@ where
                                         *this.hand_back,
                                         spare,
                                         give_up(
-                                            this.hook,
+                                            hook,
                                             failure,
                                             attempts,
                                             first.or_else(|| Some(SystemTime::now())),
@@ -878,9 +893,10 @@ where
                                 let attempts = this.retry.as_ref().map_or(1, |r| r.attempts);
                                 spans.call.record("attempts", attempts);
                             }
-                            if this.hook.is_set() {
+                            let hook = hook_of(this.retry.as_ref(), this.single_policy.as_ref());
+                            if hook.is_set() {
                                 let (attempt, started) = ended(this.retry.as_ref());
-                                attempt_ended::<S::Response>(this.hook, started, attempt, None);
+                                attempt_ended::<S::Response>(hook, started, attempt, None);
                             }
                             if let Some(budget) =
                                 this.retry.as_ref().and_then(|r| r.policy.budget_ref())
@@ -891,6 +907,9 @@ where
                         }
                         Err(failure) => failure,
                     };
+                    // The failure path's own reference to the listener (none without one), so
+                    // that the retry state can be changed while events are handed over.
+                    let hook = &hook_of(this.retry.as_ref(), this.single_policy.as_ref()).clone();
                     // A timeout or reset after a request that is not safe to resend: it may
                     // have been acted on. Never retried; recorded for reconciliation.
                     let unknown = !*this.safe && outcome_unknown(&failure);
@@ -907,9 +926,9 @@ where
                         let attempts = this.retry.as_ref().map_or(1, |r| r.attempts);
                         spans.call.record("attempts", attempts);
                     }
-                    if this.hook.is_set() {
+                    if hook.is_set() {
                         let (attempt, started) = ended(this.retry.as_ref());
-                        attempt_ended(this.hook, started, attempt, Some(&failure));
+                        attempt_ended(hook, started, attempt, Some(&failure));
                     }
                     // Hedged: another attempt is still out. The failure is set aside, unless it
                     // ends the call (a class never retried, a server that said no).
@@ -921,7 +940,7 @@ where
                             return Poll::Ready(Err(handed(
                                 *this.hand_back,
                                 r.spare.take(),
-                                give_up(this.hook, failure, r.attempts, first, reason),
+                                give_up(hook, failure, r.attempts, first, reason),
                             )));
                         }
                         history_of(&mut r.history).last = Some(failure);
@@ -942,7 +961,7 @@ where
                                     .with_first_failed_at(now)
                                     .with_retry_at(retry_at(now, left)),
                             );
-                            this.hook.emit(|| Event::GaveUp {
+                            hook.emit(|| Event::GaveUp {
                                 attempts: 0,
                                 class: failure.class(),
                                 code: failure.code(),
@@ -963,7 +982,7 @@ where
                             *this.hand_back,
                             this.kept.take(),
                             give_up(
-                                this.hook,
+                                hook,
                                 failure,
                                 u32::from(!rejected),
                                 Some(SystemTime::now()),
@@ -986,7 +1005,7 @@ where
                             *this.hand_back,
                             r.spare.take(),
                             give_up(
-                                this.hook,
+                                hook,
                                 failure,
                                 r.attempts,
                                 Some(first),
@@ -1005,7 +1024,7 @@ where
                             return Poll::Ready(Err(handed(
                                 *this.hand_back,
                                 r.spare.take(),
-                                give_up(this.hook, failure, r.attempts, Some(first), reason),
+                                give_up(hook, failure, r.attempts, Some(first), reason),
                             )));
                         }
                         Decision::Defer(at, delay) => {
@@ -1026,7 +1045,7 @@ where
                                     "deferring: delay above the maximum in-process delay"
                                 );
                             }
-                            this.hook.emit(|| Event::GaveUp {
+                            hook.emit(|| Event::GaveUp {
                                 attempts: r.attempts,
                                 class: failure.class(),
                                 code: failure.code(),
@@ -1054,7 +1073,7 @@ where
                             *this.hand_back,
                             r.spare.take(),
                             give_up(
-                                this.hook,
+                                hook,
                                 failure,
                                 r.attempts,
                                 Some(first),
@@ -1069,7 +1088,7 @@ where
                             *this.hand_back,
                             r.spare.take(),
                             give_up(
-                                this.hook,
+                                hook,
                                 failure,
                                 r.attempts,
                                 Some(first),
@@ -1086,7 +1105,7 @@ where
                         why = source.as_str(),
                         "retrying"
                     );
-                    this.hook.emit(|| Event::RetryScheduled {
+                    hook.emit(|| Event::RetryScheduled {
                         attempt: r.attempts,
                         class,
                         code,
@@ -1113,13 +1132,14 @@ where
                             deadline_failure(None),
                         )));
                     };
+                    let hook = &r.policy.hook().clone();
                     if let Err(e) = ready!(r.service.poll_ready(cx)) {
                         let failure: Failure<S::Response> = e.into();
                         return Poll::Ready(Err(handed(
                             *this.hand_back,
                             r.spare.take(),
                             give_up(
-                                this.hook,
+                                hook,
                                 failure,
                                 r.attempts,
                                 r.first_failed_at(),
@@ -1136,7 +1156,7 @@ where
                             *this.hand_back,
                             r.spare.take(),
                             give_up(
-                                this.hook,
+                                hook,
                                 failure,
                                 r.attempts,
                                 r.first_failed_at(),
@@ -1152,7 +1172,7 @@ where
                                 *this.hand_back,
                                 r.spare.take(),
                                 give_up(
-                                    this.hook,
+                                    hook,
                                     failure,
                                     r.attempts,
                                     r.first_failed_at(),
@@ -1182,7 +1202,7 @@ where
                     if let Some(spans) = this.spans.as_mut() {
                         spans.attempt = new_attempt_span(&spans.call, &request, r.attempts);
                     }
-                    *this.started = this.hook.attempt_start();
+                    *this.started = hook.attempt_start();
                     let future = match this.spans.as_ref() {
                         None => r.service.call(request),
                         Some(spans) => spans.attempt.in_scope(|| r.service.call(request)),

@@ -175,17 +175,27 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    #[inline]
+    // Always inlined, with `start`: the response future is then built in the caller's place
+    // instead of being returned and copied there.
+    #[inline(always)]
     fn call(&mut self, req: Req) -> Self::Future {
         self.start(req, None, |_| ())
     }
+}
+
+/// A clone of `policy`, kept by a future that will not retry, for the policy's listener: out of
+/// line, so that the path without a listener stays small enough to be inlined into the caller.
+#[cold]
+#[inline(never)]
+fn kept_for_listener(policy: &RetryPolicy) -> RetryPolicy {
+    policy.clone()
 }
 
 impl<S> Retry<S> {
     /// One call: the first attempt, and what the future needs for the next ones. With
     /// `hand_back`, a copy of the request is always kept (when [`Replay`] can make one), even
     /// when no retry is possible, and goes up on the failure.
-    #[inline]
+    #[inline(always)]
     /// `uncopyable` sees the request before it is sent when a copy was wanted and [`Replay`]
     /// could not make one.
     pub(crate) fn start<Req>(
@@ -232,11 +242,10 @@ impl<S> Retry<S> {
             req.set_time_left(&policy.time_left(left));
         }
         let spans = future::Spans::of(&req);
-        // The listener and the attempt's start are read before the inner call, so that nothing
+        // The attempt's start (read only with a listener) is read before the inner call, so that nothing
         // runs between the inner future's making and its move into ours (the compiler then
         // builds it in place instead of copying it).
-        let hook = policy.hook().clone();
-        let started = hook.attempt_start();
+        let started = policy.hook().attempt_start();
         let future = match spans.attempt() {
             None => self.inner.call(req),
             Some(attempt) => attempt.in_scope(|| self.inner.call(req)),
@@ -253,7 +262,6 @@ impl<S> Retry<S> {
                 deadline,
                 hand_back,
                 reconcile,
-                hook,
                 started,
                 spans,
             ),
@@ -266,7 +274,16 @@ impl<S> Retry<S> {
                     GiveUp::NotReplayable
                 };
                 ResponseFuture::single(
-                    future, safe, reason, deadline, hand_back, kept, reconcile, hook, started,
+                    future,
+                    safe,
+                    reason,
+                    deadline,
+                    hand_back,
+                    kept,
+                    reconcile,
+                    // Only for its listener: without one, no policy clone.
+                    policy.hook().is_set().then(|| kept_for_listener(policy)),
+                    started,
                     spans,
                 )
             }
