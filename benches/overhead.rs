@@ -20,8 +20,11 @@
 //! consecutive failures (tower-resilience: a failure rate over a count window of 5 calls);
 //! timeouts are 30 s, never reached.
 //!
-//! With `--features metrics`, one more entry: the preset with the `Metrics` listener over a
-//! Prometheus recorder (`stack/backstop_preset_metrics`).
+//! `stack/backstop_preset_noop_listener` is the preset with a listener that does nothing. With
+//! `--features metrics`, three more: the preset with the `Metrics` listener over a Prometheus
+//! recorder (`stack/backstop_preset_metrics`), and the floor under it, outside any layer: two
+//! reads of tokio's clock (`floor/tokio_clock_two_reads`) and the recorder's three records of a
+//! successful call (`floor/prometheus_records_of_a_call`).
 //!
 //! ```text
 //! cargo bench --bench overhead -- --warm-up-time 1 --measurement-time 3
@@ -202,6 +205,45 @@ fn five_layers_shared_copy() -> impl Service<Req, Error: Debug> + Clone + Send +
         .layer(bare())
 }
 
+/// What the `Metrics` listener cannot do without on a successful call, measured alone.
+#[cfg(feature = "metrics")]
+enum Floor {
+    /// The attempt's start and end on tokio's clock.
+    Clock,
+    /// The records of a successful call without a retry, on handles registered once: the
+    /// attempt's counter, its duration, the call's counter.
+    Records(metrics::Counter, metrics::Histogram, metrics::Counter),
+}
+
+#[cfg(feature = "metrics")]
+impl Floor {
+    fn records() -> Self {
+        Floor::Records(
+            metrics::counter!("floor_attempts_total", "class" => "success", "sent" => "true"),
+            metrics::histogram!("floor_attempt_duration_seconds", "class" => "success"),
+            metrics::counter!("floor_calls_total", "outcome" => "success_without_retry"),
+        )
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Call for Floor {
+    #[inline]
+    async fn call_once(&mut self) {
+        match self {
+            Floor::Clock => {
+                let start = black_box(tokio::time::Instant::now());
+                black_box(start.elapsed());
+            }
+            Floor::Records(attempts, duration, calls) => {
+                attempts.increment(1);
+                duration.record(black_box(0.000_1));
+                calls.increment(1);
+            }
+        }
+    }
+}
+
 /// tower's retry around tower's timeout: the part of the stack tower has.
 fn tower_retry_timeout() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
     ServiceBuilder::new()
@@ -350,6 +392,20 @@ fn overhead(c: &mut Criterion) {
         "stack/tower_retry_timeout",
         Tower(tower_retry_timeout()),
     );
+    // The preset with a listener that does nothing: what the events cost before any recording
+    // (the attempt's two clock reads, making the event, handing it over).
+    entry(
+        &mut group,
+        &rt,
+        "stack/backstop_preset_noop_listener",
+        Tower(
+            BackstopLayer::new(all_ok::<Req>, TIMEOUT)
+                .breaker(BreakerLayer::new())
+                .listener(())
+                .dead_letters(DeadLetterLayer::new(MemoryStore::new()))
+                .layer(bare()),
+        ),
+    );
     // The preset with the `Metrics` listener, recording into a Prometheus recorder: beside
     // `stack/backstop_five_layers_shared_copy`, the same stack without it.
     #[cfg(feature = "metrics")]
@@ -357,6 +413,16 @@ fn overhead(c: &mut Criterion) {
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .install_recorder()
             .expect("the first recorder of this process");
+        // The floor under the `Metrics` listener, outside any layer: what a successful call
+        // without a retry must pay for with this recorder (its attempt's two reads of tokio's
+        // clock, and the three records the metric table asks of it).
+        entry(&mut group, &rt, "floor/tokio_clock_two_reads", Floor::Clock);
+        entry(
+            &mut group,
+            &rt,
+            "floor/prometheus_records_of_a_call",
+            Floor::records(),
+        );
         entry(
             &mut group,
             &rt,

@@ -92,6 +92,10 @@ enum Deadline {
 }
 
 impl Deadline {
+    // Inlined, like everything the constructors call: an out-of-line call between the inner
+    // future's making and its move into ours makes the compiler build the inner future in a
+    // temporary and copy it.
+    #[inline]
     fn new(after: Option<Duration>) -> Self {
         after.map_or(Deadline::None, Deadline::After)
     }

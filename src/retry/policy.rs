@@ -765,6 +765,7 @@ impl RetryPolicy {
         self.inner.budget.as_ref()
     }
 
+    #[inline]
     pub(crate) fn deadline_after(&self) -> Option<Duration> {
         self.inner.deadline
     }
