@@ -244,6 +244,17 @@ impl Call for Floor {
     }
 }
 
+/// The preset as `five_layers_shared_copy` builds it, with `listener`.
+fn preset_listening(
+    listener: impl tower_backstop::event::Listener,
+) -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
+    BackstopLayer::new(all_ok::<Req>, TIMEOUT)
+        .breaker(BreakerLayer::new())
+        .listener(listener)
+        .dead_letters(DeadLetterLayer::new(MemoryStore::new()))
+        .layer(bare())
+}
+
 /// tower's retry around tower's timeout: the part of the stack tower has.
 fn tower_retry_timeout() -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
     ServiceBuilder::new()
@@ -398,13 +409,7 @@ fn overhead(c: &mut Criterion) {
         &mut group,
         &rt,
         "stack/backstop_preset_noop_listener",
-        Tower(
-            BackstopLayer::new(all_ok::<Req>, TIMEOUT)
-                .breaker(BreakerLayer::new())
-                .listener(())
-                .dead_letters(DeadLetterLayer::new(MemoryStore::new()))
-                .layer(bare()),
-        ),
+        Tower(preset_listening(())),
     );
     // The preset with the `Metrics` listener, recording into a Prometheus recorder: beside
     // `stack/backstop_five_layers_shared_copy`, the same stack without it.
@@ -427,13 +432,7 @@ fn overhead(c: &mut Criterion) {
             &mut group,
             &rt,
             "stack/backstop_preset_metrics",
-            Tower(
-                BackstopLayer::new(all_ok::<Req>, TIMEOUT)
-                    .breaker(BreakerLayer::new())
-                    .listener(tower_backstop::metrics::Metrics::new())
-                    .dead_letters(DeadLetterLayer::new(MemoryStore::new()))
-                    .layer(bare()),
-            ),
+            Tower(preset_listening(tower_backstop::metrics::Metrics::new())),
         );
     }
     group.finish();
