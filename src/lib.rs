@@ -151,6 +151,7 @@ pub mod request;
 pub mod resend;
 pub mod retry;
 pub mod server;
+mod status;
 pub mod store;
 pub mod timeout;
 

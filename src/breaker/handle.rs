@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::event::State;
 use super::state::{Shared, Stats};
+use crate::status::State;
 
 /// A cloneable handle to a breaker: its state and counters, for metrics, and operator control.
 ///

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use serde::{Serialize, Serializer};
 
-use super::event::State;
 use super::keyed::Registry;
 use super::open::describe;
 use super::state::Shared;
+use crate::status::State;
 
 /// A reader of every breaker of one or more breaker layers (keyed ones included, each key's
 /// breaker listed under its key), and which of them are essential to this process.

@@ -7,8 +7,8 @@ use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
-use super::event::State;
 use super::state::{Settings, Shared};
+use crate::status::State;
 
 /// The most bytes a [`Key`] holds inline; a longer key is moved to the heap.
 const INLINE: usize = 272;

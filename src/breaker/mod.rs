@@ -130,7 +130,6 @@ use tower_service::Service;
 use crate::failure::Failure;
 
 mod config;
-mod event;
 mod failover;
 pub(crate) mod future;
 mod handle;
@@ -143,7 +142,6 @@ mod sync;
 mod window;
 
 pub use self::config::Builder;
-pub use self::event::State;
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;
@@ -152,6 +150,7 @@ pub use self::keyed::{Authority, KeyOf, PerKey};
 pub use self::layer::BreakerLayer;
 pub use self::open::OpenError;
 pub use self::state::{MAX_PROBES, Stats};
+pub use crate::status::State;
 
 use self::future::Guard;
 use self::keyed::{Key, Registry};

@@ -8,9 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::breaker::State;
 use crate::event::{Event, Listener, deliver};
 use crate::failure::{Class, Code};
+use crate::status::State;
 use crate::store::{Alert, AlertRules};
 
 type Hook = Arc<dyn Fn(&Alert, bool) + Send + Sync>;

@@ -40,9 +40,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::alerts::Alerts;
-use crate::breaker::State;
 use crate::failure::{Class, Code, Sent};
-use crate::retry::{DelaySource, GiveUp};
+use crate::status::{DelaySource, GiveUp, State};
 
 /// Something a layer or the re-send path did, handed to a [`Listener`].
 ///

@@ -64,10 +64,9 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use ::metrics::{Counter, Gauge, Histogram, Unit};
 
-use crate::breaker::State;
 use crate::event::{Event, Listener};
 use crate::failure::Sent;
-use crate::retry::{DelaySource, GiveUp};
+use crate::status::{DelaySource, GiveUp, State};
 
 /// The label value of events beyond the bound on a label's values.
 const OTHER: &str = "other";

@@ -11,12 +11,13 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use super::RetryPolicy;
-use super::note::{Attempts, GiveUp};
+use super::note::Attempts;
 use super::policy::{Attempted, Decision, MAX_COPIES, Spare, retry_at};
 use super::reconcile::{Attempt, Reconcile, outcome_unknown};
 use crate::event::{Event, Hook};
 use crate::failure::{Class, Code, Failure, Sent};
 use crate::request::Replay;
+use crate::status::GiveUp;
 
 pin_project! {
     /// Response future of [`Retry`](super::Retry): a state machine of attempt, delay (a timer

@@ -126,9 +126,10 @@ pub use self::budget::Budget;
 pub use self::buffer::{ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
-pub use self::note::{Attempts, GiveUp};
-pub use self::policy::{ClassPolicy, DelaySource, RetryPolicy};
+pub use self::note::Attempts;
+pub use self::policy::{ClassPolicy, RetryPolicy};
 pub use self::reconcile::{Delivery, ReconciledResponse, StatusCheck};
+pub use crate::status::{DelaySource, GiveUp};
 
 /// Retries failed calls by a [`RetryPolicy`]; see the [module docs](self).
 #[derive(Clone, Debug)]

@@ -4,66 +4,7 @@ use std::fmt;
 use std::time::SystemTime;
 
 use crate::failure::{Note, Notes};
-
-/// Why the retry layer stopped trying and handed the failure up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum GiveUp {
-    /// The failure's class is not retried by the policy (a permanent 4xx, poison).
-    NotRetryable,
-    /// The attempt cap of the failure's class was reached.
-    AttemptsExhausted,
-    /// The delay before the next attempt (a server hint such as `Retry-After`, the breaker's time
-    /// left until half-open, or the class's own schedule) is longer than the policy's maximum
-    /// in-process delay, and the policy is set to give up rather than defer
-    /// ([`RetryPolicy::give_up_long_delays`](super::RetryPolicy::give_up_long_delays)).
-    HintTooLong,
-    /// The delay before the next attempt is longer than the policy's maximum in-process delay, so
-    /// the request is deferred rather than slept: [`Attempts::retry_at`] says when to send it
-    /// again (the default). Unlike the
-    /// other reasons this is not the end of the request: a dead-letter store keeps it with that
-    /// retry-at time.
-    Deferred,
-    /// The retry budget (token bucket or ratio) had nothing left, so the failure was returned at
-    /// once instead of retried.
-    BudgetExhausted,
-    /// The overall deadline of the request ended the series of attempts: the next delay would
-    /// have ended after it, or it expired during an attempt. The failure is the last real one.
-    DeadlineExceeded,
-    /// The server said not to retry (`grpc-retry-pushback-ms` negative or unparseable, gRFC A6).
-    ServerSaidNo,
-    /// The request is not idempotent (RFC 9110 §9.2.2) and carries no `Idempotency-Key`, so
-    /// sending it again could repeat its effect.
-    NotIdempotent,
-    /// The request could not be copied for another attempt (for example a streaming body).
-    NotReplayable,
-    /// The inner service failed while the retry layer waited for it to become ready.
-    NotReady,
-}
-
-impl GiveUp {
-    /// A short lower-case description, as used in `Display`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            GiveUp::NotRetryable => "class not retried",
-            GiveUp::AttemptsExhausted => "attempts exhausted",
-            GiveUp::HintTooLong => "delay above the maximum in-process delay",
-            GiveUp::Deferred => "deferred",
-            GiveUp::BudgetExhausted => "retry budget exhausted",
-            GiveUp::DeadlineExceeded => "deadline exceeded",
-            GiveUp::ServerSaidNo => "server said not to retry",
-            GiveUp::NotIdempotent => "request not idempotent and has no idempotency key",
-            GiveUp::NotReplayable => "request cannot be replayed",
-            GiveUp::NotReady => "service failed while becoming ready",
-        }
-    }
-}
-
-impl fmt::Display for GiveUp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::status::GiveUp;
 
 /// What the retry layer says about a failure it hands up: the number of attempts, why it
 /// stopped ([`GiveUp`]), when the first attempt failed, and, for a deferred request, when to send

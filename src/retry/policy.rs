@@ -12,36 +12,11 @@ use rand::rngs::SmallRng;
 
 use super::backoff::Backoff;
 use super::budget::Budget;
-use super::note::GiveUp;
 use super::reconcile::{Reconcile, ReconciledResponse, StatusCheck};
 use crate::BuildError;
 use crate::event::{Hook, Listener};
 use crate::failure::{Class, Failure, Sent};
-
-/// Where a retry's delay came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum DelaySource {
-    /// The server's hint: `Retry-After` (RFC 9110 §10.2.3), `grpc-retry-pushback-ms` (gRFC A6),
-    /// or a rate-limit reset header. Never shortened by jitter.
-    ServerHint,
-    /// The class's [`Backoff`] (the policy's, unless the class has its own).
-    Backoff,
-    /// Our own breaker's time left until half-open, waited in process only when the policy
-    /// opted in with [`RetryPolicy::wait_for_breaker`].
-    Breaker,
-}
-
-impl DelaySource {
-    /// A short lower-case name, as logged.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            DelaySource::ServerHint => "server hint",
-            DelaySource::Backoff => "backoff",
-            DelaySource::Breaker => "breaker half-opens",
-        }
-    }
-}
+use crate::status::{DelaySource, GiveUp};
 
 /// How one class of failures is retried: a cap on the attempts that failed with that class, and
 /// a delay rule. Built with [`ClassPolicy::retry`] or [`ClassPolicy::never`] and given to

@@ -1,0 +1,129 @@
+//! Where the retry layer and the breaker stand, in the fixed words that their notes, events,
+//! metrics and health reports share: a breaker's [`State`], why the retry layer gave up
+//! ([`GiveUp`]), where a retry's delay came from ([`DelaySource`]). Each has a lower-case name
+//! (`as_str`) fit for a log field or a metric label.
+
+use std::fmt;
+
+/// Why the retry layer stopped trying and handed the failure up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GiveUp {
+    /// The failure's class is not retried by the policy (a permanent 4xx, poison).
+    NotRetryable,
+    /// The attempt cap of the failure's class was reached.
+    AttemptsExhausted,
+    /// The delay before the next attempt (a server hint such as `Retry-After`, the breaker's time
+    /// left until half-open, or the class's own schedule) is longer than the policy's maximum
+    /// in-process delay, and the policy is set to give up rather than defer
+    /// ([`RetryPolicy::give_up_long_delays`](crate::retry::RetryPolicy::give_up_long_delays)).
+    HintTooLong,
+    /// The delay before the next attempt is longer than the policy's maximum in-process delay, so
+    /// the request is deferred rather than slept: [`Attempts::retry_at`](crate::retry::Attempts::retry_at) says when to send it
+    /// again (the default). Unlike the
+    /// other reasons this is not the end of the request: a dead-letter store keeps it with that
+    /// retry-at time.
+    Deferred,
+    /// The retry budget (token bucket or ratio) had nothing left, so the failure was returned at
+    /// once instead of retried.
+    BudgetExhausted,
+    /// The overall deadline of the request ended the series of attempts: the next delay would
+    /// have ended after it, or it expired during an attempt. The failure is the last real one.
+    DeadlineExceeded,
+    /// The server said not to retry (`grpc-retry-pushback-ms` negative or unparseable, gRFC A6).
+    ServerSaidNo,
+    /// The request is not idempotent (RFC 9110 §9.2.2) and carries no `Idempotency-Key`, so
+    /// sending it again could repeat its effect.
+    NotIdempotent,
+    /// The request could not be copied for another attempt (for example a streaming body).
+    NotReplayable,
+    /// The inner service failed while the retry layer waited for it to become ready.
+    NotReady,
+}
+
+impl GiveUp {
+    /// A short lower-case description, as used in `Display`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            GiveUp::NotRetryable => "class not retried",
+            GiveUp::AttemptsExhausted => "attempts exhausted",
+            GiveUp::HintTooLong => "delay above the maximum in-process delay",
+            GiveUp::Deferred => "deferred",
+            GiveUp::BudgetExhausted => "retry budget exhausted",
+            GiveUp::DeadlineExceeded => "deadline exceeded",
+            GiveUp::ServerSaidNo => "server said not to retry",
+            GiveUp::NotIdempotent => "request not idempotent and has no idempotency key",
+            GiveUp::NotReplayable => "request cannot be replayed",
+            GiveUp::NotReady => "service failed while becoming ready",
+        }
+    }
+}
+
+impl fmt::Display for GiveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a retry's delay came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DelaySource {
+    /// The server's hint: `Retry-After` (RFC 9110 §10.2.3), `grpc-retry-pushback-ms` (gRFC A6),
+    /// or a rate-limit reset header. Never shortened by jitter.
+    ServerHint,
+    /// The class's [`Backoff`](crate::retry::Backoff) (the policy's, unless the class has its own).
+    Backoff,
+    /// Our own breaker's time left until half-open, waited in process only when the policy
+    /// opted in with [`RetryPolicy::wait_for_breaker`](crate::retry::RetryPolicy::wait_for_breaker).
+    Breaker,
+}
+
+impl DelaySource {
+    /// A short lower-case name, as logged.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DelaySource::ServerHint => "server hint",
+            DelaySource::Backoff => "backoff",
+            DelaySource::Breaker => "breaker half-opens",
+        }
+    }
+}
+
+/// The state of a circuit breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum State {
+    /// Calls go through; failures are counted.
+    Closed,
+    /// Calls are rejected at once until the open duration has passed.
+    Open,
+    /// A fixed number of probes is admitted; their outcomes close or re-open the breaker.
+    HalfOpen,
+    /// Opened by an operator ([`BreakerHandle::force_open`](crate::breaker::BreakerHandle::force_open)):
+    /// every call is rejected until [`reset`](crate::breaker::BreakerHandle::reset).
+    ForcedOpen,
+    /// Disabled by an operator ([`BreakerHandle::disable`](crate::breaker::BreakerHandle::disable)):
+    /// every call goes through and nothing is counted until
+    /// [`reset`](crate::breaker::BreakerHandle::reset).
+    Disabled,
+}
+
+impl State {
+    /// A lower-case name: `closed`, `open`, `half_open`, `forced_open`, `disabled`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half_open",
+            State::ForcedOpen => "forced_open",
+            State::Disabled => "disabled",
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
