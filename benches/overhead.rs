@@ -246,7 +246,7 @@ impl Call for Floor {
 
 /// The preset as `five_layers_shared_copy` builds it, with `listener`.
 fn preset_listening(
-    listener: impl tower_backstop::event::Listener,
+    listener: impl tower_backstop::observe::Listener,
 ) -> impl Service<Req, Error: Debug> + Clone + Send + 'static {
     BackstopLayer::new(all_ok::<Req>, TIMEOUT)
         .breaker(BreakerLayer::new())
@@ -432,7 +432,7 @@ fn overhead(c: &mut Criterion) {
             &mut group,
             &rt,
             "stack/backstop_preset_metrics",
-            Tower(preset_listening(tower_backstop::metrics::Metrics::new())),
+            Tower(preset_listening(tower_backstop::observe::Metrics::new())),
         );
     }
     group.finish();

@@ -75,7 +75,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
-use tower_backstop::event::Event;
+use tower_backstop::observe::Event;
 use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::retry::{Attempts, Backoff, DelaySource, RetryPolicy};
 use tower_backstop::store::{AlertRules, Record, SqliteStore, Stats, Status, Store};

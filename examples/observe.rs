@@ -26,8 +26,8 @@ use hyper_util::rt::TokioExecutor;
 use tower::{Layer, ServiceExt};
 use tower_backstop::BackstopLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::event::Alerts;
-use tower_backstop::metrics::Metrics;
+use tower_backstop::observe::Alerts;
+use tower_backstop::observe::Metrics;
 use tower_backstop::retry::{Backoff, RetryPolicy};
 use tower_backstop::store::{Alert, MemoryStore, Status, Store};
 

@@ -146,7 +146,7 @@ use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, PerKey};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
-use tower_backstop::event::Event;
+use tower_backstop::observe::Event;
 use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::retry::{Attempts, Delivery, RetryPolicy};
 use tower_backstop::store::{MemoryStore, Record, Status, Store};

@@ -120,8 +120,6 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[path = "observe/alerts.rs"]
-mod alerts;
 #[cfg(feature = "board")]
 #[cfg_attr(docsrs, doc(cfg(feature = "board")))]
 pub mod board;
@@ -136,15 +134,10 @@ mod clock;
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;
 pub mod dead_letter;
-#[path = "observe/event.rs"]
-pub mod event;
 mod failure;
 mod grpc_wire;
 mod integration;
-#[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-#[path = "observe/metrics.rs"]
-pub mod metrics;
+pub mod observe;
 mod order;
 mod preset;
 pub mod request;
@@ -163,6 +156,15 @@ pub use self::failure::{BoxError, Class, Code, Failure, Note, Notes, Sent};
 pub use self::integration::tonic::{DEFAULT_GRPC_BUFFER, Grpc, GrpcFuture, GrpcLayer, GrpcRequest};
 pub use self::preset::{Backstop, BackstopLayer};
 pub use self::request::{Describe, Envelope, MessageId, Replay, TimeLeft};
+
+// `tower_backstop::event::{Event, Listener, Alerts}` before they moved to `observe`: kept so
+// that code written against that path still compiles.
+#[doc(hidden)]
+pub use self::observe as event;
+// `tower_backstop::metrics::Metrics` before it moved to `observe`: kept likewise.
+#[cfg(feature = "metrics")]
+#[doc(hidden)]
+pub use self::observe as metrics;
 
 // The README's code blocks compile as doctests.
 #[cfg(doctest)]

@@ -13,8 +13,8 @@ use crate::Class;
 use crate::breaker::{BreakerLayer, Builder, Health, PerKey};
 use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
 use crate::dead_letter::{self, DeadLetter, DeadLetterLayer, DeadLetterRetryLayer};
-use crate::event::{Hook, Listener};
 use crate::failure::Failure;
+use crate::observe::{Hook, Listener};
 use crate::request::{Describe, Replay};
 use crate::retry::{self, Retry, RetryLayer, RetryPolicy};
 use crate::timeout::{Timeout, TimeoutLayer};
@@ -185,7 +185,7 @@ impl<C, K: Send + Sync + 'static> BackstopLayer<C, BreakerLayer<K>> {
 impl<C, K: Clone> BackstopLayer<C, BreakerLayer<K>> {
     /// Hands every layer's events to `listener`, the retry layer's, the breaker's and the
     /// dead-letter layer's: attempts, retries, timeouts, giving up, breaker transitions and
-    /// rejections, dead letters and store errors (see [`event`](crate::event)). It replaces a
+    /// rejections, dead letters and store errors (see [`observe`](crate::observe)). It replaces a
     /// listener those layers had, and reaches a retry policy or dead-letter layer given later.
     ///
     /// The breakers are built afresh with it: call it before taking a

@@ -1,4 +1,4 @@
-//! In-process alerts (`event::Alerts`): each rule raised as it happens and cleared when its
+//! In-process alerts (`observe::Alerts`): each rule raised as it happens and cleared when its
 //! condition ends, through the hook and the list of active alerts (their log lines are in
 //! tests/alerts_tracing.rs). On
 //! tokio's paused clock with in-process services; the dead letters are real records of a
@@ -14,7 +14,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, State};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::event::{Alerts, Event, Listener};
+use tower_backstop::observe::{Alerts, Event, Listener};
 use tower_backstop::retry::RetryPolicy;
 use tower_backstop::store::{Alert, AlertRules, MemoryStore};
 

@@ -11,7 +11,7 @@ use support::{Scripted, get, status};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::event::Alerts;
+use tower_backstop::observe::Alerts;
 
 #[tokio::test(start_paused = true)]
 async fn a_raise_is_a_warn_line_and_a_clear_an_info_line() {

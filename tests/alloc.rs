@@ -1003,7 +1003,7 @@ fn preset_copies_an_http_request_once() {
 #[test]
 fn preset_with_metrics_allocates_at_most_once_per_call() {
     use tower_backstop::BackstopLayer;
-    use tower_backstop::metrics::Metrics;
+    use tower_backstop::observe::Metrics;
 
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();

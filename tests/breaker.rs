@@ -10,7 +10,7 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_backstop::BuildError;
 use tower_backstop::breaker::{BreakerHandle, BreakerLayer, Builder, State};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::event::Event;
+use tower_backstop::observe::Event;
 use tower_backstop::{Class, Code};
 
 /// An upstream answer with `code` after `secs` seconds.

@@ -14,7 +14,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, State};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus, record_of};
-use tower_backstop::event::Event;
+use tower_backstop::observe::Event;
 use tower_backstop::resend::Scheduler;
 use tower_backstop::retry::{DelaySource, GiveUp, RetryPolicy};
 use tower_backstop::store::{MemoryStore, SqliteStore, Status, Store};

@@ -14,7 +14,7 @@ use support::{
 use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_backstop::Class;
-use tower_backstop::event::Event;
+use tower_backstop::observe::Event;
 use tower_backstop::retry::{Attempts, Budget, GiveUp, RetryPolicy};
 
 fn after(ms: u64, step: Step) -> Step {

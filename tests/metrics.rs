@@ -19,8 +19,8 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, State};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
-use tower_backstop::event::{Event, Listener};
-use tower_backstop::metrics::Metrics;
+use tower_backstop::observe::Metrics;
+use tower_backstop::observe::{Event, Listener};
 use tower_backstop::resend::Scheduler;
 use tower_backstop::retry::RetryPolicy;
 use tower_backstop::store::{MemoryStore, Status, Store};
@@ -641,7 +641,7 @@ fn an_alert_sets_its_rules_gauge_while_it_fires() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let (firing, cleared) = run(&recorder, || async {
-        let alerts = tower_backstop::event::Alerts::new();
+        let alerts = tower_backstop::observe::Alerts::new();
         let transition = |from, to| Event::BreakerTransition {
             breaker: "mail",
             from,

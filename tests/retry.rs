@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier};
 use tower_backstop::dead_letter::DeadLetterStatus;
-use tower_backstop::event::Event;
+use tower_backstop::observe::Event;
 use tower_backstop::retry::{
     Attempts, Backoff, Budget, DelaySource, GiveUp, Jitter, RetryLayer, RetryPolicy,
 };

@@ -640,7 +640,7 @@ async fn a_probe_that_is_not_sent_lets_the_next_record_probe() {
 /// closed store's failed prune is reported and the scheduler goes on.
 #[tokio::test(start_paused = true)]
 async fn the_scheduler_prunes_by_its_retention_on_an_interval() {
-    use tower_backstop::event::Event;
+    use tower_backstop::observe::Event;
     use tower_backstop::store::{Filter, Retention};
 
     let clock = Clock::tokio();

@@ -10,8 +10,8 @@ use super::open::OpenDuration;
 use super::state::{MAX_PROBES, Settings};
 use super::window::WindowKind;
 use crate::BuildError;
-use crate::event::Listener;
 use crate::failure::Class;
+use crate::observe::Listener;
 
 /// The classes that count as failures by default: the ones that blame the provider.
 pub(crate) const DEFAULT_CLASSES: [Class; 3] = [Class::TRANSIENT, Class::THROTTLED, Class::UNKNOWN];
@@ -234,8 +234,8 @@ impl<K> Builder<K> {
     }
 
     /// A hook that sees every transition and rejection
-    /// ([`Event::BreakerTransition`](crate::event::Event::BreakerTransition),
-    /// [`Event::BreakerRejected`](crate::event::Event::BreakerRejected)); see [`Listener`].
+    /// ([`Event::BreakerTransition`](crate::observe::Event::BreakerTransition),
+    /// [`Event::BreakerRejected`](crate::observe::Event::BreakerRejected)); see [`Listener`].
     pub fn listener(mut self, listener: impl Listener) -> Self {
         self.settings.listener = Some(Arc::new(listener));
         self

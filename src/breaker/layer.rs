@@ -11,8 +11,8 @@ use super::health::Health;
 use super::keyed::{Authority, PerKey, Registry};
 use super::state::Shared;
 use crate::BuildError;
-use crate::event::Hook;
 use crate::failure::Class;
+use crate::observe::Hook;
 
 /// Applies [`Breaker`] to a service, and owns the breakers' state.
 ///

@@ -28,7 +28,7 @@
 //!
 //! Around it: [`BreakerHandle`] for operators (read, force open, disable, reset: an axum admin
 //! route is shown on [`BreakerHandle`]), [`Health`] for a health route listing every breaker,
-//! [`Listener`](crate::event::Listener) for metrics,
+//! [`Listener`](crate::observe::Listener) for metrics,
 //! [`per_host`](BreakerLayer::per_host) and [`keyed_by`](BreakerLayer::keyed_by) for one breaker
 //! per host or per key of yours, [`FailoverLayer`] to send rejected calls to a second provider, and
 //! [`ServerLayer::breaker`](crate::server::ServerLayer::breaker) for an axum server that answers `503` with `Retry-After` itself.

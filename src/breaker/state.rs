@@ -21,8 +21,8 @@ use tokio::time::Instant;
 use super::open::{Cause, CauseSlot, OpenDuration, OpenError};
 use super::sync::{AtomicU32, AtomicU64, Ordering};
 use super::window::{Counts, FAILED, SLOW, Window, WindowKind};
-use crate::event::{Event, Listener, deliver};
 use crate::failure::{Class, Code};
+use crate::observe::{Event, Listener, deliver};
 use crate::status::State;
 
 /// The most probes or successful probes a half-open breaker can be configured with.

@@ -5,7 +5,7 @@ use tower_layer::Layer;
 
 use super::DeadLetter;
 use crate::clock::Clock;
-use crate::event::{Hook, Listener};
+use crate::observe::{Hook, Listener};
 use crate::request::Envelope;
 use crate::store::{RedactHeaders, Store};
 
@@ -108,10 +108,10 @@ impl DeadLetterLayer {
     }
 
     /// Hands the layer's events to `listener`: each record written
-    /// ([`Event::DeadLetterStored`](crate::event::Event::DeadLetterStored), dead or deferred)
+    /// ([`Event::DeadLetterStored`](crate::observe::Event::DeadLetterStored), dead or deferred)
     /// and each write the store failed
-    /// ([`Event::StoreError`](crate::event::Event::StoreError), operation `"put"`). See
-    /// [`event`](crate::event). On the failure path only.
+    /// ([`Event::StoreError`](crate::observe::Event::StoreError), operation `"put"`). See
+    /// [`observe`](crate::observe). On the failure path only.
     pub fn listener(mut self, listener: impl Listener) -> Self {
         Arc::make_mut(&mut self.config).listener = Hook::new(listener);
         self

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::event::{Event, Listener, deliver};
+use super::event::{Event, Listener, deliver};
 use crate::failure::{Class, Code};
 use crate::status::State;
 use crate::store::{Alert, AlertRules};
@@ -50,7 +50,7 @@ type Hook = Arc<dyn Fn(&Alert, bool) + Send + Sync>;
 /// ```
 /// use std::time::Duration;
 /// use tower_backstop::BackstopLayer;
-/// use tower_backstop::event::Alerts;
+/// use tower_backstop::observe::Alerts;
 ///
 /// let alerts = Alerts::new().on_alert(|alert, firing| {
 ///     if firing {

@@ -1,60 +1,5 @@
-//! [`Metrics`]: a [`Listener`] that records every [`Event`] through the
-//! [`metrics`](https://docs.rs/metrics) facade, so any of its exporters (Prometheus,
-//! OpenTelemetry, StatsD, …) shows the stack.
-//!
-//! ```
-//! use std::time::Duration;
-//! use tower_backstop::BackstopLayer;
-//! use tower_backstop::metrics::Metrics;
-//!
-//! // Install your exporter's recorder first (metrics-exporter-prometheus, say): handles are
-//! // registered with the recorder of the first event that needs them.
-//! let layer = BackstopLayer::http(Duration::from_secs(2)).listener(Metrics::new());
-//! # let _ = layer;
-//! ```
-//!
-//! Give a clone of the same `Metrics` to the [`Scheduler`](crate::resend::Scheduler) for the
-//! re-send and backlog metrics.
-//!
-//! # Names
-//!
-//! Base units (seconds), `_total` for counters, as Prometheus' naming conventions ask
-//! (<https://prometheus.io/docs/practices/naming/>). Histograms are recorded in seconds;
-//! their buckets are the exporter's.
-//!
-//! | metric | kind | labels | from |
-//! |---|---|---|---|
-//! | `backstop_calls_total` | counter | `outcome` = `success_without_retry`, `success_with_retry`, `failed_without_retry`, `failed_with_retry`, `deferred` | each call of the retry layer, once, when it ends |
-//! | `backstop_attempts_total` | counter | `class` (the failure's class, or `success`), `sent` = `yes`, `maybe`, `no` | each attempt |
-//! | `backstop_attempt_duration_seconds` | histogram | `class` | each attempt, from its call to its answer |
-//! | `backstop_call_retries` | histogram | — | retries of each call that retried (attempts − 1, at least 1), when it ends; a call with no retry records nothing, as gRFC A96's `grpc.client.call.retries` (count those calls from `backstop_calls_total`) |
-//! | `backstop_retry_delay_seconds` | histogram | `source` = `backoff`, `server_hint`, `breaker` | each retry scheduled |
-//! | `backstop_retries_skipped_total` | counter | `reason` = `not_replayable` (no copy: a streaming body, or one over the replay buffer), `not_idempotent` (outcome unknown, no key) | each call whose failure was not retried for want of a safe copy |
-//! | `backstop_hedges_total` | counter | — | each copy sent while an earlier attempt was still out (hedging) |
-//! | `backstop_breaker_state` | gauge | `breaker`, `state` = `closed`, `open`, `half_open`, `forced_open`, `disabled` | 1 for the breaker's state, 0 for the one it left; set at its first transition |
-//! | `backstop_breaker_transitions_total` | counter | `breaker`, `from`, `to` | each transition |
-//! | `backstop_breaker_rejections_total` | counter | `breaker` | each call a breaker rejected |
-//! | `backstop_timeouts_total` | counter | `layer` = `timeout` (the per-attempt timeout), `retry` (the retry deadline) | each attempt that ran out of time |
-//! | `backstop_dead_letters_total` | counter | `class`, `status` = `dead`, `deferred` | each record the dead-letter layer stored |
-//! | `backstop_deferred_backlog` | gauge | — | records waiting to be re-sent, as the scheduler last counted them |
-//! | `backstop_resends_total` | counter | `outcome` = `delivered`, `failed`, `held` | each re-send of the scheduler |
-//! | `backstop_redrives_total` | counter | `outcome` = `resolved`, `failed`, `skipped` | each record of an operator's re-drive |
-//! | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `claim`, `count`, `update`, `prune`, `audit` | each failed store operation |
-//! | `backstop_listener_panics_total` | counter | `event` | each panic of a listener, caught |
-//! | `backstop_alert_active` | gauge | `rule` = `dead_letter_spike`, `class_share`, `new_code`, `breaker_open`, `backlog_growing` | 1 while an alert of [`Alerts`](crate::event::Alerts) fires, 0 once cleared |
-//!
-//! # Bounded labels
-//!
-//! No label is a path, an id or an error text. Classes are the stack's closed set and breaker
-//! names are bounded by a keyed breaker's bound on keys; in case they are not, each label
-//! takes at most [`max_label_values`](Metrics::max_label_values) values (default 100) per
-//! metric, and the events of any further value are counted under the value `other`.
-//!
-//! # Cost
-//!
-//! A handle is registered once per label set and kept; an event then costs a lookup under a
-//! read lock and the handles' own updates, with no allocation of ours. A slow recorder slows
-//! each event by its own update, and by nothing else.
+//! [`Metrics`]: the events recorded through the `metrics` facade, under fixed names and bounded
+//! labels.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -64,15 +9,70 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use ::metrics::{Counter, Gauge, Histogram, Unit};
 
-use crate::event::{Event, Listener};
+use super::event::{Event, Listener};
 use crate::failure::Sent;
 use crate::status::{DelaySource, GiveUp, State};
 
 /// The label value of events beyond the bound on a label's values.
 const OTHER: &str = "other";
 
-/// A [`Listener`] that records events as the metrics of the [module](self) table. Cheap to
-/// clone: clones share their handles.
+/// A [`Listener`] that records every [`Event`] through the
+/// [`metrics`](https://docs.rs/metrics) facade, so any of its exporters (Prometheus,
+/// OpenTelemetry, StatsD, …) shows the stack.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_backstop::BackstopLayer;
+/// use tower_backstop::observe::Metrics;
+///
+/// // Install your exporter's recorder first (metrics-exporter-prometheus, say): handles are
+/// // registered with the recorder of the first event that needs them.
+/// let layer = BackstopLayer::http(Duration::from_secs(2)).listener(Metrics::new());
+/// # let _ = layer;
+/// ```
+///
+/// Give a clone of the same `Metrics` to the [`Scheduler`](crate::resend::Scheduler) for the
+/// re-send and backlog metrics. Cheap to clone: clones share their handles.
+///
+/// # Names
+///
+/// Base units (seconds), `_total` for counters, as Prometheus' naming conventions ask
+/// (<https://prometheus.io/docs/practices/naming/>). Histograms are recorded in seconds;
+/// their buckets are the exporter's.
+///
+/// | metric | kind | labels | from |
+/// |---|---|---|---|
+/// | `backstop_calls_total` | counter | `outcome` = `success_without_retry`, `success_with_retry`, `failed_without_retry`, `failed_with_retry`, `deferred` | each call of the retry layer, once, when it ends |
+/// | `backstop_attempts_total` | counter | `class` (the failure's class, or `success`), `sent` = `yes`, `maybe`, `no` | each attempt |
+/// | `backstop_attempt_duration_seconds` | histogram | `class` | each attempt, from its call to its answer |
+/// | `backstop_call_retries` | histogram | — | retries of each call that retried (attempts − 1, at least 1), when it ends; a call with no retry records nothing, as gRFC A96's `grpc.client.call.retries` (count those calls from `backstop_calls_total`) |
+/// | `backstop_retry_delay_seconds` | histogram | `source` = `backoff`, `server_hint`, `breaker` | each retry scheduled |
+/// | `backstop_retries_skipped_total` | counter | `reason` = `not_replayable` (no copy: a streaming body, or one over the replay buffer), `not_idempotent` (outcome unknown, no key) | each call whose failure was not retried for want of a safe copy |
+/// | `backstop_hedges_total` | counter | — | each copy sent while an earlier attempt was still out (hedging) |
+/// | `backstop_breaker_state` | gauge | `breaker`, `state` = `closed`, `open`, `half_open`, `forced_open`, `disabled` | 1 for the breaker's state, 0 for the one it left; set at its first transition |
+/// | `backstop_breaker_transitions_total` | counter | `breaker`, `from`, `to` | each transition |
+/// | `backstop_breaker_rejections_total` | counter | `breaker` | each call a breaker rejected |
+/// | `backstop_timeouts_total` | counter | `layer` = `timeout` (the per-attempt timeout), `retry` (the retry deadline) | each attempt that ran out of time |
+/// | `backstop_dead_letters_total` | counter | `class`, `status` = `dead`, `deferred` | each record the dead-letter layer stored |
+/// | `backstop_deferred_backlog` | gauge | — | records waiting to be re-sent, as the scheduler last counted them |
+/// | `backstop_resends_total` | counter | `outcome` = `delivered`, `failed`, `held` | each re-send of the scheduler |
+/// | `backstop_redrives_total` | counter | `outcome` = `resolved`, `failed`, `skipped` | each record of an operator's re-drive |
+/// | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `claim`, `count`, `update`, `prune`, `audit` | each failed store operation |
+/// | `backstop_listener_panics_total` | counter | `event` | each panic of a listener, caught |
+/// | `backstop_alert_active` | gauge | `rule` = `dead_letter_spike`, `class_share`, `new_code`, `breaker_open`, `backlog_growing` | 1 while an alert of [`Alerts`](super::Alerts) fires, 0 once cleared |
+///
+/// # Bounded labels
+///
+/// No label is a path, an id or an error text. Classes are the stack's closed set and breaker
+/// names are bounded by a keyed breaker's bound on keys; in case they are not, each label
+/// takes at most [`max_label_values`](Metrics::max_label_values) values (default 100) per
+/// metric, and the events of any further value are counted under the value `other`.
+///
+/// # Cost
+///
+/// A handle is registered once per label set and kept; an event then costs a lookup under a
+/// read lock and the handles' own updates, with no allocation of ours. A slow recorder slows
+/// each event by its own update, and by nothing else.
 #[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Inner>,

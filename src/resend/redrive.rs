@@ -12,8 +12,8 @@ use crate::breaker::OpenError;
 use crate::clock::Clock;
 use crate::dead_letter::DeadLetterStatus;
 use crate::dead_letter::record_of;
-use crate::event::{Event, Hook, Listener};
 use crate::failure::Failure;
+use crate::observe::{Event, Hook, Listener};
 use crate::store::{
     AuditAction, AuditEntry, Change, Claim, Filter, Record, Status, Store, StoreError, add_clamped,
 };
@@ -252,7 +252,7 @@ impl Redrive {
     }
 
     /// Hands each record's outcome to `listener` ([`Event::Redriven`]: resolved, failed or
-    /// skipped). See [`event`](crate::event).
+    /// skipped). See [`observe`](crate::observe).
     pub fn listener(mut self, listener: impl Listener) -> Self {
         self.listener = Hook::new(listener);
         self

@@ -12,8 +12,8 @@ use tower_service::Service;
 
 use super::redrive::{Outcome, resend};
 use crate::clock::Clock;
-use crate::event::{Event, Hook, Listener};
 use crate::failure::Failure;
+use crate::observe::{Event, Hook, Listener};
 use crate::store::{Change, Record, Retention, Status, Store, add_clamped};
 
 /// Re-sends deferred dead letters when they are due: the retry schedule, paced by breaker.
@@ -172,7 +172,7 @@ impl<S, F> Scheduler<S, F> {
     /// ([`Event::Resent`]: delivered, failed again, or held by an open breaker), the records
     /// waiting ([`Event::Backlog`], every [`backlog_every`](Self::backlog_every)) and each store
     /// operation that failed ([`Event::StoreError`], operations `"claim"`, `"count"` and
-    /// `"update"`). See [`event`](crate::event).
+    /// `"update"`). See [`observe`](crate::observe).
     pub fn listener(mut self, listener: impl Listener) -> Self {
         self.listener = Hook::new(listener);
         self

@@ -14,8 +14,8 @@ use super::RetryPolicy;
 use super::note::Attempts;
 use super::policy::{Attempted, Decision, MAX_COPIES, Spare, retry_at};
 use super::reconcile::{Attempt, Reconcile, outcome_unknown};
-use crate::event::{Event, Hook};
 use crate::failure::{Class, Code, Failure, Sent};
+use crate::observe::{Event, Hook};
 use crate::request::Replay;
 use crate::status::GiveUp;
 

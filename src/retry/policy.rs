@@ -14,8 +14,8 @@ use super::backoff::Backoff;
 use super::budget::Budget;
 use super::reconcile::{Reconcile, ReconciledResponse, StatusCheck};
 use crate::BuildError;
-use crate::event::{Hook, Listener};
 use crate::failure::{Class, Failure, Sent};
+use crate::observe::{Hook, Listener};
 use crate::status::{DelaySource, GiveUp};
 
 /// How one class of failures is retried: a cap on the attempts that failed with that class, and
@@ -529,14 +529,14 @@ impl RetryPolicy {
     /// ([`Event::AttemptEnded`], with its duration), every retry
     /// ([`Event::RetryScheduled`], with its delay and why), every timeout
     /// ([`Event::TimedOut`]) and the end of every call that failed ([`Event::GaveUp`], with
-    /// why). See [`event`](crate::event). Without a listener (the default) the layer reads no
+    /// why). See [`observe`](crate::observe). Without a listener (the default) the layer reads no
     /// clock for them and clones nothing; with one, each call clones one `Arc` and reads tokio's
     /// clock at each attempt's start and end.
     ///
-    /// [`Event::AttemptEnded`]: crate::event::Event::AttemptEnded
-    /// [`Event::RetryScheduled`]: crate::event::Event::RetryScheduled
-    /// [`Event::TimedOut`]: crate::event::Event::TimedOut
-    /// [`Event::GaveUp`]: crate::event::Event::GaveUp
+    /// [`Event::AttemptEnded`]: crate::observe::Event::AttemptEnded
+    /// [`Event::RetryScheduled`]: crate::observe::Event::RetryScheduled
+    /// [`Event::TimedOut`]: crate::observe::Event::TimedOut
+    /// [`Event::GaveUp`]: crate::observe::Event::GaveUp
     pub fn listener(self, listener: impl Listener) -> Self {
         let hook = Hook::new(listener);
         self.edit(|p| p.listener = hook)
