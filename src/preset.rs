@@ -10,11 +10,11 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::Class;
-use crate::breaker::{BreakerLayer, Builder, Health, PerKey};
+use crate::breaker::{BreakerLayer, Builder, PerKey};
 use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
 use crate::dead_letter::{self, DeadLetter, DeadLetterLayer, DeadLetterRetryLayer};
 use crate::failure::Failure;
-use crate::observe::{Hook, Listener};
+use crate::observe::{Health, Hook, Listener};
 use crate::request::{Describe, Replay};
 use crate::retry::{self, Retry, RetryLayer, RetryPolicy};
 use crate::timeout::{Timeout, TimeoutLayer};

@@ -1,9 +1,11 @@
 //! Where the retry layer and the breaker stand, in the fixed words that their notes, events,
 //! metrics and health reports share: a breaker's [`State`], why the retry layer gave up
 //! ([`GiveUp`]), where a retry's delay came from ([`DelaySource`]). Each has a lower-case name
-//! (`as_str`) fit for a log field or a metric label.
+//! (`as_str`) fit for a log field or a metric label. Inside the crate, a breaker's snapshot
+//! too: what a health report reads of it.
 
 use std::fmt;
+use std::time::Duration;
 
 /// Why the retry layer stopped trying and handed the failure up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -126,4 +128,35 @@ impl fmt::Display for State {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// Where one breaker stands now, as the breaker reads itself for a health report: the breaker's
+/// read API, so that a reader of breakers needs none of its internals.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct BreakerSnapshot<'a> {
+    /// The breaker's name (a keyed breaker's key; `unkeyed` for a keyed layer's requests
+    /// without a key).
+    pub(crate) name: &'a str,
+    /// Its state word, as read.
+    pub(crate) state: State,
+    /// The time left until it half-opens: `Some` when open (zero once the open duration is
+    /// over: it half-opens at its next call) or half-open (the next open duration); `None`
+    /// otherwise.
+    pub(crate) retry_after: Option<Duration>,
+    /// Failed calls ÷ calls in the current window: `None` without a failure-rate rule, or
+    /// while the window holds no call.
+    pub(crate) failure_rate: Option<f64>,
+    /// Calls in the current window (rate rules only; 0 otherwise).
+    pub(crate) window_calls: u64,
+    /// Failed calls in the current window (rate rules only; 0 otherwise).
+    pub(crate) window_failures: u64,
+    /// Failures in a row towards a consecutive-failures rule.
+    pub(crate) consecutive_failures: u32,
+    /// Why it last opened, as its rejections say it; `None` while closed or disabled, and when
+    /// it opened on no failure.
+    pub(crate) cause: Option<String>,
+    /// Times it opened since it was built (trips and failed probes, not forced opens).
+    pub(crate) opened: u64,
+    /// Calls it rejected since it was built.
+    pub(crate) rejected: u64,
 }

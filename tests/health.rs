@@ -8,8 +8,9 @@ mod support;
 use std::time::Duration;
 
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
-use tower_backstop::breaker::{BreakerHealth, BreakerLayer, HealthReport, State};
+use tower_backstop::breaker::{BreakerLayer, State};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier};
+use tower_backstop::observe::{BreakerHealth, HealthReport};
 use tower_backstop::{BackstopLayer, BoxError};
 
 use support::get;

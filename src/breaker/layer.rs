@@ -7,12 +7,11 @@ use tower_layer::Layer;
 use super::Breaker;
 use super::config::Builder;
 use super::handle::BreakerHandle;
-use super::health::Health;
 use super::keyed::{Authority, PerKey, Registry};
 use super::state::Shared;
 use crate::BuildError;
 use crate::failure::Class;
-use crate::observe::Hook;
+use crate::observe::{Health, Hook};
 
 /// Applies [`Breaker`] to a service, and owns the breakers' state.
 ///
@@ -249,10 +248,14 @@ impl<K> BreakerLayer<K> {
     where
         K: Send + Sync + 'static,
     {
-        match &self.keys {
-            None => Health::one(Arc::clone(&self.shared)),
-            Some(keys) => Health::keyed(Arc::clone(&self.shared), Arc::clone(keys)),
-        }
+        let unkeyed = Arc::clone(&self.shared);
+        let keys = self.keys.clone();
+        Health::of(move |read| {
+            read(unkeyed.snapshot());
+            if let Some(keys) = &keys {
+                keys.each(&mut |shared| read(shared.snapshot()));
+            }
+        })
     }
 }
 

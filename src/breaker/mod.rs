@@ -133,7 +133,6 @@ mod config;
 mod failover;
 pub(crate) mod future;
 mod handle;
-mod health;
 pub(crate) mod keyed;
 mod layer;
 pub(crate) mod open;
@@ -145,12 +144,15 @@ pub use self::config::Builder;
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;
-pub use self::health::{BreakerHealth, Health, HealthReport};
 pub use self::keyed::{Authority, KeyOf, PerKey};
 pub use self::layer::BreakerLayer;
 pub use self::open::OpenError;
 pub use self::state::{MAX_PROBES, Stats};
 pub use crate::status::State;
+// `tower_backstop::breaker::{Health, HealthReport, BreakerHealth}` before they moved to
+// `observe`: kept so that code written against that path still compiles.
+#[doc(hidden)]
+pub use crate::observe::{BreakerHealth, Health, HealthReport};
 
 use self::future::Guard;
 use self::keyed::{Key, Registry};

@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::open::{Cause, CauseSlot, OpenDuration, OpenError};
+use super::open::{Cause, CauseSlot, OpenDuration, OpenError, describe};
 use super::sync::{AtomicU32, AtomicU64, Ordering};
 use super::window::{Counts, FAILED, SLOW, Window, WindowKind};
 use crate::failure::{Class, Code};
 use crate::observe::{Event, Listener, deliver};
-use crate::status::State;
+use crate::status::{BreakerSnapshot, State};
 
 /// The most probes or successful probes a half-open breaker can be configured with.
 pub const MAX_PROBES: u32 = 1_000;
@@ -449,6 +449,34 @@ impl Shared {
             window_calls: window.calls,
             window_failures: window.failures,
             window_slow_calls: window.slow,
+        }
+    }
+
+    /// Where this breaker stands now, for a health report: its counters, state, time left
+    /// until half-open and, while it is not closed, why it opened.
+    pub(crate) fn snapshot(&self) -> BreakerSnapshot<'_> {
+        let stats = self.stats();
+        let state = self.state();
+        let retry_after = self.retry_after();
+        let failure_rate = (self.settings.failure_rate.is_some() && stats.window_calls > 0)
+            .then(|| stats.window_failures as f64 / stats.window_calls as f64);
+        let cause = match state {
+            State::Closed | State::Disabled => None,
+            _ => self.open_errors[0]
+                .cause_now()
+                .map(|cause| describe(&cause)),
+        };
+        BreakerSnapshot {
+            name: &self.name,
+            state,
+            retry_after,
+            failure_rate,
+            window_calls: stats.window_calls,
+            window_failures: stats.window_failures,
+            consecutive_failures: stats.consecutive_failures,
+            cause,
+            opened: stats.opened,
+            rejected: stats.rejected,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Watch the stack: one vocabulary of [`Event`]s for every layer and the re-send path, the
-//! [`Listener`] that sees them, and the listeners built on them: count them in your own
-//! metrics, or raise your own alerts.
+//! [`Listener`] that sees them (count them in your own metrics, or raise your own alerts), the
+//! listeners built on them, and [`Health`]: every breaker of a stack at a glance, for a
+//! `/health` or admin route.
 //!
 //! Set a listener once on the preset ([`BackstopLayer::listener`](crate::BackstopLayer::listener)),
 //! which gives it to each of its layers, or on a layer of your own stack:
@@ -12,7 +13,9 @@
 //! errors) and [`Redrive::listener`](crate::resend::Redrive::listener) (re-drives). Every event is also written as a `tracing` event by the layer that has it,
 //! listener or not. With the `metrics` feature, `Metrics` is a
 //! listener that records them all as metrics; [`Alerts`] is one that raises the alerts of an
-//! on-call runbook as they happen.
+//! on-call runbook as they happen. [`Health`] reads the breakers themselves rather than their
+//! events: take it from [`BreakerLayer::health`](crate::breaker::BreakerLayer::health) or
+//! [`BackstopLayer::health`](crate::BackstopLayer::health).
 //!
 //! Fields are typed and bounded: classes are the stack's closed set, breaker names are bounded
 //! by a keyed layer's bound on keys, outcomes and reasons are fixed words. Ids (`id`) are the
@@ -37,12 +40,14 @@
 
 mod alerts;
 mod event;
+mod health;
 #[cfg(feature = "metrics")]
 mod metrics;
 
 pub use self::alerts::Alerts;
 pub use self::event::{Event, Listener};
 pub(crate) use self::event::{Hook, deliver};
+pub use self::health::{BreakerHealth, Health, HealthReport};
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use self::metrics::Metrics;

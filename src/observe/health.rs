@@ -1,4 +1,5 @@
-//! [`Health`]: every breaker of a stack at a glance, for a `/health` or admin route.
+//! [`Health`]: every breaker of a stack at a glance, for a `/health` or admin route, read
+//! through each breaker's snapshot.
 
 use std::fmt;
 use std::sync::Arc;
@@ -6,15 +7,12 @@ use std::time::Duration;
 
 use serde::{Serialize, Serializer};
 
-use super::keyed::Registry;
-use super::open::describe;
-use super::state::Shared;
-use crate::status::State;
+use crate::status::{BreakerSnapshot, State};
 
 /// A reader of every breaker of one or more breaker layers (keyed ones included, each key's
 /// breaker listed under its key), and which of them are essential to this process.
 ///
-/// Take it from [`BreakerLayer::health`](super::BreakerLayer::health) or
+/// Take it from [`BreakerLayer::health`](crate::breaker::BreakerLayer::health) or
 /// [`BackstopLayer::health`](crate::BackstopLayer::health), mark the breakers the process cannot
 /// serve without with [`essential`](Self::essential), combine several stacks with
 /// [`and`](Self::and), and call [`report`](Self::report) on each request of the route. It is
@@ -44,46 +42,18 @@ pub struct Health {
     essential: Vec<Box<str>>,
 }
 
-/// The breakers of one layer.
-#[derive(Clone)]
-enum Source {
-    /// One breaker.
-    One(Arc<Shared>),
-    /// A keyed layer: the breaker of requests without a key, and one per key.
-    Keyed {
-        unkeyed: Arc<Shared>,
-        keys: Arc<dyn Keys>,
-    },
-}
-
-/// The breakers of a keyed layer, whatever its key function.
-trait Keys: Send + Sync {
-    /// Calls `f` with each key's breaker, in key order.
-    fn each(&self, f: &mut dyn FnMut(&Shared));
-}
-
-impl<K: Send + Sync> Keys for Registry<K> {
-    fn each(&self, f: &mut dyn FnMut(&Shared)) {
-        Registry::each(self, f)
-    }
-}
+/// The breakers of one layer: calls its argument with a snapshot of each, in report order.
+type Source = Arc<dyn Fn(&mut dyn FnMut(BreakerSnapshot<'_>)) + Send + Sync>;
 
 impl Health {
-    /// The one breaker of an unkeyed layer.
-    pub(crate) fn one(shared: Arc<Shared>) -> Self {
-        Health {
-            sources: vec![Source::One(shared)],
-            essential: Vec::new(),
-        }
-    }
-
-    /// The breakers of a keyed layer.
-    pub(crate) fn keyed<K: Send + Sync + 'static>(
-        unkeyed: Arc<Shared>,
-        keys: Arc<Registry<K>>,
+    /// The breakers of one layer, read by `each`: it calls its argument with a snapshot of
+    /// each breaker, in report order (a keyed layer's `unkeyed` breaker, then its keys in
+    /// sorted order).
+    pub(crate) fn of(
+        each: impl Fn(&mut dyn FnMut(BreakerSnapshot<'_>)) + Send + Sync + 'static,
     ) -> Self {
         Health {
-            sources: vec![Source::Keyed { unkeyed, keys }],
+            sources: vec![Arc::new(each)],
             essential: Vec::new(),
         }
     }
@@ -111,26 +81,18 @@ impl Health {
     /// key, named `unkeyed`, then its keys in sorted order).
     pub fn report(&self) -> HealthReport {
         let mut breakers = Vec::new();
-        let mut push = |shared: &Shared| breakers.push(self.read(shared));
         for source in &self.sources {
-            match source {
-                Source::One(shared) => push(shared),
-                Source::Keyed { unkeyed, keys } => {
-                    push(unkeyed);
-                    keys.each(&mut push);
-                }
-            }
+            source(&mut |snapshot| breakers.push(self.read(snapshot)));
         }
         let healthy = !breakers.iter().any(|b| b.essential && b.is_open());
         HealthReport { healthy, breakers }
     }
 
-    fn read(&self, shared: &Shared) -> BreakerHealth {
-        let stats = shared.stats();
-        let mut state = shared.state();
+    fn read(&self, snapshot: BreakerSnapshot<'_>) -> BreakerHealth {
+        let mut state = snapshot.state;
         let mut half_open_in = None;
         if state == State::Open {
-            match shared.retry_after() {
+            match snapshot.retry_after {
                 // The breaker half-opens at the next call once its open duration is over; it
                 // is reported as it will act. Reported as still open, a readiness probe that
                 // took the instance out of rotation would keep it out: no call would come.
@@ -138,26 +100,18 @@ impl Health {
                 left => half_open_in = left,
             }
         }
-        let failure_rate = (shared.settings.failure_rate.is_some() && stats.window_calls > 0)
-            .then(|| stats.window_failures as f64 / stats.window_calls as f64);
-        let cause = match state {
-            State::Closed | State::Disabled => None,
-            _ => shared.open_errors[0]
-                .cause_now()
-                .map(|cause| describe(&cause)),
-        };
         BreakerHealth {
-            name: shared.name.to_string(),
+            name: snapshot.name.to_string(),
             state,
-            essential: self.essential.iter().any(|e| **e == *shared.name),
-            failure_rate,
-            window_calls: stats.window_calls,
-            window_failures: stats.window_failures,
-            consecutive_failures: stats.consecutive_failures,
+            essential: self.essential.iter().any(|e| **e == *snapshot.name),
+            failure_rate: snapshot.failure_rate,
+            window_calls: snapshot.window_calls,
+            window_failures: snapshot.window_failures,
+            consecutive_failures: snapshot.consecutive_failures,
             half_open_in,
-            cause,
-            opened: stats.opened,
-            rejected: stats.rejected,
+            cause: snapshot.cause,
+            opened: snapshot.opened,
+            rejected: snapshot.rejected,
         }
     }
 }
