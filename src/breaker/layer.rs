@@ -5,6 +5,7 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::Breaker;
+use super::admission::Admission;
 use super::config::Builder;
 use super::handle::BreakerHandle;
 use super::keyed::{Authority, PerKey, Registry};
@@ -119,12 +120,12 @@ impl BreakerLayer {
 
     /// A handle to read this breaker's state and counters, and to control it.
     pub fn handle(&self) -> BreakerHandle {
-        BreakerHandle::new(self.shared())
+        BreakerHandle::new(Arc::clone(&self.shared))
     }
 
-    /// The breaker's state, for the server flavour.
-    pub(crate) fn shared(&self) -> Arc<Shared> {
-        Arc::clone(&self.shared)
+    /// The breaker's door, for the server flavour.
+    pub(crate) fn admission(&self) -> Admission {
+        Admission::new(Arc::clone(&self.shared))
     }
 
     /// One breaker per host instead, each with this breaker's settings and named after its key:

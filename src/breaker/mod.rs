@@ -129,6 +129,7 @@ use tower_service::Service;
 
 use crate::failure::Failure;
 
+mod admission;
 mod config;
 mod failover;
 pub(crate) mod future;
@@ -140,6 +141,7 @@ pub(crate) mod state;
 mod sync;
 mod window;
 
+pub(crate) use self::admission::{Admission, Ticket};
 pub use self::config::Builder;
 pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::ResponseFuture;

@@ -30,7 +30,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -40,10 +39,7 @@ use tokio::time::Sleep;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::breaker::BreakerHandle;
-use crate::breaker::BreakerLayer;
-use crate::breaker::future::Guard;
-use crate::breaker::state::{Outcome, Permit, Rejection, Shared};
+use crate::breaker::{Admission, BreakerHandle, BreakerLayer, Ticket};
 use crate::classify::{GrpcClassifier, HttpClassifier};
 use crate::failure::{BoxError, Code};
 
@@ -222,7 +218,7 @@ impl<S> Layer<S> for ServerLayer {
             overloaded_retry_after: self.overloaded_retry_after,
             ready_error: None,
             breaker: self.breaker.as_ref().map(|b| Counting {
-                shared: b.shared(),
+                admission: b.admission(),
                 classifier: self.classifier.clone(),
             }),
             grpc: self.grpc,
@@ -234,7 +230,7 @@ impl<S> Layer<S> for ServerLayer {
 /// The breaker part of a [`Server`].
 #[derive(Clone, Debug)]
 struct Counting {
-    shared: Arc<Shared>,
+    admission: Admission,
     // Cloned per call: free with the default mapping, one `Arc` with overrides.
     classifier: HttpClassifier,
 }
@@ -250,7 +246,9 @@ pub struct Server<S> {
     ready_error: Option<BoxError>,
     breaker: Option<Counting>,
     grpc: bool,
-    decision: Option<Result<Permit, Rejection>>,
+    // What poll_ready decided: a ticket (dropped with the service, it gives its permit back),
+    // or the rejection's time left until half-open.
+    decision: Option<Result<Ticket, Option<Duration>>>,
 }
 
 impl<S: Clone> Clone for Server<S> {
@@ -264,14 +262,6 @@ impl<S: Clone> Clone for Server<S> {
             breaker: self.breaker.clone(),
             grpc: self.grpc,
             decision: None,
-        }
-    }
-}
-
-impl<S> Drop for Server<S> {
-    fn drop(&mut self) {
-        if let (Some(Ok(permit)), Some(breaker)) = (self.decision.take(), &self.breaker) {
-            breaker.shared.cancel(permit);
         }
     }
 }
@@ -302,7 +292,7 @@ where
             return Poll::Ready(Ok(()));
         }
         if let Some(breaker) = &self.breaker {
-            let decision = self.decision.get_or_insert_with(|| breaker.shared.admit());
+            let decision = self.decision.get_or_insert_with(|| breaker.admission.ask());
             if decision.is_err() {
                 return Poll::Ready(Ok(()));
             }
@@ -325,17 +315,17 @@ where
             Some(breaker) => match self
                 .decision
                 .take()
-                .unwrap_or_else(|| breaker.shared.admit())
+                .unwrap_or_else(|| breaker.admission.ask())
             {
-                Ok(permit) => Some(Counted {
-                    guard: Guard::new(&breaker.shared, permit),
+                Ok(ticket) => Some(Counted {
+                    ticket,
                     classifier: breaker.classifier.clone(),
                     grpc: self.grpc.then(GrpcClassifier::new),
                 }),
-                Err(rejection) => {
+                Err(retry_after) => {
                     return ServerFuture {
                         kind: Kind::Rejected {
-                            retry_after: rejection.retry_after(),
+                            retry_after,
                             grpc: self.grpc,
                         },
                     };
@@ -399,7 +389,7 @@ impl Answers {
         let response = match code {
             Code::Overloaded => {
                 if let Some(counted) = counted {
-                    counted.guard.release();
+                    counted.ticket.release();
                 }
                 tracing::debug!(error = %error, "call refused as overloaded");
                 return self.overloaded();
@@ -447,7 +437,7 @@ impl Answers {
 /// A call the breaker admitted: its permit, and how to classify the answer.
 #[derive(Debug)]
 struct Counted {
-    guard: Guard,
+    ticket: Ticket,
     classifier: HttpClassifier,
     grpc: Option<GrpcClassifier>,
 }
@@ -461,10 +451,7 @@ impl Counted {
                 .map(|verdict| verdict.class),
             _ => self.classifier.class_of(response.status()),
         };
-        self.guard.finish_with(match class {
-            None => Outcome::Success,
-            Some(class) => Outcome::Failure(class),
-        });
+        self.ticket.finish(class);
     }
 }
 
