@@ -132,12 +132,12 @@ use crate::failure::Failure;
 mod admission;
 mod config;
 mod failover;
-pub(crate) mod future;
+mod future;
 mod handle;
 pub(crate) mod keyed;
 mod layer;
 pub(crate) mod open;
-pub(crate) mod state;
+mod state;
 mod sync;
 mod window;
 
