@@ -98,5 +98,4 @@ where
 }
 
 #[cfg(all(test, not(tower_backstop_loom)))]
-#[path = "with_retry_tests.rs"]
 mod tests;
