@@ -356,6 +356,13 @@ where
     }
 }
 
+// How the order checks find the preset's service below another layer.
+impl crate::order::Named for crate::order::Preset {
+    fn name() -> &'static str {
+        crate::order::named::<Backstop<()>>()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

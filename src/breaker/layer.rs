@@ -284,3 +284,11 @@ impl<S, K> Layer<S> for BreakerLayer<K> {
         Breaker::new(inner, Arc::clone(&self.shared), self.keys.clone())
     }
 }
+
+// How the order checks find this layer's service below another layer (keyed too: its
+// name is the one breaker's, with a key type).
+impl crate::order::Named for crate::order::Breaker {
+    fn name() -> &'static str {
+        crate::order::named::<Breaker<()>>()
+    }
+}

@@ -34,3 +34,10 @@ impl<S, C: Clone> Layer<S> for ClassifyLayer<C> {
         Classify::new(inner, self.classifier.clone())
     }
 }
+
+// How the order checks find this layer's service below another layer.
+impl crate::order::Named for crate::order::Classify {
+    fn name() -> &'static str {
+        crate::order::named::<Classify<(), ()>>()
+    }
+}

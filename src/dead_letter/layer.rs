@@ -253,3 +253,10 @@ impl<S> Layer<S> for DeadLetterLayer {
         }
     }
 }
+
+// How the order checks find this layer's service below another layer.
+impl crate::order::Named for crate::order::DeadLetter {
+    fn name() -> &'static str {
+        crate::order::named::<DeadLetter<()>>()
+    }
+}

@@ -54,6 +54,13 @@ impl<S> Layer<S> for DeadLetterRetryLayer {
     }
 }
 
+// How the order checks find the preset's combined service below another layer.
+impl crate::order::Named for crate::order::DeadLetterRetry {
+    fn name() -> &'static str {
+        crate::order::named::<DeadLetterRetry<()>>()
+    }
+}
+
 /// The service of [`DeadLetterRetryLayer`]: a [`DeadLetter`] over a [`Retry`] that share one
 /// request copy.
 #[derive(Clone, Debug)]

@@ -56,3 +56,10 @@ impl<S> Layer<S> for RetryLayer {
         Retry::new(inner, self.policy.clone())
     }
 }
+
+// How the order checks find this layer's service below another layer.
+impl crate::order::Named for crate::order::Retry {
+    fn name() -> &'static str {
+        crate::order::named::<Retry<()>>()
+    }
+}
