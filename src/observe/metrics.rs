@@ -6,11 +6,12 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
 
 use ::metrics::{Counter, Gauge, Histogram, Unit};
 
 use super::event::{Event, Listener};
-use crate::failure::Sent;
+use crate::failure::{Class, Sent};
 use crate::status::{DelaySource, GiveUp, State};
 
 /// The label value of events beyond the bound on a label's values.
@@ -417,54 +418,10 @@ impl Inner {
                 sent,
                 duration,
                 ..
-            } => {
-                let failed;
-                let handles: &ClassHandles = match class {
-                    None => self.success.get_or_init(|| ClassHandles::new("success")),
-                    Some(class) => {
-                        failed = self.attempts.get(
-                            &Name(class.name()),
-                            |k| *k,
-                            || Name(OTHER),
-                            |name| Arc::new(ClassHandles::new(name.0)),
-                        );
-                        &failed
-                    }
-                };
-                let sent = sent_index(sent);
-                let counter = handles.attempts.get(sent, || {
-                    ::metrics::counter!("backstop_attempts_total", "class" => handles.name, "sent" => SENT[sent])
-                });
-                let histogram = &handles.duration;
-                counter.increment(1);
-                histogram.record(duration.as_secs_f64());
-                if class.is_none() {
-                    self.call_ended(usize::from(attempt > 1), attempt);
-                }
-            }
+            } => self.attempt_ended(attempt, class, sent, duration),
             Event::GaveUp {
                 attempts, reason, ..
-            } => {
-                let outcome = match reason {
-                    GiveUp::Deferred => 4,
-                    _ if attempts > 1 => 3,
-                    _ => 2,
-                };
-                self.call_ended(outcome, attempts);
-                let skipped = match reason {
-                    GiveUp::NotReplayable => Some(0),
-                    GiveUp::NotIdempotent => Some(1),
-                    _ => None,
-                };
-                if let Some(i) = skipped {
-                    self.skipped
-                        .get(i, || {
-                            let reason = ["not_replayable", "not_idempotent"][i];
-                            ::metrics::counter!("backstop_retries_skipped_total", "reason" => reason)
-                        })
-                        .increment(1);
-                }
-            }
+            } => self.gave_up(attempts, reason),
             Event::RetryScheduled { delay, source, .. } => {
                 let i = match source {
                     DelaySource::Backoff => 0,
@@ -493,28 +450,7 @@ impl Inner {
             }
             Event::BreakerTransition {
                 breaker, from, to, ..
-            } => {
-                let handles = self.breaker(breaker);
-                let gauges = handles.states.get_or_init(|| {
-                    STATES.map(|state| {
-                        ::metrics::gauge!("backstop_breaker_state", "breaker" => handles.name.clone(), "state" => state.as_str())
-                    })
-                });
-                gauges[state_index(from)].set(0.0);
-                gauges[state_index(to)].set(1.0);
-                let (from, to) = (state_index(from), state_index(to));
-                handles
-                    .transitions
-                    .get(from * STATES.len() + to, || {
-                        ::metrics::counter!(
-                            "backstop_breaker_transitions_total",
-                            "breaker" => handles.name.clone(),
-                            "from" => STATES[from].as_str(),
-                            "to" => STATES[to].as_str()
-                        )
-                    })
-                    .increment(1);
-            }
+            } => self.breaker_transition(breaker, from, to),
             Event::BreakerRejected { breaker, .. } => {
                 let handles = self.breaker(breaker);
                 handles
@@ -526,43 +462,17 @@ impl Inner {
             }
             Event::DeadLetterStored {
                 class, deferred, ..
-            } => {
-                let name = Name(class.name());
-                let handles = self.dead_letters.get(
-                    &name,
-                    |k| *k,
-                    || Name(OTHER),
-                    |_| Arc::new(Fixed::new()),
-                );
-                let class = name.0;
-                let i = usize::from(deferred);
-                handles
-                    .get(i, || {
-                        let status = if deferred { "deferred" } else { "dead" };
-                        ::metrics::counter!("backstop_dead_letters_total", "class" => class, "status" => status)
-                    })
-                    .increment(1);
-            }
-            Event::Resent { outcome, .. } => {
-                self.resends
-                    .get(
-                        &Name(outcome),
-                        |k| *k,
-                        || Name(OTHER),
-                        |name| ::metrics::counter!("backstop_resends_total", "outcome" => name.0),
-                    )
-                    .increment(1);
-            }
-            Event::Redriven { outcome, .. } => {
-                self.redrives
-                    .get(
-                        &Name(outcome),
-                        |k| *k,
-                        || Name(OTHER),
-                        |name| ::metrics::counter!("backstop_redrives_total", "outcome" => name.0),
-                    )
-                    .increment(1);
-            }
+            } => self.dead_letter_stored(class, deferred),
+            Event::Resent { outcome, .. } => count(
+                &self.resends,
+                outcome,
+                |name| ::metrics::counter!("backstop_resends_total", "outcome" => name),
+            ),
+            Event::Redriven { outcome, .. } => count(
+                &self.redrives,
+                outcome,
+                |name| ::metrics::counter!("backstop_redrives_total", "outcome" => name),
+            ),
             Event::Backlog { deferred } => {
                 // Exact up to 2^53 records.
                 #[allow(clippy::cast_precision_loss)]
@@ -571,18 +481,113 @@ impl Inner {
                     .get_or_init(|| ::metrics::gauge!("backstop_deferred_backlog"))
                     .set(deferred);
             }
-            Event::StoreError { operation, .. } => {
-                self.store_errors
-                    .get(
-                        &Name(operation),
-                        |k| *k,
-                        || Name(OTHER),
-                        |name| {
-                            ::metrics::counter!("backstop_store_errors_total", "operation" => name.0)
-                        },
-                    )
-                    .increment(1);
-            }
+            Event::StoreError { operation, .. } => count(
+                &self.store_errors,
+                operation,
+                |name| ::metrics::counter!("backstop_store_errors_total", "operation" => name),
+            ),
         }
     }
+
+    /// An attempt: its counter and duration by class; a success also ends its call.
+    #[inline]
+    fn attempt_ended(&self, attempt: u32, class: Option<Class>, sent: Sent, duration: Duration) {
+        let failed;
+        let handles: &ClassHandles = match class {
+            None => self.success.get_or_init(|| ClassHandles::new("success")),
+            Some(class) => {
+                failed = self.attempts.get(
+                    &Name(class.name()),
+                    |k| *k,
+                    || Name(OTHER),
+                    |name| Arc::new(ClassHandles::new(name.0)),
+                );
+                &failed
+            }
+        };
+        let sent = sent_index(sent);
+        let counter = handles.attempts.get(sent, || {
+            ::metrics::counter!("backstop_attempts_total", "class" => handles.name, "sent" => SENT[sent])
+        });
+        let histogram = &handles.duration;
+        counter.increment(1);
+        histogram.record(duration.as_secs_f64());
+        if class.is_none() {
+            self.call_ended(usize::from(attempt > 1), attempt);
+        }
+    }
+
+    /// A call that ended in a failure, and the retries it skipped for want of a safe copy.
+    fn gave_up(&self, attempts: u32, reason: GiveUp) {
+        let outcome = match reason {
+            GiveUp::Deferred => 4,
+            _ if attempts > 1 => 3,
+            _ => 2,
+        };
+        self.call_ended(outcome, attempts);
+        let skipped = match reason {
+            GiveUp::NotReplayable => Some(0),
+            GiveUp::NotIdempotent => Some(1),
+            _ => None,
+        };
+        if let Some(i) = skipped {
+            self.skipped
+                .get(i, || {
+                    let reason = ["not_replayable", "not_idempotent"][i];
+                    ::metrics::counter!("backstop_retries_skipped_total", "reason" => reason)
+                })
+                .increment(1);
+        }
+    }
+
+    /// A breaker's state gauges and its transition counter.
+    fn breaker_transition(&self, breaker: &str, from: State, to: State) {
+        let handles = self.breaker(breaker);
+        let gauges = handles.states.get_or_init(|| {
+            STATES.map(|state| {
+                ::metrics::gauge!("backstop_breaker_state", "breaker" => handles.name.clone(), "state" => state.as_str())
+            })
+        });
+        gauges[state_index(from)].set(0.0);
+        gauges[state_index(to)].set(1.0);
+        let (from, to) = (state_index(from), state_index(to));
+        handles
+            .transitions
+            .get(from * STATES.len() + to, || {
+                ::metrics::counter!(
+                    "backstop_breaker_transitions_total",
+                    "breaker" => handles.name.clone(),
+                    "from" => STATES[from].as_str(),
+                    "to" => STATES[to].as_str()
+                )
+            })
+            .increment(1);
+    }
+
+    /// A dead letter stored, by class and status.
+    fn dead_letter_stored(&self, class: Class, deferred: bool) {
+        let name = Name(class.name());
+        let handles =
+            self.dead_letters
+                .get(&name, |k| *k, || Name(OTHER), |_| Arc::new(Fixed::new()));
+        let class = name.0;
+        let i = usize::from(deferred);
+        handles
+            .get(i, || {
+                let status = if deferred { "deferred" } else { "dead" };
+                ::metrics::counter!("backstop_dead_letters_total", "class" => class, "status" => status)
+            })
+            .increment(1);
+    }
+}
+
+/// Counts one event under `label`, a fixed word (`other` beyond the bound on values).
+fn count(
+    family: &Family<Name, Counter>,
+    label: &'static str,
+    make: impl Fn(&'static str) -> Counter,
+) {
+    family
+        .get(&Name(label), |k| *k, || Name(OTHER), |name| make(name.0))
+        .increment(1);
 }
