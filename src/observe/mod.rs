@@ -8,13 +8,14 @@
 //! [`RetryPolicy::listener`](crate::retry::RetryPolicy::listener) (attempts, retries, giving up,
 //! timeouts), [`Builder::listener`](crate::breaker::Builder::listener) (breaker transitions and
 //! rejections), [`DeadLetterLayer::listener`](crate::dead_letter::DeadLetterLayer::listener)
-//! (dead letters stored or deferred, store errors) and
+//! (dead letters stored or deferred, store errors),
 //! [`Scheduler::listener`](crate::resend::Scheduler::listener) (re-sends, backlog, store
-//! errors) and [`Redrive::listener`](crate::resend::Redrive::listener) (re-drives). Every event is also written as a `tracing` event by the layer that has it,
-//! listener or not. With the `metrics` feature, `Metrics` is a
-//! listener that records them all as metrics; [`Alerts`] is one that raises the alerts of an
-//! on-call runbook as they happen. [`Health`] reads the breakers themselves rather than their
-//! events: take it from [`BreakerLayer::health`](crate::breaker::BreakerLayer::health) or
+//! errors) and [`Redrive::listener`](crate::resend::Redrive::listener) (re-drives). Every event
+//! is also written as a `tracing` event by the layer that has it, listener or not. With the
+//! `metrics` feature, `Metrics` is a listener that records them all as metrics; [`Alerts`] is
+//! one that raises the alerts of an on-call runbook as they happen. [`Health`] reads the
+//! breakers themselves rather than their events: take it from
+//! [`BreakerLayer::health`](crate::breaker::BreakerLayer::health) or
 //! [`BackstopLayer::health`](crate::BackstopLayer::health).
 //!
 //! Fields are typed and bounded: classes are the stack's closed set, breaker names are bounded
