@@ -113,7 +113,6 @@ use tower_service::Service;
 
 use crate::failure::{BoxError, Class, Code, Failure, Sent};
 
-mod buffer;
 mod future;
 mod grpc;
 mod http;
@@ -121,7 +120,6 @@ mod invalid;
 mod layer;
 mod smtp;
 
-pub use self::buffer::{BufferResponse, BufferResponseFuture, BufferResponseLayer};
 pub use self::future::ResponseFuture;
 pub use self::grpc::GrpcClassifier;
 pub use self::http::{
@@ -131,6 +129,7 @@ pub use self::invalid::Invalid;
 pub use self::layer::ClassifyLayer;
 pub use self::smtp::SmtpClassifier;
 pub use crate::grpc_wire::codes;
+pub use crate::request::{BufferResponse, BufferResponseFuture, BufferResponseLayer};
 
 /// The result of classifying one failed attempt: its class, its original code, and the server's
 /// delay hint, if it gave one.

@@ -26,8 +26,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::failure::{BoxError, Class, Code, Failure};
-use crate::request::{BufferedBody, Describe, Envelope, Replay};
-use crate::retry::{ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
+use crate::request::{
+    BufferedBody, Describe, Envelope, Replay, ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer,
+};
 
 /// The per-call replay buffer limit of [`GrpcLayer::new`]: 256 KiB, gRPC's own default
 /// per-RPC retry buffer (gRFC A6, `grpc.per_rpc_retry_buffer_size`).

@@ -114,7 +114,6 @@ use crate::request::Replay;
 
 mod backoff;
 mod budget;
-mod buffer;
 mod future;
 mod layer;
 mod note;
@@ -123,12 +122,12 @@ mod reconcile;
 
 pub use self::backoff::{Backoff, Jitter};
 pub use self::budget::Budget;
-pub use self::buffer::{ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
 pub use self::note::{Attempts, GiveUp};
 pub use self::policy::{ClassPolicy, DelaySource, RetryPolicy};
 pub use self::reconcile::{Delivery, ReconciledResponse, StatusCheck};
+pub use crate::request::{ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 
 /// Retries failed calls by a [`RetryPolicy`]; see the [module docs](self).
 #[derive(Clone, Debug)]
