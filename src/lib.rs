@@ -138,6 +138,7 @@ pub mod config;
 pub mod dead_letter;
 #[path = "observe/event.rs"]
 pub mod event;
+pub mod failover;
 mod failure;
 mod grpc_wire;
 mod integration;

@@ -131,7 +131,6 @@ use crate::failure::Failure;
 
 mod config;
 mod event;
-mod failover;
 pub(crate) mod future;
 mod handle;
 mod health;
@@ -144,7 +143,6 @@ mod window;
 
 pub use self::config::Builder;
 pub use self::event::State;
-pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
 pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;
 pub use self::health::{BreakerHealth, Health, HealthReport};
@@ -152,6 +150,7 @@ pub use self::keyed::{Authority, KeyOf, PerKey};
 pub use self::layer::BreakerLayer;
 pub use self::open::OpenError;
 pub use self::state::{MAX_PROBES, Stats};
+pub use crate::failover::{Failover, FailoverFuture, FailoverLayer};
 
 use self::future::Guard;
 use self::keyed::{Key, Registry};

@@ -371,7 +371,7 @@ impl RetryPolicy {
     /// [`Attempts::retry_at`](super::Attempts::retry_at) at the instant the breaker half-opens (rounded up to the millisecond), so
     /// that a [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer) keeps it as a deferred
     /// record and its [`Scheduler`](crate::resend::Scheduler) sends it again then; a
-    /// [`FailoverLayer`](crate::breaker::FailoverLayer) below this layer takes the call instead
+    /// [`FailoverLayer`](crate::failover::FailoverLayer) below this layer takes the call instead
     /// and never rejects. Sleeping out an open period in process is what makes callers pile up
     /// behind an outage and wake together; an open breaker is there to fail fast.
     ///
