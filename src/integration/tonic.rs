@@ -336,3 +336,9 @@ fn status_of<R: Send + 'static>(failure: Failure<R>) -> BoxError {
     };
     with_failure(status, failure)
 }
+
+/// Whether `error` is tonic's `TimeoutExpired`: the channel ended the call at its own
+/// `grpc-timeout` (a timeout, transient, for [`classify_error`](crate::classify::classify_error)).
+pub(crate) fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    error.is::<tonic::TimeoutExpired>()
+}
