@@ -152,6 +152,8 @@ pub mod request;
 pub mod resend;
 pub mod retry;
 pub mod server;
+#[cfg(feature = "serde")]
+mod settings;
 pub mod store;
 pub mod timeout;
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::Breaker;
-use super::config::Builder;
+use super::builder::Builder;
 use super::handle::BreakerHandle;
 use super::health::Health;
 use super::keyed::{Authority, PerKey, Registry};

@@ -129,7 +129,9 @@ use tower_service::Service;
 
 use crate::failure::Failure;
 
-mod config;
+mod builder;
+#[cfg(feature = "serde")]
+pub(crate) mod config;
 mod event;
 pub(crate) mod future;
 mod handle;
@@ -141,7 +143,7 @@ pub(crate) mod state;
 mod sync;
 mod window;
 
-pub use self::config::Builder;
+pub use self::builder::Builder;
 pub use self::event::State;
 pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;

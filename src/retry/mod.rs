@@ -114,6 +114,8 @@ use crate::request::Replay;
 
 mod backoff;
 mod budget;
+#[cfg(feature = "serde")]
+pub(crate) mod config;
 mod future;
 mod layer;
 mod note;

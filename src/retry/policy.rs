@@ -105,8 +105,9 @@ impl ClassPolicy {
 
     /// Retried or never, keeping the other settings.
     #[cfg(feature = "serde")]
-    pub(crate) fn set_retried(&mut self, retried: bool) {
+    pub(crate) fn set_retried(mut self, retried: bool) -> Self {
         self.retried = retried;
+        self
     }
 }
 
@@ -430,17 +431,20 @@ impl RetryPolicy {
     }
 
     /// Changes the rule of `class` with `f`: the policy's rule for it (retried or not), or a
-    /// retried class when it has none.
+    /// retried class when it has none; `f`'s error, if it fails.
     #[cfg(feature = "serde")]
-    pub(crate) fn edit_class(self, class: Class, f: impl FnOnce(&mut ClassPolicy)) -> Self {
-        let mut rule = self
+    pub(crate) fn try_edit_class<E>(
+        self,
+        class: Class,
+        f: impl FnOnce(ClassPolicy) -> Result<ClassPolicy, E>,
+    ) -> Result<Self, E> {
+        let rule = self
             .inner
             .rules
             .iter()
             .find(|(c, _)| *c == class)
             .map_or(ClassPolicy::retry(), |(_, r)| r.clone());
-        f(&mut rule);
-        self.class(class, rule)
+        Ok(self.class(class, f(rule)?))
     }
 
     /// [`give_up_long_delays`](Self::give_up_long_delays), or back to deferring.
