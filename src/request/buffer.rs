@@ -59,10 +59,11 @@ impl<H, B> Reading<H, B>
 where
     B: Body + Unpin,
 {
-    fn new(head: H, body: B, limit: usize) -> Self {
+    /// Reading `collect`'s body (perhaps begun already) for the message whose head is `head`.
+    fn new(head: H, collect: Collect<B>) -> Self {
         Reading {
             head: Some(head),
-            collect: Collect::new(body, limit),
+            collect,
         }
     }
 
@@ -173,29 +174,26 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let (parts, body) = req.into_parts();
-        let mut reading = Reading::new(parts, body, self.limit);
+        let mut collect = Collect::new(body, self.limit);
         // A body that is all there at once (a unary gRPC message, a body in memory) is read
-        // here and the service made ready is called now: no clone of it, no second state. The
-        // body saw a no-op waker only if it answered at once; otherwise the future polls it
-        // again with its own.
+        // here and the service made ready is called now: no clone of it, no second state, and
+        // the head stays where it is. The body saw a no-op waker only if it answered at once;
+        // otherwise the future reads on with its own.
         let mut now = Context::from_waker(std::task::Waker::noop());
-        let state = match reading.poll_read(&mut now) {
-            Poll::Ready(Some(Ok((parts, body)))) => ReplayState::Calling {
+        let state = match collect.poll_collect(&mut now) {
+            Poll::Ready(Ok(body)) => ReplayState::Calling {
                 future: self
                     .inner
                     .call(http::Request::from_parts(parts, replayable(body))),
             },
-            Poll::Ready(Some(Err(e))) => ReplayState::Failed {
+            Poll::Ready(Err(e)) => ReplayState::Failed {
                 error: Some(unreadable(e)),
-            },
-            Poll::Ready(None) => ReplayState::Failed {
-                error: Some(polled_after_completion()),
             },
             Poll::Pending => {
                 // Take the service that was made ready; leave a clone behind.
                 let clone = self.inner.clone();
                 ReplayState::Reading {
-                    reading,
+                    reading: Reading::new(parts, collect),
                     service: Some(std::mem::replace(&mut self.inner, clone)),
                 }
             }
@@ -436,7 +434,7 @@ where
             }
             let response = ready!(this.future.as_mut().poll(cx)).map_err(Into::into)?;
             let (parts, body) = response.into_parts();
-            *this.reading = Some(Reading::new(parts, body, *this.limit));
+            *this.reading = Some(Reading::new(parts, Collect::new(body, *this.limit)));
         }
     }
 }
