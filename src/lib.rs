@@ -134,6 +134,7 @@ mod clock;
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;
 pub mod dead_letter;
+pub mod failover;
 mod failure;
 mod grpc_wire;
 mod integration;
@@ -144,6 +145,8 @@ pub mod request;
 pub mod resend;
 pub mod retry;
 pub mod server;
+#[cfg(feature = "serde")]
+mod settings;
 mod status;
 pub mod store;
 pub mod timeout;

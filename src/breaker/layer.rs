@@ -6,7 +6,7 @@ use tower_layer::Layer;
 
 use super::Breaker;
 use super::admission::Admission;
-use super::config::Builder;
+use super::builder::Builder;
 use super::handle::BreakerHandle;
 use super::keyed::{Authority, PerKey, Registry};
 use super::state::Shared;

@@ -130,8 +130,9 @@ use tower_service::Service;
 use crate::failure::Failure;
 
 mod admission;
-mod config;
-mod failover;
+mod builder;
+#[cfg(feature = "serde")]
+pub(crate) mod config;
 mod future;
 mod handle;
 pub(crate) mod keyed;
@@ -142,8 +143,7 @@ mod sync;
 mod window;
 
 pub(crate) use self::admission::{Admission, Ticket};
-pub use self::config::Builder;
-pub use self::failover::{Failover, FailoverFuture, FailoverLayer};
+pub use self::builder::Builder;
 pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;
 pub use self::keyed::{Authority, KeyOf, PerKey};
@@ -155,6 +155,7 @@ pub use crate::status::State;
 // `observe`: kept so that code written against that path still compiles.
 #[doc(hidden)]
 pub use crate::observe::{BreakerHealth, Health, HealthReport};
+pub use crate::failover::{Failover, FailoverFuture, FailoverLayer};
 
 use self::future::Guard;
 use self::keyed::{Key, Registry};

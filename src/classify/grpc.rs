@@ -9,14 +9,7 @@ use http::{HeaderMap, StatusCode};
 use super::{Classifier, Verdict};
 use crate::failure::{Class, Code};
 use crate::grpc_wire::codes;
-
-/// Trailers of a response whose body was read to the end by
-/// [`BufferResponseLayer`](super::BufferResponseLayer), kept in the response's extensions so
-/// that [`GrpcClassifier`] can read the gRPC status sent at the end of the body, whatever the
-/// body type. (A classifier of your own reads them from the body:
-/// [`BufferedBody::trailers`](crate::request::BufferedBody::trailers).)
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Trailers(pub(crate) HeaderMap);
+use crate::request::Trailers;
 
 /// The gRPC classifier: maps `grpc-status` to a [`Class`], keeps the code as [`Code::Grpc`], and
 /// reads `grpc-retry-pushback-ms` (gRFC A6).

@@ -113,7 +113,6 @@ use tower_service::Service;
 
 use crate::failure::{BoxError, Class, Code, Failure, Sent};
 
-mod buffer;
 mod future;
 mod grpc;
 mod http;
@@ -121,7 +120,6 @@ mod invalid;
 mod layer;
 mod smtp;
 
-pub use self::buffer::{BufferResponse, BufferResponseFuture, BufferResponseLayer};
 pub use self::future::ResponseFuture;
 pub use self::grpc::GrpcClassifier;
 pub use self::http::{
@@ -131,6 +129,7 @@ pub use self::invalid::Invalid;
 pub use self::layer::ClassifyLayer;
 pub use self::smtp::SmtpClassifier;
 pub use crate::grpc_wire::codes;
+pub use crate::request::{BufferResponse, BufferResponseFuture, BufferResponseLayer};
 
 /// The result of classifying one failed attempt: its class, its original code, and the server's
 /// delay hint, if it gave one.
@@ -280,7 +279,7 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
         }
         // tonic's channel ends a call at its own `grpc-timeout` with this error.
         #[cfg(feature = "tonic")]
-        if e.is::<tonic::TimeoutExpired>() {
+        if crate::integration::tonic::is_timeout(e) {
             return (Class::TRANSIENT, Code::Timeout);
         }
         if e.is::<tower::load_shed::error::Overloaded>() {
@@ -289,26 +288,23 @@ pub fn classify_error(error: &(dyn StdError + 'static)) -> (Class, Code) {
         if e.is::<Invalid>() {
             return (Class::POISON, Code::Error);
         }
+        // An HTTP/2 reset or GOAWAY the server sent.
         #[cfg(feature = "http2")]
-        if let Some(e) = e.downcast_ref::<h2::Error>()
-            && let Some(verdict) = h2_error(e)
-        {
+        if let Some(verdict) = crate::integration::h2::verdict(e) {
             return verdict;
         }
         // reqwest says what its error was: a refused connection, a timeout.
         #[cfg(feature = "reqwest")]
-        if let Some(e) = e.downcast_ref::<reqwest::Error>() {
-            if e.is_connect() {
-                // Not sent: a refused connection, unless the walk below finds the TLS
-                // handshake's error.
-                refused = true;
-            } else if e.is_timeout() {
-                return (Class::TRANSIENT, Code::Timeout);
-            }
+        if crate::integration::reqwest::error::is_connect(e) {
+            // Not sent: a refused connection, unless the walk below finds the TLS handshake's
+            // error.
+            refused = true;
+        } else if crate::integration::reqwest::error::is_timeout(e) {
+            return (Class::TRANSIENT, Code::Timeout);
         }
         #[cfg(feature = "hyper-util")]
-        if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
-            connect |= e.is_connect();
+        if crate::integration::hyper_util::is_connect(e) {
+            connect = true;
         }
         if let Some(io) = e.downcast_ref::<io::Error>()
             && found_io.is_none()
@@ -346,32 +342,6 @@ fn invalid_data(error: &io::Error) -> bool {
             .and_then(|inner| inner.downcast_ref::<io::Error>());
     }
     false
-}
-
-/// An HTTP/2 reset or `GOAWAY` the server sent (RFC 9113 §6.4, §6.8): `REFUSED_STREAM` and a
-/// `GOAWAY` that did not cover the stream (the only streams h2 fails with the server's `GOAWAY`;
-/// the covered ones run to their end) are transient and not sent; `ENHANCE_YOUR_CALM` is
-/// throttled; `INADEQUATE_SECURITY` and `HTTP_1_1_REQUIRED` are permanent (a configuration
-/// that no retry fixes); any other reset is transient, its outcome unknown. A reset or
-/// `GOAWAY` of our own side, or an io error inside h2, is left to the rest of the chain.
-#[cfg(feature = "http2")]
-fn h2_error(error: &h2::Error) -> Option<(Class, Code)> {
-    if !error.is_remote() {
-        return None;
-    }
-    let reason = u32::from(error.reason()?);
-    if error.is_go_away() {
-        return Some((Class::TRANSIENT, Code::GoAway(reason)));
-    }
-    if !error.is_reset() {
-        return None;
-    }
-    let class = match h2::Reason::from(reason) {
-        h2::Reason::ENHANCE_YOUR_CALM => Class::THROTTLED,
-        h2::Reason::INADEQUATE_SECURITY | h2::Reason::HTTP_1_1_REQUIRED => Class::PERMANENT,
-        _ => Class::TRANSIENT,
-    };
-    Some((class, Code::Reset(reason)))
 }
 
 fn io_kind_is_transient(kind: io::ErrorKind) -> bool {

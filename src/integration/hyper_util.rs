@@ -8,7 +8,17 @@
 //!
 //! [`classify_error`]: crate::classify::classify_error
 
+use std::error::Error;
+
 use crate::failure::{BoxError, Failure};
+
+/// Whether `error` is a hyper-util client error of a connection that could not be made:
+/// transient, even when no io error stands below it in the chain.
+pub(crate) fn is_connect(error: &(dyn Error + 'static)) -> bool {
+    error
+        .downcast_ref::<hyper_util::client::legacy::Error>()
+        .is_some_and(hyper_util::client::legacy::Error::is_connect)
+}
 
 #[cfg_attr(docsrs, doc(cfg(feature = "hyper-util")))]
 impl<R: 'static> From<hyper_util::client::legacy::Error> for Failure<R> {

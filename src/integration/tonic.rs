@@ -26,8 +26,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::failure::{BoxError, Class, Code, Failure};
-use crate::request::{BufferedBody, Describe, Envelope, Replay};
-use crate::retry::{ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
+use crate::request::{
+    BufferedBody, Describe, Envelope, Replay, ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer,
+};
 
 /// The per-call replay buffer limit of [`GrpcLayer::new`]: 256 KiB, gRPC's own default
 /// per-RPC retry buffer (gRFC A6, `grpc.per_rpc_retry_buffer_size`).
@@ -334,4 +335,10 @@ fn status_of<R: Send + 'static>(failure: Failure<R>) -> BoxError {
         }
     };
     with_failure(status, failure)
+}
+
+/// Whether `error` is tonic's `TimeoutExpired`: the channel ended the call at its own
+/// `grpc-timeout` (a timeout, transient, for [`classify_error`](crate::classify::classify_error)).
+pub(crate) fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    error.is::<tonic::TimeoutExpired>()
 }

@@ -7,8 +7,8 @@ use super::idempotency::http_retry_safe;
 use super::replay::Replay;
 
 /// A body read into memory, up to a byte limit: what
-/// [`ReplayBufferLayer`](crate::retry::ReplayBufferLayer) makes of a request body so that it can
-/// be replayed, and what [`BufferResponseLayer`](crate::classify::BufferResponseLayer) makes of
+/// [`ReplayBufferLayer`](super::ReplayBufferLayer) makes of a request body so that it can
+/// be replayed, and what [`BufferResponseLayer`](super::BufferResponseLayer) makes of
 /// a response body so that a classifier can read it (a JSON error code, gRPC trailers).
 ///
 /// - **Complete**: the whole body (and its trailers) fitted within the limit. It is sent again

@@ -114,7 +114,8 @@ use crate::request::Replay;
 
 mod backoff;
 mod budget;
-mod buffer;
+#[cfg(feature = "serde")]
+pub(crate) mod config;
 mod future;
 mod layer;
 mod note;
@@ -123,13 +124,13 @@ mod reconcile;
 
 pub use self::backoff::{Backoff, Jitter};
 pub use self::budget::Budget;
-pub use self::buffer::{ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
 pub use self::note::Attempts;
 pub use self::policy::{ClassPolicy, RetryPolicy};
 pub use self::reconcile::{Delivery, ReconciledResponse, StatusCheck};
 pub use crate::status::{DelaySource, GiveUp};
+pub use crate::request::{ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 
 /// Retries failed calls by a [`RetryPolicy`]; see the [module docs](self).
 #[derive(Clone, Debug)]

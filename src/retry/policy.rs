@@ -80,8 +80,9 @@ impl ClassPolicy {
 
     /// Retried or never, keeping the other settings.
     #[cfg(feature = "serde")]
-    pub(crate) fn set_retried(&mut self, retried: bool) {
+    pub(crate) fn set_retried(mut self, retried: bool) -> Self {
         self.retried = retried;
+        self
     }
 }
 
@@ -346,7 +347,7 @@ impl RetryPolicy {
     /// [`Attempts::retry_at`](super::Attempts::retry_at) at the instant the breaker half-opens (rounded up to the millisecond), so
     /// that a [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer) keeps it as a deferred
     /// record and its [`Scheduler`](crate::resend::Scheduler) sends it again then; a
-    /// [`FailoverLayer`](crate::breaker::FailoverLayer) below this layer takes the call instead
+    /// [`FailoverLayer`](crate::failover::FailoverLayer) below this layer takes the call instead
     /// and never rejects. Sleeping out an open period in process is what makes callers pile up
     /// behind an outage and wake together; an open breaker is there to fail fast.
     ///
@@ -405,17 +406,20 @@ impl RetryPolicy {
     }
 
     /// Changes the rule of `class` with `f`: the policy's rule for it (retried or not), or a
-    /// retried class when it has none.
+    /// retried class when it has none; `f`'s error, if it fails.
     #[cfg(feature = "serde")]
-    pub(crate) fn edit_class(self, class: Class, f: impl FnOnce(&mut ClassPolicy)) -> Self {
-        let mut rule = self
+    pub(crate) fn try_edit_class<E>(
+        self,
+        class: Class,
+        f: impl FnOnce(ClassPolicy) -> Result<ClassPolicy, E>,
+    ) -> Result<Self, E> {
+        let rule = self
             .inner
             .rules
             .iter()
             .find(|(c, _)| *c == class)
             .map_or(ClassPolicy::retry(), |(_, r)| r.clone());
-        f(&mut rule);
-        self.class(class, rule)
+        Ok(self.class(class, f(rule)?))
     }
 
     /// [`give_up_long_delays`](Self::give_up_long_delays), or back to deferring.

@@ -98,6 +98,8 @@ use tower_service::Service;
 
 use crate::failure::BoxError;
 
+#[cfg(feature = "serde")]
+pub(crate) mod config;
 mod future;
 mod layer;
 

@@ -1,86 +1,82 @@
-//! [`RetryConfig`]: the retry policy as data.
+//! [`RetryConfig`]: the retry policy as data (feature `serde`), one line per setting of
+//! [`RetryPolicy`] (see `crate::settings` for how the lines become the struct and the code
+//! that sets the policy).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, class_named, humane, join};
+use super::{Backoff, Budget, ClassPolicy, Jitter, RetryLayer, RetryPolicy};
 use crate::failure::Class;
-use crate::retry::{Backoff, Budget, Jitter, RetryLayer, RetryPolicy};
+use crate::settings::{ConfigError, class_named, config_of, humane, join};
 
-/// The settings of a [`RetryPolicy`], each optional (left out, the policy's default).
-///
-/// | field | sets | form |
-/// |---|---|---|
-/// | `max_attempts` | [`RetryPolicy::max_attempts`] | attempts, the first call included |
-/// | `backoff` | [`RetryPolicy::backoff`] | a [`BackoffConfig`] |
-/// | `max_delay` | [`RetryPolicy::max_delay`] | duration |
-/// | `max_hint_delay` | [`RetryPolicy::max_hint_delay`] | duration |
-/// | `give_up_long_delays` | [`RetryPolicy::give_up_long_delays`] | bool |
-/// | `wait_for_breaker` | [`RetryPolicy::wait_for_breaker`] | duration |
-/// | `deadline` | [`RetryPolicy::deadline`] | duration, over all attempts and delays |
-/// | `retry_unprocessed` | [`RetryPolicy::retry_unprocessed`] | bool |
-/// | `assume_idempotent` | [`RetryPolicy::assume_idempotent`] | bool |
-/// | `budget` | [`RetryPolicy::budget`] | a [`BudgetConfig`] |
-/// | `hedge` | [`RetryPolicy::hedge`] | `{ delay = "100ms", max_copies = 1 }` ([`HedgeConfig`]) |
-/// | `classes` | [`RetryPolicy::class`] | a table of class name to [`ClassConfig`] |
-///
-/// ```toml
-/// max_attempts = 4
-/// deadline = "20s"
-/// backoff = { kind = "exponential", base = "100ms", cap = "5s" }
-/// budget = { kind = "token_bucket", max_tokens = 10, token_ratio = 0.1 }
-///
-/// [classes.throttled]
-/// max_attempts = 3
-/// backoff = { kind = "constant", delay = "1s" }
-///
-/// [classes.unknown]
-/// retry = false
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct RetryConfig {
-    /// The most calls for one request, the first included; at least 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_attempts: Option<u32>,
-    /// The delay rule of the classes that have none of their own.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backoff: Option<BackoffConfig>,
-    /// The longest delay slept in process.
-    #[serde(default, with = "humane", skip_serializing_if = "Option::is_none")]
-    pub max_delay: Option<Duration>,
-    /// The longest server hint slept in process; at most `max_delay`.
-    #[serde(default, with = "humane", skip_serializing_if = "Option::is_none")]
-    pub max_hint_delay: Option<Duration>,
-    /// Whether a delay above the bound gives the request up (`true`) rather than deferring it
-    /// to the dead-letter store (`false`, the default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub give_up_long_delays: Option<bool>,
-    /// The longest wait for our own breaker to half-open, in process; at most `max_delay`.
-    #[serde(default, with = "humane", skip_serializing_if = "Option::is_none")]
-    pub wait_for_breaker: Option<Duration>,
-    /// The overall deadline of a request: no attempt starts after it.
-    #[serde(default, with = "humane", skip_serializing_if = "Option::is_none")]
-    pub deadline: Option<Duration>,
-    /// Whether a request proven unprocessed (never sent, or refused before processing) is
-    /// retried even when it is not idempotent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_unprocessed: Option<bool>,
-    /// Whether every request is treated as safe to send twice.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub assume_idempotent: Option<bool>,
-    /// The retry budget.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<BudgetConfig>,
-    /// Hedging: a copy of a slow request that is safe to send twice.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hedge: Option<HedgeConfig>,
-    /// Per class, by name: how that class is retried, on top of the policy's rule for it.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub classes: BTreeMap<String, ClassConfig>,
+config_of! {
+    /// The settings of a [`RetryPolicy`] as data, each optional: a field left out keeps the
+    /// policy's default. Each field is the policy's method of the same name, with its meaning
+    /// and limits; durations are written `"250ms"`, `"30s"`.
+    ///
+    /// ```toml
+    /// max_attempts = 4
+    /// deadline = "20s"
+    /// backoff = { kind = "exponential", base = "100ms", cap = "5s" }
+    /// budget = { kind = "token_bucket", max_tokens = 10, token_ratio = 0.1 }
+    ///
+    /// [classes.throttled]
+    /// max_attempts = 3
+    /// backoff = { kind = "constant", delay = "1s" }
+    ///
+    /// [classes.unknown]
+    /// retry = false
+    /// ```
+    #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[non_exhaustive]
+    pub struct RetryConfig {
+        /// [`RetryPolicy::max_attempts`]: the most calls for one request, the first included;
+        /// at least 1.
+        max_attempts: Option<u32> => policy.max_attempts(max_attempts),
+        /// [`RetryPolicy::backoff`]: the delay rule of the classes that have none of their own.
+        backoff: Option<BackoffConfig> => {
+            policy.backoff(backoff.backoff(&join(at, "backoff"))?)
+        },
+        /// [`RetryPolicy::max_delay`]: the longest delay slept in process.
+        #[serde(with = "humane")]
+        max_delay: Option<Duration> => policy.max_delay(max_delay),
+        /// [`RetryPolicy::max_hint_delay`]: the longest server hint slept in process; at most
+        /// `max_delay`.
+        #[serde(with = "humane")]
+        max_hint_delay: Option<Duration> => policy.max_hint_delay(max_hint_delay),
+        /// [`RetryPolicy::give_up_long_delays`]: whether a delay above the bound gives the
+        /// request up (`true`) rather than deferring it to the dead-letter store (`false`, the
+        /// default).
+        give_up_long_delays: Option<bool> => policy.set_give_up_long_delays(give_up_long_delays),
+        /// [`RetryPolicy::wait_for_breaker`]: the longest wait for our own breaker to
+        /// half-open, in process; at most `max_delay`.
+        #[serde(with = "humane")]
+        wait_for_breaker: Option<Duration> => policy.wait_for_breaker(wait_for_breaker),
+        /// [`RetryPolicy::deadline`]: the overall deadline of a request, over all attempts and
+        /// delays; no attempt starts after it.
+        #[serde(with = "humane")]
+        deadline: Option<Duration> => policy.deadline(deadline),
+        /// [`RetryPolicy::retry_unprocessed`]: whether a request proven unprocessed (never
+        /// sent, or refused before processing) is retried even when it is not idempotent.
+        retry_unprocessed: Option<bool> => policy.retry_unprocessed(retry_unprocessed),
+        /// [`RetryPolicy::assume_idempotent`]: whether every request is treated as safe to
+        /// send twice.
+        assume_idempotent: Option<bool> => policy.assume_idempotent(assume_idempotent),
+        /// [`RetryPolicy::budget`]: the retry budget.
+        budget: Option<BudgetConfig> => policy.budget(budget.budget(at)?),
+        /// [`RetryPolicy::hedge`]: a copy of a slow request that is safe to send twice,
+        /// `{ delay = "100ms", max_copies = 1 }`.
+        hedge: Option<HedgeConfig> => policy.hedge(hedge.delay, hedge.max_copies),
+        /// [`RetryPolicy::class`], per class by name: how that class is retried, on top of the
+        /// policy's rule for it.
+        classes: BTreeMap<String, ClassConfig> => {
+            ClassConfig::apply_all(&classes, at, policy, custom)?
+        },
+    }
+    fn set_fields(&self, at, policy: RetryPolicy, custom: &[Class]);
 }
 
 /// [`RetryPolicy::hedge`] as data: after `delay` without an answer, a copy; at most
@@ -96,27 +92,27 @@ pub struct HedgeConfig {
     pub max_copies: u32,
 }
 
-/// How one class is retried: a [`ClassPolicy`](crate::retry::ClassPolicy) as data. The fields
-/// given change the policy's rule for the class (for a class the policy has no rule for, a
-/// retried class); the others keep it. Giving `max_attempts`, `backoff` or `slow_down` for a
-/// class the policy never retries (such as `permanent`) makes it retried, unless `retry = false`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct ClassConfig {
-    /// `false`: never retried ([`ClassPolicy::never`](crate::retry::ClassPolicy::never));
-    /// `true`: retried.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry: Option<bool>,
-    /// The most attempts that may fail with this class; at least 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_attempts: Option<u32>,
-    /// The delay rule of this class.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backoff: Option<BackoffConfig>,
-    /// See [`ClassPolicy::slow_down`](crate::retry::ClassPolicy::slow_down).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slow_down: Option<bool>,
+config_of! {
+    /// How one class is retried: a [`ClassPolicy`] as data. The fields given change the
+    /// policy's rule for the class (for a class the policy has no rule for, a retried class);
+    /// the others keep it. Giving `max_attempts`, `backoff` or `slow_down` for a class the
+    /// policy never retries (such as `permanent`) makes it retried, unless `retry = false`.
+    #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[non_exhaustive]
+    pub struct ClassConfig {
+        /// `false`: never retried ([`ClassPolicy::never`]); `true`: retried
+        /// ([`ClassPolicy::retry`]).
+        retry: Option<bool> => rule.set_retried(retry),
+        /// [`ClassPolicy::max_attempts`]: the most attempts that may fail with this class; at
+        /// least 1.
+        max_attempts: Option<u32> => rule.max_attempts(max_attempts),
+        /// [`ClassPolicy::backoff`]: the delay rule of this class.
+        backoff: Option<BackoffConfig> => rule.backoff(backoff.backoff(&join(at, "backoff"))?),
+        /// [`ClassPolicy::slow_down`].
+        slow_down: Option<bool> => rule.slow_down(slow_down),
+    }
+    fn set_fields(&self, at, rule: ClassPolicy);
 }
 
 /// A [`Backoff`] as data, tagged by `kind`; `jitter` is one of `none`, `full` (the default),
@@ -302,47 +298,10 @@ impl RetryConfig {
     pub(crate) fn apply_at(
         &self,
         prefix: &str,
-        mut policy: RetryPolicy,
+        policy: RetryPolicy,
         custom: &[Class],
     ) -> Result<RetryPolicy, ConfigError> {
-        if let Some(n) = self.max_attempts {
-            policy = policy.max_attempts(n);
-        }
-        if let Some(b) = &self.backoff {
-            policy = policy.backoff(b.backoff(&join(prefix, "backoff"))?);
-        }
-        if let Some(d) = self.max_delay {
-            policy = policy.max_delay(d);
-        }
-        if let Some(d) = self.max_hint_delay {
-            policy = policy.max_hint_delay(d);
-        }
-        if let Some(give_up) = self.give_up_long_delays {
-            policy = policy.set_give_up_long_delays(give_up);
-        }
-        if let Some(d) = self.wait_for_breaker {
-            policy = policy.wait_for_breaker(d);
-        }
-        if let Some(d) = self.deadline {
-            policy = policy.deadline(d);
-        }
-        if let Some(on) = self.retry_unprocessed {
-            policy = policy.retry_unprocessed(on);
-        }
-        if let Some(on) = self.assume_idempotent {
-            policy = policy.assume_idempotent(on);
-        }
-        if let Some(b) = &self.budget {
-            policy = policy.budget(b.budget(prefix)?);
-        }
-        if let Some(h) = self.hedge {
-            policy = policy.hedge(h.delay, h.max_copies);
-        }
-        for (name, class_config) in &self.classes {
-            let path = join(prefix, &format!("classes.{name}"));
-            let class = class_named(name, custom, &path)?;
-            policy = class_config.apply(&path, class, policy)?;
-        }
+        let policy = self.set_fields(prefix, policy, custom)?;
         policy
             .validate()
             .map_err(|e| ConfigError::from_build(prefix, &e))?;
@@ -351,12 +310,25 @@ impl RetryConfig {
 }
 
 impl ClassConfig {
-    fn apply(
-        &self,
-        path: &str,
-        class: Class,
-        policy: RetryPolicy,
+    /// `policy` with the rule of each class in `classes` changed, at `prefix.classes.{name}`.
+    fn apply_all(
+        classes: &BTreeMap<String, ClassConfig>,
+        prefix: &str,
+        mut policy: RetryPolicy,
+        custom: &[Class],
     ) -> Result<RetryPolicy, ConfigError> {
+        for (name, class_config) in classes {
+            let path = join(prefix, &format!("classes.{name}"));
+            let class = class_named(name, custom, &path)?;
+            policy = policy.try_edit_class(class, |rule| class_config.apply(&path, rule))?;
+        }
+        Ok(policy)
+    }
+
+    /// `rule` changed by the fields given, their errors at `path`.
+    fn apply(&self, path: &str, rule: ClassPolicy) -> Result<ClassPolicy, ConfigError> {
+        let sets_retries =
+            self.max_attempts.is_some() || self.backoff.is_some() || self.slow_down.is_some();
         if self.retry == Some(false) {
             for (field, given) in [
                 ("max_attempts", self.max_attempts.is_some()),
@@ -377,28 +349,12 @@ impl ClassConfig {
                 "must be at least 1 (write `retry = false` to never retry the class)",
             ));
         }
-        let backoff = match &self.backoff {
-            Some(b) => Some(b.backoff(&format!("{path}.backoff"))?),
-            None => None,
-        };
         // Retry settings given for a class the policy never retries mean it is retried now.
-        let retried = self.retry.or_else(|| {
-            (self.max_attempts.is_some() || self.backoff.is_some() || self.slow_down.is_some())
-                .then_some(true)
-        });
-        Ok(policy.edit_class(class, |rule| {
-            if let Some(retry) = retried {
-                rule.set_retried(retry);
-            }
-            if let Some(n) = self.max_attempts {
-                *rule = rule.clone().max_attempts(n);
-            }
-            if let Some(b) = backoff {
-                *rule = rule.clone().backoff(b);
-            }
-            if let Some(on) = self.slow_down {
-                *rule = rule.clone().slow_down(on);
-            }
-        }))
+        let rule = if self.retry.is_none() && sets_retries {
+            rule.set_retried(true)
+        } else {
+            rule
+        };
+        self.set_fields(path, rule)
     }
 }

@@ -28,6 +28,8 @@ use crate::request::describe::envelope_head;
 use crate::request::idempotency::{key_header, retry_safe_head};
 use crate::request::{Describe, Envelope, Replay};
 
+pub(crate) mod error;
+
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 impl KeyOf<reqwest::Request> for Authority {
     /// The URL's host (lower-cased by the URL parser, a trailing dot removed) and its port or the

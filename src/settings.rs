@@ -1,68 +1,26 @@
-//! Policies as data: the retry policy, the breaker rule, the timeout and the preset's settings,
-//! read from TOML, JSON, YAML or any other [serde](https://serde.rs) format, so that operators
-//! tune attempts, delays and breaker rules per provider without a rebuild.
+//! What every layer's configuration is made of (feature `serde`): the [`ConfigError`] that names
+//! a field by its path, durations in humane form, classes by name, and [`config_of!`], which
+//! writes a configuration once from its builder's methods.
 //!
-//! Every type here is a plain `Deserialize + Serialize` struct whose fields are optional (but
-//! the preset's `attempt_timeout`, and the parts of a tagged section such as a backoff's `base`):
-//! a field left out keeps the default of the layer it configures (the preset's, for
-//! [`BackstopConfig`]), so a file says only what it changes. Unknown fields are an error (a typo
-//! never passes silently). Durations are written in humane form, as the `humantime` crate reads
-//! them: `"250ms"`, `"30s"`, `"5m"`, `"1h 30m"`; a negative or unitless duration is an error.
+//! The builders' chained methods ([`RetryPolicy`](crate::retry::RetryPolicy),
+//! [`breaker::Builder`](crate::breaker::Builder)) stay the one place where a setting is defined:
+//! its meaning, its default, its limits, its checks in `build()`. A configuration is one line
+//! per setting that names the method it calls, and [`config_of!`] makes from that line both the
+//! field (optional, left out when serialised if it was not given) and the code that calls the
+//! method. So a field cannot be read and then forgotten, and a method renamed or retyped breaks
+//! the build at its line.
 //!
-//! Reading a file checks its shape; building checks its meaning, with the same rules as the
-//! builders ([`RetryPolicy::build`](crate::retry::RetryPolicy::build),
-//! [`breaker::Builder::build`](crate::breaker::Builder::build)), and a [`ConfigError`] names the
-//! field by its path in the file:
-//!
-//! ```
-//! use tower_backstop::config::BackstopConfig;
-//!
-//! let config: BackstopConfig = toml::from_str(
-//!     r#"
-//!     attempt_timeout = "2s"
-//!
-//!     [retry]
-//!     max_attempts = 5
-//!     deadline = "30s"
-//!     backoff = { kind = "exponential", base = "200ms", cap = "10s", jitter = "full" }
-//!
-//!     [retry.classes.throttled]
-//!     max_attempts = 0
-//!
-//!     [breaker]
-//!     failure_rate = 0.5
-//!     open_for = "30s"
-//!     "#,
-//! )?;
-//! let err = config.http().unwrap_err();
-//! assert_eq!(err.path(), "retry.classes.throttled.max_attempts");
-//! assert_eq!(
-//!     err.to_string(),
-//!     "retry.classes.throttled.max_attempts: must be at least 1 (write `retry = false` to never retry the class)"
-//! );
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
-//!
-//! A configuration serialises back (for display, or to write a file), with the fields it was
-//! given: what was left out is left out, and means the default.
-//!
-//! Class names are those of the built-in classes (`transient`, `throttled`, `unknown`,
-//! `permanent`, `poison`, `circuit_open`, `outcome_unknown`) plus the ones a caller passes to the
-//! `*_with_classes` methods; any other name is an error that lists the known ones.
+//! The other way, a builder that keeps its settings in the very struct that serde reads, was
+//! not taken: a retry policy and a breaker are built over a base of their own
+//! ([`RetryPolicy::grpc`](crate::retry::RetryPolicy::grpc), the preset's breaker rule) and hold
+//! what no file can say (a listener, a key function, a status check), so a file is applied over
+//! a builder rather than being one.
 
+use std::collections::BTreeMap;
 use std::fmt;
-use std::time::Duration;
 
-use crate::BuildError;
+use crate::build_error::BuildError;
 use crate::failure::Class;
-
-mod breaker;
-mod preset;
-mod retry;
-
-pub use self::breaker::{BreakerConfig, OpenDoubling, SlowCalls, TimeWindow};
-pub use self::preset::{BackstopConfig, TimeoutConfig};
-pub use self::retry::{BackoffConfig, BudgetConfig, ClassConfig, HedgeConfig, RetryConfig};
 
 /// A configuration that reads but cannot work, found when it is built: the field, by its path
 /// in the configuration (`retry.classes.throttled.max_attempts`, `breaker.failure_rate`), and
@@ -139,7 +97,7 @@ const BUILT_IN: [Class; 7] = [
 ];
 
 /// The class called `name`, among the built-in ones and `custom`.
-fn class_named(name: &str, custom: &[Class], path: &str) -> Result<Class, ConfigError> {
+pub(crate) fn class_named(name: &str, custom: &[Class], path: &str) -> Result<Class, ConfigError> {
     if let Some(class) = BUILT_IN
         .iter()
         .chain(custom)
@@ -156,13 +114,112 @@ fn class_named(name: &str, custom: &[Class], path: &str) -> Result<Class, Config
 }
 
 /// `prefix.field`, or `field` at the root.
-fn join(prefix: &str, field: &str) -> String {
+pub(crate) fn join(prefix: &str, field: &str) -> String {
     if prefix.is_empty() {
         field.to_owned()
     } else {
         format!("{prefix}.{field}")
     }
 }
+
+/// A field of a configuration made by [`config_of!`]: whether it was given, and its value.
+pub(crate) trait Given {
+    /// What the builder's method takes.
+    type Value;
+
+    /// The value, when the field was given.
+    fn given(&self) -> Option<Self::Value>;
+
+    /// Whether the field was left out (and so is left out when serialised).
+    fn absent(&self) -> bool;
+}
+
+impl<T: Clone> Given for Option<T> {
+    type Value = T;
+
+    fn given(&self) -> Option<T> {
+        self.clone()
+    }
+
+    fn absent(&self) -> bool {
+        self.is_none()
+    }
+}
+
+/// A table (the retry policy's classes by name): given when it has an entry.
+impl<K: Clone, V: Clone> Given for BTreeMap<K, V> {
+    type Value = Self;
+
+    fn given(&self) -> Option<Self> {
+        (!self.is_empty()).then(|| self.clone())
+    }
+
+    fn absent(&self) -> bool {
+        self.is_empty()
+    }
+}
+
+/// A configuration of a builder, one line per setting:
+///
+/// ```text
+/// config_of! {
+///     /// The struct's docs, derives and serde attributes.
+///     pub struct RetryConfig {
+///         /// The field's docs, and its serde attributes.
+///         max_attempts: Option<u32> => policy.max_attempts(max_attempts),
+///     }
+///     fn set_fields(&self, at, policy: RetryPolicy, custom: &[Class]);
+/// }
+/// ```
+///
+/// makes the struct, each field public, `#[serde(default)]` and skipped when serialised if it
+/// was not given ([`Given`]), and `fn set_fields(&self, at: &str, policy, custom) ->
+/// Result<RetryPolicy, ConfigError>`, which for each field given, in the order written, binds
+/// its value to the field's name and sets `policy` to the expression after `=>` (which may use
+/// `at`, the path of this section, and `?`).
+macro_rules! config_of {
+    (
+        $(#[$attr:meta])*
+        pub struct $name:ident {
+            $(
+                $(#[$field_attr:meta])*
+                $field:ident: $field_ty:ty => $set:expr,
+            )*
+        }
+        fn $apply:ident $(<$($generic:ident),*>)? (
+            &self, $at:ident, $builder:ident: $builder_ty:ty $(, $param:ident: $param_ty:ty)* $(,)?
+        );
+    ) => {
+        $(#[$attr])*
+        pub struct $name {
+            $(
+                $(#[$field_attr])*
+                #[serde(default, skip_serializing_if = "crate::settings::Given::absent")]
+                pub $field: $field_ty,
+            )*
+        }
+
+        impl $name {
+            /// Sets each field given on the builder, by its method, in the order of the
+            /// fields; errors at paths under `at`.
+            fn $apply $(<$($generic),*>)? (
+                &self,
+                $at: &str,
+                mut $builder: $builder_ty,
+                $($param: $param_ty),*
+            ) -> Result<$builder_ty, crate::settings::ConfigError> {
+                $(
+                    if let Some($field) = crate::settings::Given::given(&self.$field) {
+                        $builder = $set;
+                    }
+                )*
+                Ok($builder)
+            }
+        }
+    };
+}
+
+pub(crate) use config_of;
 
 /// Serde of an optional duration in humane form (`"250ms"`, `"30s"`), through `humantime`.
 pub(crate) mod humane {
@@ -221,7 +278,7 @@ pub(crate) mod humane {
     }
 
     pub(crate) fn serialize<S: Serializer>(
-        value: &Option<super::Duration>,
+        value: &Option<Duration>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
         match value {
@@ -287,6 +344,8 @@ pub(crate) mod humane {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

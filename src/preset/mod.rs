@@ -19,6 +19,9 @@ use crate::request::{Describe, Replay};
 use crate::retry::{self, Retry, RetryLayer, RetryPolicy};
 use crate::timeout::{Timeout, TimeoutLayer};
 
+#[cfg(feature = "serde")]
+pub(crate) mod config;
+
 /// The breaker rule of the presets and the README: open when at least half of the last 100 calls
 /// failed, once 20 were seen (resilience4j's defaults: a 50 % failure-rate threshold over a
 /// 100-call window, minimum 100 calls; ours acts after 20 so a small service is covered too),

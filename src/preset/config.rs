@@ -1,16 +1,17 @@
-//! [`BackstopConfig`] (the preset's settings) and [`TimeoutConfig`] as data.
+//! [`BackstopConfig`]: the preset's settings as data (feature `serde`): the per-attempt
+//! timeout, and the retry and breaker sections, each read by its layer's own configuration.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BreakerConfig, ConfigError, RetryConfig, humane};
-use crate::BackstopLayer;
+use super::{BackstopLayer, client_rule};
 use crate::breaker::BreakerLayer;
+use crate::breaker::config::BreakerConfig;
 use crate::classify::GrpcClassifier;
-use crate::preset::client_rule;
 use crate::retry::RetryPolicy;
-use crate::timeout::TimeoutLayer;
+use crate::retry::config::RetryConfig;
+use crate::settings::{ConfigError, humane};
 
 /// The settings of a [`BackstopLayer`] for one provider: the per-attempt timeout (required),
 /// and the retry policy and breaker rule over the preset's defaults.
@@ -36,7 +37,7 @@ use crate::timeout::TimeoutLayer;
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct BackstopConfig {
-    /// Each attempt's timeout ([`TimeoutLayer::new`]).
+    /// Each attempt's timeout ([`TimeoutLayer::new`](crate::timeout::TimeoutLayer::new)).
     #[serde(with = "humane::required")]
     pub attempt_timeout: Duration,
     /// Over [`RetryPolicy::new`] for HTTP, [`RetryPolicy::grpc`] for gRPC.
@@ -105,27 +106,5 @@ impl BackstopConfig {
         Ok(BackstopLayer::grpc(self.attempt_timeout)
             .retry(retry)
             .breaker(breaker))
-    }
-}
-
-/// A [`TimeoutLayer`] as data: `timeout = "2s"`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct TimeoutConfig {
-    /// Each call's timeout.
-    #[serde(with = "humane::required")]
-    pub timeout: Duration,
-}
-
-impl TimeoutConfig {
-    /// A configuration of `timeout`.
-    pub const fn new(timeout: Duration) -> Self {
-        TimeoutConfig { timeout }
-    }
-
-    /// The layer ([`TimeoutLayer::new`]); it cannot fail.
-    pub const fn layer(&self) -> TimeoutLayer {
-        TimeoutLayer::new(self.timeout)
     }
 }
