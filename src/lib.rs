@@ -122,9 +122,6 @@
 
 #[path = "observe/alerts.rs"]
 mod alerts;
-#[cfg(feature = "board")]
-#[cfg_attr(docsrs, doc(cfg(feature = "board")))]
-pub mod board;
 pub mod breaker;
 mod build_error;
 #[cfg(feature = "chaos")]
@@ -135,6 +132,8 @@ mod clock;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;
+#[cfg(feature = "dead-letter")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
 pub mod dead_letter;
 #[path = "observe/event.rs"]
 pub mod event;
@@ -148,9 +147,13 @@ pub mod metrics;
 mod order;
 mod preset;
 pub mod request;
+#[cfg(feature = "dead-letter")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
 pub mod resend;
 pub mod retry;
 pub mod server;
+#[cfg(feature = "dead-letter")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
 pub mod store;
 pub mod timeout;
 

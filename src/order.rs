@@ -7,6 +7,8 @@
 //! (tower's `Buffer`, `BoxService`): past such a layer nothing is reported.
 
 /// The layers whose place is checked.
+// `DeadLetter` and `Resend` are built only with the dead-letter layer (feature `dead-letter`).
+#[cfg_attr(not(feature = "dead-letter"), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Role {
     DeadLetter,

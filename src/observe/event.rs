@@ -39,7 +39,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::alerts::Alerts;
+pub use crate::alerts::{Alert, AlertRules, Alerts};
 use crate::breaker::State;
 use crate::failure::{Class, Code, Sent};
 use crate::retry::{DelaySource, GiveUp};
@@ -272,6 +272,7 @@ impl Hook {
 
     /// As [`emit`](Self::emit), for an event that borrows.
     #[inline]
+    #[cfg(feature = "dead-letter")]
     pub(crate) fn emit_ref(&self, event: &Event<'_>) {
         if let Some(listener) = &self.0 {
             deliver(&**listener, event);
