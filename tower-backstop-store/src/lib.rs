@@ -8,8 +8,7 @@
 //! come over a window, and claims of due records are atomic. This crate knows no tower and no
 //! failure type: it keeps plain [`Record`]s. Most users reach it through `tower-backstop`'s
 //! default features, as `tower_backstop::store`; depend on it directly to implement a store of
-//! your own, and run the same conformance cases against it with the `testing` feature
-//! ([`testing`]).
+//! your own.
 //!
 //! A [`Record`] is plain data: the id, tags, class and code names, the message, attempt counts,
 //! the failure times, the [`Status`] and retry-at time, the history of the last errors, and the
@@ -24,7 +23,6 @@
 //! |---|---|---|
 //! | `sqlite` | `SqliteStore`: one file, bundled SQLite (rusqlite) | no |
 //! | `redis` | `RedisStore`: one Redis server, shared by many instances (redis crate, tokio) | no |
-//! | `testing` | [`testing`]: the conformance cases every store passes, to run against your own | no |
 //!
 //! # Example
 //!
