@@ -102,10 +102,9 @@
 //!
 //! | feature | what | default |
 //! |---|---|---|
-//! | `sqlite` | [`SqliteStore`](store::SqliteStore), the durable dead-letter store (bundled SQLite) | yes |
+//! | `dead-letter` | [`dead_letter`], [`resend`] and [`store`] (the `tower-backstop-store` crate): dead letters, deferred re-sends, re-drives | yes |
+//! | `sqlite` | [`SqliteStore`](store::SqliteStore), the durable dead-letter store for one machine (bundled SQLite) | yes |
 //! | `redis` | `RedisStore`, the dead-letter store shared by many instances (redis crate, tokio) | no |
-//! | `cli` | the `backstop-dlq` command-line tool over a SQLite file or a Redis URL (clap), with `serve` for the board | no |
-//! | `board` | [`board::Board`], the dead-letter board: an axum `Router` of web pages over any store (list, groups, one record, re-drive and purge behind an authorisation hook) | no |
 //! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain; a layer of ours can sit directly over a hyper-util client | yes |
 //! | `axum` | [`Failure`] is axum's `IntoResponse` (axum-core) | no |
 //! | `tonic` | `GrpcLayer`: a generated tonic client takes the stack around a `Channel` as its channel (bounded replay buffer, the caller's `tonic::Status`) | no |
@@ -120,9 +119,6 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(feature = "board")]
-#[cfg_attr(docsrs, doc(cfg(feature = "board")))]
-pub mod board;
 pub mod breaker;
 mod build_error;
 #[cfg(feature = "chaos")]
@@ -133,6 +129,8 @@ mod clock;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;
+#[cfg(feature = "dead-letter")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
 pub mod dead_letter;
 pub mod failover;
 mod failure;
@@ -142,12 +140,16 @@ pub mod observe;
 mod order;
 mod preset;
 pub mod request;
+#[cfg(feature = "dead-letter")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
 pub mod resend;
 pub mod retry;
 pub mod server;
 #[cfg(feature = "serde")]
 mod settings;
 mod status;
+#[cfg(feature = "dead-letter")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
 pub mod store;
 pub mod timeout;
 

@@ -18,6 +18,8 @@
 //! type's name.
 
 /// The layers whose place is checked.
+// `DeadLetter` and `Resend` are built only with the dead-letter layer (feature `dead-letter`).
+#[cfg_attr(not(feature = "dead-letter"), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Role {
     DeadLetter,
@@ -46,8 +48,10 @@ pub(crate) struct Breaker;
 /// Stands for `classify::Classify`.
 pub(crate) struct Classify;
 /// Stands for `dead_letter::DeadLetter`.
+#[cfg(feature = "dead-letter")]
 pub(crate) struct DeadLetter;
 /// Stands for the preset's dead-letter and retry layers in one service.
+#[cfg(feature = "dead-letter")]
 pub(crate) struct DeadLetterRetry;
 /// Stands for the preset's service, `Backstop`: the retry, breaker, classify and timeout
 /// layers, and maybe a dead-letter layer (its type does not say).
@@ -94,10 +98,15 @@ pub(crate) fn problem(role: Role, inner: &str) -> Option<&'static str> {
     let classify = below(Classify::name());
     let client_without_classifier =
         clients().iter().any(|client| below(client)) && !classify && !preset;
-    let dead_letter_retry = below(DeadLetterRetry::name());
+    // Without the dead-letter layer (feature `dead-letter` off), no stack holds one.
+    #[cfg(feature = "dead-letter")]
+    let (dead_letter_retry, dead_letter) =
+        (below(DeadLetterRetry::name()), below(DeadLetter::name()));
+    #[cfg(not(feature = "dead-letter"))]
+    let (dead_letter_retry, dead_letter) = (false, false);
     let retry_below = below(Retry::name()) || dead_letter_retry || preset;
     let breaker_below = below(Breaker::name()) || preset;
-    let dead_letter_below = below(DeadLetter::name()) || dead_letter_retry;
+    let dead_letter_below = dead_letter || dead_letter_retry;
     match role {
         Role::ReplayBuffer if !retry_below && !dead_letter_below => Some(
             "ReplayBufferLayer has no RetryLayer or DeadLetterLayer below it, so the bodies it \

@@ -10,8 +10,8 @@ use super::open::OpenDuration;
 use super::state::{MAX_PROBES, Settings};
 use super::window::WindowKind;
 use crate::BuildError;
-use crate::observe::Listener;
 use crate::failure::Class;
+use crate::observe::Listener;
 
 /// The classes that count as failures by default: the ones that blame the provider.
 pub(crate) const DEFAULT_CLASSES: [Class; 3] = [Class::TRANSIENT, Class::THROTTLED, Class::UNKNOWN];

@@ -153,9 +153,9 @@ pub use self::state::{MAX_PROBES, Stats};
 pub use crate::status::State;
 // `tower_backstop::breaker::{Health, HealthReport, BreakerHealth}` before they moved to
 // `observe`: kept so that code written against that path still compiles.
+pub use crate::failover::{Failover, FailoverFuture, FailoverLayer};
 #[doc(hidden)]
 pub use crate::observe::{BreakerHealth, Health, HealthReport};
-pub use crate::failover::{Failover, FailoverFuture, FailoverLayer};
 
 use self::future::Guard;
 use self::keyed::{Key, Registry};

@@ -180,6 +180,8 @@ mod tests {
 /// failure that opened it, or the failed probe after it.
 #[derive(Clone, Debug)]
 pub(crate) struct Cause {
+    // Read by the dead-letter layer, for a record's root cause.
+    #[cfg_attr(not(feature = "dead-letter"), allow(dead_code))]
     pub(crate) class: Class,
     pub(crate) code: Code,
     pub(crate) message: String,

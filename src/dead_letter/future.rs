@@ -14,7 +14,7 @@ use crate::failure::{Code, Failure};
 use crate::observe::Event;
 use crate::request::{Describe, Envelope};
 use crate::retry::Attempts;
-use crate::store::{BoxFuture, Record, StoreError};
+use crate::store::{BoxFuture, StoreError};
 
 pin_project! {
     /// Response future of [`DeadLetter`](super::DeadLetter) over a service `S`: the inner call
@@ -172,17 +172,15 @@ where
         }
         let id = envelope.id.clone().unwrap_or_else(generated_id);
         let (headers, redacted_headers) = config.redact.split(envelope.headers);
-        let mut record = Record {
-            headers,
-            redacted_headers,
-            id: id.clone(),
-            payload_len: envelope.payload.len() as u64,
-            payload: envelope.payload.to_vec(),
-            content_type: envelope.content_type,
-            metadata: envelope.metadata,
-            tags: envelope.tags,
-            ..draft
-        };
+        let mut record = draft;
+        record.headers = headers;
+        record.redacted_headers = redacted_headers;
+        record.id = id.clone();
+        record.payload_len = envelope.payload.len() as u64;
+        record.payload = envelope.payload.to_vec();
+        record.content_type = envelope.content_type;
+        record.metadata = envelope.metadata;
+        record.tags = envelope.tags;
         record.truncate_payload(config.payload_limit);
         (id, config.store.put(record).await)
     })

@@ -4,10 +4,11 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::DeadLetter;
+use super::RedactHeaders;
 use crate::clock::Clock;
 use crate::observe::{Hook, Listener};
 use crate::request::Envelope;
-use crate::store::{RedactHeaders, Store};
+use crate::store::Store;
 
 /// The largest payload a record keeps by default, in bytes (64 KiB); a longer payload is stored
 /// truncated, with [`Record::payload_truncated`](crate::store::Record::payload_truncated) set

@@ -133,17 +133,21 @@ use crate::store::Store;
 
 mod budget;
 mod future;
+mod headers;
 mod layer;
 mod note;
 mod record;
+mod stats;
 mod with_retry;
 
 pub use self::budget::BudgetSpent;
 pub use self::future::ResponseFuture;
+pub(crate) use self::headers::RedactHeaders;
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
 pub use self::note::DeadLetterStatus;
 pub(crate) use self::note::Unsent;
 pub use self::record::{MAX_DEFERRAL, record_of};
+pub use self::stats::Stats;
 pub(crate) use self::with_retry::{DeadLetterRetry as WithRetry, DeadLetterRetryLayer};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).

@@ -2,12 +2,13 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::RedactHeaders;
 use crate::breaker::OpenError;
 use crate::breaker::open::describe;
 use crate::failure::{Class, Code, Failure};
 use crate::request::Envelope;
 use crate::retry::{Attempts, GiveUp};
-use crate::store::{ErrorEntry, Record, RedactHeaders, Status, add_clamped, truncate};
+use crate::store::{ErrorEntry, Record, Status, add_clamped, truncate};
 
 use super::BudgetSpent;
 
@@ -113,58 +114,39 @@ pub(crate) fn record_at<R>(
     let cause = match open {
         Some(open) => open.cause_now().map(|c| {
             let ago = tokio::time::Instant::now().saturating_duration_since(c.at);
-            ErrorEntry {
-                at: truncate(now.checked_sub(ago).unwrap_or(now)),
-                class: c.class.name().to_owned(),
-                code: c.code.to_string(),
-                message: describe(&c),
-                attempts: u32::try_from(c.failures).unwrap_or(u32::MAX),
-            }
+            ErrorEntry::new(
+                now.checked_sub(ago).unwrap_or(now),
+                c.class.name(),
+                c.code.to_string(),
+                describe(&c),
+                u32::try_from(c.failures).unwrap_or(u32::MAX),
+            )
         }),
         None if refused_by_budget(failure) => None,
-        None => Some(ErrorEntry {
-            at: last,
-            class: class.clone(),
-            code: code.clone(),
-            message: message.clone(),
+        None => Some(ErrorEntry::new(
+            last,
+            class.clone(),
+            code.clone(),
+            message.clone(),
             attempts,
-        }),
+        )),
     };
-    Record {
-        id,
-        history: vec![ErrorEntry {
-            at: last,
-            class: class.clone(),
-            code: code.clone(),
-            message: message.clone(),
-            attempts,
-        }],
-        tags: envelope.tags,
-        class,
-        code,
-        message,
-        attempts,
-        budget_spent: attempts,
-        first_failed_at: truncate(noted.and_then(Attempts::first_failed_at).unwrap_or(now)),
-        last_failed_at: last,
-        retry_at,
-        status: if retry_at.is_some() {
-            Status::Deferred
-        } else {
-            Status::Dead
-        },
-        resends: 0,
-        resolved_at: None,
-        payload_len: envelope.payload.len() as u64,
-        payload: envelope.payload.to_vec(),
-        payload_truncated: false,
-        content_type: envelope.content_type,
-        metadata: envelope.metadata,
-        headers,
-        redacted_headers,
-        cause,
-        breaker: open.map(|o| o.breaker().to_owned()),
+    let mut record = Record::new(id, ErrorEntry::new(last, class, code, message, attempts));
+    record.tags = envelope.tags;
+    record.first_failed_at = truncate(noted.and_then(Attempts::first_failed_at).unwrap_or(now));
+    record.retry_at = retry_at;
+    if retry_at.is_some() {
+        record.status = Status::Deferred;
     }
+    record.payload_len = envelope.payload.len() as u64;
+    record.payload = envelope.payload.to_vec();
+    record.content_type = envelope.content_type;
+    record.metadata = envelope.metadata;
+    record.headers = headers;
+    record.redacted_headers = redacted_headers;
+    record.cause = cause;
+    record.breaker = open.map(|o| o.breaker().to_owned());
+    record
 }
 
 /// Whether `failure` is the attempt budget's refusal: the inner service was not called.

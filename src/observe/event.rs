@@ -237,6 +237,7 @@ impl Hook {
 
     /// As [`emit`](Self::emit), for an event that borrows.
     #[inline]
+    #[cfg(feature = "dead-letter")]
     pub(crate) fn emit_ref(&self, event: &Event<'_>) {
         if let Some(listener) = &self.0 {
             deliver(&**listener, event);

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(any(feature = "serde", feature = "axum", feature = "dead-letter"))]
 use serde::{Serialize, Serializer};
 
 use crate::status::{BreakerSnapshot, State};
@@ -135,7 +136,11 @@ impl fmt::Debug for Health {
 /// apply. With the `axum` feature it is a response: that JSON with `Cache-Control: no-store`,
 /// status `200 OK` when healthy and `503 Service Unavailable` when not (as a Kubernetes
 /// readiness probe or a load balancer's health check expects).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(
+    any(feature = "serde", feature = "axum", feature = "dead-letter"),
+    derive(Serialize)
+)]
 #[non_exhaustive]
 pub struct HealthReport {
     /// `false` while a breaker marked [essential](Health::essential) is open or forced open.
@@ -145,7 +150,11 @@ pub struct HealthReport {
 }
 
 /// One breaker in a [`HealthReport`].
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(
+    any(feature = "serde", feature = "axum", feature = "dead-letter"),
+    derive(Serialize)
+)]
 #[non_exhaustive]
 pub struct BreakerHealth {
     /// The breaker's name (a keyed breaker's key; `unkeyed` for a keyed layer's requests
@@ -153,7 +162,10 @@ pub struct BreakerHealth {
     pub name: String,
     /// Its state now. An open breaker whose open duration is over is reported half-open: it
     /// half-opens at its next call.
-    #[serde(serialize_with = "state_name")]
+    #[cfg_attr(
+        any(feature = "serde", feature = "axum", feature = "dead-letter"),
+        serde(serialize_with = "state_name")
+    )]
     pub state: State,
     /// Whether it was marked [essential](Health::essential).
     pub essential: bool,
@@ -169,7 +181,10 @@ pub struct BreakerHealth {
     pub consecutive_failures: u32,
     /// While open: the time left until it half-opens. `None` in any other state. Serialised
     /// as `half_open_in_ms`, whole milliseconds rounded up.
-    #[serde(rename = "half_open_in_ms", serialize_with = "millis")]
+    #[cfg_attr(
+        any(feature = "serde", feature = "axum", feature = "dead-letter"),
+        serde(rename = "half_open_in_ms", serialize_with = "millis")
+    )]
     pub half_open_in: Option<Duration>,
     /// While open, half-open or forced open: why it last opened, as the rejections' message
     /// gives it (the failures counted, over how long, and the last one's class, code and
@@ -188,10 +203,12 @@ impl BreakerHealth {
     }
 }
 
+#[cfg(any(feature = "serde", feature = "axum", feature = "dead-letter"))]
 fn state_name<S: Serializer>(state: &State, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(state.as_str())
 }
 
+#[cfg(any(feature = "serde", feature = "axum", feature = "dead-letter"))]
 fn millis<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
     match d {
         Some(d) => {

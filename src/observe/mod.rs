@@ -45,7 +45,9 @@ mod health;
 #[cfg(feature = "metrics")]
 mod metrics;
 
-pub use self::alerts::Alerts;
+#[cfg(feature = "dead-letter")]
+pub(crate) use self::alerts::per_minute;
+pub use self::alerts::{Alert, AlertRules, Alerts};
 pub use self::event::{Event, Listener};
 pub(crate) use self::event::{Hook, deliver};
 pub use self::health::{BreakerHealth, Health, HealthReport};

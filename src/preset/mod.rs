@@ -4,7 +4,9 @@ use std::fmt;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+#[cfg(feature = "dead-letter")]
 use tower::util::Either;
+#[cfg(feature = "dead-letter")]
 use tower::util::future::EitherResponseFuture;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -12,10 +14,13 @@ use tower_service::Service;
 use crate::Class;
 use crate::breaker::{BreakerLayer, Builder, PerKey};
 use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
+#[cfg(feature = "dead-letter")]
 use crate::dead_letter::{self, DeadLetter, DeadLetterLayer, DeadLetterRetryLayer};
 use crate::failure::Failure;
 use crate::observe::{Health, Hook, Listener};
-use crate::request::{Describe, Replay};
+#[cfg(feature = "dead-letter")]
+use crate::request::Describe;
+use crate::request::Replay;
 use crate::retry::{self, Retry, RetryLayer, RetryPolicy};
 use crate::timeout::{Timeout, TimeoutLayer};
 
@@ -87,6 +92,7 @@ pub(crate) fn client_rule() -> Builder {
 /// `Right` (the four below it). Both have the same request, response and error types.
 #[derive(Clone, Debug)]
 pub struct BackstopLayer<C = HttpClassifier, B = BreakerLayer<PerKey>> {
+    #[cfg(feature = "dead-letter")]
     dead_letters: Option<DeadLetterLayer>,
     retry: RetryLayer,
     breaker: B,
@@ -121,6 +127,7 @@ impl<C> BackstopLayer<C> {
             .build()
             .expect("the preset breaker rule is valid (checked by a unit test)");
         BackstopLayer {
+            #[cfg(feature = "dead-letter")]
             dead_letters: None,
             retry: RetryLayer {
                 policy: RetryPolicy::default().with_attempt_bound(attempt_timeout),
@@ -135,6 +142,8 @@ impl<C> BackstopLayer<C> {
 
 impl<C, B> BackstopLayer<C, B> {
     /// Records requests that finally fail in this dead-letter layer's store (outermost).
+    #[cfg(feature = "dead-letter")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
     pub fn dead_letters(mut self, layer: DeadLetterLayer) -> Self {
         self.dead_letters = Some(if self.listener.is_set() {
             layer.with_hook(&self.listener)
@@ -165,6 +174,7 @@ impl<C, B> BackstopLayer<C, B> {
     /// or any layer between the retry and classify layers.
     pub fn breaker<B2>(self, breaker: B2) -> BackstopLayer<C, B2> {
         BackstopLayer {
+            #[cfg(feature = "dead-letter")]
             dead_letters: self.dead_letters,
             retry: self.retry,
             breaker,
@@ -203,7 +213,10 @@ impl<C, K: Clone> BackstopLayer<C, BreakerLayer<K>> {
         self.retry = RetryLayer {
             policy: self.retry.policy.with_hook(&hook),
         };
-        self.dead_letters = self.dead_letters.map(|layer| layer.with_hook(&hook));
+        #[cfg(feature = "dead-letter")]
+        {
+            self.dead_letters = self.dead_letters.map(|layer| layer.with_hook(&hook));
+        }
         self.listener = hook;
         self
     }
@@ -289,8 +302,14 @@ where
 ///
 /// With a store: sharing one request copy (`Left`), or, under a dead-letter attempt budget, which
 /// must be read before the retry layer's first call, stacked (`Right(Left)`, a copy each).
+#[cfg(feature = "dead-letter")]
 type Inner<G> = Either<dead_letter::WithRetry<G>, Either<DeadLetter<Retry<G>>, Retry<G>>>;
 
+/// Without the dead-letter layer (feature `dead-letter` off), the retry layer and the ones below.
+#[cfg(not(feature = "dead-letter"))]
+type Inner<G> = Retry<G>;
+
+#[cfg(feature = "dead-letter")]
 impl<S, C, B, Req> Service<Req> for Backstop<S, C, B>
 where
     B: Layer<Classify<Timeout<S>, C>>,
@@ -321,6 +340,31 @@ where
     }
 }
 
+#[cfg(not(feature = "dead-letter"))]
+impl<S, C, B, Req> Service<Req> for Backstop<S, C, B>
+where
+    B: Layer<Classify<Timeout<S>, C>>,
+    Guarded<S, C, B>: Service<Req> + Clone,
+    <Guarded<S, C, B> as Service<Req>>::Error:
+        Into<Failure<<Guarded<S, C, B> as Service<Req>>::Response>>,
+    <Guarded<S, C, B> as Service<Req>>::Response: 'static,
+    Req: Replay + 'static,
+{
+    type Response = <Guarded<S, C, B> as Service<Req>>::Response;
+    type Error = Failure<Self::Response>;
+    type Future = retry::ResponseFuture<Guarded<S, C, B>, Req>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    #[inline]
+    fn call(&mut self, req: Req) -> Self::Future {
+        self.inner.call(req)
+    }
+}
+
 impl<S, C: Clone, B> Layer<S> for BackstopLayer<C, B>
 where
     B: Layer<Classify<Timeout<S>, C>>,
@@ -332,6 +376,11 @@ where
             self.classify
                 .layer(TimeoutLayer::new(self.attempt_timeout).layer(inner)),
         );
+        #[cfg(not(feature = "dead-letter"))]
+        return Backstop {
+            inner: self.retry.layer(guarded),
+        };
+        #[cfg(feature = "dead-letter")]
         match &self.dead_letters {
             Some(dead_letters) => {
                 // With a store, a server's wait longer than one attempt is the store's job.

@@ -129,8 +129,8 @@ pub use self::layer::RetryLayer;
 pub use self::note::Attempts;
 pub use self::policy::{ClassPolicy, RetryPolicy};
 pub use self::reconcile::{Delivery, ReconciledResponse, StatusCheck};
-pub use crate::status::{DelaySource, GiveUp};
 pub use crate::request::{ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
+pub use crate::status::{DelaySource, GiveUp};
 
 /// Retries failed calls by a [`RetryPolicy`]; see the [module docs](self).
 #[derive(Clone, Debug)]

@@ -325,6 +325,7 @@ impl RetryPolicy {
     /// Bounds server hints slept in process by `bound` unless [`max_delay`](Self::max_delay) or
     /// [`max_hint_delay`](Self::max_hint_delay) was chosen: the rule of a
     /// [`BackstopLayer`](crate::BackstopLayer) with a dead-letter store.
+    #[cfg(feature = "dead-letter")]
     pub(crate) fn max_hint_delay_unless_chosen(self, bound: Duration) -> Self {
         if self.inner.delay_bounds_chosen {
             return self;

@@ -12,7 +12,7 @@ use std::task::{Context, Poll, ready};
 
 use crate::failure::{Failure, Sent};
 use crate::request::{Describe, Envelope, Replay};
-use crate::store::BoxFuture;
+use futures_core::future::BoxFuture;
 
 /// What a provider's status check found out about a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -10,7 +10,7 @@ use super::filter::{Scope, group_members, outstanding_page};
 use super::fingerprint::Fingerprint;
 use super::html::{Ctx, PageError, PageResult, bar, cut, page, query, records_table, time};
 use super::{BoardState, GROUP_LIMIT, PAGE_SIZE};
-use crate::store::{Alert, Filter, Stats, Status};
+use tower_backstop::store::{Alert, Filter, Stats, Status};
 
 type Pairs = Query<Vec<(String, String)>>;
 

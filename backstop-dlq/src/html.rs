@@ -6,7 +6,7 @@ use axum::response::{Html, IntoResponse, Response};
 use http::StatusCode;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::store::{Record, StoreError};
+use tower_backstop::store::{Record, StoreError};
 
 const STYLE: &str = "
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}

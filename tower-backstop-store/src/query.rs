@@ -14,7 +14,7 @@ use super::record::{Record, Status};
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use tower_backstop::store::{Filter, Status};
+/// use tower_backstop_store::{Filter, Status};
 ///
 /// let hour_ago = SystemTime::now() - Duration::from_secs(3600);
 /// let filter = Filter::new()
@@ -149,7 +149,7 @@ impl Filter {
     ///
     /// ```
     /// use std::time::{Duration, SystemTime};
-    /// use tower_backstop::store::{Filter, Status};
+    /// use tower_backstop_store::{Filter, Status};
     ///
     /// let now = SystemTime::now();
     /// let f = Filter::from_pairs(["class=throttled", "tag.campaign=spring", "since=2h"], now)?;
@@ -158,7 +158,7 @@ impl Filter {
     ///
     /// let bad = Filter::from_pairs(["colour=red"], now).unwrap_err();
     /// assert_eq!(bad.key(), "colour");
-    /// # Ok::<(), tower_backstop::store::FilterError>(())
+    /// # Ok::<(), tower_backstop_store::FilterError>(())
     /// ```
     ///
     /// # Errors
@@ -408,14 +408,14 @@ pub enum Change {
     /// Stop scheduling it: status [`Dead`](Status::Dead), no retry-at.
     Dead,
     /// A status check of the provider found the request delivered
-    /// ([`Reconciler`](crate::resend::Reconciler)): status [`Resolved`](Status::Resolved),
+    /// ([`Reconciler`](https://docs.rs/tower-backstop/latest/tower_backstop/resend/struct.Reconciler.html)): status [`Resolved`](Status::Resolved),
     /// `resolved_at = at`, no retry-at, and the metadata entry `reconciled: delivered`.
     Reconciled {
         /// When.
         at: SystemTime,
     },
     /// A status check of the provider found the request never delivered: it is sent again as if
-    /// it had never been processed, by the [`Scheduler`](crate::resend::Scheduler): status
+    /// it had never been processed, by the [`Scheduler`](https://docs.rs/tower-backstop/latest/tower_backstop/resend/struct.Scheduler.html): status
     /// [`Deferred`](Status::Deferred) with `retry_at`, and the metadata entry
     /// `reconciled: not_delivered`.
     NotDelivered {
@@ -425,7 +425,7 @@ pub enum Change {
     /// A scheduler claimed the record but did not send it to the provider (its breaker is open,
     /// or rejected it locally): status [`Deferred`](Status::Deferred) with `retry_at`, and the
     /// resend its claim counted is given back, so that only real sends count against the
-    /// scheduler's [`max_resends`](crate::resend::Scheduler::max_resends).
+    /// scheduler's [`max_resends`](https://docs.rs/tower-backstop/latest/tower_backstop/resend/struct.Scheduler.html#method.max_resends).
     Held {
         /// When to look at it again (the breaker's half-open time).
         retry_at: SystemTime,
@@ -478,7 +478,6 @@ impl Change {
 /// What came of a compare-and-set claim ([`Store::claim`](super::Store::claim)) or change
 /// ([`Store::change_if_unchanged`](super::Store::change_if_unchanged)).
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Claim {
     /// The record was as it was read and is now claimed (or changed): the record as written (for a
     /// claim: [`InFlight`](Status::InFlight), `retry_at` the end of the claim, one more resend).

@@ -8,8 +8,8 @@ use maud::{Markup, html};
 use super::filter::Scope;
 use super::html::{Ctx, PageError, PageResult, page, records_table};
 use super::{BoardState, DEFAULT_MAX, DEFAULT_RATE, MAX_REDRIVE, Shared, constant_time_eq};
-use crate::resend::{Redrive, http_request};
-use crate::store::{Filter, Record};
+use tower_backstop::resend::{Redrive, http_request};
+use tower_backstop::store::{Filter, Record};
 
 type Fields = Form<Vec<(String, String)>>;
 
@@ -260,7 +260,7 @@ pub(super) async fn purge_run(
     let Some(filter) = scope.action_filter(store).await? else {
         return empty_group(&ctx, "Purge");
     };
-    let n = crate::store::purge(store, &filter, &actor).await?;
+    let n = tower_backstop::store::purge(store, &filter, &actor).await?;
     let previewed = scope.get("planned").unwrap_or("?").to_owned();
     let body = html! {
         p #result { "Deleted " (n) " records." }

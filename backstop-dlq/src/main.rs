@@ -18,7 +18,7 @@
 //! deferred, in_flight, resolved), `id` (several: any of them), `tag.NAME`, `since` and `until`
 //! (an RFC 3339 time, or a duration back from now such as `15m`, `2h`, `7days`).
 //!
-//! `serve` runs the dead-letter board (`tower_backstop::board`) on a loopback address, read-only
+//! `serve` runs the dead-letter board (`backstop_dlq::board`) on a loopback address, read-only
 //! unless `--allow-actions` (the actor is `$USER`, else `$LOGNAME`); another address needs
 //! `--allow-remote`.
 //!
@@ -29,13 +29,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use backstop_dlq::Board;
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceBuilder;
-use tower_backstop::board::Board;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::resend::{Reconciler, Redrive, http_request};

@@ -6,7 +6,7 @@ use maud::{Markup, html};
 
 use super::html::{Ctx, PageError, PageResult, page, status, time};
 use super::{BoardState, PAYLOAD_PREVIEW};
-use crate::store::Record;
+use tower_backstop::store::Record;
 
 /// Above this size a JSON payload is not parsed to be pretty-printed: 1 MiB.
 const JSON_PRETTY_LIMIT: usize = 1024 * 1024;

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::store::Record;
+use tower_backstop::store::Record;
 
 /// A record's fingerprint: its class, its code, and its message with what varies from one
 /// message to the next masked (numbers, hex and UUID-like ids, IP addresses, emails), so that

@@ -5,7 +5,6 @@
 //! Each page is saved as a PNG under `target/tmp/board-screenshots/`. Without chromedriver the
 //! tests say so and pass, unless `BACKSTOP_REQUIRE_BROWSER` is set (as `.ci/run` does), when they
 //! fail.
-#![cfg(feature = "board")]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -15,13 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use axum::routing::post;
+use backstop_dlq::Board;
 use bytes::Bytes;
 use fantoccini::{Client, ClientBuilder, Locator};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceBuilder;
-use tower_backstop::board::Board;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
 use tower_backstop::store::{Record, SqliteStore, Status, Store};

@@ -13,7 +13,7 @@ use super::{Store, StoreError};
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum AuditAction {
-    /// Records re-sent on purpose ([`Redrive`](crate::resend::Redrive)).
+    /// Records re-sent on purpose ([`Redrive`](https://docs.rs/tower-backstop/latest/tower_backstop/resend/struct.Redrive.html)).
     Redrive,
     /// Records deleted on purpose ([`purge`]).
     Purge,

@@ -38,7 +38,7 @@ use super::{AuditAction, AuditEntry, BoxFuture, Store, StoreError};
 ///   "database is locked"; the connection stays, and the next write goes through once the lock is
 ///   released.
 ///
-/// Every failed write is a [`StoreError`]; through a [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer)
+/// Every failed write is a [`StoreError`]; through a [`DeadLetterLayer`](https://docs.rs/tower-backstop/latest/tower_backstop/dead_letter/struct.DeadLetterLayer.html)
 /// the caller's failure says the record was not written and a `tracing` error reports it.
 ///
 /// Layout: a `dead_letters` table (one row per id, indexed by class, code, last failure time and

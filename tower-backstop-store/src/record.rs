@@ -15,7 +15,7 @@ pub const DEFAULT_HISTORY_LIMIT: usize = 10;
 pub enum Status {
     /// Quarantined: waits for someone to investigate and re-drive it on purpose.
     Dead,
-    /// Deferred: the [`Scheduler`](crate::resend::Scheduler) re-sends it once
+    /// Deferred: the [`Scheduler`](https://docs.rs/tower-backstop/latest/tower_backstop/resend/struct.Scheduler.html) re-sends it once
     /// [`retry_at`](Record::retry_at) is due.
     Deferred,
     /// Claimed by a scheduler or a re-drive that is sending it now; its
@@ -73,7 +73,7 @@ pub struct ErrorEntry {
     pub at: SystemTime,
     /// The failure's class name.
     pub class: String,
-    /// The original code, as displayed by [`Code`](crate::Code).
+    /// The original code, as displayed by [`Code`](https://docs.rs/tower-backstop/latest/tower_backstop/enum.Code.html).
     pub code: String,
     /// The error's message.
     pub message: String,
@@ -91,7 +91,7 @@ pub struct ErrorEntry {
 /// A record never grows without bound: its [`history`](Record::history) keeps the last K errors
 /// (the store's history limit, [`DEFAULT_HISTORY_LIMIT`] by default) and its payload is cut at the
 /// dead-letter layer's payload limit
-/// ([`DEFAULT_PAYLOAD_LIMIT`](crate::dead_letter::DEFAULT_PAYLOAD_LIMIT) by default) with
+/// ([`DEFAULT_PAYLOAD_LIMIT`](https://docs.rs/tower-backstop/latest/tower_backstop/dead_letter/constant.DEFAULT_PAYLOAD_LIMIT.html) by default) with
 /// [`payload_truncated`](Record::payload_truncated) set.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -102,9 +102,9 @@ pub struct Record {
     /// tenant…), searchable with [`Filter::tag`](super::Filter::tag).
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
-    /// The last failure's class name ([`Class::name`](crate::Class::name)).
+    /// The last failure's class name ([`Class::name`](https://docs.rs/tower-backstop/latest/tower_backstop/struct.Class.html#method.name)).
     pub class: String,
-    /// The last failure's original code, as displayed by [`Code`](crate::Code) (`http 503`,
+    /// The last failure's original code, as displayed by [`Code`](https://docs.rs/tower-backstop/latest/tower_backstop/enum.Code.html) (`http 503`,
     /// `io ConnectionReset`).
     pub code: String,
     /// The last error's message.
@@ -113,7 +113,7 @@ pub struct Record {
     /// adds the new attempts to this count.
     pub attempts: u32,
     /// The attempts counted against a durable attempt budget
-    /// ([`DeadLetterLayer::attempt_budget`](crate::dead_letter::DeadLetterLayer::attempt_budget)):
+    /// ([`DeadLetterLayer::attempt_budget`](https://docs.rs/tower-backstop/latest/tower_backstop/dead_letter/struct.DeadLetterLayer.html#method.attempt_budget)):
     /// like `attempts`, but set back to zero when someone re-drives the record on purpose.
     #[serde(default)]
     pub budget_spent: u32,
@@ -155,9 +155,9 @@ pub struct Record {
     /// Request metadata needed to re-send it (method, uri, idempotency key…).
     pub metadata: BTreeMap<String, String>,
     /// The request's headers as sent, in order: each name and its value byte for byte, except
-    /// the redacted ones ([`DeadLetterLayer::redact_header`](crate::dead_letter::DeadLetterLayer::redact_header)), whose values are never
+    /// the redacted ones ([`DeadLetterLayer::redact_header`](https://docs.rs/tower-backstop/latest/tower_backstop/dead_letter/struct.DeadLetterLayer.html#method.redact_header)), whose values are never
     /// written. A re-drive sends every kept header again
-    /// ([`http_request`](crate::resend::http_request)). Empty in records written before headers were kept.
+    /// ([`http_request`](https://docs.rs/tower-backstop/latest/tower_backstop/resend/fn.http_request.html)). Empty in records written before headers were kept.
     #[serde(default, with = "header_list")]
     pub headers: Vec<(String, Vec<u8>)>,
     /// The root cause: the provider's last real failure, beside the final word
@@ -174,12 +174,12 @@ pub struct Record {
     pub cause: Option<ErrorEntry>,
     /// The breaker that guards the record's provider (a keyed breaker's key, such as
     /// `api.mail.test:443`), when an open breaker rejected it: the
-    /// [`Scheduler`](crate::resend::Scheduler) paces its re-sends by that breaker.
+    /// [`Scheduler`](https://docs.rs/tower-backstop/latest/tower_backstop/resend/struct.Scheduler.html) paces its re-sends by that breaker.
     #[serde(default)]
     pub breaker: Option<String>,
     /// The names (lower case) of the headers the request had but the record does not keep the
     /// value of; a re-drive gets them back from a user hook
-    /// ([`http_request_restoring`](crate::resend::http_request_restoring)), for example to sign the
+    /// ([`http_request_restoring`](https://docs.rs/tower-backstop/latest/tower_backstop/resend/fn.http_request_restoring.html)), for example to sign the
     /// request again.
     #[serde(default)]
     pub redacted_headers: Vec<String>,
@@ -207,17 +207,72 @@ pub(crate) fn from_millis(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(ms.clamp(0, MAX_MILLIS)).unwrap_or(0))
 }
 
-/// `t + d`, or the latest time a record keeps when that overflows or passes it.
-pub(crate) fn add_clamped(t: SystemTime, d: Duration) -> SystemTime {
+/// `t + d` in a record's precision (whole milliseconds), or the latest time a record keeps
+/// (the last millisecond of the year 9999) when that overflows or passes it. Stores and the
+/// layers that write records compute due times and leases with it, so that no time overflows.
+pub fn add_clamped(t: SystemTime, d: Duration) -> SystemTime {
     t.checked_add(d).map_or(from_millis(MAX_MILLIS), truncate)
 }
 
-/// `t` truncated to whole milliseconds, the precision every store keeps.
-pub(crate) fn truncate(t: SystemTime) -> SystemTime {
+/// `t` truncated to whole milliseconds, the precision every store keeps: a time written and
+/// read back compares equal to the truncated one.
+pub fn truncate(t: SystemTime) -> SystemTime {
     from_millis(to_millis(t))
 }
 
+impl ErrorEntry {
+    /// A failure at `at` (kept to the millisecond), of class `class` and code `code` (their
+    /// display names), with its message, after `attempts` attempts (the first call included).
+    pub fn new(
+        at: SystemTime,
+        class: impl Into<String>,
+        code: impl Into<String>,
+        message: impl Into<String>,
+        attempts: u32,
+    ) -> Self {
+        ErrorEntry {
+            at: truncate(at),
+            class: class.into(),
+            code: code.into(),
+            message: message.into(),
+            attempts,
+        }
+    }
+}
+
 impl Record {
+    /// A [`Dead`](Status::Dead) record `id` whose one failure so far is `failure`: its class,
+    /// code, message and attempts (also the budget spent), failed first and last at its time,
+    /// with that failure as its whole history. Everything else is empty (no tags, payload,
+    /// headers, metadata, root cause or breaker, no resend): set the public fields for the rest.
+    pub fn new(id: impl Into<String>, failure: ErrorEntry) -> Self {
+        Record {
+            id: id.into(),
+            tags: BTreeMap::new(),
+            class: failure.class.clone(),
+            code: failure.code.clone(),
+            message: failure.message.clone(),
+            attempts: failure.attempts,
+            budget_spent: failure.attempts,
+            first_failed_at: failure.at,
+            last_failed_at: failure.at,
+            retry_at: None,
+            status: Status::Dead,
+            resends: 0,
+            resolved_at: None,
+            history: vec![failure],
+            payload: Vec::new(),
+            payload_truncated: false,
+            payload_len: 0,
+            content_type: None,
+            metadata: BTreeMap::new(),
+            headers: Vec::new(),
+            cause: None,
+            breaker: None,
+            redacted_headers: Vec::new(),
+        }
+    }
+
     /// Cuts the payload to at most `limit` bytes, setting
     /// [`payload_truncated`](Record::payload_truncated) when it was longer.
     /// [`payload_len`](Record::payload_len) keeps the original size.
@@ -293,16 +348,11 @@ pub(super) mod time_text {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(in crate::store) fn serialize<S: Serializer>(
-        t: &SystemTime,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(&humantime::format_rfc3339_millis(super::truncate(*t)))
     }
 
-    pub(in crate::store) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<SystemTime, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
         let s = String::deserialize(d)?;
         humantime::parse_rfc3339_weak(&s).map_err(serde::de::Error::custom)
     }

@@ -26,13 +26,13 @@ const BATCH: u64 = 500;
 /// full of deferred records may stay above the bound.
 ///
 /// The default is [`DEFAULT_MAX_AGE`] and [`DEFAULT_MAX_RECORDS`]. The
-/// [`Scheduler`](crate::resend::Scheduler) runs it on an interval
-/// ([`Scheduler::retention`](crate::resend::Scheduler::retention)), and `backstop-dlq prune`
+/// [`Scheduler`](https://docs.rs/tower-backstop/latest/tower_backstop/resend/struct.Scheduler.html) runs it on an interval
+/// ([`Scheduler::retention`](https://docs.rs/tower-backstop/latest/tower_backstop/resend/struct.Scheduler.html#method.retention)), and `backstop-dlq prune`
 /// on demand.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use tower_backstop::store::{MemoryStore, Retention};
+/// use tower_backstop_store::{MemoryStore, Retention};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let store = MemoryStore::new();

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use super::GROUP_LIMIT;
 use super::fingerprint::Fingerprint;
 use super::html::PageError;
-use crate::store::{Filter, Record, Status, Store, StoreError};
+use tower_backstop::store::{Filter, Record, Status, Store, StoreError};
 
 /// The keys of a query string or form that are the board's own, not a filter's.
 const BOARD_KEYS: &[&str] = &[

@@ -13,9 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use backstop_dlq::Board;
 use criterion::{Criterion, criterion_group, criterion_main};
 use tokio::runtime::Runtime;
-use tower_backstop::board::Board;
 use tower_backstop::dead_letter::record_of;
 use tower_backstop::store::{Filter, SqliteStore, Status, Store};
 use tower_backstop::{Class, Code, Envelope, Failure};

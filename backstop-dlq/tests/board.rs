@@ -1,7 +1,6 @@
 //! The dead-letter board end to end: a real axum server on 127.0.0.1 serving the board over a
 //! seeded SQLite file (or a memory store), driven by reqwest; re-drives go to a real axum
 //! provider on loopback that records what it received.
-#![cfg(feature = "board")]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -9,11 +8,11 @@ use std::time::{Duration, SystemTime};
 
 use axum::body::Bytes;
 use axum::http::HeaderMap;
+use backstop_dlq::{Board, GROUP_LIMIT, PAGE_SIZE, PAYLOAD_PREVIEW};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::ServiceBuilder;
-use tower_backstop::board::{Board, GROUP_LIMIT, PAGE_SIZE, PAYLOAD_PREVIEW};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
 use tower_backstop::store::{

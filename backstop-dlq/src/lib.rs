@@ -1,12 +1,27 @@
-//! The dead-letter board: web pages over a [`Store`] for the people who look after it.
+//! The operator's tool for [tower-backstop](https://docs.rs/tower-backstop)'s dead letters: the
+//! `backstop-dlq` command line and the dead-letter board.
 //!
-//! [`Board`] builds an axum [`Router`] that you mount in your own app. Its pages are server
+//! `cargo install backstop-dlq` gives the command line (list, show, stats, re-drive, purge,
+//! prune, reconcile, audit, and `serve` for the board) over a SQLite file or a Redis URL; run
+//! `backstop-dlq --help`. An app that wants the board in its own router depends on this crate
+//! with `default-features = false` (and the store feature it uses, `sqlite` or `redis`) and
+//! mounts [`Board`].
+//!
+//! | feature | what | default |
+//! |---|---|---|
+//! | `cli` | the `backstop-dlq` binary (clap, a hyper-util client to re-drive through, a runtime) | yes |
+//! | `sqlite` | open a SQLite store file | yes |
+//! | `redis` | open a `redis://` store | yes |
+//!
+//! # The board
+//!
+//! Web pages over a [`Store`] for the people who look after it. [`Board`] builds an axum [`Router`] that you mount in your own app. Its pages are server
 //! rendered HTML that works without JavaScript:
 //!
 //! | route | page |
 //! |---|---|
 //! | `GET /` | the overview: outstanding dead letters and deferred records, the top classes and codes over `?window=24h`, the dead-letter rate over that window, the alert rules' state |
-//! | `GET /records` | the list, filtered by the `key=value` vocabulary of [`Filter::from_pairs`](crate::store::Filter::from_pairs) (`class`, `code`, `status`, `tag` as `NAME=value` or `tag.NAME`, `since`, `until`, `id`), outstanding first, [`PAGE_SIZE`] a page (`?page=N`) |
+//! | `GET /records` | the list, filtered by the `key=value` vocabulary of [`Filter::from_pairs`](tower_backstop::store::Filter::from_pairs) (`class`, `code`, `status`, `tag` as `NAME=value` or `tag.NAME`, `since`, `until`, `id`), outstanding first, [`PAGE_SIZE`] a page (`?page=N`) |
 //! | `GET /groups` | the records grouped by fingerprint (class, code, and the message with numbers, ids, addresses and emails masked), over the newest [`GROUP_LIMIT`] that match |
 //! | `GET /records/{id}` | one record: status, times, tags, headers (redacted ones by name only), payload as text, JSON or hex, history and root cause |
 //! | `GET /audit` | the audit trail, newest first |
@@ -31,7 +46,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use tower_backstop::board::Board;
+//! use backstop_dlq::Board;
 //! use tower_backstop::store::{MemoryStore, Store};
 //!
 //! let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -46,7 +61,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use tower_backstop::board::Board;
+//! use backstop_dlq::Board;
 //! use tower_backstop::store::{MemoryStore, Store};
 //!
 //! let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -63,6 +78,15 @@
 //! # let _ = app;
 //! ```
 
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::fmt;
 use std::sync::Arc;
 
@@ -76,8 +100,8 @@ use tower::ServiceExt;
 use tower::util::BoxCloneSyncService;
 use tower_service::Service;
 
-use crate::failure::Failure;
-use crate::store::{AlertRules, Store};
+use tower_backstop::Failure;
+use tower_backstop::store::{AlertRules, Store};
 
 mod actions;
 mod filter;
@@ -115,7 +139,7 @@ type Sender = BoxCloneSyncService<http::Request<Full<Bytes>>, (), Failure<()>>;
 type Authorize = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 /// The dead-letter board: a builder of the [`Router`] of its pages over a store. See the
-/// [module docs](self) for the routes and the safety rules.
+/// [crate docs](crate) for the routes and the safety rules.
 ///
 /// Defaults: read-only (no [`authorize`](Board::authorize) hook), no re-drive service, each
 /// record re-sent to its own URI, [`AlertRules::default`] for the overview's alert state.
@@ -164,9 +188,9 @@ impl Board {
     }
 
     /// The service re-drives send through: normally the same stack as the original calls, with
-    /// its [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer) over the same store, so that
+    /// its [`DeadLetterLayer`](tower_backstop::dead_letter::DeadLetterLayer) over the same store, so that
     /// a request that fails again updates its record. Each record is rebuilt with
-    /// [`http_request`](crate::resend::http_request) (to [`redrive_target`](Board::redrive_target)
+    /// [`http_request`](tower_backstop::resend::http_request) (to [`redrive_target`](Board::redrive_target)
     /// when set). Without one the board offers no re-drive.
     pub fn redrive_through<S>(mut self, service: S) -> Self
     where
@@ -184,7 +208,7 @@ impl Board {
 
     /// Re-drives send to `target` instead of each record's own URI: `http://host:port` keeps
     /// each record's path; a URI with a path replaces it (as
-    /// [`http_request`](crate::resend::http_request)'s target).
+    /// [`http_request`](tower_backstop::resend::http_request)'s target).
     pub fn redrive_target(mut self, target: http::Uri) -> Self {
         self.target = Some(target);
         self

@@ -1,0 +1,387 @@
+//! The dead-letter stores of [tower-backstop](https://docs.rs/tower-backstop): the [`Store`]
+//! trait, its records, queries and counts, retention and the audit trail, and the stores there
+//! are.
+//!
+//! One trait, one behaviour, whatever the backend: [`MemoryStore`] for tests,
+//! `SqliteStore` (feature `sqlite`) for one machine, `RedisStore` (feature `redis`) for many
+//! instances. Writes merge by id, searches take a [`Filter`] and a range of positions, [`Counts`]
+//! come over a window, and claims of due records are atomic. This crate knows no tower and no
+//! failure type: it keeps plain [`Record`]s. Most users reach it through `tower-backstop`'s
+//! default features, as `tower_backstop::store`; depend on it directly to implement a store of
+//! your own.
+//!
+//! A [`Record`] is plain data: the id, tags, class and code names, the message, attempt counts,
+//! the failure times, the [`Status`] and retry-at time, the history of the last errors, and the
+//! whole request (method, URI, headers, payload). The values of secret headers are never written
+//! (see [`DeadLetterLayer::redact_header`](https://docs.rs/tower-backstop/latest/tower_backstop/dead_letter/struct.DeadLetterLayer.html#method.redact_header)).
+//! Reading a store never panics on what it holds; store URLs print without their password
+//! ([`redact_url`]).
+//!
+//! # Features
+//!
+//! | feature | what | default |
+//! |---|---|---|
+//! | `sqlite` | `SqliteStore`: one file, bundled SQLite (rusqlite) | no |
+//! | `redis` | `RedisStore`: one Redis server, shared by many instances (redis crate, tokio) | no |
+//!
+//! # Example
+//!
+//! ```
+//! use tower_backstop_store::{MemoryStore, Store};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let store = MemoryStore::new();
+//! assert!(store.list(10).await.unwrap().is_empty());
+//! # }
+//! ```
+//!
+//! # Customised
+//!
+//! Keep the last 5 errors per record, and search one tag among the records of the last hour:
+//!
+//! ```
+//! use std::time::{Duration, SystemTime};
+//! use tower_backstop_store::{Filter, MemoryStore, Status, Store};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let store = MemoryStore::new().with_history_limit(5);
+//! let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+//! let filter = Filter::new().tag("campaign", "spring").since(hour_ago).status(Status::Dead);
+//! let spring = store.search(&filter, 0..10).await.unwrap();
+//! assert!(spring.is_empty());
+//! # }
+//! ```
+
+use std::fmt;
+use std::ops::Range;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+mod audit;
+mod memory;
+mod query;
+mod record;
+#[cfg(feature = "redis")]
+mod redis;
+mod retention;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+pub use self::audit::{AuditAction, AuditEntry, purge};
+pub use self::memory::MemoryStore;
+pub use self::query::{Change, Claim, Counts, Filter, FilterError};
+pub use self::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use self::redis::RedisStore;
+pub use self::retention::{DEFAULT_MAX_AGE, DEFAULT_MAX_RECORDS, Pruned, Retention};
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use self::sqlite::SqliteStore;
+
+pub use self::record::{add_clamped, truncate};
+
+/// The error type a [`StoreError`] may wrap.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A boxed, `Send` future, the return type of [`Store`] methods (the failure path only): the
+/// `futures` crates' own `BoxFuture`, so that `futures::FutureExt::boxed` makes one.
+pub use futures_core::future::BoxFuture;
+
+/// A dead-letter store could not do what was asked, or what it holds cannot be used: it is
+/// closed, its file cannot be opened or written, a record cannot be decoded (a status that is
+/// not one of [`Status`]'s names) or rebuilt into a request
+/// ([`http_request`](https://docs.rs/tower-backstop/latest/tower_backstop/resend/fn.http_request.html): a truncated payload, a malformed stored
+/// method, URI or header).
+#[derive(Debug)]
+pub struct StoreError {
+    message: String,
+    source: Option<BoxError>,
+}
+
+impl StoreError {
+    /// An error with `message` (lower case, no final period).
+    pub fn new(message: impl Into<String>) -> Self {
+        StoreError {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An error with `message`, caused by `source`.
+    pub fn with_source(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        StoreError {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The store was closed.
+    pub fn closed() -> Self {
+        StoreError::new("dead-letter store is closed")
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)?;
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|s| &**s as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// `url` with its credentials hidden, for `Debug`, `Display`, errors and logs: everything between
+/// the scheme's `//` and the last `@` before the path becomes `***`
+/// (`redis://:secret@db:6379/2` → `redis://***@db:6379/2`). Text that is not a well-formed URL is
+/// redacted the same way, so a malformed URL with a password never prints it either.
+///
+/// ```
+/// use tower_backstop_store::redact_url;
+///
+/// assert_eq!(redact_url("redis://user:pw@db:6379/2"), "redis://***@db:6379/2");
+/// assert_eq!(redact_url("redis://db:6379"), "redis://db:6379");
+/// assert_eq!(redact_url("redis//:pw@db"), "***@db");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}***{}", &rest[at..]),
+        None if scheme.is_empty() && url.contains('@') => {
+            // No scheme to anchor on: hide everything up to the last `@`.
+            let at = url.rfind('@').unwrap_or(0);
+            format!("***{}", &url[at..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Where dead letters are kept. One trait, one behaviour, whatever the backend:
+/// [`MemoryStore`] for tests, [`SqliteStore`] (feature `sqlite`) as the
+/// durable default, `RedisStore` (feature `redis`) for many instances. The
+/// crate's conformance suite (`tests/store_conformance.rs`) runs the same cases against all three.
+///
+/// Methods return boxed `'static` futures so that the trait is object-safe and a layer can hold
+/// any store; the request path calls only [`put`](Store::put), on failure. Implementations are
+/// cheap to clone handles over shared state.
+///
+/// Every write of a record is atomic (one SQLite transaction, one Redis script): the record, its
+/// attempt count and budget, its history and its indexes change together or not at all.
+///
+/// Something that is not a store (here a `Result` whose `?` was forgotten) is a compile error
+/// that names the stores there are:
+///
+/// ```compile_fail,E0277
+/// use tower_backstop::dead_letter::DeadLetterLayer;
+/// use tower_backstop_store::MemoryStore;
+///
+/// let _layer = DeadLetterLayer::new(Ok::<_, std::io::Error>(MemoryStore::new()));
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a dead-letter store",
+    label = "DeadLetterLayer needs a `tower_backstop_store::Store`",
+    note = "use `MemoryStore` (tests), `SqliteStore::open(path)?` (feature `sqlite`, on by default; note the `?`) or `RedisStore` (feature `redis`), or implement `Store`; a store you share as an `Arc` (for a `Scheduler`) goes in with `DeadLetterLayer::from_arc(store)`"
+)]
+pub trait Store: Send + Sync + 'static {
+    /// Writes `records` in one transaction (SQLite), one pipeline (Redis). A record with an id
+    /// already in the store is merged into it ([`Record::merge_bounded`] with the store's
+    /// history limit): attempts add up, the newer failure wins, the history keeps the last K
+    /// errors, there is never a duplicate.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails. SQLite then writes nothing;
+    /// Redis writes each record atomically, so a failure part-way may leave the earlier records
+    /// of the batch written.
+    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>>;
+
+    /// Writes one record, merging it into an existing one with the same id; see
+    /// [`put_many`](Store::put_many).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails; nothing is written then.
+    fn put(&self, record: Record) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.put_many(vec![record])
+    }
+
+    /// The record with `id`, if there is one.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>>;
+
+    /// One page of the records that match `filter`: those at positions `page` (counted from 0)
+    /// of the results, which come the most recently failed first (ties by id), so that pages
+    /// are stable while nothing is written. `0..50` is the first 50, `50..100` the next; an
+    /// empty range returns nothing, and a range past the end returns what is left.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn search(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>>;
+
+    /// How many records match `filter`, whatever their status. The stores count with their
+    /// indexes (SQLite `COUNT(*)`, Redis `ZCARD`/`ZCOUNT` when the filter is a status or
+    /// nothing); the default reads every matching record.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let all = self.search(filter, 0..usize::MAX);
+        Box::pin(async move { Ok(all.await?.len() as u64) })
+    }
+
+    /// Up to `limit` records, the most recently failed first.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn list(&self, limit: usize) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.search(&Filter::new(), 0..limit)
+    }
+
+    /// Counts of the outstanding dead letters ([`Dead`](Status::Dead) records) whose last
+    /// failure is at or after `since`, by class and by code (the largest first), the codes first
+    /// seen since then, and apart, the deferred and in-flight records of that period
+    /// ([`Counts::deferred`]). Resolved records count nowhere.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>>;
+
+    /// The number of outstanding dead letters ([`Dead`](Status::Dead) records) per class, the
+    /// largest first (ties by class name), over all time.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn count_by_class(&self) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>> {
+        let counts = self.counts(UNIX_EPOCH);
+        Box::pin(async move { Ok(counts.await?.by_class) })
+    }
+
+    /// Applies `change` to the record with `id` atomically and returns the record as written, or
+    /// `None` when there is no such record.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails.
+    fn update(
+        &self,
+        id: &str,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>>;
+
+    /// Claims up to `limit` records that are due at `now` (status
+    /// [`Deferred`](Status::Deferred), or an [`InFlight`](Status::InFlight) claim
+    /// that expired, with `retry_at <= now`), the earliest retry-at first, and returns them as
+    /// written: status `InFlight`, `retry_at = now + lease`, one more resend.
+    ///
+    /// The claim is atomic: two schedulers on the same store never claim the same record while
+    /// the lease runs. A scheduler that dies with a claim loses it when the lease ends.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails.
+    fn claim_due(
+        &self,
+        now: SystemTime,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>>;
+
+    /// Deletes the records that match `filter` and returns how many were deleted.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails.
+    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>>;
+
+    /// Claims the record `seen` for a re-send (a re-drive, an operator), compare-and-set: only if
+    /// the record in the store still has the status and the resend count `seen` was read with.
+    /// Then it becomes [`InFlight`](Status::InFlight) until `until`, with one more resend
+    /// and its durable attempt budget started again ([`Change::Redriving`]), and
+    /// [`Claim::Claimed`] returns it as written. Otherwise nothing is written:
+    /// [`Claim::ClaimedElsewhere`] (someone else claimed or changed it since it was read) or
+    /// [`Claim::Missing`] (deleted meanwhile). Two claimers of one record never both win.
+    ///
+    /// The check and the write are one atomic step: one lock (memory), one `BEGIN IMMEDIATE`
+    /// transaction (SQLite), one versioned write script (Redis).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the read or write fails; nothing is claimed.
+    fn claim(
+        &self,
+        seen: &Record,
+        until: SystemTime,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.change_if_unchanged(seen, Change::Redriving { until })
+    }
+
+    /// Applies `change` to the record `seen` only if the record in the store still has the status
+    /// and the resend count `seen` was read with, in one atomic step, like
+    /// [`claim`](Store::claim) (which is this with [`Change::Redriving`]). [`Claim::Claimed`]
+    /// returns the record as written; [`Claim::ClaimedElsewhere`] and [`Claim::Missing`] say why
+    /// nothing was written.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the read or write fails; nothing is changed.
+    fn change_if_unchanged(
+        &self,
+        seen: &Record,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>>;
+
+    /// Appends `entry` to the audit trail, which the store keeps apart from the records (no
+    /// retention prunes it).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails.
+    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>>;
+
+    /// One page of the audit trail, the newest entry first: positions `page`, counted from 0,
+    /// as for [`search`](Store::search).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>>;
+
+    /// How many attempts of the message `id` count against its durable attempt budget
+    /// ([`Record::budget_spent`]), or `None` when there is no record: what the dead-letter layer's
+    /// attempt budget
+    /// ([`DeadLetterLayer::attempt_budget`](https://docs.rs/tower-backstop/latest/tower_backstop/dead_letter/struct.DeadLetterLayer.html#method.attempt_budget))
+    /// reads on each call. Stores read only that number, not the whole record; the default reads
+    /// the record.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
+        let record = self.get(id);
+        Box::pin(async move { Ok(record.await?.map(|r| r.budget_spent)) })
+    }
+}
