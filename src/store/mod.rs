@@ -49,6 +49,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 mod audit;
 mod headers;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod query;
 mod record;
 #[cfg(feature = "redis")]
@@ -61,6 +63,9 @@ mod stats;
 pub use self::audit::{AuditAction, AuditEntry, purge};
 pub(crate) use self::headers::RedactHeaders;
 pub use self::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use self::postgres::{DEFAULT_SCHEMA, OpenPostgres, PostgresStore};
 pub use self::query::{Change, Claim, Counts, Filter, FilterError};
 pub use self::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status};
 #[cfg(feature = "redis")]
