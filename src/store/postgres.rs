@@ -211,7 +211,7 @@ enum Source {
 impl std::fmt::Debug for OpenPostgres {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let source = match &self.source {
-            Source::Url(url) => redact_url(url),
+            Source::Url(url) => redact(url),
             Source::Pool(_) => "a given pool".to_owned(),
         };
         f.debug_struct("OpenPostgres")
@@ -299,7 +299,7 @@ impl OpenPostgres {
                         StoreError::new(format!(
                             "cannot connect to postgres dead-letter store {}: no answer within \
                              {acquire:?}",
-                            redact_url(&url)
+                            redact(&url)
                         ))
                     })?
                     .map_err(|e| connect_error(&url, &e))?;
@@ -309,7 +309,7 @@ impl OpenPostgres {
                     .max_connections(self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS))
                     .acquire_timeout(acquire)
                     .connect_lazy_with(options);
-                (pool, Some(redact_url(&url)))
+                (pool, Some(redact(&url)))
             }
         };
         Ok(PostgresStore {
@@ -338,7 +338,7 @@ fn connect_options(
 ) -> Result<PgConnectOptions, StoreError> {
     let options = PgConnectOptions::from_str(url).map_err(|e| {
         StoreError::with_source(
-            format!("postgres dead-letter store: bad url {:?}", redact_url(url)),
+            format!("postgres dead-letter store: bad url {:?}", redact(url)),
             Redacted::of(&e, url),
         )
     })?;
@@ -362,10 +362,19 @@ fn connect_error(url: &str, e: &sqlx::Error) -> StoreError {
     StoreError::with_source(
         format!(
             "cannot connect to postgres dead-letter store {}{why}",
-            redact_url(url)
+            redact(url)
         ),
         Redacted::of(e, url),
     )
+}
+
+/// `url` with its credentials hidden: [`redact_url`], and a `password=` parameter's value too.
+fn redact(url: &str) -> String {
+    let mut text = redact_url(url);
+    for secret in passwords(url) {
+        text = text.replace(&secret, "***");
+    }
+    text
 }
 
 /// An error as text, with the URL's credentials (and the password alone, should the error quote
@@ -375,7 +384,7 @@ struct Redacted(String);
 
 impl Redacted {
     fn of(error: &dyn std::fmt::Display, url: &str) -> Self {
-        let mut text = error.to_string().replace(url, &redact_url(url));
+        let mut text = error.to_string().replace(url, &redact(url));
         for secret in passwords(url) {
             text = text.replace(&secret, "***");
         }
