@@ -104,6 +104,7 @@
 //! |---|---|---|
 //! | `sqlite` | [`SqliteStore`](store::SqliteStore), the durable dead-letter store (bundled SQLite) | yes |
 //! | `redis` | `RedisStore`, the dead-letter store shared by many instances (redis crate, tokio) | no |
+//! | `postgres` | `PostgresStore`, the dead-letter store shared by many instances in the team's Postgres (sqlx, tokio; migrations shipped inside) | no |
 //! | `cli` | the `backstop-dlq` command-line tool over a SQLite file or a Redis URL (clap), with `serve` for the board | no |
 //! | `board` | [`board::Board`], the dead-letter board: an axum `Router` of web pages over any store (list, groups, one record, re-drive and purge behind an authorisation hook) | no |
 //! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain; a layer of ours can sit directly over a hyper-util client | yes |

@@ -287,6 +287,12 @@ async fn a_database_that_does_not_exist_is_named() {
     let text = format!("{err}");
     assert!(text.contains("cannot connect"), "{text}");
     assert!(text.contains("no_such_database_here"), "{text}");
+    // TLS required: this build has no TLS stack, and says so.
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let err = PostgresStore::connect(&format!("{url}{sep}sslmode=require"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("TLS"), "{err}");
 }
 
 #[tokio::test]

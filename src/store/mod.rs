@@ -2,8 +2,9 @@
 //! stores there are.
 //!
 //! One trait, one behaviour, whatever the backend: [`MemoryStore`] for tests,
-//! [`SqliteStore`] (feature `sqlite`, on by default) as the durable default, `RedisStore`
-//! (feature `redis`) for many instances. Writes merge by id, searches take a [`Filter`] and a
+//! [`SqliteStore`] (feature `sqlite`, on by default) as the durable default for one machine,
+//! `RedisStore` (feature `redis`) and `PostgresStore` (feature `postgres`) for a fleet of
+//! instances that share one store: the Redis or the Postgres the team already runs. Writes merge by id, searches take a [`Filter`] and a
 //! range of positions, [`Counts`] come over a window, and claims of due records are atomic.
 //!
 //! A [`Record`] is plain data: the id, tags, class and code names, the message, attempt counts,
@@ -169,14 +170,16 @@ pub fn redact_url(url: &str) -> String {
 
 /// Where dead letters are kept. One trait, one behaviour, whatever the backend:
 /// [`MemoryStore`] for tests, [`SqliteStore`] (feature `sqlite`) as the
-/// durable default, `RedisStore` (feature `redis`) for many instances. The
-/// crate's conformance suite (`tests/store_conformance.rs`) runs the same cases against all three.
+/// durable default, `RedisStore` (feature `redis`) and `PostgresStore` (feature `postgres`) for
+/// many instances. The crate's conformance suite (`tests/store_conformance.rs`) runs the same
+/// cases against all four.
 ///
 /// Methods return boxed `'static` futures so that the trait is object-safe and a layer can hold
 /// any store; the request path calls only [`put`](Store::put), on failure. Implementations are
 /// cheap to clone handles over shared state.
 ///
-/// Every write of a record is atomic (one SQLite transaction, one Redis script): the record, its
+/// Every write of a record is atomic (one SQLite transaction, one Redis script, one Postgres
+/// statement): the record, its
 /// attempt count and budget, its history and its indexes change together or not at all.
 ///
 /// Something that is not a store (here a `Result` whose `?` was forgotten) is a compile error
@@ -191,7 +194,7 @@ pub fn redact_url(url: &str) -> String {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a dead-letter store",
     label = "DeadLetterLayer needs a `tower_backstop::store::Store`",
-    note = "use `MemoryStore` (tests), `SqliteStore::open(path)?` (feature `sqlite`, on by default; note the `?`) or `RedisStore` (feature `redis`), or implement `Store`; a store you share as an `Arc` (for a `Scheduler`) goes in with `DeadLetterLayer::from_arc(store)`"
+    note = "use `MemoryStore` (tests), `SqliteStore::open(path)?` (feature `sqlite`, on by default; note the `?`) `RedisStore` (feature `redis`) or `PostgresStore::connect(url).await?` (feature `postgres`), or implement `Store`; a store you share as an `Arc` (for a `Scheduler`) goes in with `DeadLetterLayer::from_arc(store)`"
 )]
 pub trait Store: Send + Sync + 'static {
     /// Writes `records` in one transaction (SQLite), one pipeline (Redis). A record with an id

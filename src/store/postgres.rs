@@ -135,8 +135,9 @@ const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`connect`](PostgresStore::connect) opens a pool of its own (10 connections, a 5 s acquire
 /// timeout, no statement timeout unless set); [`from_pool`](PostgresStore::from_pool) takes the
 /// application's `PgPool` and its settings. The URL's password never appears in errors, `Debug`
-/// or `Display` ([`redact_url`]). The feature builds sqlx without a TLS stack: a URL with
-/// `sslmode=require` fails to connect. To connect over TLS, enable one of sqlx's TLS features in
+/// or `Display` ([`redact_url`], and a `password=` parameter hidden too). The feature builds sqlx
+/// without a TLS stack: a URL with `sslmode=require` cannot connect (the default, `prefer`,
+/// connects without TLS). To connect over TLS, enable one of sqlx's TLS features in
 /// your own `Cargo.toml` (`sqlx = { version = "0.8", features = ["tls-rustls"] }`): Cargo builds
 /// one sqlx with both.
 ///
@@ -159,7 +160,7 @@ pub struct PostgresStore {
 }
 
 /// `postgres {url} schema {schema}` (or `postgres pool schema {schema}` over a given pool), the
-/// URL's credentials hidden ([`redact_url`]).
+/// URL's credentials hidden ([`redact_url`], and a `password=` parameter).
 impl std::fmt::Display for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.url {
