@@ -1,52 +1,34 @@
 //! [`PostgresStore`]: dead letters in a Postgres database, shared by many instances.
 
+mod error;
+mod open;
+mod row;
 mod text;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::{Future, IntoFuture};
 use std::ops::Range;
 use std::pin::Pin;
-use std::str::FromStr;
+
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
-use sqlx::query::Query;
-use sqlx::{Connection, Executor, Postgres, Row};
+use sqlx::Row;
+use sqlx::postgres::PgPool;
 
-use super::query::{Change, Claim, Counts, Filter, top_first};
-use super::record::{
-    DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status, add_clamped, from_millis, to_millis,
+use self::error::pg_error;
+pub use self::open::{DEFAULT_SCHEMA, OpenPostgres};
+use self::open::{Opened, Source};
+use self::row::{
+    COLUMNS, Columns, PgQuery, count_of, decode_error, decode_row, encode_map, select_list,
 };
-use super::{AuditAction, AuditEntry, BoxFuture, Store, StoreError, redact_url};
-
-/// The schema a store uses unless told otherwise ([`OpenPostgres::schema`]).
-pub const DEFAULT_SCHEMA: &str = "backstop";
-
-/// The migrations shipped with this version, in order: (version, name, SQL).
-const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "records",
-    include_str!("postgres/migrations/0001_records.sql"),
-)];
-
-/// The schema version this version of the crate writes and reads: the last migration's.
-const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
-
-/// The first key of the advisory lock that serializes migrations ("bstp" in ASCII); the second
-/// is `hashtext` of the schema name, so that stores in two schemas migrate independently.
-const LOCK_CLASS: i32 = 0x6273_7470;
+use super::query::{Change, Claim, Counts, Filter, top_first};
+use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, add_clamped, from_millis, to_millis};
+use super::{AuditAction, AuditEntry, BoxFuture, Store, StoreError};
 
 /// How many rows one statement of a [`delete`](Store::delete) removes at most: a purge or a
 /// prune of a million records is a thousand short transactions, not one long one.
 const DELETE_BATCH: i64 = 1_000;
-
-/// The pool size of [`PostgresStore::connect`] by default: sqlx's own default.
-const DEFAULT_MAX_CONNECTIONS: u32 = 10;
-
-/// How long a call waits for a free connection (or for a new one to connect) by default before
-/// it fails: 5 s, like the Redis store's response timeout (sqlx's own default is 30 s).
-const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A dead-letter store in Postgres, shared by many instances (feature `postgres`, through sqlx).
 ///
@@ -135,7 +117,7 @@ const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`connect`](PostgresStore::connect) opens a pool of its own (10 connections, a 5 s acquire
 /// timeout, no statement timeout unless set); [`from_pool`](PostgresStore::from_pool) takes the
 /// application's `PgPool` and its settings. The URL's password never appears in errors, `Debug`
-/// or `Display` ([`redact_url`], and a `password=` parameter hidden too). The feature builds sqlx
+/// or `Display` ([`redact_url`](super::redact_url), and a `password=` parameter hidden too). The feature builds sqlx
 /// without a TLS stack: a URL with `sslmode=require` cannot connect (the default, `prefer`,
 /// connects without TLS). To connect over TLS, enable one of sqlx's TLS features in
 /// your own `Cargo.toml` (`sqlx = { version = "0.8", features = ["tls-rustls"] }`): Cargo builds
@@ -160,7 +142,7 @@ pub struct PostgresStore {
 }
 
 /// `postgres {url} schema {schema}` (or `postgres pool schema {schema}` over a given pool), the
-/// URL's credentials hidden ([`redact_url`], and a `password=` parameter).
+/// URL's credentials hidden ([`redact_url`](super::redact_url), and a `password=` parameter).
 impl std::fmt::Display for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.url {
@@ -180,376 +162,26 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
-/// A [`PostgresStore`] being opened: set options, then `.await` it. Made by
-/// [`PostgresStore::connect`] and [`PostgresStore::from_pool`].
-///
-/// Awaiting it connects (for a URL), applies the migrations the schema lacks, and returns the
-/// store.
-///
-/// # Errors
-///
-/// Awaiting it fails with a [`StoreError`] when the URL is malformed, the server cannot be
-/// reached or refuses the login, the schema name is empty or longer than 63 bytes, the
-/// migration fails, the schema was written by a newer version of tower-backstop, or a pool
-/// option ([`max_connections`](OpenPostgres::max_connections),
-/// [`acquire_timeout`](OpenPostgres::acquire_timeout),
-/// [`statement_timeout`](OpenPostgres::statement_timeout)) was set over a given pool (set it on
-/// your `PgPoolOptions` instead).
-#[must_use = "a store is opened only when this is awaited"]
-pub struct OpenPostgres {
-    source: Source,
-    schema: String,
-    max_connections: Option<u32>,
-    acquire_timeout: Option<Duration>,
-    statement_timeout: Option<Duration>,
-}
-
-enum Source {
-    Url(String),
-    Pool(PgPool),
-}
-
-impl std::fmt::Debug for OpenPostgres {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let source = match &self.source {
-            Source::Url(url) => redact(url),
-            Source::Pool(_) => "a given pool".to_owned(),
-        };
-        f.debug_struct("OpenPostgres")
-            .field("source", &source)
-            .field("schema", &self.schema)
-            .field("max_connections", &self.max_connections)
-            .field("acquire_timeout", &self.acquire_timeout)
-            .field("statement_timeout", &self.statement_timeout)
-            .finish()
-    }
-}
-
-impl OpenPostgres {
-    fn new(source: Source) -> Self {
-        OpenPostgres {
-            source,
-            schema: DEFAULT_SCHEMA.to_owned(),
-            max_connections: None,
-            acquire_timeout: None,
-            statement_timeout: None,
-        }
-    }
-
-    /// Keeps the tables in the schema `name` (default [`DEFAULT_SCHEMA`]), created if needed: one
-    /// schema per application, per tenant or per test. Any name Postgres takes (at most 63
-    /// bytes); it is quoted, so `Billing` and `billing` are two schemas.
-    pub fn schema(mut self, name: impl Into<String>) -> Self {
-        self.schema = name.into();
-        self
-    }
-
-    /// At most `n` connections in the store's pool (default 10, sqlx's default). Only for
-    /// [`connect`](PostgresStore::connect).
-    pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = Some(n);
-        self
-    }
-
-    /// How long a call waits for a free connection, or for a new one to connect, before it fails
-    /// with a [`StoreError`] (default 5 s). While the server is down every call takes this long
-    /// to fail. Only for [`connect`](PostgresStore::connect).
-    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = Some(timeout);
-        self
-    }
-
-    /// Cuts every statement of the store's connections at `timeout` (the server's
-    /// `statement_timeout`, set when each connection opens; default: the server's setting,
-    /// usually none). A statement cut short fails with a [`StoreError`] that says so, and writes
-    /// nothing. Only for [`connect`](PostgresStore::connect).
-    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
-        self.statement_timeout = Some(timeout);
-        self
-    }
-
-    async fn open(self) -> Result<PostgresStore, StoreError> {
-        let schema = quote_schema(&self.schema)?;
-        let (pool, url) = match self.source {
-            Source::Pool(pool) => {
-                let set = [
-                    ("max_connections", self.max_connections.is_some()),
-                    ("acquire_timeout", self.acquire_timeout.is_some()),
-                    ("statement_timeout", self.statement_timeout.is_some()),
-                ];
-                if let Some((name, _)) = set.iter().find(|(_, set)| *set) {
-                    return Err(StoreError::new(format!(
-                        "postgres dead-letter store: {name} is a setting of the pool, and the \
-                         store was given a pool: set it on your PgPoolOptions"
-                    )));
-                }
-                let mut conn = pool.acquire().await.map_err(pg_error("connect"))?;
-                migrate(&mut conn, &self.schema, &schema).await?;
-                drop(conn);
-                (pool, None)
-            }
-            Source::Url(url) => {
-                let options = connect_options(&url, self.statement_timeout)?;
-                let acquire = self.acquire_timeout.unwrap_or(DEFAULT_ACQUIRE_TIMEOUT);
-                // One connection of our own first: a refused connection or a failed login is
-                // reported as such (the pool would retry it until its timeout, then say only
-                // that it timed out).
-                let mut conn = tokio::time::timeout(acquire, PgConnection::connect_with(&options))
-                    .await
-                    .map_err(|_| {
-                        StoreError::new(format!(
-                            "cannot connect to postgres dead-letter store {}: no answer within \
-                             {acquire:?}",
-                            redact(&url)
-                        ))
-                    })?
-                    .map_err(|e| connect_error(&url, &e))?;
-                migrate(&mut conn, &self.schema, &schema).await?;
-                let _ = conn.close().await;
-                let pool = PgPoolOptions::new()
-                    .max_connections(self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS))
-                    .acquire_timeout(acquire)
-                    .connect_lazy_with(options);
-                (pool, Some(redact(&url)))
-            }
-        };
-        Ok(PostgresStore {
-            pool,
-            sql: Arc::new(Sql::new(&schema)),
-            schema: self.schema,
-            history_limit: DEFAULT_HISTORY_LIMIT,
-            url,
-        })
-    }
-}
-
 impl IntoFuture for OpenPostgres {
     type Output = Result<PostgresStore, StoreError>;
     type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'static>>;
 
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.open())
-    }
-}
-
-/// The connection options of `url`, with `statement_timeout` set on every connection.
-fn connect_options(
-    url: &str,
-    statement_timeout: Option<Duration>,
-) -> Result<PgConnectOptions, StoreError> {
-    let options = PgConnectOptions::from_str(url).map_err(|e| {
-        StoreError::with_source(
-            format!("postgres dead-letter store: bad url {:?}", redact(url)),
-            Redacted::of(&e, url),
-        )
-    })?;
-    Ok(match statement_timeout {
-        Some(t) => options.options([("statement_timeout", format!("{}", t.as_millis().max(1)))]),
-        None => options,
-    })
-}
-
-fn connect_error(url: &str, e: &sqlx::Error) -> StoreError {
-    let why = match e {
-        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
-            ": connection refused (is the server running, on this host and port?)"
-        }
-        sqlx::Error::Tls(_) => {
-            ": TLS failed (this build of sqlx has no TLS stack unless your \
-                                 application enables one of sqlx's TLS features)"
-        }
-        _ => "",
-    };
-    StoreError::with_source(
-        format!(
-            "cannot connect to postgres dead-letter store {}{why}",
-            redact(url)
-        ),
-        Redacted::of(e, url),
-    )
-}
-
-/// `url` with its credentials hidden: [`redact_url`], and a `password=` parameter's value too.
-fn redact(url: &str) -> String {
-    let mut text = redact_url(url);
-    for secret in passwords(url) {
-        text = text.replace(&secret, "***");
-    }
-    text
-}
-
-/// An error as text, with the URL's credentials (and the password alone, should the error quote
-/// it) hidden.
-#[derive(Debug)]
-struct Redacted(String);
-
-impl Redacted {
-    fn of(error: &dyn std::fmt::Display, url: &str) -> Self {
-        let mut text = error.to_string().replace(url, &redact(url));
-        for secret in passwords(url) {
-            text = text.replace(&secret, "***");
-        }
-        Redacted(text)
-    }
-}
-
-impl std::fmt::Display for Redacted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Redacted {}
-
-/// The passwords a Postgres URL may hold, in the user info (`user:password@`) or as a
-/// `password=` query parameter, as written and percent-decoded (empty ones left out).
-fn passwords(url: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    if let Some(i) = url.find("://") {
-        let rest = &url[i + 3..];
-        let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-        if let Some(at) = authority.rfind('@')
-            && let Some((_, pw)) = authority[..at].split_once(':')
-        {
-            found.push(pw.to_owned());
-        }
-    }
-    if let Some(q) = url.find('?') {
-        for pair in url[q + 1..].split('&') {
-            if let Some(pw) = pair.strip_prefix("password=") {
-                found.push(pw.to_owned());
-            }
-        }
-    }
-    let decoded: Vec<String> = found.iter().map(|p| percent_decode(p)).collect();
-    for p in decoded {
-        if !found.contains(&p) {
-            found.push(p);
-        }
-    }
-    found.retain(|p| !p.is_empty());
-    found
-}
-
-/// `%XX` sequences decoded, byte by byte; text that is not UTF-8 afterwards stays as it was.
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).unwrap_or_else(|_| s.to_owned())
-}
-
-/// `name` quoted as a Postgres identifier, or an error when Postgres would not keep it as it is.
-fn quote_schema(name: &str) -> Result<String, StoreError> {
-    if name.is_empty() || name.len() > 63 || name.contains('\0') {
-        return Err(StoreError::new(format!(
-            "postgres dead-letter store: schema name {name:?} must be 1 to 63 bytes, without NUL"
-        )));
-    }
-    Ok(format!("\"{}\"", name.replace('"', "\"\"")))
-}
-
-/// Applies the migrations `schema` lacks, under the advisory lock, in one transaction.
-async fn migrate(conn: &mut PgConnection, name: &str, schema: &str) -> Result<(), StoreError> {
-    let create_schema = format!("CREATE SCHEMA {schema}");
-    let create_table = format!(
-        "CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
-             version    integer PRIMARY KEY,
-             name       text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now()
-         )"
-    );
-    let read_version = format!("SELECT max(version) FROM {schema}.schema_migrations");
-    let note = format!("INSERT INTO {schema}.schema_migrations (version, name) VALUES ($1, $2)");
-    let mut tx = conn.begin().await.map_err(pg_error("begin migration"))?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
-        .bind(LOCK_CLASS)
-        .bind(name.to_owned())
-        .execute(&mut *tx)
-        .await
-        .map_err(pg_error("take the migration lock"))?;
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
-            .bind(name.to_owned())
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(pg_error("read schemas"))?;
-    if !exists {
-        tx.execute(create_schema.as_str())
-            .await
-            .map_err(pg_error("create schema"))?;
-    }
-    tx.execute(create_table.as_str())
-        .await
-        .map_err(pg_error("create the migrations table"))?;
-    let current: Option<i32> = sqlx::query_scalar(&read_version)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(pg_error("read the schema version"))?;
-    let current = current.unwrap_or(0);
-    if current > SCHEMA_VERSION {
-        return Err(StoreError::new(format!(
-            "postgres dead-letter store: schema {name} has version {current}, written by a newer \
-             tower-backstop; this one knows versions up to {SCHEMA_VERSION}: upgrade \
-             tower-backstop to open it"
-        )));
-    }
-    for &(version, migration, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
-        let script = format!("SET LOCAL search_path TO {schema};\n{sql}");
-        tx.execute(script.as_str()).await.map_err(|e| {
-            StoreError::with_source(
-                format!(
-                    "postgres dead-letter store: migration {version} ({migration}) of \
-                         schema {name} failed"
-                ),
-                e,
-            )
-        })?;
-        sqlx::query(&note)
-            .bind(version)
-            .bind(migration)
-            .execute(&mut *tx)
-            .await
-            .map_err(pg_error("note the migration"))?;
-    }
-    tx.commit().await.map_err(pg_error("commit migration"))
-}
-
-/// A sqlx error as a [`StoreError`] about `what`, with the cause in words when it is one a
-/// caller can act on: no free connection in time, a statement timeout, a lost connection.
-fn pg_error(what: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
-    move |e| {
-        let why = match &e {
-            sqlx::Error::PoolClosed => return StoreError::closed(),
-            sqlx::Error::PoolTimedOut => {
-                return StoreError::new(format!(
-                    "postgres dead-letter store: {what}: no connection within the pool's acquire \
-                     timeout (every connection busy, or the server unreachable)"
-                ));
-            }
-            sqlx::Error::Database(db) if db.code().as_deref() == Some("57014") => {
-                " (the statement ran past the statement timeout, or was cancelled)"
-            }
-            sqlx::Error::Io(_) => " (the connection to the server failed)",
-            _ => "",
-        };
-        StoreError::with_source(format!("postgres dead-letter store: {what}{why}"), e)
+        Box::pin(async move {
+            let Opened {
+                pool,
+                url,
+                schema,
+                quoted,
+            } = self.open().await?;
+            Ok(PostgresStore {
+                pool,
+                sql: Arc::new(Sql::new(&quoted)),
+                schema,
+                history_limit: DEFAULT_HISTORY_LIMIT,
+                url,
+            })
+        })
     }
 }
 
@@ -566,58 +198,6 @@ struct Sql {
     budget: String,
     append_audit: String,
     audit: String,
-}
-
-/// The columns a record is read from, in the order [`decode_row`] reads them.
-const COLUMNS: [&str; 23] = [
-    "id",
-    "class",
-    "code",
-    "message",
-    "attempts",
-    "budget_spent",
-    "first_failed_at_ms",
-    "last_failed_at_ms",
-    "retry_at_ms",
-    "status",
-    "resends",
-    "resolved_at_ms",
-    "history",
-    "tags",
-    "payload",
-    "payload_truncated",
-    "payload_len",
-    "content_type",
-    "metadata",
-    "headers",
-    "redacted_headers",
-    "cause",
-    "breaker",
-];
-
-/// The columns that are JSON, read as text.
-const JSON_COLUMNS: [&str; 6] = [
-    "history",
-    "tags",
-    "metadata",
-    "headers",
-    "redacted_headers",
-    "cause",
-];
-
-/// The select list of a record, each column of table alias `prefix` (`""`: none).
-fn select_list(prefix: &str) -> String {
-    COLUMNS
-        .iter()
-        .map(|c| {
-            if JSON_COLUMNS.contains(c) {
-                format!("{prefix}{c}::text AS {c}")
-            } else {
-                format!("{prefix}{c}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 impl Sql {
@@ -654,8 +234,6 @@ enum Arg {
     Int(i64),
     Texts(Vec<String>),
 }
-
-type PgQuery<'q> = Query<'q, Postgres, PgArguments>;
 
 fn bind_all(mut query: PgQuery<'_>, args: Vec<Arg>) -> PgQuery<'_> {
     for arg in args {
@@ -706,195 +284,6 @@ fn where_clause(filter: &Filter) -> (String, Vec<Arg>) {
         ("true".to_owned(), args)
     } else {
         (clauses.join(" AND "), args)
-    }
-}
-
-/// A map of text as a JSON object, each key and value [`text::encode`]d.
-fn encode_map(map: &BTreeMap<String, String>) -> String {
-    let encoded: BTreeMap<_, _> = map
-        .iter()
-        .map(|(k, v)| (text::encode(k), text::encode(v)))
-        .collect();
-    serde_json::to_string(&encoded).unwrap_or_else(|_| "{}".to_owned())
-}
-
-/// The map [`encode_map`] wrote.
-fn decode_map(json: &str) -> Result<BTreeMap<String, String>, String> {
-    let stored: BTreeMap<String, String> = serde_json::from_str(json).map_err(|e| e.to_string())?;
-    stored
-        .into_iter()
-        .map(|(k, v)| Ok((text::decode(k)?, text::decode(v)?)))
-        .collect()
-}
-
-/// A record's headers in their JSON form (the record's own: `[name, "utf8:…"]` pairs).
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Headers(#[serde(with = "super::record::header_list")] Vec<(String, Vec<u8>)>);
-
-/// A count read back: within `0..=u32::MAX` as written.
-fn count_of(n: i64) -> u32 {
-    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
-}
-
-fn decode_error(what: &str, detail: impl std::fmt::Display) -> StoreError {
-    StoreError::new(format!(
-        "postgres dead-letter store: decode record: {what}: {detail}"
-    ))
-}
-
-/// The record of a row whose first columns are [`COLUMNS`].
-fn decode_row(row: &PgRow) -> Result<Record, StoreError> {
-    let get_err = |e: sqlx::Error| StoreError::with_source("postgres dead-letter store: read", e);
-    let text_at = |i: usize| -> Result<String, StoreError> {
-        let s: String = row.try_get(i).map_err(get_err)?;
-        text::decode(s).map_err(|e| decode_error(COLUMNS[i], e))
-    };
-    let opt_text_at = |i: usize| -> Result<Option<String>, StoreError> {
-        let s: Option<String> = row.try_get(i).map_err(get_err)?;
-        s.map(text::decode)
-            .transpose()
-            .map_err(|e| decode_error(COLUMNS[i], e))
-    };
-    let int_at = |i: usize| -> Result<i64, StoreError> { row.try_get(i).map_err(get_err) };
-    let opt_int_at =
-        |i: usize| -> Result<Option<i64>, StoreError> { row.try_get(i).map_err(get_err) };
-    let json_at = |i: usize| -> Result<String, StoreError> { row.try_get(i).map_err(get_err) };
-    let status: Status = json_at(9)?.parse()?;
-    let history: Vec<ErrorEntry> =
-        serde_json::from_str(&json_at(12)?).map_err(|e| decode_error("history", e))?;
-    let tags = decode_map(&json_at(13)?).map_err(|e| decode_error("tags", e))?;
-    let metadata = decode_map(&json_at(18)?).map_err(|e| decode_error("metadata", e))?;
-    let headers: Headers =
-        serde_json::from_str(&json_at(19)?).map_err(|e| decode_error("headers", e))?;
-    let redacted_headers: Vec<String> =
-        serde_json::from_str(&json_at(20)?).map_err(|e| decode_error("headers", e))?;
-    let cause: Option<ErrorEntry> = opt_text_at(21)?
-        .map(|c| serde_json::from_str(&c))
-        .transpose()
-        .map_err(|e| decode_error("cause", e))?;
-    Ok(Record {
-        id: text_at(0)?,
-        tags,
-        class: text_at(1)?,
-        code: text_at(2)?,
-        message: text_at(3)?,
-        attempts: count_of(int_at(4)?),
-        budget_spent: count_of(int_at(5)?),
-        first_failed_at: from_millis(int_at(6)?),
-        last_failed_at: from_millis(int_at(7)?),
-        retry_at: opt_int_at(8)?.map(from_millis),
-        status,
-        resends: count_of(int_at(10)?),
-        resolved_at: opt_int_at(11)?.map(from_millis),
-        history,
-        payload: row.try_get(14).map_err(get_err)?,
-        payload_truncated: row.try_get(15).map_err(get_err)?,
-        payload_len: u64::try_from(int_at(16)?).unwrap_or(0),
-        content_type: opt_text_at(17)?,
-        metadata,
-        headers: headers.0,
-        redacted_headers,
-        cause,
-        breaker: opt_text_at(22)?,
-    })
-}
-
-/// A batch of records as one array per column, the parameters of the `put` statement.
-#[derive(Default)]
-struct Columns {
-    id: Vec<String>,
-    class: Vec<String>,
-    code: Vec<String>,
-    message: Vec<String>,
-    attempts: Vec<i64>,
-    budget_spent: Vec<i64>,
-    first_failed_at: Vec<i64>,
-    last_failed_at: Vec<i64>,
-    retry_at: Vec<Option<i64>>,
-    status: Vec<String>,
-    resends: Vec<i64>,
-    resolved_at: Vec<Option<i64>>,
-    history: Vec<String>,
-    tags: Vec<String>,
-    payload: Vec<Vec<u8>>,
-    payload_truncated: Vec<bool>,
-    payload_len: Vec<i64>,
-    content_type: Vec<Option<String>>,
-    metadata: Vec<String>,
-    headers: Vec<String>,
-    redacted_headers: Vec<String>,
-    cause: Vec<Option<String>>,
-    breaker: Vec<Option<String>>,
-}
-
-fn encode_error(what: &'static str) -> impl Fn(serde_json::Error) -> StoreError {
-    move |e| StoreError::with_source(format!("postgres dead-letter store: encode {what}"), e)
-}
-
-impl Columns {
-    fn push(&mut self, r: Record) -> Result<(), StoreError> {
-        let owned = |s: &str| text::encode(s).into_owned();
-        self.id.push(owned(&r.id));
-        self.class.push(owned(&r.class));
-        self.code.push(owned(&r.code));
-        self.message.push(owned(&r.message));
-        self.attempts.push(i64::from(r.attempts));
-        self.budget_spent.push(i64::from(r.budget_spent));
-        self.first_failed_at.push(to_millis(r.first_failed_at));
-        self.last_failed_at.push(to_millis(r.last_failed_at));
-        self.retry_at.push(r.retry_at.map(to_millis));
-        self.status.push(r.status.as_str().to_owned());
-        self.resends.push(i64::from(r.resends));
-        self.resolved_at.push(r.resolved_at.map(to_millis));
-        self.history
-            .push(serde_json::to_string(&r.history).map_err(encode_error("history"))?);
-        self.tags.push(encode_map(&r.tags));
-        self.payload_truncated.push(r.payload_truncated);
-        self.payload_len
-            .push(i64::try_from(r.payload_len).unwrap_or(i64::MAX));
-        self.payload.push(r.payload);
-        self.content_type.push(r.content_type.as_deref().map(owned));
-        self.metadata.push(encode_map(&r.metadata));
-        self.headers
-            .push(serde_json::to_string(&Headers(r.headers)).map_err(encode_error("headers"))?);
-        self.redacted_headers
-            .push(serde_json::to_string(&r.redacted_headers).map_err(encode_error("headers"))?);
-        self.cause.push(
-            r.cause
-                .as_ref()
-                .map(serde_json::to_string)
-                .transpose()
-                .map_err(encode_error("cause"))?,
-        );
-        self.breaker.push(r.breaker.as_deref().map(owned));
-        Ok(())
-    }
-
-    fn bind(self, query: PgQuery<'_>) -> PgQuery<'_> {
-        query
-            .bind(self.id)
-            .bind(self.class)
-            .bind(self.code)
-            .bind(self.message)
-            .bind(self.attempts)
-            .bind(self.budget_spent)
-            .bind(self.first_failed_at)
-            .bind(self.last_failed_at)
-            .bind(self.retry_at)
-            .bind(self.status)
-            .bind(self.resends)
-            .bind(self.resolved_at)
-            .bind(self.history)
-            .bind(self.tags)
-            .bind(self.payload)
-            .bind(self.payload_truncated)
-            .bind(self.payload_len)
-            .bind(self.content_type)
-            .bind(self.metadata)
-            .bind(self.headers)
-            .bind(self.redacted_headers)
-            .bind(self.cause)
-            .bind(self.breaker)
     }
 }
 
@@ -953,7 +342,7 @@ impl PostgresStore {
     /// Opens the store at `url` (`postgres://user:password@host:5432/database`, any URL sqlx's
     /// `PgConnectOptions` reads) with a pool of its own: set options on the returned
     /// [`OpenPostgres`], then `.await` it. Keeps the last
-    /// [`DEFAULT_HISTORY_LIMIT`] errors per record.
+    /// [`DEFAULT_HISTORY_LIMIT`](super::DEFAULT_HISTORY_LIMIT) errors per record.
     ///
     /// # Errors
     ///
@@ -1350,29 +739,6 @@ impl Store for PostgresStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn passwords_are_found_where_urls_keep_them() {
-        assert_eq!(
-            passwords("postgres://app:s%40cret@db/x"),
-            ["s%40cret", "s@cret"]
-        );
-        assert_eq!(passwords("postgres://db/x?user=a&password=pw"), ["pw"]);
-        assert!(passwords("postgres://app@db/x").is_empty());
-        let e = Redacted::of(
-            &"login as app:s%40cret failed, s@cret",
-            "postgres://app:s%40cret@db",
-        );
-        assert_eq!(e.to_string(), "login as app:*** failed, ***");
-    }
-
-    #[test]
-    fn schema_names_are_quoted_and_bounded() {
-        assert_eq!(quote_schema("backstop").unwrap(), "\"backstop\"");
-        assert_eq!(quote_schema("a\"b").unwrap(), "\"a\"\"b\"");
-        assert!(quote_schema("").is_err());
-        assert!(quote_schema(&"x".repeat(64)).is_err());
-    }
 
     #[test]
     fn a_change_in_sql_is_the_change_in_the_process() {
