@@ -105,6 +105,7 @@
 //! | `dead-letter` | [`dead_letter`], [`resend`] and [`store`] (the `tower-backstop-store` crate): dead letters, deferred re-sends, re-drives | yes |
 //! | `sqlite` | [`SqliteStore`](store::SqliteStore), the durable dead-letter store for one machine (bundled SQLite) | yes |
 //! | `redis` | `RedisStore`, the dead-letter store shared by many instances (redis crate, tokio) | no |
+//! | `postgres` | `PostgresStore`, the dead-letter store shared by a fleet in the team's Postgres (sqlx, tokio; migrations shipped inside) | no |
 //! | `hyper-util` | classify hyper-util client connect errors as transient even without an io error in their chain; a layer of ours can sit directly over a hyper-util client | yes |
 //! | `axum` | [`Failure`] is axum's `IntoResponse` (axum-core) | no |
 //! | `tonic` | `GrpcLayer`: a generated tonic client takes the stack around a `Channel` as its channel (bounded replay buffer, the caller's `tonic::Status`) | no |

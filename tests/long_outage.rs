@@ -4,6 +4,7 @@
 //! backlog drains exactly once after recovery, with one scheduler or two, and through a store
 //! that fails for a while. On tokio's paused clock, with an in-process provider.
 
+mod postgres_support;
 mod redis_support;
 mod support;
 
@@ -286,7 +287,22 @@ async fn two_schedulers_on_one_redis_store_through_recovery_send_each_record_onc
     let Some(store) = redis_support::redis_store("long_outage_two").await else {
         return;
     };
-    let store: Arc<dyn Store> = Arc::new(store);
+    two_schedulers_on_the_real_clock(Arc::new(store)).await;
+}
+
+/// The same with a Postgres store (its pool's timeouts need the real clock too).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_schedulers_on_one_postgres_store_through_recovery_send_each_record_once() {
+    let Some(store) = postgres_support::postgres_store("long_outage_two").await else {
+        return;
+    };
+    two_schedulers_on_the_real_clock(Arc::new(store)).await;
+}
+
+/// Two processes on `store` through a 1.5 s outage, on the real clock, breakers open for 300 ms.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+async fn two_schedulers_on_the_real_clock(store: Arc<dyn Store>) {
     let clock = Clock::system();
     let provider = Provider::default();
     provider.down(true);

@@ -1,6 +1,8 @@
-//! One behaviour, three backends: every case runs against `MemoryStore`, `SqliteStore` and
-//! `RedisStore` (a real `redis-server`; see `tests/redis_support`).
+//! One behaviour, four backends: every case runs against `MemoryStore`, `SqliteStore`,
+//! `RedisStore` (a real `redis-server`; see `tests/redis_support`) and `PostgresStore` (a real
+//! Postgres server; see `tests/postgres_support`).
 
+mod postgres_support;
 mod redis_support;
 
 use std::collections::HashSet;
@@ -24,7 +26,7 @@ struct Opened {
     store: Arc<dyn Store>,
     /// A second handle on the same records, as another process would open it: a clone (memory),
     /// a second connection to the same file (SQLite), a second connection with the same prefix
-    /// (Redis).
+    /// (Redis), a second pool on the same schema (Postgres).
     other: Arc<dyn Store>,
     _dir: Option<tempfile::TempDir>,
 }
@@ -34,6 +36,7 @@ enum Backend {
     Memory,
     Sqlite,
     Redis,
+    Postgres,
 }
 
 impl Backend {
@@ -80,6 +83,24 @@ impl Backend {
             }
             #[cfg(not(feature = "redis"))]
             Backend::Redis => match redis_support::redis_store(test).await? {},
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => {
+                let store = postgres_support::postgres_store(test).await?;
+                let other = tower_backstop::store::PostgresStore::connect(
+                    &postgres_support::postgres_url(),
+                )
+                .schema(store.schema())
+                .await
+                .unwrap()
+                .with_history_limit(history_limit);
+                Opened {
+                    store: Arc::new(store.with_history_limit(history_limit)),
+                    other: Arc::new(other),
+                    _dir: None,
+                }
+            }
+            #[cfg(not(feature = "postgres"))]
+            Backend::Postgres => match postgres_support::postgres_store(test).await? {},
         })
     }
 }
@@ -1354,6 +1375,9 @@ macro_rules! conformance {
         }
         mod redis {
             $(#[tokio::test] async fn $case() { super::$case(super::Backend::Redis).await })*
+        }
+        mod postgres {
+            $(#[tokio::test] async fn $case() { super::$case(super::Backend::Postgres).await })*
         }
     };
 }

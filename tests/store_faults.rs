@@ -1,6 +1,7 @@
 //! Store faults with real processes and real files: a SQLite file that becomes read-only, a
 //! directory that disappears, a write lock held by another process past the busy timeout, and a
-//! `redis-server` stopped in the middle of a run and started again.
+//! `redis-server` stopped in the middle of a run and started again, and a Postgres cluster of our
+//! own stopped and started again the same way.
 //!
 //! Each time: the caller's failure says the record was not written, a `tracing` error reports
 //! it, nothing is lost silently (every call is either in the store or was told it is not), and
@@ -8,6 +9,7 @@
 //!
 //! Alone in its own test binary: `tracing` caches each callsite's interest process-wide.
 
+mod postgres_support;
 mod redis_support;
 mod support;
 
@@ -365,4 +367,82 @@ async fn redis_stopped_in_the_middle_of_a_run_and_started_again() {
     );
     server.kill().unwrap();
     server.wait().unwrap();
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_stopped_in_the_middle_of_a_run_and_started_again() {
+    use tower_backstop::store::PostgresStore;
+
+    let logs = support::LogCapture::start(tracing::Level::WARN);
+    let cluster = match postgres_support::Cluster::start() {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            let _: Option<()> = postgres_support::skip("postgres_stopped_mid_run", "initdb", &e);
+            return;
+        }
+    };
+    let store: Arc<dyn Store> = Arc::new(
+        PostgresStore::connect(&cluster.url())
+            .acquire_timeout(Duration::from_millis(300))
+            .await
+            .unwrap(),
+    );
+
+    // 60 calls; Postgres is stopped after the 20th and started again after the 35th.
+    let mut told = Vec::new();
+    for i in 0..60 {
+        if i == 20 {
+            cluster.stop();
+        }
+        if i == 35 {
+            cluster.resume().unwrap();
+        }
+        told.push(call(Arc::clone(&store), &format!("p-{i:02}")).await);
+    }
+    let reported_stored: Vec<String> = told
+        .iter()
+        .filter_map(|t| match t {
+            Told::Stored(id) => Some(id.clone()),
+            Told::NotStored(..) => None,
+        })
+        .collect();
+    let lost = told
+        .iter()
+        .filter(|t| matches!(t, Told::NotStored(..)))
+        .count();
+    assert_eq!(
+        &reported_stored[..20],
+        (0..20).map(|i| format!("p-{i:02}")).collect::<Vec<_>>()
+    );
+    for (i, t) in told.iter().enumerate().take(35).skip(20) {
+        assert!(
+            matches!(t, Told::NotStored(..)),
+            "call {i} while postgres was down: {t:?}"
+        );
+    }
+    // Writes resumed with the same store, without a restart of ours.
+    assert!(
+        told[36..].iter().all(|t| matches!(t, Told::Stored(_))),
+        "{:?}",
+        &told[35..]
+    );
+    // Nothing silently lost: what was reported written is in the store, across the restart.
+    let mut in_store: Vec<String> = store
+        .list(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    in_store.sort();
+    assert_eq!(in_store, reported_stored);
+    assert_eq!(reported_stored.len() + lost, 60);
+    assert_eq!(
+        logs.text()
+            .matches("dead letter could not be written")
+            .count(),
+        lost,
+        "one tracing error per record not written"
+    );
 }

@@ -4,7 +4,8 @@
 //!
 //! One trait, one behaviour, whatever the backend: [`MemoryStore`] for tests, [`SqliteStore`]
 //! (feature `sqlite`, on by default) as the durable default for one machine, `RedisStore`
-//! (feature `redis`) for many instances. Writes merge by id, searches take a [`Filter`] and a
+//! (feature `redis`) and `PostgresStore` (feature `postgres`) for a fleet of instances that
+//! share one store: the Redis or the Postgres the team already runs. Writes merge by id, searches take a [`Filter`] and a
 //! range of positions, [`Counts`] come over a window, and claims of due records are atomic.
 //!
 //! A [`Record`] is plain data: the id, tags, class and code names, the message, attempt counts,

@@ -3,8 +3,9 @@
 //! are.
 //!
 //! One trait, one behaviour, whatever the backend: [`MemoryStore`] for tests,
-//! `SqliteStore` (feature `sqlite`) for one machine, `RedisStore` (feature `redis`) for many
-//! instances. Writes merge by id, searches take a [`Filter`] and a range of positions, [`Counts`]
+//! `SqliteStore` (feature `sqlite`) for one machine, `RedisStore` (feature `redis`) and
+//! `PostgresStore` (feature `postgres`) for a fleet of instances that share one store: the Redis
+//! or the Postgres the team already runs. Writes merge by id, searches take a [`Filter`] and a range of positions, [`Counts`]
 //! come over a window, and claims of due records are atomic. This crate knows no tower and no
 //! failure type: it keeps plain [`Record`]s. Most users reach it through `tower-backstop`'s
 //! default features, as `tower_backstop::store`; depend on it directly to implement a store of
@@ -23,6 +24,7 @@
 //! |---|---|---|
 //! | `sqlite` | `SqliteStore`: one file, bundled SQLite (rusqlite) | no |
 //! | `redis` | `RedisStore`: one Redis server, shared by many instances (redis crate, tokio) | no |
+//! | `postgres` | `PostgresStore`: the team's Postgres, shared by many instances (sqlx, tokio; SQL migrations inside) | no |
 //!
 //! # Example
 //!
@@ -58,6 +60,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 mod audit;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod query;
 mod record;
 #[cfg(feature = "redis")]
@@ -68,6 +72,9 @@ mod sqlite;
 
 pub use self::audit::{AuditAction, AuditEntry, purge};
 pub use self::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use self::postgres::{DEFAULT_SCHEMA, OpenPostgres, PostgresStore};
 pub use self::query::{Change, Claim, Counts, Filter, FilterError};
 pub use self::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status};
 #[cfg(feature = "redis")]
@@ -170,15 +177,15 @@ pub fn redact_url(url: &str) -> String {
 
 /// Where dead letters are kept. One trait, one behaviour, whatever the backend:
 /// [`MemoryStore`] for tests, [`SqliteStore`] (feature `sqlite`) as the
-/// durable default, `RedisStore` (feature `redis`) for many instances. The
-/// crate's conformance suite (`tests/store_conformance.rs`) runs the same cases against all three.
+/// durable default, `RedisStore` (feature `redis`) and `PostgresStore` (feature `postgres`) for
+/// many instances. The conformance suite runs the same cases against all four.
 ///
 /// Methods return boxed `'static` futures so that the trait is object-safe and a layer can hold
 /// any store; the request path calls only [`put`](Store::put), on failure. Implementations are
 /// cheap to clone handles over shared state.
 ///
-/// Every write of a record is atomic (one SQLite transaction, one Redis script): the record, its
-/// attempt count and budget, its history and its indexes change together or not at all.
+/// Every write of a record is atomic (one SQLite transaction, one Redis script, one Postgres
+/// statement): the record, its attempt count and budget, its history and its indexes change together or not at all.
 ///
 /// Something that is not a store (here a `Result` whose `?` was forgotten) is a compile error
 /// that names the stores there are:
@@ -192,7 +199,7 @@ pub fn redact_url(url: &str) -> String {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a dead-letter store",
     label = "DeadLetterLayer needs a `tower_backstop_store::Store`",
-    note = "use `MemoryStore` (tests), `SqliteStore::open(path)?` (feature `sqlite`, on by default; note the `?`) or `RedisStore` (feature `redis`), or implement `Store`; a store you share as an `Arc` (for a `Scheduler`) goes in with `DeadLetterLayer::from_arc(store)`"
+    note = "use `MemoryStore` (tests), `SqliteStore::open(path)?` (feature `sqlite`, on by default; note the `?`), `RedisStore` (feature `redis`) or `PostgresStore::connect(url).await?` (feature `postgres`), or implement `Store`; a store you share as an `Arc` (for a `Scheduler`) goes in with `DeadLetterLayer::from_arc(store)`"
 )]
 pub trait Store: Send + Sync + 'static {
     /// Writes `records` in one transaction (SQLite), one pipeline (Redis). A record with an id

@@ -1,0 +1,417 @@
+//! What only the Postgres store has, against a real server (see `tests/postgres_support`):
+//! its migrations under the advisory lock, the schema version check, the claim's plan, its
+//! batched deletes, and its errors for bad input and exhausted resources.
+//!
+//! The behaviour every store shares is in `tests/store_conformance.rs`.
+#![cfg(feature = "postgres")]
+
+mod postgres_support;
+
+use std::time::{Duration, SystemTime};
+
+use postgres_support::{fresh_schema, postgres_url, skip};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Executor, PgPool, Row};
+use tower_backstop::store::{Change, Filter, PostgresStore, Record, Status, Store};
+
+/// A pool of our own on the test server, or `None` (after a skip line).
+async fn admin(test: &str) -> Option<PgPool> {
+    let url = postgres_url();
+    match PgPoolOptions::new().max_connections(4).connect(&url).await {
+        Ok(pool) => Some(pool),
+        Err(e) => skip(test, &url, &e),
+    }
+}
+
+fn record(id: &str, status: Status, retry_at: Option<SystemTime>) -> Record {
+    let mut r: Record = serde_json::from_value(serde_json::json!({
+        "id": id,
+        "class": "transient",
+        "code": "http 503",
+        "message": "unavailable",
+        "attempts": 1,
+        "first_failed_at": "2026-04-01T14:00:00.000Z",
+        "last_failed_at": "2026-04-01T14:00:00.000Z",
+        "payload": "utf8:{}",
+        "content_type": null,
+        "metadata": {},
+    }))
+    .unwrap();
+    r.status = status;
+    r.retry_at = retry_at;
+    r
+}
+
+#[tokio::test]
+async fn ten_instances_opening_a_new_schema_at_once_migrate_it_once() {
+    let Some(admin) = admin("ten_opens").await else {
+        return;
+    };
+    let schema = fresh_schema("ten_opens");
+    let opens: Vec<_> = (0..10)
+        .map(|_| {
+            let schema = schema.clone();
+            tokio::spawn(async move {
+                PostgresStore::connect(&postgres_url())
+                    .schema(schema)
+                    .max_connections(2)
+                    .await
+            })
+        })
+        .collect();
+    let mut stores = Vec::new();
+    for open in opens {
+        stores.push(open.await.unwrap().expect("every instance opens"));
+    }
+    let rows: Vec<(i32, String)> = sqlx::query_as(&format!(
+        "SELECT version, name FROM \"{schema}\".schema_migrations"
+    ))
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert_eq!(rows, [(1, "records".to_owned())], "one migration row");
+    // Every instance works on the one schema.
+    stores[3]
+        .put(record("m-1", Status::Dead, None))
+        .await
+        .unwrap();
+    assert_eq!(stores[8].get("m-1").await.unwrap().unwrap().id, "m-1");
+    // Opening again finds nothing to do.
+    let again = PostgresStore::connect(&postgres_url())
+        .schema(&schema)
+        .await
+        .unwrap();
+    assert_eq!(again.list(10).await.unwrap().len(), 1);
+    let n: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM \"{schema}\".schema_migrations"
+    ))
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn a_schema_of_a_newer_version_fails_at_open_and_names_the_fix() {
+    let Some(admin) = admin("newer_schema").await else {
+        return;
+    };
+    let schema = fresh_schema("newer_schema");
+    let store = PostgresStore::connect(&postgres_url())
+        .schema(&schema)
+        .await
+        .unwrap();
+    store.put(record("kept", Status::Dead, None)).await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO \"{schema}\".schema_migrations (version, name) VALUES (2, 'from the future')"
+    ))
+    .execute(&admin)
+    .await
+    .unwrap();
+    for err in [
+        PostgresStore::connect(&postgres_url())
+            .schema(&schema)
+            .await
+            .unwrap_err(),
+        PostgresStore::from_pool(admin.clone())
+            .schema(&schema)
+            .await
+            .unwrap_err(),
+    ] {
+        let text = err.to_string();
+        assert!(text.contains("has version 2"), "{text}");
+        assert!(text.contains("knows versions up to 1"), "{text}");
+        assert!(text.contains("upgrade tower-backstop"), "{text}");
+    }
+    // Nothing was changed: the record is there, the version row too.
+    assert_eq!(store.list(10).await.unwrap().len(), 1);
+}
+
+/// The claim's own statement (the SQL file the store ships), explained and run on a table of
+/// 20,000 dead records and 10 deferred ones: it reads the partial index of the deferred and
+/// in-flight records and no dead row.
+#[tokio::test]
+async fn a_claim_reads_the_due_index_and_never_the_dead_rows() {
+    let Some(admin) = admin("claim_plan").await else {
+        return;
+    };
+    let schema = fresh_schema("claim_plan");
+    let store = PostgresStore::connect(&postgres_url())
+        .schema(&schema)
+        .await
+        .unwrap();
+    let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+    for chunk in 0..20 {
+        let batch = (0..1_000)
+            .map(|i| record(&format!("dead-{chunk:02}-{i:04}"), Status::Dead, None))
+            .collect();
+        store.put_many(batch).await.unwrap();
+    }
+    let due = (0..10)
+        .map(|i| record(&format!("due-{i}"), Status::Deferred, Some(t)))
+        .collect();
+    store.put_many(due).await.unwrap();
+    admin
+        .execute(format!("ANALYZE \"{schema}\".records").as_str())
+        .await
+        .unwrap();
+    let claim = include_str!("../tower-backstop-store/src/postgres/claim.sql")
+        .replace("{schema}", &format!("\"{schema}\""))
+        .replace("{returning}", "r.id")
+        .replace("{columns}", "id");
+    let mut tx = admin.begin().await.unwrap();
+    let row = sqlx::query(&format!("EXPLAIN (ANALYZE, FORMAT JSON)\n{claim}"))
+        .bind(1_780_000_000_000_i64 + 1)
+        .bind(100_i64)
+        .bind(1_780_000_060_000_i64)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    // The plan is `json`; its binary form is its text.
+    let plan: serde_json::Value =
+        serde_json::from_str(&row.try_get_unchecked::<String, _>(0).unwrap()).unwrap();
+    tx.rollback().await.unwrap();
+    let mut scans = Vec::new();
+    collect_scans(&plan[0]["Plan"], &mut scans);
+    let on_records: Vec<&(String, String, u64)> = scans
+        .iter()
+        .filter(|(_, relation, _)| relation == "records")
+        .collect();
+    assert!(!on_records.is_empty(), "{plan:#}");
+    for (node, _, rows) in &on_records {
+        assert!(
+            node == "records_due" || node == "records_pkey",
+            "the claim read {node}: {plan:#}"
+        );
+        assert!(*rows <= 10, "{node} returned {rows} rows: {plan:#}");
+    }
+    assert!(
+        on_records
+            .iter()
+            .any(|(node, _, rows)| node == "records_due" && *rows == 10),
+        "{plan:#}"
+    );
+    // And the store's claim takes exactly those ten.
+    let claimed = store
+        .claim_due(t + Duration::from_secs(1), 100, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 10);
+}
+
+/// Each scan (not the update) of `plan` and its children: (index name or "Seq Scan", relation, actual rows).
+fn collect_scans(plan: &serde_json::Value, out: &mut Vec<(String, String, u64)>) {
+    let scan = plan["Node Type"]
+        .as_str()
+        .is_some_and(|t| t.contains("Scan"));
+    if let Some(relation) = plan["Relation Name"].as_str().filter(|_| scan) {
+        let node = plan["Index Name"]
+            .as_str()
+            .unwrap_or_else(|| plan["Node Type"].as_str().unwrap_or("?"));
+        let rows = plan["Actual Rows"].as_u64().unwrap_or(0);
+        out.push((node.to_owned(), relation.to_owned(), rows));
+    }
+    if let Some(children) = plan["Plans"].as_array() {
+        for child in children {
+            collect_scans(child, out);
+        }
+    }
+}
+
+/// A delete of 2,500 records goes in statements of at most 1,000 and removes them all; one
+/// that a record no longer matches once locked (changed meanwhile) leaves it.
+#[tokio::test]
+async fn deletes_go_in_bounded_batches_and_remove_every_match() {
+    let Some(store) = postgres_support::postgres_store("delete_batches").await else {
+        return;
+    };
+    for chunk in 0..5 {
+        let batch = (0..500)
+            .map(|i| record(&format!("d-{chunk}-{i:03}"), Status::Dead, None))
+            .collect();
+        store.put_many(batch).await.unwrap();
+    }
+    store
+        .put(record("keep", Status::Deferred, None))
+        .await
+        .unwrap();
+    let dead = Filter::new().status(Status::Dead);
+    assert_eq!(store.count(&dead).await.unwrap(), 2_500);
+    assert_eq!(store.delete(&dead).await.unwrap(), 2_500);
+    assert_eq!(store.count(&Filter::new()).await.unwrap(), 1);
+    assert_eq!(store.delete(&dead).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_malformed_or_unreachable_url_fails_at_open_without_its_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // Nothing listens on `port` now.
+    let refused = format!("postgres://app:hunter2@127.0.0.1:{port}/db");
+    let err = PostgresStore::connect(&refused).await.unwrap_err();
+    let text = format!("{err} {err:?}");
+    assert!(text.contains("connection refused"), "{text}");
+    assert!(text.contains("postgres://***@127.0.0.1"), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
+    for bad in [
+        "postgres://app:hunter2@127.0.0.1:notaport/db",
+        "mysql://app:hunter2@127.0.0.1/db",
+        "postgres://127.0.0.1/db?password=hunter2&sslmode=sideways",
+    ] {
+        let err = PostgresStore::connect(bad).await.unwrap_err();
+        let text = format!("{err} {err:?}");
+        assert!(!text.contains("hunter2"), "{bad}: {text}");
+        assert!(text.contains("postgres dead-letter store"), "{bad}: {text}");
+    }
+    // A bad schema name is refused before anything is written.
+    let err = PostgresStore::connect(&refused)
+        .schema("")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("schema name"), "{err}");
+}
+
+#[tokio::test]
+async fn a_database_that_does_not_exist_is_named() {
+    let url = postgres_url();
+    if admin("no_database").await.is_none() {
+        return;
+    }
+    let (base, _) = url.rsplit_once('/').unwrap();
+    let err = PostgresStore::connect(&format!("{base}/no_such_database_here"))
+        .await
+        .unwrap_err();
+    let text = format!("{err}");
+    assert!(text.contains("cannot connect"), "{text}");
+    assert!(text.contains("no_such_database_here"), "{text}");
+    // TLS required: this build has no TLS stack, and says so.
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let err = PostgresStore::connect(&format!("{url}{sep}sslmode=require"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("TLS"), "{err}");
+}
+
+#[tokio::test]
+async fn an_exhausted_pool_is_a_clear_error_and_the_store_goes_on() {
+    let Some(_) = admin("pool_exhausted").await else {
+        return;
+    };
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(200))
+        .connect(&postgres_url())
+        .await
+        .unwrap();
+    let store = PostgresStore::from_pool(pool.clone())
+        .schema(fresh_schema("pool_exhausted"))
+        .await
+        .unwrap();
+    let held = pool.acquire().await.unwrap();
+    let err = store
+        .put(record("m-1", Status::Dead, None))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("no connection within the pool's acquire timeout"),
+        "{err}"
+    );
+    drop(held);
+    store.put(record("m-1", Status::Dead, None)).await.unwrap();
+    assert_eq!(store.list(10).await.unwrap().len(), 1);
+    // A pool setting given beside a pool is refused, naming it.
+    let err = PostgresStore::from_pool(pool)
+        .acquire_timeout(Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("acquire_timeout"), "{err}");
+}
+
+#[tokio::test]
+async fn a_statement_timeout_is_a_clear_error_and_writes_nothing() {
+    let Some(admin) = admin("statement_timeout").await else {
+        return;
+    };
+    let schema = fresh_schema("statement_timeout");
+    let store = PostgresStore::connect(&postgres_url())
+        .schema(&schema)
+        .statement_timeout(Duration::from_millis(200))
+        .await
+        .unwrap();
+    store.put(record("m-1", Status::Dead, None)).await.unwrap();
+    // Another session holds the row's lock past the statement timeout.
+    let mut other = admin.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT id FROM \"{schema}\".records WHERE id = 'm-1' FOR UPDATE"
+    ))
+    .fetch_one(&mut *other)
+    .await
+    .unwrap();
+    let err = store.update("m-1", Change::Dead).await.unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("statement timeout"), "{text}");
+    other.rollback().await.unwrap();
+    // The lock is gone: the same store writes.
+    let r = store
+        .update(
+            "m-1",
+            Change::Resolved {
+                at: SystemTime::now(),
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.status, Status::Resolved);
+    let row = sqlx::query(&format!(
+        "SELECT status FROM \"{schema}\".records WHERE id = 'm-1'"
+    ))
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    assert_eq!(row.get::<String, _>(0), "resolved");
+}
+
+/// Text Postgres cannot hold (NUL) and the escape character itself round-trip in every field,
+/// and searches by them find exactly their records.
+#[tokio::test]
+async fn nul_and_the_escape_character_round_trip_and_are_found() {
+    let Some(store) = postgres_support::postgres_store("nul_text").await else {
+        return;
+    };
+    let mut r = record("a\0b\u{1}c", Status::Dead, None);
+    r.class = "cl\0ss".into();
+    r.code = "co\u{1}de".into();
+    r.message = "m\0".into();
+    r.tags.insert("t\0".into(), "v\u{1}\0".into());
+    r.metadata.insert("k\u{1}".into(), "\0".into());
+    r.breaker = Some("b\0".into());
+    r.content_type = Some("c\0".into());
+    store.put(r.clone()).await.unwrap();
+    let mut other = record("a\u{1}b", Status::Dead, None);
+    other.class = "cl\u{1}ss".into();
+    store.put(other).await.unwrap();
+    assert_eq!(store.get(&r.id).await.unwrap(), Some(r.clone()));
+    let found = store
+        .search(
+            &Filter::new()
+                .class("cl\0ss")
+                .tag("t\0", "v\u{1}\0")
+                .code("co\u{1}de"),
+            0..10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(found, [r.clone()]);
+    let counts = store.counts(SystemTime::UNIX_EPOCH).await.unwrap();
+    assert_eq!(
+        counts.by_class,
+        [("cl\0ss".to_owned(), 1), ("cl\u{1}ss".to_owned(), 1)]
+    );
+    assert_eq!(store.delete(&Filter::new().id(&r.id)).await.unwrap(), 1);
+    assert_eq!(store.list(10).await.unwrap().len(), 1);
+}

@@ -1,0 +1,761 @@
+//! [`PostgresStore`]: dead letters in a Postgres database, shared by many instances.
+
+mod error;
+mod open;
+mod row;
+mod text;
+
+use std::collections::HashMap;
+use std::future::{Future, IntoFuture};
+use std::ops::Range;
+use std::pin::Pin;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use sqlx::Row;
+use sqlx::postgres::PgPool;
+
+use self::error::pg_error;
+pub use self::open::{DEFAULT_SCHEMA, OpenPostgres};
+use self::open::{Opened, Source};
+use self::row::{
+    COLUMNS, Columns, PgQuery, count_of, decode_error, decode_row, encode_map, select_list,
+};
+use super::query::{Change, Claim, Counts, Filter, top_first};
+use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, add_clamped, from_millis, to_millis};
+use super::{AuditAction, AuditEntry, BoxFuture, Store, StoreError};
+
+/// How many rows one statement of a [`delete`](Store::delete) removes at most: a purge or a
+/// prune of a million records is a thousand short transactions, not one long one.
+const DELETE_BATCH: i64 = 1_000;
+
+/// A dead-letter store in Postgres, shared by many instances (feature `postgres`, through sqlx).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_backstop_store::PostgresStore;
+///
+/// # async fn run() -> Result<(), tower_backstop_store::StoreError> {
+/// // A pool of its own, tables in the schema `backstop`.
+/// let store = PostgresStore::connect("postgres://app:secret@db/app").await?;
+///
+/// // Tables in a schema of their own, a smaller pool, statements cut at 10 s.
+/// let billing = PostgresStore::connect("postgres://app:secret@db/app")
+///     .schema("backstop_billing")
+///     .max_connections(4)
+///     .statement_timeout(Duration::from_secs(10))
+///     .await?
+///     .with_history_limit(20);
+///
+/// // Or over the pool the application already has.
+/// let pool = sqlx::PgPool::connect("postgres://app:secret@db/app").await.unwrap();
+/// let shared = PostgresStore::from_pool(pool).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Schema and migrations
+///
+/// The store keeps its tables in one schema ([`DEFAULT_SCHEMA`], `backstop`, unless
+/// [`OpenPostgres::schema`] names another; two stores in two schemas share a database and never
+/// see each other's records):
+///
+/// | table | what |
+/// |---|---|
+/// | `records` | one row per record: its fields as columns (times in milliseconds since the Unix epoch, `bigint`), the history, headers and root cause as `json`, tags and metadata as `jsonb`, the payload as `bytea` |
+/// | `codes` | each code's first sighting (the "new code" alert) |
+/// | `audit` | the audit trail |
+/// | `schema_migrations` | one row per migration applied: version, name, time |
+///
+/// The migrations are SQL files shipped inside the crate. Opening a store applies those the
+/// schema lacks, in one transaction that first takes a **transaction-scoped advisory lock**
+/// (`pg_advisory_xact_lock`, keyed by the schema name): of ten instances that start at once on
+/// a new database, one migrates and the others wait for it, then find nothing to do. The lock
+/// ends with the transaction, so a process killed mid-migration leaves neither a lock nor half a
+/// schema. A schema written by a newer version of the crate (a version this one does not know)
+/// fails to open, with an error that says to upgrade tower-backstop; an older one is upgraded in
+/// place.
+///
+/// Dead records never slow a claim: the claim reads a partial index, `records_due`, that holds
+/// only the deferred and in-flight rows, by due time. Dead and resolved rows are not in it,
+/// so a table of a million dead letters and ten deferred ones claims by reading ten index
+/// entries. (One table with a partial index rather than a table or a partition per status: a
+/// status change is one `UPDATE` of one row, the id stays unique under a plain primary key, and
+/// no row moves between partitions under a concurrent `FOR UPDATE`, which Postgres answers with a
+/// serialization error.) Other indexes serve the searches and counts: by last failure time, by
+/// class, by code, by status (with class and code, for the counts of a window), and a GIN index
+/// on the tags.
+///
+/// # What each call does
+///
+/// - [`put_many`](Store::put_many) is one statement, one round trip: `INSERT … ON CONFLICT (id)
+///   DO UPDATE` whose update is [`Record::merge_bounded`] written in SQL (attempts add up, the
+///   histories concatenate and keep the last K, tags unite…), so two instances writing one id at
+///   once both land, merged, with no read-modify-write loop. Repeated ids within a batch are
+///   merged in the process first. The code's first sighting is noted in the same statement.
+/// - [`claim_due`](Store::claim_due) is one statement: `UPDATE … FROM (SELECT … ORDER BY
+///   retry_at_ms, id LIMIT n FOR UPDATE SKIP LOCKED) … RETURNING`. Rows another claimer holds
+///   are skipped, not waited for: two stores (two processes) on one database never both claim a
+///   record, and never block each other.
+/// - [`claim`](Store::claim), [`change_if_unchanged`](Store::change_if_unchanged) and
+///   [`update`](Store::update) are one `UPDATE … WHERE id = $1 AND status = $2 AND resends = $3
+///   RETURNING`: the compare and the set are one statement.
+/// - [`delete`](Store::delete) removes at most 1,000 rows a statement, each its own short
+///   transaction, until none match: retention over a large store never holds one long
+///   transaction or a lock on the whole excess.
+/// - [`counts`](Store::counts) is one round trip.
+///
+/// # Text
+///
+/// Postgres text cannot hold the character NUL. A record may (an id is any idempotency key), so
+/// the store writes NUL as U+0001 U+0001 and U+0001 as U+0001 U+0002 in its text and `jsonb`
+/// columns, a code that keeps order and equality, and reads them back. Any other text is stored
+/// as it is.
+///
+/// # Connections, TLS, PgBouncer
+///
+/// [`connect`](PostgresStore::connect) opens a pool of its own (10 connections, a 5 s acquire
+/// timeout, no statement timeout unless set); [`from_pool`](PostgresStore::from_pool) takes the
+/// application's `PgPool` and its settings. The URL's password never appears in errors, `Debug`
+/// or `Display` ([`redact_url`](super::redact_url), and a `password=` parameter hidden too). The feature builds sqlx
+/// without a TLS stack: a URL with `sslmode=require` cannot connect (the default, `prefer`,
+/// connects without TLS). To connect over TLS, enable one of sqlx's TLS features in
+/// your own `Cargo.toml` (`sqlx = { version = "0.8", features = ["tls-rustls"] }`): Cargo builds
+/// one sqlx with both.
+///
+/// Behind PgBouncer in transaction pooling mode: the migration lock is transaction-scoped, so it
+/// works there (a session-level `pg_advisory_lock` would not: the next statement may run on
+/// another server connection). The store uses no `LISTEN`/`NOTIFY` (schedulers poll), which
+/// transaction pooling does not carry either. sqlx prepares its statements by name, which needs
+/// PgBouncer 1.21 or later with `max_prepared_statements` set.
+///
+/// When the server restarts, calls fail with a [`StoreError`] until it is back, then work again
+/// with the same store (the pool tests each connection before use and opens new ones).
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    sql: Arc<Sql>,
+    schema: String,
+    history_limit: usize,
+    /// The URL the store connected to, its password hidden; `None` over a given pool.
+    url: Option<String>,
+}
+
+/// `postgres {url} schema {schema}` (or `postgres pool schema {schema}` over a given pool), the
+/// URL's credentials hidden ([`redact_url`](super::redact_url), and a `password=` parameter).
+impl std::fmt::Display for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.url {
+            Some(url) => write!(f, "postgres {url} schema {}", self.schema),
+            None => write!(f, "postgres pool schema {}", self.schema),
+        }
+    }
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("url", &self.url)
+            .field("schema", &self.schema)
+            .field("history_limit", &self.history_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IntoFuture for OpenPostgres {
+    type Output = Result<PostgresStore, StoreError>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'static>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let Opened {
+                pool,
+                url,
+                schema,
+                quoted,
+            } = self.open().await?;
+            Ok(PostgresStore {
+                pool,
+                sql: Arc::new(Sql::new(&quoted)),
+                schema,
+                history_limit: DEFAULT_HISTORY_LIMIT,
+                url,
+            })
+        })
+    }
+}
+
+/// The statements of one store, with its schema written in.
+#[derive(Debug)]
+struct Sql {
+    /// The records table, schema-qualified.
+    records: String,
+    get: String,
+    put: String,
+    claim: String,
+    change: String,
+    counts: String,
+    budget: String,
+    append_audit: String,
+    audit: String,
+}
+
+impl Sql {
+    fn new(schema: &str) -> Self {
+        let columns = select_list("");
+        let fill = |sql: &str| {
+            sql.replace("{schema}", schema)
+                .replace("{returning}", &select_list("r."))
+                .replace("{columns}", &columns)
+        };
+        Sql {
+            records: format!("{schema}.records"),
+            get: format!("SELECT {columns} FROM {schema}.records WHERE id = $1"),
+            put: fill(include_str!("postgres/put.sql")),
+            claim: fill(include_str!("postgres/claim.sql")),
+            change: fill(include_str!("postgres/change.sql")),
+            counts: fill(include_str!("postgres/counts.sql")),
+            budget: format!("SELECT budget_spent FROM {schema}.records WHERE id = $1"),
+            append_audit: format!(
+                "INSERT INTO {schema}.audit (at_ms, actor, action, filter, planned, sent, outcome) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)"
+            ),
+            audit: format!(
+                "SELECT at_ms, actor, action, filter, planned, sent, outcome FROM {schema}.audit \
+                 ORDER BY seq DESC LIMIT $1 OFFSET $2"
+            ),
+        }
+    }
+}
+
+/// A parameter of a filter's `WHERE` clause.
+enum Arg {
+    Text(String),
+    Int(i64),
+    Texts(Vec<String>),
+}
+
+fn bind_all(mut query: PgQuery<'_>, args: Vec<Arg>) -> PgQuery<'_> {
+    for arg in args {
+        query = match arg {
+            Arg::Text(s) => query.bind(s),
+            Arg::Int(n) => query.bind(n),
+            Arg::Texts(v) => query.bind(v),
+        };
+    }
+    query
+}
+
+/// A `WHERE` condition for `filter` and its parameters, numbered from `$1`.
+fn where_clause(filter: &Filter) -> (String, Vec<Arg>) {
+    let mut clauses: Vec<String> = Vec::new();
+    let mut args: Vec<Arg> = Vec::new();
+    let mut push = |clause: &str, arg: Arg| {
+        args.push(arg);
+        clauses.push(clause.replace('?', &format!("${}", args.len())));
+    };
+    if let Some(class) = &filter.class {
+        push("class = ?", Arg::Text(text::encode(class).into_owned()));
+    }
+    if let Some(code) = &filter.code {
+        push("code = ?", Arg::Text(text::encode(code).into_owned()));
+    }
+    if let Some(since) = filter.since {
+        push("last_failed_at_ms >= ?", Arg::Int(to_millis(since)));
+    }
+    if let Some(until) = filter.until {
+        push("last_failed_at_ms < ?", Arg::Int(to_millis(until)));
+    }
+    if let Some(status) = filter.status {
+        push("status = ?", Arg::Text(status.as_str().to_owned()));
+    }
+    if !filter.tags.is_empty() {
+        push("tags @> ?::jsonb", Arg::Text(encode_map(&filter.tags)));
+    }
+    if !filter.ids.is_empty() {
+        let ids = filter
+            .ids
+            .iter()
+            .map(|id| text::encode(id).into_owned())
+            .collect();
+        push("id = ANY(?::text[])", Arg::Texts(ids));
+    }
+    if clauses.is_empty() {
+        ("true".to_owned(), args)
+    } else {
+        (clauses.join(" AND "), args)
+    }
+}
+
+/// What a [`Change`] writes, as the parameters `$2`..`$7` of the `change` statement: status,
+/// retry-at, resends added, whether the budget starts again, resolved-at, metadata entries.
+struct ChangeArgs {
+    status: Status,
+    retry_at: Option<i64>,
+    resends: i64,
+    reset_budget: bool,
+    resolved_at: Option<i64>,
+    metadata: &'static str,
+}
+
+impl ChangeArgs {
+    /// The SQL form of `change`, which [`Change::apply`] is in the process.
+    fn of(change: Change) -> Self {
+        let at = |t: SystemTime| Some(to_millis(t));
+        let base = |status: Status, retry_at: Option<i64>| ChangeArgs {
+            status,
+            retry_at,
+            resends: 0,
+            reset_budget: false,
+            resolved_at: None,
+            metadata: "{}",
+        };
+        match change {
+            Change::Redriving { until } => ChangeArgs {
+                resends: 1,
+                reset_budget: true,
+                ..base(Status::InFlight, at(until))
+            },
+            Change::Resolved { at: t } => ChangeArgs {
+                resolved_at: at(t),
+                ..base(Status::Resolved, None)
+            },
+            Change::Dead => base(Status::Dead, None),
+            Change::Reconciled { at: t } => ChangeArgs {
+                resolved_at: at(t),
+                metadata: r#"{"reconciled": "delivered"}"#,
+                ..base(Status::Resolved, None)
+            },
+            Change::NotDelivered { retry_at } => ChangeArgs {
+                metadata: r#"{"reconciled": "not_delivered"}"#,
+                ..base(Status::Deferred, at(retry_at))
+            },
+            Change::Held { retry_at } => ChangeArgs {
+                resends: -1,
+                ..base(Status::Deferred, at(retry_at))
+            },
+        }
+    }
+}
+
+impl PostgresStore {
+    /// Opens the store at `url` (`postgres://user:password@host:5432/database`, any URL sqlx's
+    /// `PgConnectOptions` reads) with a pool of its own: set options on the returned
+    /// [`OpenPostgres`], then `.await` it. Keeps the last
+    /// [`DEFAULT_HISTORY_LIMIT`](super::DEFAULT_HISTORY_LIMIT) errors per record.
+    ///
+    /// # Errors
+    ///
+    /// As [`OpenPostgres`]: a malformed URL, a server that cannot be reached or refuses the
+    /// login, a failed migration, a schema of a newer version.
+    pub fn connect(url: &str) -> OpenPostgres {
+        OpenPostgres::new(Source::Url(url.to_owned()))
+    }
+
+    /// Opens the store over the application's own pool (its size, timeouts and TLS settings
+    /// apply): set options on the returned [`OpenPostgres`], then `.await` it.
+    ///
+    /// # Errors
+    ///
+    /// As [`OpenPostgres`]: no connection from the pool, a failed migration, a schema of a
+    /// newer version, a pool setting given to the store.
+    pub fn from_pool(pool: PgPool) -> OpenPostgres {
+        OpenPostgres::new(Source::Pool(pool))
+    }
+
+    /// Keeps the last `limit` errors per record (at least one).
+    pub fn with_history_limit(mut self, limit: usize) -> Self {
+        self.history_limit = limit.max(1);
+        self
+    }
+
+    /// The schema that holds the store's tables.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The store's pool: the one it was given, or the one it opened.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Closes the pool: waits for the connections in use to come back, then closes every
+    /// connection. Every later call fails with [`StoreError::closed`]. Over a given pool, this
+    /// closes that pool.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Runs `f` with a clone of the store, as a `'static` boxed future.
+    fn run<T, F>(&self, f: impl FnOnce(PostgresStore) -> F) -> BoxFuture<'static, T>
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
+        Box::pin(f(self.clone()))
+    }
+
+    async fn put_batch(&self, records: Vec<Record>) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let limit = self.history_limit;
+        // Each code's first sighting, in batch order, before repeated ids are folded.
+        let codes: Vec<String> = records
+            .iter()
+            .map(|r| text::encode(&r.code).into_owned())
+            .collect();
+        let seen_at: Vec<i64> = records
+            .iter()
+            .map(|r| to_millis(r.last_failed_at))
+            .collect();
+        // Fold repeated ids within the batch, in order: one row per id in the statement.
+        let mut batch: Vec<Record> = Vec::with_capacity(records.len());
+        let mut at: HashMap<String, usize> = HashMap::new();
+        for mut record in records {
+            match at.get(&record.id) {
+                Some(&i) => batch[i].merge_bounded(record, limit),
+                None => {
+                    record.bound_history(limit);
+                    at.insert(record.id.clone(), batch.len());
+                    batch.push(record);
+                }
+            }
+        }
+        let mut columns = Columns::default();
+        for record in batch {
+            columns.push(record)?;
+        }
+        columns
+            .bind(sqlx::query(&self.sql.put))
+            .bind(codes)
+            .bind(seen_at)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await
+            .map_err(pg_error("write records"))?;
+        Ok(())
+    }
+
+    /// Applies `change` to the record `id`, only if it still has the status and resends of
+    /// `seen` when given.
+    async fn change(
+        &self,
+        id: &str,
+        change: Change,
+        seen: Option<(Status, u32)>,
+    ) -> Result<Claim, StoreError> {
+        let args = ChangeArgs::of(change);
+        let row = sqlx::query(&self.sql.change)
+            .bind(text::encode(id).into_owned())
+            .bind(args.status.as_str())
+            .bind(args.retry_at)
+            .bind(args.resends)
+            .bind(args.reset_budget)
+            .bind(args.resolved_at)
+            .bind(args.metadata)
+            .bind(seen.map(|s| s.0.as_str()))
+            .bind(seen.map(|s| i64::from(s.1)))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(pg_error("change record"))?;
+        let changed: Option<String> = row.try_get(0).map_err(pg_error("change record"))?;
+        if changed.is_some() {
+            return Ok(Claim::Claimed(Box::new(decode_row(&row)?)));
+        }
+        let now: Option<String> = row
+            .try_get(COLUMNS.len())
+            .map_err(pg_error("change record"))?;
+        let resends: Option<i64> = row
+            .try_get(COLUMNS.len() + 1)
+            .map_err(pg_error("change record"))?;
+        match (now, resends) {
+            (Some(status), Some(resends)) => Ok(Claim::ClaimedElsewhere {
+                status: status.parse()?,
+                resends: count_of(resends),
+            }),
+            _ => Ok(Claim::Missing),
+        }
+    }
+
+    async fn delete_matching(&self, filter: &Filter) -> Result<u64, StoreError> {
+        let (clause, args) = where_clause(filter);
+        let n = args.len() + 1;
+        let records = &self.sql.records;
+        // Locked in id order and checked again once locked: a record changed meanwhile so
+        // that it no longer matches is not deleted.
+        let sql = format!(
+            "DELETE FROM {records} WHERE id IN (SELECT id FROM {records} WHERE {clause} \
+             ORDER BY id LIMIT ${n} FOR UPDATE)"
+        );
+        let mut deleted = 0;
+        loop {
+            let (_, args) = where_clause(filter);
+            let done = bind_all(sqlx::query(&sql), args)
+                .bind(DELETE_BATCH)
+                .execute(&self.pool)
+                .await
+                .map_err(pg_error("delete records"))?
+                .rows_affected();
+            deleted += done;
+            if done < DELETE_BATCH as u64 {
+                return Ok(deleted);
+            }
+        }
+    }
+
+    async fn read_counts(&self, since: SystemTime) -> Result<Counts, StoreError> {
+        let rows = sqlx::query(&self.sql.counts)
+            .bind(to_millis(since))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(pg_error("count records"))?;
+        let mut by_class = Vec::new();
+        let mut by_code = Vec::new();
+        let mut new_codes = Vec::new();
+        let mut deferred = 0;
+        for row in rows {
+            let kind: String = row.try_get(0).map_err(pg_error("count records"))?;
+            let name: String = row.try_get(1).map_err(pg_error("count records"))?;
+            let n: i64 = row.try_get(2).map_err(pg_error("count records"))?;
+            let name = text::decode(name).map_err(|e| decode_error("class or code", e))?;
+            let count = u64::try_from(n).unwrap_or(0);
+            match kind.as_str() {
+                "class" => by_class.push((name, count)),
+                "code" => by_code.push((name, count)),
+                "new" => new_codes.push((name, from_millis(n))),
+                _ => deferred = count,
+            }
+        }
+        new_codes.sort_by(|a: &(String, SystemTime), b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        let by_class = top_first(by_class);
+        Ok(Counts {
+            total: by_class.iter().map(|(_, n)| n).sum(),
+            by_class,
+            by_code: top_first(by_code),
+            new_codes,
+            deferred,
+        })
+    }
+
+    async fn read_audit(&self, page: Range<usize>) -> Result<Vec<AuditEntry>, StoreError> {
+        if page.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(&self.sql.audit)
+            .bind(i64::try_from(page.len()).unwrap_or(i64::MAX))
+            .bind(i64::try_from(page.start).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(pg_error("read audit trail"))?;
+        let get = pg_error("read audit trail");
+        rows.iter()
+            .map(|row| {
+                let text_at = |i: usize| -> Result<String, StoreError> {
+                    let s: String = row.try_get(i).map_err(&get)?;
+                    text::decode(s).map_err(|e| decode_error("audit entry", e))
+                };
+                let action = text_at(2)?;
+                let action = AuditAction::parse(&action).ok_or_else(|| {
+                    decode_error("audit entry", format!("unknown audit action {action:?}"))
+                })?;
+                Ok(AuditEntry {
+                    at: from_millis(row.try_get(0).map_err(&get)?),
+                    actor: text_at(1)?,
+                    action,
+                    filter: text_at(3)?,
+                    planned: row
+                        .try_get::<Option<i64>, _>(4)
+                        .map_err(&get)?
+                        .map(|n| u64::try_from(n).unwrap_or(0)),
+                    sent: u64::try_from(row.try_get::<i64, _>(5).map_err(&get)?).unwrap_or(0),
+                    outcome: text_at(6)?,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Store for PostgresStore {
+    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.run(|this| async move { this.put_batch(records).await })
+    }
+
+    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        let id = text::encode(id).into_owned();
+        self.run(|this| async move {
+            let row = sqlx::query(&this.sql.get)
+                .bind(id)
+                .fetch_optional(&this.pool)
+                .await
+                .map_err(pg_error("read record"))?;
+            row.as_ref().map(decode_row).transpose()
+        })
+    }
+
+    fn search(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let (clause, args) = where_clause(filter);
+        self.run(|this| async move {
+            if page.is_empty() {
+                return Ok(Vec::new());
+            }
+            let n = args.len();
+            let sql = format!(
+                "SELECT {} FROM {} WHERE {clause} ORDER BY last_failed_at_ms DESC, id \
+                 LIMIT ${} OFFSET ${}",
+                select_list(""),
+                this.sql.records,
+                n + 1,
+                n + 2
+            );
+            let rows = bind_all(sqlx::query(&sql), args)
+                .bind(i64::try_from(page.len()).unwrap_or(i64::MAX))
+                .bind(i64::try_from(page.start).unwrap_or(i64::MAX))
+                .fetch_all(&this.pool)
+                .await
+                .map_err(pg_error("search records"))?;
+            rows.iter().map(decode_row).collect()
+        })
+    }
+
+    fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let (clause, args) = where_clause(filter);
+        self.run(|this| async move {
+            let sql = format!("SELECT count(*) FROM {} WHERE {clause}", this.sql.records);
+            let n: i64 = bind_all(sqlx::query(&sql), args)
+                .fetch_one(&this.pool)
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(pg_error("count records"))?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
+    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
+        self.run(|this| async move { this.read_counts(since).await })
+    }
+
+    fn update(
+        &self,
+        id: &str,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        let id = id.to_owned();
+        self.run(|this| async move {
+            Ok(match this.change(&id, change, None).await? {
+                Claim::Claimed(record) => Some(*record),
+                _ => None,
+            })
+        })
+    }
+
+    fn claim_due(
+        &self,
+        now: SystemTime,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.run(|this| async move {
+            let rows = sqlx::query(&this.sql.claim)
+                .bind(to_millis(now))
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .bind(to_millis(add_clamped(now, lease)))
+                .fetch_all(&this.pool)
+                .await
+                .map_err(pg_error("claim records"))?;
+            rows.iter().map(decode_row).collect()
+        })
+    }
+
+    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let filter = filter.clone();
+        self.run(|this| async move { this.delete_matching(&filter).await })
+    }
+
+    fn change_if_unchanged(
+        &self,
+        seen: &Record,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let (id, was) = (seen.id.clone(), (seen.status, seen.resends));
+        self.run(|this| async move {
+            let claim = this.change(&id, change, Some(was)).await?;
+            match claim {
+                // The statement reads "now" as of its start: a change committed while it
+                // waited for the row's lock may show the values it was compared with. Read
+                // them again, then.
+                Claim::ClaimedElsewhere { status, resends } if (status, resends) == was => {
+                    Ok(match this.get(&id).await? {
+                        Some(r) => Claim::ClaimedElsewhere {
+                            status: r.status,
+                            resends: r.resends,
+                        },
+                        None => Claim::Missing,
+                    })
+                }
+                other => Ok(other),
+            }
+        })
+    }
+
+    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.run(|this| async move {
+            let owned = |s: &str| text::encode(s).into_owned();
+            sqlx::query(&this.sql.append_audit)
+                .bind(to_millis(entry.at))
+                .bind(owned(&entry.actor))
+                .bind(entry.action.as_str())
+                .bind(owned(&entry.filter))
+                .bind(entry.planned.map(|n| i64::try_from(n).unwrap_or(i64::MAX)))
+                .bind(i64::try_from(entry.sent).unwrap_or(i64::MAX))
+                .bind(owned(&entry.outcome))
+                .execute(&this.pool)
+                .await
+                .map_err(pg_error("write audit entry"))?;
+            Ok(())
+        })
+    }
+
+    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
+        self.run(|this| async move { this.read_audit(page).await })
+    }
+
+    fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
+        let id = text::encode(id).into_owned();
+        self.run(|this| async move {
+            let n: Option<i64> = sqlx::query_scalar(&this.sql.budget)
+                .bind(id)
+                .fetch_optional(&this.pool)
+                .await
+                .map_err(pg_error("read attempt budget"))?;
+            Ok(n.map(count_of))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_in_sql_is_the_change_in_the_process() {
+        // Each variant's statement parameters say what `Change::apply` does.
+        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(5);
+        let a = ChangeArgs::of(Change::Redriving { until: t });
+        assert_eq!(
+            (a.status, a.retry_at, a.resends, a.reset_budget),
+            (Status::InFlight, Some(5), 1, true)
+        );
+        let a = ChangeArgs::of(Change::Held { retry_at: t });
+        assert_eq!((a.status, a.resends), (Status::Deferred, -1));
+        let a = ChangeArgs::of(Change::Reconciled { at: t });
+        assert_eq!(
+            (a.status, a.resolved_at, a.retry_at),
+            (Status::Resolved, Some(5), None)
+        );
+        assert!(a.metadata.contains("delivered"));
+    }
+}
