@@ -142,7 +142,6 @@ pub use self::budget::BudgetSpent;
 pub use self::future::ResponseFuture;
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
 pub use self::note::DeadLetterStatus;
-pub(crate) use self::note::Unsent;
 pub use self::record::{MAX_DEFERRAL, record_of};
 pub(crate) use self::with_retry::{DeadLetterRetry as WithRetry, DeadLetterRetryLayer};
 

@@ -6,10 +6,10 @@ use std::task::{Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{DeadLetter, DeadLetterLayer, Unsent};
+use super::{DeadLetter, DeadLetterLayer};
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
-use crate::retry::{Retry, RetryLayer};
+use crate::retry::{KeepCopy, Retry, RetryLayer};
 
 /// [`DeadLetterLayer`] directly above [`RetryLayer`], built as one layer so that both share a
 /// single copy of each request.
@@ -61,13 +61,6 @@ pub(crate) struct DeadLetterRetry<S> {
     inner: DeadLetter<Retry<S>>,
 }
 
-/// Puts the retry layer's unsent copy on the failure, for the dead-letter layer above.
-fn hand_back<R, Req: Send + 'static>(failure: &mut Failure<R>, request: Req) {
-    failure
-        .notes_mut()
-        .insert(Unsent(std::sync::Mutex::new(request)));
-}
-
 impl<S, Req> Service<Req> for DeadLetterRetry<S>
 where
     S: Service<Req> + Clone,
@@ -89,7 +82,7 @@ where
         self.inner.call_reusing(|retry| {
             // A request that cannot be copied keeps at least its record id.
             let mut uncopyable = None;
-            let future = retry.start(req, Some(hand_back::<S::Response, Req>), |req| {
+            let future = retry.start(req, Some(KeepCopy::new()), |req| {
                 uncopyable = Some(req.message_id().map(str::to_owned));
             });
             (future, uncopyable)
