@@ -6,6 +6,7 @@ use std::task::{Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::future::Kept;
 use super::{DeadLetter, DeadLetterLayer};
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
@@ -80,12 +81,13 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         self.inner.call_reusing(|retry| {
-            // A request that cannot be copied keeps at least its record id.
-            let mut uncopyable = None;
+            // The retry layer hands its copy up on the failure; a request that cannot be copied
+            // keeps at least its record id.
+            let mut kept = Kept::HandedBack;
             let future = retry.start(req, Some(KeepCopy::new()), |req| {
-                uncopyable = Some(req.message_id().map(str::to_owned));
+                kept = Kept::of(req, None);
             });
-            (future, uncopyable)
+            (future, kept)
         })
     }
 }
