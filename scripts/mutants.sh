@@ -23,7 +23,7 @@ TESTS[policy]="--lib --test retry --test config --test reconcile --test hedge --
 # The policy's edits for `config` are compiled with the serde feature only.
 FEATURES[policy]="--features serde"
 FILES[retry_future]="src/retry/future.rs,src/retry/retrying.rs,src/retry/hedge.rs,src/retry/trace.rs,src/retry/unsent.rs"
-TESTS[retry_future]="--lib --test retry --test reconcile --test bodies --test hedge --test spans --test events --test retry_tracing"
+TESTS[retry_future]="--lib --test retry --test reconcile --test bodies --test hedge --test spans --test events --test retry_tracing --test deadlines"
 FILES[breaker]="src/breaker/state.rs,src/breaker/window.rs,src/breaker/open.rs"
 TESTS[breaker]="--lib --test breaker --test breaker_tracing --test config"
 FEATURES[breaker]=""

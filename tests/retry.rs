@@ -1664,12 +1664,21 @@ async fn a_request_that_stops_being_replayable_keeps_its_first_failure_time() {
 }
 
 /// The inner service fails its readiness before a retry: the request stops there, and the note
-/// still says when the first attempt failed.
+/// still says when the first attempt failed (before the retry was scheduled, not when the call
+/// gave up).
 #[tokio::test(start_paused = true)]
 async fn readiness_failing_before_a_retry_gives_up_with_the_first_failure_time() {
-    let (mut svc, mut handle) = tower_test::mock::spawn_layer::<&'static str, (), _>(
-        RetryPolicy::new().backoff(no_jitter(10)).build().unwrap(),
+    let scheduled = Arc::new(Mutex::new(None));
+    let seen = Arc::clone(&scheduled);
+    let policy = RetryPolicy::new().backoff(no_jitter(10)).listener(
+        move |e: &tower_backstop::event::Event<'_>| {
+            if let tower_backstop::event::Event::RetryScheduled { .. } = e {
+                *seen.lock().unwrap() = Some(std::time::SystemTime::now());
+            }
+        },
     );
+    let (mut svc, mut handle) =
+        tower_test::mock::spawn_layer::<&'static str, (), _>(policy.build().unwrap());
     handle.allow(1);
     assert!(svc.poll_ready().is_ready());
     let before = std::time::SystemTime::now();
@@ -1684,7 +1693,8 @@ async fn readiness_failing_before_a_retry_gives_up_with_the_first_failure_time()
     let first = attempts
         .first_failed_at()
         .expect("the time of the first failure");
-    assert!(first >= before && first <= std::time::SystemTime::now());
+    let scheduled = scheduled.lock().unwrap().expect("a retry was scheduled");
+    assert!(first >= before && first <= scheduled);
 }
 
 /// A service that refuses every connection, counting its calls in `calls`.
