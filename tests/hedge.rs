@@ -127,6 +127,24 @@ async fn an_empty_budget_sends_no_copy() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_copy_the_budget_refused_is_not_tried_again_in_the_call() {
+    // Each first attempt adds half a retry. The slow call's own half is not enough at 100 ms:
+    // hedging stops for that call. A second call at 150 ms makes the budget one retry, which
+    // the slow call does not take: it is never hedged, and answers at 1 s.
+    let upstream = Scripted::new([after(1_000, status(200))], status(200));
+    let policy = hedged(3).budget(Budget::ratio(0.5, 0, Duration::from_secs(10)).unwrap());
+    let svc = retry_stack(policy, &upstream);
+    let start = Instant::now();
+    let slow = tokio::spawn(svc.clone().oneshot(get("http://api.test/slow")));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    svc.oneshot(get("http://api.test/fast")).await.unwrap();
+    slow.await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    let sent: Vec<_> = upstream.seen().iter().map(|s| s.at - start).collect();
+    assert_eq!(sent, [Duration::ZERO, Duration::from_millis(150)]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_servers_pushback_stops_the_copies() {
     // The first copy is throttled at once with Retry-After: no second copy; the first attempt
     // answers at 1 s.
@@ -305,6 +323,25 @@ async fn a_failed_attempt_is_set_aside_while_a_copy_is_out() {
     assert_eq!(response.status(), 200);
     assert_eq!(start.elapsed(), Duration::from_millis(300));
     assert_eq!(upstream.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_returns_the_failure_set_aside() {
+    // The first attempt fails with a 503 at 150 ms while its copy (sent at 100 ms) is out; the
+    // deadline ends the call at 300 ms: its failure is that 503, the last real one.
+    let upstream = Scripted::new([after(150, status(503))], after(5_000, status(200)));
+    let failure = retry_stack(hedged(1).deadline(Duration::from_millis(300)), &upstream)
+        .oneshot(get("http://api.test/"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        failure.code(),
+        tower_backstop::Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)
+    );
+    assert_eq!(
+        failure.note::<Attempts>().map(|a| (a.count(), a.give_up())),
+        Some((2, GiveUp::DeadlineExceeded))
+    );
 }
 
 #[tokio::test(start_paused = true)]

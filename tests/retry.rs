@@ -506,6 +506,21 @@ async fn an_open_breaker_fails_fast_and_is_deferred_to_the_half_open_instant() {
         ),
         (0, Some(GiveUp::Deferred))
     );
+    // Only a rejection: another failure with a hint, after the one attempt allowed, is given up
+    // (attempts exhausted), not deferred to its hint.
+    let upstream = Failing::new(vec![], || {
+        Failure::new(
+            Class::TRANSIENT,
+            Code::Http(http::StatusCode::SERVICE_UNAVAILABLE),
+        )
+        .with_retry_after(Duration::from_secs(1))
+    });
+    let failure = fail_through(RetryPolicy::new().max_attempts(1), &upstream).await;
+    let note = failure.note::<Attempts>().expect("the retry layer's note");
+    assert_eq!(
+        (note.count(), note.give_up(), note.retry_at()),
+        (1, GiveUp::AttemptsExhausted, None)
+    );
 
     // Under `give_up_long_delays`, it is given up instead, at once.
     let upstream = Failing::new(vec![], rejected);
@@ -907,6 +922,27 @@ async fn timeout_after_keyless_post_is_outcome_unknown() {
     assert_eq!(
         failure.note::<Attempts>().map(Attempts::give_up),
         Some(GiveUp::NotIdempotent)
+    );
+
+    // With one attempt allowed, the reason is still the request's outcome, not the cap: a
+    // record that says "attempts exhausted" would invite a re-send of a charge that may have
+    // gone through.
+    let upstream = Scripted::always(Step::After(Duration::from_secs(10), Box::new(status(200))));
+    let svc = ServiceBuilder::new()
+        .layer(RetryPolicy::new().max_attempts(1).build().unwrap())
+        .layer(ClassifyLayer::http())
+        .layer(tower_backstop::timeout::TimeoutLayer::new(
+            Duration::from_secs(1),
+        ))
+        .service(upstream.clone());
+    let failure = svc
+        .oneshot(post("/charge", "{\"amount\":100}"))
+        .await
+        .unwrap_err();
+    assert_eq!(failure.class(), Class::OUTCOME_UNKNOWN);
+    assert_eq!(
+        failure.note::<Attempts>().map(|a| (a.count(), a.give_up())),
+        Some((1, GiveUp::NotIdempotent))
     );
 }
 
@@ -1628,12 +1664,21 @@ async fn a_request_that_stops_being_replayable_keeps_its_first_failure_time() {
 }
 
 /// The inner service fails its readiness before a retry: the request stops there, and the note
-/// still says when the first attempt failed.
+/// still says when the first attempt failed (before the retry was scheduled, not when the call
+/// gave up).
 #[tokio::test(start_paused = true)]
 async fn readiness_failing_before_a_retry_gives_up_with_the_first_failure_time() {
-    let (mut svc, mut handle) = tower_test::mock::spawn_layer::<&'static str, (), _>(
-        RetryPolicy::new().backoff(no_jitter(10)).build().unwrap(),
+    let scheduled = Arc::new(Mutex::new(None));
+    let seen = Arc::clone(&scheduled);
+    let policy = RetryPolicy::new().backoff(no_jitter(10)).listener(
+        move |e: &tower_backstop::event::Event<'_>| {
+            if let tower_backstop::event::Event::RetryScheduled { .. } = e {
+                *seen.lock().unwrap() = Some(std::time::SystemTime::now());
+            }
+        },
     );
+    let (mut svc, mut handle) =
+        tower_test::mock::spawn_layer::<&'static str, (), _>(policy.build().unwrap());
     handle.allow(1);
     assert!(svc.poll_ready().is_ready());
     let before = std::time::SystemTime::now();
@@ -1648,7 +1693,8 @@ async fn readiness_failing_before_a_retry_gives_up_with_the_first_failure_time()
     let first = attempts
         .first_failed_at()
         .expect("the time of the first failure");
-    assert!(first >= before && first <= std::time::SystemTime::now());
+    let scheduled = scheduled.lock().unwrap().expect("a retry was scheduled");
+    assert!(first >= before && first <= scheduled);
 }
 
 /// A service that refuses every connection, counting its calls in `calls`.

@@ -78,4 +78,27 @@ async fn every_retry_give_up_and_deferral_is_traced() {
     ] {
         assert!(give_up.contains(field), "{field} in {give_up}");
     }
+    drop(logs);
+
+    // A breaker rejection's deferral is said at DEBUG (the breaker said at WARN that it
+    // opened), without the delay of a long hint.
+    let logs = support::LogCapture::start(tracing::Level::DEBUG);
+    let rejecting = tower::ServiceBuilder::new()
+        .layer(RetryPolicy::new().build().unwrap())
+        .layer(tower_backstop::classify::ClassifyLayer::http())
+        .service(tower::service_fn(|_: http::Request<String>| async {
+            let open = tower_backstop::Failure::<()>::new(
+                tower_backstop::Class::CIRCUIT_OPEN,
+                tower_backstop::Code::CircuitOpen,
+            )
+            .with_retry_after(std::time::Duration::from_secs(30));
+            Err::<http::Response<()>, tower_backstop::BoxError>(Box::new(open))
+        }));
+    let _ = rejecting.oneshot(get("/")).await;
+    let log = logs.text();
+    let deferral = log.lines().find(|l| l.contains("deferring")).expect(&log);
+    for field in [" DEBUG ", "attempts=0", "the breaker is open", "retry_at="] {
+        assert!(deferral.contains(field), "{field} in {deferral}");
+    }
+    assert!(!deferral.contains("delay="), "{deferral}");
 }

@@ -8,12 +8,12 @@ use tower_service::Service;
 
 use super::budget::refusal;
 use super::layer::Config;
-use super::note::{DeadLetterStatus, Unsent};
+use super::note::DeadLetterStatus;
 use super::record::record_at;
 use crate::failure::{Code, Failure};
 use crate::observe::Event;
 use crate::request::{Describe, Envelope};
-use crate::retry::Attempts;
+use crate::retry::{Attempts, Unsent};
 use crate::store::{BoxFuture, StoreError};
 
 pin_project! {

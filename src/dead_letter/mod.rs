@@ -145,7 +145,6 @@ pub use self::future::ResponseFuture;
 pub(crate) use self::headers::RedactHeaders;
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
 pub use self::note::DeadLetterStatus;
-pub(crate) use self::note::Unsent;
 pub use self::record::{MAX_DEFERRAL, record_of};
 pub use self::stats::Stats;
 pub(crate) use self::with_retry::{DeadLetterRetry as WithRetry, DeadLetterRetryLayer};
@@ -170,12 +169,13 @@ impl<S> DeadLetter<S> {
 
 impl<S> DeadLetter<S> {
     /// A call that keeps no copy of its own: `call` gets the inner service and returns its
-    /// future, and the copy comes back on the failure (the retry layer's unsent spare, see
-    /// `with_retry`).
+    /// future and what this layer keeps, `Kept::HandedBack` when the copy comes back on the
+    /// failure (the retry layer's unsent spare, see `with_retry`), or the record id of a
+    /// request that could not be copied.
     #[inline]
     pub(crate) fn call_reusing<Req>(
         &mut self,
-        call: impl FnOnce(&mut S) -> (S::Future, Option<Option<String>>),
+        call: impl FnOnce(&mut S) -> (S::Future, future::Kept<Req>),
     ) -> ResponseFuture<S, Req>
     where
         S: Service<Req>,
@@ -184,11 +184,7 @@ impl<S> DeadLetter<S> {
             self.config.budget.is_none(),
             "an attempt budget is read before the call: the preset stacks the two layers"
         );
-        let (future, uncopyable) = call(&mut self.inner);
-        let kept = match uncopyable {
-            None => future::Kept::HandedBack,
-            Some(id) => future::Kept::Uncopyable(id),
-        };
+        let (future, kept) = call(&mut self.inner);
         ResponseFuture::new(future, kept, self.config.clone())
     }
 

@@ -1,7 +1,6 @@
 //! The dead-letter layer's note on a failure: where its record went.
 
 use std::fmt;
-use std::sync::Mutex;
 
 use crate::failure::{BoxError, Note, Notes};
 use crate::retry::Attempts;
@@ -61,24 +60,5 @@ impl Note for DeadLetterStatus {
                 write!(f, "; dead letter {id} could not be written: {error}")
             }
         }
-    }
-}
-
-/// An unsent copy of the request, handed up on a failure by a retry layer built with this
-/// layer (see `with_retry`), so that a call keeps one copy, not two. A `Mutex`, so that the
-/// failure stays `Sync` for a request that is only `Send`.
-pub(crate) struct Unsent<Q>(pub(crate) Mutex<Q>);
-
-impl<Q> fmt::Debug for Unsent<Q> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Unsent(..)")
-    }
-}
-
-impl<Q: Send + 'static> Note for Unsent<Q> {}
-
-impl<Q> Unsent<Q> {
-    pub(crate) fn into_inner(self) -> Q {
-        self.0.into_inner().unwrap_or_else(|e| e.into_inner())
     }
 }

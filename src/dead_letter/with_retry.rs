@@ -6,10 +6,11 @@ use std::task::{Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{DeadLetter, DeadLetterLayer, Unsent};
+use super::future::Kept;
+use super::{DeadLetter, DeadLetterLayer};
 use crate::failure::Failure;
 use crate::request::{Describe, Replay};
-use crate::retry::{Retry, RetryLayer};
+use crate::retry::{KeepCopy, Retry, RetryLayer};
 
 /// [`DeadLetterLayer`] directly above [`RetryLayer`], built as one layer so that both share a
 /// single copy of each request.
@@ -68,13 +69,6 @@ pub(crate) struct DeadLetterRetry<S> {
     inner: DeadLetter<Retry<S>>,
 }
 
-/// Puts the retry layer's unsent copy on the failure, for the dead-letter layer above.
-fn hand_back<R, Req: Send + 'static>(failure: &mut Failure<R>, request: Req) {
-    failure
-        .notes_mut()
-        .insert(Unsent(std::sync::Mutex::new(request)));
-}
-
 impl<S, Req> Service<Req> for DeadLetterRetry<S>
 where
     S: Service<Req> + Clone,
@@ -94,12 +88,13 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         self.inner.call_reusing(|retry| {
-            // A request that cannot be copied keeps at least its record id.
-            let mut uncopyable = None;
-            let future = retry.start(req, Some(hand_back::<S::Response, Req>), |req| {
-                uncopyable = Some(req.message_id().map(str::to_owned));
+            // The retry layer hands its copy up on the failure; a request that cannot be copied
+            // keeps at least its record id.
+            let mut kept = Kept::HandedBack;
+            let future = retry.start(req, Some(KeepCopy::new()), |req| {
+                kept = Kept::of(req, None);
             });
-            (future, uncopyable)
+            (future, kept)
         })
     }
 }

@@ -105,10 +105,11 @@
 //! traces); without a subscriber that wants them, the check costs one atomic load.
 
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use tower_service::Service;
 
+use self::future::{Call, Deadline, Mode};
+use self::retrying::{Retrying, earlier};
 use crate::failure::Failure;
 use crate::request::Replay;
 
@@ -117,10 +118,14 @@ mod budget;
 #[cfg(feature = "serde")]
 pub(crate) mod config;
 mod future;
+mod hedge;
 mod layer;
 mod note;
 mod policy;
 mod reconcile;
+mod retrying;
+mod trace;
+mod unsent;
 
 pub use self::backoff::{Backoff, Jitter};
 pub use self::budget::Budget;
@@ -129,6 +134,9 @@ pub use self::layer::RetryLayer;
 pub use self::note::Attempts;
 pub use self::policy::{ClassPolicy, RetryPolicy};
 pub use self::reconcile::{Delivery, ReconciledResponse, StatusCheck};
+pub(crate) use self::unsent::KeepCopy;
+#[cfg(feature = "dead-letter")]
+pub(crate) use self::unsent::Unsent;
 pub use crate::request::{ReplayBuffer, ReplayBufferFuture, ReplayBufferLayer};
 pub use crate::status::{DelaySource, GiveUp};
 
@@ -137,16 +145,6 @@ pub use crate::status::{DelaySource, GiveUp};
 pub struct Retry<S> {
     inner: S,
     policy: RetryPolicy,
-}
-
-/// The smaller of two optional bounds.
-#[inline]
-pub(crate) fn earlier(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, None) => a,
-        (None, b) => b,
-    }
 }
 
 impl<S> Retry<S> {
@@ -194,16 +192,15 @@ fn kept_for_listener(policy: &RetryPolicy) -> RetryPolicy {
 }
 
 impl<S> Retry<S> {
-    /// One call: the first attempt, and what the future needs for the next ones. With
-    /// `hand_back`, a copy of the request is always kept (when [`Replay`] can make one), even
-    /// when no retry is possible, and goes up on the failure.
+    /// One call: the first attempt, and what the future needs for the next ones. With `keep`,
+    /// a copy of the request is always kept (when [`Replay`] can make one), even when no retry
+    /// is possible, and goes up on the failure (see [`KeepCopy`]). `uncopyable` sees the
+    /// request before it is sent when a copy was wanted and [`Replay`] could not make one.
     #[inline(always)]
-    /// `uncopyable` sees the request before it is sent when a copy was wanted and [`Replay`]
-    /// could not make one.
     pub(crate) fn start<Req>(
         &mut self,
         req: Req,
-        hand_back: Option<future::HandBack<S::Response, Req>>,
+        keep: Option<KeepCopy<S::Response, Req>>,
         uncopyable: impl FnOnce(&Req),
     ) -> ResponseFuture<S, Req>
     where
@@ -227,7 +224,7 @@ impl<S> Retry<S> {
         } else {
             policy.reconcile_ref().cloned()
         };
-        let copy = if retries || hand_back.is_some() || reconcile.is_some() {
+        let spare = if retries || keep.is_some() || reconcile.is_some() {
             let copy = req.replay();
             if copy.is_none() {
                 uncopyable(&req);
@@ -243,7 +240,7 @@ impl<S> Retry<S> {
         if let Some(left) = earlier(deadline, policy.attempt_bound()) {
             req.set_time_left(&policy.time_left(left));
         }
-        let spans = future::Spans::of(&req);
+        let spans = trace::Spans::of(&req);
         // The attempt's start (read only with a listener) is read before the inner call, so that nothing
         // runs between the inner future's making and its move into ours (the compiler then
         // builds it in place instead of copying it).
@@ -252,43 +249,32 @@ impl<S> Retry<S> {
             None => self.inner.call(req),
             Some(attempt) => attempt.in_scope(|| self.inner.call(req)),
         };
-        match copy {
-            // Keep a clone of the service (driven to readiness before each later attempt) and
-            // of the policy only when another attempt is possible.
-            Some(spare) if retries => ResponseFuture::retrying(
-                future,
-                self.inner.clone(),
-                spare,
-                safe,
-                policy.clone(),
-                deadline,
-                hand_back,
-                reconcile,
-                started,
-                spans,
-            ),
-            kept => {
-                let reason = if policy.attempts() <= 1 {
-                    GiveUp::AttemptsExhausted
-                } else if !retries {
-                    GiveUp::NotIdempotent
-                } else {
-                    GiveUp::NotReplayable
-                };
-                ResponseFuture::single(
-                    future,
-                    safe,
-                    reason,
-                    deadline,
-                    hand_back,
-                    kept,
-                    reconcile,
-                    // Only for its listener: without one, no policy clone.
-                    policy.hook().is_set().then(|| kept_for_listener(policy)),
-                    started,
-                    spans,
-                )
-            }
-        }
+        // Keep a clone of the service (driven to readiness before each later attempt) and of
+        // the policy only when another attempt is possible.
+        let mode = if retries && spare.is_some() {
+            Mode::Retrying(Retrying::new(self.inner.clone(), policy.clone(), safe))
+        } else {
+            let reason = if policy.attempts() <= 1 {
+                GiveUp::AttemptsExhausted
+            } else if !retries {
+                GiveUp::NotIdempotent
+            } else {
+                GiveUp::NotReplayable
+            };
+            // Only for its listener: without one, no policy clone.
+            let listener = policy.hook().is_set().then(|| kept_for_listener(policy));
+            Mode::Single { reason, listener }
+        };
+        let call = Call {
+            mode,
+            spare,
+            keep,
+            deadline: Deadline::new(deadline),
+            safe,
+            reconcile,
+            started,
+            spans,
+        };
+        ResponseFuture::new(future, call)
     }
 }
