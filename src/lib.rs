@@ -136,6 +136,7 @@ pub mod dead_letter;
 pub mod failover;
 mod failure;
 mod grpc_wire;
+mod http_wire;
 mod integration;
 pub mod observe;
 mod order;

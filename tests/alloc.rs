@@ -16,9 +16,10 @@ use std::pin::pin;
 use std::time::Duration;
 
 use tower::{Layer, Service, ServiceBuilder, service_fn};
-use tower_backstop::breaker::{BreakerLayer, FailoverLayer, State};
+use tower_backstop::breaker::{BreakerLayer, State};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier, Verdict};
 use tower_backstop::dead_letter::DeadLetterLayer;
+use tower_backstop::failover::FailoverLayer;
 use tower_backstop::retry::{Budget, Delivery, RetryLayer, RetryPolicy};
 use tower_backstop::server::ServerLayer;
 use tower_backstop::store::MemoryStore;

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use support::{Scripted, get, status};
 use tower::{Layer, Service, ServiceExt};
-use tower_backstop::breaker::{BreakerHandle, BreakerLayer, Failover, FailoverLayer, State};
+use tower_backstop::breaker::{BreakerHandle, BreakerLayer, State};
 use tower_backstop::classify::{Classify, ClassifyLayer, HttpClassifier};
+use tower_backstop::failover::{Failover, FailoverLayer};
 use tower_backstop::{Class, Failure};
 
 type Response = http::Response<()>;

@@ -9,7 +9,7 @@ use super::keyed::{Authority, PerKey};
 use super::open::OpenDuration;
 use super::state::{MAX_PROBES, Settings};
 use super::window::WindowKind;
-use crate::BuildError;
+use crate::build_error::BuildError;
 use crate::failure::Class;
 use crate::observe::Listener;
 

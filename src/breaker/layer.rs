@@ -10,7 +10,7 @@ use super::builder::Builder;
 use super::handle::BreakerHandle;
 use super::keyed::{Authority, PerKey, Registry};
 use super::state::Shared;
-use crate::BuildError;
+use crate::build_error::BuildError;
 use crate::failure::Class;
 use crate::observe::{Health, Hook};
 

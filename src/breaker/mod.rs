@@ -30,7 +30,7 @@
 //! route is shown on [`BreakerHandle`]), [`Health`] for a health route listing every breaker,
 //! [`Listener`](crate::observe::Listener) for metrics,
 //! [`per_host`](BreakerLayer::per_host) and [`keyed_by`](BreakerLayer::keyed_by) for one breaker
-//! per host or per key of yours, [`FailoverLayer`] to send rejected calls to a second provider, and
+//! per host or per key of yours, [`FailoverLayer`](crate::failover::FailoverLayer) to send rejected calls to a second provider, and
 //! [`ServerLayer::breaker`](crate::server::ServerLayer::breaker) for an axum server that answers `503` with `Retry-After` itself.
 //!
 //! Put [`ClassifyLayer`](crate::classify::ClassifyLayer) below it: the breaker reads the class off
@@ -153,7 +153,6 @@ pub use self::state::{MAX_PROBES, Stats};
 pub use crate::status::State;
 // `tower_backstop::breaker::{Health, HealthReport, BreakerHealth}` before they moved to
 // `observe`: kept so that code written against that path still compiles.
-pub use crate::failover::{Failover, FailoverFuture, FailoverLayer};
 #[doc(hidden)]
 pub use crate::observe::{BreakerHealth, Health, HealthReport};
 

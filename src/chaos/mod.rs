@@ -69,7 +69,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tower_layer::Layer;
 
-use crate::BuildError;
+use crate::build_error::BuildError;
 use crate::failure::{Class, Sent};
 
 mod future;

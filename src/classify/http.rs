@@ -6,6 +6,7 @@ use http::{HeaderMap, StatusCode, header::RETRY_AFTER};
 
 use super::{Classifier, Verdict};
 use crate::failure::{Class, Code, Sent};
+use crate::http_wire::ResponseHead;
 
 /// The HTTP classifier: maps a response's status to a [`Class`] and reads `Retry-After`.
 ///
@@ -136,8 +137,8 @@ impl HttpClassifier {
     }
 }
 
-impl<B> Classifier<http::Response<B>> for HttpClassifier {
-    fn classify_response(&self, response: &http::Response<B>) -> Option<Verdict> {
+impl<R: ResponseHead> Classifier<R> for HttpClassifier {
+    fn classify_response(&self, response: &R) -> Option<Verdict> {
         self.classify_head(response.status(), response.headers())
     }
 }

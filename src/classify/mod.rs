@@ -129,6 +129,7 @@ pub use self::invalid::Invalid;
 pub use self::layer::ClassifyLayer;
 pub use self::smtp::SmtpClassifier;
 pub use crate::grpc_wire::codes;
+pub use crate::http_wire::ResponseHead;
 pub use crate::request::{BufferResponse, BufferResponseFuture, BufferResponseLayer};
 
 /// The result of classifying one failed attempt: its class, its original code, and the server's
@@ -216,7 +217,7 @@ impl Verdict {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot classify a `{R}`",
     label = "ClassifyLayer's classifier does not read this response type",
-    note = "`HttpClassifier` and `GrpcClassifier` classify `http::Response<B>`; `HttpClassifier` also classifies `reqwest::Response` with the `reqwest` feature; any closure `Fn(&{R}) -> Option<Verdict>` is a classifier"
+    note = "`HttpClassifier` classifies any `ResponseHead` (`http::Response<B>`; `reqwest::Response` with the `reqwest` feature); `GrpcClassifier` classifies `http::Response<B>`; any closure `Fn(&{R}) -> Option<Verdict>` is a classifier"
 )]
 pub trait Classifier<R> {
     /// `None` when `response` is a success; otherwise its verdict.

@@ -137,7 +137,6 @@ mod headers;
 mod layer;
 mod note;
 mod record;
-mod stats;
 mod with_retry;
 
 pub use self::budget::BudgetSpent;
@@ -146,7 +145,6 @@ pub(crate) use self::headers::RedactHeaders;
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
 pub use self::note::DeadLetterStatus;
 pub use self::record::{MAX_DEFERRAL, record_of};
-pub use self::stats::Stats;
 pub(crate) use self::with_retry::{DeadLetterRetry as WithRetry, DeadLetterRetryLayer};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).

@@ -10,7 +10,7 @@ use crate::breaker::{BreakerHandle, BreakerLayer};
 /// ```
 /// use std::time::Duration;
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
-/// use tower_backstop::{BoxError, breaker::{BreakerLayer, FailoverLayer}};
+/// use tower_backstop::{BoxError, breaker::BreakerLayer, failover::FailoverLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 /// let backup = service_fn(|_: &str| async { Ok::<_, BoxError>("sent by the backup provider") });

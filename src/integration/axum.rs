@@ -5,7 +5,7 @@ use axum_core::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header::RETRY_AFTER};
 
 use crate::failure::{Class, Code, Failure};
-use crate::server::retry_after_secs;
+use crate::http_wire::{DEFAULT_OVERLOADED_RETRY_AFTER, retry_after_secs};
 
 /// The answer a proxying handler gives for a failed upstream call:
 ///
@@ -69,9 +69,7 @@ impl<R: IntoResponse> IntoResponse for Failure<R> {
         // A load-shed rejection says nothing of when capacity returns: the server flavour's
         // default.
         let retry_after =
-            retry_after
-                .or((code == Code::Overloaded)
-                    .then_some(crate::server::DEFAULT_OVERLOADED_RETRY_AFTER));
+            retry_after.or((code == Code::Overloaded).then_some(DEFAULT_OVERLOADED_RETRY_AFTER));
         if let Some(delay) = retry_after {
             response.headers_mut().insert(
                 RETRY_AFTER,

@@ -11,11 +11,11 @@ use tower::util::future::EitherResponseFuture;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::Class;
 use crate::breaker::{BreakerLayer, Builder, PerKey};
 use crate::classify::{Classify, ClassifyLayer, GrpcClassifier, HttpClassifier};
 #[cfg(feature = "dead-letter")]
 use crate::dead_letter::{self, DeadLetter, DeadLetterLayer, DeadLetterRetryLayer};
+use crate::failure::Class;
 use crate::failure::Failure;
 use crate::observe::{Health, Hook, Listener};
 #[cfg(feature = "dead-letter")]

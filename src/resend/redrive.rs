@@ -7,8 +7,8 @@ use tower::ServiceExt;
 use tower_service::Service;
 
 use super::rebuild::envelope_of;
-use crate::BuildError;
 use crate::breaker::OpenError;
+use crate::build_error::BuildError;
 use crate::clock::Clock;
 use crate::dead_letter::DeadLetterStatus;
 use crate::dead_letter::record_of;

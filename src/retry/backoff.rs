@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use crate::BuildError;
+use crate::build_error::BuildError;
 
 /// How the computed delay is randomised, so that many clients that failed together do not retry
 /// together. The forms are those of Marc Brooker's "Exponential Backoff And Jitter" (AWS

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::BuildError;
+use crate::build_error::BuildError;
 
 /// One token, in thousandths: gRFC A6 gives `token_ratio` three decimal places, so integer
 /// milli-tokens are exact.

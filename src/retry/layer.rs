@@ -1,7 +1,7 @@
 use tower_layer::Layer;
 
 use super::{Retry, RetryPolicy};
-use crate::BuildError;
+use crate::build_error::BuildError;
 
 /// Applies [`Retry`] to a service with a [`RetryPolicy`] checked by [`RetryPolicy::build`].
 ///

@@ -13,7 +13,7 @@ use rand::rngs::SmallRng;
 use super::backoff::Backoff;
 use super::budget::Budget;
 use super::reconcile::{Reconcile, ReconciledResponse, StatusCheck};
-use crate::BuildError;
+use crate::build_error::BuildError;
 use crate::failure::{Class, Failure, Sent};
 use crate::observe::{Hook, Listener};
 use crate::status::{DelaySource, GiveUp};
@@ -607,7 +607,7 @@ impl RetryPolicy {
     /// ```
     pub fn reconcile<Req, Res>(self, check: impl StatusCheck) -> Self
     where
-        Req: crate::Describe + Send + 'static,
+        Req: crate::request::Describe + Send + 'static,
         Res: ReconciledResponse + 'static,
     {
         let reconcile = Reconcile::new::<Req, Res>(Arc::new(check));

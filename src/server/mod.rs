@@ -43,10 +43,8 @@ use crate::breaker::{Admission, BreakerHandle, BreakerLayer, Ticket};
 use crate::classify::{GrpcClassifier, HttpClassifier};
 use crate::failure::{BoxError, Code};
 
-/// The `Retry-After` of [`ServerLayer`]'s answer to a call refused as overloaded: 1 second, the
-/// smallest whole delay-seconds value of RFC 9110 §10.2.3 (a load-shed rejection says nothing
-/// of when capacity returns, so the client comes back soon, with its own backoff and jitter).
-pub const DEFAULT_OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub use crate::http_wire::DEFAULT_OVERLOADED_RETRY_AFTER;
+use crate::http_wire::retry_after_secs;
 
 /// The server flavour of the timeout and the breaker, for an axum (or any `http`) server
 /// protecting itself; see the [module docs](self).
@@ -263,17 +261,6 @@ impl<S: Clone> Clone for Server<S> {
             grpc: self.grpc,
             decision: None,
         }
-    }
-}
-
-/// The `Retry-After` delay-seconds for `left`, rounded up so that a client never comes back
-/// before the breaker half-opens.
-pub(crate) fn retry_after_secs(left: Duration) -> u64 {
-    let secs = left.as_secs();
-    if left.subsec_nanos() > 0 {
-        secs + 1
-    } else {
-        secs
     }
 }
 

@@ -48,5 +48,7 @@
 #[doc(inline)]
 pub use tower_backstop_store::*;
 
-pub use crate::dead_letter::Stats;
+mod stats;
+
+pub use self::stats::Stats;
 pub use crate::observe::{Alert, AlertRules};

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use super::DeadLetterRetryLayer;
 use crate::dead_letter::{DeadLetterLayer, DeadLetterStatus};
+use crate::failure::{BoxError, Class, Code, Failure};
 use crate::request::{Describe, Envelope, Replay};
 use crate::retry::{Attempts, GiveUp, RetryLayer, RetryPolicy};
 use crate::store::{MemoryStore, Status, Store};
-use crate::{BoxError, Class, Code, Failure};
 use tower::{Layer, ServiceExt, service_fn};
 
 /// A request that counts its copies; `replayable: false` cannot be copied at all.

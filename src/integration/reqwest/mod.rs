@@ -22,8 +22,8 @@
 //!   compile error that names no layer.
 
 use crate::breaker::{Authority, KeyOf};
-use crate::classify::{Classifier, HttpClassifier, Verdict};
 use crate::failure::{BoxError, Failure};
+use crate::http_wire::ResponseHead;
 use crate::request::describe::envelope_head;
 use crate::request::idempotency::{key_header, retry_safe_head};
 use crate::request::{Describe, Envelope, Replay};
@@ -98,9 +98,15 @@ impl Describe for reqwest::Request {
 }
 
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
-impl Classifier<reqwest::Response> for HttpClassifier {
-    fn classify_response(&self, response: &reqwest::Response) -> Option<Verdict> {
-        self.classify_head(response.status(), response.headers())
+impl ResponseHead for reqwest::Response {
+    #[inline]
+    fn status(&self) -> http::StatusCode {
+        reqwest::Response::status(self)
+    }
+
+    #[inline]
+    fn headers(&self) -> &http::HeaderMap {
+        reqwest::Response::headers(self)
     }
 }
 

@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use crate::observe::{Alert, AlertRules, per_minute};
-use crate::store::{Counts, Filter, Store, StoreError};
+use tower_backstop_store::{Counts, Filter, Store, StoreError};
 
 /// What `backstop-dlq stats` shows: counts over a window, the recent rate, and the alert
 /// signals. Its `Display` is the terminal dashboard.
