@@ -19,7 +19,7 @@ declare -A FILES TESTS FEATURES
 FILES[backoff]="src/retry/backoff.rs"
 TESTS[backoff]="--lib --test proptest_backoff --test retry --test config"
 FILES[policy]="src/retry/policy.rs"
-TESTS[policy]="--lib --test retry --test config --test reconcile --test hedge --test config_files --test events"
+TESTS[policy]="--lib --test retry --test config --test reconcile --test hedge --test config_files --test events --test deadlines"
 # The policy's edits for `config` are compiled with the serde feature only.
 FEATURES[policy]="--features serde"
 FILES[retry_future]="src/retry/future.rs,src/retry/retrying.rs,src/retry/hedge.rs,src/retry/trace.rs,src/retry/unsent.rs"
