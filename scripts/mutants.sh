@@ -20,8 +20,9 @@ FILES[backoff]="src/retry/backoff.rs"
 TESTS[backoff]="--lib --test proptest_backoff --test retry --test config"
 FILES[policy]="src/retry/policy.rs"
 TESTS[policy]="--lib --test retry --test config --test reconcile --test hedge --test config_files --test events --test deadlines"
-# The policy's edits for `config` are compiled with the serde feature only.
-FEATURES[policy]="--features serde"
+# The policy's edits for `config` need the serde feature; tests/deadlines.rs (the time left
+# written into each attempt) runs over tonic.
+FEATURES[policy]="--features serde,tonic"
 FILES[retry_future]="src/retry/future.rs,src/retry/retrying.rs,src/retry/hedge.rs,src/retry/trace.rs,src/retry/unsent.rs"
 TESTS[retry_future]="--lib --test retry --test reconcile --test bodies --test hedge --test spans --test events --test retry_tracing --test deadlines"
 FILES[breaker]="src/breaker/state.rs,src/breaker/window.rs,src/breaker/open.rs"
