@@ -25,7 +25,7 @@
 //! | `sqlite` | `SqliteStore`: one file, bundled SQLite (rusqlite) | no |
 //! | `redis` | `RedisStore`: one Redis server or a Redis Cluster, shared by many instances (redis crate, tokio) | no |
 //! | `postgres` | `PostgresStore`: the team's Postgres, shared by many instances (sqlx, tokio; SQL migrations inside) | no |
-//! | `testing` | [`testing`](crate::testing): the conformance suite, to prove a store of your own | no |
+//! | `testing` | [`testing`]: the conformance suite, to prove a store of your own | no |
 //!
 //! # Example
 //!
