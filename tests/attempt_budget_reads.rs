@@ -7,6 +7,7 @@ mod redis_support;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use backstop_test_support::Tests;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::dead_letter::{BudgetSpent, DeadLetterLayer, record_of};
 use tower_backstop::store::{Record, SqliteStore, Store};
@@ -43,7 +44,6 @@ async fn send(store: Arc<dyn Store>, id: &str) -> (usize, Option<(Class, bool)>)
     (calls.load(Ordering::SeqCst), refused)
 }
 
-#[tokio::test]
 async fn sqlite_reads_only_the_count() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dl.db");
@@ -64,18 +64,15 @@ async fn sqlite_reads_only_the_count() {
 }
 
 #[cfg(feature = "redis")]
-#[tokio::test]
 async fn redis_reads_only_the_count() {
-    let Some(store) = redis_support::redis_store("budget_reads").await else {
-        return;
-    };
+    let store = redis_support::redis_store("budget_reads").await;
     store.put(spent("m-1", 3)).await.unwrap();
     store.put(spent("m-2", 1)).await.unwrap();
     let client = redis::Client::open(redis_support::redis_url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     for id in ["m-1", "m-2"] {
         let () = redis::cmd("HSET")
-            .arg(format!("{}:rec:{id}", store.prefix()))
+            .arg(format!("{{{}}}:rec:{id}", store.prefix()))
             .arg("json")
             .arg("not json")
             .query_async(&mut conn)
@@ -91,7 +88,6 @@ async fn redis_reads_only_the_count() {
     assert_eq!(send(store, "m-2").await, (1, None));
 }
 
-#[tokio::test]
 async fn memory_reads_only_the_count() {
     let store = tower_backstop::store::MemoryStore::new();
     store.put(spent("m-1", 3)).await.unwrap();
@@ -101,4 +97,15 @@ async fn memory_reads_only_the_count() {
         send(Arc::new(store), "m-1").await,
         (0, Some((Class::POISON, true)))
     );
+}
+
+fn main() {
+    let mut tests = Tests::new();
+    tests.current("sqlite_reads_only_the_count", sqlite_reads_only_the_count);
+    #[cfg(feature = "redis")]
+    tests
+        .needs(backstop_test_support::Service::Redis)
+        .current("redis_reads_only_the_count", redis_reads_only_the_count);
+    tests.current("memory_reads_only_the_count", memory_reads_only_the_count);
+    tests.run();
 }

@@ -10,6 +10,7 @@ mod redis_support;
 
 use std::time::{Duration, SystemTime};
 
+use backstop_test_support::Tests;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tower_backstop::dead_letter::record_of;
@@ -57,14 +58,12 @@ fn use_record(record: &Record) {
 proptest! {
     #![proptest_config(Config::with_cases(512))]
 
-    #[test]
     fn arbitrary_bytes_never_panic_the_json_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         if let Ok(record) = serde_json::from_slice::<Record>(&bytes) {
             use_record(&record);
         }
     }
 
-    #[test]
     fn any_field_of_any_json_never_panics_the_json_decoder(
         field in prop_oneof![
             Just("id"), Just("tags"), Just("class"), Just("code"), Just("message"),
@@ -91,7 +90,6 @@ proptest! {
     }
 }
 
-#[test]
 fn a_hex_payload_with_a_multibyte_character_is_an_error() {
     let mut json = valid_json();
     json["payload"] = "hex:a€".into();
@@ -99,7 +97,6 @@ fn a_hex_payload_with_a_multibyte_character_is_an_error() {
     assert!(err.to_string().contains("hex"), "{err}");
 }
 
-#[test]
 fn times_past_the_year_9999_read_back_as_its_end() {
     let mut json = valid_json();
     json["retry_at"] = "9999-12-31T23:59:59.999Z".into();
@@ -143,7 +140,6 @@ fn any_sql_value() -> impl Strategy<Value = rusqlite::types::Value> {
 
 /// Rows with any value of any type in every column (SQLite's columns are not strictly typed):
 /// every read of the store gives records or errors.
-#[test]
 fn arbitrary_sqlite_rows_never_panic_the_reader() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dl.db");
@@ -203,15 +199,12 @@ async fn read_everything(store: &dyn Store, id: &str) {
 
 /// Redis hashes holding any bytes in the record's fields.
 #[cfg(feature = "redis")]
-#[test]
 fn arbitrary_redis_hashes_never_panic_the_reader() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let Some(store) = rt.block_on(redis_support::redis_store("decode")) else {
-        return;
-    };
+    let store = rt.block_on(redis_support::redis_store("decode"));
     let client = redis::Client::open(redis_support::redis_url()).unwrap();
     let conn = rt
         .block_on(client.get_multiplexed_async_connection())
@@ -230,7 +223,7 @@ fn arbitrary_redis_hashes_never_panic_the_reader() {
         .run(
             &(bytes, ".{0,4}", ".{0,4}", any::<bool>()),
             |(json, version, budget, index)| {
-                let key = format!("{}:rec:row", store.prefix());
+                let key = format!("{{{}}}:rec:row", store.prefix());
                 let mut conn = conn.clone();
                 rt.block_on(async {
                     let () = redis::cmd("DEL")
@@ -252,7 +245,7 @@ fn arbitrary_redis_hashes_never_panic_the_reader() {
                     if index {
                         for set in ["time", "retry", "class:x"] {
                             let () = redis::cmd("ZADD")
-                                .arg(format!("{}:{set}", store.prefix()))
+                                .arg(format!("{{{}}}:{set}", store.prefix()))
                                 .arg(0)
                                 .arg("row")
                                 .query_async(&mut conn)
@@ -268,7 +261,6 @@ fn arbitrary_redis_hashes_never_panic_the_reader() {
         .unwrap();
 }
 
-#[test]
 fn urls_lose_their_credentials() {
     for (url, shown) in [
         ("redis://:hunter2@db:6379/2", "redis://***@db:6379/2"),
@@ -289,7 +281,6 @@ fn urls_lose_their_credentials() {
 }
 
 #[cfg(feature = "redis")]
-#[tokio::test]
 async fn redis_store_urls_never_show_the_password() {
     use tower_backstop::store::RedisStore;
     // A malformed URL.
@@ -309,11 +300,15 @@ async fn redis_store_urls_never_show_the_password() {
     .unwrap_err();
     let text = format!("{err} {err:?}");
     assert!(!text.contains("hunter2"), "{text}");
+}
+
+/// A store that connected: `Debug` and `Display`.
+#[cfg(feature = "redis")]
+async fn a_connected_redis_store_never_shows_the_password() {
+    use tower_backstop::store::RedisStore;
     // A store that connected: `Debug` and `Display`. Redis accepts any password when it has
     // none set (`AUTH` fails, so use the default user's name only when Redis has no password).
-    let Some(store) = redis_support::redis_store("redacted").await else {
-        return;
-    };
+    let store = redis_support::redis_store("redacted").await;
     for text in [format!("{store:?}"), format!("{store}")] {
         assert!(!text.contains("hunter2"), "{text}");
     }
@@ -323,4 +318,45 @@ async fn redis_store_urls_never_show_the_password() {
             assert!(!text.contains("hunter2") && text.contains("***@"), "{text}");
         }
     }
+}
+
+fn main() {
+    let mut tests = Tests::new();
+    tests.sync(
+        "arbitrary_bytes_never_panic_the_json_decoder",
+        arbitrary_bytes_never_panic_the_json_decoder,
+    );
+    tests.sync(
+        "any_field_of_any_json_never_panics_the_json_decoder",
+        any_field_of_any_json_never_panics_the_json_decoder,
+    );
+    tests.sync(
+        "a_hex_payload_with_a_multibyte_character_is_an_error",
+        a_hex_payload_with_a_multibyte_character_is_an_error,
+    );
+    tests.sync(
+        "times_past_the_year_9999_read_back_as_its_end",
+        times_past_the_year_9999_read_back_as_its_end,
+    );
+    tests.sync(
+        "arbitrary_sqlite_rows_never_panic_the_reader",
+        arbitrary_sqlite_rows_never_panic_the_reader,
+    );
+    #[cfg(feature = "redis")]
+    tests.needs(backstop_test_support::Service::Redis).sync(
+        "arbitrary_redis_hashes_never_panic_the_reader",
+        arbitrary_redis_hashes_never_panic_the_reader,
+    );
+    tests.sync("urls_lose_their_credentials", urls_lose_their_credentials);
+    #[cfg(feature = "redis")]
+    tests.current(
+        "redis_store_urls_never_show_the_password",
+        redis_store_urls_never_show_the_password,
+    );
+    #[cfg(feature = "redis")]
+    tests.needs(backstop_test_support::Service::Redis).current(
+        "a_connected_redis_store_never_shows_the_password",
+        a_connected_redis_store_never_shows_the_password,
+    );
+    tests.run();
 }

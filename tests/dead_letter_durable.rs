@@ -6,6 +6,7 @@ mod support;
 
 use std::sync::Arc;
 
+use backstop_test_support::Tests;
 use support::{Scripted, post_with_key, status};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
@@ -52,12 +53,10 @@ async fn three_attempts_one_record(store: Arc<dyn Store>) {
     assert_eq!(r.history[0].code, "http 503");
 }
 
-#[tokio::test(start_paused = true)]
 async fn always_failing_with_3_attempts_is_one_record_memory() {
     three_attempts_one_record(Arc::new(MemoryStore::new())).await;
 }
 
-#[tokio::test(start_paused = true)]
 async fn always_failing_with_3_attempts_is_one_record_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     three_attempts_one_record(Arc::new(
@@ -67,11 +66,8 @@ async fn always_failing_with_3_attempts_is_one_record_sqlite() {
 }
 
 #[cfg(feature = "redis")]
-#[tokio::test(start_paused = true)]
 async fn always_failing_with_3_attempts_is_one_record_redis() {
-    let Some(store) = redis_support::redis_store("three_attempts").await else {
-        return;
-    };
+    let store = redis_support::redis_store("three_attempts").await;
     three_attempts_one_record(Arc::new(store)).await;
 }
 
@@ -94,7 +90,6 @@ async fn send_through_budget(
     .unwrap_err()
 }
 
-#[tokio::test(start_paused = true)]
 async fn a_budget_spent_across_restarts_is_poison_without_calling_the_provider() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("d.db");
@@ -160,7 +155,6 @@ async fn a_budget_spent_across_restarts_is_poison_without_calling_the_provider()
 
 /// The preset honours the dead-letter layer's attempt budget too: it is read before the first
 /// attempt, so a message that spent its budget is not sent again.
-#[tokio::test(start_paused = true)]
 async fn the_preset_applies_the_attempt_budget() {
     let store = MemoryStore::new();
     let stack = |upstream: &Scripted| {
@@ -210,7 +204,6 @@ async fn the_preset_applies_the_attempt_budget() {
     assert_eq!(upstream.calls(), 1);
 }
 
-#[tokio::test(start_paused = true)]
 async fn tags_come_from_the_user_function_and_are_searchable() {
     let store = MemoryStore::new();
     let svc = ServiceBuilder::new()
@@ -238,4 +231,34 @@ async fn tags_come_from_the_user_function_and_are_searchable() {
     assert_eq!(ids, ["a", "c"]);
     assert_eq!(spring[0].tags["provider"], "ses");
     assert_eq!(spring[0].tags["tenant"], "acme");
+}
+
+fn main() {
+    let mut tests = Tests::new();
+    tests.paused(
+        "always_failing_with_3_attempts_is_one_record_memory",
+        always_failing_with_3_attempts_is_one_record_memory,
+    );
+    tests.paused(
+        "always_failing_with_3_attempts_is_one_record_sqlite",
+        always_failing_with_3_attempts_is_one_record_sqlite,
+    );
+    #[cfg(feature = "redis")]
+    tests.needs(backstop_test_support::Service::Redis).paused(
+        "always_failing_with_3_attempts_is_one_record_redis",
+        always_failing_with_3_attempts_is_one_record_redis,
+    );
+    tests.paused(
+        "a_budget_spent_across_restarts_is_poison_without_calling_the_provider",
+        a_budget_spent_across_restarts_is_poison_without_calling_the_provider,
+    );
+    tests.paused(
+        "the_preset_applies_the_attempt_budget",
+        the_preset_applies_the_attempt_budget,
+    );
+    tests.paused(
+        "tags_come_from_the_user_function_and_are_searchable",
+        tags_come_from_the_user_function_and_are_searchable,
+    );
+    tests.run();
 }

@@ -3,11 +3,11 @@
 //! `tracing` caches each callsite's interest process-wide, so a thread-local subscriber set while
 //! other tests run on other threads can miss events.
 
-mod redis_support;
 mod support;
 
 use std::sync::Arc;
 
+use backstop_test_support::Tests;
 use support::{Scripted, post_with_key, status};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
@@ -57,7 +57,6 @@ async fn check_unwritable(store: Arc<dyn Store>, expect: &str) {
     assert!(logs.contains("k-unwritable"), "{logs}");
 }
 
-#[tokio::test]
 async fn a_read_only_sqlite_file_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("d.db");
@@ -95,7 +94,6 @@ fn boom(id: &str, payload: &'static str) -> tower_backstop::store::Record {
 }
 
 #[cfg(feature = "redis")]
-#[tokio::test]
 async fn a_stopped_redis_is_a_clear_error_and_a_restarted_one_works_again() {
     use tower_backstop::store::RedisStore;
 
@@ -106,14 +104,7 @@ async fn a_stopped_redis_is_a_clear_error_and_a_restarted_one_works_again() {
         .unwrap()
         .port();
     let url = format!("redis://127.0.0.1:{port}");
-    let Ok(mut child) = spawn_redis(port) else {
-        let _: Option<()> = redis_support::skip(
-            "a_stopped_redis_is_a_clear_error",
-            &url,
-            &"no redis-server binary",
-        );
-        return;
-    };
+    let mut child = spawn_redis(port).expect("redis-server, found on PATH at start-up");
     let mut store = None;
     for _ in 0..200 {
         if let Ok(s) = RedisStore::connect(&url).await {
@@ -146,4 +137,20 @@ async fn a_stopped_redis_is_a_clear_error_and_a_restarted_one_works_again() {
     child.wait().unwrap();
     written.expect("the store writes again after Redis restarts");
     assert_eq!(result.unwrap().unwrap().message, "boom");
+}
+
+fn main() {
+    let mut tests = Tests::new();
+    tests.current(
+        "a_read_only_sqlite_file_is_a_clear_error",
+        a_read_only_sqlite_file_is_a_clear_error,
+    );
+    #[cfg(feature = "redis")]
+    tests
+        .needs(backstop_test_support::Service::RedisServerBinary)
+        .current(
+            "a_stopped_redis_is_a_clear_error_and_a_restarted_one_works_again",
+            a_stopped_redis_is_a_clear_error_and_a_restarted_one_works_again,
+        );
+    tests.run();
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use backstop_test_support::Tests;
 use bytes::Bytes;
 use http_body_util::Full;
 use support::outage::{
@@ -55,7 +56,6 @@ fn deferred(id: &str, breaker: &str, at: SystemTime) -> Record {
 
 /// The newcomer's case, longer: the provider refuses connections for a minute (twelve open
 /// periods), then recovers.
-#[tokio::test(start_paused = true)]
 async fn a_long_outage_ends_with_every_message_delivered_once_and_one_probe_per_half_open() {
     let clock = Clock::tokio();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -145,7 +145,6 @@ async fn a_long_outage_ends_with_every_message_delivered_once_and_one_probe_per_
 
 /// While the breaker is open the scheduler sends nothing at all: a record whose breaker it
 /// knows to be open is put back, deferred to the half-open time, at no re-send.
-#[tokio::test(start_paused = true)]
 async fn nothing_is_sent_while_the_breaker_is_open_and_a_held_record_costs_no_resend() {
     let clock = Clock::tokio();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -193,7 +192,6 @@ async fn nothing_is_sent_while_the_breaker_is_open_and_a_held_record_costs_no_re
 
 /// A record names a breaker the stack no longer has (the process restarted, or the key was
 /// evicted): it is not known to be open, so it is sent, once.
-#[tokio::test(start_paused = true)]
 async fn a_record_whose_breaker_is_gone_is_sent_once() {
     let clock = Clock::tokio();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -217,7 +215,6 @@ async fn a_record_whose_breaker_is_gone_is_sent_once() {
 /// One destination's backlog does not delay another's: ten records of a breaker whose probe is
 /// still out are held batch after batch, and the record behind them, of another breaker, is
 /// sent in the same poll, not ten polls later.
-#[tokio::test(start_paused = true)]
 async fn a_held_backlog_does_not_delay_another_breakers_records() {
     let clock = Clock::tokio();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -271,7 +268,6 @@ async fn a_held_backlog_does_not_delay_another_breakers_records() {
 
 /// Two processes, each with its own breaker and scheduler, share one SQLite store through an
 /// outage and its recovery: every message is delivered, and no record is sent twice.
-#[tokio::test(start_paused = true)]
 async fn two_schedulers_on_one_store_through_recovery_send_each_record_once() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path().join("d.db")).unwrap());
@@ -282,21 +278,15 @@ async fn two_schedulers_on_one_store_through_recovery_send_each_record_once() {
 /// moves the clock on while a Redis reply is on its way): breakers open for 300 ms, an outage of
 /// 1.5 s.
 #[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_schedulers_on_one_redis_store_through_recovery_send_each_record_once() {
-    let Some(store) = redis_support::redis_store("long_outage_two").await else {
-        return;
-    };
+    let store = redis_support::redis_store("long_outage_two").await;
     two_schedulers_on_the_real_clock(Arc::new(store)).await;
 }
 
 /// The same with a Postgres store (its pool's timeouts need the real clock too).
 #[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_schedulers_on_one_postgres_store_through_recovery_send_each_record_once() {
-    let Some(store) = postgres_support::postgres_store("long_outage_two").await else {
-        return;
-    };
+    let store = postgres_support::postgres_store("long_outage_two").await;
     two_schedulers_on_the_real_clock(Arc::new(store)).await;
 }
 
@@ -479,7 +469,6 @@ impl Store for Flaky {
 /// The store fails for 3 s in the middle of the drain: nothing is lost and every record ends
 /// resolved. A re-send whose outcome could not be written is sent again, with its idempotency
 /// key, when its claim ends: at most the re-sends in flight when the store failed.
-#[tokio::test(start_paused = true)]
 async fn a_store_that_fails_during_the_drain_loses_nothing() {
     let clock = Clock::tokio();
     let inner = MemoryStore::new();
@@ -524,7 +513,6 @@ async fn a_store_that_fails_during_the_drain_loses_nothing() {
 /// cause, whether it used up its attempts before the customer's breaker opened or was rejected
 /// by it; the other customers' events are delivered; the scheduler then paces the down
 /// customer's records by its breaker and none dies of local rejections.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_record_of_a_refusing_customer_names_the_refusals() {
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
@@ -611,7 +599,6 @@ async fn every_record_of_a_refusing_customer_names_the_refusals() {
 /// An operator forces the breaker open: no half-open time is known, so the scheduler's records
 /// are put back and looked at again every ten polls, none dies of it, and once the operator
 /// resets the breaker they are delivered.
-#[tokio::test(start_paused = true)]
 async fn a_breaker_forced_open_holds_the_records_without_killing_them() {
     let clock = Clock::tokio();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -647,7 +634,6 @@ async fn a_breaker_forced_open_holds_the_records_without_killing_them() {
 /// was claimed: here, between the rejection and the give-back, an operator resolves it (it was
 /// delivered by other means), or another scheduler claims it. Either change stands: the
 /// resolved record is never sent again, the other claim is not taken away.
-#[tokio::test(start_paused = true)]
 async fn a_rejected_re_send_never_undoes_someone_elses_change() {
     let resolved_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
     let (r, provider) = rejected_while(Change::Resolved { at: resolved_at }).await;
@@ -697,4 +683,59 @@ async fn rejected_while(change: Change) -> (Record, Provider) {
     let after = statuses(&*store).await;
     assert_eq!(after.values().sum::<usize>(), 5, "{after:?}");
     (store.get(&id).await.unwrap().unwrap(), provider)
+}
+
+fn main() {
+    let mut tests = Tests::new();
+    tests.paused(
+        "a_long_outage_ends_with_every_message_delivered_once_and_one_probe_per_half_open",
+        a_long_outage_ends_with_every_message_delivered_once_and_one_probe_per_half_open,
+    );
+    tests.paused(
+        "nothing_is_sent_while_the_breaker_is_open_and_a_held_record_costs_no_resend",
+        nothing_is_sent_while_the_breaker_is_open_and_a_held_record_costs_no_resend,
+    );
+    tests.paused(
+        "a_record_whose_breaker_is_gone_is_sent_once",
+        a_record_whose_breaker_is_gone_is_sent_once,
+    );
+    tests.paused(
+        "a_held_backlog_does_not_delay_another_breakers_records",
+        a_held_backlog_does_not_delay_another_breakers_records,
+    );
+    tests.paused(
+        "two_schedulers_on_one_store_through_recovery_send_each_record_once",
+        two_schedulers_on_one_store_through_recovery_send_each_record_once,
+    );
+    #[cfg(feature = "redis")]
+    tests
+        .needs(backstop_test_support::Service::Redis)
+        .multi_thread(
+            "two_schedulers_on_one_redis_store_through_recovery_send_each_record_once",
+            two_schedulers_on_one_redis_store_through_recovery_send_each_record_once,
+        );
+    #[cfg(feature = "postgres")]
+    tests
+        .needs(backstop_test_support::Service::Postgres)
+        .multi_thread(
+            "two_schedulers_on_one_postgres_store_through_recovery_send_each_record_once",
+            two_schedulers_on_one_postgres_store_through_recovery_send_each_record_once,
+        );
+    tests.paused(
+        "a_store_that_fails_during_the_drain_loses_nothing",
+        a_store_that_fails_during_the_drain_loses_nothing,
+    );
+    tests.multi_thread(
+        "every_record_of_a_refusing_customer_names_the_refusals",
+        every_record_of_a_refusing_customer_names_the_refusals,
+    );
+    tests.paused(
+        "a_breaker_forced_open_holds_the_records_without_killing_them",
+        a_breaker_forced_open_holds_the_records_without_killing_them,
+    );
+    tests.paused(
+        "a_rejected_re_send_never_undoes_someone_elses_change",
+        a_rejected_re_send_never_undoes_someone_elses_change,
+    );
+    tests.run();
 }

@@ -7,6 +7,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use backstop_test_support::Tests;
 use support::outage::as_string_request;
 use support::{Scripted, status, status_with};
 use tokio::time::Instant;
@@ -121,12 +122,10 @@ async fn due_in_two_seconds_sent_once(store: Arc<dyn Store>, tight: bool) {
     assert_eq!(r.resends, 1);
 }
 
-#[tokio::test(start_paused = true)]
 async fn deferred_item_due_in_2s_is_sent_once_memory() {
     due_in_two_seconds_sent_once(Arc::new(MemoryStore::new()), true).await;
 }
 
-#[tokio::test(start_paused = true)]
 async fn deferred_item_due_in_2s_is_sent_once_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("d.db")).unwrap();
@@ -136,15 +135,11 @@ async fn deferred_item_due_in_2s_is_sent_once_sqlite() {
 /// Against a real Redis server the paused clock jumps ahead while a socket waits, so the timing
 /// is checked from below only (never before 2 s); "once" is checked exactly.
 #[cfg(feature = "redis")]
-#[tokio::test(start_paused = true)]
 async fn deferred_item_due_in_2s_is_sent_once_by_two_schedulers_on_redis() {
-    let Some(store) = redis_support::redis_store("scheduler_two").await else {
-        return;
-    };
+    let store = redis_support::redis_store("scheduler_two").await;
     due_in_two_seconds_sent_once(Arc::new(store), false).await;
 }
 
-#[tokio::test(start_paused = true)]
 async fn many_due_items_go_in_retry_at_order_within_the_concurrency_limit() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let clock = Clock::tokio();
@@ -209,7 +204,6 @@ async fn many_due_items_go_in_retry_at_order_within_the_concurrency_limit() {
     );
 }
 
-#[tokio::test(start_paused = true)]
 async fn failing_again_is_rescheduled_then_dead_lettered_by_policy() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let clock = Clock::tokio();
@@ -244,7 +238,6 @@ async fn failing_again_is_rescheduled_then_dead_lettered_by_policy() {
     assert_eq!(r.code, "http 429");
 }
 
-#[tokio::test(start_paused = true)]
 async fn schedule_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("d.db");
@@ -299,7 +292,6 @@ async fn schedule_survives_a_restart() {
 
 /// Fail fast: an open breaker's rejection comes back at once, is stored as deferred to the
 /// half-open instant (not an attempt), and the scheduler re-sends it then.
-#[tokio::test(start_paused = true)]
 async fn an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens() {
     use tower::ServiceExt;
     use tower_backstop::breaker::BreakerLayer;
@@ -419,7 +411,6 @@ async fn an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens()
 }
 
 /// `shutdown` waits for the re-send in flight, then the scheduler sends nothing more.
-#[tokio::test(start_paused = true)]
 async fn shutdown_waits_for_the_resend_in_flight_and_stops_polling() {
     let clock = Clock::tokio();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -488,7 +479,6 @@ async fn shutdown_waits_for_the_resend_in_flight_and_stops_polling() {
     );
 }
 
-#[test]
 fn debug_shows_the_settings() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let scheduler = Scheduler::new(
@@ -557,7 +547,6 @@ type Stack = tower::util::BoxCloneService<Req, http::Response<()>, Failure<http:
 
 /// The scheduler's rate bounds its re-sends: 20 due records at 10 a second take about 2 s
 /// (each gap jittered within 50–150 % of 100 ms), never a burst.
-#[tokio::test(start_paused = true)]
 async fn re_sends_are_paced_at_the_rate() {
     let (_, at) = drain(
         20,
@@ -583,7 +572,6 @@ async fn re_sends_are_paced_at_the_rate() {
 
 /// A full batch is followed at once, not a poll later: with a 1 s poll, 8 at a time and a high
 /// rate, 40 due records are all sent within the first second.
-#[tokio::test(start_paused = true)]
 async fn a_full_batch_is_followed_at_once() {
     let (store, at) = drain(
         40,
@@ -600,7 +588,6 @@ async fn a_full_batch_is_followed_at_once() {
 /// The first record of a breaker the scheduler has not seen is sent alone as its probe; when
 /// that record is dead-lettered instead of sent (it used up its re-sends), the next one probes,
 /// and the rest follow.
-#[tokio::test(start_paused = true)]
 async fn a_probe_that_is_not_sent_lets_the_next_record_probe() {
     let clock = Clock::tokio();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -638,7 +625,6 @@ async fn a_probe_that_is_not_sent_lets_the_next_record_probe() {
 /// With a retention, the scheduler prunes at its start and on its interval, on its own clock:
 /// the record that grew too old meanwhile goes, the deferred one (due, and re-sent) stays; a
 /// closed store's failed prune is reported and the scheduler goes on.
-#[tokio::test(start_paused = true)]
 async fn the_scheduler_prunes_by_its_retention_on_an_interval() {
     use tower_backstop::observe::Event;
     use tower_backstop::store::{Filter, Retention};
@@ -718,4 +704,56 @@ async fn the_scheduler_prunes_by_its_retention_on_an_interval() {
         errors.lock().unwrap()
     );
     handle.shutdown().await;
+}
+
+fn main() {
+    let mut tests = Tests::new();
+    tests.paused(
+        "deferred_item_due_in_2s_is_sent_once_memory",
+        deferred_item_due_in_2s_is_sent_once_memory,
+    );
+    tests.paused(
+        "deferred_item_due_in_2s_is_sent_once_sqlite",
+        deferred_item_due_in_2s_is_sent_once_sqlite,
+    );
+    #[cfg(feature = "redis")]
+    tests.needs(backstop_test_support::Service::Redis).paused(
+        "deferred_item_due_in_2s_is_sent_once_by_two_schedulers_on_redis",
+        deferred_item_due_in_2s_is_sent_once_by_two_schedulers_on_redis,
+    );
+    tests.paused(
+        "many_due_items_go_in_retry_at_order_within_the_concurrency_limit",
+        many_due_items_go_in_retry_at_order_within_the_concurrency_limit,
+    );
+    tests.paused(
+        "failing_again_is_rescheduled_then_dead_lettered_by_policy",
+        failing_again_is_rescheduled_then_dead_lettered_by_policy,
+    );
+    tests.paused("schedule_survives_a_restart", schedule_survives_a_restart);
+    tests.paused(
+        "an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens",
+        an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens,
+    );
+    tests.paused(
+        "shutdown_waits_for_the_resend_in_flight_and_stops_polling",
+        shutdown_waits_for_the_resend_in_flight_and_stops_polling,
+    );
+    tests.sync("debug_shows_the_settings", debug_shows_the_settings);
+    tests.paused(
+        "re_sends_are_paced_at_the_rate",
+        re_sends_are_paced_at_the_rate,
+    );
+    tests.paused(
+        "a_full_batch_is_followed_at_once",
+        a_full_batch_is_followed_at_once,
+    );
+    tests.paused(
+        "a_probe_that_is_not_sent_lets_the_next_record_probe",
+        a_probe_that_is_not_sent_lets_the_next_record_probe,
+    );
+    tests.paused(
+        "the_scheduler_prunes_by_its_retention_on_an_interval",
+        the_scheduler_prunes_by_its_retention_on_an_interval,
+    );
+    tests.run();
 }

@@ -10,7 +10,6 @@
 //! Alone in its own test binary: `tracing` caches each callsite's interest process-wide.
 
 mod postgres_support;
-mod redis_support;
 mod support;
 
 use std::io::{BufRead, BufReader, Write};
@@ -19,6 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use backstop_test_support::Tests;
 use support::{Scripted, post_with_key, status};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
@@ -102,7 +102,6 @@ impl Drop for ReadOnly<'_> {
     }
 }
 
-#[tokio::test]
 async fn sqlite_file_that_is_read_only_then_writable_again() {
     let logs = support::LogCapture::start(tracing::Level::WARN);
     let dir = tempfile::tempdir().unwrap();
@@ -128,7 +127,6 @@ async fn sqlite_file_that_is_read_only_then_writable_again() {
     assert_eq!(ids, ["ro-3"], "the two refused were told so, not written");
 }
 
-#[tokio::test]
 async fn sqlite_directory_that_disappears_then_comes_back() {
     let logs = support::LogCapture::start(tracing::Level::WARN);
     let root = tempfile::tempdir().unwrap();
@@ -160,9 +158,8 @@ async fn sqlite_directory_that_disappears_then_comes_back() {
 
 /// The lock holder, run as a separate process by the test below (`--ignored --exact`): with
 /// `BACKSTOP_HOLD_LOCK=<path>`, takes SQLite's write lock on the file, prints `locked`, and
-/// keeps it until its stdin closes. Not a test of its own.
-#[test]
-#[ignore = "a helper process of sqlite_write_lock_held_by_another_process_past_the_busy_timeout"]
+/// keeps it until its stdin closes. Not a test of its own: listed as ignored, so that it runs
+/// only when asked for.
 fn hold_sqlite_write_lock() {
     let Ok(path) = std::env::var("BACKSTOP_HOLD_LOCK") else {
         return;
@@ -209,7 +206,6 @@ fn lock_holder(path: &Path) -> Holder {
     panic!("the lock holder did not take the lock");
 }
 
-#[tokio::test]
 async fn sqlite_write_lock_held_by_another_process_past_the_busy_timeout() {
     let logs = support::LogCapture::start(tracing::Level::WARN);
     let dir = tempfile::tempdir().unwrap();
@@ -270,7 +266,6 @@ fn spawn_redis(port: u16, dir: &Path) -> std::io::Result<Child> {
 }
 
 #[cfg(feature = "redis")]
-#[tokio::test]
 async fn redis_stopped_in_the_middle_of_a_run_and_started_again() {
     use tower_backstop::store::RedisStore;
 
@@ -282,10 +277,8 @@ async fn redis_stopped_in_the_middle_of_a_run_and_started_again() {
         .unwrap()
         .port();
     let url = format!("redis://127.0.0.1:{port}");
-    let Ok(mut server) = spawn_redis(port, data.path()) else {
-        let _: Option<()> = redis_support::skip("redis_stopped_mid_run", &url, &"no redis-server");
-        return;
-    };
+    let mut server =
+        spawn_redis(port, data.path()).expect("redis-server, found on PATH at start-up");
     let mut connected = None;
     for _ in 0..200 {
         if let Ok(s) = RedisStore::connect_with_timeouts(
@@ -370,18 +363,12 @@ async fn redis_stopped_in_the_middle_of_a_run_and_started_again() {
 }
 
 #[cfg(feature = "postgres")]
-#[tokio::test]
 async fn postgres_stopped_in_the_middle_of_a_run_and_started_again() {
     use tower_backstop::store::PostgresStore;
 
     let logs = support::LogCapture::start(tracing::Level::WARN);
-    let cluster = match postgres_support::Cluster::start() {
-        Ok(cluster) => cluster,
-        Err(e) => {
-            let _: Option<()> = postgres_support::skip("postgres_stopped_mid_run", "initdb", &e);
-            return;
-        }
-    };
+    let cluster = postgres_support::Cluster::start()
+        .unwrap_or_else(|e| panic!("a postgres cluster of our own: {e}"));
     let store: Arc<dyn Store> = Arc::new(
         PostgresStore::connect(&cluster.url())
             .acquire_timeout(Duration::from_millis(300))
@@ -445,4 +432,36 @@ async fn postgres_stopped_in_the_middle_of_a_run_and_started_again() {
         lost,
         "one tracing error per record not written"
     );
+}
+
+fn main() {
+    let mut tests = Tests::new();
+    tests.current(
+        "sqlite_file_that_is_read_only_then_writable_again",
+        sqlite_file_that_is_read_only_then_writable_again,
+    );
+    tests.current(
+        "sqlite_directory_that_disappears_then_comes_back",
+        sqlite_directory_that_disappears_then_comes_back,
+    );
+    tests.ignored("hold_sqlite_write_lock", hold_sqlite_write_lock);
+    tests.current(
+        "sqlite_write_lock_held_by_another_process_past_the_busy_timeout",
+        sqlite_write_lock_held_by_another_process_past_the_busy_timeout,
+    );
+    #[cfg(feature = "redis")]
+    tests
+        .needs(backstop_test_support::Service::RedisServerBinary)
+        .current(
+            "redis_stopped_in_the_middle_of_a_run_and_started_again",
+            redis_stopped_in_the_middle_of_a_run_and_started_again,
+        );
+    #[cfg(feature = "postgres")]
+    tests
+        .needs(backstop_test_support::Service::PostgresBinaries)
+        .current(
+            "postgres_stopped_in_the_middle_of_a_run_and_started_again",
+            postgres_stopped_in_the_middle_of_a_run_and_started_again,
+        );
+    tests.run();
 }

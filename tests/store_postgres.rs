@@ -2,24 +2,25 @@
 //! its migrations under the advisory lock, the schema version check, the claim's plan, its
 //! batched deletes, and its errors for bad input and exhausted resources.
 //!
-//! The behaviour every store shares is in `tests/store_conformance.rs`.
-#![cfg(feature = "postgres")]
+//! The behaviour every store shares is in `tower_backstop_store::testing`, run against this
+//! store by `tower-backstop-store/tests/conformance.rs`.
 
 mod postgres_support;
 
 use std::time::{Duration, SystemTime};
 
-use postgres_support::{fresh_schema, postgres_url, skip};
+use backstop_test_support::{Service, Tests};
+use postgres_support::{fresh_schema, postgres_url};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool, Row};
 use tower_backstop::store::{Change, Filter, PostgresStore, Record, Status, Store};
 
-/// A pool of our own on the test server, or `None` (after a skip line).
-async fn admin(test: &str) -> Option<PgPool> {
+/// A pool of our own on the test server.
+async fn admin(test: &str) -> PgPool {
     let url = postgres_url();
     match PgPoolOptions::new().max_connections(4).connect(&url).await {
-        Ok(pool) => Some(pool),
-        Err(e) => skip(test, &url, &e),
+        Ok(pool) => pool,
+        Err(e) => panic!("{test}: cannot connect to postgres at {url}: {e}"),
     }
 }
 
@@ -42,11 +43,8 @@ fn record(id: &str, status: Status, retry_at: Option<SystemTime>) -> Record {
     r
 }
 
-#[tokio::test]
 async fn ten_instances_opening_a_new_schema_at_once_migrate_it_once() {
-    let Some(admin) = admin("ten_opens").await else {
-        return;
-    };
+    let admin = admin("ten_opens").await;
     let schema = fresh_schema("ten_opens");
     let opens: Vec<_> = (0..10)
         .map(|_| {
@@ -91,11 +89,8 @@ async fn ten_instances_opening_a_new_schema_at_once_migrate_it_once() {
     assert_eq!(n, 1);
 }
 
-#[tokio::test]
 async fn a_schema_of_a_newer_version_fails_at_open_and_names_the_fix() {
-    let Some(admin) = admin("newer_schema").await else {
-        return;
-    };
+    let admin = admin("newer_schema").await;
     let schema = fresh_schema("newer_schema");
     let store = PostgresStore::connect(&postgres_url())
         .schema(&schema)
@@ -130,11 +125,8 @@ async fn a_schema_of_a_newer_version_fails_at_open_and_names_the_fix() {
 /// The claim's own statement (the SQL file the store ships), explained and run on a table of
 /// 20,000 dead records and 10 deferred ones: it reads the partial index of the deferred and
 /// in-flight records and no dead row.
-#[tokio::test]
 async fn a_claim_reads_the_due_index_and_never_the_dead_rows() {
-    let Some(admin) = admin("claim_plan").await else {
-        return;
-    };
+    let admin = admin("claim_plan").await;
     let schema = fresh_schema("claim_plan");
     let store = PostgresStore::connect(&postgres_url())
         .schema(&schema)
@@ -220,11 +212,8 @@ fn collect_scans(plan: &serde_json::Value, out: &mut Vec<(String, String, u64)>)
 
 /// A delete of 2,500 records goes in statements of at most 1,000 and removes them all; one
 /// that a record no longer matches once locked (changed meanwhile) leaves it.
-#[tokio::test]
 async fn deletes_go_in_bounded_batches_and_remove_every_match() {
-    let Some(store) = postgres_support::postgres_store("delete_batches").await else {
-        return;
-    };
+    let store = postgres_support::postgres_store("delete_batches").await;
     for chunk in 0..5 {
         let batch = (0..500)
             .map(|i| record(&format!("d-{chunk}-{i:03}"), Status::Dead, None))
@@ -242,7 +231,6 @@ async fn deletes_go_in_bounded_batches_and_remove_every_match() {
     assert_eq!(store.delete(&dead).await.unwrap(), 0);
 }
 
-#[tokio::test]
 async fn a_malformed_or_unreachable_url_fails_at_open_without_its_password() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -274,12 +262,8 @@ async fn a_malformed_or_unreachable_url_fails_at_open_without_its_password() {
     assert!(err.to_string().contains("schema name"), "{err}");
 }
 
-#[tokio::test]
 async fn a_database_that_does_not_exist_is_named() {
     let url = postgres_url();
-    if admin("no_database").await.is_none() {
-        return;
-    }
     let (base, _) = url.rsplit_once('/').unwrap();
     let err = PostgresStore::connect(&format!("{base}/no_such_database_here"))
         .await
@@ -295,11 +279,7 @@ async fn a_database_that_does_not_exist_is_named() {
     assert!(err.to_string().contains("TLS"), "{err}");
 }
 
-#[tokio::test]
 async fn an_exhausted_pool_is_a_clear_error_and_the_store_goes_on() {
-    let Some(_) = admin("pool_exhausted").await else {
-        return;
-    };
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_millis(200))
@@ -331,11 +311,8 @@ async fn an_exhausted_pool_is_a_clear_error_and_the_store_goes_on() {
     assert!(err.to_string().contains("acquire_timeout"), "{err}");
 }
 
-#[tokio::test]
 async fn a_statement_timeout_is_a_clear_error_and_writes_nothing() {
-    let Some(admin) = admin("statement_timeout").await else {
-        return;
-    };
+    let admin = admin("statement_timeout").await;
     let schema = fresh_schema("statement_timeout");
     let store = PostgresStore::connect(&postgres_url())
         .schema(&schema)
@@ -378,11 +355,8 @@ async fn a_statement_timeout_is_a_clear_error_and_writes_nothing() {
 
 /// Text Postgres cannot hold (NUL) and the escape character itself round-trip in every field,
 /// and searches by them find exactly their records.
-#[tokio::test]
 async fn nul_and_the_escape_character_round_trip_and_are_found() {
-    let Some(store) = postgres_support::postgres_store("nul_text").await else {
-        return;
-    };
+    let store = postgres_support::postgres_store("nul_text").await;
     let mut r = record("a\0b\u{1}c", Status::Dead, None);
     r.class = "cl\0ss".into();
     r.code = "co\u{1}de".into();
@@ -414,4 +388,45 @@ async fn nul_and_the_escape_character_round_trip_and_are_found() {
     );
     assert_eq!(store.delete(&Filter::new().id(&r.id)).await.unwrap(), 1);
     assert_eq!(store.list(10).await.unwrap().len(), 1);
+}
+
+fn main() {
+    let mut tests = Tests::new();
+    tests.needs(Service::Postgres).current(
+        "ten_instances_opening_a_new_schema_at_once_migrate_it_once",
+        ten_instances_opening_a_new_schema_at_once_migrate_it_once,
+    );
+    tests.needs(Service::Postgres).current(
+        "a_schema_of_a_newer_version_fails_at_open_and_names_the_fix",
+        a_schema_of_a_newer_version_fails_at_open_and_names_the_fix,
+    );
+    tests.needs(Service::Postgres).current(
+        "a_claim_reads_the_due_index_and_never_the_dead_rows",
+        a_claim_reads_the_due_index_and_never_the_dead_rows,
+    );
+    tests.needs(Service::Postgres).current(
+        "deletes_go_in_bounded_batches_and_remove_every_match",
+        deletes_go_in_bounded_batches_and_remove_every_match,
+    );
+    tests.current(
+        "a_malformed_or_unreachable_url_fails_at_open_without_its_password",
+        a_malformed_or_unreachable_url_fails_at_open_without_its_password,
+    );
+    tests.needs(Service::Postgres).current(
+        "a_database_that_does_not_exist_is_named",
+        a_database_that_does_not_exist_is_named,
+    );
+    tests.needs(Service::Postgres).current(
+        "an_exhausted_pool_is_a_clear_error_and_the_store_goes_on",
+        an_exhausted_pool_is_a_clear_error_and_the_store_goes_on,
+    );
+    tests.needs(Service::Postgres).current(
+        "a_statement_timeout_is_a_clear_error_and_writes_nothing",
+        a_statement_timeout_is_a_clear_error_and_writes_nothing,
+    );
+    tests.needs(Service::Postgres).current(
+        "nul_and_the_escape_character_round_trip_and_are_found",
+        nul_and_the_escape_character_round_trip_and_are_found,
+    );
+    tests.run();
 }

@@ -2,9 +2,9 @@
 //! (WebDriver) by fantoccini, against a board served on 127.0.0.1 over a seeded SQLite store,
 //! re-driving to a real axum provider on 127.0.0.1.
 //!
-//! Each page is saved as a PNG under `target/tmp/board-screenshots/`. Without chromedriver the
-//! tests say so and pass, unless `BACKSTOP_REQUIRE_BROWSER` is set (as `.ci/run` does), when they
-//! fail.
+//! Each page is saved as a PNG under `target/tmp/board-screenshots/`. Without chromedriver (or
+//! Chromium at `/usr/bin/chromium`) the tests are reported as ignored, with the reason, unless
+//! `BACKSTOP_REQUIRE_BROWSER=1` (as `.ci/run` sets), when they fail (backstop-test-support).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::routing::post;
 use backstop_dlq::Board;
+use backstop_test_support::Tests;
 use bytes::Bytes;
 use fantoccini::{Client, ClientBuilder, Locator};
 use http_body_util::Full;
@@ -47,32 +48,22 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Starts chromedriver, or says why not: `None` skips the test, unless the browser is required.
-async fn driver() -> Option<Driver> {
+/// Starts chromedriver (found on `PATH` at start-up, by the harness).
+async fn driver() -> Driver {
     let port = free_port();
-    let child = match Command::new("chromedriver")
+    let child = Command::new("chromedriver")
         .arg(format!("--port={port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-    {
-        Ok(child) => child,
-        Err(e) => {
-            assert!(
-                std::env::var_os("BACKSTOP_REQUIRE_BROWSER").is_none(),
-                "chromedriver is required (BACKSTOP_REQUIRE_BROWSER) and cannot start: {e}"
-            );
-            eprintln!("skipped: no chromedriver ({e}); apt-get install chromium chromium-driver");
-            return None;
-        }
-    };
+        .unwrap_or_else(|e| panic!("chromedriver cannot start: {e}"));
     let driver = Driver { child, port };
     for _ in 0..100 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
         {
-            return Some(driver);
+            return driver;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -250,11 +241,8 @@ async fn text(c: &Client, css: &str) -> String {
 
 /// An operator's round: the overview, a filter by class, a record, then a group re-driven with a
 /// dry run and a confirm; the provider gets each message once and the audit trail says who.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_filters_opens_a_record_and_redrives_a_group() {
-    let Some(driver) = driver().await else {
-        return;
-    };
+    let driver = driver().await;
     let dir = tempfile::tempdir().unwrap();
     let (provider, to) = provider().await;
     let store = seeded(dir.path(), to).await;
@@ -366,11 +354,8 @@ async fn an_operator_filters_opens_a_record_and_redrives_a_group() {
 }
 
 /// A read-only board shows no action, and refuses the action posted anyway.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_board_refuses_the_action() {
-    let Some(driver) = driver().await else {
-        return;
-    };
+    let driver = driver().await;
     let dir = tempfile::tempdir().unwrap();
     let (provider, to) = provider().await;
     let store = seeded(dir.path(), to).await;
@@ -433,4 +418,21 @@ async fn a_read_only_board_refuses_the_action() {
 
 fn url_of(s: &str) -> url::Url {
     url::Url::parse(s).unwrap()
+}
+
+fn main() {
+    let mut tests = Tests::new();
+    tests
+        .needs(backstop_test_support::Service::Browser)
+        .multi_thread(
+            "an_operator_filters_opens_a_record_and_redrives_a_group",
+            an_operator_filters_opens_a_record_and_redrives_a_group,
+        );
+    tests
+        .needs(backstop_test_support::Service::Browser)
+        .multi_thread(
+            "a_read_only_board_refuses_the_action",
+            a_read_only_board_refuses_the_action,
+        );
+    tests.run();
 }

@@ -1,6 +1,5 @@
 //! `backstop-dlq` end to end: the real binary over a SQLite file (and a Redis URL when one is
 //! reachable), re-driving to a real axum server on 127.0.0.1.
-#![cfg(feature = "cli")]
 
 mod redis_support;
 
@@ -9,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::HeaderMap;
 use axum::routing::post;
+use backstop_test_support::Tests;
 use tower_backstop::dead_letter::record_of;
 use tower_backstop::store::{Filter, Record, SqliteStore, Status, Store};
 use tower_backstop::{Class, Code, Envelope, Failure};
@@ -78,7 +78,6 @@ fn sample() -> Vec<Record> {
     v
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_show_stats_redrive_purge_over_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("d.db");
@@ -372,11 +371,8 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
 }
 
 #[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_and_stats_over_redis() {
-    let Some(store) = redis_support::redis_store("cli").await else {
-        return;
-    };
+    let store = redis_support::redis_store("cli").await;
     store.put_many(sample()).await.unwrap();
     let url = redis_support::redis_url();
     let prefix = store.prefix().to_owned();
@@ -410,7 +406,6 @@ async fn list_and_stats_over_redis() {
         .unwrap();
 }
 
-#[tokio::test]
 async fn reconcile_asks_a_status_endpoint_about_outcome_unknown_records() {
     use axum::extract::Path;
     let router = axum::Router::new().route(
@@ -497,7 +492,6 @@ async fn reconcile_asks_a_status_endpoint_about_outcome_unknown_records() {
 }
 
 #[cfg(feature = "redis")]
-#[tokio::test]
 async fn a_redis_password_never_shows_in_the_cli() {
     for store in [
         "redis://:hunter2@127.0.0.1:1/0",
@@ -511,7 +505,6 @@ async fn a_redis_password_never_shows_in_the_cli() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_pipe_ends_the_tool_quietly() {
     // `backstop-dlq show … | head -1`: the reader is gone before the tool writes. It must end
     // with success and no panic, as the shell tools do, not "failed printing to stdout".
@@ -547,7 +540,6 @@ async fn a_closed_pipe_ends_the_tool_quietly() {
 
 /// `prune`: a dry run counts, the real run removes the records beyond the retention (old ones
 /// by age, then the oldest beyond the count), never a deferred record; a bad age is refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_removes_what_the_retention_no_longer_keeps() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dl.db");
@@ -632,4 +624,34 @@ async fn prune_removes_what_the_retention_no_longer_keeps() {
     let o = dlq_on(&db, &["prune", "--max-age", "a while"]).await;
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("is not a duration"), "{}", stderr(&o));
+}
+
+fn main() {
+    let mut tests = Tests::new();
+    tests.multi_thread(
+        "list_show_stats_redrive_purge_over_sqlite",
+        list_show_stats_redrive_purge_over_sqlite,
+    );
+    #[cfg(feature = "redis")]
+    tests
+        .needs(backstop_test_support::Service::Redis)
+        .multi_thread("list_and_stats_over_redis", list_and_stats_over_redis);
+    tests.current(
+        "reconcile_asks_a_status_endpoint_about_outcome_unknown_records",
+        reconcile_asks_a_status_endpoint_about_outcome_unknown_records,
+    );
+    #[cfg(feature = "redis")]
+    tests.current(
+        "a_redis_password_never_shows_in_the_cli",
+        a_redis_password_never_shows_in_the_cli,
+    );
+    tests.multi_thread(
+        "a_closed_pipe_ends_the_tool_quietly",
+        a_closed_pipe_ends_the_tool_quietly,
+    );
+    tests.multi_thread(
+        "prune_removes_what_the_retention_no_longer_keeps",
+        prune_removes_what_the_retention_no_longer_keeps,
+    );
+    tests.run();
 }

@@ -1,22 +1,18 @@
-//! Connecting the tests to a real Postgres server.
+//! Connecting the tests to a real Postgres server, at `BACKSTOP_POSTGRES_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`, the throwaway cluster `.ci/run` starts). Each
+//! store gets a schema of its own.
 //!
-//! The URL comes from `BACKSTOP_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`,
-//! the throwaway cluster `.ci/run` starts). Each store gets a schema of its own. When the server
-//! cannot be reached, a test prints a skip line and passes, unless `BACKSTOP_REQUIRE_POSTGRES=1`
-//! (what `.ci/run` sets), when it fails: a missing Postgres never hides behind a green run.
+//! A test that needs it is listed with `tests.needs(Service::Postgres)` (backstop-test-support),
+//! which probes the server once: when it is missing, the test is reported as ignored with the
+//! reason, or fails when `BACKSTOP_REQUIRE_POSTGRES=1` (what `.ci/run` sets). So here, a server
+//! that cannot be reached is a failure. A test that starts a [`Cluster`] of its own needs
+//! `Service::PostgresBinaries` instead.
 #![allow(dead_code, unreachable_pub)]
 
 #[cfg(feature = "postgres")]
 use tower_backstop::store::PostgresStore;
 
-pub fn postgres_url() -> String {
-    std::env::var("BACKSTOP_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-pub fn postgres_required() -> bool {
-    std::env::var("BACKSTOP_REQUIRE_POSTGRES").is_ok_and(|v| v == "1")
-}
+pub use backstop_test_support::postgres_url;
 
 /// A fresh schema name for `test`: `bt_`, the test's name (cut to fit), a random suffix.
 pub fn fresh_schema(test: &str) -> String {
@@ -34,40 +30,17 @@ pub fn fresh_schema(test: &str) -> String {
     format!("bt_{name}_{:016x}", rand::random::<u64>())
 }
 
-/// A store in a fresh schema, or `None` (after a skip line) when Postgres is unreachable and
-/// not required.
+/// A store in a fresh schema.
 #[cfg(feature = "postgres")]
-pub async fn postgres_store(test: &str) -> Option<PostgresStore> {
+pub async fn postgres_store(test: &str) -> PostgresStore {
     let url = postgres_url();
     match PostgresStore::connect(&url)
         .schema(fresh_schema(test))
         .await
     {
-        Ok(store) => Some(store),
-        Err(e) => skip(test, &url, &e),
+        Ok(store) => store,
+        Err(e) => panic!("{test}: cannot connect to postgres at {url}: {e}"),
     }
-}
-
-/// Without the `postgres` feature there is no Postgres store to test: a skip line (even when
-/// Postgres is required: the build left the store out on purpose).
-#[cfg(not(feature = "postgres"))]
-pub async fn postgres_store(test: &str) -> Option<std::convert::Infallible> {
-    eprintln!("SKIPPED {test}: built without the `postgres` feature (use --all-features)");
-    None
-}
-
-pub fn skip<T>(test: &str, url: &str, error: &dyn std::fmt::Display) -> Option<T> {
-    if postgres_required() {
-        panic!(
-            "{test}: postgres is required (BACKSTOP_REQUIRE_POSTGRES=1) but unreachable at {url}: \
-             {error}"
-        );
-    }
-    eprintln!(
-        "SKIPPED {test}: no postgres at {url} ({error}); start a server or set \
-         BACKSTOP_POSTGRES_URL (BACKSTOP_REQUIRE_POSTGRES=1 makes this a failure)"
-    );
-    None
 }
 
 /// A throwaway Postgres cluster of our own (`initdb` and `pg_ctl` in a temporary directory, on
@@ -80,28 +53,6 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Where `initdb` is: `BACKSTOP_PG_BIN`, else on `PATH`, else the newest
-    /// `/usr/lib/postgresql/*/bin` (Debian's layout).
-    fn bin_dir() -> Option<std::path::PathBuf> {
-        if let Ok(dir) = std::env::var("BACKSTOP_PG_BIN") {
-            return Some(dir.into());
-        }
-        let on_path = std::env::var_os("PATH")
-            .and_then(|paths| std::env::split_paths(&paths).find(|p| p.join("initdb").is_file()));
-        on_path.or_else(|| {
-            let mut dirs: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
-                .ok()?
-                .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-                .filter(|p| p.join("initdb").is_file())
-                .collect();
-            dirs.sort_by_key(|p| {
-                p.parent()
-                    .and_then(|v| v.file_name()?.to_str()?.parse::<u32>().ok())
-            });
-            dirs.pop()
-        })
-    }
-
     fn command(&self, tool: &str) -> std::process::Command {
         let path = self.bin.join(tool);
         if is_root() {
@@ -115,7 +66,8 @@ impl Cluster {
 
     /// A new cluster, initialised and started; an error says what is missing.
     pub fn start() -> Result<Cluster, String> {
-        let bin = Cluster::bin_dir().ok_or("no initdb (install Debian's postgresql)")?;
+        let bin =
+            backstop_test_support::pg_bin_dir().ok_or("no initdb (install Debian's postgresql)")?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         if is_root() {
             let owned = std::process::Command::new("chown")

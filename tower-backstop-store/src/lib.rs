@@ -23,8 +23,9 @@
 //! | feature | what | default |
 //! |---|---|---|
 //! | `sqlite` | `SqliteStore`: one file, bundled SQLite (rusqlite) | no |
-//! | `redis` | `RedisStore`: one Redis server, shared by many instances (redis crate, tokio) | no |
+//! | `redis` | `RedisStore`: one Redis server or a Redis Cluster, shared by many instances (redis crate, tokio) | no |
 //! | `postgres` | `PostgresStore`: the team's Postgres, shared by many instances (sqlx, tokio; SQL migrations inside) | no |
+//! | `testing` | [`testing`]: the conformance suite, to prove a store of your own | no |
 //!
 //! # Example
 //!
@@ -69,6 +70,9 @@ mod redis;
 mod retention;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 
 pub use self::audit::{AuditAction, AuditEntry, purge};
 pub use self::memory::MemoryStore;

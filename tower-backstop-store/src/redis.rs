@@ -3,7 +3,9 @@ use std::ops::Range;
 use std::time::{Duration, SystemTime};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, Value};
 
 use super::query::newest_first;
 use super::query::{
@@ -12,9 +14,16 @@ use super::query::{
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
 use super::{AuditEntry, BoxFuture, Store, StoreError, redact_url};
 
-/// A dead-letter store in Redis, shared by many instances (feature `redis`).
+/// A dead-letter store in Redis, shared by many instances (feature `redis`): one server
+/// ([`connect`](RedisStore::connect)) or a Redis Cluster
+/// ([`connect_cluster`](RedisStore::connect_cluster)).
 ///
-/// Layout, under a key prefix (`backstop:dlq` by default):
+/// Layout: every key starts with the key prefix (`backstop:dlq` by default) as a Redis hash tag,
+/// `{prefix}:`, so that every key of one store hashes to one Cluster slot and each script, which
+/// touches a record's key with its index keys, runs there. Two stores with different prefixes
+/// have different tags, so in a Cluster they are on different slots (and usually on different
+/// nodes). A prefix that already holds a hash tag (`{team}:dlq`, as this store advised before it
+/// wrapped the prefix itself) is used as it is: its keys keep their names.
 ///
 /// | key | type | what |
 /// |---|---|---|
@@ -22,8 +31,16 @@ use super::{AuditEntry, BoxFuture, Store, StoreError, redact_url};
 /// | `{prefix}:retry` | sorted set | ids of deferred and in-flight records, scored by retry-at (ms) |
 /// | `{prefix}:time` | sorted set | every id, scored by last failure time (ms) |
 /// | `{prefix}:class:{class}`, `{prefix}:code:{code}`, `{prefix}:tag:{key}={value}` | sorted sets | the indexes, scored by last failure time |
+/// | `{prefix}:dead:time`, `{prefix}:dead:class:{class}`, `{prefix}:dead:code:{code}`, `{prefix}:waiting:time`, `{prefix}:deferred:time`, `{prefix}:in_flight:time`, `{prefix}:resolved:time` | sorted sets | the indexes by status, for the counts |
 /// | `{prefix}:codes` | hash | each code's first sighting (ms) |
 /// | `{prefix}:classes` | set | every class name written (what [`counts`](Store::counts) walks) |
+/// | `{prefix}:audit` | list | the audit trail, newest first |
+///
+/// Versions before the hash tag named the keys `prefix:…` (no braces); such a store looks empty
+/// to this version until its keys are renamed once, with
+/// [`rename_untagged_keys`](RedisStore::rename_untagged_keys). One hash tag puts the whole store
+/// on one slot, so on one shard of a Cluster: the Cluster gives it failover and room beside
+/// other data, not throughput beyond one node's.
 ///
 /// Searches whose filter names at most one indexed condition (a class, a code or one tag) and
 /// perhaps a time range, and no status or ids, read one page straight off that index
@@ -42,35 +59,103 @@ use super::{AuditEntry, BoxFuture, Store, StoreError, redact_url};
 /// claim it lost to.
 /// [`put_many`](Store::put_many) sends a batch in one pipeline.
 ///
-/// Redis Cluster: every script touches the record's key and the index keys computed from it,
-/// and Cluster runs a script only when all its keys are in one hash slot. The default keys carry
-/// no hash tag, on purpose: one tag would put the whole store in one slot, on one shard, which is
-/// a single server with extra steps. A store that must live in a Cluster can take a prefix that
-/// is a hash tag, `with_prefix("{backstop:dlq}")`: every key then starts with the tag, shares its
-/// slot, and the scripts are valid there. The connection itself is the redis crate's single-node
-/// `ConnectionManager`, which does not follow Cluster redirections: point it at the node that
-/// owns that slot. A cluster-aware connection is not implemented. The connection is re-established after Redis
-/// restarts (the redis crate's `ConnectionManager`), and the scripts are loaded again when the
-/// server forgot them; calls made while Redis is down fail with a [`StoreError`].
+/// The connection to one server is the redis crate's `ConnectionManager`, re-established after
+/// Redis restarts; the connection to a Cluster is the redis crate's cluster client, which follows
+/// the Cluster's redirections and failovers. The scripts are loaded again when a server forgot
+/// them; calls made while Redis is down fail with a [`StoreError`].
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Connection,
     prefix: String,
+    /// What every key starts with: the prefix as a hash tag (see [`keyspace`]).
+    keyspace: String,
     history_limit: usize,
-    url: String,
+    /// The server's URL, or the Cluster's URLs, as given (with credentials).
+    urls: Vec<String>,
 }
 
-/// `redis {url} prefix {prefix}`, the URL's credentials hidden ([`redact_url`]).
+/// A connection to one Redis server or to a Redis Cluster; cheap to clone (each clone shares
+/// the connection).
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// What every key of a store with `prefix` starts with (without the `:` that follows): the
+/// prefix as a Redis hash tag, `{prefix}`, so that all the store's keys share one Cluster slot;
+/// or the prefix itself when it already holds a hash tag (a `{`, then a `}` with something
+/// between), whose keys then share that tag's slot.
+///
+/// A prefix that is empty or starts with `}` makes an empty tag, which Redis ignores: on one
+/// server that store works as any other, but a Cluster refuses its scripts (`CROSSSLOT`).
+fn keyspace(prefix: &str) -> String {
+    if has_hash_tag(prefix) {
+        prefix.to_owned()
+    } else {
+        format!("{{{prefix}}}")
+    }
+}
+
+/// Whether `key` has a Redis Cluster hash tag: a `{`, and after it a `}` with at least one
+/// character between (what Redis hashes instead of the whole key).
+fn has_hash_tag(key: &str) -> bool {
+    key.find('{')
+        .and_then(|open| key[open + 1..].find('}'))
+        .is_some_and(|len| len > 0)
+}
+
+/// `redis {url} prefix {prefix}` for one server, `redis cluster {url},{url}… prefix {prefix}`
+/// for a Cluster, the URLs' credentials hidden ([`redact_url`]).
 impl std::fmt::Display for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "redis {} prefix {}", redact_url(&self.url), self.prefix)
+        let cluster = if matches!(self.conn, Connection::Cluster(_)) {
+            "cluster "
+        } else {
+            ""
+        };
+        write!(
+            f,
+            "redis {cluster}{} prefix {}",
+            self.shown_urls(),
+            self.prefix
+        )
     }
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("url", &redact_url(&self.url))
+            .field("url", &self.shown_urls())
+            .field("cluster", &matches!(self.conn, Connection::Cluster(_)))
             .field("prefix", &self.prefix)
             .field("history_limit", &self.history_limit)
             .finish_non_exhaustive()
@@ -84,11 +169,16 @@ struct RedactedError(String);
 
 impl RedactedError {
     fn of(error: &redis::RedisError, url: &str) -> Self {
-        let mut text = error.to_string().replace(url, &redact_url(url));
+        RedactedError(RedactedError::of_text(&error.to_string(), url))
+    }
+
+    /// `text` with `url` redacted, and its password alone too.
+    fn of_text(text: &str, url: &str) -> String {
+        let mut text = text.replace(url, &redact_url(url));
         if let Some(secret) = password(url).filter(|p| !p.is_empty()) {
             text = text.replace(secret, "***");
         }
-        RedactedError(text)
+        text
     }
 }
 
@@ -166,6 +256,35 @@ fn score_range(filter: &Filter) -> (String, String) {
     (min, max)
 }
 
+/// Whether `rest`, what follows `prefix:` in a key, is a key of the store's layout.
+fn untagged_layout(rest: &[u8]) -> bool {
+    const FAMILIES: [&[u8]; 5] = [b"rec:", b"class:", b"code:", b"tag:", b"dead:"];
+    const NAMES: [&[u8]; 9] = [
+        b"time",
+        b"retry",
+        b"codes",
+        b"classes",
+        b"audit",
+        b"waiting:time",
+        b"deferred:time",
+        b"in_flight:time",
+        b"resolved:time",
+    ];
+    FAMILIES.iter().any(|f| rest.starts_with(f)) || NAMES.contains(&rest)
+}
+
+/// `text` with the characters that `SCAN … MATCH` reads as a pattern escaped.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^' | '-') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 fn redis_error(what: &str) -> impl FnOnce(redis::RedisError) -> StoreError + '_ {
     move |e| StoreError::with_source(format!("redis dead-letter store: {what}"), e)
 }
@@ -224,7 +343,7 @@ impl RedisStore {
             .set_response_timeout(response)
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
-        let mut conn = ConnectionManager::new_with_config(client, config)
+        let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| {
                 StoreError::with_source(
@@ -235,23 +354,126 @@ impl RedisStore {
                     RedactedError::of(&e, url),
                 )
             })?;
+        RedisStore::opened(Connection::Single(conn), vec![url.to_owned()]).await
+    }
+
+    /// Connects to the Redis Cluster that `urls` name (one or more of its nodes, each
+    /// `redis://host:port`, `redis://:password@host:port`; the others are found from them), with
+    /// the key prefix `backstop:dlq`, a 2 s connection timeout and a 5 s response timeout,
+    /// keeping the last [`DEFAULT_HISTORY_LIMIT`](super::DEFAULT_HISTORY_LIMIT) errors per record.
+    ///
+    /// Every key of the store is under one hash tag (see [`RedisStore`]), so its scripts and
+    /// pipelines run on the one node that owns its slot; the redis crate's cluster client follows
+    /// redirections when the Cluster moves that slot or fails over.
+    ///
+    /// ```no_run
+    /// use tower_backstop_store::RedisStore;
+    ///
+    /// # async fn run() -> Result<(), tower_backstop_store::StoreError> {
+    /// let store = RedisStore::connect_cluster(&["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .await?
+    ///     .with_prefix("mail:dlq");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when no URL is given or one is malformed, when no node can be reached or
+    /// they do not form a Cluster (a plain server is refused), or when the scripts cannot be
+    /// loaded.
+    pub async fn connect_cluster(urls: &[&str]) -> Result<Self, StoreError> {
+        RedisStore::connect_cluster_with_timeouts(
+            urls,
+            Some(Duration::from_secs(2)),
+            Some(Duration::from_secs(5)),
+        )
+        .await
+    }
+
+    /// Connects like [`connect_cluster`](RedisStore::connect_cluster), with these timeouts for
+    /// connecting to each node and for each response. `None` leaves the redis crate's cluster
+    /// default: 1 s to connect, no limit on a response.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect_cluster`](RedisStore::connect_cluster).
+    pub async fn connect_cluster_with_timeouts(
+        urls: &[&str],
+        connection: Option<Duration>,
+        response: Option<Duration>,
+    ) -> Result<Self, StoreError> {
+        let shown = urls
+            .iter()
+            .map(|u| redact_url(u))
+            .collect::<Vec<_>>()
+            .join(",");
+        let redacted = |e: &redis::RedisError| {
+            let mut text = e.to_string();
+            for url in urls {
+                text = RedactedError::of_text(&text, url);
+            }
+            RedactedError(text)
+        };
+        if urls.is_empty() {
+            return Err(StoreError::new(
+                "redis dead-letter store: a cluster needs at least one node's url",
+            ));
+        }
+        let mut builder = ClusterClient::builder(urls.iter().copied());
+        if let Some(timeout) = connection {
+            builder = builder.connection_timeout(timeout);
+        }
+        if let Some(timeout) = response {
+            builder = builder.response_timeout(timeout);
+        }
+        let client = builder.build().map_err(|e| {
+            StoreError::with_source(
+                format!("redis dead-letter store: bad cluster urls {shown:?}"),
+                redacted(&e),
+            )
+        })?;
+        let conn = client.get_async_connection().await.map_err(|e| {
+            StoreError::with_source(
+                format!("cannot connect to redis dead-letter store cluster {shown}"),
+                redacted(&e),
+            )
+        })?;
+        let urls = urls.iter().map(|u| (*u).to_owned()).collect();
+        RedisStore::opened(Connection::Cluster(conn), urls).await
+    }
+
+    /// The store over `conn`, its scripts loaded, with the default prefix and history limit.
+    async fn opened(mut conn: Connection, urls: Vec<String>) -> Result<Self, StoreError> {
         for script in [WRITE] {
             Script::new(script)
                 .load_async(&mut conn)
                 .await
                 .map_err(redis_error("load script"))?;
         }
+        let prefix = "backstop:dlq".to_owned();
         Ok(RedisStore {
             conn,
-            prefix: "backstop:dlq".to_owned(),
+            keyspace: keyspace(&prefix),
+            prefix,
             history_limit: DEFAULT_HISTORY_LIMIT,
-            url: url.to_owned(),
+            urls,
         })
     }
 
-    /// Uses `prefix` for every key (for example one prefix per application or per test).
+    /// The URLs with their credentials hidden, joined by commas.
+    fn shown_urls(&self) -> String {
+        self.urls
+            .iter()
+            .map(|u| redact_url(u))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Uses `prefix` for every key (for example one prefix per application or per test): the
+    /// keys are then `{prefix}:…`, one hash tag per store (see [`RedisStore`]).
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self.keyspace = keyspace(&self.prefix);
         self
     }
 
@@ -266,8 +488,124 @@ impl RedisStore {
         &self.prefix
     }
 
+    /// Renames the keys that a version before the hash tag wrote for this store's prefix
+    /// (`prefix:rec:{id}`, `prefix:time`…) to this version's names (`{prefix}:rec:{id}`…), and
+    /// returns how many it renamed: a store upgraded from such a version looks empty until this
+    /// runs once. Run it on one server, with the store's prefix set
+    /// ([`with_prefix`](RedisStore::with_prefix)), while no instance of the older version writes
+    /// to it; running it again renames nothing. A prefix that already holds a hash tag kept its
+    /// key names, and has nothing to rename.
+    ///
+    /// The keys renamed are those of the store's layout (see [`RedisStore`]): a second store
+    /// whose prefix is this one followed by `:rec:`, `:class:`, `:code:`, `:tag:` or `:dead:`
+    /// would be caught too.
+    ///
+    /// ```no_run
+    /// use tower_backstop_store::RedisStore;
+    ///
+    /// # async fn run() -> Result<(), tower_backstop_store::StoreError> {
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?.with_prefix("mail:dlq");
+    /// let renamed = store.rename_untagged_keys().await?;
+    /// println!("renamed {renamed} keys");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] on a Cluster (a version before the hash tag could not have written there),
+    /// when this version already wrote records under the new names (the two would need merging:
+    /// nothing is renamed), or when Redis fails; keys renamed before a failure stay renamed, and
+    /// running it again goes on with the rest.
+    pub async fn rename_untagged_keys(&self) -> Result<u64, StoreError> {
+        if self.keyspace == self.prefix {
+            return Ok(0);
+        }
+        let Connection::Single(conn) = &self.conn else {
+            return Err(StoreError::new(
+                "redis dead-letter store: untagged keys are renamed on one server, not in a cluster",
+            ));
+        };
+        let mut conn = conn.clone();
+        // Both time indexes: records under both names, which renaming would not merge. (The
+        // new one alone is a store already renamed, or renamed in part by a run that failed.)
+        let (new, old): (bool, bool) = redis::pipe()
+            .cmd("EXISTS")
+            .arg(self.key("time"))
+            .cmd("EXISTS")
+            .arg(format!("{}:time", self.prefix))
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("rename untagged keys"))?;
+        if new && old {
+            return Err(StoreError::new(format!(
+                "redis dead-letter store: {} already holds records under the new key names; \
+                 rename the old keys by hand (RENAME each {}:… key) after merging them",
+                self.prefix, self.prefix
+            )));
+        }
+        self.rename_matching(&mut conn, &format!("{}:*", glob_escape(&self.prefix)))
+            .await
+    }
+
+    /// Renames each key that matches `pattern` (`SCAN … MATCH`) and is one of the layout's
+    /// ([`untagged_layout`]) from `prefix:…` to `{prefix}:…`, and returns how many.
+    async fn rename_matching(
+        &self,
+        conn: &mut ConnectionManager,
+        pattern: &str,
+    ) -> Result<u64, StoreError> {
+        let mut cursor = 0u64;
+        let mut renamed = 0;
+        loop {
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1_000)
+                .query_async(conn)
+                .await
+                .map_err(redis_error("rename untagged keys"))?;
+            let keys: Vec<Vec<u8>> = keys
+                .into_iter()
+                .filter(|k| untagged_layout(&k[self.prefix.len() + 1..]))
+                .collect();
+            if keys.is_empty() && next == 0 {
+                return Ok(renamed);
+            }
+            if keys.is_empty() {
+                cursor = next;
+                continue;
+            }
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                let mut new = self.keyspace.as_bytes().to_vec();
+                new.extend_from_slice(&key[self.prefix.len()..]);
+                pipe.cmd("RENAMENX").arg(key).arg(new);
+            }
+            let done: Vec<bool> = pipe
+                .query_async(conn)
+                .await
+                .map_err(redis_error("rename untagged keys"))?;
+            renamed += done.iter().filter(|d| **d).count() as u64;
+            if let Some(i) = done.iter().position(|d| !d) {
+                return Err(StoreError::new(format!(
+                    "redis dead-letter store: {} exists under its new name too; rename it by hand",
+                    String::from_utf8_lossy(&keys[i])
+                )));
+            }
+            if next == 0 {
+                return Ok(renamed);
+            }
+            cursor = next;
+        }
+    }
+
+    /// The key `rest` of this store (`rec:{id}`, `time`, `class:{class}`…) under its hash tag:
+    /// `{prefix}:{rest}`. Every key the store reads or writes is made here, so that all of them
+    /// share the store's Cluster slot; a new kind of key must be made here too.
     fn key(&self, rest: &str) -> String {
-        format!("{}:{rest}", self.prefix)
+        format!("{}:{rest}", self.keyspace)
     }
 
     fn record_key(&self, id: &str) -> String {

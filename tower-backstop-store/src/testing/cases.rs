@@ -1,0 +1,950 @@
+//! The cases of the conformance suite: each opens fresh stores through a [`Backend`] and
+//! asserts what every [`Store`] must do.
+
+use std::collections::HashSet;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::{Backend, Opened, open};
+use crate::{
+    AuditAction, AuditEntry, Change, Claim, ErrorEntry, Filter, Record, Retention, Status, Store,
+    purge,
+};
+
+const BASE: u64 = 1_780_000_000_000; // ms since the epoch, in 2026
+
+fn at(ms_after_base: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(BASE + ms_after_base)
+}
+
+/// A dead record `id` of `class`/`code`, last failed at `t`, one attempt: a JSON payload of a
+/// `POST`, its failure as its root cause.
+fn rec(id: &str, class: &str, code: &str, t: SystemTime) -> Record {
+    let message = format!("{id} failed at {}", humantime::format_rfc3339_millis(t));
+    let mut r = Record::new(id, ErrorEntry::new(t, class, code, message, 1));
+    r.payload = format!("payload of {id}").into_bytes();
+    r.payload_len = r.payload.len() as u64;
+    r.content_type = Some("application/json".to_owned());
+    r.metadata.insert("method".into(), "POST".into());
+    r.metadata
+        .insert("uri".into(), "http://mail.test/v1/messages".into());
+    r.cause = Some(r.history[0].clone());
+    r
+}
+
+fn deferred(mut r: Record, retry_at: SystemTime) -> Record {
+    r.status = Status::Deferred;
+    r.retry_at = Some(retry_at);
+    r
+}
+
+fn ids(records: &[Record]) -> Vec<&str> {
+    records.iter().map(|r| r.id.as_str()).collect()
+}
+
+pub(super) async fn round_trip(b: &dyn Backend) {
+    let o = open(b, "round_trip", 10).await;
+    let mut r = rec("m-1", "throttled", "http 429", at(0));
+    r.payload = vec![0, 159, 146, 150, 255];
+    r.payload_len = 5;
+    r.tags.insert("campaign".into(), "flash_sale".into());
+    r.tags.insert("provider".into(), "sendgrid".into());
+    r = deferred(r, at(60_000));
+    o.store.put(r.clone()).await.unwrap();
+    assert_eq!(o.store.get("m-1").await.unwrap(), Some(r));
+    assert_eq!(o.store.get("nope").await.unwrap(), None);
+}
+
+/// The root cause and the breaker round-trip, and a later write without them (a rejection whose
+/// breaker no longer knows why) keeps the ones already stored.
+pub(super) async fn root_cause_and_breaker_are_kept(b: &dyn Backend) {
+    let o = open(b, "cause", 10).await;
+    let mut first = rec("m-1", "circuit_open", "circuit open", at(0));
+    let mut cause = first.history[0].clone();
+    cause.class = "transient".into();
+    cause.code = "io ConnectionRefused".into();
+    cause.message = "connection refused (io ConnectionRefused); 12 failures in 10s".into();
+    cause.attempts = 12;
+    first.cause = Some(cause.clone());
+    first.breaker = Some("api.mail.test:443".into());
+    o.store.put(first.clone()).await.unwrap();
+    assert_eq!(o.store.get("m-1").await.unwrap(), Some(first));
+    let mut later = rec("m-1", "circuit_open", "circuit open", at(5_000));
+    later.cause = None;
+    o.store.put(later).await.unwrap();
+    let got = o.store.get("m-1").await.unwrap().unwrap();
+    assert_eq!(got.cause, Some(cause));
+    assert_eq!(got.breaker.as_deref(), Some("api.mail.test:443"));
+    assert_eq!(got.last_failed_at, at(5_000));
+    // A newer real failure is the new root cause.
+    let real = rec("m-1", "transient", "http 503", at(9_000));
+    let real_cause = real.cause.clone();
+    assert!(real_cause.is_some());
+    o.store.put(real).await.unwrap();
+    assert_eq!(o.store.get("m-1").await.unwrap().unwrap().cause, real_cause);
+}
+
+/// A page that ends at `usize::MAX` ("the rest") reads every record after its start, through
+/// every index: `list(usize::MAX)` is the whole store.
+pub(super) async fn an_open_ended_page_reads_to_the_end(b: &dyn Backend) {
+    let o = open(b, "open_ended", 10).await;
+    for i in 0..7 {
+        o.store
+            .put(rec(&format!("m-{i}"), "transient", "http 503", at(i)))
+            .await
+            .unwrap();
+    }
+    assert_eq!(o.store.list(usize::MAX).await.unwrap().len(), 7);
+    let rest = o
+        .store
+        .search(&Filter::new().class("transient"), 5..usize::MAX)
+        .await
+        .unwrap();
+    assert_eq!(ids(&rest), ["m-1", "m-0"]);
+    let rest = o.store.search(&Filter::new(), 2..usize::MAX).await.unwrap();
+    assert_eq!(rest.len(), 5);
+}
+
+/// Only dead records count as dead letters, the deferred and in-flight ones apart, resolved
+/// ones nowhere, through every status change.
+pub(super) async fn counts_follow_each_status_change(b: &dyn Backend) {
+    let o = open(b, "count_status", 10).await;
+    for i in 0..3 {
+        o.store
+            .put(rec(&format!("d-{i}"), "transient", "http 503", at(i)))
+            .await
+            .unwrap();
+    }
+    for i in 0..2 {
+        o.store
+            .put(deferred(
+                rec(&format!("w-{i}"), "throttled", "http 429", at(10 + i)),
+                at(100),
+            ))
+            .await
+            .unwrap();
+    }
+    let counts = |o: &Opened| {
+        let store = Arc::clone(&o.store);
+        async move {
+            let c = store.counts(at(0)).await.unwrap();
+            (c.total, c.deferred, c.by_class, c.by_code)
+        }
+    };
+    let transient = |n| vec![("transient".to_owned(), n)];
+    let http_503 = |n| vec![("http 503".to_owned(), n)];
+    assert_eq!(counts(&o).await, (3, 2, transient(3), http_503(3)));
+    o.store
+        .update("d-0", Change::Resolved { at: at(50) })
+        .await
+        .unwrap();
+    assert_eq!(counts(&o).await, (2, 2, transient(2), http_503(2)));
+    let claimed = o
+        .store
+        .claim_due(at(200), 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(
+        counts(&o).await,
+        (2, 2, transient(2), http_503(2)),
+        "in flight"
+    );
+    o.store
+        .update(&claimed[0].id, Change::Resolved { at: at(60) })
+        .await
+        .unwrap();
+    assert_eq!(counts(&o).await.1, 1);
+    let other = if claimed[0].id == "w-0" { "w-1" } else { "w-0" };
+    o.store.update(other, Change::Dead).await.unwrap();
+    let (total, deferred, by_class, by_code) = counts(&o).await;
+    assert_eq!((total, deferred), (3, 0));
+    assert_eq!(
+        by_class,
+        [("transient".to_owned(), 2), ("throttled".to_owned(), 1)]
+    );
+    assert_eq!(
+        by_code,
+        [("http 503".to_owned(), 2), ("http 429".to_owned(), 1)]
+    );
+    o.store.delete(&Filter::new().id("d-1")).await.unwrap();
+    assert_eq!(counts(&o).await.0, 2);
+}
+
+/// A claimed record the scheduler does not send ([`Change::Held`]) is deferred again with its
+/// claim's resend given back, compare-and-set like every claim.
+pub(super) async fn a_held_record_gives_its_claim_back(b: &dyn Backend) {
+    let o = open(b, "held", 10).await;
+    o.store
+        .put(deferred(
+            rec("m-1", "circuit_open", "circuit open", at(0)),
+            at(1_000),
+        ))
+        .await
+        .unwrap();
+    let claimed = o
+        .store
+        .claim_due(at(2_000), 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!((claimed.len(), claimed[0].resends), (1, 1));
+    let held = o
+        .store
+        .change_if_unchanged(
+            &claimed[0],
+            Change::Held {
+                retry_at: at(30_000),
+            },
+        )
+        .await
+        .unwrap();
+    let Claim::Claimed(held) = held else {
+        panic!("{held:?}")
+    };
+    assert_eq!(
+        (held.status, held.resends, held.retry_at),
+        (Status::Deferred, 0, Some(at(30_000)))
+    );
+    assert_eq!(o.store.get("m-1").await.unwrap().as_ref(), Some(&*held));
+    // Not due before its new time; a second give-back from the stale claim is refused.
+    assert!(
+        o.store
+            .claim_due(at(29_999), 10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        o.store
+            .change_if_unchanged(&claimed[0], Change::Held { retry_at: at(1) })
+            .await
+            .unwrap(),
+        Claim::ClaimedElsewhere { .. }
+    ));
+}
+
+pub(super) async fn upsert_merges_by_id(b: &dyn Backend) {
+    let o = open(b, "upsert", 10).await;
+    let mut first = rec("m-1", "transient", "http 503", at(0));
+    first.attempts = 3;
+    first.budget_spent = 3;
+    first.tags.insert("tenant".into(), "acme".into());
+    o.store.put(first).await.unwrap();
+    let mut second = rec("m-1", "unknown", "http 500", at(1_000));
+    second.attempts = 2;
+    second.budget_spent = 2;
+    second.tags.insert("provider".into(), "ses".into());
+    o.store.put(second).await.unwrap();
+
+    let all = o.store.list(10).await.unwrap();
+    assert_eq!(all.len(), 1, "one record per id");
+    let r = &all[0];
+    assert_eq!((r.attempts, r.budget_spent), (5, 5));
+    assert_eq!(r.first_failed_at, at(0));
+    assert_eq!(r.last_failed_at, at(1_000));
+    assert_eq!((r.class.as_str(), r.code.as_str()), ("unknown", "http 500"));
+    assert_eq!(r.history.len(), 2);
+    assert_eq!(r.history[0].code, "http 503");
+    assert_eq!(r.history[1].code, "http 500");
+    assert_eq!(r.tags.len(), 2);
+    // The old class index no longer finds it; the new one does.
+    let by_old = o
+        .store
+        .search(&Filter::new().class("transient"), 0..10)
+        .await
+        .unwrap();
+    assert!(by_old.is_empty());
+    let by_new = o
+        .store
+        .search(&Filter::new().class("unknown"), 0..10)
+        .await
+        .unwrap();
+    assert_eq!(ids(&by_new), ["m-1"]);
+}
+
+pub(super) async fn history_keeps_last_k(b: &dyn Backend) {
+    let o = open(b, "history", 3).await;
+    for i in 0..20u64 {
+        o.store
+            .put(rec(
+                "m-1",
+                "transient",
+                &format!("http 5{i:02}"),
+                at(i * 1_000),
+            ))
+            .await
+            .unwrap();
+    }
+    let r = o.store.get("m-1").await.unwrap().unwrap();
+    assert_eq!(r.attempts, 20);
+    let codes: Vec<&str> = r.history.iter().map(|e| e.code.as_str()).collect();
+    assert_eq!(codes, ["http 517", "http 518", "http 519"]);
+    assert_eq!(r.first_failed_at, at(0));
+}
+
+pub(super) async fn search_filters_and_pages(b: &dyn Backend) {
+    let o = open(b, "search", 10).await;
+    let mut batch = Vec::new();
+    for i in 0..30u64 {
+        let class = ["transient", "throttled", "permanent"][(i % 3) as usize];
+        let code = ["http 503", "http 429", "http 400"][(i % 3) as usize];
+        let mut r = rec(&format!("m-{i:02}"), class, code, at(i * 1_000));
+        r.tags.insert(
+            "campaign".into(),
+            if i < 15 { "spring" } else { "summer" }.into(),
+        );
+        if i == 7 {
+            r.status = Status::Resolved;
+        }
+        batch.push(r);
+    }
+    o.store.put_many(batch).await.unwrap();
+
+    let s = |f: Filter, p: Range<usize>| {
+        let store = Arc::clone(&o.store);
+        async move { store.search(&f, p).await.unwrap() }
+    };
+    // Newest first.
+    assert_eq!(ids(&s(Filter::new(), 0..3).await), ["m-29", "m-28", "m-27"]);
+    // Paging.
+    assert_eq!(ids(&s(Filter::new(), 3..6).await), ["m-26", "m-25", "m-24"]);
+    assert_eq!(s(Filter::new(), 28..38).await.len(), 2);
+    // Class.
+    let throttled = s(Filter::new().class("throttled"), 0..100).await;
+    assert_eq!(throttled.len(), 10);
+    assert!(throttled.iter().all(|r| r.class == "throttled"));
+    // Code.
+    assert_eq!(s(Filter::new().code("http 400"), 0..100).await.len(), 10);
+    // Tag, and tag with class.
+    assert_eq!(
+        s(Filter::new().tag("campaign", "summer"), 0..100)
+            .await
+            .len(),
+        15
+    );
+    let summer_permanent = s(
+        Filter::new().tag("campaign", "summer").class("permanent"),
+        0..100,
+    )
+    .await;
+    assert_eq!(
+        ids(&summer_permanent),
+        ["m-29", "m-26", "m-23", "m-20", "m-17"]
+    );
+    // Time range: since inclusive, until exclusive.
+    let range = s(Filter::new().since(at(10_000)).until(at(13_000)), 0..100).await;
+    assert_eq!(ids(&range), ["m-12", "m-11", "m-10"]);
+    // Status, ids.
+    assert_eq!(
+        ids(&s(Filter::new().status(Status::Resolved), 0..9).await),
+        ["m-07"]
+    );
+    assert_eq!(
+        ids(&s(Filter::new().id("m-03").id("m-05").id("zz"), 0..9).await),
+        ["m-05", "m-03"]
+    );
+    // Nothing matches.
+    assert!(s(Filter::new().class("poison"), 0..9).await.is_empty());
+}
+
+pub(super) async fn counts_over_a_window(b: &dyn Backend) {
+    let o = open(b, "counts", 10).await;
+    let mut batch = vec![rec("old", "poison", "render error", at(0))];
+    for i in 0..6 {
+        batch.push(rec(
+            &format!("t{i}"),
+            "transient",
+            "http 503",
+            at(100_000 + i),
+        ));
+    }
+    for i in 0..3 {
+        batch.push(rec(
+            &format!("h{i}"),
+            "throttled",
+            "http 429",
+            at(100_000 + i),
+        ));
+    }
+    batch.push(rec("u0", "transient", "io ConnectionReset", at(200_000)));
+    o.store.put_many(batch).await.unwrap();
+
+    let c = o.store.counts(at(50_000)).await.unwrap();
+    assert_eq!(c.total, 10);
+    assert_eq!(
+        c.by_class,
+        vec![("transient".to_owned(), 7), ("throttled".to_owned(), 3)]
+    );
+    assert_eq!(
+        c.by_code,
+        vec![
+            ("http 503".to_owned(), 6),
+            ("http 429".to_owned(), 3),
+            ("io ConnectionReset".to_owned(), 1)
+        ]
+    );
+    let new: Vec<&str> = c.new_codes.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(new, ["http 429", "http 503", "io ConnectionReset"]);
+    assert_eq!(c.new_codes[2].1, at(200_000));
+    // A code seen long ago is not new, even when it comes back.
+    o.store
+        .put(rec("old2", "poison", "render error", at(300_000)))
+        .await
+        .unwrap();
+    let c = o.store.counts(at(250_000)).await.unwrap();
+    assert_eq!(c.total, 1);
+    assert!(c.new_codes.is_empty(), "{:?}", c.new_codes);
+    // All time.
+    assert_eq!(
+        o.store.count_by_class().await.unwrap(),
+        vec![
+            ("transient".to_owned(), 7),
+            ("throttled".to_owned(), 3),
+            ("poison".to_owned(), 2)
+        ]
+    );
+}
+
+pub(super) async fn put_many_is_one_batch(b: &dyn Backend) {
+    let o = open(b, "put_many", 10).await;
+    let mut batch: Vec<Record> = (0..500u64)
+        .map(|i| rec(&format!("m-{i:03}"), "transient", "http 503", at(i)))
+        .collect();
+    // The same id twice in one batch merges too.
+    batch.push(rec("m-000", "unknown", "http 500", at(1_000)));
+    o.store.put_many(batch).await.unwrap();
+    assert_eq!(o.store.list(10_000).await.unwrap().len(), 500);
+    let r = o.store.get("m-000").await.unwrap().unwrap();
+    assert_eq!(
+        (r.attempts, r.class.as_str(), r.history.len()),
+        (2, "unknown", 2)
+    );
+}
+
+pub(super) async fn updates(b: &dyn Backend) {
+    let o = open(b, "updates", 10).await;
+    let mut r = rec("m-1", "transient", "http 503", at(0));
+    r.attempts = 4;
+    r.budget_spent = 4;
+    o.store.put(r).await.unwrap();
+    let r = o
+        .store
+        .update("m-1", Change::Redriving { until: at(60_000) })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (r.status, r.retry_at, r.resends, r.budget_spent, r.attempts),
+        (Status::InFlight, Some(at(60_000)), 1, 0, 4)
+    );
+    assert_eq!(o.store.get("m-1").await.unwrap().unwrap(), r);
+    let r = o
+        .store
+        .update("m-1", Change::Resolved { at: at(5_000) })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (r.status, r.resolved_at, r.retry_at),
+        (Status::Resolved, Some(at(5_000)), None)
+    );
+    // Resolved is not claimable.
+    assert!(
+        o.store
+            .claim_due(at(1_000_000), 10, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let r = o.store.update("m-1", Change::Dead).await.unwrap().unwrap();
+    assert_eq!(r.status, Status::Dead);
+    assert_eq!(o.store.update("nope", Change::Dead).await.unwrap(), None);
+}
+
+pub(super) async fn claims_due_in_retry_order(b: &dyn Backend) {
+    let o = open(b, "claim", 10).await;
+    o.store
+        .put_many(vec![
+            deferred(rec("late", "throttled", "http 429", at(0)), at(30_000)),
+            deferred(rec("soon", "throttled", "http 429", at(0)), at(10_000)),
+            deferred(rec("mid", "throttled", "http 429", at(0)), at(20_000)),
+            rec("dead", "permanent", "http 400", at(0)),
+        ])
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(5);
+    assert!(
+        o.store
+            .claim_due(at(9_999), 10, lease)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let claimed = o.store.claim_due(at(25_000), 10, lease).await.unwrap();
+    assert_eq!(ids(&claimed), ["soon", "mid"]);
+    assert!(
+        claimed.iter().all(|r| r.status == Status::InFlight
+            && r.retry_at == Some(at(30_000))
+            && r.resends == 1)
+    );
+    // Claimed: not again while the lease runs; the next due one only.
+    let again = o.store.claim_due(at(29_999), 10, lease).await.unwrap();
+    assert!(again.is_empty(), "{:?}", ids(&again));
+    let third = o.store.claim_due(at(30_000), 1, lease).await.unwrap();
+    assert_eq!(third.len(), 1);
+    // The lease of the first two ended at 30 s: they are claimable again (a dead scheduler).
+    let expired = o.store.claim_due(at(31_000), 10, lease).await.unwrap();
+    let mut got: Vec<&str> = ids(&expired);
+    got.sort();
+    let mut want = vec!["late", "mid", "soon"];
+    want.retain(|id| *id != third[0].id);
+    assert_eq!(got, want);
+    assert!(expired.iter().all(|r| r.resends == 2));
+}
+
+pub(super) async fn concurrent_claims_never_overlap(b: &dyn Backend) {
+    let o = open(b, "claim_race", 10).await;
+    let batch: Vec<Record> = (0..60u64)
+        .map(|i| {
+            deferred(
+                rec(&format!("m-{i:02}"), "transient", "http 503", at(0)),
+                at(i),
+            )
+        })
+        .collect();
+    o.store.put_many(batch).await.unwrap();
+    let claimer = |store: Arc<dyn Store>| {
+        tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let c = store
+                    .claim_due(at(1_000), 4, Duration::from_secs(3600))
+                    .await
+                    .unwrap();
+                if c.is_empty() {
+                    break got;
+                }
+                got.extend(c.into_iter().map(|r| r.id));
+            }
+        })
+    };
+    let (a, b2) = (claimer(Arc::clone(&o.store)), claimer(Arc::clone(&o.store)));
+    let (a, b2) = (a.await.unwrap(), b2.await.unwrap());
+    let all: HashSet<&String> = a.iter().chain(&b2).collect();
+    assert_eq!(a.len() + b2.len(), 60, "every record claimed exactly once");
+    assert_eq!(all.len(), 60);
+}
+
+pub(super) async fn delete_by_filter(b: &dyn Backend) {
+    let o = open(b, "delete", 10).await;
+    let mut batch = Vec::new();
+    for i in 0..10u64 {
+        let mut r = rec(
+            &format!("m-{i}"),
+            if i < 4 { "poison" } else { "transient" },
+            "x",
+            at(i),
+        );
+        r.tags.insert("tenant".into(), "acme".into());
+        if i >= 8 {
+            r = deferred(r, at(100));
+        }
+        batch.push(r);
+    }
+    o.store.put_many(batch).await.unwrap();
+    assert_eq!(
+        o.store
+            .delete(&Filter::new().class("poison"))
+            .await
+            .unwrap(),
+        4
+    );
+    assert_eq!(
+        o.store
+            .delete(&Filter::new().class("poison"))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(o.store.list(100).await.unwrap().len(), 6);
+    assert_eq!(o.store.delete(&Filter::new().id("m-9")).await.unwrap(), 1);
+    // Deleted records leave no index entry behind.
+    assert_eq!(
+        o.store
+            .search(&Filter::new().tag("tenant", "acme"), 0..100)
+            .await
+            .unwrap()
+            .len(),
+        5
+    );
+    // Four dead letters and one deferred record are left: counted apart.
+    let c = o.store.counts(at(0)).await.unwrap();
+    assert_eq!((c.total, c.deferred), (4, 1));
+    let due = o
+        .store
+        .claim_due(at(1_000), 10, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(ids(&due), ["m-8"]);
+    o.store
+        .delete(&Filter::new().tag("tenant", "acme"))
+        .await
+        .unwrap();
+    assert!(o.store.list(100).await.unwrap().is_empty());
+}
+
+pub(super) async fn claims_are_compare_and_set(b: &dyn Backend) {
+    let o = open(b, "cas_claim", 10).await;
+    o.store
+        .put(rec("m-1", "transient", "http 503", at(0)))
+        .await
+        .unwrap();
+    let seen = o.store.get("m-1").await.unwrap().unwrap();
+    let Claim::Claimed(won) = o.store.claim(&seen, at(60_000)).await.unwrap() else {
+        panic!("the first claim wins");
+    };
+    assert_eq!(
+        (won.status, won.retry_at, won.resends, won.budget_spent),
+        (Status::InFlight, Some(at(60_000)), 1, 0)
+    );
+    // The second claimer read the same record: it loses, from either handle.
+    for store in [&o.store, &o.other] {
+        assert_eq!(
+            store.claim(&seen, at(90_000)).await.unwrap(),
+            Claim::ClaimedElsewhere {
+                status: Status::InFlight,
+                resends: 1
+            }
+        );
+    }
+    // Dead again (the claimer gave up): the status is the one read, but a claim happened in
+    // between, so an old read still loses.
+    o.store.update("m-1", Change::Dead).await.unwrap();
+    assert!(matches!(
+        o.store.claim(&seen, at(90_000)).await.unwrap(),
+        Claim::ClaimedElsewhere {
+            status: Status::Dead,
+            resends: 1
+        }
+    ));
+    let fresh = o.store.get("m-1").await.unwrap().unwrap();
+    assert!(matches!(
+        o.other.claim(&fresh, at(90_000)).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    // Deleted meanwhile: nothing is written back.
+    o.store.delete(&Filter::new().id("m-1")).await.unwrap();
+    assert_eq!(
+        o.store.claim(&fresh, at(99_000)).await.unwrap(),
+        Claim::Missing
+    );
+    assert_eq!(o.store.get("m-1").await.unwrap(), None);
+    assert!(o.store.list(10).await.unwrap().is_empty());
+}
+
+pub(super) async fn pages_are_exact_across_ties(b: &dyn Backend) {
+    let o = open(b, "ties", 10).await;
+    // 7 records at one instant, 3 newer, 3 older, in one class; 4 of another class between.
+    let mut batch = Vec::new();
+    for (i, t) in [5, 5, 5, 5, 5, 5, 5, 9, 8, 8, 1, 0, 0]
+        .into_iter()
+        .enumerate()
+    {
+        batch.push(rec(&format!("t-{i:02}"), "transient", "http 503", at(t)));
+    }
+    for i in 0..4 {
+        batch.push(rec(&format!("o-{i}"), "throttled", "http 429", at(5)));
+    }
+    o.store.put_many(batch).await.unwrap();
+    let mut want: Vec<Record> = o
+        .store
+        .search(&Filter::new().class("transient"), 0..100)
+        .await
+        .unwrap();
+    assert_eq!(want.len(), 13);
+    // Newest first, ties by id: check against a plain sort.
+    let mut sorted = want.clone();
+    sorted.sort_by(|a, b| {
+        b.last_failed_at
+            .cmp(&a.last_failed_at)
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    assert_eq!(ids(&want), ids(&sorted));
+    for limit in [1, 2, 3, 4, 5] {
+        let mut paged = Vec::new();
+        let mut page = 0..limit;
+        loop {
+            let got = o
+                .store
+                .search(&Filter::new().class("transient"), page.clone())
+                .await
+                .unwrap();
+            if got.is_empty() {
+                break;
+            }
+            paged.extend(got);
+            page = page.end..page.end + limit;
+        }
+        assert_eq!(ids(&paged), ids(&want), "pages of {limit}");
+    }
+    // A time range cuts the ties as it should (since inclusive, until exclusive).
+    let window = o
+        .store
+        .search(
+            &Filter::new().class("transient").since(at(5)).until(at(9)),
+            2..6,
+        )
+        .await
+        .unwrap();
+    want.retain(|r| r.last_failed_at >= at(5) && r.last_failed_at < at(9));
+    assert_eq!(ids(&window), ids(&want[2..6]));
+    // Counts agree with the records.
+    let counts = o.store.counts(at(5)).await.unwrap();
+    assert_eq!(counts.total, 10 + 4);
+    assert_eq!(
+        counts.by_class,
+        [("transient".to_owned(), 10), ("throttled".to_owned(), 4)]
+    );
+    assert_eq!(
+        o.store.count_by_class().await.unwrap(),
+        [("transient".to_owned(), 13), ("throttled".to_owned(), 4)]
+    );
+}
+
+pub(super) async fn awkward_ids_and_a_big_payload(b: &dyn Backend) {
+    let o = open(b, "awkward", 10).await;
+    let long = "x/ y".repeat(2_560); // 10 KiB
+    let ids = [
+        "with spaces",
+        "a/b/../c",
+        "rec:{x}:*",
+        "é \u{0} ☃",
+        long.as_str(),
+    ];
+    for id in ids {
+        o.store
+            .put(deferred(rec(id, "transient", "http 503", at(0)), at(10)))
+            .await
+            .unwrap();
+    }
+    for id in ids {
+        let r = o.store.get(id).await.unwrap().unwrap();
+        assert_eq!(r.id, id);
+        let Claim::Claimed(_) = o.store.claim(&r, at(60_000)).await.unwrap() else {
+            panic!("claim {id:.20}");
+        };
+        assert_eq!(o.store.budget_spent(id).await.unwrap(), Some(0));
+    }
+    assert_eq!(o.store.list(10).await.unwrap().len(), ids.len());
+    assert_eq!(
+        o.store
+            .delete(&Filter::new().id(long.clone()))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(o.store.get(&long).await.unwrap(), None);
+    // A 10 MiB payload, binary, round-trips byte for byte.
+    let mut big = rec("big", "transient", "http 503", at(0));
+    big.payload = (0..10 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+    big.payload_len = big.payload.len() as u64;
+    o.store.put(big.clone()).await.unwrap();
+    assert_eq!(o.store.get("big").await.unwrap(), Some(big));
+}
+
+/// Retention: by age (dead and resolved only), then by count (the oldest resolved first, then
+/// the oldest dead), never a deferred record, due or not; the dry run counts the same.
+pub(super) async fn retention_prunes_by_age_then_count(b: &dyn Backend) {
+    let o = open(b, "retention", 10).await;
+    let forty_days = Duration::from_secs(40 * 24 * 3600);
+    let old = at(0) - forty_days;
+    let resolved = |mut r: Record| {
+        r.status = Status::Resolved;
+        r.resolved_at = Some(r.last_failed_at);
+        r
+    };
+    let mut batch = vec![
+        rec("old-dead", "transient", "x", old),
+        resolved(rec("old-resolved", "transient", "x", old)),
+        // Old and due: still to be delivered, never pruned.
+        deferred(rec("old-deferred", "transient", "x", old), at(1)),
+    ];
+    for i in 0..4u64 {
+        batch.push(resolved(rec(&format!("r-{i}"), "transient", "x", at(i))));
+        batch.push(rec(&format!("d-{i}"), "poison", "y", at(4 + i)));
+    }
+    batch.push(deferred(rec("w-due", "transient", "x", at(8)), at(9)));
+    batch.push(deferred(rec("w-later", "transient", "x", at(9)), at(5_000)));
+    o.store.put_many(batch).await.unwrap();
+    assert_eq!(o.store.count(&Filter::new()).await.unwrap(), 13);
+    assert_eq!(
+        o.store
+            .count(&Filter::new().status(Status::Dead))
+            .await
+            .unwrap(),
+        5
+    );
+    assert_eq!(
+        o.store
+            .count(&Filter::new().status(Status::Resolved).until(at(0)))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        o.store.count(&Filter::new().class("poison")).await.unwrap(),
+        4
+    );
+    // A status with a class, and the deferred records: counted and paged as the others.
+    let dead_poison = Filter::new().status(Status::Dead).class("poison");
+    assert_eq!(o.store.count(&dead_poison).await.unwrap(), 4);
+    assert_eq!(
+        ids(&o.store.search(&dead_poison, 1..3).await.unwrap()),
+        ["d-2", "d-1"]
+    );
+    let waiting = Filter::new().status(Status::Deferred);
+    assert_eq!(o.store.count(&waiting).await.unwrap(), 3);
+    assert_eq!(
+        ids(&o.store.search(&waiting, 0..10).await.unwrap()),
+        ["w-later", "w-due", "old-deferred"]
+    );
+    let resolved = Filter::new().status(Status::Resolved);
+    assert_eq!(
+        ids(&o.store.search(&resolved, 3..10).await.unwrap()),
+        ["r-0", "old-resolved"]
+    );
+
+    let now = at(1_000);
+    let retention = Retention::new()
+        .max_age(Duration::from_secs(30 * 24 * 3600))
+        .max_records(6);
+    let plan = retention.plan(&*o.store, now).await.unwrap();
+    assert_eq!((plan.by_age, plan.by_count), (2, 5), "the dry run");
+    assert_eq!(
+        o.store.count(&Filter::new()).await.unwrap(),
+        13,
+        "a dry run removes nothing"
+    );
+
+    let pruned = retention.prune(&*o.store, now).await.unwrap();
+    assert_eq!((pruned.by_age, pruned.by_count), (2, 5));
+    let mut left: Vec<String> = o
+        .other
+        .list(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        ["d-1", "d-2", "d-3", "old-deferred", "w-due", "w-later"],
+        "every resolved record went before the oldest dead one; the deferred ones stayed"
+    );
+    // Nothing left above the bounds: a second prune removes nothing.
+    assert_eq!(retention.prune(&*o.store, now).await.unwrap().total(), 0);
+    // A bound of 0 keeps only what is still to be delivered.
+    let all = Retention::new().no_max_age().max_records(0);
+    assert_eq!(all.plan(&*o.store, now).await.unwrap().by_count, 3);
+    assert_eq!(all.prune(&*o.store, now).await.unwrap().by_count, 3);
+    assert_eq!(o.store.count(&Filter::new()).await.unwrap(), 3);
+    let due = o
+        .store
+        .claim_due(at(1_000), 10, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let mut due = ids(&due);
+    due.sort();
+    assert_eq!(
+        due,
+        ["old-deferred", "w-due"],
+        "the due records are still claimed"
+    );
+    // Retention off: nothing is removed.
+    let off = Retention::new().no_max_age().no_max_records();
+    assert_eq!(off.prune(&*o.store, now).await.unwrap().total(), 0);
+}
+
+/// The audit trail: entries come back newest first and paged, from another handle too; a purge
+/// and a prune each write one with their actor, filter, counts and outcome; an empty purge is
+/// refused and writes nothing, and a prune that removes nothing writes nothing.
+pub(super) async fn audit_trail_records_purges_and_prunes(b: &dyn Backend) {
+    let o = open(b, "audit_store", 10).await;
+    assert!(o.store.audit(0..10).await.unwrap().is_empty());
+    for i in 0..5u64 {
+        let filter = Filter::new().class(format!("c{i}")).code("http 503");
+        let entry = AuditEntry::new(AuditAction::Redrive, format!("op-{i}"), &filter)
+            .at(at(i))
+            .planned(i)
+            .sent(i)
+            .outcome(format!("resolved {i}"));
+        o.store.append_audit(entry).await.unwrap();
+    }
+    let page = o.other.audit(1..3).await.unwrap();
+    let actors: Vec<&str> = page.iter().map(|e| e.actor.as_str()).collect();
+    assert_eq!(actors, ["op-3", "op-2"], "newest first, paged");
+    assert_eq!(page[0].filter, "class=c3 code=\"http 503\"");
+    assert_eq!(
+        (page[0].planned, page[0].sent, page[0].at),
+        (Some(3), 3, at(3))
+    );
+    assert_eq!(page[0].outcome, "resolved 3");
+    assert!(
+        o.store.audit(5..10).await.unwrap().is_empty(),
+        "past the end"
+    );
+
+    o.store
+        .put_many(vec![
+            rec("m-1", "transient", "x", at(10)),
+            rec("m-2", "transient", "x", at(11)),
+            rec("p-1", "poison", "y", at(12)),
+        ])
+        .await
+        .unwrap();
+    // A purge, and a refused one.
+    assert!(purge(&*o.store, &Filter::new(), "bob").await.is_err());
+    assert_eq!(
+        o.store.audit(0..100).await.unwrap().len(),
+        5,
+        "nothing written"
+    );
+    assert_eq!(
+        purge(&*o.store, &Filter::new().class("poison"), "bob")
+            .await
+            .unwrap(),
+        1
+    );
+    let last = o.store.audit(0..1).await.unwrap().remove(0);
+    assert_eq!(
+        (last.action, last.actor.as_str(), last.sent),
+        (AuditAction::Purge, "bob", 1)
+    );
+    assert_eq!(last.filter, "class=poison");
+    assert_eq!(last.outcome, "deleted 1");
+
+    // A prune that removes something is recorded; one that removes nothing is not.
+    let retention = Retention::new().no_max_age().max_records(1);
+    let pruned = retention
+        .prune_as(&*o.store, at(1_000), "scheduler")
+        .await
+        .unwrap();
+    assert_eq!(pruned.by_count, 1);
+    let last = o.other.audit(0..1).await.unwrap().remove(0);
+    assert_eq!(
+        (last.action, last.actor.as_str(), last.sent),
+        (AuditAction::Prune, "scheduler", 1)
+    );
+    assert_eq!(
+        last.outcome,
+        "removed 0 older than none and 1 beyond 1 records"
+    );
+    retention
+        .prune_as(&*o.store, at(1_000), "scheduler")
+        .await
+        .unwrap();
+    assert_eq!(o.store.audit(0..100).await.unwrap().len(), 7);
+    assert_eq!(ids(&o.store.list(10).await.unwrap()), ["m-2"]);
+}
