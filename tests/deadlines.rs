@@ -295,3 +295,92 @@ async fn a_dead_letter_keeps_the_callers_headers_not_the_time_left_this_call_wro
     assert!(names.contains(&"idempotency-key"), "{names:?}");
     assert!(!names.contains(&"x-request-timeout-ms"), "{names:?}");
 }
+
+/// The values of `x-request-timeout-ms` a loopback provider answering 503 saw, one per attempt,
+/// for a call through `BackstopLayer::http(preset_timeout)` with `policy` (which names the
+/// header) and the caller's own value of the header, if any.
+async fn header_values(
+    preset_timeout: Duration,
+    policy: tower_backstop::retry::RetryLayer,
+    callers: Option<&str>,
+) -> Vec<Option<u64>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let router = axum::Router::new().route(
+        "/send",
+        axum::routing::get(move |headers: http::HeaderMap| {
+            let value = headers
+                .get("x-request-timeout-ms")
+                .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+            record.lock().unwrap().push(value);
+            async { http::StatusCode::SERVICE_UNAVAILABLE }
+        }),
+    );
+    let base = support::serve(router).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let stack = ServiceBuilder::new()
+        .layer(BackstopLayer::http(preset_timeout).retry(policy))
+        .service(client);
+    let mut request = http::Request::get(format!("{base}/send"));
+    if let Some(value) = callers {
+        request = request.header("x-request-timeout-ms", value);
+    }
+    let request = request
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let failure = stack.oneshot(request).await.unwrap_err();
+    assert_eq!(
+        failure.code(),
+        tower_backstop::Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)
+    );
+    let seen = seen.lock().unwrap().clone();
+    seen
+}
+
+fn header_policy() -> RetryPolicy {
+    RetryPolicy::default()
+        .max_attempts(2)
+        .backoff(Backoff::constant(Duration::from_millis(5)))
+        .time_left_header(http::HeaderName::from_static("x-request-timeout-ms"))
+}
+
+#[tokio::test]
+async fn the_callers_own_header_is_a_deadline_never_extended() {
+    let policy = header_policy()
+        .deadline(Duration::from_millis(900))
+        .build()
+        .unwrap();
+    let seen = header_values(Duration::from_secs(2), policy, Some("300")).await;
+    assert!(!seen.is_empty(), "{seen:?}");
+    // The caller gave the call 300 ms: no attempt is told it has the policy's 900.
+    for value in &seen {
+        assert!(value.unwrap() <= 300, "{seen:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_smaller_of_the_presets_and_the_policys_attempt_timeout_is_written() {
+    // The policy's is smaller: it stays.
+    let policy = header_policy()
+        .attempt_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let seen = header_values(Duration::from_secs(2), policy, None).await;
+    assert_eq!(seen, vec![Some(500), Some(500)]);
+    // The preset's is smaller: it bounds each attempt.
+    let policy = header_policy()
+        .attempt_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let seen = header_values(Duration::from_secs(2), policy, None).await;
+    assert_eq!(seen, vec![Some(2000), Some(2000)]);
+    // The policy sets none: the preset's.
+    let seen = header_values(
+        Duration::from_secs(2),
+        header_policy().build().unwrap(),
+        None,
+    )
+    .await;
+    assert_eq!(seen, vec![Some(2000), Some(2000)]);
+}
