@@ -101,12 +101,20 @@ use tower::util::BoxCloneSyncService;
 use tower_service::Service;
 
 use tower_backstop::Failure;
+use tower_backstop::observe::Health;
 use tower_backstop::store::{AlertRules, Store};
 
 mod actions;
+mod breakers;
+#[cfg(feature = "cli")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cli")))]
+pub mod cli;
 mod filter;
 mod fingerprint;
+mod headers;
+mod host;
 mod html;
+mod narrow;
 mod pages;
 mod record;
 
@@ -142,7 +150,8 @@ type Authorize = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 /// [crate docs](crate) for the routes and the safety rules.
 ///
 /// Defaults: read-only (no [`authorize`](Board::authorize) hook), no re-drive service, each
-/// record re-sent to its own URI, [`AlertRules::default`] for the overview's alert state.
+/// record re-sent to its own URI, [`AlertRules::default`] for the overview's alert state, no
+/// live breakers (the overview shows what the store knows of them).
 #[derive(Clone)]
 pub struct Board {
     store: Arc<dyn Store>,
@@ -150,6 +159,7 @@ pub struct Board {
     sender: Option<Sender>,
     target: Option<http::Uri>,
     rules: AlertRules,
+    health: Option<Health>,
 }
 
 impl fmt::Debug for Board {
@@ -159,6 +169,7 @@ impl fmt::Debug for Board {
             .field("redrive", &self.sender.is_some())
             .field("target", &self.target)
             .field("rules", &self.rules)
+            .field("breakers", &self.health)
             .finish_non_exhaustive()
     }
 }
@@ -172,6 +183,7 @@ impl Board {
             sender: None,
             target: None,
             rules: AlertRules::default(),
+            health: None,
         }
     }
 
@@ -220,6 +232,20 @@ impl Board {
         self
     }
 
+    /// The live breakers of the app the board is mounted in, read on each request of the
+    /// overview and of a re-drive preview: the overview lists each one's state, time to
+    /// half-open and cause beside what the store knows, and a re-drive preview warns when the
+    /// records go to one that is open. Take it from
+    /// [`BreakerLayer::health`](tower_backstop::breaker::BreakerLayer::health) or
+    /// [`BackstopLayer::health`](tower_backstop::BackstopLayer::health) of the stack the app
+    /// calls its providers through (several combined with [`Health::and`]). Without it the
+    /// board knows a breaker only from the records it deferred (their breaker key and
+    /// retry-at).
+    pub fn breakers(mut self, health: Health) -> Self {
+        self.health = Some(health);
+        self
+    }
+
     /// The router of the board's pages, to mount with
     /// [`Router::nest`](axum::Router::nest) (links follow the mount point) or to serve as it is.
     /// Each call makes a new CSRF secret.
@@ -240,6 +266,8 @@ impl Board {
             .route("/redrive/run", post(actions::redrive_run))
             .route("/purge/preview", post(actions::purge_preview))
             .route("/purge/run", post(actions::purge_run))
+            .fallback(headers::not_found)
+            .layer(axum::middleware::map_response(headers::secure))
             .with_state(shared)
     }
 }

@@ -13,11 +13,26 @@ use tower_backstop::dead_letter::record_of;
 use tower_backstop::store::{Filter, Record, SqliteStore, Status, Store};
 use tower_backstop::{Class, Code, Envelope, Failure};
 
+/// The OS user the tool runs as in these tests: `$USER` is set to this name of the tests' own
+/// and `$LOGNAME` is unset, so that the actor of the audit trail does not depend on the
+/// machine's environment (which may set neither).
+const OS_USER: &str = "cli-tester";
+
 fn dlq(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_backstop-dlq"))
-        .args(args)
-        .output()
-        .expect("run backstop-dlq")
+    dlq_env(args, &[("USER", Some(OS_USER)), ("LOGNAME", None)])
+}
+
+/// Runs `backstop-dlq` with `env` changed: `Some` sets a variable, `None` removes it.
+fn dlq_env(args: &[&str], env: &[(&str, Option<&str>)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_backstop-dlq"));
+    command.args(args);
+    for (name, value) in env {
+        match value {
+            Some(value) => command.env(name, value),
+            None => command.env_remove(name),
+        };
+    }
+    command.output().expect("run backstop-dlq")
 }
 
 /// Runs `backstop-dlq --store <store> <rest...>` on a blocking thread.
@@ -607,18 +622,14 @@ async fn prune_removes_what_the_retention_no_longer_keeps() {
         "the newest kept, and the deferred one"
     );
 
-    // The prune is in the audit trail, by the OS user.
+    // The prune is in the audit trail, by the OS user (`$USER`).
     let o = dlq_on(&db, &["audit"]).await;
     assert!(o.status.success(), "{}", stderr(&o));
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .ok()
-        .filter(|u| !u.is_empty())
-        .unwrap_or_else(|| "unknown user".to_owned());
+    let user = OS_USER;
     let out = stdout(&o);
     let line = out.lines().nth(1).unwrap_or_default();
     assert!(
-        line.contains(&user)
+        line.contains(user)
             && line.contains("prune")
             && line.contains("removed 1 older than 30days and 3 beyond 2 records"),
         "{out}"
