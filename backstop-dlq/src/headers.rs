@@ -1,6 +1,8 @@
 //! The headers every response of the board carries: no framing, no sniffing, no caching, a
 //! content security policy for pages without scripts, and a `Content-Type` with its charset.
 
+use axum::extract::Request;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::header::{self, HeaderName, HeaderValue};
 
@@ -23,25 +25,24 @@ const HEADERS: [(HeaderName, &str); 5] = [
     (header::REFERRER_POLICY, "no-referrer"),
 ];
 
-/// Sets the board's headers on `response`. A response without a `Content-Type` gets
-/// `text/html; charset=utf-8`; an error without one (axum's `405 Method Not Allowed`, with its
-/// `Allow` header) becomes the board's error page first.
-pub(crate) async fn secure(response: Response) -> Response {
+/// Sets the board's headers on the response to `request`. A response without a `Content-Type`
+/// gets `text/html; charset=utf-8`; an error without one (axum's `405 Method Not Allowed`, whose
+/// `Allow` header the router adds afterwards) becomes the board's error page first.
+pub(crate) async fn secure(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let response = next.run(request).await;
     let mut response = if response.headers().contains_key(header::CONTENT_TYPE) {
         response
     } else if response.status().is_client_error() || response.status().is_server_error() {
         let status = response.status();
         let (mut parts, _) = response.into_parts();
         parts.headers.remove(header::CONTENT_LENGTH);
-        let message = match parts.headers.get(header::ALLOW) {
-            Some(allow) => format!(
-                "this address answers {} only",
-                allow.to_str().unwrap_or("other methods")
-            ),
-            None => "no page here".to_owned(),
+        let message = if status == http::StatusCode::METHOD_NOT_ALLOWED {
+            format!("this page does not answer {method}")
+        } else {
+            "the board cannot answer this request".to_owned()
         };
-        let page = PageError::new(status, message).into_response();
-        let (page_parts, body) = page.into_parts();
+        let (page_parts, body) = PageError::new(status, message).into_response().into_parts();
         parts.headers.extend(page_parts.headers);
         Response::from_parts(parts, body)
     } else {

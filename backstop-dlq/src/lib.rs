@@ -267,7 +267,7 @@ impl Board {
             .route("/purge/preview", post(actions::purge_preview))
             .route("/purge/run", post(actions::purge_run))
             .fallback(headers::not_found)
-            .layer(axum::middleware::map_response(headers::secure))
+            .layer(axum::middleware::from_fn(headers::secure))
             .with_state(shared)
     }
 }
