@@ -11,7 +11,7 @@ use tower_backstop::breaker::State;
 use tower_backstop::observe::{BreakerHealth, Health};
 use tower_backstop::store::{Filter, Record, Status, Store, StoreError};
 
-use super::GROUP_LIMIT;
+use super::BREAKER_SCAN;
 use super::host;
 use super::html::{cut, time};
 
@@ -109,7 +109,7 @@ pub(crate) struct Breakers {
     pub(crate) list: Vec<Breaker>,
     /// Whether the board has live breakers.
     pub(crate) live: bool,
-    /// The deferred records read (the newest [`GROUP_LIMIT`]).
+    /// The deferred records read (the newest [`BREAKER_SCAN`]).
     pub(crate) read: usize,
     /// The deferred records in the store.
     pub(crate) deferred: u64,
@@ -117,14 +117,14 @@ pub(crate) struct Breakers {
 
 impl Breakers {
     /// The live breakers of `health` (when there is one) and the breakers the store's newest
-    /// [`GROUP_LIMIT`] deferred records name.
+    /// [`BREAKER_SCAN`] deferred records name.
     pub(crate) async fn read(
         store: &dyn Store,
         health: Option<&Health>,
     ) -> Result<Self, StoreError> {
         let deferred = Filter::new().status(Status::Deferred);
         let total = store.count(&deferred).await?;
-        let records = store.search(&deferred, 0..GROUP_LIMIT).await?;
+        let records = store.search(&deferred, 0..BREAKER_SCAN).await?;
         let mut stored: BTreeMap<String, Stored> = BTreeMap::new();
         for r in &records {
             if let Some(name) = &r.breaker {

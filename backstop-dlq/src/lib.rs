@@ -2,16 +2,17 @@
 //! `backstop-dlq` command line and the dead-letter board.
 //!
 //! `cargo install backstop-dlq` gives the command line (list, show, stats, re-drive, purge,
-//! prune, reconcile, audit, and `serve` for the board) over a SQLite file or a Redis URL; run
-//! `backstop-dlq --help`. An app that wants the board in its own router depends on this crate
-//! with `default-features = false` (and the store feature it uses, `sqlite` or `redis`) and
-//! mounts [`Board`].
+//! prune, reconcile, audit, and `serve` for the board) over a SQLite file, a Redis URL or a
+//! Postgres URL; run `backstop-dlq --help`, or see the `cli` module. An app that wants the board
+//! in its own router depends on this crate with `default-features = false` (and the store
+//! feature it uses, `sqlite`, `redis` or `postgres`) and mounts [`Board`].
 //!
 //! | feature | what | default |
 //! |---|---|---|
 //! | `cli` | the `backstop-dlq` binary (clap, a hyper-util client to re-drive through, a runtime) | yes |
 //! | `sqlite` | open a SQLite store file | yes |
 //! | `redis` | open a `redis://` store | yes |
+//! | `postgres` | open a `postgres://` store | yes |
 //!
 //! # The board
 //!
@@ -20,12 +21,12 @@
 //!
 //! | route | page |
 //! |---|---|
-//! | `GET /` | the overview: outstanding dead letters and deferred records, the top classes and codes over `?window=24h`, the dead-letter rate over that window, the alert rules' state |
-//! | `GET /records` | the list, filtered by the `key=value` vocabulary of [`Filter::from_pairs`](tower_backstop::store::Filter::from_pairs) (`class`, `code`, `status`, `tag` as `NAME=value` or `tag.NAME`, `since`, `until`, `id`), outstanding first, [`PAGE_SIZE`] a page (`?page=N`) |
-//! | `GET /groups` | the records grouped by fingerprint (class, code, and the message with numbers, ids, addresses and emails masked), over the newest [`GROUP_LIMIT`] that match |
+//! | `GET /` | the overview: outstanding dead letters and deferred records, the breakers (live ones from [`Board::breakers`], and those the newest [`BREAKER_SCAN`] deferred records of the store name, with their retry-at), the top classes and codes over `?window=24h`, the dead-letter rate over that window, the alert rules' state |
+//! | `GET /records` | the list, with each record's host, filtered by the `key=value` vocabulary of [`Filter::from_pairs`](tower_backstop::store::Filter::from_pairs) (`class`, `code`, `status`, `tag` as `NAME=value` or `tag.NAME`, `since`, `until`, `id`) and `host` (`api.mail.test:443`, or a name for any port: read off the records, so among the newest [`GROUP_LIMIT`] that match the rest), outstanding first, [`PAGE_SIZE`] a page (`?page=N`) |
+//! | `GET /groups` | the records grouped by fingerprint (host, class, code, and the message with numbers, ids, addresses and emails masked: two hosts failing alike are two groups), over the newest [`GROUP_LIMIT`] that match |
 //! | `GET /records/{id}` | one record: status, times, tags, headers (redacted ones by name only), payload as text, JSON or hex, history and root cause |
 //! | `GET /audit` | the audit trail, newest first |
-//! | `POST /redrive/preview`, `POST /redrive/run` | a re-drive's dry run, then the run |
+//! | `POST /redrive/preview`, `POST /redrive/run` | a re-drive's dry run (with a warning, and how many records it concerns, when they go to a host whose breaker is open, live or by the store's retry-at), then the run |
 //! | `POST /purge/preview`, `POST /purge/run` | a purge's count, then the purge |
 //!
 //! # Safe by default
@@ -37,6 +38,12 @@
 //! per-board token that the `POST` must send back (compared in constant time), so another site
 //! cannot make an operator's browser act. Actions never apply to everything: an empty filter is
 //! refused (400). Re-drives need a service to send through ([`Board::redrive_through`]).
+//!
+//! Every response, whatever its status (pages, errors, axum's own rejections), carries `X-Frame-Options:
+//! DENY`, `Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'; form-action
+//! 'self'; frame-ancestors 'none'; base-uri 'none'` (the pages have no script),
+//! `X-Content-Type-Options: nosniff`, `Cache-Control: no-store`, `Referrer-Policy: no-referrer`
+//! and a `Content-Type` with its charset.
 //!
 //! The board does not authenticate anyone: mount it behind your own authentication.
 //!
@@ -120,12 +127,22 @@ mod record;
 
 use self::html::Ctx;
 
+/// The examples of the README, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// Records per page of the list (`GET /records`): 50.
 pub const PAGE_SIZE: usize = 50;
 
 /// The groups page, a group's list and a group's actions look at the newest this many
 /// records that match the filter: 5,000. The page says so when there are more.
 pub const GROUP_LIMIT: usize = 5_000;
+
+/// The overview's breaker panel, a re-drive preview and `backstop-dlq stats` read the newest
+/// this many deferred records for the breakers they name and their retry-at: 1,000. The panel
+/// says how many of how many it read.
+pub const BREAKER_SCAN: usize = 1_000;
 
 /// The record page shows at most this many bytes of a payload (64 KiB), with a note when the
 /// payload is longer; the hex view shows a quarter of that.
