@@ -1,5 +1,6 @@
-//! Breakers as the board and the command line see them: what the store knows (the deferred
-//! records an open breaker rejected carry its key and their retry-at), what the live breakers of
+//! Breakers as the board and the command line see them: what the store knows (the records an
+//! open breaker rejected and deferred, of class `circuit_open`, carry its key and their
+//! retry-at), what the live breakers of
 //! the app say ([`Board::breakers`](super::Board::breakers)), the overview's panel, and the
 //! warning of a re-drive into an open breaker.
 
@@ -7,6 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use maud::{Markup, html};
+use tower_backstop::Class;
 use tower_backstop::breaker::State;
 use tower_backstop::observe::{BreakerHealth, Health};
 use tower_backstop::store::{Filter, Record, Status, Store, StoreError};
@@ -15,7 +17,7 @@ use super::BREAKER_SCAN;
 use super::host;
 use super::html::{cut, time};
 
-/// What the store says of one breaker: the deferred records that carry its key.
+/// What the store says of one breaker: the deferred records it rejected, which carry its key.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Stored {
     /// How many deferred records carry its key (of those read).
@@ -109,20 +111,21 @@ pub(crate) struct Breakers {
     pub(crate) list: Vec<Breaker>,
     /// Whether the board has live breakers.
     pub(crate) live: bool,
-    /// The deferred records read (the newest [`BREAKER_SCAN`]).
+    /// The records read of those an open breaker deferred (the newest [`BREAKER_SCAN`]).
     pub(crate) read: usize,
-    /// The deferred records in the store.
+    /// The records an open breaker deferred, in the store.
     pub(crate) deferred: u64,
 }
 
 impl Breakers {
-    /// The live breakers of `health` (when there is one) and the breakers the store's newest
-    /// [`BREAKER_SCAN`] deferred records name.
+    /// The live breakers of `health` (when there is one) and the breakers the newest
+    /// [`BREAKER_SCAN`] records an open breaker deferred name (deferred, of class
+    /// `circuit_open`: a count and a page of the stores' status and class index).
     pub(crate) async fn read(
         store: &dyn Store,
         health: Option<&Health>,
     ) -> Result<Self, StoreError> {
-        let deferred = Filter::new().status(Status::Deferred);
+        let deferred = deferred_by_a_breaker();
         let total = store.count(&deferred).await?;
         let records = store.search(&deferred, 0..BREAKER_SCAN).await?;
         let mut stored: BTreeMap<String, Stored> = BTreeMap::new();
@@ -173,6 +176,13 @@ impl Stored {
             });
         }
     }
+}
+
+/// The records an open breaker rejected and deferred: deferred, of class `circuit_open`.
+fn deferred_by_a_breaker() -> Filter {
+    Filter::new()
+        .status(Status::Deferred)
+        .class(Class::CIRCUIT_OPEN.name())
 }
 
 /// Planned records that go to a breaker that is open.
@@ -228,7 +238,7 @@ pub(crate) fn warnings(
             continue;
         };
         // The record's own retry-at, when the same breaker deferred it.
-        let own_until = (r.status == Status::Deferred && r.breaker.as_deref() == Some(&name))
+        let own_until = (deferred_by_a_breaker().matches(r) && r.breaker.as_deref() == Some(&name))
             .then_some(r.retry_at)
             .flatten()
             .filter(|t| *t > now);
@@ -284,8 +294,8 @@ pub(crate) fn panel(breakers: &Breakers, now: SystemTime) -> Markup {
             } @else {
                 "No live breakers: the app that mounts the board can pass its breakers' health (Board::breakers). "
             }
-            "The store: the deferred records an open breaker rejected, with their retry-at ("
-            (breakers.read) " of " (breakers.deferred) " deferred records read)."
+            "The store: the records an open breaker rejected and deferred, with their retry-at ("
+            (breakers.read) " of " (breakers.deferred) " read)."
         }
     }
 }

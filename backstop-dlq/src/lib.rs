@@ -21,7 +21,7 @@
 //!
 //! | route | page |
 //! |---|---|
-//! | `GET /` | the overview: outstanding dead letters and deferred records, the breakers (live ones from [`Board::breakers`], and those the newest [`BREAKER_SCAN`] deferred records of the store name, with their retry-at), the top classes and codes over `?window=24h`, the dead-letter rate over that window, the alert rules' state |
+//! | `GET /` | the overview: outstanding dead letters and deferred records, the breakers (live ones from [`Board::breakers`], and those the store's newest [`BREAKER_SCAN`] records an open breaker deferred name, with their retry-at), the top classes and codes over `?window=24h`, the dead-letter rate over that window, the alert rules' state |
 //! | `GET /records` | the list, with each record's host, filtered by the `key=value` vocabulary of [`Filter::from_pairs`](tower_backstop::store::Filter::from_pairs) (`class`, `code`, `status`, `tag` as `NAME=value` or `tag.NAME`, `since`, `until`, `id`) and `host` (`api.mail.test:443`, or a name for any port: read off the records, so among the newest [`GROUP_LIMIT`] that match the rest), outstanding first, [`PAGE_SIZE`] a page (`?page=N`) |
 //! | `GET /groups` | the records grouped by fingerprint (host, class, code, and the message with numbers, ids, addresses and emails masked: two hosts failing alike are two groups), over the newest [`GROUP_LIMIT`] that match |
 //! | `GET /records/{id}` | one record: status, times, tags, headers (redacted ones by name only), payload as text, JSON or hex, history and root cause |
@@ -140,9 +140,9 @@ pub const PAGE_SIZE: usize = 50;
 pub const GROUP_LIMIT: usize = 5_000;
 
 /// The overview's breaker panel, a re-drive preview and `backstop-dlq stats` read the newest
-/// this many deferred records for the breakers they name and their retry-at: 1,000. The panel
-/// says how many of how many it read.
-pub const BREAKER_SCAN: usize = 1_000;
+/// this many of the records an open breaker deferred (deferred, of class `circuit_open`) for the
+/// breakers they name and their retry-at: 500. The panel says how many of how many it read.
+pub const BREAKER_SCAN: usize = 500;
 
 /// The record page shows at most this many bytes of a payload (64 KiB), with a note when the
 /// payload is longer; the hex view shows a quarter of that.
