@@ -334,8 +334,7 @@ async fn header_values(
         failure.code(),
         tower_backstop::Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)
     );
-    let seen = seen.lock().unwrap().clone();
-    seen
+    seen.lock().unwrap().clone()
 }
 
 fn header_policy() -> RetryPolicy {

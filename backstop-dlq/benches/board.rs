@@ -6,7 +6,7 @@
 //! the Redis entries are left out. Seeding takes a few seconds per store.
 //!
 //! ```text
-//! cargo bench --features board,redis --bench board -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p backstop-dlq --bench board -- --warm-up-time 1 --measurement-time 3
 //! ```
 
 use std::net::SocketAddr;

@@ -5,6 +5,7 @@ use axum::Form;
 use axum::extract::State;
 use maud::{Markup, html};
 
+use super::breakers::{self, Breakers};
 use super::filter::Scope;
 use super::html::{Ctx, PageError, PageResult, page, records_table};
 use super::{BoardState, DEFAULT_MAX, DEFAULT_RATE, MAX_REDRIVE, Shared, constant_time_eq};
@@ -56,12 +57,12 @@ pub(super) fn forms(ctx: &Ctx, s: &Shared, scope: &Scope) -> Markup {
     if ctx.actor.is_none() {
         return html! {};
     }
-    if scope.filter.is_empty() && scope.group.is_none() {
+    if scope.is_everything() {
         return html! {
             p.note #actions { "Give a filter to re-drive or purge: actions never apply to every record." }
         };
     }
-    let what = if scope.group.is_some() {
+    let what = if scope.narrow.group.is_some() {
         "this group"
     } else {
         "these records"
@@ -92,10 +93,10 @@ fn guard(ctx: &Ctx, fields: Vec<(String, String)>) -> Result<(String, Scope), Pa
         ));
     }
     let scope = Scope::read(fields, std::time::SystemTime::now())?;
-    if scope.filter.is_empty() && scope.group.is_none() {
+    if scope.is_everything() {
         return Err(PageError::bad_request(
-            "refusing to act on every record: give a filter (class, code, status, tag, since, \
-             until or id)",
+            "refusing to act on every record: give a filter (class, code, status, host, tag, \
+             since, until or id)",
         ));
     }
     Ok((actor, scope))
@@ -154,7 +155,11 @@ pub(super) async fn redrive_preview(
     pairs.push(("max".to_owned(), max.to_string()));
     pairs.push(("planned".to_owned(), plan.len().to_string()));
     let unsendable = plan.iter().filter(|r| !r.resendable()).count();
+    let now = std::time::SystemTime::now();
+    let breakers = Breakers::read(&*s.board.store, s.board.health.as_ref()).await?;
+    let warnings = breakers::warnings(&plan, s.board.target.as_ref(), &breakers, now);
     let body = html! {
+        (breakers::warning(&warnings, plan.len(), now))
         p {
             "Would send " strong #planned { (plan.len()) } " records, at most " (rate)
             " per second (at most " (max) "). Nothing has been sent."
@@ -165,7 +170,10 @@ pub(super) async fn redrive_preview(
         } @else {
             form method="post" action=(ctx.link("/redrive/run")) {
                 (scope_fields(&ctx, &pairs))
-                button #confirm type="submit" { "re-drive these " (plan.len()) " records" }
+                button #confirm type="submit" {
+                    "re-drive these " (plan.len()) " records"
+                    @if !warnings.is_empty() { " anyway" }
+                }
             }
             (records_table(&ctx, "planned-records", &plan[..plan.len().min(PREVIEW_ROWS)]))
             @if plan.len() > PREVIEW_ROWS { p.note { "… and " (plan.len() - PREVIEW_ROWS) " more." } }

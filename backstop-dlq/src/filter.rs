@@ -3,9 +3,8 @@
 use std::ops::Range;
 use std::time::SystemTime;
 
-use super::GROUP_LIMIT;
-use super::fingerprint::Fingerprint;
 use super::html::PageError;
+use super::narrow::{self, Narrow};
 use tower_backstop::store::{Filter, Record, Status, Store, StoreError};
 
 /// The keys of a query string or form that are the board's own, not a filter's.
@@ -14,30 +13,31 @@ const BOARD_KEYS: &[&str] = &[
 ];
 
 /// A query string or a form, split: the filter's pairs as given (for links and hidden fields),
-/// the filter they describe, and the board's own keys.
+/// the filter they describe, what narrows it further (a host, a group), and the board's own keys.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Scope {
-    /// The pairs of the filter as they came (`class`, `tag` as `NAME=value`, `tag.NAME`, …),
-    /// empty values left out.
+    /// The pairs of the filter as they came (`class`, `host`, `tag` as `NAME=value`,
+    /// `tag.NAME`, …), empty values left out.
     pub(crate) pairs: Vec<(String, String)>,
-    /// What they describe.
+    /// What the store's part of them describes.
     pub(crate) filter: Filter,
-    /// A group's fingerprint key (`group=…`), narrowing the filter to that group.
-    pub(crate) group: Option<String>,
+    /// The host (`host=…`) and the group (`group=…`, a fingerprint key), narrowing the filter.
+    pub(crate) narrow: Narrow,
     /// The board's other keys, as given.
     pub(crate) board: Vec<(String, String)>,
 }
 
 impl Scope {
     /// Reads `pairs` (a query string or a form): every key that is not the board's own is a
-    /// filter key of [`Filter::from_pairs`]; the filter form's `tag` field is `NAME=value`.
+    /// filter key of [`Filter::from_pairs`], or `host`; the filter form's `tag` field is
+    /// `NAME=value`.
     pub(crate) fn read(pairs: Vec<(String, String)>, now: SystemTime) -> Result<Self, PageError> {
         let mut scope = Scope::default();
         let mut filter_pairs = Vec::new();
         for (key, value) in pairs {
             if BOARD_KEYS.contains(&key.as_str()) {
                 if key == "group" && !value.is_empty() {
-                    scope.group = Some(value.clone());
+                    scope.narrow.group = Some(value.clone());
                 }
                 scope.board.push((key, value));
                 continue;
@@ -59,6 +59,9 @@ impl Scope {
             filter_pairs.push(pair);
             scope.pairs.push((key, value));
         }
+        let (filter_pairs, host) =
+            Narrow::split_host(&filter_pairs).map_err(PageError::bad_request)?;
+        scope.narrow.host = host;
         scope.filter = Filter::from_pairs(&filter_pairs, now)
             .map_err(|e| PageError::bad_request(format!("bad filter: {e}")))?;
         Ok(scope)
@@ -83,45 +86,31 @@ impl Scope {
         }
     }
 
-    /// The pairs for links: the filter's, and the group when there is one.
+    /// Whether the scope selects every record: no filter, no host, no group.
+    pub(crate) fn is_everything(&self) -> bool {
+        self.filter.is_empty() && self.narrow.is_empty()
+    }
+
+    /// The pairs for links: the filter's (the host's among them), and the group when there is
+    /// one.
     pub(crate) fn link_pairs(&self) -> Vec<(String, String)> {
         let mut pairs = self.pairs.clone();
-        if let Some(group) = &self.group {
+        if let Some(group) = &self.narrow.group {
             pairs.push(("group".to_owned(), group.clone()));
         }
         pairs
     }
 
-    /// The filter an action applies to: the filter, narrowed to the group's ids when there is
-    /// a group (of the newest [`GROUP_LIMIT`] records that match). `None` when the group has no
-    /// records: then there is nothing to act on, and never the wider filter.
+    /// The filter an action applies to: the filter, narrowed to the ids of the host's and the
+    /// group's records when there are (of the newest [`GROUP_LIMIT`](super::GROUP_LIMIT) records
+    /// that match). `None` when that leaves no record: then there is nothing to act on, and
+    /// never the wider filter.
     pub(crate) async fn action_filter(
         &self,
         store: &dyn Store,
     ) -> Result<Option<Filter>, StoreError> {
-        let Some(group) = &self.group else {
-            return Ok(Some(self.filter.clone()));
-        };
-        let members = group_members(store, &self.filter, group).await?;
-        if members.is_empty() {
-            return Ok(None);
-        }
-        let mut filter = self.filter.clone();
-        filter.ids = members.into_iter().map(|r| r.id).collect();
-        Ok(Some(filter))
+        narrow::action_filter(store, &self.filter, &self.narrow).await
     }
-}
-
-/// The records of the group `key` among the newest [`GROUP_LIMIT`] that match `filter`, the
-/// most recently failed first.
-pub(crate) async fn group_members(
-    store: &dyn Store,
-    filter: &Filter,
-    key: &str,
-) -> Result<Vec<Record>, StoreError> {
-    let mut records = store.search(filter, 0..GROUP_LIMIT).await?;
-    records.retain(|r| Fingerprint::of(r).key() == key);
-    Ok(records)
 }
 
 /// One page of a list, outstanding first, and the counts of what it lists.
@@ -172,6 +161,42 @@ pub(crate) async fn outstanding_page(
     })
 }
 
+/// The records at positions `page` of the list of `filter` narrowed by `narrow` (a host, a
+/// group): its members among the newest [`GROUP_LIMIT`](super::GROUP_LIMIT) that match `filter`,
+/// in the list's status order ([`Filter::listed_statuses`]), each status the most recently
+/// failed first.
+pub(crate) async fn narrowed_page(
+    store: &dyn Store,
+    filter: &Filter,
+    narrow: &Narrow,
+    resolved: bool,
+    page: Range<usize>,
+) -> Result<Listing, StoreError> {
+    let members = narrow::members(store, filter, narrow).await?;
+    let mut by_status = Vec::new();
+    let mut sorted = Vec::new();
+    for status in filter.listed_statuses(resolved) {
+        let of: Vec<_> = members
+            .iter()
+            .filter(|r| r.status == status)
+            .cloned()
+            .collect();
+        by_status.push((status, of.len() as u64));
+        sorted.extend(of);
+    }
+    let total = sorted.len() as u64;
+    let records = sorted
+        .into_iter()
+        .skip(page.start)
+        .take(page.len())
+        .collect();
+    Ok(Listing {
+        records,
+        total,
+        by_status,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,8 +230,13 @@ mod tests {
                 .tag("tenant", "acme")
         );
         assert_eq!(s.number("page", 1).unwrap(), 3);
-        assert_eq!(s.group.as_deref(), Some("00ff"));
+        assert_eq!(s.narrow.group.as_deref(), Some("00ff"));
         assert_eq!(s.pairs.len(), 3);
+        let s = Scope::read(pairs(&[("host", "Mail.test:443"), ("class", "x")]), now).unwrap();
+        assert_eq!(s.filter, Filter::new().class("x"));
+        assert_eq!(s.narrow.host.as_deref(), Some("mail.test:443"));
+        assert_eq!(s.pairs.len(), 2, "the host goes along in links");
+        assert!(!s.is_everything());
     }
 
     #[test]

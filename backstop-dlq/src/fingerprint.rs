@@ -4,11 +4,15 @@ use std::fmt::Write as _;
 
 use tower_backstop::store::Record;
 
-/// A record's fingerprint: its class, its code, and its message with what varies from one
-/// message to the next masked (numbers, hex and UUID-like ids, IP addresses, emails), so that
-/// `timeout after 3012 ms to 10.0.0.7` and `timeout after 2999 ms to 10.0.0.9` are one group.
+/// A record's fingerprint: its host, its class, its code, and its message with what varies from
+/// one message to the next masked (numbers, hex and UUID-like ids, IP addresses, emails), so that
+/// `timeout after 3012 ms to 10.0.0.7` and `timeout after 2999 ms to 10.0.0.9` are one group. The
+/// host stays (the message's masked addresses are often the host): two customers failing the
+/// same way are two groups.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Fingerprint {
+    /// The record's host (`host:port`), empty when it has none.
+    pub(crate) host: String,
     pub(crate) class: String,
     pub(crate) code: String,
     pub(crate) message: String,
@@ -17,17 +21,18 @@ pub(crate) struct Fingerprint {
 impl Fingerprint {
     pub(crate) fn of(record: &Record) -> Self {
         Fingerprint {
+            host: super::host::of(record).unwrap_or_default(),
             class: record.class.clone(),
             code: record.code.clone(),
             message: mask(&record.message),
         }
     }
 
-    /// A stable key for links (`?group=…`): FNV-1a 64 of the three parts, 16 hex digits. Stable
+    /// A stable key for links (`?group=…`): FNV-1a 64 of the four parts, 16 hex digits. Stable
     /// across processes and versions of Rust, unlike `std`'s hasher.
     pub(crate) fn key(&self) -> String {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for part in [&self.class, &self.code, &self.message] {
+        for part in [&self.host, &self.class, &self.code, &self.message] {
             for b in part.bytes().chain([0xff]) {
                 h ^= u64::from(b);
                 h = h.wrapping_mul(0x0000_0100_0000_01b3);
@@ -170,7 +175,24 @@ fn mask_parts(t: &str, out: &mut String) {
 
 #[cfg(test)]
 mod tests {
-    use super::mask;
+    use super::{Fingerprint, mask};
+    use tower_backstop::store::{ErrorEntry, Record};
+
+    #[test]
+    fn two_hosts_failing_the_same_way_are_two_fingerprints() {
+        let to = |id: &str, uri: &str, message: &str| {
+            let at = std::time::SystemTime::now();
+            let mut r = Record::new(id, ErrorEntry::new(at, "transient", "http 503", message, 1));
+            r.metadata.insert("uri".into(), uri.into());
+            Fingerprint::of(&r)
+        };
+        let a1 = to("1", "https://a.test/v1", "503 for message 17");
+        let a2 = to("2", "https://A.test:443/v1", "503 for message 18");
+        let b = to("3", "https://b.test/v1", "503 for message 17");
+        assert_eq!(a1.key(), a2.key());
+        assert_eq!(a1.host, "a.test:443");
+        assert_ne!(a1.key(), b.key());
+    }
 
     #[test]
     fn what_varies_is_masked() {

@@ -27,6 +27,7 @@ form#filter{display:flex;flex-wrap:wrap;gap:.5em;align-items:end;background:#ece
 form#filter label{display:flex;flex-direction:column;font-size:.85em}
 pre{background:#fff;border:1px solid #e0e0e0;padding:.5em;overflow:auto;max-height:40em;white-space:pre-wrap;word-break:break-all}
 .actions{background:#fff3e0;border:1px solid #ffe0b2;padding:.5em;margin:.5em 0}
+.warning{background:#ffebee;border:1px solid #ef9a9a;padding:.25em .75em;margin:.5em 0}
 .kv th{width:12em}
 button{cursor:pointer}
 ";
@@ -221,7 +222,7 @@ pub(crate) fn records_table(ctx: &Ctx, table_id: &str, records: &[Record]) -> Ma
     html! {
         table id=(table_id) {
             thead { tr {
-                th { "id" } th { "status" } th { "class" } th { "code" } th { "attempts" }
+                th { "id" } th { "status" } th { "host" } th { "class" } th { "code" } th { "attempts" }
                 th { "last failed" } th { "due" } th { "tags" } th { "message" }
             } }
             tbody {
@@ -229,6 +230,7 @@ pub(crate) fn records_table(ctx: &Ctx, table_id: &str, records: &[Record]) -> Ma
                     tr {
                         td { a href=(record_link(ctx, &r.id)) { (cut(&r.id, 40)) } }
                         td { (status(r)) }
+                        td.host { @if let Some(h) = super::host::of(r) { code { (h) } } @else { "-" } }
                         td { (r.class) }
                         td { (r.code) }
                         td.n { (r.attempts) }

@@ -2,16 +2,17 @@
 //! `backstop-dlq` command line and the dead-letter board.
 //!
 //! `cargo install backstop-dlq` gives the command line (list, show, stats, re-drive, purge,
-//! prune, reconcile, audit, and `serve` for the board) over a SQLite file or a Redis URL; run
-//! `backstop-dlq --help`. An app that wants the board in its own router depends on this crate
-//! with `default-features = false` (and the store feature it uses, `sqlite` or `redis`) and
-//! mounts [`Board`].
+//! prune, reconcile, audit, and `serve` for the board) over a SQLite file, a Redis URL or a
+//! Postgres URL; run `backstop-dlq --help`, or see the `cli` module. An app that wants the board
+//! in its own router depends on this crate with `default-features = false` (and the store
+//! feature it uses, `sqlite`, `redis` or `postgres`) and mounts [`Board`].
 //!
 //! | feature | what | default |
 //! |---|---|---|
 //! | `cli` | the `backstop-dlq` binary (clap, a hyper-util client to re-drive through, a runtime) | yes |
 //! | `sqlite` | open a SQLite store file | yes |
 //! | `redis` | open a `redis://` store | yes |
+//! | `postgres` | open a `postgres://` store | yes |
 //!
 //! # The board
 //!
@@ -20,12 +21,12 @@
 //!
 //! | route | page |
 //! |---|---|
-//! | `GET /` | the overview: outstanding dead letters and deferred records, the top classes and codes over `?window=24h`, the dead-letter rate over that window, the alert rules' state |
-//! | `GET /records` | the list, filtered by the `key=value` vocabulary of [`Filter::from_pairs`](tower_backstop::store::Filter::from_pairs) (`class`, `code`, `status`, `tag` as `NAME=value` or `tag.NAME`, `since`, `until`, `id`), outstanding first, [`PAGE_SIZE`] a page (`?page=N`) |
-//! | `GET /groups` | the records grouped by fingerprint (class, code, and the message with numbers, ids, addresses and emails masked), over the newest [`GROUP_LIMIT`] that match |
+//! | `GET /` | the overview: outstanding dead letters and deferred records, the breakers (live ones from [`Board::breakers`], and those the store's newest [`BREAKER_SCAN`] records an open breaker deferred name, with their retry-at), the top classes and codes over `?window=24h`, the dead-letter rate over that window, the alert rules' state |
+//! | `GET /records` | the list, with each record's host, filtered by the `key=value` vocabulary of [`Filter::from_pairs`](tower_backstop::store::Filter::from_pairs) (`class`, `code`, `status`, `tag` as `NAME=value` or `tag.NAME`, `since`, `until`, `id`) and `host` (`api.mail.test:443`, or a name for any port: read off the records, so among the newest [`GROUP_LIMIT`] that match the rest), outstanding first, [`PAGE_SIZE`] a page (`?page=N`) |
+//! | `GET /groups` | the records grouped by fingerprint (host, class, code, and the message with numbers, ids, addresses and emails masked: two hosts failing alike are two groups), over the newest [`GROUP_LIMIT`] that match |
 //! | `GET /records/{id}` | one record: status, times, tags, headers (redacted ones by name only), payload as text, JSON or hex, history and root cause |
 //! | `GET /audit` | the audit trail, newest first |
-//! | `POST /redrive/preview`, `POST /redrive/run` | a re-drive's dry run, then the run |
+//! | `POST /redrive/preview`, `POST /redrive/run` | a re-drive's dry run (with a warning, and how many records it concerns, when they go to a host whose breaker is open, live or by the store's retry-at), then the run |
 //! | `POST /purge/preview`, `POST /purge/run` | a purge's count, then the purge |
 //!
 //! # Safe by default
@@ -37,6 +38,12 @@
 //! per-board token that the `POST` must send back (compared in constant time), so another site
 //! cannot make an operator's browser act. Actions never apply to everything: an empty filter is
 //! refused (400). Re-drives need a service to send through ([`Board::redrive_through`]).
+//!
+//! Every response, whatever its status (pages, errors, axum's own rejections), carries `X-Frame-Options:
+//! DENY`, `Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'; form-action
+//! 'self'; frame-ancestors 'none'; base-uri 'none'` (the pages have no script),
+//! `X-Content-Type-Options: nosniff`, `Cache-Control: no-store`, `Referrer-Policy: no-referrer`
+//! and a `Content-Type` with its charset.
 //!
 //! The board does not authenticate anyone: mount it behind your own authentication.
 //!
@@ -101,16 +108,29 @@ use tower::util::BoxCloneSyncService;
 use tower_service::Service;
 
 use tower_backstop::Failure;
+use tower_backstop::observe::Health;
 use tower_backstop::store::{AlertRules, Store};
 
 mod actions;
+mod breakers;
+#[cfg(feature = "cli")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cli")))]
+pub mod cli;
 mod filter;
 mod fingerprint;
+mod headers;
+mod host;
 mod html;
+mod narrow;
 mod pages;
 mod record;
 
 use self::html::Ctx;
+
+/// The examples of the README, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 /// Records per page of the list (`GET /records`): 50.
 pub const PAGE_SIZE: usize = 50;
@@ -118,6 +138,11 @@ pub const PAGE_SIZE: usize = 50;
 /// The groups page, a group's list and a group's actions look at the newest this many
 /// records that match the filter: 5,000. The page says so when there are more.
 pub const GROUP_LIMIT: usize = 5_000;
+
+/// The overview's breaker panel, a re-drive preview and `backstop-dlq stats` read the newest
+/// this many of the records an open breaker deferred (deferred, of class `circuit_open`) for the
+/// breakers they name and their retry-at: 500. The panel says how many of how many it read.
+pub const BREAKER_SCAN: usize = 500;
 
 /// The record page shows at most this many bytes of a payload (64 KiB), with a note when the
 /// payload is longer; the hex view shows a quarter of that.
@@ -142,7 +167,8 @@ type Authorize = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 /// [crate docs](crate) for the routes and the safety rules.
 ///
 /// Defaults: read-only (no [`authorize`](Board::authorize) hook), no re-drive service, each
-/// record re-sent to its own URI, [`AlertRules::default`] for the overview's alert state.
+/// record re-sent to its own URI, [`AlertRules::default`] for the overview's alert state, no
+/// live breakers (the overview shows what the store knows of them).
 #[derive(Clone)]
 pub struct Board {
     store: Arc<dyn Store>,
@@ -150,6 +176,7 @@ pub struct Board {
     sender: Option<Sender>,
     target: Option<http::Uri>,
     rules: AlertRules,
+    health: Option<Health>,
 }
 
 impl fmt::Debug for Board {
@@ -159,6 +186,7 @@ impl fmt::Debug for Board {
             .field("redrive", &self.sender.is_some())
             .field("target", &self.target)
             .field("rules", &self.rules)
+            .field("breakers", &self.health)
             .finish_non_exhaustive()
     }
 }
@@ -172,6 +200,7 @@ impl Board {
             sender: None,
             target: None,
             rules: AlertRules::default(),
+            health: None,
         }
     }
 
@@ -220,6 +249,20 @@ impl Board {
         self
     }
 
+    /// The live breakers of the app the board is mounted in, read on each request of the
+    /// overview and of a re-drive preview: the overview lists each one's state, time to
+    /// half-open and cause beside what the store knows, and a re-drive preview warns when the
+    /// records go to one that is open. Take it from
+    /// [`BreakerLayer::health`](tower_backstop::breaker::BreakerLayer::health) or
+    /// [`BackstopLayer::health`](tower_backstop::BackstopLayer::health) of the stack the app
+    /// calls its providers through (several combined with [`Health::and`]). Without it the
+    /// board knows a breaker only from the records it deferred (their breaker key and
+    /// retry-at).
+    pub fn breakers(mut self, health: Health) -> Self {
+        self.health = Some(health);
+        self
+    }
+
     /// The router of the board's pages, to mount with
     /// [`Router::nest`](axum::Router::nest) (links follow the mount point) or to serve as it is.
     /// Each call makes a new CSRF secret.
@@ -240,6 +283,8 @@ impl Board {
             .route("/redrive/run", post(actions::redrive_run))
             .route("/purge/preview", post(actions::purge_preview))
             .route("/purge/run", post(actions::purge_run))
+            .fallback(headers::not_found)
+            .layer(axum::middleware::from_fn(headers::secure))
             .with_state(shared)
     }
 }

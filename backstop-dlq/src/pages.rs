@@ -6,9 +6,11 @@ use std::time::{Duration, SystemTime};
 use axum::extract::{Query, State};
 use maud::{Markup, html};
 
-use super::filter::{Scope, group_members, outstanding_page};
+use super::breakers::{self, Breakers};
+use super::filter::{Listing, Scope, narrowed_page, outstanding_page};
 use super::fingerprint::Fingerprint;
 use super::html::{Ctx, PageError, PageResult, bar, cut, page, query, records_table, time};
+use super::narrow;
 use super::{BoardState, GROUP_LIMIT, PAGE_SIZE};
 use tower_backstop::store::{Alert, Filter, Stats, Status};
 
@@ -17,7 +19,8 @@ type Pairs = Query<Vec<(String, String)>>;
 /// The buckets of the overview's rate chart.
 const BUCKETS: u32 = 24;
 
-/// `GET /`: counts, top classes and codes, the rate over time, the alert rules' state.
+/// `GET /`: counts, the breakers, top classes and codes, the rate over time, the alert rules'
+/// state.
 pub(super) async fn overview(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs) -> PageResult {
     let store = &*s.board.store;
     let window_text = q
@@ -39,6 +42,7 @@ pub(super) async fn overview(State(s): State<BoardState>, ctx: Ctx, Query(q): Pa
     let deferred = store.count(&Filter::new().status(Status::Deferred)).await?;
     let in_flight = store.count(&Filter::new().status(Status::InFlight)).await?;
     let stats = Stats::gather(store, now, window, s.board.rules).await?;
+    let breakers = Breakers::read(store, s.board.health.as_ref()).await?;
     // The rate: dead letters by their last failure, per bucket of the window.
     let start = now.checked_sub(window).unwrap_or(SystemTime::UNIX_EPOCH);
     let step = window / BUCKETS;
@@ -59,6 +63,7 @@ pub(super) async fn overview(State(s): State<BoardState>, ctx: Ctx, Query(q): Pa
                 tr { th { "deferred (waiting for the scheduler)" } td #deferred { (deferred) } }
                 tr { th { "in flight (being re-sent)" } td #in-flight { (in_flight) } }
             }
+            (breakers::panel(&breakers, now))
             form method="get" action=(ctx.link("/")) {
                 label { "window " input name="window" value=(window_text) size="6"; }
                 " " button type="submit" { "show" }
@@ -203,7 +208,7 @@ pub(super) fn filter_form(
             .unwrap_or("")
     };
     let status = first("status");
-    let mut shown = ["class", "code", "status", "since", "until"].map(|k| (k, false));
+    let mut shown = ["class", "code", "status", "host", "since", "until"].map(|k| (k, false));
     let mut tag_shown = false;
     let mut hidden = Vec::new();
     for (k, v) in &scope.pairs {
@@ -227,6 +232,7 @@ pub(super) fn filter_form(
                     }
                 }
             }
+            label { "host" input name="host" value=(first("host")) placeholder="api.mail.test:443"; }
             label { "tag" input name="tag" value=(first("tag")) placeholder="campaign=spring"; }
             label { "since" input name="since" value=(first("since")) placeholder="2h or 2026-04-01T00:00:00Z"; }
             label { "until" input name="until" value=(first("until")); }
@@ -234,7 +240,7 @@ pub(super) fn filter_form(
                 label { "with resolved" input type="checkbox" name="resolved" value="1" checked[resolved]; }
             }
             @for (k, v) in hidden { input type="hidden" name=(k) value=(v); }
-            @if let Some(g) = &scope.group { input type="hidden" name="group" value=(g); }
+            @if let Some(g) = &scope.narrow.group { input type="hidden" name="group" value=(g); }
             button type="submit" { "filter" }
         }
     }
@@ -254,31 +260,16 @@ pub(super) async fn list(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs)
     }
     let resolved = truthy(scope.get("resolved"));
     let range = (page_no - 1).saturating_mul(PAGE_SIZE)..page_no.saturating_mul(PAGE_SIZE);
-    let (records, total, by_status) = match &scope.group {
-        None => {
-            let l = outstanding_page(store, &scope.filter, resolved, range).await?;
-            (l.records, l.total, l.by_status)
-        }
-        Some(key) => {
-            // A group: its members among the newest GROUP_LIMIT, in the list's status order.
-            let members = group_members(store, &scope.filter, key).await?;
-            let order = scope.filter.listed_statuses(resolved);
-            let mut by_status = Vec::new();
-            let mut sorted = Vec::new();
-            for st in order {
-                let of: Vec<_> = members.iter().filter(|r| r.status == st).cloned().collect();
-                by_status.push((st, of.len() as u64));
-                sorted.extend(of);
-            }
-            let total = sorted.len() as u64;
-            let records = sorted
-                .into_iter()
-                .skip(range.start)
-                .take(PAGE_SIZE)
-                .collect();
-            (records, total, by_status)
-        }
+    let listing = if scope.narrow.is_empty() {
+        outstanding_page(store, &scope.filter, resolved, range).await?
+    } else {
+        narrowed_page(store, &scope.filter, &scope.narrow, resolved, range).await?
     };
+    let Listing {
+        records,
+        total,
+        by_status,
+    } = listing;
     let pages = (total as usize).div_ceil(PAGE_SIZE).max(1);
     let mut link_pairs = scope.link_pairs();
     if resolved {
@@ -291,8 +282,11 @@ pub(super) async fn list(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs)
     };
     let body = html! {
         (filter_form(&ctx, "/records", &scope, Some(resolved)))
-        @if let Some(g) = &scope.group {
+        @if let Some(g) = &scope.narrow.group {
             p.note { "Group " code { (g) } ": its records among the newest " (GROUP_LIMIT) " that match the filter." }
+        }
+        @if let Some(h) = &scope.narrow.host {
+            p.note #host-note { "Host " code { (h) } ": its records among the newest " (GROUP_LIMIT) " that match the rest of the filter." }
         }
         p #total {
             strong { (total) } " records"
@@ -329,7 +323,7 @@ pub(super) async fn groups(State(s): State<BoardState>, ctx: Ctx, Query(q): Pair
     let store = &*s.board.store;
     let scope = Scope::read(q, SystemTime::now())?;
     let matching = store.count(&scope.filter).await?;
-    let records = store.search(&scope.filter, 0..GROUP_LIMIT).await?;
+    let records = narrow::members(store, &scope.filter, &scope.narrow).await?;
     let mut groups: BTreeMap<String, Group> = BTreeMap::new();
     for r in &records {
         let fp = Fingerprint::of(r);
@@ -357,18 +351,20 @@ pub(super) async fn groups(State(s): State<BoardState>, ctx: Ctx, Query(q): Pair
         (filter_form(&ctx, "/groups", &scope, None))
         p #scanned {
             "Grouped the newest " strong { (records.len()) } " of " (matching) " matching records"
-            @if matching as usize > records.len() { " (at most " (GROUP_LIMIT) " are read; older ones are not in these groups)" }
+            @if matching as usize > GROUP_LIMIT { " (at most " (GROUP_LIMIT) " are read; older ones are not in these groups)" }
+            @if let Some(h) = &scope.narrow.host { ", of the host " code { (h) } }
             "."
         }
         table #groups {
             thead { tr {
-                th { "class" } th { "code" } th { "message (masked)" } th { "records" }
+                th { "host" } th { "class" } th { "code" } th { "message (masked)" } th { "records" }
                 th { "outstanding" } th { "first seen" } th { "last seen" } th {}
             } }
             tbody {
                 @for (key, g) in &groups {
                     @let see = group_link(&ctx, &scope, key);
-                    tr data-group=(key) {
+                    tr data-group=(key) data-host=(g.fingerprint.host) {
+                        td { code { (g.fingerprint.host) } }
                         td { (g.fingerprint.class) }
                         td { (g.fingerprint.code) }
                         td { (cut(&g.fingerprint.message, 160)) }

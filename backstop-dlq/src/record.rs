@@ -167,6 +167,7 @@ pub(super) async fn show(
                 tr { th { "status" } td #status { (status(&r)) } }
                 tr { th { "class" } td { (r.class) } }
                 tr { th { "code" } td { (r.code) } }
+                tr { th { "host" } td #host { (super::host::of(&r).unwrap_or_else(|| "-".to_owned())) } }
                 tr { th { "message" } td { (r.message) } }
                 @if let Some(c) = &r.cause {
                     tr { th { "root cause" } td #cause { (c.class) " (" (c.code) ") at " (time(c.at)) ": " (c.message) } }

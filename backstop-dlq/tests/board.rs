@@ -933,3 +933,374 @@ fn linked_ids_at(html: &str, prefix: &str) -> Vec<String> {
         .map(|s| s[..s.find('"').unwrap()].to_owned())
         .collect()
 }
+
+// ---- hosts ----
+
+/// A dead letter of `class` sent to `uri`.
+fn to_host(id: &str, uri: &str, message: &str, secs_ago: u64) -> Record {
+    let mut r = record(
+        id,
+        "transient",
+        Code::Http(http::StatusCode::SERVICE_UNAVAILABLE),
+        message,
+        secs_ago,
+    );
+    r.metadata.insert("uri".into(), uri.into());
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_customers_failing_the_same_way_are_two_groups_each_with_its_host() {
+    let mut records = Vec::new();
+    for i in 0..3u64 {
+        records.push(to_host(
+            &format!("a-{i}"),
+            "https://api.alpha.test/v1/send",
+            &format!("503 Service Unavailable for message {i}"),
+            10 + i,
+        ));
+    }
+    for i in 0..2u64 {
+        records.push(to_host(
+            &format!("b-{i}"),
+            "http://API.Beta.test:8025/v1/send",
+            &format!("503 Service Unavailable for message {}", 100 + i),
+            20 + i,
+        ));
+    }
+    let (_dir, store) = sqlite(records).await;
+    let board =
+        serve_board(Board::new(Arc::clone(&store)).authorize(|_| Some("erin".to_owned()))).await;
+
+    // The groups: the same message masked, two hosts, two groups.
+    let (status, html) = get(&format!("{board}/groups")).await;
+    assert_eq!(status, 200);
+    let table = element(&html, "groups");
+    assert_eq!(table.matches("data-group=").count(), 2, "{table}");
+    for (host, n) in [("api.alpha.test:443", 3), ("api.beta.test:8025", 2)] {
+        let i = table.find(&format!("data-host=\"{host}\"")).unwrap();
+        let row = &table[i..i + table[i..].find("</tr>").unwrap()];
+        assert!(row.contains(&format!("<td class=\"n\">{n}</td>")), "{row}");
+    }
+
+    // The list has a host column.
+    let (_, html) = get(&format!("{board}/records")).await;
+    let list = element(&html, "records");
+    assert!(list.contains("<th>host</th>"), "{list}");
+    assert_eq!(list.matches("api.alpha.test:443").count(), 3, "{list}");
+    assert_eq!(list.matches("api.beta.test:8025").count(), 2, "{list}");
+    let (_, html) = get(&format!("{board}/records/b-0")).await;
+    assert_eq!(text(element(&html, "host")), "api.beta.test:8025");
+
+    // The host filter key: with or without the port, in any case; with the rest of a filter.
+    for q in [
+        "host=api.beta.test",
+        "host=API.beta.test:8025",
+        "host=api.beta.test&class=transient",
+    ] {
+        let (status, html) = get(&format!("{board}/records?{q}")).await;
+        assert_eq!(status, 200, "{q}");
+        let mut ids = linked_ids(element(&html, "records"));
+        ids.sort();
+        assert_eq!(ids, ["b-0", "b-1"], "{q}");
+        assert!(
+            text(element(&html, "total")).starts_with("2 records"),
+            "{q}"
+        );
+    }
+    let (_, html) = get(&format!("{board}/records?host=api.beta.test:443")).await;
+    assert!(linked_ids(element(&html, "records")).is_empty());
+    let (_, html) = get(&format!("{board}/groups?host=api.alpha.test")).await;
+    assert_eq!(element(&html, "groups").matches("data-group=").count(), 1);
+
+    // An action on a host: the purge counts and deletes its records only.
+    let (_, list) = get(&format!("{board}/records?host=api.alpha.test")).await;
+    let (status, preview) = submit(&board, &list, "purge", "erin").await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(text(element(&preview, "planned")), "3");
+    let (_, done) = submit(&board, &preview, "confirm-purge", "erin").await;
+    assert_eq!(text(element(&done, "result")), "Deleted 3 records.");
+    let mut left: Vec<String> = store
+        .search(&Filter::new(), 0..10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    left.sort();
+    assert_eq!(left, ["b-0", "b-1"]);
+    // A host that matches nothing acts on nothing.
+    let token = csrf(&list);
+    let (status, html) = post(
+        &format!("{board}/purge/run"),
+        Some("erin"),
+        &[("csrf", &token), ("host", "api.gamma.test")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        text(element(&html, "result")).contains("nothing to do"),
+        "{html}"
+    );
+    assert_eq!(store.count(&Filter::new()).await.unwrap(), 2);
+}
+
+// ---- breakers ----
+
+/// A provider that answers every request with `status`.
+async fn answering(status: http::StatusCode) -> String {
+    serve(axum::Router::new().fallback(move || async move { status })).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_shows_each_breaker_and_a_redrive_into_an_open_one_is_warned_of() {
+    use tower::ServiceExt as _;
+    use tower_backstop::breaker::BreakerLayer;
+
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let down = answering(http::StatusCode::SERVICE_UNAVAILABLE).await;
+    let up = answering(http::StatusCode::ACCEPTED).await;
+    let host_of = |url: &str| url.trim_start_matches("http://").to_owned();
+    let (down_host, up_host) = (host_of(&down), host_of(&up));
+
+    // The app's stack: one breaker per host, open after two failures for five minutes.
+    let breaker = BreakerLayer::consecutive_failures(2)
+        .open_for(Duration::from_secs(300))
+        .per_host();
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let app = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)))
+        .layer(breaker.clone())
+        .layer(ClassifyLayer::http())
+        .service(client);
+    let send = |to: &str, id: &str| {
+        let request = http::Request::post(format!("{to}/v1/messages"))
+            .header("idempotency-key", id)
+            .body(Full::new(Bytes::from(format!("{{\"id\":\"{id}\"}}"))))
+            .unwrap();
+        app.clone().oneshot(request)
+    };
+    // Two 503s open the down host's breaker (two dead letters); the third call is rejected at
+    // once and deferred to its half-open time, with the breaker's key.
+    for id in ["d-0", "d-1", "d-2"] {
+        assert!(send(&down, id).await.is_err());
+    }
+    assert!(send(&up, "u-0").await.is_ok());
+    let deferred = store.get("d-2").await.unwrap().unwrap();
+    assert_eq!(deferred.status, Status::Deferred);
+    assert_eq!(deferred.breaker.as_deref(), Some(down_host.as_str()));
+    let until = deferred.retry_at.unwrap();
+    // A dead letter of the healthy host, to re-drive without a warning.
+    let other = to_host("u-1", &format!("{up}/v1/messages"), "503 earlier", 30);
+    store.put(other).await.unwrap();
+
+    // Live: the board mounted in the app, with its breakers.
+    let live = serve_board(
+        Board::new(Arc::clone(&store))
+            .breakers(breaker.health())
+            .authorize(|_| Some("frank".to_owned()))
+            .redrive_through(app.clone()),
+    )
+    .await;
+    let (status, html) = get(&live).await;
+    assert_eq!(status, 200, "{html}");
+    let panel = element(&html, "breakers");
+    let row = |name: &str| {
+        let i = panel
+            .find(&format!("data-breaker=\"{name}\""))
+            .unwrap_or_else(|| panic!("no row of {name}: {panel}"));
+        panel[i..i + panel[i..].find("</tr>").unwrap()].to_owned()
+    };
+    let open = row(&down_host);
+    assert!(open.contains("data-state=\"open\""), "{open}");
+    // Open for 300 s, a moment ago: 5m to the second, rounded up.
+    assert!(text(&open).contains("half-opens in 5m"), "{open}");
+    assert!(text(&open).contains(&format!(
+        "the store holds its records until {}",
+        board_time(until)
+    )));
+    assert!(text(&open).contains("503"), "the cause: {open}");
+    assert!(
+        open.contains("<td class=\"n\">1</td>"),
+        "one deferred record: {open}"
+    );
+    assert!(row(&up_host).contains("data-state=\"closed\""), "{panel}");
+
+    // The re-drive preview of the down host's records warns, with their count; the confirm
+    // button says so. The healthy host's preview has no warning.
+    let (_, list) = get(&format!("{live}/records?host={down_host}")).await;
+    let (status, preview) = submit(&live, &list, "preview", "frank").await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(text(element(&preview, "planned")), "3");
+    let warning = element(&preview, "breaker-warning");
+    assert!(
+        warning.contains(&format!("data-breaker=\"{down_host}\" data-records=\"3\"")),
+        "{warning}"
+    );
+    let said = text(warning);
+    assert!(
+        said.contains(&format!(
+            "3 of these 3 records go to {down_host}, whose breaker is open"
+        )),
+        "{said}"
+    );
+    assert!(
+        said.contains("open in this process") && said.contains("half-opens in"),
+        "{said}"
+    );
+    assert!(text(element(&preview, "confirm")).contains("anyway"));
+    let (_, list) = get(&format!("{live}/records?host={up_host}")).await;
+    let (_, preview) = submit(&live, &list, "preview", "frank").await;
+    assert_eq!(text(element(&preview, "planned")), "1");
+    assert!(!preview.contains("id=\"breaker-warning\""), "{preview}");
+
+    // Without the live breakers, the store's records still say the down host's is open.
+    let stored = serve_board(
+        Board::new(Arc::clone(&store))
+            .authorize(|_| Some("frank".to_owned()))
+            .redrive_through(app.clone()),
+    )
+    .await;
+    let (_, html) = get(&stored).await;
+    let panel = element(&html, "breakers");
+    assert_eq!(panel.matches("data-breaker=").count(), 1, "{panel}");
+    assert!(
+        panel.contains(&format!("data-breaker=\"{down_host}\" data-state=\"open\"")),
+        "{panel}"
+    );
+    let (_, list) = get(&format!("{stored}/records?host={down_host}")).await;
+    let (_, preview) = submit(&stored, &list, "preview", "frank").await;
+    let said = text(element(&preview, "breaker-warning"));
+    assert!(
+        said.contains(&format!("3 of these 3 records go to {down_host}")),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("until {}", board_time(until))),
+        "{said}"
+    );
+    assert!(!said.contains("in this process"), "{said}");
+}
+
+/// A time as the board writes it: RFC 3339, to the second.
+fn board_time(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+// ---- headers ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_response_forbids_framing_and_sniffing_and_names_its_charset() {
+    let (_dir, store) = sqlite((0..3).map(throttled).collect()).await;
+    let (target, _) = provider(|_| None).await;
+    let board = serve_board(acting_board(&store, &target)).await;
+    let (_, list) = get_as(&format!("{board}/records?class=throttled"), "gina").await;
+    let token = csrf(&list);
+    let form = |extra: &[(&'static str, &str)]| {
+        let mut fields = vec![("csrf", token.clone()), ("id", "thr-001".to_owned())];
+        fields.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+        fields
+    };
+    let gets = [
+        ("", 200),
+        ("/records?class=throttled", 200),
+        ("/records/thr-000", 200),
+        ("/groups", 200),
+        ("/audit", 200),
+        ("/records?colour=red", 400),
+        ("/records/nope", 404),
+        ("/no/such/page", 404),
+        ("/purge/run", 405),
+    ];
+    let mut seen = Vec::new();
+    for (path, want) in gets {
+        let r = client()
+            .get(format!("{board}{path}"))
+            .header("x-operator", "gina")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), want, "GET {path}");
+        seen.push((format!("GET {path}"), r));
+    }
+    for (path, fields, who, want) in [
+        (
+            "/redrive/preview",
+            form(&[("rate", "1000")]),
+            Some("gina"),
+            200,
+        ),
+        ("/purge/preview", form(&[]), Some("gina"), 200),
+        ("/redrive/run", form(&[("rate", "1000")]), Some("gina"), 200),
+        ("/purge/run", form(&[]), Some("gina"), 200),
+        ("/purge/run", form(&[]), None, 403),
+    ] {
+        let body = fields
+            .iter()
+            .map(|(k, v)| format!("{k}={}", encode(v)))
+            .collect::<Vec<_>>()
+            .join("&");
+        let mut req = client()
+            .post(format!("{board}{path}"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body);
+        if let Some(who) = who {
+            req = req.header("x-operator", who);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), want, "POST {path}");
+        seen.push((format!("POST {path}"), r));
+    }
+    // A form in another encoding: axum's own rejection, with the headers too.
+    let r = client()
+        .post(format!("{board}/purge/preview"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 415);
+    seen.push(("POST json".to_owned(), r));
+
+    for (what, r) in seen {
+        let h = r.headers();
+        let header = |name: &str| h.get(name).map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(header("x-frame-options").as_deref(), Some("DENY"), "{what}");
+        let csp = header("content-security-policy").unwrap_or_default();
+        assert!(
+            csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"),
+            "{what}: {csp}"
+        );
+        assert_eq!(
+            header("x-content-type-options").as_deref(),
+            Some("nosniff"),
+            "{what}"
+        );
+        assert_eq!(
+            header("cache-control").as_deref(),
+            Some("no-store"),
+            "{what}"
+        );
+        if r.status() == 405 {
+            assert_eq!(header("allow").as_deref(), Some("POST"), "{what}");
+        }
+        let content_type = header("content-type").unwrap_or_default();
+        let json = what == "POST json";
+        assert!(
+            content_type == "text/html; charset=utf-8"
+                || (json && content_type == "text/plain; charset=utf-8"),
+            "{what}: {content_type:?}"
+        );
+        let status = r.status();
+        let body = r.text().await.unwrap();
+        if !json {
+            assert!(body.starts_with("<!DOCTYPE html>"), "{what}: {body}");
+        }
+        if status == 405 {
+            assert!(
+                text(element(&body, "error")).contains("GET"),
+                "{what}: {body}"
+            );
+        }
+    }
+}

@@ -420,6 +420,102 @@ fn url_of(s: &str) -> url::Url {
     url::Url::parse(s).unwrap()
 }
 
+/// An outage of one customer's host, as an operator sees it: the overview's breaker panel shows
+/// its live breaker open, with the time to half-open and the cause, and the re-drive preview of
+/// that host's records warns before anything is sent, with how many records it concerns.
+async fn an_operator_sees_an_open_breaker_and_is_warned_before_a_redrive() {
+    use tower::ServiceExt as _;
+    use tower_backstop::breaker::BreakerLayer;
+
+    let driver = driver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, to) = provider().await;
+    let store = seeded(dir.path(), to).await;
+    // The second customer's host answers 503 to everything, and counts what it gets.
+    let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&hits);
+    let down = serve(axum::Router::new().fallback(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async { http::StatusCode::SERVICE_UNAVAILABLE }
+    }))
+    .await;
+    // The app's stack: a breaker per host, open after two failures for five minutes.
+    let breaker = BreakerLayer::consecutive_failures(2)
+        .open_for(Duration::from_secs(300))
+        .per_host();
+    let client = HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let app = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)))
+        .layer(breaker.clone())
+        .layer(ClassifyLayer::http())
+        .service(client);
+    for id in ["down-0", "down-1", "down-2"] {
+        let request = http::Request::post(format!("http://{down}/v1/messages"))
+            .header("idempotency-key", id)
+            .body(Full::new(Bytes::from(format!("{{\"id\":\"{id}\"}}"))))
+            .unwrap();
+        assert!(app.clone().oneshot(request).await.is_err());
+    }
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the third was rejected"
+    );
+    // One delivery to the healthy host, through its own breaker.
+    let request = http::Request::post(format!("http://{to}/v1/messages"))
+        .header("idempotency-key", "up-0")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    assert!(app.clone().oneshot(request).await.is_ok());
+    let board = Board::new(Arc::clone(&store))
+        .authorize(|_| Some("alice".to_owned()))
+        .breakers(breaker.health())
+        .redrive_through(app.clone());
+    let addr = serve(axum::Router::new().nest("/dead-letters", board.router())).await;
+    let base = format!("http://{addr}/dead-letters");
+    let c = browser(&driver, &dir.path().join("profile")).await;
+
+    // The overview: the down host's breaker is open, with its cause and the time to half-open;
+    // the healthy host's is closed.
+    c.goto(&base).await.unwrap();
+    let down_row = text(&c, &format!("#breakers tr[data-breaker='{down}']")).await;
+    assert!(down_row.contains("open"), "{down_row}");
+    assert!(down_row.contains("half-opens in"), "{down_row}");
+    assert!(down_row.contains("503"), "the cause: {down_row}");
+    let up_row = text(&c, &format!("#breakers tr[data-breaker='{to}']")).await;
+    assert!(up_row.contains("closed"), "{up_row}");
+    snap(&c, "breakers").await;
+
+    // The list of that host's records, then the re-drive preview: a warning before any send.
+    c.goto(&format!("{base}/records?host={down}"))
+        .await
+        .unwrap();
+    let rows = text(&c, "#records").await;
+    assert!(rows.contains("down-0") && !rows.contains("thr-0"), "{rows}");
+    c.find(Locator::Css("#preview"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let warning = text(&c, "#breaker-warning").await;
+    assert!(
+        warning.contains(&format!(
+            "3 of these 3 records go to {down}, whose breaker is open"
+        )),
+        "{warning}"
+    );
+    assert!(text(&c, "#confirm").await.contains("anyway"));
+    snap(&c, "redrive-warning").await;
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "a preview sends nothing"
+    );
+    assert_eq!(*provider.seen.lock().unwrap(), ["up-0"]);
+    c.close().await.unwrap();
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests
@@ -433,6 +529,12 @@ fn main() {
         .multi_thread(
             "a_read_only_board_refuses_the_action",
             a_read_only_board_refuses_the_action,
+        );
+    tests
+        .needs(backstop_test_support::Service::Browser)
+        .multi_thread(
+            "an_operator_sees_an_open_breaker_and_is_warned_before_a_redrive",
+            an_operator_sees_an_open_breaker_and_is_warned_before_a_redrive,
         );
     tests.run();
 }

@@ -13,11 +13,26 @@ use tower_backstop::dead_letter::record_of;
 use tower_backstop::store::{Filter, Record, SqliteStore, Status, Store};
 use tower_backstop::{Class, Code, Envelope, Failure};
 
+/// The OS user the tool runs as in these tests: `$USER` is set to this name of the tests' own
+/// and `$LOGNAME` is unset, so that the actor of the audit trail does not depend on the
+/// machine's environment (which may set neither).
+const OS_USER: &str = "cli-tester";
+
 fn dlq(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_backstop-dlq"))
-        .args(args)
-        .output()
-        .expect("run backstop-dlq")
+    dlq_env(args, &[("USER", Some(OS_USER)), ("LOGNAME", None)])
+}
+
+/// Runs `backstop-dlq` with `env` changed: `Some` sets a variable, `None` removes it.
+fn dlq_env(args: &[&str], env: &[(&str, Option<&str>)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_backstop-dlq"));
+    command.args(args);
+    for (name, value) in env {
+        match value {
+            Some(value) => command.env(name, value),
+            None => command.env_remove(name),
+        };
+    }
+    command.output().expect("run backstop-dlq")
 }
 
 /// Runs `backstop-dlq --store <store> <rest...>` on a blocking thread.
@@ -599,18 +614,14 @@ async fn prune_removes_what_the_retention_no_longer_keeps() {
         "the newest kept, and the deferred one"
     );
 
-    // The prune is in the audit trail, by the OS user.
+    // The prune is in the audit trail, by the OS user (`$USER`).
     let o = dlq_on(&db, &["audit"]).await;
     assert!(o.status.success(), "{}", stderr(&o));
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .ok()
-        .filter(|u| !u.is_empty())
-        .unwrap_or_else(|| "unknown user".to_owned());
+    let user = OS_USER;
     let out = stdout(&o);
     let line = out.lines().nth(1).unwrap_or_default();
     assert!(
-        line.contains(&user)
+        line.contains(user)
             && line.contains("prune")
             && line.contains("removed 1 older than 30days and 3 beyond 2 records"),
         "{out}"
@@ -624,6 +635,309 @@ async fn prune_removes_what_the_retention_no_longer_keeps() {
     let o = dlq_on(&db, &["prune", "--max-age", "a while"]).await;
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("is not a duration"), "{}", stderr(&o));
+}
+
+/// `--actor`, else `$USER`, else `$LOGNAME` names who acts; with none of them every action that
+/// audits is refused (status 2) and changes nothing, while dry runs and reads need no actor.
+async fn the_actor_is_named_or_the_action_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    let store = SqliteStore::open(&path).unwrap();
+    store.put_many(sample()).await.unwrap();
+    let db = path.to_str().unwrap().to_owned();
+    let run = |args: Vec<&str>, env: Vec<(&'static str, Option<&'static str>)>| {
+        let mut all = vec!["--store".to_owned(), db.clone()];
+        all.extend(args.iter().map(|s| s.to_string()));
+        tokio::task::spawn_blocking(move || {
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            dlq_env(&all, &env)
+        })
+    };
+    let nobody = || vec![("USER", None), ("LOGNAME", None)];
+
+    for args in [
+        vec!["purge", "-f", "class=permanent", "--yes"],
+        vec!["prune", "--max-records", "1"],
+        vec![
+            "redrive",
+            "-f",
+            "class=throttled",
+            "--target",
+            "http://127.0.0.1:1",
+        ],
+        vec!["serve", "--allow-actions", "--bind", "127.0.0.1:0"],
+    ] {
+        let o = run(args.clone(), nobody()).await.unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("refusing to") && err.contains("add --actor NAME"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("unknown user"), "{err}");
+    }
+    assert_eq!(
+        store.count(&Filter::new()).await.unwrap(),
+        8,
+        "nothing removed"
+    );
+    assert!(
+        store
+            .search(&Filter::new().status(Status::Dead), 0..10)
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| r.resends == 0),
+        "nothing re-driven"
+    );
+    assert!(
+        store.audit(0..10).await.unwrap().is_empty(),
+        "nothing audited"
+    );
+
+    // Dry runs and reads need no actor.
+    for args in [
+        vec!["prune", "--dry-run"],
+        vec!["redrive", "-f", "class=throttled", "--dry-run"],
+        vec!["list"],
+        vec!["audit"],
+    ] {
+        let o = run(args.clone(), nobody()).await.unwrap();
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    }
+
+    // $LOGNAME when $USER is not set; --actor over $USER, before or after the command.
+    let actor_of_last = || async { store.audit(0..1).await.unwrap()[0].actor.clone() };
+    let o = run(
+        vec!["purge", "-f", "id=perm-0", "--yes"],
+        vec![("USER", None), ("LOGNAME", Some("log-user"))],
+    )
+    .await
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(actor_of_last().await, "log-user");
+    let o = run(
+        vec!["purge", "-f", "id=perm-1", "--yes", "--actor", "alice"],
+        vec![("USER", Some("os-user"))],
+    )
+    .await
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(actor_of_last().await, "alice");
+    let o = run(
+        vec!["--actor", "bob", "prune", "--max-records", "5"],
+        nobody(),
+    )
+    .await
+    .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(actor_of_last().await, "bob");
+    let o = run(
+        vec!["purge", "-f", "id=perm-2", "--yes", "--actor", " "],
+        nobody(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(2), "an empty name is a usage error");
+    assert!(stderr(&o).contains("--actor"), "{}", stderr(&o));
+    assert!(store.get("perm-2").await.unwrap().is_some());
+}
+
+/// Records to two hosts, one of whose breakers deferred a record until later.
+fn two_hosts(now: std::time::SystemTime) -> Vec<Record> {
+    let mut records = Vec::new();
+    for (id, uri) in [
+        ("a-0", "https://a.test/v1/messages"),
+        ("a-1", "https://A.test:443/v1/messages"),
+        ("b-0", "http://b.test:8025/v1/messages"),
+        ("b-1", "http://b.test:8025/v1/messages"),
+    ] {
+        let mut r = record(
+            id,
+            "transient",
+            Code::Http(http::StatusCode::SERVICE_UNAVAILABLE),
+            "spring",
+        );
+        r.metadata.insert("uri".into(), uri.into());
+        records.push(r);
+    }
+    let f: Failure = Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen);
+    let mut held = record_of(
+        "b-2".to_owned(),
+        Envelope::new("{}")
+            .with_metadata("method", "POST")
+            .with_metadata("uri", "http://b.test:8025/v1/messages"),
+        &f,
+    );
+    held.status = Status::Deferred;
+    held.breaker = Some("b.test:8025".into());
+    held.retry_at = Some(now + std::time::Duration::from_secs(600));
+    records.push(held);
+    records
+}
+
+/// `list` and `show` name each record's host; `--filter host=…` narrows any command to one
+/// host; a dry run warns of a host whose breaker the store knows is open; `stats` lists it.
+async fn list_and_show_name_the_host_and_filter_by_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let now = std::time::SystemTime::now();
+    let records = two_hosts(now);
+    let until = records[4].retry_at.unwrap();
+    store.put_many(records).await.unwrap();
+    let db = path.to_str().unwrap().to_owned();
+
+    let o = dlq_on(&db, &["list"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let header = out.lines().next().unwrap();
+    assert!(header.starts_with("ID") && header.contains("HOST"), "{out}");
+    for line in out.lines().skip(1) {
+        let host = if line.starts_with("a-") {
+            "a.test:443"
+        } else {
+            "b.test:8025"
+        };
+        assert!(line.contains(host), "{line}");
+    }
+    let o = dlq_on(&db, &["show", "b-0"]).await;
+    assert!(
+        stdout(&o).contains("host            b.test:8025"),
+        "{}",
+        stdout(&o)
+    );
+
+    let listed = |args: Vec<&'static str>| {
+        let db = db.clone();
+        async move {
+            let o = dlq_on(&db, &[&["list", "--json"][..], &args[..]].concat()).await;
+            assert!(o.status.success(), "{}", stderr(&o));
+            let mut ids: Vec<String> = stdout(&o)
+                .lines()
+                .map(|l| serde_json::from_str::<Record>(l).unwrap().id)
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    assert_eq!(
+        listed(vec!["-f", "host=b.test"]).await,
+        ["b-0", "b-1", "b-2"]
+    );
+    assert_eq!(listed(vec!["-f", "host=A.TEST:443"]).await, ["a-0", "a-1"]);
+    assert_eq!(
+        listed(vec!["-f", "host=b.test", "-f", "status=deferred"]).await,
+        ["b-2"]
+    );
+    assert!(listed(vec!["-f", "host=b.test:80"]).await.is_empty());
+    let o = dlq_on(&db, &["list", "-f", "host="]).await;
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("filter host: empty"), "{}", stderr(&o));
+
+    // A dry run into b.test's open breaker warns, with the count and the store's retry-at.
+    let o = dlq_on(&db, &["redrive", "-f", "host=b.test", "--dry-run"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("warning: 3 of these 3 records go to b.test:8025, whose breaker is open"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&humantime::format_rfc3339_seconds(until).to_string()),
+        "{out}"
+    );
+    assert!(out.contains("dry run: 3 would be sent"), "{out}");
+    let o = dlq_on(&db, &["redrive", "-f", "host=a.test", "--dry-run"]).await;
+    assert!(!stdout(&o).contains("warning"), "{}", stdout(&o));
+    let o = dlq_on(&db, &["stats"]).await;
+    let out = stdout(&o);
+    assert!(
+        out.contains("breakers (from the deferred records they rejected):"),
+        "{out}"
+    );
+    assert!(
+        out.contains("  b.test:8025  open  1 deferred  the store holds"),
+        "{out}"
+    );
+
+    // A purge of one host removes its records only.
+    let o = dlq_on(&db, &["purge", "-f", "host=a.test"]).await;
+    assert!(
+        stderr(&o).contains("2 dead letters match"),
+        "{}",
+        stderr(&o)
+    );
+    let o = dlq_on(&db, &["purge", "-f", "host=a.test", "--yes"]).await;
+    assert!(
+        stdout(&o).contains("deleted 2 dead letters"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(listed(vec![]).await, ["b-0", "b-1", "b-2"]);
+}
+
+/// `serve --allow-actions --actor NAME`: the board acts as that name, and its purges are audited
+/// under it.
+async fn serve_acts_as_the_named_actor() {
+    use std::io::BufRead as _;
+    use std::process::Stdio;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    let store = SqliteStore::open(&path).unwrap();
+    store.put_many(sample()).await.unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_backstop-dlq"))
+        .args([
+            "--store",
+            path.to_str().unwrap(),
+            "serve",
+            "--allow-actions",
+        ])
+        .args(["--actor", "carol", "--bind", "127.0.0.1:0"])
+        .env_remove("USER")
+        .env_remove("LOGNAME")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("actions allowed, as carol"), "{line}");
+    let base = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .trim_end()
+        .trim_end_matches(" (actions allowed, as carol)");
+    let base = format!("http://{}", base.trim_end_matches('/'));
+
+    let client = reqwest::Client::new();
+    let page = client
+        .get(format!("{base}/records?class=permanent"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("acting as carol"), "{page}");
+    let token = page.split("name=\"csrf\" value=\"").nth(1).unwrap();
+    let token = &token[..token.find('"').unwrap()];
+    let r = client
+        .post(format!("{base}/purge/run"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={token}&class=permanent"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(r.text().await.unwrap().contains("Deleted 3 records."));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let audit = store.audit(0..10).await.unwrap();
+    assert_eq!((audit[0].actor.as_str(), audit[0].sent), ("carol", 3));
 }
 
 fn main() {
@@ -652,6 +966,18 @@ fn main() {
     tests.multi_thread(
         "prune_removes_what_the_retention_no_longer_keeps",
         prune_removes_what_the_retention_no_longer_keeps,
+    );
+    tests.multi_thread(
+        "the_actor_is_named_or_the_action_refused",
+        the_actor_is_named_or_the_action_refused,
+    );
+    tests.multi_thread(
+        "list_and_show_name_the_host_and_filter_by_it",
+        list_and_show_name_the_host_and_filter_by_it,
+    );
+    tests.multi_thread(
+        "serve_acts_as_the_named_actor",
+        serve_acts_as_the_named_actor,
     );
     tests.run();
 }

@@ -1,0 +1,214 @@
+//! The commands that only read: `list`, `show`, `stats`, `audit`.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use clap::Args;
+use tower_backstop::BoxError;
+use tower_backstop::store::{AlertRules, Filter, Record, Stats, Status, Store};
+
+use super::args::{FilterArgs, Global, PageArgs, parse_duration};
+use super::out::{print_record, print_table};
+use super::store::open;
+use crate::breakers::Breakers;
+use crate::narrow::{self, Narrow};
+
+/// `list`'s arguments.
+#[derive(Args, Debug)]
+pub(crate) struct List {
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Also list resolved records (re-sent with success), after the outstanding ones.
+    #[arg(long)]
+    resolved: bool,
+    #[command(flatten)]
+    page: PageArgs,
+}
+
+/// `show`'s arguments.
+#[derive(Args, Debug)]
+pub(crate) struct Show {
+    /// The record's id.
+    id: String,
+    /// The record as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `stats`' arguments.
+#[derive(Args, Debug)]
+pub(crate) struct StatsArgs {
+    /// The window of the counts (`24h`, `15m`, `7days`).
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    window: Duration,
+}
+
+/// `audit`'s arguments.
+#[derive(Args, Debug)]
+pub(crate) struct Audit {
+    #[command(flatten)]
+    page: PageArgs,
+}
+
+/// `list`: a page of the outstanding records, as a table or JSON lines.
+pub(crate) async fn list(g: &Global, a: &List, now: SystemTime) -> Result<ExitCode, BoxError> {
+    let (filter, narrow) = a.filter.build(now)?;
+    let store = open(g, false).await?;
+    let records = outstanding_first(&*store, &filter, &narrow, a.resolved, a.page.range()).await?;
+    if a.page.json {
+        for r in &records {
+            out!("{}", serde_json::to_string(r)?);
+        }
+    } else {
+        print_table(&records);
+        if records.len() == a.page.limit {
+            eprintln!(
+                "(more may follow: --offset {})",
+                a.page.offset.saturating_add(a.page.limit)
+            );
+        }
+        if narrow.host.is_some() {
+            eprintln!(
+                "(a host is read off the records: the newest {} that match the rest of the \
+                 filter were looked at)",
+                crate::GROUP_LIMIT
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The page `page` of the records matching `filter` and `narrow`, outstanding first: dead (the
+/// most recently failed first), then deferred and in flight (the soonest due first), then, with
+/// `resolved`, the resolved ones (the most recently failed first). A filter that names a status
+/// lists that status alone, in that order.
+async fn outstanding_first(
+    store: &dyn Store,
+    filter: &Filter,
+    narrow: &Narrow,
+    resolved: bool,
+    page: std::ops::Range<usize>,
+) -> Result<Vec<Record>, BoxError> {
+    let statuses = filter.listed_statuses(resolved);
+    // With a host: its records among the newest that match, in one read.
+    let narrowed = if narrow.is_empty() {
+        None
+    } else {
+        Some(narrow::members(store, filter, narrow).await?)
+    };
+    let mut dead = Vec::new();
+    let mut waiting = Vec::new();
+    let mut healed = Vec::new();
+    for status in statuses {
+        let group = match &narrowed {
+            Some(members) => members
+                .iter()
+                .filter(|r| r.status == status)
+                .cloned()
+                .collect(),
+            None => {
+                // Waiting records are sorted by due time here, so all of them are read.
+                let upto = match status {
+                    Status::Deferred | Status::InFlight => usize::MAX,
+                    _ => page.end,
+                };
+                store
+                    .search(&filter.clone().status(status), 0..upto)
+                    .await?
+            }
+        };
+        match status {
+            Status::Deferred | Status::InFlight => waiting.extend(group),
+            Status::Resolved => healed.extend(group),
+            _ => dead.extend(group),
+        }
+    }
+    // Deferred ones, the soonest due first (a search returns the most recently failed first).
+    waiting.sort_by(|a, b| a.retry_at.cmp(&b.retry_at).then_with(|| a.id.cmp(&b.id)));
+    Ok(dead
+        .into_iter()
+        .chain(waiting)
+        .chain(healed)
+        .skip(page.start)
+        .take(page.len())
+        .collect())
+}
+
+/// `show`: one record in full, or as JSON.
+pub(crate) async fn show(g: &Global, a: &Show) -> Result<ExitCode, BoxError> {
+    let store = open(g, false).await?;
+    let Some(record) = store.get(&a.id).await? else {
+        eprintln!("no dead letter {}", a.id);
+        return Ok(ExitCode::FAILURE);
+    };
+    if a.json {
+        out!("{}", serde_json::to_string_pretty(&record)?);
+    } else {
+        print_record(&record);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `stats`: the counts of the window, the alert signals, and the breakers the store knows.
+pub(crate) async fn stats(
+    g: &Global,
+    a: &StatsArgs,
+    now: SystemTime,
+) -> Result<ExitCode, BoxError> {
+    let store = open(g, false).await?;
+    let stats = Stats::gather(&*store, now, a.window, AlertRules::default()).await?;
+    out_raw!("{stats}");
+    let breakers = Breakers::read(&*store, None).await?;
+    if !breakers.list.is_empty() {
+        out!("breakers (from the deferred records they rejected):");
+        for b in &breakers.list {
+            let deferred = b.stored.as_ref().map_or(0, |s| s.deferred);
+            out!(
+                "  {}  {}  {} deferred  {}",
+                b.name,
+                b.state(now),
+                deferred,
+                b.until(now)
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `audit`: a page of the audit trail, as a table or JSON lines.
+pub(crate) async fn audit(g: &Global, a: &Audit) -> Result<ExitCode, BoxError> {
+    let store = open(g, false).await?;
+    let entries = store.audit(a.page.range()).await?;
+    if a.page.json {
+        for e in &entries {
+            out!("{}", serde_json::to_string(e)?);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if entries.is_empty() {
+        out!("no audit entries");
+        return Ok(ExitCode::SUCCESS);
+    }
+    out!(
+        "{:<24}  {:<12}  {:<8}  {:>7}  {:>5}  {:<40}  filter",
+        "at",
+        "actor",
+        "action",
+        "planned",
+        "sent",
+        "outcome"
+    );
+    for e in &entries {
+        out!(
+            "{:<24}  {:<12}  {:<8}  {:>7}  {:>5}  {:<40}  {}",
+            humantime::format_rfc3339_millis(e.at).to_string(),
+            e.actor,
+            e.action,
+            e.planned.map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            e.sent,
+            e.outcome,
+            e.filter
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
