@@ -51,8 +51,9 @@ async fn lists_every_key_with_its_state_and_time_to_half_open() {
     let health = layer.health();
     assert_eq!(
         names(&health.report()),
-        ["unkeyed"],
-        "before any call only the breaker of requests without a key exists"
+        Vec::<&str>::new(),
+        "before any call no breaker is listed: the one of requests without a key is not \
+         listed until such a request uses it"
     );
     let svc = ServiceBuilder::new()
         .layer(layer)
@@ -70,8 +71,8 @@ async fn lists_every_key_with_its_state_and_time_to_half_open() {
     let report = health.report();
     assert_eq!(
         names(&report),
-        ["unkeyed", "down.test:80", "up.test:80"],
-        "the unkeyed breaker first, then the keys in order"
+        ["down.test:80", "up.test:80"],
+        "the keys in order; no unkeyed breaker, since every request had a key"
     );
     assert!(report.healthy, "no breaker is essential");
     let down = find(&report, "down.test:80");
@@ -122,6 +123,15 @@ async fn lists_every_key_with_its_state_and_time_to_half_open() {
     assert_eq!(down.state, State::Open);
     assert_eq!(down.half_open_in, Some(Duration::from_secs(10)));
     assert_eq!(down.opened, 2);
+
+    // A request without a key (a relative URI, no Host header) uses the unkeyed breaker: from
+    // then on it is listed, first.
+    let _ = svc.clone().oneshot(get("/relative")).await;
+    assert_eq!(
+        names(&health.report()),
+        ["unkeyed", "down.test:80", "up.test:80"],
+        "the unkeyed breaker first, then the keys in order"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -220,11 +230,11 @@ async fn reading_never_keeps_a_key_from_eviction() {
         .layer(ClassifyLayer::new(HttpClassifier::new()))
         .service(service_fn(upstream));
     call(&svc, "http://a.test/", 1).await;
-    assert_eq!(names(&health.report()), ["unkeyed", "a.test:80"]);
+    assert_eq!(names(&health.report()), ["a.test:80"]);
     call(&svc, "http://b.test/", 1).await;
     assert_eq!(
         names(&health.report()),
-        ["unkeyed", "b.test:80"],
+        ["b.test:80"],
         "the idle key was evicted for the new one although a reader exists"
     );
 }
@@ -234,7 +244,11 @@ async fn several_stacks_in_one_report_and_the_presets_breakers() {
     let mail = BreakerLayer::consecutive_failures(1).name("mail");
     let backstop = BackstopLayer::http(Duration::from_secs(1));
     let health = mail.health().and(backstop.health()).essential("mail");
-    assert_eq!(names(&health.report()), ["mail", "unkeyed"]);
+    assert_eq!(
+        names(&health.report()),
+        ["mail"],
+        "the preset's breakers are per host: none before a request"
+    );
 
     let svc = ServiceBuilder::new()
         .layer(backstop)
@@ -242,7 +256,7 @@ async fn several_stacks_in_one_report_and_the_presets_breakers() {
     call(&svc, "http://up.test/", 1).await;
     assert_eq!(
         names(&health.report()),
-        ["mail", "unkeyed", "up.test:80"],
+        ["mail", "up.test:80"],
         "the preset's per-host breakers, as requests reach them"
     );
     let preset_breaker = find(&health.report(), "up.test:80").clone();
@@ -338,4 +352,181 @@ async fn the_axum_route_answers_503_while_an_essential_breaker_is_open() {
     assert_eq!(body["healthy"], false);
     assert_eq!(body["breakers"][0]["state"], "forced_open");
     assert_eq!(body["breakers"][0]["essential"], true);
+}
+
+/// A dispatcher's view of many providers, on real servers: four providers on 127.0.0.1, one
+/// breaker per host, and the route of the docs with `unhealthy_when_open(0.5)`, read with a
+/// real reqwest client. Two of four down is not more than half: `200`, each open breaker with
+/// its host, cause and time to half-open. Three of four: `503`. No `unkeyed` entry: every
+/// request had a host.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn many_providers_are_unhealthy_only_when_more_than_a_share_is_open() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use axum::routing::{get as route_get, post};
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use tower::Layer;
+
+    let mut providers = Vec::new();
+    for _ in 0..4 {
+        let down = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&down);
+        let router = axum::Router::new().route(
+            "/send",
+            post(move || {
+                let down = flag.load(Ordering::SeqCst);
+                async move {
+                    if down {
+                        http::StatusCode::SERVICE_UNAVAILABLE
+                    } else {
+                        http::StatusCode::ACCEPTED
+                    }
+                }
+            }),
+        );
+        let base = support::serve(router).await;
+        providers.push((base, down));
+    }
+    let layer = BreakerLayer::consecutive_failures(2)
+        .open_for(Duration::from_secs(60))
+        .per_host();
+    let health = layer.health().unhealthy_when_open(0.5);
+    let route = health.clone();
+    let admin = support::serve(
+        axum::Router::new().route("/ready", route_get(move || async move { route.report() })),
+    )
+    .await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let stack = ClassifyLayer::http().layer(client);
+    let stack = layer.layer(stack);
+    let send = |base: &str| {
+        let request = http::Request::post(format!("{base}/send"))
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        stack.clone().oneshot(request)
+    };
+    let reader = reqwest::Client::new();
+    let ready = || async {
+        let response = reader.get(format!("{admin}/ready")).send().await.unwrap();
+        let status = response.status().as_u16();
+        let body: serde_json::Value =
+            serde_json::from_str(&response.text().await.unwrap()).unwrap();
+        (status, body)
+    };
+
+    for (base, _) in &providers {
+        send(base).await.unwrap();
+    }
+    let (status, body) = ready().await;
+    assert_eq!(status, 200);
+    let hosts: Vec<String> = providers
+        .iter()
+        .map(|(base, _)| base.trim_start_matches("http://").to_owned())
+        .collect();
+    let mut sorted = hosts.clone();
+    sorted.sort();
+    let names: Vec<&str> = body["breakers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, sorted, "one breaker per host, no unkeyed one");
+
+    // Two providers down: half of them is not more than half.
+    for (base, down) in &providers[..2] {
+        down.store(true, Ordering::SeqCst);
+        for _ in 0..2 {
+            send(base).await.unwrap_err();
+        }
+    }
+    let (status, body) = ready().await;
+    assert_eq!(status, 200, "{body}");
+    for host in &hosts[..2] {
+        let b = body["breakers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["name"] == host.as_str())
+            .unwrap();
+        assert_eq!(b["state"], "open");
+        let cause = b["cause"].as_str().expect("an open breaker says why");
+        assert!(cause.contains("503"), "{cause}");
+        let half_open_in = b["half_open_in_ms"]
+            .as_u64()
+            .expect("and when it half-opens");
+        assert!(
+            half_open_in > 50_000 && half_open_in <= 60_000,
+            "{half_open_in}"
+        );
+    }
+
+    // A third: more than half.
+    let (base, down) = &providers[2];
+    down.store(true, Ordering::SeqCst);
+    for _ in 0..2 {
+        send(base).await.unwrap_err();
+    }
+    let (status, body) = ready().await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["healthy"], false);
+    assert!(!health.report().healthy);
+    assert!(
+        layer.health().unhealthy_when_open(0.75).report().healthy,
+        "three of four is not more than 75 %"
+    );
+    assert!(
+        !layer
+            .health()
+            .unhealthy_when_open(0.75)
+            .and(layer.health().unhealthy_when_open(0.5))
+            .report()
+            .healthy,
+        "combined, the smaller share applies"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_share_rule_counts_open_and_forced_open_breakers_not_half_open_ones() {
+    let layer = BreakerLayer::consecutive_failures(1)
+        .open_for(Duration::from_secs(10))
+        .per_host();
+    assert!(
+        layer.health().unhealthy_when_open(0.0).report().healthy,
+        "no breaker: nothing is down"
+    );
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .layer(ClassifyLayer::new(HttpClassifier::new()))
+        .service(service_fn(upstream));
+    call(&svc, "http://up.test/", 1).await;
+    call(&svc, "http://down.test/", 1).await;
+    let half = layer.health().unhealthy_when_open(0.5);
+    assert!(half.report().healthy, "one of two is not more than half");
+    assert!(!layer.health().unhealthy_when_open(0.4).report().healthy);
+    assert!(
+        !layer.health().unhealthy_when_open(-1.0).report().healthy,
+        "below 0: any open breaker"
+    );
+    assert!(
+        layer
+            .health()
+            .unhealthy_when_open(f64::NAN)
+            .report()
+            .healthy,
+        "NaN: never"
+    );
+    layer.handle_for("up.test:80").unwrap().force_open();
+    assert!(!half.report().healthy, "forced open is down: two of two");
+    tokio::time::advance(Duration::from_secs(10)).await;
+    layer.handle_for("up.test:80").unwrap().reset();
+    assert!(
+        half.report().healthy,
+        "the open duration is over: half-open is not down"
+    );
 }

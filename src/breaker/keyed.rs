@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::Ipv6Addr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use super::state::{Settings, Shared};
@@ -283,6 +283,9 @@ pub(crate) struct Registry<K> {
     /// Advanced each time a key is added: a coarse clock for "least recently used" that the hot
     /// path only reads.
     epoch: AtomicU64,
+    /// Whether a request without a key went through the layer's `unkeyed` breaker: until then
+    /// a health report does not list it.
+    keyless: AtomicBool,
 }
 
 impl<F> Registry<PerKey<F>> {
@@ -293,6 +296,7 @@ impl<F> Registry<PerKey<F>> {
             template,
             breakers: RwLock::default(),
             epoch: AtomicU64::new(0),
+            keyless: AtomicBool::new(false),
         }
     }
 
@@ -311,6 +315,7 @@ impl<K: Clone> Registry<K> {
             template,
             breakers: RwLock::default(),
             epoch: AtomicU64::new(0),
+            keyless: AtomicBool::new(false),
         }
     }
 
@@ -323,6 +328,19 @@ impl<K: Clone> Registry<K> {
 impl<K> Registry<K> {
     pub(crate) fn max_keys(&self) -> usize {
         self.max_keys
+    }
+
+    /// A request without a key is going through the `unkeyed` breaker.
+    #[inline]
+    pub(crate) fn keyless_call(&self) {
+        if !self.keyless.load(Ordering::Relaxed) {
+            self.keyless.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a request without a key ever went through the `unkeyed` breaker.
+    pub(crate) fn had_keyless_call(&self) -> bool {
+        self.keyless.load(Ordering::Relaxed)
     }
 
     /// The breaker of `key`, made (and kept, within the bound) if it is new.

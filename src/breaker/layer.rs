@@ -13,6 +13,7 @@ use super::state::Shared;
 use crate::build_error::BuildError;
 use crate::failure::Class;
 use crate::observe::{Health, Hook};
+use crate::status::State;
 
 /// Applies [`Breaker`] to a service, and owns the breakers' state.
 ///
@@ -243,8 +244,10 @@ impl<F> Builder<PerKey<F>> {
 
 impl<K> BreakerLayer<K> {
     /// A reader of this layer's breakers (one, or with [`per_host`](Self::per_host) and
-    /// [`keyed_by`](Self::keyed_by) one per key and the `unkeyed` one), for a health or admin
-    /// route: see [`Health`].
+    /// [`keyed_by`](Self::keyed_by) one per key), for a health or admin route: see [`Health`].
+    /// A keyed layer's `unkeyed` breaker is listed only once a request without a key went
+    /// through it (or a handle moved it out of closed): a layer whose requests always have a
+    /// key has no such breaker to watch.
     pub fn health(&self) -> Health
     where
         K: Send + Sync + 'static,
@@ -252,7 +255,12 @@ impl<K> BreakerLayer<K> {
         let unkeyed = Arc::clone(&self.shared);
         let keys = self.keys.clone();
         Health::of(move |read| {
-            read(unkeyed.snapshot());
+            let listed = keys
+                .as_ref()
+                .is_none_or(|keys| keys.had_keyless_call() || unkeyed.state() != State::Closed);
+            if listed {
+                read(unkeyed.snapshot());
+            }
             if let Some(keys) = &keys {
                 keys.each(&mut |shared| read(shared.snapshot()));
             }

@@ -299,6 +299,7 @@ where
                 if keys.key_of().key(&req, &mut key) && !key.is_empty() {
                     keys.get(key.as_str())
                 } else {
+                    keys.keyless_call();
                     Arc::clone(&self.shared)
                 }
             }

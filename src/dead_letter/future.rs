@@ -10,11 +10,12 @@ use super::budget::refusal;
 use super::layer::Config;
 use super::note::DeadLetterStatus;
 use super::record::record_at;
+use super::resending;
 use crate::failure::{Code, Failure};
-use crate::observe::Event;
+use crate::observe::{Event, Hook};
 use crate::request::{Describe, Envelope};
 use crate::retry::{Attempts, Unsent};
-use crate::store::{BoxFuture, StoreError};
+use crate::store::{BoxFuture, Status, StoreError};
 
 pin_project! {
     /// Response future of [`DeadLetter`](super::DeadLetter) over a service `S`: the inner call
@@ -61,7 +62,8 @@ impl<Req: Describe> Kept<Req> {
     }
 }
 
-type Write = BoxFuture<'static, (String, Result<(), StoreError>)>;
+/// The one store write: the record's id, its status, and how the write went.
+type Write = BoxFuture<'static, (String, Status, Result<(), StoreError>)>;
 
 /// The attempt budget's store read for message `id`: the attempts it already used, if any.
 pub(crate) struct Check {
@@ -155,6 +157,7 @@ where
         failure,
         config.clock.now(),
     );
+    let status = draft.status;
     Box::pin(async move {
         let mut envelope = match kept {
             Some(request) => request.describe().await,
@@ -182,7 +185,7 @@ where
         record.metadata = envelope.metadata;
         record.tags = envelope.tags;
         record.truncate_payload(config.payload_limit);
-        (id, config.store.put(record).await)
+        (id, status, config.store.put(record).await)
     })
 }
 
@@ -249,26 +252,15 @@ where
                     });
                 }
                 StateProj::Writing { write, failure } => {
-                    let (id, result) = ready!(write.as_mut().poll(cx));
+                    let (id, status, result) = ready!(write.as_mut().poll(cx));
                     let mut failure = failure
                         .take()
                         .expect("dead-letter future polled after completion");
-                    let hook = &this.config.listener;
-                    match &result {
-                        Ok(()) => hook.emit_ref(&Event::DeadLetterStored {
-                            id: &id,
-                            class: failure.class(),
-                            code: failure.code(),
-                            deferred: deferred(&failure),
-                        }),
-                        Err(error) => hook.emit_ref(&Event::StoreError {
-                            operation: "put",
-                            id: Some(&id),
-                            error,
-                        }),
-                    }
+                    // Deferred as the record was written: a deferral too far ahead is dead.
+                    let deferred = status == Status::Deferred;
+                    written(&this.config.listener, &id, status, &failure, &result);
                     match result {
-                        Ok(()) if deferred(&failure) && failure.code() == Code::CircuitOpen => {
+                        Ok(()) if deferred && failure.code() == Code::CircuitOpen => {
                             // Rejected locally by an open breaker, which said so once at WARN.
                             tracing::debug!(
                                 id = %id,
@@ -277,7 +269,7 @@ where
                             );
                             failure.notes_mut().insert(DeadLetterStatus::Stored { id });
                         }
-                        Ok(()) if deferred(&failure) => {
+                        Ok(()) if deferred => {
                             // Kept for the scheduler's re-send: expected, not a dead letter.
                             tracing::info!(
                                 id = %id,
@@ -320,11 +312,30 @@ where
     }
 }
 
-/// Whether the retry layer deferred `failure` (see [`Attempts::is_deferred`]).
-fn deferred<R>(failure: &Failure<R>) -> bool {
-    failure
-        .note::<Attempts>()
-        .is_some_and(Attempts::is_deferred)
+/// Tells the listener how the write of record `id` (with `status`) for `failure` went: a new
+/// dead letter or deferred record, or a store error. A re-send that leaves its record as it was
+/// is no new dead letter.
+fn written<R>(
+    hook: &Hook,
+    id: &str,
+    status: Status,
+    failure: &Failure<R>,
+    result: &Result<(), StoreError>,
+) {
+    match result {
+        Ok(()) if resending::is_repeat(id, status) => {}
+        Ok(()) => hook.emit_ref(&Event::DeadLetterStored {
+            id,
+            class: failure.class(),
+            code: failure.code(),
+            deferred: status == Status::Deferred,
+        }),
+        Err(error) => hook.emit_ref(&Event::StoreError {
+            operation: "put",
+            id: Some(id),
+            error,
+        }),
+    }
 }
 
 /// The attempts the retry layer counted for `failure`; zero when no retry layer saw it.

@@ -137,6 +137,7 @@ mod headers;
 mod layer;
 mod note;
 mod record;
+pub(crate) mod resending;
 mod with_retry;
 
 pub use self::budget::BudgetSpent;

@@ -16,13 +16,20 @@ type Hook = Arc<dyn Fn(&Alert, bool) + Send + Sync>;
 
 /// When the alert signals fire. The defaults follow the usual runbook of a mail pipeline:
 /// a class above 20 % of the dead letters of the last 5 minutes, a dead-letter rate over the last
-/// 5 minutes at least 3 times that of the hour before, a code never seen before.
+/// 5 minutes at least 3 times that of the hour before, a code never seen before, a deferred
+/// backlog that kept growing for minutes.
 ///
-/// Only outstanding dead letters (dead records) count: deferred records
-/// are shown apart and resolved ones never. The two signals that compare with the past (the
-/// rate spike and the new code) wait until the store has that past: a record that last failed
-/// before the baseline period began. A new store, or one purged of everything older, raises
-/// neither.
+/// Only outstanding dead letters (dead records) count: deferred records are shown apart and
+/// resolved ones never. The rules compare with a past the reader may not have:
+///
+/// - over a store (`Stats`, `backstop-dlq stats`), the rate spike and the new code wait until
+///   the store has that past: a record that last failed before the baseline period began. A
+///   new store, or one purged of everything older, raises neither;
+/// - in process ([`Alerts`]), a listener that has not yet seen a whole baseline and window
+///   raises a spike on an absolute bar instead, `spike_factor × min_count` dead letters in the
+///   window (15 by default), so that a process's first burst pages; a new code waits for the
+///   first window only (every code is new to a listener that just started). The Prometheus
+///   rules shipped in the repository's `docs/alerts.yml` do the same.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct AlertRules {
@@ -37,16 +44,22 @@ pub struct AlertRules {
     /// The baseline the rate is compared with: the dead letters of this period before the
     /// window. Default 1 hour.
     pub baseline: Duration,
-    /// The window's rate at least this many times the baseline's raises [`Alert::RateSpike`].
-    /// Default 3.0.
+    /// The window's rate at least this many times the baseline's raises [`Alert::RateSpike`];
+    /// without a baseline (in process), `spike_factor × min_count` dead letters in the window
+    /// do. Default 3.0.
     pub spike_factor: f64,
-    /// In-process alerts only ([`Alerts`]): the period over which a
-    /// growing deferred backlog and falling deliveries raise [`Alert::BacklogGrowing`].
-    /// Default 10 minutes.
+    /// In-process alerts only ([`Alerts`]): [`Alert::BacklogGrowing`] fires while the lowest
+    /// backlog count of the last [`backlog_sustained`](Self::backlog_sustained) is at least
+    /// [`backlog_growth`](Self::backlog_growth) above the lowest of the last `backlog_window`.
+    /// Default 5 minutes.
     pub backlog_window: Duration,
-    /// In-process alerts only: deliveries of the last `backlog_window` below this fraction of
-    /// those of the one before count as falling. Default 0.5.
-    pub delivery_drop: f64,
+    /// In-process alerts only: how long the backlog must have stayed up (see
+    /// [`backlog_window`](Self::backlog_window)): a backlog that grows and drains within this
+    /// time (a burst of short deferrals) raises nothing. Default 2 minutes.
+    pub backlog_sustained: Duration,
+    /// In-process alerts only: the growth, in records, that raises
+    /// [`Alert::BacklogGrowing`]. Default 10.
+    pub backlog_growth: u64,
 }
 
 impl Default for AlertRules {
@@ -57,8 +70,9 @@ impl Default for AlertRules {
             min_count: 5,
             baseline: Duration::from_secs(60 * 60),
             spike_factor: 3.0,
-            backlog_window: Duration::from_secs(10 * 60),
-            delivery_drop: 0.5,
+            backlog_window: Duration::from_secs(5 * 60),
+            backlog_sustained: Duration::from_secs(2 * 60),
+            backlog_growth: 10,
         }
     }
 }
@@ -71,7 +85,9 @@ pub enum Alert {
     RateSpike {
         /// Dead letters per minute in the window.
         per_minute: f64,
-        /// Dead letters per minute in the baseline period before it.
+        /// Dead letters per minute in the baseline period before it; for an in-process
+        /// listener that has not seen a whole baseline yet, the rate it assumes,
+        /// `min_count` per window.
         baseline_per_minute: f64,
     },
     /// One class holds more than the configured share of the window's dead letters.
@@ -98,16 +114,19 @@ pub enum Alert {
         /// The breaker's name (a keyed breaker's key).
         breaker: String,
     },
-    /// The deferred backlog grew over the backlog window while deliveries fell (in-process
-    /// alerts only).
+    /// The deferred backlog grew and stayed up (in-process alerts only): its lowest count of
+    /// the last `backlog_sustained` is `backlog_growth` or more above the lowest of the last
+    /// `backlog_window`.
     BacklogGrowing {
         /// The records waiting now.
         backlog: u64,
-        /// How many more than a backlog window ago.
+        /// How much the backlog's low point rose: the lowest count of the last
+        /// `backlog_sustained` less the lowest of the last `backlog_window`.
         grown_by: u64,
-        /// Deliveries (successful attempts and re-sends) per minute over the last window.
+        /// Deliveries (successful attempts, re-sends and re-drives) per minute over the last
+        /// backlog window, for the runbook: falling deliveries point at the provider.
         delivered_per_minute: f64,
-        /// Deliveries per minute over the window before.
+        /// Deliveries per minute over the backlog window before it.
         before_per_minute: f64,
     },
 }
@@ -159,23 +178,34 @@ impl fmt::Display for Alert {
                 before_per_minute,
             } => write!(
                 f,
-                "deferred backlog {backlog} (+{grown_by}) while deliveries fell to \
-                 {delivered_per_minute:.1}/min from {before_per_minute:.1}/min"
+                "deferred backlog {backlog} (+{grown_by}), deliveries \
+                 {delivered_per_minute:.1}/min, {before_per_minute:.1}/min before"
             ),
         }
     }
 }
 
+/// What a window's dead letters are compared with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Baseline {
+    /// The dead letters of the baseline period before the window.
+    Known(u64),
+    /// No past to compare with: no spike (a store without the history).
+    #[cfg_attr(not(feature = "dead-letter"), allow(dead_code))]
+    Unknown,
+    /// No past yet: a spike needs `spike_factor × min_count` dead letters in the window (an
+    /// in-process listener younger than its baseline and window).
+    Assumed,
+}
+
 impl AlertRules {
     /// The rate spike and class-share signals of a window that holds `total` dead letters
-    /// (`by_class`, per class) after a baseline period that held `baseline_total`;
-    /// `has_baseline` when that period is really in the past of what was counted. Shared by
-    /// `Stats` (over a store) and the in-process [`Alerts`].
+    /// (`by_class`, per class), against `baseline`. Shared by `Stats` (over a store) and the
+    /// in-process [`Alerts`].
     pub(crate) fn measure<'a>(
         &self,
         total: u64,
-        baseline_total: u64,
-        has_baseline: bool,
+        baseline: Baseline,
         by_class: impl IntoIterator<Item = (&'a str, u64)>,
     ) -> Vec<Alert> {
         let mut alerts = Vec::new();
@@ -183,11 +213,19 @@ impl AlertRules {
             return alerts;
         }
         let rate = per_minute(total, self.window);
-        let baseline_rate = per_minute(baseline_total, self.baseline);
-        if has_baseline && rate >= self.spike_factor * baseline_rate {
+        let spike = match baseline {
+            Baseline::Known(before) => {
+                let baseline_rate = per_minute(before, self.baseline);
+                (rate >= self.spike_factor * baseline_rate).then_some(baseline_rate)
+            }
+            Baseline::Unknown => None,
+            Baseline::Assumed => (total as f64 >= self.spike_factor * self.min_count as f64)
+                .then(|| per_minute(self.min_count, self.window)),
+        };
+        if let Some(baseline_per_minute) = spike {
             alerts.push(Alert::RateSpike {
                 per_minute: rate,
-                baseline_per_minute: baseline_rate,
+                baseline_per_minute,
             });
         }
         for (class, count) in by_class {
@@ -215,22 +253,26 @@ pub(crate) fn per_minute(count: u64, over: Duration) -> f64 {
 }
 
 /// A [`Listener`] that raises the alerts of [`AlertRules`] as the events happen, and clears
-/// them when their condition ends:
+/// them when their condition ends. They are the Prometheus rules of the repository's
+/// `docs/alerts.yml` (over the `metrics` feature's `Metrics`), evaluated in process, and fire
+/// on the same incidents, the first of a young process included:
 ///
-/// - [`Alert::RateSpike`] (`dead_letter_spike`): the dead letters of the last `window` (5
-///   minutes) at least `spike_factor` (3) times the rate of the `baseline` (the hour) before,
-///   and at least `min_count` (5) of them; raised only once the listener has seen a whole
-///   baseline and window;
+/// - [`Alert::RateSpike`] (`dead_letter_spike`): at least `min_count` (5) dead letters in the
+///   last `window` (5 minutes), at a rate at least `spike_factor` (3) times that of the
+///   `baseline` (the hour) before; until the listener has seen a whole baseline and window,
+///   at least `spike_factor × min_count` (15) dead letters in the window instead;
 /// - [`Alert::ClassShare`] (`class_share`): one class above `class_share` (20 %) of the dead
 ///   letters of the last `window`, at least `min_count` in all; one alert per class;
 /// - [`Alert::BreakerOpen`] (`breaker_open`): a breaker opened or was forced open; cleared
-///   when it closes;
-/// - [`Alert::BacklogGrowing`] (`backlog_growing`): the scheduler's backlog ([`Event::Backlog`])
-///   grew over the last `backlog_window` (10 minutes) while deliveries (successful attempts,
-///   re-sends and re-drives) fell below `delivery_drop` (half) of the window before;
+///   when it closes (the Prometheus rule waits a minute before it pages);
+/// - [`Alert::BacklogGrowing`] (`backlog_growing`): the scheduler's backlog
+///   ([`Event::Backlog`]) rose and stayed up: its lowest count of the last
+///   `backlog_sustained` (2 minutes) is at least `backlog_growth` (10) above its lowest of the
+///   last `backlog_window` (5 minutes); cleared once it stops rising;
 /// - [`Alert::NewCode`] (`new_code`): a failure's code never seen before, once a first whole
-///   `window` has passed (every code is new to a listener that just started); active for one
-///   `window`.
+///   `window` has passed since the listener's first event (every code is new to a listener
+///   that just started); active for one `window`. A breaker's rejection has no code of its
+///   own here.
 ///
 /// Dead letters are records stored dead ([`Event::DeadLetterStored`] with `deferred: false`),
 /// as for `backstop-dlq stats`: a deferred record waits for the scheduler. Each raise is
@@ -241,7 +283,8 @@ pub(crate) fn per_minute(count: u64, over: Duration) -> f64 {
 ///
 /// Rules are evaluated on the events that change them, and at most once a second on any
 /// other: a spike with no traffic after it clears at the next event, such as the scheduler's
-/// backlog count every 15 s. Time is tokio's clock.
+/// backlog count every 15 s. Time is tokio's clock. Dead letters are counted once per message
+/// and status ([`Event::DeadLetterStored`]).
 ///
 /// Give it to a stack like any listener; [`then`](Self::then) passes every event on to
 /// another one (the `Metrics` listener, say):
@@ -389,7 +432,7 @@ struct Watch {
     codes: HashSet<Code>,
     /// New codes and when their alert ends.
     new_codes: Vec<(Code, Instant)>,
-    /// Backlog counts, oldest first, over the backlog window and a sample before it.
+    /// Backlog counts of the backlog window, oldest first.
     backlog: VecDeque<(Instant, u64)>,
     /// Deliveries per minute, over two backlog windows.
     delivered: VecDeque<(u64, u64)>,
@@ -454,9 +497,13 @@ impl Watch {
                     self.delivered.pop_front();
                 }
             }
+            // A breaker's rejection is not an attempt, and its code no provider's.
             Event::AttemptEnded {
                 code: Some(code), ..
-            } if self.codes.insert(code) && now.duration_since(started) >= rules.window => {
+            } if code != Code::CircuitOpen
+                && self.codes.insert(code)
+                && now.duration_since(started) >= rules.window =>
+            {
                 // The guard records every code; only one seen after a whole window alerts.
                 let alert = Alert::NewCode {
                     code: code.to_string(),
@@ -491,9 +538,11 @@ impl Watch {
             }
             Event::Backlog { deferred } => {
                 self.backlog.push_back((now, deferred));
-                // Keep the newest sample at or before the window's start, and those after.
-                while self.backlog.len() > 1
-                    && now.duration_since(self.backlog[1].0) >= rules.backlog_window
+                // The counts of the backlog window, its start included.
+                while self
+                    .backlog
+                    .front()
+                    .is_some_and(|(at, _)| now.duration_since(*at) > rules.backlog_window)
                 {
                     self.backlog.pop_front();
                 }
@@ -546,7 +595,12 @@ impl Watch {
             .filter(|m| !in_window(m))
             .map(|m| m.total)
             .sum();
-        let has_baseline = now.duration_since(started) >= rules.window + rules.baseline;
+        // A listener that has not seen a whole baseline yet compares with an assumed one.
+        let baseline = if now.duration_since(started) >= rules.window + rules.baseline {
+            Baseline::Known(before)
+        } else {
+            Baseline::Assumed
+        };
         let mut by_class: BTreeMap<Class, u64> = BTreeMap::new();
         for m in self.dead.iter().filter(|m| in_window(m)) {
             for (class, n) in &m.by_class {
@@ -554,10 +608,10 @@ impl Watch {
             }
         }
         let by_class = by_class.into_iter().map(|(class, n)| (class.name(), n));
-        for alert in rules.measure(total, before, has_baseline, by_class) {
+        for alert in rules.measure(total, baseline, by_class) {
             now_firing.insert(key(&alert), alert);
         }
-        if let Some(alert) = self.backlog_growing(rules, now, started, minute) {
+        if let Some(alert) = self.backlog_growing(rules, now, minute) {
             now_firing.insert("backlog_growing".to_owned(), alert);
         }
         // The measured rules: raise what became true, clear what stopped; a firing alert
@@ -597,22 +651,25 @@ impl Watch {
         });
     }
 
-    fn backlog_growing(
-        &self,
-        rules: &AlertRules,
-        now: Instant,
-        started: Instant,
-        minute: u64,
-    ) -> Option<Alert> {
-        let window = minutes(rules.backlog_window);
-        if now.duration_since(started) < 2 * rules.backlog_window {
-            return None;
-        }
-        let (then_at, then) = *self.backlog.front()?;
+    /// The backlog rule: the lowest count of the last `backlog_sustained` is `backlog_growth`
+    /// or more above the lowest of the last `backlog_window` (both ends included, as
+    /// Prometheus' `min_over_time`).
+    fn backlog_growing(&self, rules: &AlertRules, now: Instant, minute: u64) -> Option<Alert> {
+        let low = |within: Duration| {
+            self.backlog
+                .iter()
+                .filter(|(at, _)| now.duration_since(*at) <= within)
+                .map(|(_, n)| *n)
+                .min()
+        };
+        let window_low = low(rules.backlog_window)?;
+        let recent_low = low(rules.backlog_sustained)?;
         let &(_, backlog) = self.backlog.back()?;
-        if now.duration_since(then_at) < rules.backlog_window || backlog <= then {
+        let grown_by = recent_low.checked_sub(window_low)?;
+        if grown_by < rules.backlog_growth.max(1) {
             return None;
         }
+        let window = minutes(rules.backlog_window);
         let delivered = |range: std::ops::Range<u64>| -> u64 {
             self.delivered
                 .iter()
@@ -623,13 +680,11 @@ impl Watch {
         let recent = delivered(minute.saturating_sub(window - 1)..minute + 1);
         let earlier =
             delivered(minute.saturating_sub(2 * window - 1)..minute.saturating_sub(window - 1));
-        (earlier > 0 && (recent as f64) < rules.delivery_drop * earlier as f64).then(|| {
-            Alert::BacklogGrowing {
-                backlog,
-                grown_by: backlog - then,
-                delivered_per_minute: recent as f64 / window as f64,
-                before_per_minute: earlier as f64 / window as f64,
-            }
+        Some(Alert::BacklogGrowing {
+            backlog,
+            grown_by,
+            delivered_per_minute: recent as f64 / window as f64,
+            before_per_minute: earlier as f64 / window as f64,
         })
     }
 }

@@ -15,10 +15,15 @@ use crate::status::{DelaySource, GiveUp, State};
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub enum Event<'a> {
-    /// An attempt of the retry layer ended: the inner service answered or failed. A call the
-    /// breaker rejected is an attempt too, of class [`Class::CIRCUIT_OPEN`], never sent. An
-    /// attempt cut short by the overall deadline ends in [`TimedOut`](Event::TimedOut) and
+    /// An attempt of the retry layer ended: the inner service answered or failed. An attempt
+    /// cut short by the overall deadline ends in [`TimedOut`](Event::TimedOut) and
     /// [`GaveUp`](Event::GaveUp) instead.
+    ///
+    /// A call that an open breaker below the retry layer rejected ends here too, with class
+    /// [`Class::CIRCUIT_OPEN`], code [`Code::CircuitOpen`] and [`Sent::No`], but it is not an
+    /// attempt: nothing left the process, and the retry layer does not count it against
+    /// `max_attempts`. Tell it apart by its code; [`BreakerRejected`](Event::BreakerRejected)
+    /// is the breaker's own word for it. `Metrics` counts it as a rejection, not as an attempt.
     AttemptEnded {
         /// The attempt's number in its call, from 1.
         attempt: u32,
@@ -31,7 +36,9 @@ pub enum Event<'a> {
         /// From the attempt's call to its answer, on tokio's clock.
         duration: Duration,
     },
-    /// The retry layer will send the request again after `delay`.
+    /// The retry layer will send the request again after `delay`. Whether it did is
+    /// [`Retried`](Event::Retried): a retry may still be given up during its delay (the
+    /// deadline passed, the service failed to get ready) or be rejected by an open breaker.
     RetryScheduled {
         /// The number of the attempt that failed, from 1.
         attempt: u32,
@@ -42,6 +49,19 @@ pub enum Event<'a> {
         /// How long the layer sleeps before the next attempt.
         delay: Duration,
         /// Why that delay: the backoff, or the server's hint.
+        source: DelaySource,
+    },
+    /// A retry went out: the attempt that [`RetryScheduled`](Event::RetryScheduled) announced
+    /// was sent after its delay and was not rejected by an open breaker below the retry layer.
+    /// Told when that attempt ends (just before its [`AttemptEnded`](Event::AttemptEnded)),
+    /// or, when the call ends while it is still out (the deadline, a hedged copy that answered
+    /// first), then. Its log line is the `retrying` line written when it was scheduled.
+    Retried {
+        /// The retry's attempt number in its call, from 2.
+        attempt: u32,
+        /// How long the layer slept before sending it.
+        delay: Duration,
+        /// Why that delay.
         source: DelaySource,
     },
     /// The retry layer sent a copy of the request while an earlier attempt is still out
@@ -95,7 +115,17 @@ pub enum Event<'a> {
         /// The time left until half-open, as given to the caller; `None` when forced open.
         retry_after: Option<Duration>,
     },
-    /// The dead-letter layer wrote a failed request to its store.
+    /// A failed request became a dead letter or a deferred record: the dead-letter layer wrote
+    /// it to its store with that status.
+    ///
+    /// Told once per message and status: when a [`Scheduler`](crate::resend::Scheduler)'s
+    /// re-send or a [`Redrive`](crate::resend::Redrive) of a record fails and the dead-letter
+    /// layer writes it back with the status it had (a deferred record deferred again, a dead
+    /// one that fails for good again), the record's new failure is written but not told here:
+    /// the message did not enter a new state. One that changes status (deferred, then dead) is
+    /// told. This needs the re-send's call to run in the re-send's task, as it does in a stack
+    /// of layers; behind a `tower::buffer::Buffer`, whose worker is another task, every write
+    /// is told.
     DeadLetterStored {
         /// The record's id (unbounded: not a label).
         id: &'a str,
@@ -111,9 +141,12 @@ pub enum Event<'a> {
     Resent {
         /// The record's id (unbounded: not a label).
         id: &'a str,
-        /// `"delivered"` (the record is resolved), `"failed"` (it failed again and is dead or
-        /// deferred again by its policy), or `"held"` (an open breaker rejected it in this
-        /// process: nothing was sent, the record is put back).
+        /// `"delivered"` (the record is resolved); `"failed"` (it reached the provider and
+        /// failed: the record is dead or deferred again by its policy, or, when the last word
+        /// was an open breaker's rejection of a retry, put back for the breaker's half-open
+        /// time); or `"held"` (an open breaker in this process rejected it before anything
+        /// reached the provider: nothing was sent, the record is put back). Records the
+        /// scheduler does not try at all while it knows their breaker is open are not told.
         outcome: &'static str,
     },
     /// An operator's re-drive ([`Redrive::run`](crate::resend::Redrive::run)) re-sent a
@@ -151,13 +184,15 @@ pub enum Event<'a> {
 }
 
 impl Event<'_> {
-    /// The event's name in snake case (`attempt_ended`, `retry_scheduled`, `hedge_sent`, `gave_up`,
-    /// `timed_out`, `breaker_transition`, `breaker_rejected`, `dead_letter_stored`, `resent`,
-    /// `redriven`, `backlog`, `store_error`), for a log field or a metric label.
+    /// The event's name in snake case (`attempt_ended`, `retry_scheduled`, `retried`,
+    /// `hedge_sent`, `gave_up`, `timed_out`, `breaker_transition`, `breaker_rejected`,
+    /// `dead_letter_stored`, `resent`, `redriven`, `backlog`, `store_error`), for a log field
+    /// or a metric label.
     pub const fn name(&self) -> &'static str {
         match self {
             Event::AttemptEnded { .. } => "attempt_ended",
             Event::RetryScheduled { .. } => "retry_scheduled",
+            Event::Retried { .. } => "retried",
             Event::HedgeSent { .. } => "hedge_sent",
             Event::GaveUp { .. } => "gave_up",
             Event::TimedOut { .. } => "timed_out",

@@ -11,18 +11,39 @@ use serde::{Serialize, Serializer};
 use crate::status::{BreakerSnapshot, State};
 
 /// A reader of every breaker of one or more breaker layers (keyed ones included, each key's
-/// breaker listed under its key), and which of them are essential to this process.
+/// breaker listed under its key), and when the process should count as down.
 ///
 /// Take it from [`BreakerLayer::health`](crate::breaker::BreakerLayer::health) or
-/// [`BackstopLayer::health`](crate::BackstopLayer::health), mark the breakers the process cannot
-/// serve without with [`essential`](Self::essential), combine several stacks with
-/// [`and`](Self::and), and call [`report`](Self::report) on each request of the route. It is
-/// cheap to clone (reference counts) and holds no breaker of a keyed layer itself, so a key
-/// stays evictable. Each `report` takes the key map's read lock once and a few atomic loads per
-/// breaker; the report's size is bounded by the keyed layer's bound on keys (64 by default).
+/// [`BackstopLayer::health`](crate::BackstopLayer::health), say when the report is unhealthy,
+/// combine several stacks with [`and`](Self::and), and call [`report`](Self::report) on each
+/// request of the route. It is cheap to clone (reference counts) and holds no breaker of a
+/// keyed layer itself, so a key stays evictable. Each `report` takes the key map's read lock
+/// once and a few atomic loads per breaker; the report's size is bounded by the keyed layer's
+/// bound on keys (64 by default).
+///
+/// Two rules make a report unhealthy, and by default neither is set (the report is always
+/// healthy, and lists the breakers):
+///
+/// - [`essential`](Self::essential): one named breaker is open (a process that sends all its
+///   mail through one provider cannot serve without it);
+/// - [`unhealthy_when_open`](Self::unhealthy_when_open): more than a share of the breakers is
+///   open (a dispatcher with many customers can serve most of them while a few are down, and
+///   is in trouble when most are).
+///
+/// # Readiness, not liveness
+///
+/// Point a *readiness* probe (Kubernetes' `readinessProbe`, a load balancer's health check)
+/// at this route, never a *liveness* probe. Readiness takes the instance out of rotation
+/// while it cannot do its work and puts it back when it can; liveness restarts it. A
+/// provider's outage is not this process's fault: a restart does not mend it, it empties the
+/// breakers, which then let every caller's requests through to the failing provider again,
+/// and it loses what was held in memory. With every instance sharing the provider, a liveness
+/// probe on it restarts them all at once. An open breaker is reported half-open once its open
+/// duration is over, so a readiness probe that took the instance out lets it back in for the
+/// probe call that can close it.
 ///
 /// With the `axum` feature, a [`HealthReport`] is a response (`200 OK`, or `503 Service
-/// Unavailable` while an essential breaker is open), so a route is one line:
+/// Unavailable` while unhealthy), so a route is one line:
 ///
 /// ```
 /// # #[cfg(feature = "axum")] {
@@ -33,7 +54,10 @@ use crate::status::{BreakerSnapshot, State};
 /// let backstop = BackstopLayer::http(Duration::from_secs(2));
 /// // Unhealthy while the breaker of the mail provider's host is open.
 /// let health = backstop.health().essential("mail.example.com:443");
-/// let admin: Router = Router::new().route("/health", get(move || async move { health.report() }));
+/// let admin: Router = Router::new().route("/ready", get(move || async move { health.report() }));
+/// // A dispatcher with many customers: unhealthy while more than half of them are down.
+/// let health = backstop.health().unhealthy_when_open(0.5);
+/// let admin = admin.route("/ready-many", get(move || async move { health.report() }));
 /// # let _ = admin;
 /// # }
 /// ```
@@ -41,6 +65,8 @@ use crate::status::{BreakerSnapshot, State};
 pub struct Health {
     sources: Vec<Source>,
     essential: Vec<Box<str>>,
+    /// Unhealthy while more than this share of the breakers listed is open.
+    open_share: Option<f64>,
 }
 
 /// The breakers of one layer: calls its argument with a snapshot of each, in report order.
@@ -48,14 +74,15 @@ type Source = Arc<dyn Fn(&mut dyn FnMut(BreakerSnapshot<'_>)) + Send + Sync>;
 
 impl Health {
     /// The breakers of one layer, read by `each`: it calls its argument with a snapshot of
-    /// each breaker, in report order (a keyed layer's `unkeyed` breaker, then its keys in
-    /// sorted order).
+    /// each breaker, in report order (a keyed layer's `unkeyed` breaker if it is listed, then
+    /// its keys in sorted order).
     pub(crate) fn of(
         each: impl Fn(&mut dyn FnMut(BreakerSnapshot<'_>)) + Send + Sync + 'static,
     ) -> Self {
         Health {
             sources: vec![Arc::new(each)],
             essential: Vec::new(),
+            open_share: None,
         }
     }
 
@@ -70,23 +97,54 @@ impl Health {
         self
     }
 
+    /// Unhealthy while more than `share` (from 0.0 to 1.0) of the breakers listed is open or
+    /// forced open: `0.5` is "more than half of the providers are down". Half-open is not
+    /// down (probes are going through), and an empty report is healthy. For a dispatcher
+    /// that calls many providers, where one customer's outage must not take the instance out
+    /// but most of them down means the trouble is ours (a network or DNS fault, a bad
+    /// deploy). A share outside `0.0..=1.0` is taken as the nearest bound (`0.0`: any open
+    /// breaker; `1.0`: never); `NaN` as `1.0`. Combines with [`essential`](Self::essential):
+    /// either rule makes the report unhealthy.
+    pub fn unhealthy_when_open(mut self, share: f64) -> Self {
+        self.open_share = Some(if share.is_nan() {
+            1.0
+        } else {
+            share.clamp(0.0, 1.0)
+        });
+        self
+    }
+
     /// This reader and `other` as one: the report lists this one's breakers, then `other`'s,
-    /// and the essential names of both apply to all of them.
+    /// and the essential names of both apply to all of them; with a share of
+    /// [`unhealthy_when_open`](Self::unhealthy_when_open) on both, the smaller applies, to all
+    /// the breakers.
     pub fn and(mut self, other: Health) -> Self {
         self.sources.extend(other.sources);
         self.essential.extend(other.essential);
+        self.open_share = match (self.open_share, other.open_share) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         self
     }
 
     /// Every breaker's state now, in layer order (a keyed layer's breaker of requests without a
-    /// key, named `unkeyed`, then its keys in sorted order).
+    /// key, named `unkeyed`, once such a request used it, then its keys in sorted order), and
+    /// whether the process is healthy by the rules set.
     pub fn report(&self) -> HealthReport {
         let mut breakers = Vec::new();
         for source in &self.sources {
             source(&mut |snapshot| breakers.push(self.read(snapshot)));
         }
-        let healthy = !breakers.iter().any(|b| b.essential && b.is_open());
-        HealthReport { healthy, breakers }
+        let essential_down = breakers.iter().any(|b| b.essential && b.is_open());
+        let open = breakers.iter().filter(|b| b.is_open()).count();
+        let too_many_down = self
+            .open_share
+            .is_some_and(|share| open as f64 > share * breakers.len() as f64);
+        HealthReport {
+            healthy: !essential_down && !too_many_down,
+            breakers,
+        }
     }
 
     fn read(&self, snapshot: BreakerSnapshot<'_>) -> BreakerHealth {
@@ -122,6 +180,7 @@ impl fmt::Debug for Health {
         f.debug_struct("Health")
             .field("layers", &self.sources.len())
             .field("essential", &self.essential)
+            .field("open_share", &self.open_share)
             .finish()
     }
 }
@@ -135,7 +194,8 @@ impl fmt::Debug for Health {
 /// words of [`State::as_str`], durations in whole milliseconds, `null` where a field does not
 /// apply. With the `axum` feature it is a response: that JSON with `Cache-Control: no-store`,
 /// status `200 OK` when healthy and `503 Service Unavailable` when not (as a Kubernetes
-/// readiness probe or a load balancer's health check expects).
+/// readiness probe or a load balancer's health check expects; see [`Health`] on why not a
+/// liveness probe).
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(
     any(feature = "serde", feature = "axum", feature = "dead-letter"),
@@ -143,7 +203,8 @@ impl fmt::Debug for Health {
 )]
 #[non_exhaustive]
 pub struct HealthReport {
-    /// `false` while a breaker marked [essential](Health::essential) is open or forced open.
+    /// `false` while a breaker marked [essential](Health::essential) is open or forced open,
+    /// or more than the share of [`unhealthy_when_open`](Health::unhealthy_when_open) is.
     pub healthy: bool,
     /// Every breaker, in the order of [`Health::report`].
     pub breakers: Vec<BreakerHealth>,
@@ -157,8 +218,8 @@ pub struct HealthReport {
 )]
 #[non_exhaustive]
 pub struct BreakerHealth {
-    /// The breaker's name (a keyed breaker's key; `unkeyed` for a keyed layer's requests
-    /// without a key).
+    /// The breaker's name: a keyed breaker's key (for one breaker per host, the provider's
+    /// `host:port`); `unkeyed` for a keyed layer's requests without a key.
     pub name: String,
     /// Its state now. An open breaker whose open duration is over is reported half-open: it
     /// half-opens at its next call.

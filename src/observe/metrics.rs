@@ -2,16 +2,17 @@
 //! labels.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::hash::Hash;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use ::metrics::{Counter, Gauge, Histogram, Unit};
+use tokio::time::Instant;
 
 use super::event::{Event, Listener};
-use crate::failure::{Class, Sent};
+use crate::failure::{Class, Code, Sent};
 use crate::status::{DelaySource, GiveUp, State};
 
 /// The label value of events beyond the bound on a label's values.
@@ -43,24 +44,28 @@ const OTHER: &str = "other";
 ///
 /// | metric | kind | labels | from |
 /// |---|---|---|---|
-/// | `backstop_calls_total` | counter | `outcome` = `success_without_retry`, `success_with_retry`, `failed_without_retry`, `failed_with_retry`, `deferred` | each call of the retry layer, once, when it ends |
-/// | `backstop_attempts_total` | counter | `class` (the failure's class, or `success`), `sent` = `yes`, `maybe`, `no` | each attempt |
-/// | `backstop_attempt_duration_seconds` | histogram | `class` | each attempt, from its call to its answer |
+/// | `backstop_calls_total` | counter | `outcome` = `success_without_retry`, `success_with_retry`, `failed_without_retry`, `failed_with_retry`, `deferred` | each call of the retry layer, once, when it ends (a caller's call, a scheduler's re-send and a re-drive through the stack alike) |
+/// | `backstop_attempts_total` | counter | `class` (the failure's class, or `success`), `processed` = `no` (certainly not processed: a refused connection, 408, 425, 429, 503), `maybe` (a timeout or a reset after the request left), `yes` (the provider answered, or nothing says it did not) | each attempt that left the process; a breaker's rejection is not one |
+/// | `backstop_attempt_duration_seconds` | histogram | `class` | each attempt, from its call to its answer; not a rejection |
 /// | `backstop_call_retries` | histogram | — | retries of each call that retried (attempts − 1, at least 1), when it ends; a call with no retry records nothing, as gRFC A96's `grpc.client.call.retries` (count those calls from `backstop_calls_total`) |
-/// | `backstop_retry_delay_seconds` | histogram | `source` = `backoff`, `server_hint`, `breaker` | each retry scheduled |
+/// | `backstop_retry_delay_seconds` | histogram | `source` = `backoff`, `server_hint`, `breaker` | the delay before each retry that went out; a retry given up during its delay or rejected by an open breaker records nothing |
 /// | `backstop_retries_skipped_total` | counter | `reason` = `not_replayable` (no copy: a streaming body, or one over the replay buffer), `not_idempotent` (outcome unknown, no key) | each call whose failure was not retried for want of a safe copy |
 /// | `backstop_hedges_total` | counter | — | each copy sent while an earlier attempt was still out (hedging) |
 /// | `backstop_breaker_state` | gauge | `breaker`, `state` = `closed`, `open`, `half_open`, `forced_open`, `disabled` | 1 for the breaker's state, 0 for the one it left; set at its first transition |
 /// | `backstop_breaker_transitions_total` | counter | `breaker`, `from`, `to` | each transition |
-/// | `backstop_breaker_rejections_total` | counter | `breaker` | each call a breaker rejected |
+/// | `backstop_breaker_rejections_total` | counter | `breaker` | each call a breaker rejected (nothing sent) |
 /// | `backstop_timeouts_total` | counter | `layer` = `timeout` (the per-attempt timeout), `retry` (the retry deadline) | each attempt that ran out of time |
-/// | `backstop_dead_letters_total` | counter | `class`, `status` = `dead`, `deferred` | each record the dead-letter layer stored |
-/// | `backstop_deferred_backlog` | gauge | — | records waiting to be re-sent, as the scheduler last counted them |
-/// | `backstop_resends_total` | counter | `outcome` = `delivered`, `failed`, `held` | each re-send of the scheduler |
-/// | `backstop_redrives_total` | counter | `outcome` = `resolved`, `failed`, `skipped` | each record of an operator's re-drive |
+/// | `backstop_dead_letters_total` | counter | `class`, `status` = `dead`, `deferred` | each message that entered that status: written by the dead-letter layer with it, once (a record deferred again by a re-send, or re-driven and dead again, is not counted again) |
+/// | `backstop_deferred_backlog` | gauge | — | records waiting to be re-sent (deferred, or claimed and in flight), as the scheduler last counted them |
+/// | `backstop_resends_total` | counter | `outcome` = `delivered`, `failed` (it reached the provider and failed), `held` (an open breaker rejected it before anything was sent) | each re-send of the scheduler |
+/// | `backstop_redrives_total` | counter | `outcome` = `resolved`, `failed`, `skipped` | each record of an operator's re-drive ([`Redrive`](crate::resend::Redrive) given this listener) |
+/// | `backstop_new_codes_total` | counter | `code` (as displayed: `http 400`, `io ConnectionRefused`) | each failure code of an attempt first seen once the first [`learn_codes_for`](Metrics::learn_codes_for) (5 minutes) after this listener's first event had passed: once per code, at most [`max_label_values`](Metrics::max_label_values) codes |
 /// | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `claim`, `count`, `update`, `prune`, `audit` | each failed store operation |
 /// | `backstop_listener_panics_total` | counter | `event` | each panic of a listener, caught |
-/// | `backstop_alert_active` | gauge | `rule` = `dead_letter_spike`, `class_share`, `new_code`, `breaker_open`, `backlog_growing` | 1 while an alert of [`Alerts`](super::Alerts) fires, 0 once cleared |
+/// | `backstop_alert_active` | gauge | `rule` = `dead_letter_spike`, `class_share`, `new_code`, `breaker_open`, `backlog_growing` | 1 while an alert of [`Alerts`](super::Alerts) fires, 0 once cleared (only with that listener) |
+///
+/// A series appears at its first event, not at 0: a rule over a counter must count a series
+/// born within its window from 0 (`docs/alerts.yml` in the repository does).
 ///
 /// # Bounded labels
 ///
@@ -83,6 +88,7 @@ impl fmt::Debug for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Metrics")
             .field("max_label_values", &self.inner.max)
+            .field("learn_codes_for", &self.inner.learn_codes)
             .finish_non_exhaustive()
     }
 }
@@ -99,7 +105,7 @@ impl Metrics {
     pub fn new() -> Self {
         describe();
         Metrics {
-            inner: Arc::new(Inner::new(100)),
+            inner: Arc::new(Inner::new(100, LEARN_CODES)),
         }
     }
 
@@ -107,10 +113,25 @@ impl Metrics {
     /// counted under `other`. Default 100. Resets the handles: call it before the first event.
     pub fn max_label_values(self, n: usize) -> Self {
         Metrics {
-            inner: Arc::new(Inner::new(n.max(1))),
+            inner: Arc::new(Inner::new(n.max(1), self.inner.learn_codes)),
+        }
+    }
+
+    /// The failure codes seen in the first `period` after this listener's first event are the
+    /// process's known codes; a code first seen later counts once in
+    /// `backstop_new_codes_total{code}`, what the new-code alert rule reads. Default 5
+    /// minutes, the window of [`AlertRules`](super::AlertRules) (the in-process
+    /// [`Alerts`](super::Alerts) learn for that window too). Resets the handles: call it before
+    /// the first event.
+    pub fn learn_codes_for(self, period: Duration) -> Self {
+        Metrics {
+            inner: Arc::new(Inner::new(self.inner.max, period)),
         }
     }
 }
+
+/// How long the codes seen first are learnt, by default: the alert rules' window.
+const LEARN_CODES: Duration = Duration::from_secs(5 * 60);
 
 impl Listener for Metrics {
     fn on_event(&self, event: &Event<'_>) {
@@ -128,12 +149,12 @@ fn describe() {
     describe_counter!(
         "backstop_attempts_total",
         Unit::Count,
-        "Attempts, by class (or success) and whether the request was sent."
+        "Attempts that left the process, by class (or success) and whether the provider processed the request (no, maybe, yes)."
     );
     describe_histogram!(
         "backstop_attempt_duration_seconds",
         Unit::Seconds,
-        "Duration of each attempt, by class."
+        "Duration of each attempt that left the process, by class."
     );
     describe_histogram!(
         "backstop_call_retries",
@@ -143,7 +164,7 @@ fn describe() {
     describe_histogram!(
         "backstop_retry_delay_seconds",
         Unit::Seconds,
-        "Delay before each retry, by its source."
+        "Delay before each retry that went out, by its source."
     );
     describe_counter!(
         "backstop_hedges_total",
@@ -178,7 +199,7 @@ fn describe() {
     describe_counter!(
         "backstop_dead_letters_total",
         Unit::Count,
-        "Records stored by the dead-letter layer, by class and status."
+        "Messages that entered the dead or deferred status, by class and status."
     );
     describe_gauge!(
         "backstop_deferred_backlog",
@@ -188,12 +209,17 @@ fn describe() {
     describe_counter!(
         "backstop_resends_total",
         Unit::Count,
-        "Re-sends of the scheduler, by outcome."
+        "Re-sends of the scheduler, by outcome: delivered, failed (reached the provider), held (nothing sent)."
     );
     describe_counter!(
         "backstop_redrives_total",
         Unit::Count,
         "Records of an operator's re-drive, by outcome."
+    );
+    describe_counter!(
+        "backstop_new_codes_total",
+        Unit::Count,
+        "Failure codes first seen after the process's first minutes, by code."
     );
     describe_counter!(
         "backstop_store_errors_total",
@@ -277,6 +303,13 @@ struct Name(&'static str);
 
 struct Inner {
     max: usize,
+    learn_codes: Duration,
+    /// The first event's instant, the start of the codes' learning period.
+    started: OnceLock<Instant>,
+    /// Every failure code seen.
+    codes: RwLock<HashSet<Code>>,
+    /// Per code first seen after the learning period; `None` is `other`.
+    new_codes: Family<Option<Code>, Counter>,
     calls: Fixed<Counter, 5>,
     retries: OnceLock<Histogram>,
     hedges: OnceLock<Counter>,
@@ -300,7 +333,7 @@ struct Inner {
 /// The handles of one class's attempts.
 struct ClassHandles {
     name: &'static str,
-    /// Per [`Sent`]: no, maybe, yes.
+    /// Per [`Sent`], as the `processed` label: no, maybe, yes.
     attempts: Fixed<Counter, 3>,
     duration: Histogram,
 }
@@ -333,7 +366,8 @@ const OUTCOMES: [&str; 5] = [
     "failed_with_retry",
     "deferred",
 ];
-const SENT: [&str; 3] = ["no", "maybe", "yes"];
+/// The `processed` label of [`Sent`]'s values: `Sent::No` is "certainly not processed".
+const PROCESSED: [&str; 3] = ["no", "maybe", "yes"];
 const SOURCES: [&str; 3] = ["backoff", "server_hint", "breaker"];
 const STATES: [State; 5] = [
     State::Closed,
@@ -356,9 +390,13 @@ fn state_index(state: State) -> usize {
 }
 
 impl Inner {
-    fn new(max: usize) -> Self {
+    fn new(max: usize, learn_codes: Duration) -> Self {
         Inner {
             max,
+            learn_codes,
+            started: OnceLock::new(),
+            codes: RwLock::new(HashSet::new()),
+            new_codes: Family::new(max),
             calls: Fixed::new(),
             retries: OnceLock::new(),
             hedges: OnceLock::new(),
@@ -411,18 +449,33 @@ impl Inner {
     }
 
     fn record(&self, event: &Event<'_>) {
+        self.started.get_or_init(Instant::now);
         match *event {
+            // A breaker's rejection is not an attempt: nothing left the process. It is counted
+            // by the breaker's own event, and its call by `GaveUp`.
+            Event::AttemptEnded {
+                code: Some(Code::CircuitOpen),
+                ..
+            } => {}
             Event::AttemptEnded {
                 attempt,
                 class,
+                code,
                 sent,
                 duration,
-                ..
-            } => self.attempt_ended(attempt, class, sent, duration),
+            } => {
+                if let Some(code) = code {
+                    self.code_seen(code);
+                }
+                self.attempt_ended(attempt, class, sent, duration);
+            }
             Event::GaveUp {
                 attempts, reason, ..
             } => self.gave_up(attempts, reason),
-            Event::RetryScheduled { delay, source, .. } => {
+            // Counted when it went out (`Retried`): a retry given up during its delay, or
+            // rejected by a breaker, was never sent.
+            Event::RetryScheduled { .. } => {}
+            Event::Retried { delay, source, .. } => {
                 let i = match source {
                     DelaySource::Backoff => 0,
                     DelaySource::ServerHint => 1,
@@ -505,15 +558,50 @@ impl Inner {
                 &failed
             }
         };
-        let sent = sent_index(sent);
-        let counter = handles.attempts.get(sent, || {
-            ::metrics::counter!("backstop_attempts_total", "class" => handles.name, "sent" => SENT[sent])
+        let processed = sent_index(sent);
+        let counter = handles.attempts.get(processed, || {
+            ::metrics::counter!("backstop_attempts_total", "class" => handles.name, "processed" => PROCESSED[processed])
         });
         let histogram = &handles.duration;
         counter.increment(1);
         histogram.record(duration.as_secs_f64());
         if class.is_none() {
             self.call_ended(usize::from(attempt > 1), attempt);
+        }
+    }
+
+    /// A failure code of an attempt: counted in `backstop_new_codes_total` the first time it is
+    /// seen, once the learning period after the first event is over.
+    fn code_seen(&self, code: Code) {
+        if self
+            .codes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&code)
+        {
+            return;
+        }
+        let inserted = self
+            .codes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(code);
+        let learning = self
+            .started
+            .get()
+            .is_none_or(|at| at.elapsed() < self.learn_codes);
+        if inserted && !learning {
+            self.new_codes
+                .get(
+                    &Some(code),
+                    |k| *k,
+                    || None,
+                    |k| {
+                        let code = k.map_or_else(|| OTHER.to_owned(), |c| c.to_string());
+                        ::metrics::counter!("backstop_new_codes_total", "code" => code)
+                    },
+                )
+                .increment(1);
         }
     }
 

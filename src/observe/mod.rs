@@ -45,9 +45,9 @@ mod health;
 #[cfg(feature = "metrics")]
 mod metrics;
 
-#[cfg(feature = "dead-letter")]
-pub(crate) use self::alerts::per_minute;
 pub use self::alerts::{Alert, AlertRules, Alerts};
+#[cfg(feature = "dead-letter")]
+pub(crate) use self::alerts::{Baseline, per_minute};
 pub use self::event::{Event, Listener};
 pub(crate) use self::event::{Hook, deliver};
 pub use self::health::{BreakerHealth, Health, HealthReport};

@@ -10,10 +10,11 @@ use super::rebuild::envelope_of;
 use crate::breaker::OpenError;
 use crate::build_error::BuildError;
 use crate::clock::Clock;
-use crate::dead_letter::DeadLetterStatus;
 use crate::dead_letter::record_of;
+use crate::dead_letter::{DeadLetterStatus, resending};
 use crate::failure::Failure;
 use crate::observe::{Event, Hook, Listener};
+use crate::retry::Attempts;
 use crate::store::{
     AuditAction, AuditEntry, Change, Claim, Filter, Record, Status, Store, StoreError, add_clamped,
 };
@@ -360,7 +361,7 @@ impl Redrive {
     }
 }
 
-/// An open breaker in the stack rejected a re-send: nothing reached the provider.
+/// An open breaker in the stack rejected a re-send: its last word is the breaker's.
 #[derive(Clone, Debug)]
 pub(crate) struct Rejected {
     /// The breaker's name (a keyed breaker's key).
@@ -369,6 +370,9 @@ pub(crate) struct Rejected {
     pub(crate) half_opens_in: Option<Duration>,
     /// Why it is open ([`OpenError::cause`]).
     pub(crate) cause: Option<String>,
+    /// Whether an earlier attempt of the re-send reached the provider (and failed) before a
+    /// retry met the open breaker: the re-send was sent, though its last word is the breaker's.
+    pub(crate) reached: bool,
 }
 
 /// Sends `request` (rebuilt from `record`) through `service` and writes the outcome. With
@@ -416,8 +420,10 @@ where
             }
         }
     }
+    // Run as the re-send of this record: a failure that leaves it as it was is no new dead
+    // letter for the stack's dead-letter layer.
     let result = match service.ready().await {
-        Ok(service) => service.call(request).await,
+        Ok(service) => resending::scope(&record.id, record.status, service.call(request)).await,
         Err(e) => Err(e),
     };
     let resolved = || Outcome::Resolved {
@@ -443,6 +449,7 @@ where
                     breaker: open.breaker().to_owned(),
                     half_opens_in: failure.retry_after(),
                     cause: open.cause(),
+                    reached: failure.note::<Attempts>().is_some_and(|a| a.count() > 0),
                 });
             let new_class = failure.class().name().to_owned();
             let new_code = failure.code().to_string();

@@ -391,9 +391,12 @@ where
                         breaker = %rejected.breaker,
                         "scheduled re-send rejected by an open breaker; held"
                     );
+                    // Held when nothing was sent; a re-send that reached the provider and
+                    // failed before a retry met the breaker failed, though it is put back.
+                    let outcome = if rejected.reached { "failed" } else { "held" };
                     listener.emit_ref(&Event::Resent {
                         id: &record.id,
-                        outcome: "held",
+                        outcome,
                     });
                     give_back(&*store, &record, until).await;
                     Report::Open {

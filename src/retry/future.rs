@@ -111,6 +111,12 @@ impl<S, F, R> Mode<S, F, R> {
         self.as_retrying().map_or(1, |r| r.attempts)
     }
 
+    /// The current attempt's number (a hedged copy's are counted apart).
+    #[inline]
+    fn sent_current(&self) -> u32 {
+        self.as_retrying().map_or(1, Retrying::current)
+    }
+
     /// The call's listener ([`Hook::NONE`] without one).
     #[inline]
     fn hook(&self) -> &Hook {
@@ -329,6 +335,8 @@ where
         self.spans.record_attempts(self.mode.sent());
         let hook = self.mode.hook();
         if hook.is_set() {
+            // The retry out went through: its own attempt answered, or a copy did first.
+            self.retried(hook);
             let (attempt, started) = self.which(ended);
             trace::attempt_ended::<S::Response>(hook, started, attempt, None);
         }
@@ -419,7 +427,12 @@ where
             None => last_or_deadline(last),
         };
         let attempt = self.mode.sent();
-        self.mode.hook().emit(|| Event::TimedOut {
+        let hook = self.mode.hook();
+        if hook.is_set() {
+            // The attempt cut short went out.
+            self.retried(hook);
+        }
+        hook.emit(|| Event::TimedOut {
             attempt,
             deadline: true,
         });
@@ -440,12 +453,31 @@ where
         let current = matches!(ended, Ended::Current);
         self.spans
             .attempt_failed(failure, current, self.mode.sent());
+        // The current attempt was a retry: it went out, unless a breaker rejected it.
+        let retry = match &mut self.mode {
+            Mode::Retrying(r) if current => r.take_retry_out(),
+            _ => None,
+        };
         let hook = self.mode.hook();
         if hook.is_set() {
+            if let Some((delay, source)) = retry
+                && failure.code() != Code::CircuitOpen
+            {
+                trace::retried(hook, self.mode.sent_current(), delay, source);
+            }
             let (attempt, started) = self.which(ended);
             trace::attempt_ended(hook, started, attempt, Some(&*failure));
         }
         self.decide(failure, unknown, ended)
+    }
+
+    /// Tells the listener of the retry whose attempt is out, when the call ends with it out
+    /// or answered: one load of the failure path's record on a call that never failed.
+    #[inline]
+    fn retried(&self, hook: &Hook) {
+        if let Some((delay, source)) = self.mode.as_retrying().and_then(Retrying::retry_out) {
+            trace::retried(hook, self.mode.sent_current(), delay, source);
+        }
     }
 
     /// After a retry's delay: drives the service to readiness and calls it with the spare
@@ -569,7 +601,7 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
     fn retry_after(&mut self, failure: Failure<R>, delay: Duration, source: DelaySource) {
         if let Mode::Retrying(r) = &mut self.mode {
             trace::retrying(r.policy.hook(), &failure, r.attempts, delay, source);
-            r.retry_after(failure, delay);
+            r.retry_after(failure, delay, source);
         }
     }
 

@@ -14,7 +14,7 @@ use super::policy::{RetryPolicy, Spare};
 use super::trace::Traced;
 use crate::failure::{Class, Code, Failure};
 use crate::request::Replay;
-use crate::status::GiveUp;
+use crate::status::{DelaySource, GiveUp};
 
 /// What a call that may be retried keeps between attempts: built on the call, used on the
 /// failure path only. Kept small: what only failures need is boxed on the first failure.
@@ -36,7 +36,21 @@ struct History<F, R> {
     /// The last real failure, kept while the next attempt runs so the deadline can return it.
     last: Option<Failure<R>>,
     previous_delay: Option<Duration>,
+    /// The last retry's delay and its source, from its scheduling until its attempt ends,
+    /// for the listener's `Retried`.
+    retry: PendingRetry,
     hedges: Hedges<F, R>,
+}
+
+/// Where the last retry scheduled stands, for the listener's `Retried`: told once its attempt
+/// went out and was not a breaker's rejection.
+#[derive(Clone, Copy)]
+enum PendingRetry {
+    None,
+    /// Scheduled: sleeping, or waiting for the service.
+    Scheduled(Duration, DelaySource),
+    /// Sent: its attempt is out.
+    Out(Duration, DelaySource),
 }
 
 impl<F, R> History<F, R> {
@@ -93,12 +107,38 @@ impl<S, F, R> Retrying<S, F, R> {
         self.history().last = Some(failure);
     }
 
-    /// A retry after `delay`: `failure` is kept as the last real one while the call sleeps,
-    /// and `delay` as the previous delay of the next decision.
-    pub(super) fn retry_after(&mut self, failure: Failure<R>, delay: Duration) {
+    /// A retry after `delay` (for `source`): `failure` is kept as the last real one while the
+    /// call sleeps, and `delay` as the previous delay of the next decision.
+    pub(super) fn retry_after(
+        &mut self,
+        failure: Failure<R>,
+        delay: Duration,
+        source: DelaySource,
+    ) {
         let history = self.history();
         history.last = Some(failure);
         history.previous_delay = Some(delay);
+        history.retry = PendingRetry::Scheduled(delay, source);
+    }
+
+    /// The retry whose attempt is out (its delay and source), if the current attempt is one.
+    #[inline]
+    pub(super) fn retry_out(&self) -> Option<(Duration, DelaySource)> {
+        match self.history.as_ref()?.retry {
+            PendingRetry::Out(delay, source) => Some((delay, source)),
+            _ => None,
+        }
+    }
+
+    /// As [`retry_out`](Self::retry_out), and forgotten: its attempt ended.
+    pub(super) fn take_retry_out(&mut self) -> Option<(Duration, DelaySource)> {
+        let out = self.retry_out();
+        if let Some(history) = self.history.as_deref_mut()
+            && out.is_some()
+        {
+            history.retry = PendingRetry::None;
+        }
+        out
     }
 
     /// The last real failure, taken out.
@@ -120,6 +160,9 @@ impl<S, F, R> Retrying<S, F, R> {
         self.attempts += 1;
         if let Some(history) = self.history.as_deref_mut() {
             history.hedges.next_primary();
+            if let PendingRetry::Scheduled(delay, source) = history.retry {
+                history.retry = PendingRetry::Out(delay, source);
+            }
         }
     }
 
@@ -233,6 +276,7 @@ fn history_of<F, R>(history: &mut Option<Box<History<F, R>>>) -> &mut History<F,
             first_failed_at: None,
             last: None,
             previous_delay: None,
+            retry: PendingRetry::None,
             hedges: Hedges::new(),
         })
     })

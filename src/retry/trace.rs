@@ -218,6 +218,18 @@ pub(super) fn retrying<R>(
     });
 }
 
+/// The retry scheduled after `delay` (for `source`) went out as attempt `attempt`: said to the
+/// listener (its log line is the `retrying` of its scheduling).
+#[cold]
+#[inline(never)]
+pub(super) fn retried(hook: &Hook, attempt: u32, delay: Duration, source: DelaySource) {
+    hook.emit(|| Event::Retried {
+        attempt,
+        delay,
+        source,
+    });
+}
+
 /// The call gave up on `failure` after `attempts` attempts: said to the listener and at `INFO`.
 pub(super) fn gave_up<R>(hook: &Hook, failure: &Failure<R>, attempts: u32, reason: GiveUp) {
     hook.emit(|| Event::GaveUp {

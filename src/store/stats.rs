@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use crate::observe::{Alert, AlertRules, per_minute};
+use crate::observe::{Alert, AlertRules, Baseline, per_minute};
 use tower_backstop_store::{Counts, Filter, Store, StoreError};
 
 /// What `backstop-dlq stats` shows: counts over a window, the recent rate, and the alert
@@ -54,7 +54,12 @@ impl Stats {
             .is_empty();
         let by_class = recent.by_class.iter().map(|(c, n)| (c.as_str(), *n));
         let baseline_total = with_baseline.total.saturating_sub(recent.total);
-        let mut alerts = rules.measure(recent.total, baseline_total, has_baseline, by_class);
+        let baseline = if has_baseline {
+            Baseline::Known(baseline_total)
+        } else {
+            Baseline::Unknown
+        };
+        let mut alerts = rules.measure(recent.total, baseline, by_class);
         // A new code of a dead letter: deferred records are not dead letters.
         let dead_codes: Vec<&str> = recent.by_code.iter().map(|(c, _)| c.as_str()).collect();
         for (code, first_seen) in &recent.new_codes {
