@@ -1,8 +1,12 @@
+#[cfg(feature = "dead-letter")]
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
+#[cfg(feature = "dead-letter")]
+use std::time::SystemTime;
 
+#[cfg(feature = "dead-letter")]
 use tokio::time::Instant;
 
 use tower_layer::Layer;
@@ -16,6 +20,7 @@ use super::state::Shared;
 use crate::build_error::BuildError;
 use crate::failure::Class;
 use crate::observe::{Health, Hook};
+#[cfg(feature = "dead-letter")]
 use crate::store::{Filter, Status, Store, StoreError};
 
 /// Applies [`Breaker`] to a service, and owns the breakers' state.
@@ -40,6 +45,8 @@ pub struct BreakerLayer<K = ()> {
     keys: Option<Arc<Registry<K>>>,
 }
 
+#[cfg(feature = "dead-letter")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
 impl<K> BreakerLayer<K> {
     /// Learns from `store` which providers were failing when a process last ran: each
     /// [`Deferred`](Status::Deferred) record rejected by an open breaker carries that breaker's
@@ -89,6 +96,7 @@ impl<K> BreakerLayer<K> {
 
 /// The latest half-open time [`BreakerLayer::learn_from`] sets when a stored one is too far
 /// ahead to represent: a week.
+#[cfg(feature = "dead-letter")]
 const MAX_LEARNED: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 impl<K> Clone for BreakerLayer<K> {

@@ -857,6 +857,7 @@ impl Shared {
     /// Opens a closed breaker until `until`: a provider another process found down (see
     /// [`BreakerLayer::learn_from`](super::BreakerLayer::learn_from)). A time already past
     /// half-opens it at the next call. Whether it opened: a breaker not closed is left alone.
+    #[cfg(feature = "dead-letter")]
     pub(crate) fn open_until(&self, until: Instant) -> bool {
         let from = self.word.load(Ordering::Acquire);
         if state_of(from) != CLOSED {
