@@ -19,6 +19,9 @@ pub enum GiveUp {
     /// left until half-open, or the class's own schedule) is longer than the policy's maximum
     /// in-process delay, and the policy is set to give up rather than defer
     /// ([`RetryPolicy::give_up_long_delays`](crate::retry::RetryPolicy::give_up_long_delays)).
+    /// Also the reason a dead-letter layer gives for a deferred request whose retry-at time is
+    /// more than [`MAX_DEFERRAL`](crate::dead_letter::MAX_DEFERRAL) ahead: it is stored dead,
+    /// and the caller's failure says so.
     HintTooLong,
     /// The delay before the next attempt is longer than the policy's maximum in-process delay, so
     /// the request is deferred rather than slept: [`Attempts::retry_at`](crate::retry::Attempts::retry_at) says when to send it

@@ -1400,3 +1400,129 @@ async fn a_load_shed_rejection_below_never_counts() {
     }
     assert_eq!(handle.state(), State::Closed);
 }
+
+/// A deferred record of a request an open breaker rejected: breaker `name`, half-opening at
+/// `retry_at`.
+fn rejected_record(
+    id: &str,
+    name: &str,
+    retry_at: std::time::SystemTime,
+) -> tower_backstop::store::Record {
+    let failure: tower_backstop::Failure =
+        tower_backstop::Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen);
+    let mut record = tower_backstop::dead_letter::record_of(
+        id.to_owned(),
+        tower_backstop::Envelope::new("{}"),
+        &failure,
+    );
+    record.status = tower_backstop::store::Status::Deferred;
+    record.breaker = Some(name.to_owned());
+    record.retry_at = Some(retry_at);
+    record
+}
+
+/// A new process learns from the store which providers were down: the breaker of a host with
+/// a deferred rejection starts open until the stored half-open time, so the first call there
+/// never reaches the provider; another host, and a host whose time has passed, are called.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_breaker_learns_from_the_store_which_providers_are_down() {
+    use tower_backstop::store::{MemoryStore, Store};
+    let store = MemoryStore::new();
+    let now = std::time::SystemTime::now();
+    let later = now + Duration::from_secs(30);
+    store
+        .put(rejected_record(
+            "m-1",
+            "down.test:80",
+            now + Duration::from_secs(10),
+        ))
+        .await
+        .unwrap();
+    store
+        .put(rejected_record("m-2", "down.test:80", later))
+        .await
+        .unwrap();
+    store
+        .put(rejected_record(
+            "m-3",
+            "back.test:80",
+            now - Duration::from_secs(1),
+        ))
+        .await
+        .unwrap();
+    // A dead record (not deferred) teaches nothing.
+    let mut dead = rejected_record("m-4", "dead.test:80", later);
+    dead.status = tower_backstop::store::Status::Dead;
+    store.put(dead).await.unwrap();
+
+    let breakers = BreakerLayer::consecutive_failures(3).per_host();
+    assert_eq!(breakers.learn_from(&store).await.unwrap(), 2);
+    let upstream = Scripted::always(status(200));
+    let mut svc = ServiceBuilder::new()
+        .layer(breakers.clone())
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+
+    let f = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(get("http://down.test/"))
+        .await
+        .unwrap_err();
+    assert_eq!(f.class(), Class::CIRCUIT_OPEN, "{f}");
+    assert_eq!(
+        upstream.calls(),
+        0,
+        "rejected without reaching the provider"
+    );
+    let down = breakers.handle_for("down.test:80").unwrap();
+    let left = down.retry_after().unwrap();
+    // The latest stored half-open time: 30 s (less the wall-clock time the test took).
+    assert!(
+        left > Duration::from_secs(29) && left <= Duration::from_secs(30),
+        "{left:?}"
+    );
+
+    // Another host, and one whose stored time has passed (half-open: its probe goes through).
+    svc.ready()
+        .await
+        .unwrap()
+        .call(get("http://other.test/"))
+        .await
+        .unwrap();
+    svc.ready()
+        .await
+        .unwrap()
+        .call(get("http://back.test/"))
+        .await
+        .unwrap();
+    assert_eq!(upstream.calls(), 2);
+    assert_eq!(
+        breakers.handle_for("back.test:80").unwrap().state(),
+        State::Closed
+    );
+    assert!(breakers.handle_for("dead.test:80").is_none());
+
+    // At the stored time the breaker half-opens, and its probe reaches the provider.
+    tokio::time::advance(left).await;
+    svc.ready()
+        .await
+        .unwrap()
+        .call(get("http://down.test/"))
+        .await
+        .unwrap();
+    assert_eq!(upstream.calls(), 3);
+    assert_eq!(down.state(), State::Closed);
+
+    // An unkeyed breaker learns only the records of its own name.
+    let single = BreakerLayer::builder()
+        .name("down.test:80")
+        .build()
+        .unwrap();
+    assert_eq!(single.learn_from(&store).await.unwrap(), 1);
+    assert_eq!(single.handle().state(), State::Open);
+    let other = BreakerLayer::builder().name("elsewhere").build().unwrap();
+    assert_eq!(other.learn_from(&store).await.unwrap(), 0);
+    assert_eq!(other.handle().state(), State::Closed);
+}

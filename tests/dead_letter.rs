@@ -228,3 +228,36 @@ async fn requests_without_a_key_get_a_generated_id() {
     assert_eq!(r.message, "render failed");
     assert_eq!(r.class, "unknown");
 }
+
+/// A `Retry-After` of about a century is beyond the longest deferral a record is kept for: the
+/// record is dead, and so is what the caller is told (not deferred to the year 2130).
+#[tokio::test(start_paused = true)]
+async fn a_deferral_too_far_ahead_is_dead_for_the_caller_as_for_the_record() {
+    let store = MemoryStore::new();
+    let century = (100 * 365 * 24 * 60 * 60u64).to_string();
+    let upstream = Scripted::always(status_with(503, "retry-after", century));
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(store.clone()))
+        .layer(RetryPolicy::new().max_attempts(3).build().unwrap())
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    let f = svc
+        .oneshot(post_with_key("/", "x", "k-far"))
+        .await
+        .unwrap_err();
+    assert_eq!(upstream.calls(), 1);
+    let record = store.get("k-far").await.unwrap().unwrap();
+    assert_eq!(record.status, tower_backstop::store::Status::Dead);
+    assert_eq!(record.retry_at, None);
+    let note = f.note::<Attempts>().expect("the retry layer's note");
+    assert_eq!(
+        (note.give_up(), note.retry_at(), note.count()),
+        (GiveUp::HintTooLong, None, 1)
+    );
+    assert!(note.first_failed_at().is_some());
+    assert_eq!(stored_id(&f), "k-far");
+    let message = f.to_string();
+    assert!(message.contains("dead letter stored as k-far"), "{message}");
+    assert!(!message.contains("until"), "{message}");
+    assert!(!message.contains("re-send"), "{message}");
+}

@@ -383,3 +383,331 @@ async fn the_smaller_of_the_presets_and_the_policys_attempt_timeout_is_written()
     .await;
     assert_eq!(seen, vec![Some(2000), Some(2000)]);
 }
+
+// The deadline's race with an attempt's own end, on the paused clock, over tower-test's mock.
+
+mod race {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+    use tower::{Layer, Service, ServiceBuilder};
+    use tower_backstop::observe::Event;
+    use tower_backstop::retry::{Attempts, Backoff, GiveUp, RetryPolicy};
+    use tower_backstop::timeout::TimeoutLayer;
+    use tower_backstop::{BoxError, Class, Code, Failure};
+
+    use super::support::get;
+
+    const HEADER: &str = "x-request-timeout-ms";
+
+    /// The provider's last real answer in these tests: a refused connection.
+    fn refused() -> std::io::Error {
+        std::io::Error::from(std::io::ErrorKind::ConnectionRefused)
+    }
+
+    /// A policy of 5 attempts, a constant backoff of `backoff`, a deadline of `deadline`, and
+    /// the time left written into [`HEADER`].
+    fn policy(backoff: Duration, deadline: Duration) -> RetryPolicy {
+        RetryPolicy::new()
+            .max_attempts(5)
+            .backoff(Backoff::constant(backoff))
+            .deadline(deadline)
+            .time_left_header(http::HeaderName::from_static(HEADER))
+    }
+
+    /// The time left an attempt carries, in whole milliseconds.
+    fn time_left(req: &http::Request<String>) -> u64 {
+        req.headers()[HEADER].to_str().unwrap().parse().unwrap()
+    }
+
+    type Mock = tower_test::mock::Mock<http::Request<String>, ()>;
+
+    /// Ends each call it is given at the time left the request carries, with `cut` (the
+    /// channel's `grpc-timeout`, or a server's `DEADLINE_EXCEEDED`), unless the inner service
+    /// answers first: the timer starts in `call`, as a channel's does.
+    #[derive(Clone)]
+    struct CutAtTimeLeft<S> {
+        inner: S,
+        cut: fn() -> Failure<()>,
+    }
+
+    impl<S> Service<http::Request<String>> for CutAtTimeLeft<S>
+    where
+        S: Service<http::Request<String>, Response = (), Error = BoxError>,
+        S::Future: Send + 'static,
+    {
+        type Response = ();
+        type Error = BoxError;
+        type Future = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            self.inner.poll_ready(cx)
+        }
+
+        fn call(&mut self, req: http::Request<String>) -> Self::Future {
+            let left = Duration::from_millis(time_left(&req));
+            let cut = self.cut;
+            let answer = self.inner.call(req);
+            let timer = tokio::time::sleep(left);
+            Box::pin(async move {
+                tokio::select! {
+                    biased;
+                    answer = answer => answer,
+                    () = timer => Err(Box::new(cut()) as BoxError),
+                }
+            })
+        }
+    }
+
+    /// The first attempt of a call through `layer` over the mock fails with a refused
+    /// connection at once; the second is left unanswered, for the layer's own timers. The
+    /// failure the caller gets, when, and the mock's handle.
+    async fn refused_then_unanswered<L>(
+        layer: L,
+    ) -> (
+        Failure<()>,
+        Duration,
+        tower_test::mock::Handle<http::Request<String>, ()>,
+    )
+    where
+        L: Layer<Mock>,
+        L::Service:
+            Service<http::Request<String>, Response = (), Error = Failure<()>> + Send + 'static,
+        <L::Service as Service<http::Request<String>>>::Future: Send,
+    {
+        let (mut svc, mut handle) = tower_test::mock::spawn_layer(layer);
+        handle.allow(2);
+        assert!(svc.poll_ready().is_ready());
+        let start = Instant::now();
+        let response = tokio::spawn(svc.call(get("http://mail.test/v1")));
+        let (_, send) = handle.next_request().await.unwrap();
+        send.send_error(refused());
+        // The second attempt, after the backoff: never answered.
+        let (second, _unanswered) = handle.next_request().await.unwrap();
+        assert!(time_left(&second) > 0);
+        let failure = response.await.unwrap().unwrap_err();
+        (failure, start.elapsed(), handle)
+    }
+
+    fn assert_last_real_answer(failure: &Failure<()>, attempts: u32) {
+        assert_eq!(
+            failure.code(),
+            Code::Io(std::io::ErrorKind::ConnectionRefused),
+            "{failure}"
+        );
+        assert_eq!(failure.class(), Class::TRANSIENT, "{failure}");
+        let note = failure.note::<Attempts>().expect("the retry layer's note");
+        assert_eq!(
+            (note.give_up(), note.count()),
+            (GiveUp::DeadlineExceeded, attempts),
+            "{failure}"
+        );
+    }
+
+    /// The second attempt starts at 100 ms with 150 ms left; its own timeout (150 ms) fires at
+    /// the deadline, on the same tick as the deadline's timer, and is seen first. It was cut
+    /// short by the time it was given: the caller gets the refusal, not a timeout.
+    #[tokio::test(start_paused = true)]
+    async fn an_attempts_own_timeout_at_the_deadline_does_not_replace_the_last_real_answer() {
+        let timed_out = Arc::new(Mutex::new(Vec::new()));
+        let seen = timed_out.clone();
+        let layer = ServiceBuilder::new()
+            .layer(
+                policy(Duration::from_millis(100), Duration::from_millis(250))
+                    .listener(move |e: &Event<'_>| {
+                        if let Event::TimedOut { attempt, deadline } = *e {
+                            seen.lock().unwrap().push((attempt, deadline));
+                        }
+                    })
+                    .build()
+                    .unwrap(),
+            )
+            .layer(TimeoutLayer::new(Duration::from_millis(150)));
+        let (failure, elapsed, _) = refused_then_unanswered(layer).await;
+        assert_eq!(elapsed, Duration::from_millis(250));
+        assert_last_real_answer(&failure, 2);
+        // The timeout is the deadline's, told once.
+        assert_eq!(*timed_out.lock().unwrap(), vec![(2, true)]);
+    }
+
+    /// The same when what ends the attempt is the time left it carries (a channel's
+    /// `grpc-timeout`, a server's `DEADLINE_EXCEEDED`).
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_cut_by_the_time_left_it_carries_does_not_replace_the_last_real_answer() {
+        let cuts: [fn() -> Failure<()>; 2] = [
+            || Failure::new(Class::TRANSIENT, Code::Timeout),
+            || Failure::new(Class::TRANSIENT, Code::Grpc(4)),
+        ];
+        for cut in cuts {
+            let layer = ServiceBuilder::new()
+                .layer(
+                    policy(Duration::from_millis(100), Duration::from_millis(250))
+                        .build()
+                        .unwrap(),
+                )
+                .layer_fn(move |inner| CutAtTimeLeft { inner, cut });
+            let (failure, elapsed, _) = refused_then_unanswered(layer).await;
+            assert_eq!(elapsed, Duration::from_millis(250));
+            assert_last_real_answer(&failure, 2);
+        }
+    }
+
+    /// A timeout well before the deadline is a real answer (the provider was slow): it is
+    /// retried, and the last one is what the caller gets.
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_before_the_deadline_is_a_real_answer() {
+        let layer = ServiceBuilder::new()
+            .layer(
+                policy(Duration::from_millis(10), Duration::from_millis(250))
+                    .max_attempts(2)
+                    .build()
+                    .unwrap(),
+            )
+            .layer(TimeoutLayer::new(Duration::from_millis(50)));
+        let (failure, elapsed, _) = refused_then_unanswered(layer).await;
+        assert_eq!(elapsed, Duration::from_millis(60));
+        assert_eq!(failure.code(), Code::Timeout, "{failure}");
+        assert_eq!(
+            failure.note::<Attempts>().map(Attempts::give_up),
+            Some(GiveUp::AttemptsExhausted)
+        );
+    }
+
+    /// An attempt cut at the deadline of a request not safe to send twice (a keyless POST,
+    /// retried after a refusal) may have been acted on: the caller gets the last real answer,
+    /// marked outcome-unknown, whichever timer is seen first.
+    #[tokio::test(start_paused = true)]
+    async fn a_keyless_post_cut_at_the_deadline_is_outcome_unknown() {
+        for own_timeout in [true, false] {
+            let retry = policy(Duration::from_millis(100), Duration::from_millis(250))
+                .build()
+                .unwrap();
+            // With its own timeout of 150 ms, the attempt's end is seen first; with none,
+            // the deadline's timer.
+            let timeout = TimeoutLayer::new(if own_timeout {
+                Duration::from_millis(150)
+            } else {
+                Duration::from_secs(60)
+            });
+            let (mut svc, mut handle) = tower_test::mock::spawn_layer::<_, (), _>(
+                ServiceBuilder::new().layer(retry).layer(timeout),
+            );
+            handle.allow(2);
+            assert!(svc.poll_ready().is_ready());
+            let response =
+                tokio::spawn(svc.call(super::support::post("http://mail.test/v1", "{}")));
+            let (_, send) = handle.next_request().await.unwrap();
+            send.send_error(refused());
+            let (_, _unanswered) = handle.next_request().await.unwrap();
+            let failure = response.await.unwrap().unwrap_err();
+            assert_eq!(failure.class(), Class::OUTCOME_UNKNOWN, "{failure}");
+            assert_eq!(
+                failure.code(),
+                Code::Io(std::io::ErrorKind::ConnectionRefused),
+                "{failure}"
+            );
+            assert_eq!(
+                failure.note::<Attempts>().map(Attempts::give_up),
+                Some(GiveUp::DeadlineExceeded)
+            );
+        }
+    }
+
+    /// The first attempt fails at once; readiness for the second comes back at 149.5 ms of a
+    /// 150 ms deadline: less than a millisecond left, so it is not sent. At 148 ms it is, and
+    /// carries the time left read just before the call: 2 ms.
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_with_less_than_a_millisecond_left_is_not_started() {
+        for (ready_at, sent) in [
+            (Duration::from_micros(149_500), false),
+            (Duration::from_millis(148), true),
+        ] {
+            let (mut svc, mut handle) = tower_test::mock::spawn_layer::<_, (), _>(
+                policy(Duration::from_millis(100), Duration::from_millis(150))
+                    .build()
+                    .unwrap(),
+            );
+            handle.allow(1);
+            assert!(svc.poll_ready().is_ready());
+            let response = tokio::spawn(svc.call(get("http://mail.test/v1")));
+            // The first attempt is polled, and waits: the deadline starts now.
+            tokio::task::yield_now().await;
+            let (_, send) = handle.next_request().await.unwrap();
+            send.send_error(refused());
+            // The failure is seen at 0 ms, and the backoff of 100 ms starts; then readiness
+            // waits for the mock until `ready_at`.
+            tokio::task::yield_now().await;
+            tokio::time::advance(ready_at).await;
+            assert!(!response.is_finished());
+            handle.allow(1);
+            if sent {
+                let (second, reply) = handle.next_request().await.unwrap();
+                assert_eq!(time_left(&second), 2);
+                reply.send_response(());
+                response.await.unwrap().unwrap();
+            } else {
+                let failure = response.await.unwrap().unwrap_err();
+                assert_last_real_answer(&failure, 1);
+                assert!(
+                    tokio::time::timeout(Duration::from_millis(10), handle.next_request())
+                        .await
+                        .is_err(),
+                    "not sent"
+                );
+            }
+        }
+    }
+
+    /// A backoff that would wake with less than a millisecond left is not slept: the call ends
+    /// at once with the last real answer.
+    #[tokio::test(start_paused = true)]
+    async fn a_delay_that_leaves_less_than_a_millisecond_is_not_slept() {
+        let (mut svc, mut handle) = tower_test::mock::spawn_layer::<_, (), _>(
+            policy(Duration::from_micros(149_500), Duration::from_millis(150))
+                .build()
+                .unwrap(),
+        );
+        handle.allow(2);
+        assert!(svc.poll_ready().is_ready());
+        let start = Instant::now();
+        let response = tokio::spawn(svc.call(get("http://mail.test/v1")));
+        let (_, send) = handle.next_request().await.unwrap();
+        send.send_error(refused());
+        let failure = response.await.unwrap().unwrap_err();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_last_real_answer(&failure, 1);
+    }
+
+    /// A hedged copy due with less than a millisecond left is not sent either.
+    #[tokio::test(start_paused = true)]
+    async fn a_hedged_copy_with_less_than_a_millisecond_left_is_not_sent() {
+        let (mut svc, mut handle) = tower_test::mock::spawn_layer::<_, (), _>(
+            policy(Duration::from_millis(10), Duration::from_millis(100))
+                .hedge(Duration::from_micros(99_500), 1)
+                .build()
+                .unwrap(),
+        );
+        handle.allow(2);
+        assert!(svc.poll_ready().is_ready());
+        let start = Instant::now();
+        let response = tokio::spawn(svc.call(get("http://mail.test/v1")));
+        let (_, _unanswered) = handle.next_request().await.unwrap();
+        let failure = response.await.unwrap().unwrap_err();
+        assert_eq!(start.elapsed(), Duration::from_millis(100));
+        assert_eq!(
+            failure.code(),
+            Code::Timeout,
+            "the deadline's own: {failure}"
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), handle.next_request())
+                .await
+                .is_err(),
+            "no copy was sent"
+        );
+    }
+}

@@ -240,3 +240,82 @@ async fn tonic_connect_errors_are_transient() {
     );
     assert_eq!(failure.note::<Attempts>().map_or(0, Attempts::count), 2);
 }
+
+/// A gRPC service whose first call is refused at once with trailers-only `UNAVAILABLE`, and
+/// whose later calls are never answered (the server is stuck), counting calls.
+#[derive(Clone, Default)]
+struct RefusedThenStuck {
+    calls: Arc<AtomicU32>,
+}
+
+impl NamedService for RefusedThenStuck {
+    const NAME: &'static str = "test.RefusedThenStuck";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for RefusedThenStuck {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
+        if self.calls.fetch_add(1, Ordering::SeqCst) > 0 {
+            return Box::pin(std::future::pending());
+        }
+        let response = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc")
+            .header("grpc-status", "14")
+            .header("grpc-message", "provider down")
+            .body(tonic::body::Body::empty())
+            .unwrap();
+        Box::pin(std::future::ready(Ok(response)))
+    }
+}
+
+/// The deadline ends a call whose last attempt the server never answered: the caller gets the
+/// server's last real answer (`UNAVAILABLE`, from the first attempt), not a timeout, and the
+/// reason for giving up is the deadline.
+#[tokio::test]
+async fn at_the_deadline_the_caller_gets_the_servers_last_real_answer() {
+    let service = RefusedThenStuck::default();
+    let calls = service.calls.clone();
+    let addr = serve(Server::builder().add_service(service)).await;
+    let svc = ServiceBuilder::new()
+        .layer(
+            policy()
+                .deadline(Duration::from_millis(300))
+                .build()
+                .unwrap(),
+        )
+        .layer(ClassifyLayer::new(GrpcClassifier::new()))
+        .map_request(to_tonic)
+        .service(channel(addr));
+    let request = http::Request::post(format!("http://{addr}/test.RefusedThenStuck/Call"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let failure = svc.oneshot(request).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "refused, then stuck");
+    assert_eq!(failure.class(), Class::TRANSIENT, "{failure}");
+    assert_eq!(failure.code(), Code::Grpc(codes::UNAVAILABLE), "{failure}");
+    let note = failure.note::<Attempts>().expect("the retry layer's note");
+    assert_eq!(
+        (note.count(), note.give_up()),
+        (2, GiveUp::DeadlineExceeded)
+    );
+    // The server's own answer is still there.
+    let response = failure.into_response().unwrap();
+    assert_eq!(response.headers()["grpc-status"], "14");
+}

@@ -216,3 +216,38 @@ async fn with_a_store_backoff_is_still_slept_so_max_attempts_caps_the_pass() {
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].status, tower_backstop::store::Status::Dead);
 }
+
+/// After a restart, the preset learns from its store which hosts were down: the first call to
+/// such a host is deferred by its open breaker without reaching the provider.
+#[tokio::test(start_paused = true)]
+async fn the_preset_learns_from_its_store_which_hosts_are_down() {
+    let store = Arc::new(MemoryStore::new());
+    let failure: tower_backstop::Failure =
+        tower_backstop::Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen);
+    let mut record = tower_backstop::dead_letter::record_of(
+        "m-1".into(),
+        tower_backstop::Envelope::new("{}"),
+        &failure,
+    );
+    record.status = tower_backstop::store::Status::Deferred;
+    record.breaker = Some("up.test:80".into());
+    record.retry_at = Some(std::time::SystemTime::now() + Duration::from_secs(60));
+    store.put(record).await.unwrap();
+
+    let layer = BackstopLayer::http(Duration::from_millis(500))
+        .dead_letters(DeadLetterLayer::from_arc(store.clone()));
+    assert_eq!(layer.learn_from_store().await.unwrap(), 1);
+    let upstream = Scripted::always(status(200));
+    let svc = ServiceBuilder::new().layer(layer).service(upstream.clone());
+    let f = svc.oneshot(get("http://up.test/")).await.unwrap_err();
+    assert_eq!(f.class(), Class::CIRCUIT_OPEN, "{f}");
+    assert_eq!(upstream.calls(), 0);
+    assert_eq!(
+        f.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::Deferred)
+    );
+
+    // Without a store there is nothing to learn.
+    let bare = BackstopLayer::http(Duration::from_millis(500));
+    assert_eq!(bare.learn_from_store().await.unwrap(), 0);
+}

@@ -1,6 +1,13 @@
+#[cfg(feature = "dead-letter")]
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+#[cfg(feature = "dead-letter")]
+use std::time::SystemTime;
+
+#[cfg(feature = "dead-letter")]
+use tokio::time::Instant;
 
 use tower_layer::Layer;
 
@@ -14,6 +21,8 @@ use crate::build_error::BuildError;
 use crate::failure::Class;
 use crate::observe::{Health, Hook};
 use crate::status::State;
+#[cfg(feature = "dead-letter")]
+use crate::store::{Filter, Status, Store, StoreError};
 
 /// Applies [`Breaker`] to a service, and owns the breakers' state.
 ///
@@ -36,6 +45,60 @@ pub struct BreakerLayer<K = ()> {
     /// The breakers per key: `Some` exactly when keyed.
     keys: Option<Arc<Registry<K>>>,
 }
+
+#[cfg(feature = "dead-letter")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
+impl<K> BreakerLayer<K> {
+    /// Learns from `store` which providers were failing when a process last ran: each
+    /// [`Deferred`](Status::Deferred) record rejected by an open breaker carries that breaker's
+    /// name ([`Record::breaker`](crate::store::Record::breaker): a keyed breaker's key, such as
+    /// `api.mail.test:443`) and its half-open time ([`Record::retry_at`](crate::store::Record::retry_at)).
+    /// This layer's breaker of that name, if closed, opens until the latest such time, so that
+    /// a new process does not spend fresh attempts on a provider known to be down; a time
+    /// already past half-opens it at its next call. A keyed layer makes the breaker of each key
+    /// it reads; an unkeyed one learns only the records of its own name. Call it once at
+    /// start-up, before the first request, with the store the dead-letter layer writes to.
+    ///
+    /// Returns the number of breakers opened.
+    ///
+    /// # Errors
+    ///
+    /// The store's [`StoreError`] when the deferred records cannot be read.
+    pub async fn learn_from<St>(&self, store: &St) -> Result<usize, StoreError>
+    where
+        St: Store + ?Sized,
+    {
+        let filter = Filter::new().status(Status::Deferred);
+        let records = store.search(&filter, 0..usize::MAX).await?;
+        let mut until: BTreeMap<String, SystemTime> = BTreeMap::new();
+        for record in records {
+            if let (Some(name), Some(at)) = (record.breaker, record.retry_at) {
+                let latest = until.entry(name).or_insert(at);
+                *latest = (*latest).max(at);
+            }
+        }
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        let mut opened = 0;
+        for (name, at) in until {
+            let shared = match &self.keys {
+                None if name == *self.shared.name => Arc::clone(&self.shared),
+                None => continue,
+                Some(keys) => keys.get(&name),
+            };
+            let left = at.duration_since(wall).unwrap_or_default();
+            let at = now.checked_add(left).unwrap_or(now + MAX_LEARNED);
+            if shared.open_until(at) {
+                opened += 1;
+            }
+        }
+        Ok(opened)
+    }
+}
+
+/// The latest half-open time [`BreakerLayer::learn_from`] sets when a stored one is too far
+/// ahead to represent: a week.
+#[cfg(feature = "dead-letter")]
+const MAX_LEARNED: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 impl<K> Clone for BreakerLayer<K> {
     fn clone(&self) -> Self {

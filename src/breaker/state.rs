@@ -854,6 +854,34 @@ impl Shared {
         }
     }
 
+    /// Opens a closed breaker until `until`: a provider another process found down (see
+    /// [`BreakerLayer::learn_from`](super::BreakerLayer::learn_from)). A time already past
+    /// half-opens it at the next call. Whether it opened: a breaker not closed is left alone.
+    #[cfg(feature = "dead-letter")]
+    pub(crate) fn open_until(&self, until: Instant) -> bool {
+        let from = self.word.load(Ordering::Acquire);
+        if state_of(from) != CLOSED {
+            return false;
+        }
+        // Written before the swap: whoever sees the open word sees its end.
+        self.open_until.store(
+            saturating_nanos(until.saturating_duration_since(self.base)),
+            Ordering::Release,
+        );
+        let to = next(from, OPEN);
+        if self
+            .word
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        self.trips.fetch_add(1, Ordering::Relaxed);
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        self.transitioned(from, to, "learned from the store");
+        true
+    }
+
     /// Moves to `state` from whatever state the breaker is in, for an operator.
     fn force(&self, state: u64, reason: &'static str) {
         let mut word = self.word.load(Ordering::Acquire);

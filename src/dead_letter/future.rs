@@ -14,7 +14,7 @@ use super::resending;
 use crate::failure::{Code, Failure};
 use crate::observe::{Event, Hook};
 use crate::request::{Describe, Envelope};
-use crate::retry::{Attempts, Unsent};
+use crate::retry::{Attempts, GiveUp, Unsent};
 use crate::store::{BoxFuture, Status, StoreError};
 
 pin_project! {
@@ -158,6 +158,9 @@ where
         config.clock.now(),
     );
     let status = draft.status;
+    if draft.status == Status::Dead {
+        stored_dead(failure);
+    }
     Box::pin(async move {
         let mut envelope = match kept {
             Some(request) => request.describe().await,
@@ -187,6 +190,22 @@ where
         record.truncate_payload(config.payload_limit);
         (id, status, config.store.put(record).await)
     })
+}
+
+/// A failure the retry layer deferred but that is stored dead (its retry-at time is more than
+/// [`MAX_DEFERRAL`](super::MAX_DEFERRAL) ahead) says so to the caller as the record does: its
+/// [`Attempts`] note gives up with [`GiveUp::HintTooLong`] and no retry-at time, so its
+/// [`DeadLetterStatus`] reads as a dead letter.
+#[cold]
+fn stored_dead<R>(failure: &mut Failure<R>) {
+    let Some(noted) = failure.note::<Attempts>().filter(|a| a.is_deferred()) else {
+        return;
+    };
+    let mut dead = Attempts::new(noted.count(), GiveUp::HintTooLong);
+    if let Some(at) = noted.first_failed_at() {
+        dead = dead.with_first_failed_at(at);
+    }
+    failure.notes_mut().insert(dead);
 }
 
 fn generated_id() -> String {

@@ -68,6 +68,11 @@ pub struct DeadLetterLayer {
 }
 
 impl DeadLetterLayer {
+    /// The store this layer writes to.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.config.store
+    }
+
     /// A layer that writes dead letters to `store`, keeping payloads up to
     /// [`DEFAULT_PAYLOAD_LIMIT`] bytes and no tags. Keep a clone of
     /// the store to search it.

@@ -195,6 +195,28 @@ impl<C, K: Send + Sync + 'static> BackstopLayer<C, BreakerLayer<K>> {
     }
 }
 
+#[cfg(feature = "dead-letter")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
+impl<C, K> BackstopLayer<C, BreakerLayer<K>> {
+    /// Learns from the dead-letter store which providers were down when a process last ran, and
+    /// starts their breakers open until the stored half-open times: see
+    /// [`BreakerLayer::learn_from`]. Call it once at start-up, after
+    /// [`dead_letters`](Self::dead_letters), [`breaker`](Self::breaker) and
+    /// [`listener`](Self::listener) (each of which builds the breakers afresh) and before the
+    /// first request. Without a store it learns nothing. Returns the number of breakers opened.
+    ///
+    /// # Errors
+    ///
+    /// The store's [`StoreError`](crate::store::StoreError) when its deferred records cannot be
+    /// read.
+    pub async fn learn_from_store(&self) -> Result<usize, crate::store::StoreError> {
+        match &self.dead_letters {
+            Some(layer) => self.breaker.learn_from(&**layer.store()).await,
+            None => Ok(0),
+        }
+    }
+}
+
 impl<C, K: Clone> BackstopLayer<C, BreakerLayer<K>> {
     /// Hands every layer's events to `listener`, the retry layer's, the breaker's and the
     /// dead-letter layer's: attempts, retries, timeouts, giving up, breaker transitions and

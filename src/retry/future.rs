@@ -12,10 +12,11 @@ use super::hedge;
 use super::note::Attempts;
 use super::policy::{Attempted, Decision, RetryPolicy, Spare, retry_at};
 use super::reconcile::{Attempt, Reconcile, outcome_unknown};
-use super::retrying::{Retrying, write_time_left};
+use super::retrying::{MIN_TIME_LEFT, Retrying, write_time_left};
 use super::trace::{self, Traced};
 use super::unsent::KeepCopy;
 use crate::failure::{Class, Code, Failure};
+use crate::grpc_wire::codes;
 use crate::observe::{Event, Hook};
 use crate::request::Replay;
 use crate::status::{DelaySource, GiveUp};
@@ -161,6 +162,14 @@ impl Deadline {
                 self.at()
             }
         }
+    }
+
+    /// The time left until the deadline, read on the clock now (the deadline starts now if it
+    /// has not yet): `None` without a deadline.
+    #[inline]
+    fn left(&mut self) -> Option<Duration> {
+        self.at()
+            .map(|at| at.saturating_duration_since(Instant::now()))
     }
 }
 
@@ -338,7 +347,7 @@ where
             // The retry out went through: its own attempt answered, or a copy did first.
             self.retried(hook);
             let (attempt, started) = self.which(ended);
-            trace::attempt_ended::<S::Response>(hook, started, attempt, None);
+            trace::attempt_ended::<S::Response>(hook, started, attempt, None, false);
         }
         if let Some(budget) = self.mode.as_retrying().and_then(|r| r.policy.budget_ref()) {
             budget.success();
@@ -413,18 +422,14 @@ where
             }
             return Poll::Ready(Waited::Again);
         }
-        // The deadline ended the attempt: its failure is the last real one, or the status
-        // check's that was cut short (still outcome-unknown).
-        let last = match &mut self.mode {
-            Mode::Retrying(r) => r.take_last(),
-            Mode::Single { .. } => None,
-        };
+        // The deadline ended the attempt: the failure is the status check's that was cut short
+        // (still outcome-unknown), or the last real one.
         let failure = match future.take_checked() {
             Some(mut checked) => {
                 checked.set_class(Class::OUTCOME_UNKNOWN);
                 checked
             }
-            None => last_or_deadline(last),
+            None => self.cut_by_deadline(),
         };
         let attempt = self.mode.sent();
         let hook = self.mode.hook();
@@ -444,6 +449,9 @@ where
     #[cold]
     #[inline(never)]
     fn failed(&mut self, ended: Ended, failure: &mut Failure<S::Response>) -> Next {
+        // A timeout at the deadline: the attempt was cut short by the time left it was given
+        // (its own timeout, or the channel's `grpc-timeout`, raced the deadline's timer).
+        let cut = self.cut_short(failure);
         // A timeout or reset after a request that is not safe to resend: it may have been
         // acted on. Never retried; recorded for reconciliation.
         let unknown = !self.safe && outcome_unknown(failure);
@@ -466,7 +474,12 @@ where
                 trace::retried(hook, self.mode.sent_current(), delay, source);
             }
             let (attempt, started) = self.which(ended);
-            trace::attempt_ended(hook, started, attempt, Some(&*failure));
+            trace::attempt_ended(hook, started, attempt, Some(&*failure), cut);
+        }
+        if cut {
+            // As when the deadline's timer wins: the caller gets the last real answer.
+            *failure = self.cut_by_deadline();
+            return Next::End(End::GiveUp(GiveUp::DeadlineExceeded));
         }
         self.decide(failure, unknown, ended)
     }
@@ -497,31 +510,40 @@ where
             let end = End::GiveUp(GiveUp::NotReady);
             return Poll::Ready(Err(self.finish(e.into(), end)));
         }
-        // A late wake (a loaded runtime, a slow `poll_ready`) may pass the deadline: no
-        // attempt starts after it.
-        let deadline = self.deadline.at();
-        let late = deadline.is_some_and(|at| Instant::now() >= at);
-        let spare = if late { None } else { self.spare.take() };
-        let Some(mut request) = spare else {
+        let Some(mut request) = self.spare.take() else {
             let failure = last_or_deadline(r.take_last());
-            let reason = if late {
-                GiveUp::DeadlineExceeded
-            } else {
-                GiveUp::NotReplayable
-            };
-            return Poll::Ready(Err(self.finish(failure, End::GiveUp(reason))));
+            let end = End::GiveUp(GiveUp::NotReplayable);
+            return Poll::Ready(Err(self.finish(failure, end)));
         };
-        r.next_attempt();
         // Under a dead-letter layer that reuses the copy, keep one for the last attempt too:
         // it goes up with the failure; so with a status check.
-        if r.attempts < r.policy.attempts() || self.keep.is_some() || self.reconcile.is_some() {
-            match request.replay() {
-                Some(copy) => self.spare = Some(copy),
-                None => r.spare_state = Spare::NotReplayable,
-            }
+        let copy = if r.attempts.saturating_add(1) < r.policy.attempts()
+            || self.keep.is_some()
+            || self.reconcile.is_some()
+        {
+            Some(request.replay())
+        } else {
+            None
+        };
+        // The deadline, read once, after readiness and just before the call: a late wake (a
+        // loaded runtime, a slow `poll_ready`) may have passed it, and no attempt starts after
+        // it, or with less than `MIN_TIME_LEFT`. The same reading is the attempt's time left.
+        let left = self.deadline.left();
+        if left.is_some_and(|left| left < MIN_TIME_LEFT) {
+            // Not sent: the request stays the spare (a dead-letter layer above keeps it).
+            self.spare = Some(request);
+            let failure = last_or_deadline(r.take_last());
+            let end = End::GiveUp(GiveUp::DeadlineExceeded);
+            return Poll::Ready(Err(self.finish(failure, end)));
+        }
+        r.next_attempt();
+        match copy {
+            Some(Some(copy)) => self.spare = Some(copy),
+            Some(None) => r.spare_state = Spare::NotReplayable,
+            None => {}
         }
         // Into this attempt only, after its copy was taken.
-        write_time_left(&mut request, &r.policy, deadline);
+        write_time_left(&mut request, &r.policy, left);
         self.spans.next_attempt(&request, r.attempts);
         self.started = r.policy.hook().attempt_start();
         Poll::Ready(Ok(match self.spans.attempt() {
@@ -575,10 +597,12 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
             Decision::Defer(at, delay) => return Next::End(End::Defer(at, Some(delay))),
             Decision::Retry(delay, source) => (delay, source),
         };
+        // The next attempt would start with less than `MIN_TIME_LEFT`, or after the deadline.
         if let Some(deadline) = deadline
             && Instant::now()
                 .checked_add(delay)
-                .is_none_or(|wake| wake >= deadline)
+                .and_then(|wake| wake.checked_add(MIN_TIME_LEFT))
+                .is_none_or(|wake| wake > deadline)
         {
             return give_up(GiveUp::DeadlineExceeded);
         }
@@ -588,6 +612,36 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
             return give_up(GiveUp::BudgetExhausted);
         }
         Next::Retry(delay, source)
+    }
+
+    /// Whether `failure` ended an attempt at the deadline because the attempt's time was up: a
+    /// timeout (ours, or a server's or channel's `DEADLINE_EXCEEDED`) with less than
+    /// `MIN_TIME_LEFT` to the deadline. Such an attempt was cut short by the time left it was
+    /// given; it says nothing new of the provider.
+    fn cut_short(&mut self, failure: &Failure<R>) -> bool {
+        matches!(
+            failure.code(),
+            Code::Timeout | Code::Grpc(codes::DEADLINE_EXCEEDED)
+        ) && self
+            .deadline
+            .left()
+            .is_some_and(|left| left < MIN_TIME_LEFT)
+    }
+
+    /// The failure of a call whose deadline ended an attempt: the last real failure (its class,
+    /// code and response), or the deadline's own when there is none. For a request not safe
+    /// to send twice it is [`Class::OUTCOME_UNKNOWN`]: the attempt cut short was sent, and may
+    /// have been acted on.
+    fn cut_by_deadline(&mut self) -> Failure<R> {
+        let last = match &mut self.mode {
+            Mode::Retrying(r) => r.take_last(),
+            Mode::Single { .. } => None,
+        };
+        let mut failure = last_or_deadline(last);
+        if !self.safe {
+            failure.set_class(Class::OUTCOME_UNKNOWN);
+        }
+        failure
     }
 
     /// Keeps `failure` as the last one while another attempt is out.

@@ -232,6 +232,16 @@ impl<S, F, R> Retrying<S, F, R> {
             self.history().hedges.stop();
             return Poll::Ready(false);
         }
+        let Some(mut request) = spare.and_then(Replay::replay) else {
+            self.spare_state = Spare::NotReplayable;
+            return Poll::Ready(false);
+        };
+        // As for a retry: the deadline read once, just before the call, and no copy sent with
+        // less than `MIN_TIME_LEFT` (the call's deadline then ends it).
+        let left = deadline.map(|at| at.saturating_duration_since(Instant::now()));
+        if left.is_some_and(|left| left < MIN_TIME_LEFT) {
+            return Poll::Ready(false);
+        }
         if let Some(budget) = self.policy.budget_ref()
             && !budget.withdraw()
         {
@@ -239,11 +249,7 @@ impl<S, F, R> Retrying<S, F, R> {
             self.history().hedges.stop();
             return Poll::Ready(false);
         }
-        let Some(mut request) = spare.and_then(Replay::replay) else {
-            self.spare_state = Spare::NotReplayable;
-            return Poll::Ready(false);
-        };
-        write_time_left(&mut request, &self.policy, deadline);
+        write_time_left(&mut request, &self.policy, left);
         let primary = self.current();
         self.attempts += 1;
         let attempt = self.attempts;
@@ -282,15 +288,20 @@ fn history_of<F, R>(history: &mut Option<Box<History<F, R>>>) -> &mut History<F,
     })
 }
 
-/// Writes into `request` the time left for its attempt: the least of the deadline's (read now)
-/// and the policy's per-attempt bound; nothing with neither.
+/// The least time left an attempt is started with under a deadline: one with less would end at
+/// the deadline before a provider could answer (tokio's timers tick by the millisecond), so it
+/// is not sent, and the call ends with the last real failure.
+pub(super) const MIN_TIME_LEFT: Duration = Duration::from_millis(1);
+
+/// Writes into `request` the time left for its attempt: the least of the deadline's `left`
+/// (read on the clock just before the call) and the policy's per-attempt bound; nothing with
+/// neither.
 #[inline]
 pub(super) fn write_time_left<Req: Replay>(
     request: &mut Req,
     policy: &RetryPolicy,
-    deadline: Option<Instant>,
+    left: Option<Duration>,
 ) {
-    let left = deadline.map(|at| at.saturating_duration_since(Instant::now()));
     if let Some(left) = earlier(left, policy.attempt_bound()) {
         request.set_time_left(&policy.time_left(left));
     }

@@ -157,13 +157,15 @@ pub(super) fn record_failure<R>(span: &Span, failure: &Failure<R>) {
 }
 
 /// Hands the end of an attempt to the listener: a success (`failure` is `None`) or a failure,
-/// and a per-attempt timeout.
+/// and a timeout: the per-attempt one, or, when `deadline` is set, the overall deadline's (the
+/// attempt's time left was up).
 #[inline(never)]
 pub(super) fn attempt_ended<R>(
     hook: &Hook,
     started: Option<Instant>,
     attempt: u32,
     failure: Option<&Failure<R>>,
+    deadline: bool,
 ) {
     let duration = started.map_or(Duration::ZERO, |at| at.elapsed());
     let (class, code, sent) = match failure {
@@ -177,11 +179,8 @@ pub(super) fn attempt_ended<R>(
         sent,
         duration,
     });
-    if code == Some(Code::Timeout) {
-        hook.emit(|| Event::TimedOut {
-            attempt,
-            deadline: false,
-        });
+    if deadline || code == Some(Code::Timeout) {
+        hook.emit(|| Event::TimedOut { attempt, deadline });
     }
 }
 
