@@ -506,7 +506,8 @@ fn debug_shows_the_settings() {
         "Scheduler",
         "poll: 250ms",
         "concurrency: 3",
-        "lease: 60s",
+        // The default lease, `DEFAULT_LEASE` (renewed while a re-send is in flight).
+        "lease: 10s",
         "max_resends: 7",
     ] {
         assert!(debug.contains(part), "{debug}");

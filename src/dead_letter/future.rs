@@ -14,7 +14,7 @@ use crate::failure::{Code, Failure};
 use crate::observe::Event;
 use crate::request::{Describe, Envelope};
 use crate::retry::Attempts;
-use crate::store::{BoxFuture, StoreError};
+use crate::store::{BoxFuture, Claim, StoreError};
 
 pin_project! {
     /// Response future of [`DeadLetter`](super::DeadLetter) over a service `S`: the inner call
@@ -61,7 +61,9 @@ impl<Req: Describe> Kept<Req> {
     }
 }
 
-type Write = BoxFuture<'static, (String, Result<(), StoreError>)>;
+/// The one store write of a failure: the record's id, and whether it was written (`false`: the
+/// request was a re-send whose claim had passed to another sender, and nothing was written).
+type Write = BoxFuture<'static, (String, Result<bool, StoreError>)>;
 
 /// The attempt budget's store read for message `id`: the attempts it already used, if any.
 pub(crate) struct Check {
@@ -147,6 +149,8 @@ where
         Kept::Uncopyable(id) => (None, id),
     };
     let config = Arc::clone(config);
+    // A re-send's claim, read while the re-send's task polls this future.
+    let claim = super::claim::current();
     // Everything the record needs from the failure, taken now: the failure
     // itself goes back to the caller.
     let draft = record_at(
@@ -182,7 +186,16 @@ where
         record.metadata = envelope.metadata;
         record.tags = envelope.tags;
         record.truncate_payload(config.payload_limit);
-        (id, config.store.put(record).await)
+        let written = match claim.filter(|lease| lease.id == id) {
+            // A re-send of a claimed record: its failure ends the claim, if it still holds.
+            Some(lease) => config
+                .store
+                .put_claimed(&lease, record)
+                .await
+                .map(|claim| matches!(claim, Claim::Claimed(_))),
+            None => config.store.put(record).await.map(|()| true),
+        };
+        (id, written)
     })
 }
 
@@ -253,69 +266,93 @@ where
                     let mut failure = failure
                         .take()
                         .expect("dead-letter future polled after completion");
-                    let hook = &this.config.listener;
-                    match &result {
-                        Ok(()) => hook.emit_ref(&Event::DeadLetterStored {
-                            id: &id,
-                            class: failure.class(),
-                            code: failure.code(),
-                            deferred: deferred(&failure),
-                        }),
-                        Err(error) => hook.emit_ref(&Event::StoreError {
-                            operation: "put",
-                            id: Some(&id),
-                            error,
-                        }),
-                    }
-                    match result {
-                        Ok(()) if deferred(&failure) && failure.code() == Code::CircuitOpen => {
-                            // Rejected locally by an open breaker, which said so once at WARN.
-                            tracing::debug!(
-                                id = %id,
-                                retry_at = ?failure.note::<Attempts>().and_then(Attempts::retry_at),
-                                "request rejected by an open breaker stored for a re-send"
-                            );
-                            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
-                        }
-                        Ok(()) if deferred(&failure) => {
-                            // Kept for the scheduler's re-send: expected, not a dead letter.
-                            tracing::info!(
-                                id = %id,
-                                class = %failure.class(),
-                                code = %failure.code(),
-                                attempts = attempts(&failure),
-                                retry_at = ?failure.note::<Attempts>().and_then(Attempts::retry_at),
-                                "deferred request stored for a re-send"
-                            );
-                            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
-                        }
-                        Ok(()) => {
-                            tracing::warn!(
-                                id = %id,
-                                class = %failure.class(),
-                                code = %failure.code(),
-                                attempts = attempts(&failure).max(1),
-                                "dead letter stored"
-                            );
-                            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
-                        }
-                        Err(error) => {
-                            tracing::error!(
-                                id = %id,
-                                class = %failure.class(),
-                                code = %failure.code(),
-                                error = %error,
-                                "dead letter could not be written"
-                            );
-                            failure.notes_mut().insert(DeadLetterStatus::NotStored {
-                                id,
-                                error: Box::new(error),
-                            });
-                        }
-                    }
+                    note_write(this.config, id, result, &mut failure);
                     return Poll::Ready(Err(failure));
                 }
             }
+        }
+    }
+}
+
+/// Reports how the store write of `failure`'s record `id` ended (an event, a `tracing` line)
+/// and notes it on the failure ([`DeadLetterStatus`]).
+fn note_write<R>(
+    config: &Config,
+    id: String,
+    result: Result<bool, StoreError>,
+    failure: &mut Failure<R>,
+) {
+    let hook = &config.listener;
+    match &result {
+        Ok(false) => {}
+        Ok(true) => hook.emit_ref(&Event::DeadLetterStored {
+            id: &id,
+            class: failure.class(),
+            code: failure.code(),
+            deferred: deferred(failure),
+        }),
+        Err(error) => hook.emit_ref(&Event::StoreError {
+            operation: "put",
+            id: Some(&id),
+            error,
+        }),
+    }
+    match result {
+        Ok(false) => {
+            tracing::info!(
+                id = %id,
+                class = %failure.class(),
+                code = %failure.code(),
+                "re-send failed after its claim passed to another sender; its \
+                 failure is not written over theirs"
+            );
+            failure
+                .notes_mut()
+                .insert(DeadLetterStatus::ClaimLost { id });
+        }
+        Ok(true) if deferred(failure) && failure.code() == Code::CircuitOpen => {
+            // Rejected locally by an open breaker, which said so once at WARN.
+            tracing::debug!(
+                id = %id,
+                retry_at = ?failure.note::<Attempts>().and_then(Attempts::retry_at),
+                "request rejected by an open breaker stored for a re-send"
+            );
+            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
+        }
+        Ok(true) if deferred(failure) => {
+            // Kept for the scheduler's re-send: expected, not a dead letter.
+            tracing::info!(
+                id = %id,
+                class = %failure.class(),
+                code = %failure.code(),
+                attempts = attempts(failure),
+                retry_at = ?failure.note::<Attempts>().and_then(Attempts::retry_at),
+                "deferred request stored for a re-send"
+            );
+            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
+        }
+        Ok(true) => {
+            tracing::warn!(
+                id = %id,
+                class = %failure.class(),
+                code = %failure.code(),
+                attempts = attempts(failure).max(1),
+                "dead letter stored"
+            );
+            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
+        }
+        Err(error) => {
+            tracing::error!(
+                id = %id,
+                class = %failure.class(),
+                code = %failure.code(),
+                error = %error,
+                "dead letter could not be written"
+            );
+            failure.notes_mut().insert(DeadLetterStatus::NotStored {
+                id,
+                error: Box::new(error),
+            });
         }
     }
 }
