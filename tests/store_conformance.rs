@@ -1723,6 +1723,68 @@ async fn a_shutdown_gives_its_claims_back(b: Backend) {
     assert_eq!(keys.lock().unwrap().len(), 4);
 }
 
+/// Three schedulers on one store, each allowed 1,000 re-sends a second of its own, share a
+/// fleet-wide rate of 20 a second through the store: the provider gets at most 20 in any
+/// second, and the 30 records take their 29 gaps of 50 ms.
+async fn a_fleet_rate_is_shared_by_every_scheduler_on_the_store(b: Backend) {
+    let Some(o) = b.open("fleet_rate", 10).await else {
+        return;
+    };
+    let now = SystemTime::now();
+    o.store
+        .put_many(
+            (0..30)
+                .map(|i| due_keyed(&format!("m-{i:02}"), now))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    let at: Arc<std::sync::Mutex<Vec<std::time::Instant>>> = Arc::default();
+    let provider = {
+        let at = Arc::clone(&at);
+        tower::service_fn(move |_: HttpRequest| {
+            at.lock().unwrap().push(std::time::Instant::now());
+            async { Ok::<_, BoxError>(http::Response::new(())) }
+        })
+    };
+    let spawn = |store: &Arc<dyn Store>| {
+        Scheduler::new(Arc::clone(store), provider.clone(), |r: &Record| {
+            http_request(r, None)
+        })
+        .rate(1_000)
+        .fleet_rate(20)
+        .poll_every(Duration::from_millis(20))
+        .spawn()
+    };
+    let fleet = [spawn(&o.store), spawn(&o.other), spawn(&o.other)];
+    for i in 0..30 {
+        until_record(&*o.store, &format!("m-{i:02}"), |r| {
+            r.status == Status::Resolved
+        })
+        .await;
+    }
+    for scheduler in fleet {
+        scheduler.shutdown().await;
+    }
+    let mut at = at.lock().unwrap().clone();
+    at.sort();
+    assert_eq!(at.len(), 30, "each record sent once");
+    // Slots are 50 ms apart on the store's schedule; each send goes at its slot, give or take
+    // the scheduling of a busy test machine.
+    let span = at[29] - at[0];
+    assert!(span >= Duration::from_millis(29 * 50 - 60), "{span:?}");
+    for (i, first) in at.iter().enumerate() {
+        let in_a_second = at[i..]
+            .iter()
+            .take_while(|t| **t - *first < Duration::from_secs(1))
+            .count();
+        assert!(
+            in_a_second <= 21,
+            "{in_a_second} sends within a second of send {i}"
+        );
+    }
+}
+
 async fn pages_are_exact_across_ties(b: Backend) {
     let Some(o) = b.open("ties", 10).await else {
         return;
@@ -2096,6 +2158,7 @@ conformance!(
     a_late_sender_past_its_lease_changes_nothing,
     a_dead_schedulers_claims_are_taken_over_within_the_lease,
     a_shutdown_gives_its_claims_back,
+    a_fleet_rate_is_shared_by_every_scheduler_on_the_store,
     awkward_ids_and_a_big_payload,
     pages_are_exact_across_ties,
     root_cause_and_breaker_are_kept,
