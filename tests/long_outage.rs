@@ -24,8 +24,8 @@ use tower_backstop::breaker::State;
 use tower_backstop::dead_letter::record_of;
 use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::store::{
-    BoxFuture, Change, Claim, Counts, Filter, MemoryStore, Record, SqliteStore, Status, Store,
-    StoreError,
+    BoxFuture, Change, Claim, Counts, Filter, Lease, MemoryStore, Record, SqliteStore, Status,
+    Store, StoreError,
 };
 use tower_backstop::{Class, Clock, Code, Envelope, Failure};
 
@@ -463,6 +463,21 @@ impl Store for Flaky {
         change: Change,
     ) -> BoxFuture<'static, Result<Claim, StoreError>> {
         self.guarded(self.inner.change_if_unchanged(seen, change))
+    }
+    fn put_claimed(
+        &self,
+        lease: &Lease,
+        record: Record,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.guarded(self.inner.put_claimed(lease, record))
+    }
+    fn reserve_slot(
+        &self,
+        schedule: &str,
+        gap: Duration,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
+        self.guarded(self.inner.reserve_slot(schedule, gap, now))
     }
 }
 

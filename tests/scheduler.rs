@@ -496,7 +496,8 @@ fn debug_shows_the_settings() {
         "Scheduler",
         "poll: 250ms",
         "concurrency: 3",
-        "lease: 60s",
+        // The default lease, `DEFAULT_LEASE` (renewed while a re-send is in flight).
+        "lease: 10s",
         "max_resends: 7",
     ] {
         assert!(debug.contains(part), "{debug}");
@@ -706,6 +707,170 @@ async fn the_scheduler_prunes_by_its_retention_on_an_interval() {
     handle.shutdown().await;
 }
 
+/// A provider that answers (202) after `delay`, noting when and what it was sent.
+fn slow_provider(
+    calls: Calls,
+    delay: Duration,
+) -> impl tower::Service<
+    http::Request<String>,
+    Response = http::Response<()>,
+    Error = BoxError,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |req: http::Request<String>| {
+        let id = req.extensions().get::<MessageId>().unwrap().0.clone();
+        calls.lock().unwrap().push((Instant::now(), id));
+        async move {
+            tokio::time::sleep(delay).await;
+            Ok::<_, BoxError>(http::Response::builder().status(202).body(()).unwrap())
+        }
+    })
+}
+
+/// A re-send that takes three leases keeps its claim: it is renewed every third of the lease,
+/// and a second scheduler polling the same store all along never sends the record.
+async fn a_claim_is_renewed_while_its_resend_is_in_flight() {
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    store.put(deferred("slow", clock.now())).await.unwrap();
+    let calls: Calls = Arc::default();
+    let lease = Duration::from_secs(3);
+    let spawn = |delay| {
+        Scheduler::new(
+            Arc::clone(&store),
+            slow_provider(Arc::clone(&calls), delay),
+            as_string_request,
+        )
+        .lease(lease)
+        .poll_every(Duration::from_millis(100))
+        .clock(clock)
+        .spawn()
+    };
+    let first = spawn(lease * 3);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = spawn(Duration::ZERO);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let r = store.get("slow").await.unwrap().unwrap();
+    assert_eq!((r.status, r.resends), (Status::InFlight, 1), "{r:?}");
+    // The claim ends no later than a lease from now: it was renewed within the last third.
+    let until = r.retry_at.unwrap();
+    assert!(until > clock.now() + lease * 2 / 3, "{until:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.shutdown().await;
+    second.shutdown().await;
+    assert_eq!(calls.lock().unwrap().len(), 1, "sent once");
+    let r = store.get("slow").await.unwrap().unwrap();
+    assert_eq!((r.status, r.resends), (Status::Resolved, 1));
+}
+
+/// A scheduler aborted mid-send (as a killed process) holds its claim no longer than its lease:
+/// another scheduler sends the record within the lease and one poll of the abort.
+async fn an_aborted_schedulers_claim_is_taken_over_within_the_lease_and_a_poll() {
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    store.put(deferred("stuck", clock.now())).await.unwrap();
+    let calls: Calls = Arc::default();
+    let (lease, poll) = (Duration::from_secs(3), Duration::from_millis(500));
+    let spawn = |delay| {
+        Scheduler::new(
+            Arc::clone(&store),
+            slow_provider(Arc::clone(&calls), delay),
+            as_string_request,
+        )
+        .lease(lease)
+        .poll_every(poll)
+        .clock(clock)
+        .spawn()
+    };
+    let dying = spawn(Duration::from_secs(3_600));
+    while calls.lock().unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Two renewals, then the process dies.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    dying.abort();
+    let killed = Instant::now();
+    let survivor = spawn(Duration::ZERO);
+    while calls.lock().unwrap().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let took = calls.lock().unwrap()[1].0 - killed;
+    survivor.shutdown().await;
+    // The last renewal (at 2 s) ran the claim to 5 s: taken over 2.5 s after the abort.
+    assert!(took >= lease * 2 / 3 && took <= lease + poll, "{took:?}");
+    let r = store.get("stuck").await.unwrap().unwrap();
+    assert_eq!((r.status, r.resends), (Status::Resolved, 2));
+}
+
+/// The scheduler sleeps until the earliest due time the store knows, not a whole poll: with a
+/// poll of a minute, a record due in 5 s is sent at 5 s.
+async fn the_scheduler_wakes_at_the_next_due_time() {
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let start = Instant::now();
+    store
+        .put(deferred("in-5s", clock.now() + Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let calls: Calls = Arc::default();
+    let scheduler = Scheduler::new(
+        Arc::clone(&store),
+        recording_provider(Arc::clone(&calls)),
+        as_string_request,
+    )
+    .poll_every(Duration::from_secs(60))
+    .clock(clock)
+    .spawn();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    scheduler.shutdown().await;
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let sent_after = calls[0].0 - start;
+    assert!(
+        sent_after >= Duration::from_secs(5) && sent_after <= Duration::from_millis(5_010),
+        "{sent_after:?}"
+    );
+}
+
+/// A shutdown while claimed records wait for their turn (a rate of one a second) and one
+/// re-send hangs: it returns after its bound, the waiting records are given back uncounted
+/// (never sent), the hanging one due now with its re-send counted.
+async fn shutdown_within_gives_back_what_is_unfinished() {
+    let clock = Clock::tokio();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    for i in 0..4 {
+        store
+            .put(deferred(&format!("m-{i}"), clock.now()))
+            .await
+            .unwrap();
+    }
+    let calls: Calls = Arc::default();
+    let scheduler = Scheduler::new(
+        Arc::clone(&store),
+        slow_provider(Arc::clone(&calls), Duration::from_secs(3_600)),
+        as_string_request,
+    )
+    .rate(1)
+    .clock(clock)
+    .spawn();
+    while calls.lock().unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let asked = Instant::now();
+    scheduler.shutdown_within(Duration::from_secs(2)).await;
+    assert_eq!(asked.elapsed(), Duration::from_secs(2));
+    let sent = calls.lock().unwrap()[0].1.clone();
+    assert_eq!(calls.lock().unwrap().len(), 1);
+    for r in store.list(10).await.unwrap() {
+        assert_eq!(r.status, Status::Deferred, "{r:?}");
+        assert!(r.retry_at.unwrap() <= clock.now(), "{r:?}");
+        let counted = u32::from(r.id == sent);
+        assert_eq!(r.resends, counted, "{r:?}");
+    }
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests.paused(
@@ -754,6 +919,22 @@ fn main() {
     tests.paused(
         "the_scheduler_prunes_by_its_retention_on_an_interval",
         the_scheduler_prunes_by_its_retention_on_an_interval,
+    );
+    tests.paused(
+        "a_claim_is_renewed_while_its_resend_is_in_flight",
+        a_claim_is_renewed_while_its_resend_is_in_flight,
+    );
+    tests.paused(
+        "an_aborted_schedulers_claim_is_taken_over_within_the_lease_and_a_poll",
+        an_aborted_schedulers_claim_is_taken_over_within_the_lease_and_a_poll,
+    );
+    tests.paused(
+        "the_scheduler_wakes_at_the_next_due_time",
+        the_scheduler_wakes_at_the_next_due_time,
+    );
+    tests.paused(
+        "shutdown_within_gives_back_what_is_unfinished",
+        shutdown_within_gives_back_what_is_unfinished,
     );
     tests.run();
 }

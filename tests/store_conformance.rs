@@ -22,8 +22,8 @@ use http_body_util::Full;
 use tower_backstop::dead_letter::record_of;
 use tower_backstop::resend::{Outcome, Redrive, Scheduler, http_request};
 use tower_backstop::store::{
-    AuditAction, AuditEntry, BoxFuture, Change, Claim, Counts, Filter, Record, Retention, Status,
-    Store, StoreError, purge,
+    AuditAction, AuditEntry, BoxFuture, Change, Claim, Counts, Filter, Lease, Record, Retention,
+    Status, Store, StoreError, purge,
 };
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 use tower_backstop_store::testing::{Backend, MemoryBackend, Opened, SqliteBackend};
@@ -148,6 +148,21 @@ impl Store for Gated {
         change: Change,
     ) -> BoxFuture<'static, Result<Claim, StoreError>> {
         self.inner.change_if_unchanged(seen, change)
+    }
+    fn put_claimed(
+        &self,
+        lease: &Lease,
+        record: Record,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.inner.put_claimed(lease, record)
+    }
+    fn reserve_slot(
+        &self,
+        schedule: &str,
+        gap: Duration,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
+        self.inner.reserve_slot(schedule, gap, now)
     }
 }
 
@@ -438,6 +453,430 @@ async fn a_redrive_that_matches_nothing_sends_nothing(b: &dyn Backend) {
 /// What a case runs, against stores opened by a backend.
 type CaseFn = for<'a> fn(&'a dyn Backend) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
 
+/// A store whose every operation waits while the test holds it frozen: a process that stalls
+/// (a long pause, a store it cannot reach) with its renewals stuck on the way.
+struct Frozen {
+    inner: Arc<dyn Store>,
+    frozen: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Frozen {
+    /// Runs `op` on the inner store once it is not frozen (the operation is only made then: a
+    /// store may do its work when the call is made, before the future is polled).
+    fn gate<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&dyn Store) -> BoxFuture<'static, Result<T, StoreError>> + Send + 'static,
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
+        let (inner, mut frozen) = (Arc::clone(&self.inner), self.frozen.clone());
+        Box::pin(async move {
+            let _ = frozen.wait_for(|f| !*f).await;
+            op(&*inner).await
+        })
+    }
+}
+
+impl Store for Frozen {
+    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.gate(move |s| s.put_many(records))
+    }
+    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        let id = id.to_owned();
+        self.gate(move |s| s.get(&id))
+    }
+    fn search(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let filter = filter.clone();
+        self.gate(move |s| s.search(&filter, page))
+    }
+    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
+        self.gate(move |s| s.counts(since))
+    }
+    fn update(
+        &self,
+        id: &str,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        let id = id.to_owned();
+        self.gate(move |s| s.update(&id, change))
+    }
+    fn claim_due(
+        &self,
+        now: SystemTime,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.gate(move |s| s.claim_due(now, limit, lease))
+    }
+    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let filter = filter.clone();
+        self.gate(move |s| s.delete(&filter))
+    }
+    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.gate(move |s| s.append_audit(entry))
+    }
+    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
+        self.gate(move |s| s.audit(page))
+    }
+    fn change_if_unchanged(
+        &self,
+        seen: &Record,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let seen = seen.clone();
+        self.gate(move |s| s.change_if_unchanged(&seen, change))
+    }
+    fn change_claimed(
+        &self,
+        lease: &Lease,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let lease = lease.clone();
+        self.gate(move |s| s.change_claimed(&lease, change))
+    }
+    fn put_claimed(
+        &self,
+        lease: &Lease,
+        record: Record,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let lease = lease.clone();
+        self.gate(move |s| s.put_claimed(&lease, record))
+    }
+    fn next_due(&self) -> BoxFuture<'static, Result<Option<SystemTime>, StoreError>> {
+        self.gate(|s| s.next_due())
+    }
+    fn reserve_slot(
+        &self,
+        schedule: &str,
+        gap: Duration,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
+        let schedule = schedule.to_owned();
+        self.gate(move |s| s.reserve_slot(&schedule, gap, now))
+    }
+}
+
+/// A provider that notes the idempotency key of each request it gets.
+fn keyed_provider(
+    keys: Arc<std::sync::Mutex<Vec<String>>>,
+    signal: Arc<tokio::sync::Notify>,
+) -> impl tower::Service<
+    HttpRequest,
+    Response = http::Response<()>,
+    Error = BoxError,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |req: HttpRequest| {
+        let key = req
+            .headers()
+            .get("idempotency-key")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        keys.lock().unwrap().push(key);
+        signal.notify_one();
+        async { Ok::<_, BoxError>(http::Response::new(())) }
+    })
+}
+
+/// A connection whose calls never end; each one signals when it starts.
+fn hanging(
+    started: Arc<tokio::sync::Semaphore>,
+) -> impl tower::Service<
+    HttpRequest,
+    Response = http::Response<()>,
+    Error = BoxError,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |_: HttpRequest| {
+        started.add_permits(1);
+        std::future::pending::<Result<http::Response<()>, BoxError>>()
+    })
+}
+
+/// Polls `store` until the record `id` satisfies `done`, for at most 20 s (real time: the
+/// scheduler's leases run on the system clock).
+async fn until_record(store: &dyn Store, id: &str, done: impl Fn(&Record) -> bool) -> Record {
+    let give_up = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(r) = store.get(id).await.unwrap()
+            && done(&r)
+        {
+            return r;
+        }
+        assert!(std::time::Instant::now() < give_up, "{id} never got there");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A deferred record due a second ago, with an idempotency key header.
+fn due_keyed(id: &str, now: SystemTime) -> Record {
+    let mut r = deferred(
+        rec(id, "throttled", "http 429", now - Duration::from_secs(2)),
+        now - Duration::from_secs(1),
+    );
+    r.headers = vec![("idempotency-key".to_owned(), id.as_bytes().to_vec())];
+    r
+}
+
+/// A scheduler stalls past its lease (its store frozen) while its re-send is in flight; another
+/// claims the record and delivers it; then the stalled one wakes and its re-send fails: its
+/// write, fenced by its claim's token, changes nothing, and the provider saw the record once.
+/// A short real lease: Postgres and Redis do not run on a paused clock.
+async fn a_late_sender_past_its_lease_changes_nothing(b: &dyn Backend) {
+    let o = open(b, "late_sender", 10).await;
+    let lease = Duration::from_millis(600);
+    o.store
+        .put(due_keyed("m-1", SystemTime::now()))
+        .await
+        .unwrap();
+    let (freeze, frozen) = tokio::sync::watch::channel(false);
+    let a_store: Arc<dyn Store> = Arc::new(Frozen {
+        inner: Arc::clone(&o.store),
+        frozen,
+    });
+    // A's connection stalls with the request, then breaks before the provider saw it.
+    let (started, release) = (
+        Arc::new(tokio::sync::Semaphore::new(0)),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let broken = {
+        let (started, release) = (Arc::clone(&started), Arc::clone(&release));
+        tower::service_fn(move |_: HttpRequest| {
+            let (started, release) = (Arc::clone(&started), Arc::clone(&release));
+            async move {
+                started.add_permits(1);
+                release.notified().await;
+                Err::<http::Response<()>, BoxError>("connection reset".into())
+            }
+        })
+    };
+    let a_stack = tower::ServiceBuilder::new()
+        .layer(tower_backstop::dead_letter::DeadLetterLayer::from_arc(
+            Arc::clone(&a_store),
+        ))
+        .service(broken);
+    let a = Scheduler::new(Arc::clone(&a_store), a_stack, |r: &Record| {
+        http_request(r, None)
+    })
+    .lease(lease)
+    .poll_every(Duration::from_millis(50))
+    .spawn();
+    started.acquire().await.unwrap().forget();
+    freeze.send(true).unwrap();
+
+    let (keys, signal) = (Arc::default(), Arc::new(tokio::sync::Notify::new()));
+    let b_scheduler = Scheduler::new(
+        Arc::clone(&o.other),
+        keyed_provider(Arc::clone(&keys), Arc::clone(&signal)),
+        |r: &Record| http_request(r, None),
+    )
+    .lease(lease)
+    .poll_every(Duration::from_millis(50))
+    .spawn();
+    let delivered = until_record(&*o.store, "m-1", |r| r.status == Status::Resolved).await;
+    b_scheduler.shutdown().await;
+    assert_eq!(delivered.resends, 2, "the second claim delivered it");
+
+    // A wakes: its re-send fails, and its dead-letter layer writes the failure under A's claim.
+    freeze.send(false).unwrap();
+    release.notify_one();
+    a.shutdown_within(Duration::from_secs(10)).await;
+    let after = o.store.get("m-1").await.unwrap().unwrap();
+    assert_eq!(
+        (after.status, after.resends, after.retry_at, &after.history),
+        (Status::Resolved, 2, None, &delivered.history),
+        "the late write changed nothing"
+    );
+    assert_eq!(
+        *keys.lock().unwrap(),
+        ["m-1"],
+        "sent once, with its idempotency key"
+    );
+}
+
+/// A scheduler dies with its re-sends in flight (its task aborted, its store handle dropped):
+/// another scheduler takes its records once their lease ends, within the lease and one poll.
+async fn a_dead_schedulers_claims_are_taken_over_within_the_lease(b: &dyn Backend) {
+    // `o` keeps the backend's files (a temporary directory) for the whole case.
+    let o = open(b, "takeover", 10).await;
+    let (store, other) = (Arc::clone(&o.store), Arc::clone(&o.other));
+    let (lease, poll) = (Duration::from_millis(1_500), Duration::from_millis(100));
+    let now = SystemTime::now();
+    store
+        .put_many((0..3).map(|i| due_keyed(&format!("m-{i}"), now)).collect())
+        .await
+        .unwrap();
+    let started = Arc::new(tokio::sync::Semaphore::new(0));
+    let a = Scheduler::new(other, hanging(Arc::clone(&started)), |r: &Record| {
+        http_request(r, None)
+    })
+    .lease(lease)
+    .poll_every(poll)
+    .spawn();
+    started.acquire_many(3).await.unwrap().forget();
+    let killed = std::time::Instant::now();
+    a.abort();
+
+    let (keys, signal) = (Arc::default(), Arc::new(tokio::sync::Notify::new()));
+    let b_scheduler = Scheduler::new(
+        Arc::clone(&store),
+        keyed_provider(Arc::clone(&keys), Arc::clone(&signal)),
+        |r: &Record| http_request(r, None),
+    )
+    .lease(lease)
+    .poll_every(poll)
+    .spawn();
+    for i in 0..3 {
+        until_record(&*store, &format!("m-{i}"), |r| r.status == Status::Resolved).await;
+    }
+    let took = killed.elapsed();
+    b_scheduler.shutdown().await;
+    // A renewed its claims every third of the lease: they ended between two thirds of the lease
+    // and the lease after it died. (One second of slack for a busy test machine.)
+    assert!(
+        took >= lease * 2 / 3,
+        "taken over before the lease ended: {took:?}"
+    );
+    assert!(
+        took <= lease + poll + Duration::from_secs(1),
+        "taken over after {took:?}"
+    );
+    let mut keys = keys.lock().unwrap().clone();
+    keys.sort();
+    assert_eq!(keys, ["m-0", "m-1", "m-2"]);
+    for i in 0..3 {
+        let r = store.get(&format!("m-{i}")).await.unwrap().unwrap();
+        assert_eq!((r.status, r.resends), (Status::Resolved, 2), "{r:?}");
+    }
+}
+
+/// A scheduler shut down with re-sends in flight waits at most its bound, then gives their
+/// claims back, due at once: another scheduler, with a long lease, sends them at once.
+async fn a_shutdown_gives_its_claims_back(b: &dyn Backend) {
+    let o = open(b, "shutdown_gives_back", 10).await;
+    let now = SystemTime::now();
+    o.store
+        .put_many((0..4).map(|i| due_keyed(&format!("m-{i}"), now)).collect())
+        .await
+        .unwrap();
+    let started = Arc::new(tokio::sync::Semaphore::new(0));
+    let a = Scheduler::new(
+        Arc::clone(&o.other),
+        hanging(Arc::clone(&started)),
+        |r: &Record| http_request(r, None),
+    )
+    .lease(Duration::from_secs(60))
+    .concurrency(2)
+    .spawn();
+    started.acquire_many(2).await.unwrap().forget();
+    let bound = Duration::from_millis(300);
+    let asked = std::time::Instant::now();
+    a.shutdown_within(bound).await;
+    let took = asked.elapsed();
+    assert!(
+        took >= bound && took < bound + Duration::from_secs(2),
+        "{took:?}"
+    );
+    let all = o.store.list(10).await.unwrap();
+    let given_back: Vec<_> = all.iter().filter(|r| r.resends == 1).collect();
+    assert_eq!(given_back.len(), 2, "{all:?}");
+    for r in &given_back {
+        // Due now, and the re-send that may have reached the provider stays counted.
+        assert_eq!(r.status, Status::Deferred, "{r:?}");
+        assert!(r.retry_at.unwrap() <= SystemTime::now(), "{r:?}");
+    }
+
+    let (keys, signal) = (Arc::default(), Arc::new(tokio::sync::Notify::new()));
+    let given_back_at = std::time::Instant::now();
+    let b_scheduler = Scheduler::new(
+        Arc::clone(&o.store),
+        keyed_provider(Arc::clone(&keys), Arc::clone(&signal)),
+        |r: &Record| http_request(r, None),
+    )
+    .lease(Duration::from_secs(60))
+    .poll_every(Duration::from_millis(50))
+    .spawn();
+    for i in 0..4 {
+        until_record(&*o.store, &format!("m-{i}"), |r| {
+            r.status == Status::Resolved
+        })
+        .await;
+    }
+    assert!(
+        given_back_at.elapsed() < Duration::from_secs(5),
+        "taken at once, not after the 60 s lease: {:?}",
+        given_back_at.elapsed()
+    );
+    b_scheduler.shutdown().await;
+    assert_eq!(keys.lock().unwrap().len(), 4);
+}
+
+/// Three schedulers on one store, each allowed 1,000 re-sends a second of its own, share a
+/// fleet-wide rate of 20 a second through the store: the provider gets at most 20 in any
+/// second, and the 30 records take their 29 gaps of 50 ms.
+async fn a_fleet_rate_is_shared_by_every_scheduler_on_the_store(b: &dyn Backend) {
+    let o = open(b, "fleet_rate", 10).await;
+    let now = SystemTime::now();
+    o.store
+        .put_many(
+            (0..30)
+                .map(|i| due_keyed(&format!("m-{i:02}"), now))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    let at: Arc<std::sync::Mutex<Vec<std::time::Instant>>> = Arc::default();
+    let provider = {
+        let at = Arc::clone(&at);
+        tower::service_fn(move |_: HttpRequest| {
+            at.lock().unwrap().push(std::time::Instant::now());
+            async { Ok::<_, BoxError>(http::Response::new(())) }
+        })
+    };
+    let spawn = |store: &Arc<dyn Store>| {
+        Scheduler::new(Arc::clone(store), provider.clone(), |r: &Record| {
+            http_request(r, None)
+        })
+        .rate(1_000)
+        .fleet_rate(20)
+        .poll_every(Duration::from_millis(20))
+        .spawn()
+    };
+    let fleet = [spawn(&o.store), spawn(&o.other), spawn(&o.other)];
+    for i in 0..30 {
+        until_record(&*o.store, &format!("m-{i:02}"), |r| {
+            r.status == Status::Resolved
+        })
+        .await;
+    }
+    for scheduler in fleet {
+        scheduler.shutdown().await;
+    }
+    let mut at = at.lock().unwrap().clone();
+    at.sort();
+    assert_eq!(at.len(), 30, "each record sent once");
+    // Slots are 50 ms apart on the store's schedule; each send goes at its slot, give or take
+    // the scheduling of a busy test machine.
+    let span = at[29] - at[0];
+    assert!(span >= Duration::from_millis(29 * 50 - 60), "{span:?}");
+    for (i, first) in at.iter().enumerate() {
+        let in_a_second = at[i..]
+            .iter()
+            .take_while(|t| **t - *first < Duration::from_secs(1))
+            .count();
+        assert!(
+            in_a_second <= 21,
+            "{in_a_second} sends within a second of send {i}"
+        );
+    }
+}
+
 /// One case: its name and its function.
 type Case = (&'static str, CaseFn);
 
@@ -447,10 +886,14 @@ macro_rules! cases {
     };
 }
 
-const CASES: [Case; 5] = cases!(
+const CASES: [Case; 9] = cases!(
     two_redrives_race_one_sends,
     redrive_races_scheduler,
     two_schedulers_send_each_record_once,
+    a_late_sender_past_its_lease_changes_nothing,
+    a_dead_schedulers_claims_are_taken_over_within_the_lease,
+    a_shutdown_gives_its_claims_back,
+    a_fleet_rate_is_shared_by_every_scheduler_on_the_store,
     audit_trail_records_redrives_purges_and_prunes,
     a_redrive_that_matches_nothing_sends_nothing,
 );

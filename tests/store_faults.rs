@@ -434,6 +434,112 @@ async fn postgres_stopped_in_the_middle_of_a_run_and_started_again() {
     );
 }
 
+/// A scheduler draining 60 deferred records over our own Postgres cluster, stopped after the
+/// first 15 re-sends and started again 2 s later: nothing is lost (every record is delivered
+/// and ends resolved), the scheduler resumes by itself, and its log says so once: one WARN when
+/// the store fails, one INFO when it is back, not one a poll.
+#[cfg(feature = "postgres")]
+async fn postgres_stopped_mid_drain_the_scheduler_resumes_and_says_so_once() {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+    use std::time::SystemTime;
+
+    use tower_backstop::dead_letter::record_of;
+    use tower_backstop::resend::{Scheduler, http_request};
+    use tower_backstop::store::{PostgresStore, Record, Status};
+    use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
+
+    let logs = support::LogCapture::start(tracing::Level::INFO);
+    let cluster = postgres_support::Cluster::start()
+        .unwrap_or_else(|e| panic!("a postgres cluster of our own: {e}"));
+    let store: Arc<dyn Store> = Arc::new(
+        PostgresStore::connect(&cluster.url())
+            .acquire_timeout(Duration::from_millis(300))
+            .await
+            .unwrap(),
+    );
+    let now = SystemTime::now();
+    let ids: Vec<String> = (0..60).map(|i| format!("d-{i:02}")).collect();
+    let records = ids.iter().map(|id| {
+        let f: Failure = Failure::new(
+            Class::THROTTLED,
+            Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
+        );
+        let mut r = record_of(
+            id.clone(),
+            Envelope::new("{}")
+                .with_metadata("method", "POST")
+                .with_metadata("uri", "http://mail.test/v1/messages"),
+            &f,
+        );
+        r.status = Status::Deferred;
+        r.retry_at = Some(now - Duration::from_secs(1));
+        r
+    });
+    store.put_many(records.collect()).await.unwrap();
+
+    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let provider = {
+        let sent = Arc::clone(&sent);
+        tower::service_fn(
+            move |req: http::Request<http_body_util::Full<bytes::Bytes>>| {
+                let id = req.extensions().get::<MessageId>().unwrap().0.clone();
+                sent.lock().unwrap().push(id);
+                async { Ok::<_, BoxError>(http::Response::new(())) }
+            },
+        )
+    };
+    let scheduler = Scheduler::new(Arc::clone(&store), provider, |r: &Record| {
+        http_request(r, None)
+    })
+    .rate(20)
+    .concurrency(4)
+    .lease(Duration::from_secs(2))
+    .poll_every(Duration::from_millis(100))
+    .spawn();
+    let distinct = || {
+        sent.lock()
+            .unwrap()
+            .iter()
+            .cloned()
+            .collect::<BTreeSet<_>>()
+    };
+    let wait_for = |n: usize| async move {
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+        while distinct().len() < n {
+            assert!(std::time::Instant::now() < give_up, "{:?}", distinct());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    wait_for(15).await;
+    cluster.stop();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.resume().unwrap();
+    wait_for(60).await;
+    // The last outcomes are written a moment after the last send.
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let all = store.list(100).await.unwrap();
+        if all.len() == 60 && all.iter().all(|r| r.status == Status::Resolved) {
+            break;
+        }
+        assert!(std::time::Instant::now() < give_up, "{all:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    scheduler.shutdown().await;
+    assert_eq!(distinct(), ids.iter().cloned().collect::<BTreeSet<_>>());
+
+    let text = logs.text();
+    let said = |message: &str| text.lines().filter(|l| l.contains(message)).count();
+    assert_eq!(said("dead-letter store unavailable"), 1, "{text}");
+    assert_eq!(said("dead-letter store available again"), 1, "{text}");
+    let warn = text
+        .lines()
+        .find(|l| l.contains("dead-letter store unavailable"))
+        .unwrap();
+    assert!(warn.contains(" WARN "), "{warn}");
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests.current(
@@ -462,6 +568,13 @@ fn main() {
         .current(
             "postgres_stopped_in_the_middle_of_a_run_and_started_again",
             postgres_stopped_in_the_middle_of_a_run_and_started_again,
+        );
+    #[cfg(feature = "postgres")]
+    tests
+        .needs(backstop_test_support::Service::PostgresBinaries)
+        .current(
+            "postgres_stopped_mid_drain_the_scheduler_resumes_and_says_so_once",
+            postgres_stopped_mid_drain_the_scheduler_resumes_and_says_so_once,
         );
     tests.run();
 }

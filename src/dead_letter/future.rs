@@ -12,10 +12,10 @@ use super::note::DeadLetterStatus;
 use super::record::record_at;
 use super::resending;
 use crate::failure::{Code, Failure};
-use crate::observe::{Event, Hook};
+use crate::observe::Event;
 use crate::request::{Describe, Envelope};
 use crate::retry::{Attempts, GiveUp, Unsent};
-use crate::store::{BoxFuture, Status, StoreError};
+use crate::store::{BoxFuture, Claim, Status, StoreError};
 
 pin_project! {
     /// Response future of [`DeadLetter`](super::DeadLetter) over a service `S`: the inner call
@@ -62,8 +62,10 @@ impl<Req: Describe> Kept<Req> {
     }
 }
 
-/// The one store write: the record's id, its status, and how the write went.
-type Write = BoxFuture<'static, (String, Status, Result<(), StoreError>)>;
+/// The one store write of a failure: the record's id, its status, and whether it was written
+/// (`false`: the request was a re-send whose claim had passed to another sender, and nothing
+/// was written).
+type Write = BoxFuture<'static, (String, Status, Result<bool, StoreError>)>;
 
 /// The attempt budget's store read for message `id`: the attempts it already used, if any.
 pub(crate) struct Check {
@@ -149,6 +151,8 @@ where
         Kept::Uncopyable(id) => (None, id),
     };
     let config = Arc::clone(config);
+    // A re-send's claim, read while the re-send's task polls this future.
+    let claim = super::claim::current();
     // Everything the record needs from the failure, taken now: the failure
     // itself goes back to the caller.
     let draft = record_at(
@@ -188,7 +192,16 @@ where
         record.metadata = envelope.metadata;
         record.tags = envelope.tags;
         record.truncate_payload(config.payload_limit);
-        (id, status, config.store.put(record).await)
+        let written = match claim.filter(|lease| lease.id == id) {
+            // A re-send of a claimed record: its failure ends the claim, if it still holds.
+            Some(lease) => config
+                .store
+                .put_claimed(&lease, record)
+                .await
+                .map(|claim| matches!(claim, Claim::Claimed(_))),
+            None => config.store.put(record).await.map(|()| true),
+        };
+        (id, status, written)
     })
 }
 
@@ -275,55 +288,7 @@ where
                     let mut failure = failure
                         .take()
                         .expect("dead-letter future polled after completion");
-                    // Deferred as the record was written: a deferral too far ahead is dead.
-                    let deferred = status == Status::Deferred;
-                    written(&this.config.listener, &id, status, &failure, &result);
-                    match result {
-                        Ok(()) if deferred && failure.code() == Code::CircuitOpen => {
-                            // Rejected locally by an open breaker, which said so once at WARN.
-                            tracing::debug!(
-                                id = %id,
-                                retry_at = ?failure.note::<Attempts>().and_then(Attempts::retry_at),
-                                "request rejected by an open breaker stored for a re-send"
-                            );
-                            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
-                        }
-                        Ok(()) if deferred => {
-                            // Kept for the scheduler's re-send: expected, not a dead letter.
-                            tracing::info!(
-                                id = %id,
-                                class = %failure.class(),
-                                code = %failure.code(),
-                                attempts = attempts(&failure),
-                                retry_at = ?failure.note::<Attempts>().and_then(Attempts::retry_at),
-                                "deferred request stored for a re-send"
-                            );
-                            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
-                        }
-                        Ok(()) => {
-                            tracing::warn!(
-                                id = %id,
-                                class = %failure.class(),
-                                code = %failure.code(),
-                                attempts = attempts(&failure).max(1),
-                                "dead letter stored"
-                            );
-                            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
-                        }
-                        Err(error) => {
-                            tracing::error!(
-                                id = %id,
-                                class = %failure.class(),
-                                code = %failure.code(),
-                                error = %error,
-                                "dead letter could not be written"
-                            );
-                            failure.notes_mut().insert(DeadLetterStatus::NotStored {
-                                id,
-                                error: Box::new(error),
-                            });
-                        }
-                    }
+                    note_write(this.config, id, status, result, &mut failure);
                     return Poll::Ready(Err(failure));
                 }
             }
@@ -331,29 +296,90 @@ where
     }
 }
 
-/// Tells the listener how the write of record `id` (with `status`) for `failure` went: a new
-/// dead letter or deferred record, or a store error. A re-send that leaves its record as it was
-/// is no new dead letter.
-fn written<R>(
-    hook: &Hook,
-    id: &str,
+/// Reports how the store write of `failure`'s record `id` (with `status`) ended (an event, a
+/// `tracing` line) and notes it on the failure ([`DeadLetterStatus`]). A re-send that leaves its
+/// record as it was is no new dead letter; a deferral too far ahead was written dead.
+fn note_write<R>(
+    config: &Config,
+    id: String,
     status: Status,
-    failure: &Failure<R>,
-    result: &Result<(), StoreError>,
+    result: Result<bool, StoreError>,
+    failure: &mut Failure<R>,
 ) {
-    match result {
-        Ok(()) if resending::is_repeat(id, status) => {}
-        Ok(()) => hook.emit_ref(&Event::DeadLetterStored {
-            id,
+    let hook = &config.listener;
+    let deferred = status == Status::Deferred;
+    match &result {
+        Ok(false) => {}
+        Ok(true) if resending::is_repeat(&id, status) => {}
+        Ok(true) => hook.emit_ref(&Event::DeadLetterStored {
+            id: &id,
             class: failure.class(),
             code: failure.code(),
-            deferred: status == Status::Deferred,
+            deferred,
         }),
         Err(error) => hook.emit_ref(&Event::StoreError {
             operation: "put",
-            id: Some(id),
+            id: Some(&id),
             error,
         }),
+    }
+    match result {
+        Ok(false) => {
+            tracing::info!(
+                id = %id,
+                class = %failure.class(),
+                code = %failure.code(),
+                "re-send failed after its claim passed to another sender; its \
+                 failure is not written over theirs"
+            );
+            failure
+                .notes_mut()
+                .insert(DeadLetterStatus::ClaimLost { id });
+        }
+        Ok(true) if deferred && failure.code() == Code::CircuitOpen => {
+            // Rejected locally by an open breaker, which said so once at WARN.
+            tracing::debug!(
+                id = %id,
+                retry_at = ?failure.note::<Attempts>().and_then(Attempts::retry_at),
+                "request rejected by an open breaker stored for a re-send"
+            );
+            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
+        }
+        Ok(true) if deferred => {
+            // Kept for the scheduler's re-send: expected, not a dead letter.
+            tracing::info!(
+                id = %id,
+                class = %failure.class(),
+                code = %failure.code(),
+                attempts = attempts(failure),
+                retry_at = ?failure.note::<Attempts>().and_then(Attempts::retry_at),
+                "deferred request stored for a re-send"
+            );
+            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
+        }
+        Ok(true) => {
+            tracing::warn!(
+                id = %id,
+                class = %failure.class(),
+                code = %failure.code(),
+                attempts = attempts(failure).max(1),
+                "dead letter stored"
+            );
+            failure.notes_mut().insert(DeadLetterStatus::Stored { id });
+        }
+        Err(error) => {
+            tracing::error!(
+                id = %id,
+                class = %failure.class(),
+                code = %failure.code(),
+                error = %error,
+                "dead letter could not be written"
+            );
+            failure.notes_mut().insert(DeadLetterStatus::NotStored {
+                id,
+                error: Box::new(error),
+            });
+        }
     }
 }
 

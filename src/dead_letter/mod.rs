@@ -132,6 +132,7 @@ use crate::request::{Describe, Replay};
 use crate::store::Store;
 
 mod budget;
+pub(crate) mod claim;
 mod future;
 mod headers;
 mod layer;

@@ -9,7 +9,8 @@ use crate::retry::Attempts;
 /// read with `failure.note::<DeadLetterStatus>()`.
 ///
 /// In the failure's `Display` it ends the message: `; dead letter stored as {id}`,
-/// `; stored as {id} for a re-send when due` for a request the retry layer deferred, or
+/// `; stored as {id} for a re-send when due` for a request the retry layer deferred,
+/// `; not written: the claim on {id} had passed to another sender`, or
 /// `; dead letter {id} could not be written: {error}`.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -17,6 +18,14 @@ pub enum DeadLetterStatus {
     /// The record was written; `id` finds it in the store.
     Stored {
         /// The record's id (the idempotency key, or a generated message id).
+        id: String,
+    },
+    /// The request was a re-send of a claimed record ([`Scheduler`](crate::resend::Scheduler),
+    /// [`Redrive`](crate::resend::Redrive)) whose claim had passed to another sender by the time
+    /// it failed (it stalled past its lease): nothing was written, so that the failure does not
+    /// undo what the newer claim wrote ([`Store::put_claimed`](crate::store::Store::put_claimed)).
+    ClaimLost {
+        /// The record's id.
         id: String,
     },
     /// The record could not be written. The failure that caused it is still the one returned.
@@ -35,11 +44,14 @@ impl DeadLetterStatus {
     /// The record's id, written or not.
     pub fn id(&self) -> &str {
         match self {
-            DeadLetterStatus::Stored { id } | DeadLetterStatus::NotStored { id, .. } => id,
+            DeadLetterStatus::Stored { id }
+            | DeadLetterStatus::ClaimLost { id }
+            | DeadLetterStatus::NotStored { id, .. } => id,
         }
     }
 
-    /// Whether the record could not be written.
+    /// Whether the record could not be written because the store failed (not because a re-send's
+    /// claim had passed on: [`ClaimLost`](DeadLetterStatus::ClaimLost)).
     pub fn failed(&self) -> bool {
         matches!(self, DeadLetterStatus::NotStored { .. })
     }
@@ -56,6 +68,10 @@ impl Note for DeadLetterStatus {
                 write!(f, "; stored as {id} for a re-send when due")
             }
             DeadLetterStatus::Stored { id } => write!(f, "; dead letter stored as {id}"),
+            DeadLetterStatus::ClaimLost { id } => write!(
+                f,
+                "; not written: the claim on {id} had passed to another sender"
+            ),
             DeadLetterStatus::NotStored { id, error } => {
                 write!(f, "; dead letter {id} could not be written: {error}")
             }

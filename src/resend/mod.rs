@@ -63,6 +63,7 @@
 mod rebuild;
 mod reconciler;
 mod redrive;
+mod renew;
 mod scheduler;
 
 #[cfg(feature = "reqwest")]
@@ -71,4 +72,4 @@ pub use self::rebuild::reqwest_request;
 pub use self::rebuild::{http_request, http_request_restoring};
 pub use self::reconciler::{ReconcileReport, Reconciler};
 pub use self::redrive::{Outcome, Redrive, RedriveReport};
-pub use self::scheduler::{Scheduler, SchedulerHandle};
+pub use self::scheduler::{DEFAULT_LEASE, DEFAULT_SHUTDOWN_WITHIN, Scheduler, SchedulerHandle};

@@ -1,22 +1,24 @@
 //! Re-drive on purpose: an explicit call with a filter, a dry run, a rate and a maximum count.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::pin;
 use std::time::Duration;
 
-use tower::ServiceExt;
 use tower_service::Service;
 
 use super::rebuild::envelope_of;
+use super::renew::Held;
 use crate::breaker::OpenError;
 use crate::build_error::BuildError;
 use crate::clock::Clock;
-use crate::dead_letter::record_of;
-use crate::dead_letter::{DeadLetterStatus, resending};
+use crate::dead_letter::{DeadLetterStatus, claim, record_of, resending};
 use crate::failure::Failure;
 use crate::observe::{Event, Hook, Listener};
 use crate::retry::Attempts;
 use crate::store::{
-    AuditAction, AuditEntry, Change, Claim, Filter, Record, Status, Store, StoreError, add_clamped,
+    AuditAction, AuditEntry, Change, Claim, Filter, Lease, Record, Status, Store, StoreError,
+    add_clamped,
 };
 
 /// One record of a re-drive and how it ended: re-sent with success, failed again, or not sent.
@@ -225,7 +227,7 @@ impl Redrive {
             filter,
             interval: Duration::from_secs(1) / per_second,
             max,
-            lease: Duration::from_secs(60),
+            lease: super::DEFAULT_LEASE,
             clock: Clock::system(),
             listener: Hook::default(),
             actor: "library".to_owned(),
@@ -239,8 +241,10 @@ impl Redrive {
         self
     }
 
-    /// How long a record stays claimed ([`InFlight`](Status::InFlight)) while it is re-sent; if
-    /// the re-drive dies, a [`Scheduler`](super::Scheduler) takes it up after that. Default 60 s.
+    /// How long each claim of a record lasts ([`InFlight`](Status::InFlight)) while it is
+    /// re-sent: the claim is renewed every third of it while the stack and the provider take
+    /// their time, and if the re-drive dies, a [`Scheduler`](super::Scheduler) takes the record
+    /// up once it ends. Default [`DEFAULT_LEASE`](super::DEFAULT_LEASE), 10 s.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -318,16 +322,24 @@ impl Redrive {
                 Err(e) => Outcome::skipped(&record, e.to_string()),
                 Ok(request) => {
                     ticks.tick().await;
-                    resend(
-                        store,
-                        &mut service,
-                        &record,
-                        request,
-                        Some(add_clamped(self.clock.now(), self.lease)),
-                        &self.clock,
-                    )
-                    .await
-                    .0
+                    let until = add_clamped(self.clock.now(), self.lease);
+                    match claim_for_redrive(store, &record, until).await {
+                        Err(skipped) => skipped,
+                        Ok(lease) => {
+                            let claimed = tokio::time::Instant::now();
+                            let mut held = Held::new(store, lease, self.lease, claimed, self.clock);
+                            resend(
+                                store,
+                                &mut service,
+                                &record,
+                                request,
+                                &mut held,
+                                &self.clock,
+                            )
+                            .await
+                            .0
+                        }
+                    }
                 }
             };
             tracing::info!(id = %record.id, class = %record.class, outcome = ?outcome, "re-drive");
@@ -373,110 +385,158 @@ pub(crate) struct Rejected {
     /// Whether an earlier attempt of the re-send reached the provider (and failed) before a
     /// retry met the open breaker: the re-send was sent, though its last word is the breaker's.
     pub(crate) reached: bool,
+    /// Whether the rejection was written under the re-send's claim (else the claim had passed
+    /// to another sender, or the store failed, and the record is not the re-send's to give back).
+    pub(crate) written: bool,
 }
 
-/// Sends `request` (rebuilt from `record`) through `service` and writes the outcome. With
-/// `claim_until`, the record is first claimed as a re-drive, compare-and-set on the status and
-/// resend count it was read with ([`Store::claim`]); the
-/// scheduler claims its records itself. The second value says when an open breaker rejected
-/// the re-send locally.
+/// Claims `record` for a re-drive until `until`, compare-and-set on the status and resend count
+/// it was read with ([`Store::claim`]): its lease, or why it is skipped.
+async fn claim_for_redrive(
+    store: &dyn Store,
+    record: &Record,
+    until: std::time::SystemTime,
+) -> Result<Lease, Outcome> {
+    match store.claim(record, until).await {
+        Ok(Claim::Claimed(claimed)) => claimed
+            .lease()
+            .ok_or_else(|| Outcome::skipped(record, "the claim wrote no lease")),
+        Ok(Claim::Missing) => Err(Outcome::skipped(
+            record,
+            "the record is no longer in the store",
+        )),
+        Ok(Claim::ClaimedElsewhere { status, resends }) => Err(Outcome::skipped(
+            record,
+            format!(
+                "claimed elsewhere: the record is now {status} with {resends} re-sends \
+                 (it was {} with {} when read); not sent",
+                record.status, record.resends
+            ),
+        )),
+        Err(e) => Err(Outcome::skipped(
+            record,
+            format!("cannot claim the record: {e}"),
+        )),
+    }
+}
+
+/// Sends `request` (rebuilt from `record`) through `service` under the claim `held` (made by
+/// the scheduler's claim of due records, or by a re-drive's compare-and-set claim), renewing it
+/// while the stack and the provider take their time, and writes the outcome only while the
+/// claim holds ([`Store::change_claimed`], [`Store::put_claimed`]): a claim that passed to
+/// another sender before the request went out is not sent, and one that passed while it was
+/// out changes nothing. The second value says when an open breaker rejected the re-send
+/// locally.
 pub(crate) async fn resend<S, Req>(
     store: &dyn Store,
     service: &mut S,
     record: &Record,
     request: Req,
-    claim_until: Option<std::time::SystemTime>,
+    held: &mut Held<'_>,
     clock: &Clock,
 ) -> (Outcome, Option<Rejected>)
 where
     S: Service<Req>,
     S::Error: Into<Failure<S::Response>>,
 {
-    let outcome = |o| (o, None);
-    if let Some(until) = claim_until {
-        match store.claim(record, until).await {
-            Ok(Claim::Claimed(_)) => {}
-            Ok(Claim::Missing) => {
-                return outcome(Outcome::skipped(
-                    record,
-                    "the record is no longer in the store",
-                ));
+    let ready = held.renewing(|cx| service.poll_ready(cx)).await;
+    let result = match ready {
+        Ok(()) => {
+            if !held.confirm().await {
+                let reason = "claim ended before the re-send went out: another sender took the \
+                              record; not sent";
+                return (Outcome::skipped(record, reason), None);
             }
-            Ok(Claim::ClaimedElsewhere { status, resends }) => {
-                return outcome(Outcome::skipped(
-                    record,
-                    format!(
-                        "claimed elsewhere: the record is now {status} with {resends} re-sends \
-                         (it was {} with {} when read); not sent",
-                        record.status, record.resends
-                    ),
-                ));
-            }
-            Err(e) => {
-                return outcome(Outcome::skipped(
-                    record,
-                    format!("cannot claim the record: {e}"),
-                ));
-            }
+            // Run as the re-send of this record: a failure that leaves it as it was is no new
+            // dead letter for the stack's dead-letter layer.
+            let mut call = pin!(resending::scope(
+                &record.id,
+                record.status,
+                service.call(request)
+            ));
+            let lease = held.lease().clone();
+            held.renewing(|cx| claim::under(lease.clone(), || call.as_mut().poll(cx)))
+                .await
         }
-    }
-    // Run as the re-send of this record: a failure that leaves it as it was is no new dead
-    // letter for the stack's dead-letter layer.
-    let result = match service.ready().await {
-        Ok(service) => resending::scope(&record.id, record.status, service.call(request)).await,
         Err(e) => Err(e),
     };
-    let resolved = || Outcome::Resolved {
-        id: record.id.clone(),
-        class: record.class.clone(),
-    };
     match result {
-        Ok(_) => match store
-            .update(&record.id, Change::Resolved { at: clock.now() })
-            .await
-        {
-            Ok(_) => outcome(resolved()),
-            Err(e) => {
-                tracing::error!(id = %record.id, error = %e, "re-sent, but the outcome could not be written");
-                outcome(resolved())
-            }
-        },
-        Err(e) => {
-            let failure: Failure<S::Response> = e.into();
-            let rejected = std::error::Error::source(&failure)
-                .and_then(|s| s.downcast_ref::<OpenError>())
-                .map(|open| Rejected {
-                    breaker: open.breaker().to_owned(),
-                    half_opens_in: failure.retry_after(),
-                    cause: open.cause(),
-                    reached: failure.note::<Attempts>().is_some_and(|a| a.count() > 0),
-                });
-            let new_class = failure.class().name().to_owned();
-            let new_code = failure.code().to_string();
-            let recorded = match failure.note::<DeadLetterStatus>() {
-                Some(DeadLetterStatus::Stored { .. }) => true,
-                Some(_) => false,
-                None => {
-                    // No dead-letter layer in the stack: write the new failure here.
-                    let mut new = record_of(record.id.clone(), envelope_of(record), &failure);
-                    new.redacted_headers = record.redacted_headers.clone();
-                    match store.put(new).await {
-                        Ok(()) => true,
-                        Err(e) => {
-                            tracing::error!(id = %record.id, error = %e, "re-sent and failed again; the failure could not be written");
-                            false
-                        }
-                    }
-                }
-            };
-            let failed = Outcome::Failed {
+        Ok(_) => {
+            delivered(store, record, held.lease(), clock).await;
+            let resolved = Outcome::Resolved {
                 id: record.id.clone(),
                 class: record.class.clone(),
-                new_class,
-                new_code,
-                recorded,
             };
-            (failed, rejected)
+            (resolved, None)
+        }
+        Err(e) => failed_again(store, record, held.lease(), e.into()).await,
+    }
+}
+
+/// A re-send succeeded: the record becomes resolved, if its claim still holds.
+async fn delivered(store: &dyn Store, record: &Record, lease: &Lease, clock: &Clock) {
+    let at = clock.now();
+    match store.change_claimed(lease, Change::Resolved { at }).await {
+        Ok(Claim::Claimed(_)) => {}
+        Ok(Claim::ClaimedElsewhere { status, resends }) => tracing::info!(
+            id = %record.id,
+            status = %status,
+            resends,
+            "re-sent and delivered after the claim had passed to another sender; the record is \
+             left as they wrote it"
+        ),
+        Ok(Claim::Missing) => {
+            tracing::info!(id = %record.id, "re-sent and delivered; the record was deleted meanwhile")
+        }
+        Err(e) => {
+            tracing::error!(id = %record.id, error = %e, "re-sent, but the outcome could not be written")
         }
     }
+}
+
+/// A re-send failed again: its outcome, with the new failure written by the stack's dead-letter
+/// layer, or here when the stack has none (in both cases only while the claim holds).
+async fn failed_again<R>(
+    store: &dyn Store,
+    record: &Record,
+    lease: &Lease,
+    failure: Failure<R>,
+) -> (Outcome, Option<Rejected>) {
+    let written = match failure.note::<DeadLetterStatus>() {
+        Some(DeadLetterStatus::Stored { .. }) => true,
+        Some(_) => false,
+        None => {
+            // No dead-letter layer in the stack: write the new failure here.
+            let mut new = record_of(record.id.clone(), envelope_of(record), &failure);
+            new.redacted_headers = record.redacted_headers.clone();
+            match store.put_claimed(lease, new).await {
+                Ok(Claim::Claimed(_)) => true,
+                Ok(_) => {
+                    tracing::info!(id = %record.id, "re-sent and failed again after the claim had passed to another sender; the failure is not written over theirs");
+                    false
+                }
+                Err(e) => {
+                    tracing::error!(id = %record.id, error = %e, "re-sent and failed again; the failure could not be written");
+                    false
+                }
+            }
+        }
+    };
+    let rejected = std::error::Error::source(&failure)
+        .and_then(|s| s.downcast_ref::<OpenError>())
+        .map(|open| Rejected {
+            breaker: open.breaker().to_owned(),
+            half_opens_in: failure.retry_after(),
+            cause: open.cause(),
+            reached: failure.note::<Attempts>().is_some_and(|a| a.count() > 0),
+            written,
+        });
+    let failed = Outcome::Failed {
+        id: record.id.clone(),
+        class: record.class.clone(),
+        new_class: failure.class().name().to_owned(),
+        new_code: failure.code().to_string(),
+        recorded: written,
+    };
+    (failed, rejected)
 }

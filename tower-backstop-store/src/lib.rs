@@ -60,6 +60,7 @@ use std::ops::Range;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 mod audit;
+mod lease;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -68,6 +69,7 @@ mod record;
 #[cfg(feature = "redis")]
 mod redis;
 mod retention;
+mod schedule;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "testing")]
@@ -75,6 +77,7 @@ mod sqlite;
 pub mod testing;
 
 pub use self::audit::{AuditAction, AuditEntry, purge};
+pub use self::lease::Lease;
 pub use self::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -306,10 +309,12 @@ pub trait Store: Send + Sync + 'static {
     /// Claims up to `limit` records that are due at `now` (status
     /// [`Deferred`](Status::Deferred), or an [`InFlight`](Status::InFlight) claim
     /// that expired, with `retry_at <= now`), the earliest retry-at first, and returns them as
-    /// written: status `InFlight`, `retry_at = now + lease`, one more resend.
+    /// written: status `InFlight`, `retry_at = now + lease`, one more resend. Each one's
+    /// [`Record::lease`] is the claim: its fencing token and its end.
     ///
     /// The claim is atomic: two schedulers on the same store never claim the same record while
-    /// the lease runs. A scheduler that dies with a claim loses it when the lease ends.
+    /// the lease runs. A scheduler that dies with a claim loses it when the lease ends; one that
+    /// lives renews it ([`Change::Renewed`] through [`change_claimed`](Store::change_claimed)).
     ///
     /// # Errors
     ///
@@ -364,6 +369,95 @@ pub trait Store: Send + Sync + 'static {
         seen: &Record,
         change: Change,
     ) -> BoxFuture<'static, Result<Claim, StoreError>>;
+
+    /// Applies `change` to the record `lease` names only while that claim holds: the record is
+    /// still [`InFlight`](Status::InFlight) with the lease's fencing token as its resend count
+    /// (see [`Lease`]). It is how the holder of a claim renews it ([`Change::Renewed`]),
+    /// finishes it ([`Change::Resolved`], [`Change::Dead`]) or gives it back
+    /// ([`Change::Held`], [`Change::Released`]). [`Claim::Claimed`] returns the record as
+    /// written. Otherwise nothing is written: [`Claim::ClaimedElsewhere`] (the claim ended:
+    /// it expired and another claimer took the record, or someone changed it) or
+    /// [`Claim::Missing`] (deleted meanwhile). A claimer that stalled past its lease and wakes
+    /// up after another took the record changes nothing.
+    ///
+    /// The default is [`change_if_unchanged`](Store::change_if_unchanged) with the status and
+    /// resend count the lease stands for: one atomic step wherever that one is, as in every
+    /// store of this crate.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the read or write fails; nothing is changed.
+    fn change_claimed(
+        &self,
+        lease: &Lease,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.change_if_unchanged(&lease.as_seen(), change)
+    }
+
+    /// Merges `record`, a new failure of the claimed message (a re-send that failed again),
+    /// into the record `lease` names, as [`put`](Store::put) merges
+    /// ([`Record::merge_bounded`]), only while that claim holds (as for
+    /// [`change_claimed`](Store::change_claimed)). The new failure's status and retry-at end
+    /// the claim. [`Claim::Claimed`] returns the record as written; otherwise nothing is
+    /// written ([`Claim::ClaimedElsewhere`], [`Claim::Missing`]): the failure of a re-send whose
+    /// claim passed to someone else never undoes what they wrote.
+    ///
+    /// The check and the merge are one atomic step: one lock (memory), one `BEGIN IMMEDIATE`
+    /// transaction (SQLite), one versioned write script (Redis), one statement (Postgres).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the read or write fails; nothing is written.
+    fn put_claimed(
+        &self,
+        lease: &Lease,
+        record: Record,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>>;
+
+    /// The earliest retry-at time of the records a scheduler may claim: the
+    /// [`Deferred`](Status::Deferred) ones and the claims in flight (whose retry-at is the end
+    /// of their lease); `None` when there is none. What a scheduler sleeps until, instead of
+    /// polling on a fixed beat. The stores read it off their index of due records (SQLite's and
+    /// Postgres's index by retry-at, Redis's sorted set); the default searches the deferred and
+    /// in-flight records.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn next_due(&self) -> BoxFuture<'static, Result<Option<SystemTime>, StoreError>> {
+        let deferred = self.search(&Filter::new().status(Status::Deferred), 0..usize::MAX);
+        let in_flight = self.search(&Filter::new().status(Status::InFlight), 0..usize::MAX);
+        Box::pin(async move {
+            let (deferred, in_flight) = (deferred.await?, in_flight.await?);
+            Ok(deferred
+                .iter()
+                .chain(&in_flight)
+                .filter_map(|r| r.retry_at)
+                .min())
+        })
+    }
+
+    /// Reserves the next slot of the send schedule `schedule`, one schedule shared by every
+    /// handle on this store (every process of a fleet): slots are at least `gap` apart, and a
+    /// schedule idle since its last slot starts again at `now`. Returns the time of the slot
+    /// reserved, `now` or later: the caller sends then, and the whole fleet together sends at
+    /// most one message per `gap`. What the schedulers of a fleet share to drain at one rate
+    /// together ([`Scheduler::fleet_rate`](https://docs.rs/tower-backstop/latest/tower_backstop/resend/struct.Scheduler.html#method.fleet_rate)).
+    ///
+    /// One atomic step (a lock, a transaction, a script, a statement) that keeps one time per
+    /// schedule, to the microsecond. The times are the callers' clocks: keep the fleet's clocks
+    /// in step (NTP), or a caller whose clock runs ahead finds the schedule idle early.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails; nothing is reserved.
+    fn reserve_slot(
+        &self,
+        schedule: &str,
+        gap: Duration,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<SystemTime, StoreError>>;
 
     /// Appends `entry` to the audit trail, which the store keeps apart from the records (no
     /// retention prunes it).

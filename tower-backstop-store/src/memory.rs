@@ -9,8 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::query::{
     Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable, newest_first,
 };
-use super::record::{DEFAULT_HISTORY_LIMIT, Record};
-use super::{AuditEntry, BoxFuture, Store, StoreError};
+use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status};
+use super::schedule::{from_micros, gap_micros, reserve, to_micros};
+use super::{AuditEntry, BoxFuture, Lease, Store, StoreError};
 
 /// A store in memory, for tests and short-lived tools. Clones share the records.
 #[derive(Clone, Debug)]
@@ -26,6 +27,25 @@ struct Memory {
     first_seen: HashMap<String, SystemTime>,
     /// The audit trail, the oldest first.
     audit: Vec<AuditEntry>,
+    /// The send schedules: each one's next free time, in microseconds.
+    schedules: HashMap<String, i64>,
+}
+
+impl Memory {
+    /// Merges `record` into the one with its id (or inserts it) and notes its code's first
+    /// sighting.
+    fn put(&mut self, mut record: Record, limit: usize) {
+        self.first_seen
+            .entry(record.code.clone())
+            .or_insert(record.last_failed_at);
+        match self.records.get_mut(&record.id) {
+            Some(existing) => existing.merge_bounded(record, limit),
+            None => {
+                record.bound_history(limit);
+                self.records.insert(record.id.clone(), record);
+            }
+        }
+    }
 }
 
 impl Default for MemoryStore {
@@ -75,18 +95,8 @@ impl Store for MemoryStore {
     fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
         let limit = self.history_limit;
         self.with(move |memory| {
-            for mut record in records {
-                memory
-                    .first_seen
-                    .entry(record.code.clone())
-                    .or_insert(record.last_failed_at);
-                match memory.records.get_mut(&record.id) {
-                    Some(existing) => existing.merge_bounded(record, limit),
-                    None => {
-                        record.bound_history(limit);
-                        memory.records.insert(record.id.clone(), record);
-                    }
-                }
+            for record in records {
+                memory.put(record, limit);
             }
         })
     }
@@ -182,6 +192,57 @@ impl Store for MemoryStore {
         let seen = seen.clone();
         self.with(move |memory| {
             change_if_unchanged(memory.records.get_mut(&seen.id), &seen, change)
+        })
+    }
+
+    fn put_claimed(
+        &self,
+        lease: &Lease,
+        record: Record,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        if let Err(e) = lease.check_id(&record) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let (lease, limit) = (lease.clone(), self.history_limit);
+        self.with(move |memory| match memory.records.get(&lease.id) {
+            None => Claim::Missing,
+            Some(current) if !lease.holds(current) => Claim::ClaimedElsewhere {
+                status: current.status,
+                resends: current.resends,
+            },
+            Some(_) => {
+                memory.put(record, limit);
+                match memory.records.get(&lease.id) {
+                    Some(written) => Claim::Claimed(Box::new(written.clone())),
+                    None => Claim::Missing,
+                }
+            }
+        })
+    }
+
+    fn next_due(&self) -> BoxFuture<'static, Result<Option<SystemTime>, StoreError>> {
+        self.with(|memory| {
+            memory
+                .records
+                .values()
+                .filter(|r| matches!(r.status, Status::Deferred | Status::InFlight))
+                .filter_map(|r| r.retry_at)
+                .min()
+        })
+    }
+
+    fn reserve_slot(
+        &self,
+        schedule: &str,
+        gap: Duration,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
+        let schedule = schedule.to_owned();
+        self.with(move |memory| {
+            let next = memory.schedules.get(&schedule).copied();
+            let (slot, after) = reserve(next, to_micros(now), gap_micros(gap));
+            memory.schedules.insert(schedule, after);
+            from_micros(slot)
         })
     }
 

@@ -18,13 +18,14 @@ use sqlx::postgres::PgPool;
 
 use self::error::pg_error;
 pub use self::open::{DEFAULT_SCHEMA, OpenPostgres};
-use self::open::{Opened, Source};
+use self::open::{LOCK_CLASS, Opened, Source};
 use self::row::{
     COLUMNS, Columns, PgQuery, count_of, decode_error, decode_row, encode_map, select_list,
 };
 use super::query::{Change, Claim, Counts, Filter, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, add_clamped, from_millis, to_millis};
-use super::{AuditAction, AuditEntry, BoxFuture, Store, StoreError};
+use super::schedule::{from_micros, gap_micros, to_micros};
+use super::{AuditAction, AuditEntry, BoxFuture, Lease, Store, StoreError};
 
 /// How many rows one statement of a [`delete`](Store::delete) removes at most: a purge or a
 /// prune of a million records is a thousand short transactions, not one long one.
@@ -65,6 +66,7 @@ const DELETE_BATCH: i64 = 1_000;
 /// | `records` | one row per record: its fields as columns (times in milliseconds since the Unix epoch, `bigint`), the history, headers and root cause as `json`, tags and metadata as `jsonb`, the payload as `bytea` |
 /// | `codes` | each code's first sighting (the "new code" alert) |
 /// | `audit` | the audit trail |
+/// | `slots` | the shared send schedules of [`reserve_slot`](Store::reserve_slot): a name and the next free time in microseconds (made on first use, under the migration lock) |
 /// | `schema_migrations` | one row per migration applied: version, name, time |
 ///
 /// The migrations are SQL files shipped inside the crate. Opening a store applies those the
@@ -97,9 +99,15 @@ const DELETE_BATCH: i64 = 1_000;
 ///   retry_at_ms, id LIMIT n FOR UPDATE SKIP LOCKED) … RETURNING`. Rows another claimer holds
 ///   are skipped, not waited for: two stores (two processes) on one database never both claim a
 ///   record, and never block each other.
-/// - [`claim`](Store::claim), [`change_if_unchanged`](Store::change_if_unchanged) and
-///   [`update`](Store::update) are one `UPDATE … WHERE id = $1 AND status = $2 AND resends = $3
-///   RETURNING`: the compare and the set are one statement.
+/// - [`claim`](Store::claim), [`change_if_unchanged`](Store::change_if_unchanged),
+///   [`change_claimed`](Store::change_claimed) and [`update`](Store::update) are one `UPDATE …
+///   WHERE id = $1 AND status = $2 AND resends = $3 RETURNING`: the compare and the set are one
+///   statement.
+/// - [`put_claimed`](Store::put_claimed) is the `put` statement for one row that exists, whose
+///   update runs only `WHERE status = 'in_flight' AND resends = token`.
+/// - [`next_due`](Store::next_due) is `min(retry_at_ms)` off the partial index `records_due`;
+///   [`reserve_slot`](Store::reserve_slot) one `INSERT … ON CONFLICT DO UPDATE … RETURNING` on
+///   the schedule's row.
 /// - [`delete`](Store::delete) removes at most 1,000 rows a statement, each its own short
 ///   transaction, until none match: retention over a large store never holds one long
 ///   transaction or a lock on the whole excess.
@@ -125,8 +133,9 @@ const DELETE_BATCH: i64 = 1_000;
 ///
 /// Behind PgBouncer in transaction pooling mode: the migration lock is transaction-scoped, so it
 /// works there (a session-level `pg_advisory_lock` would not: the next statement may run on
-/// another server connection). The store uses no `LISTEN`/`NOTIFY` (schedulers poll), which
-/// transaction pooling does not carry either. sqlx prepares its statements by name, which needs
+/// another server connection). The store uses no `LISTEN`/`NOTIFY`, which transaction pooling
+/// does not carry either: a scheduler sleeps until the next due time it reads from the store
+/// ([`next_due`](Store::next_due)), and looks again at least once a poll. sqlx prepares its statements by name, which needs
 /// PgBouncer 1.21 or later with `max_prepared_statements` set.
 ///
 /// When the server restarts, calls fail with a [`StoreError`] until it is back, then work again
@@ -192,7 +201,12 @@ struct Sql {
     records: String,
     get: String,
     put: String,
+    /// `put` for one record, only while its claim holds.
+    put_claimed: String,
     claim: String,
+    next_due: String,
+    reserve_slot: String,
+    create_slots: String,
     change: String,
     counts: String,
     budget: String,
@@ -208,11 +222,35 @@ impl Sql {
                 .replace("{returning}", &select_list("r."))
                 .replace("{columns}", &columns)
         };
+        let put = include_str!("postgres/put.sql");
         Sql {
             records: format!("{schema}.records"),
             get: format!("SELECT {columns} FROM {schema}.records WHERE id = $1"),
-            put: fill(include_str!("postgres/put.sql")),
+            put: fill(&put.replace("{existing}", "").replace("{claimed}", "")),
+            put_claimed: fill(
+                &put.replace(
+                    "{existing}",
+                    "WHERE EXISTS (SELECT 1 FROM {schema}.records AS x WHERE x.id = b.id)",
+                )
+                .replace(
+                    "{claimed}",
+                    "WHERE r.status = 'in_flight' AND r.resends = $27\nRETURNING {returning}",
+                ),
+            ),
             claim: fill(include_str!("postgres/claim.sql")),
+            next_due: format!(
+                "SELECT min(retry_at_ms) FROM {schema}.records \
+                 WHERE status IN ('deferred', 'in_flight')"
+            ),
+            reserve_slot: format!(
+                "INSERT INTO {schema}.slots AS s (name, next_us) VALUES ($1, $2 + $3) \
+                 ON CONFLICT (name) DO UPDATE SET next_us = greatest(s.next_us, $2) + $3 \
+                 RETURNING next_us - $3"
+            ),
+            create_slots: format!(
+                "CREATE TABLE IF NOT EXISTS {schema}.slots (\
+                 name text COLLATE \"C\" PRIMARY KEY, next_us bigint NOT NULL)"
+            ),
             change: fill(include_str!("postgres/change.sql")),
             counts: fill(include_str!("postgres/counts.sql")),
             budget: format!("SELECT budget_spent FROM {schema}.records WHERE id = $1"),
@@ -334,6 +372,8 @@ impl ChangeArgs {
                 resends: -1,
                 ..base(Status::Deferred, at(retry_at))
             },
+            Change::Renewed { until } => base(Status::InFlight, at(until)),
+            Change::Released { retry_at } => base(Status::Deferred, at(retry_at)),
         }
     }
 }
@@ -398,6 +438,87 @@ impl PostgresStore {
         if records.is_empty() {
             return Ok(());
         }
+        self.put_query(&self.sql.put, records)?
+            .execute(&self.pool)
+            .await
+            .map_err(pg_error("write records"))?;
+        Ok(())
+    }
+
+    /// Merges `record` into its row only while `lease` holds ([`Store::put_claimed`]).
+    async fn put_claimed_row(&self, lease: Lease, record: Record) -> Result<Claim, StoreError> {
+        lease.check_id(&record)?;
+        let row = self
+            .put_query(&self.sql.put_claimed, vec![record])?
+            .bind(i64::from(lease.token))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(pg_error("write record"))?;
+        if let Some(row) = row {
+            return Ok(Claim::Claimed(Box::new(decode_row(&row)?)));
+        }
+        Ok(match self.get_record(&lease.id).await? {
+            Some(now) => Claim::ClaimedElsewhere {
+                status: now.status,
+                resends: now.resends,
+            },
+            None => Claim::Missing,
+        })
+    }
+
+    async fn get_record(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(&self.sql.get)
+            .bind(text::encode(id).into_owned())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(pg_error("read record"))?;
+        row.as_ref().map(decode_row).transpose()
+    }
+
+    /// Reserves a slot of the send schedule `name` ([`Store::reserve_slot`]), making the
+    /// schedules' table first when a schema of an earlier version has none.
+    async fn reserve(&self, name: &str, now: i64, gap: i64) -> Result<SystemTime, StoreError> {
+        let name = text::encode(name).into_owned();
+        for first in [true, false] {
+            let slot = sqlx::query_scalar::<_, i64>(&self.sql.reserve_slot)
+                .bind(&name)
+                .bind(now)
+                .bind(gap)
+                .fetch_one(&self.pool)
+                .await;
+            match slot {
+                Ok(slot) => return Ok(from_micros(slot)),
+                Err(sqlx::Error::Database(e)) if first && e.code().as_deref() == Some("42P01") => {
+                    self.create_slots().await?;
+                }
+                Err(e) => return Err(pg_error("reserve a send slot")(e)),
+            }
+        }
+        Err(StoreError::new(
+            "postgres dead-letter store: reserve a send slot: the schedules' table is missing",
+        ))
+    }
+
+    /// Creates the table of the send schedules, under the schema's migration lock: a schema
+    /// migrated by an earlier version gets it on first use, without a schema version of its own.
+    async fn create_slots(&self) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await.map_err(pg_error("begin"))?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+            .bind(LOCK_CLASS)
+            .bind(&self.schema)
+            .execute(&mut *tx)
+            .await
+            .map_err(pg_error("take the migration lock"))?;
+        sqlx::query(&self.sql.create_slots)
+            .execute(&mut *tx)
+            .await
+            .map_err(pg_error("create the send schedules"))?;
+        tx.commit().await.map_err(pg_error("commit"))
+    }
+
+    /// The `put` statement `sql` with `records` bound: folded by id, one array per column, the
+    /// codes' first sightings and the history limit.
+    fn put_query<'q>(&self, sql: &'q str, records: Vec<Record>) -> Result<PgQuery<'q>, StoreError> {
         let limit = self.history_limit;
         // Each code's first sighting, in batch order, before repeated ids are folded.
         let codes: Vec<String> = records
@@ -425,15 +546,11 @@ impl PostgresStore {
         for record in batch {
             columns.push(record)?;
         }
-        columns
-            .bind(sqlx::query(&self.sql.put))
+        Ok(columns
+            .bind(sqlx::query(sql))
             .bind(codes)
             .bind(seen_at)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&self.pool)
-            .await
-            .map_err(pg_error("write records"))?;
-        Ok(())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX)))
     }
 
     /// Applies `change` to the record `id`, only if it still has the status and resends of
@@ -581,15 +698,8 @@ impl Store for PostgresStore {
     }
 
     fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
-        let id = text::encode(id).into_owned();
-        self.run(|this| async move {
-            let row = sqlx::query(&this.sql.get)
-                .bind(id)
-                .fetch_optional(&this.pool)
-                .await
-                .map_err(pg_error("read record"))?;
-            row.as_ref().map(decode_row).transpose()
-        })
+        let id = id.to_owned();
+        self.run(|this| async move { this.get_record(&id).await })
     }
 
     fn search(
@@ -699,6 +809,36 @@ impl Store for PostgresStore {
                 other => Ok(other),
             }
         })
+    }
+
+    fn put_claimed(
+        &self,
+        lease: &Lease,
+        record: Record,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let lease = lease.clone();
+        self.run(|this| async move { this.put_claimed_row(lease, record).await })
+    }
+
+    fn next_due(&self) -> BoxFuture<'static, Result<Option<SystemTime>, StoreError>> {
+        self.run(|this| async move {
+            let ms: Option<i64> = sqlx::query_scalar(&this.sql.next_due)
+                .fetch_one(&this.pool)
+                .await
+                .map_err(pg_error("read the next due time"))?;
+            Ok(ms.map(from_millis))
+        })
+    }
+
+    fn reserve_slot(
+        &self,
+        schedule: &str,
+        gap: Duration,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
+        let schedule = schedule.to_owned();
+        let (now, gap) = (to_micros(now), gap_micros(gap));
+        self.run(|this| async move { this.reserve(&schedule, now, gap).await })
     }
 
     fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {

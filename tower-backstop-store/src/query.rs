@@ -430,6 +430,23 @@ pub enum Change {
         /// When to look at it again (the breaker's half-open time).
         retry_at: SystemTime,
     },
+    /// The holder of a claim renews it while its re-send is in flight: the record stays
+    /// [`InFlight`](Status::InFlight), with `retry_at = until`, the new end of the claim. Meant
+    /// for [`Store::change_claimed`](super::Store::change_claimed), which writes it only while
+    /// the claim holds.
+    Renewed {
+        /// The new end of the claim.
+        until: SystemTime,
+    },
+    /// The holder of a claim gives it back unfinished (a scheduler shutting down with a re-send
+    /// still in flight, which may have reached the provider): status
+    /// [`Deferred`](Status::Deferred) with `retry_at`, so that another scheduler takes it then;
+    /// the resend the claim counted stays counted. (A claim given back unsent is
+    /// [`Held`](Change::Held), which gives the resend back too.)
+    Released {
+        /// When the record is due again (for a give-back at shutdown: now).
+        retry_at: SystemTime,
+    },
 }
 
 impl Change {
@@ -471,19 +488,31 @@ impl Change {
                 record.retry_at = Some(super::record::truncate(retry_at));
                 record.resends = record.resends.saturating_sub(1);
             }
+            Change::Renewed { until } => {
+                record.status = Status::InFlight;
+                record.retry_at = Some(super::record::truncate(until));
+            }
+            Change::Released { retry_at } => {
+                record.status = Status::Deferred;
+                record.retry_at = Some(super::record::truncate(retry_at));
+            }
         }
     }
 }
 
 /// What came of a compare-and-set claim ([`Store::claim`](super::Store::claim)) or change
-/// ([`Store::change_if_unchanged`](super::Store::change_if_unchanged)).
+/// ([`Store::change_if_unchanged`](super::Store::change_if_unchanged)), or of a write under a
+/// claim ([`Store::change_claimed`](super::Store::change_claimed),
+/// [`Store::put_claimed`](super::Store::put_claimed)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claim {
     /// The record was as it was read and is now claimed (or changed): the record as written (for a
     /// claim: [`InFlight`](Status::InFlight), `retry_at` the end of the claim, one more resend).
     Claimed(Box<Record>),
     /// Someone else changed the record since it was read (another re-drive, a scheduler, an
-    /// operator, a new failure's status): nothing was written, and the caller must not send it.
+    /// operator, a new failure's status), or, for a write under a claim, the claim ended (it
+    /// expired and another claimer took the record, or someone changed it): nothing was written,
+    /// and the caller must not send it.
     ClaimedElsewhere {
         /// The record's status now.
         status: Status,

@@ -12,7 +12,8 @@ use super::query::{
     Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable, top_first,
 };
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
-use super::{AuditEntry, BoxFuture, Store, StoreError, redact_url};
+use super::schedule::{from_micros, gap_micros, to_micros};
+use super::{AuditEntry, BoxFuture, Lease, Store, StoreError, redact_url};
 
 /// A dead-letter store in Redis, shared by many instances (feature `redis`): one server
 /// ([`connect`](RedisStore::connect)) or a Redis Cluster
@@ -35,6 +36,7 @@ use super::{AuditEntry, BoxFuture, Store, StoreError, redact_url};
 /// | `{prefix}:codes` | hash | each code's first sighting (ms) |
 /// | `{prefix}:classes` | set | every class name written (what [`counts`](Store::counts) walks) |
 /// | `{prefix}:audit` | list | the audit trail, newest first |
+/// | `{prefix}:slot:{schedule}` | string | a send schedule's next free time (µs), for [`reserve_slot`](Store::reserve_slot); expires a minute after it |
 ///
 /// Versions before the hash tag named the keys `prefix:…` (no braces); such a store looks empty
 /// to this version until its keys are renamed once, with
@@ -222,6 +224,23 @@ end
 if ARGV[6] ~= '' then redis.call('HSETNX', KEYS[4], ARGV[6], ARGV[8]) end
 return 1
 ";
+
+/// Reserves a slot of a send schedule ([`Store::reserve_slot`]). KEYS: the schedule. ARGV: now
+/// and the gap, in microseconds. Keeps the schedule's next free time (a minute past it, then the
+/// key expires) and returns the slot reserved. Lua's numbers are doubles: exact for these
+/// times, which are below 2^53 microseconds until the year 2255.
+const RESERVE: &str = r"
+local now = tonumber(ARGV[1])
+local slot = tonumber(redis.call('GET', KEYS[1]) or '0')
+if now > slot then slot = now end
+local after = slot + tonumber(ARGV[2])
+local ttl = math.floor((after - now) / 1000) + 60000
+redis.call('SET', KEYS[1], string.format('%.0f', after), 'PX', ttl)
+return slot
+";
+
+/// The scripts the store loads, and loads again when the server forgot them.
+const SCRIPTS: [&str; 2] = [WRITE, RESERVE];
 
 /// How many times a write is tried again when another writer changed the record in between.
 const CAS_TRIES: usize = 64;
@@ -444,7 +463,7 @@ impl RedisStore {
 
     /// The store over `conn`, its scripts loaded, with the default prefix and history limit.
     async fn opened(mut conn: Connection, urls: Vec<String>) -> Result<Self, StoreError> {
-        for script in [WRITE] {
+        for script in SCRIPTS {
             Script::new(script)
                 .load_async(&mut conn)
                 .await
@@ -684,7 +703,7 @@ impl RedisStore {
         let mut conn = self.conn.clone();
         match cmd.query_async(&mut conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                for script in [WRITE] {
+                for script in SCRIPTS {
                     Script::new(script).load_async(&mut conn).await?;
                 }
                 cmd.query_async(&mut conn).await
@@ -789,7 +808,7 @@ impl RedisStore {
         let written: Vec<i64> = match write.query_async(&mut conn).await {
             // The server forgot the scripts: none of the batch was written; load and again.
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                for script in [WRITE] {
+                for script in SCRIPTS {
                     Script::new(script)
                         .load_async(&mut conn)
                         .await
@@ -1276,6 +1295,83 @@ impl Store for RedisStore {
                  {CAS_TRIES} tries",
                 seen.id
             )))
+        })
+    }
+
+    fn put_claimed(
+        &self,
+        lease: &Lease,
+        record: Record,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let this = self.clone();
+        let lease = lease.clone();
+        Box::pin(async move {
+            lease.check_id(&record)?;
+            for _ in 0..CAS_TRIES {
+                let (old, version) = this.read(&lease.id).await?;
+                let Some(current) = old else {
+                    return Ok(Claim::Missing);
+                };
+                if !lease.holds(&current) {
+                    return Ok(Claim::ClaimedElsewhere {
+                        status: current.status,
+                        resends: current.resends,
+                    });
+                }
+                let mut merged = current.clone();
+                merged.merge_bounded(record.clone(), this.history_limit);
+                let written: i64 = this
+                    .eval(&this.write_cmd(&merged, Some(&current), &version, true)?)
+                    .await
+                    .map_err(redis_error("write record"))?;
+                if written == 1 {
+                    return Ok(Claim::Claimed(Box::new(merged)));
+                }
+            }
+            Err(StoreError::new(format!(
+                "redis dead-letter store: record {} kept changing, gave up writing its failure \
+                 after {CAS_TRIES} tries",
+                lease.id
+            )))
+        })
+    }
+
+    fn next_due(&self) -> BoxFuture<'static, Result<Option<SystemTime>, StoreError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let mut conn = this.conn.clone();
+            let first: Vec<(String, i64)> = redis::cmd("ZRANGE")
+                .arg(this.key("retry"))
+                .arg(0)
+                .arg(0)
+                .arg("WITHSCORES")
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error("read the next due time"))?;
+            Ok(first.first().map(|(_, ms)| from_millis(*ms)))
+        })
+    }
+
+    fn reserve_slot(
+        &self,
+        schedule: &str,
+        gap: Duration,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
+        let this = self.clone();
+        let key = self.key(&format!("slot:{schedule}"));
+        Box::pin(async move {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(Script::new(RESERVE).get_hash())
+                .arg(1)
+                .arg(key)
+                .arg(to_micros(now))
+                .arg(gap_micros(gap));
+            let slot: i64 = this
+                .eval(&cmd)
+                .await
+                .map_err(redis_error("reserve a send slot"))?;
+            Ok(from_micros(slot))
         })
     }
 

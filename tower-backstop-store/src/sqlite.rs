@@ -11,7 +11,8 @@ use rusqlite::{
 
 use super::query::{Change, Claim, Counts, Filter, change_if_unchanged, claim, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status, from_millis, to_millis};
-use super::{AuditAction, AuditEntry, BoxFuture, Store, StoreError};
+use super::schedule::{from_micros, gap_micros, reserve, to_micros};
+use super::{AuditAction, AuditEntry, BoxFuture, Lease, Store, StoreError};
 
 /// A durable dead-letter store in one SQLite file (embedded, bundled SQLite; feature `sqlite`).
 ///
@@ -42,8 +43,11 @@ use super::{AuditAction, AuditEntry, BoxFuture, Store, StoreError};
 /// the caller's failure says the record was not written and a `tracing` error reports it.
 ///
 /// Layout: a `dead_letters` table (one row per id, indexed by class, code, last failure time and
-/// retry-at), `dead_letter_tags` (id, key, value; indexed by key and value) and
-/// `dead_letter_codes` (each code's first sighting).
+/// retry-at), `dead_letter_tags` (id, key, value; indexed by key and value),
+/// `dead_letter_codes` (each code's first sighting), `dead_letter_audit` (the audit trail) and
+/// `dead_letter_slots` (the shared send schedules of [`reserve_slot`](Store::reserve_slot):
+/// a name and the next free time in microseconds; created on first use in a file written by an
+/// earlier version).
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Link>>,
@@ -108,6 +112,10 @@ CREATE INDEX IF NOT EXISTS dead_letter_tags_by_value ON dead_letter_tags (key, v
 CREATE TABLE IF NOT EXISTS dead_letter_codes (
     code          TEXT PRIMARY KEY,
     first_seen_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dead_letter_slots (
+    name    TEXT PRIMARY KEY,
+    next_us INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS dead_letter_audit (
     seq     INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -815,6 +823,83 @@ impl Store for SqliteStore {
                 write_row(tx, record)?;
             }
             Ok(claim)
+        })
+    }
+
+    fn put_claimed(
+        &self,
+        lease: &Lease,
+        record: Record,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        if let Err(e) = lease.check_id(&record) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let (lease, limit) = (lease.clone(), self.history_limit);
+        self.write(move |tx| {
+            let Some(current) = read_record(tx, &lease.id)? else {
+                return Ok(Claim::Missing);
+            };
+            if !lease.holds(&current) {
+                return Ok(Claim::ClaimedElsewhere {
+                    status: current.status,
+                    resends: current.resends,
+                });
+            }
+            put_record(tx, record, limit)?;
+            Ok(match read_record(tx, &lease.id)? {
+                Some(written) => Claim::Claimed(Box::new(written)),
+                None => Claim::Missing,
+            })
+        })
+    }
+
+    fn next_due(&self) -> BoxFuture<'static, Result<Option<SystemTime>, StoreError>> {
+        self.run(move |conn| {
+            conn.prepare_cached(
+                "SELECT retry_at_ms FROM dead_letters
+                 WHERE retry_at_ms IS NOT NULL AND status IN ('deferred', 'in_flight')
+                 ORDER BY retry_at_ms LIMIT 1",
+            )
+            .map_err(sql_error("read the next due time"))?
+            .query_row([], |row| row.get::<_, i64>(0))
+            .optional()
+            .map(|ms| ms.map(from_millis))
+            .map_err(sql_error("read the next due time"))
+        })
+    }
+
+    fn reserve_slot(
+        &self,
+        schedule: &str,
+        gap: Duration,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
+        let schedule = schedule.to_owned();
+        let (now, gap) = (to_micros(now), gap_micros(gap));
+        self.write(move |tx| {
+            // A file of an earlier version has no schedules yet.
+            tx.execute_batch(
+                "CREATE TABLE IF NOT EXISTS dead_letter_slots (
+                     name    TEXT PRIMARY KEY,
+                     next_us INTEGER NOT NULL
+                 )",
+            )
+            .map_err(sql_error("create the send schedules"))?;
+            let next: Option<i64> = tx
+                .prepare_cached("SELECT next_us FROM dead_letter_slots WHERE name = ?1")
+                .map_err(sql_error("read the send schedule"))?
+                .query_row(params![schedule], |row| row.get(0))
+                .optional()
+                .map_err(sql_error("read the send schedule"))?;
+            let (slot, after) = reserve(next, now, gap);
+            tx.prepare_cached(
+                "INSERT INTO dead_letter_slots (name, next_us) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET next_us = excluded.next_us",
+            )
+            .map_err(sql_error("write the send schedule"))?
+            .execute(params![schedule, after])
+            .map_err(sql_error("write the send schedule"))?;
+            Ok(from_micros(slot))
         })
     }
 

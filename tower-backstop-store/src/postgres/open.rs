@@ -22,7 +22,7 @@ const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
 /// The first key of the advisory lock that serializes migrations ("bstp" in ASCII); the second
 /// is `hashtext` of the schema name, so that stores in two schemas migrate independently.
-const LOCK_CLASS: i32 = 0x6273_7470;
+pub(super) const LOCK_CLASS: i32 = 0x6273_7470;
 
 /// The pool size of [`PostgresStore::connect`](crate::PostgresStore::connect) by default: sqlx's own default.
 const DEFAULT_MAX_CONNECTIONS: u32 = 10;

@@ -2,6 +2,9 @@
 -- $1..$23: one array per column (a record per index; ids unique, the batch folded before);
 -- $24, $25: the code and last failure time of every record of the batch, in batch order (the
 -- first sighting of each code); $26: the history limit.
+-- put_claimed is the same statement for one record with the two placeholders below filled in:
+-- only a row that exists is written, only while it is in flight with $27 resends (the claim's
+-- token), and the row as written comes back. For put_many both are empty.
 -- The merge is `Record::merge_bounded`: the newer record's fields win, attempts and budget add
 -- up (capped at 2^32 - 1), the first failure time stays, resends take the larger, tags unite
 -- (newer values win), the histories concatenate and keep the last $26, the cause and breaker
@@ -34,6 +37,7 @@ FROM unnest(
     retry_at_ms, status, resends, resolved_at_ms, history, tags, payload, payload_truncated,
     payload_len, content_type, metadata, headers, redacted_headers, cause, breaker
 )
+{existing}
 ORDER BY b.id
 ON CONFLICT (id) DO UPDATE SET
     class = EXCLUDED.class,
@@ -67,3 +71,4 @@ ON CONFLICT (id) DO UPDATE SET
     redacted_headers = EXCLUDED.redacted_headers,
     cause = coalesce(EXCLUDED.cause, r.cause),
     breaker = coalesce(EXCLUDED.breaker, r.breaker)
+{claimed}

@@ -948,3 +948,308 @@ pub(super) async fn audit_trail_records_purges_and_prunes(b: &dyn Backend) {
     assert_eq!(o.store.audit(0..100).await.unwrap().len(), 7);
     assert_eq!(ids(&o.store.list(10).await.unwrap()), ["m-2"]);
 }
+
+/// A claim is a lease with a fencing token: the holder renews it; once it ended and another
+/// claimer took the record, every write through the old lease changes nothing, from either
+/// handle; the new holder's writes go through.
+pub(super) async fn a_claim_is_fenced_by_its_token(b: &dyn Backend) {
+    let o = open(b, "fenced", 10).await;
+    o.store
+        .put(deferred(
+            rec("m-1", "throttled", "http 429", at(0)),
+            at(1_000),
+        ))
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(5);
+    let first = o.store.claim_due(at(1_000), 10, lease).await.unwrap();
+    let a = first[0].lease().expect("a claimed record is in flight");
+    assert_eq!((a.id.as_str(), a.token, a.until), ("m-1", 1, at(6_000)));
+    // Renewed while it holds: the end moves, the token stays.
+    let renewed = o
+        .other
+        .change_claimed(&a, Change::Renewed { until: at(9_000) })
+        .await
+        .unwrap();
+    let Claim::Claimed(renewed) = renewed else {
+        panic!("{renewed:?}")
+    };
+    assert_eq!(
+        (renewed.status, renewed.resends, renewed.retry_at),
+        (Status::InFlight, 1, Some(at(9_000)))
+    );
+    assert_eq!(renewed.lease().map(|l| l.until), Some(at(9_000)));
+    // Not due before the new end; after it, another claimer takes it, with a new token.
+    assert!(
+        o.store
+            .claim_due(at(8_999), 10, lease)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let second = o.other.claim_due(at(9_000), 10, lease).await.unwrap();
+    let b2 = second[0].lease().unwrap();
+    assert_eq!((b2.token, b2.until), (2, at(14_000)));
+    // The first claimer wakes up: nothing it writes through its old lease lands.
+    let before = o.store.get("m-1").await.unwrap();
+    let taken = Claim::ClaimedElsewhere {
+        status: Status::InFlight,
+        resends: 2,
+    };
+    for change in [
+        Change::Renewed { until: at(60_000) },
+        Change::Resolved { at: at(10_000) },
+        Change::Dead,
+        Change::Held { retry_at: at(1) },
+        Change::Released { retry_at: at(1) },
+    ] {
+        for store in [&o.store, &o.other] {
+            assert_eq!(
+                store.change_claimed(&a, change).await.unwrap(),
+                taken,
+                "{change:?}"
+            );
+        }
+    }
+    let failure = deferred(rec("m-1", "transient", "http 503", at(10_000)), at(1));
+    assert_eq!(
+        o.store.put_claimed(&a, failure.clone()).await.unwrap(),
+        taken
+    );
+    assert_eq!(o.store.get("m-1").await.unwrap(), before, "nothing changed");
+    // The holder finishes it; its claim is then over too.
+    let done = o
+        .other
+        .change_claimed(&b2, Change::Resolved { at: at(10_000) })
+        .await
+        .unwrap();
+    let Claim::Claimed(done) = done else {
+        panic!("{done:?}")
+    };
+    assert_eq!(
+        (done.status, done.resolved_at, done.retry_at, done.resends),
+        (Status::Resolved, Some(at(10_000)), None, 2)
+    );
+    assert_eq!(
+        o.store.change_claimed(&b2, Change::Dead).await.unwrap(),
+        Claim::ClaimedElsewhere {
+            status: Status::Resolved,
+            resends: 2
+        }
+    );
+    // Deleted meanwhile: nothing is written, and no record comes back.
+    o.store.delete(&Filter::new().id("m-1")).await.unwrap();
+    assert_eq!(
+        o.store.change_claimed(&b2, Change::Dead).await.unwrap(),
+        Claim::Missing
+    );
+    assert_eq!(
+        o.store.put_claimed(&b2, failure).await.unwrap(),
+        Claim::Missing
+    );
+    assert_eq!(o.store.get("m-1").await.unwrap(), None);
+}
+
+/// A re-send that fails again under its claim merges its failure as `put` would, and that write
+/// ends the claim; a claim given back after a send keeps its resend, one given back unsent
+/// returns it; a failure of another record is refused.
+pub(super) async fn a_failure_under_its_claim_ends_it(b: &dyn Backend) {
+    let o = open(b, "put_claimed", 10).await;
+    o.store
+        .put(deferred(
+            rec("m-1", "throttled", "http 429", at(0)),
+            at(1_000),
+        ))
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(5);
+    let a = o.store.claim_due(at(1_000), 10, lease).await.unwrap()[0]
+        .lease()
+        .unwrap();
+    let again = deferred(rec("m-1", "transient", "http 503", at(2_000)), at(20_000));
+    let written = o.other.put_claimed(&a, again).await.unwrap();
+    let Claim::Claimed(written) = written else {
+        panic!("{written:?}")
+    };
+    assert_eq!(
+        (
+            written.status,
+            written.retry_at,
+            written.resends,
+            written.attempts,
+            written.history.len(),
+            written.code.as_str(),
+            written.first_failed_at,
+        ),
+        (
+            Status::Deferred,
+            Some(at(20_000)),
+            1,
+            2,
+            2,
+            "http 503",
+            at(0)
+        )
+    );
+    assert_eq!(o.store.get("m-1").await.unwrap().as_ref(), Some(&*written));
+    // That write ended the claim.
+    let late = rec("m-1", "transient", "http 500", at(3_000));
+    assert_eq!(
+        o.store.put_claimed(&a, late).await.unwrap(),
+        Claim::ClaimedElsewhere {
+            status: Status::Deferred,
+            resends: 1
+        }
+    );
+    // Given back after a send: due again, the resend still counted.
+    let c = o.store.claim_due(at(20_000), 10, lease).await.unwrap()[0]
+        .lease()
+        .unwrap();
+    let released = o
+        .store
+        .change_claimed(
+            &c,
+            Change::Released {
+                retry_at: at(21_000),
+            },
+        )
+        .await
+        .unwrap();
+    let Claim::Claimed(released) = released else {
+        panic!("{released:?}")
+    };
+    assert_eq!(
+        (released.status, released.resends, released.retry_at),
+        (Status::Deferred, 2, Some(at(21_000)))
+    );
+    // Given back unsent: the resend given back too.
+    let d = o.other.claim_due(at(21_000), 10, lease).await.unwrap()[0]
+        .lease()
+        .unwrap();
+    assert_eq!(d.token, 3);
+    let held = o
+        .other
+        .change_claimed(
+            &d,
+            Change::Held {
+                retry_at: at(22_000),
+            },
+        )
+        .await
+        .unwrap();
+    let Claim::Claimed(held) = held else {
+        panic!("{held:?}")
+    };
+    assert_eq!(
+        (held.status, held.resends, held.retry_at),
+        (Status::Deferred, 2, Some(at(22_000)))
+    );
+    // Another record's failure under this claim is refused, and nothing is written.
+    let e = o.store.claim_due(at(22_000), 10, lease).await.unwrap()[0]
+        .lease()
+        .unwrap();
+    let other = rec("m-2", "transient", "http 503", at(3_000));
+    assert!(o.store.put_claimed(&e, other).await.is_err());
+    assert_eq!(o.store.get("m-2").await.unwrap(), None);
+}
+
+/// The earliest retry-at time of the deferred and in-flight records, what a scheduler sleeps
+/// until: dead and resolved records have none.
+pub(super) async fn next_due_is_the_earliest_waiting_time(b: &dyn Backend) {
+    let o = open(b, "next_due", 10).await;
+    assert_eq!(o.store.next_due().await.unwrap(), None);
+    o.store
+        .put(rec("dead", "permanent", "http 400", at(0)))
+        .await
+        .unwrap();
+    assert_eq!(
+        o.store.next_due().await.unwrap(),
+        None,
+        "a dead record waits for no time"
+    );
+    o.store
+        .put_many(vec![
+            deferred(rec("late", "throttled", "http 429", at(0)), at(30_000)),
+            deferred(rec("soon", "throttled", "http 429", at(0)), at(10_000)),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(o.other.next_due().await.unwrap(), Some(at(10_000)));
+    // Claimed: due again at the end of its lease.
+    let soon = o
+        .store
+        .claim_due(at(10_000), 1, Duration::from_secs(5))
+        .await
+        .unwrap()[0]
+        .lease()
+        .unwrap();
+    assert_eq!(o.other.next_due().await.unwrap(), Some(at(15_000)));
+    o.store
+        .change_claimed(&soon, Change::Resolved { at: at(11_000) })
+        .await
+        .unwrap();
+    assert_eq!(o.other.next_due().await.unwrap(), Some(at(30_000)));
+    let late = o
+        .store
+        .claim_due(at(30_000), 1, Duration::from_secs(5))
+        .await
+        .unwrap()[0]
+        .lease()
+        .unwrap();
+    o.store.change_claimed(&late, Change::Dead).await.unwrap();
+    assert_eq!(o.store.next_due().await.unwrap(), None);
+}
+
+/// A send schedule is one per store, whatever the handle: slots a gap apart, kept to the
+/// microsecond; an idle schedule starts at the caller's now; two schedules are apart; many
+/// callers at once each get a slot of their own.
+pub(super) async fn send_slots_are_shared(b: &dyn Backend) {
+    let o = open(b, "slots", 10).await;
+    let gap = Duration::from_millis(50);
+    let t = at(0);
+    assert_eq!(o.store.reserve_slot("drain", gap, t).await.unwrap(), t);
+    assert_eq!(
+        o.other.reserve_slot("drain", gap, t).await.unwrap(),
+        t + gap
+    );
+    let a_bit_later = t + Duration::from_millis(10);
+    assert_eq!(
+        o.store
+            .reserve_slot("drain", gap, a_bit_later)
+            .await
+            .unwrap(),
+        t + gap * 2
+    );
+    assert_eq!(o.other.reserve_slot("other", gap, t).await.unwrap(), t);
+    // Idle past its next slot: it starts again at now, without a burst saved up.
+    let later = t + Duration::from_secs(1);
+    assert_eq!(
+        o.store.reserve_slot("drain", gap, later).await.unwrap(),
+        later
+    );
+    assert_eq!(
+        o.other.reserve_slot("drain", gap, later).await.unwrap(),
+        later + gap
+    );
+    let fine = Duration::from_micros(1_500);
+    assert_eq!(o.store.reserve_slot("fine", fine, t).await.unwrap(), t);
+    assert_eq!(
+        o.other.reserve_slot("fine", fine, t).await.unwrap(),
+        t + fine
+    );
+    // Forty callers at once, from both handles: forty slots, one gap apart.
+    let now = at(5_000);
+    let calls: Vec<_> = (0..40)
+        .map(|i| {
+            let store = Arc::clone(if i % 2 == 0 { &o.store } else { &o.other });
+            tokio::spawn(async move { store.reserve_slot("race", gap, now).await.unwrap() })
+        })
+        .collect();
+    let mut slots = Vec::new();
+    for call in calls {
+        slots.push(call.await.unwrap());
+    }
+    slots.sort();
+    let want: Vec<SystemTime> = (0..40).map(|i| now + gap * i).collect();
+    assert_eq!(slots, want);
+}

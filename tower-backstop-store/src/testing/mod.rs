@@ -220,6 +220,10 @@ cases!(
     an_open_ended_page_reads_to_the_end,
     retention_prunes_by_age_then_count,
     audit_trail_records_purges_and_prunes,
+    a_claim_is_fenced_by_its_token,
+    a_failure_under_its_claim_ends_it,
+    next_due_is_the_earliest_waiting_time,
+    send_slots_are_shared,
 );
 
 /// The case named `name`, if there is one.

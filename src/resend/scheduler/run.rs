@@ -1,0 +1,565 @@
+//! The scheduler's loop: claim what is due, start what the pace and the concurrency allow,
+//! sleep until the next due time, and at shutdown give back what is unfinished.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::{Id, JoinError, JoinSet};
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::Scheduler;
+use super::health::Health;
+use super::holds::{Holds, Report};
+use super::pace::Pace;
+use crate::failure::Failure;
+use crate::observe::{Event, Hook};
+use crate::resend::redrive::{Outcome, resend};
+use crate::resend::renew::Held;
+use crate::store::{Change, Claim, Lease, Record, Status, Store, add_clamped};
+
+/// The shortest sleep after a look at the store that found a due time already past but claimed
+/// nothing (another scheduler took it in between): no busy loop on a store that says "now".
+const MIN_SLEEP: Duration = Duration::from_millis(10);
+
+/// What a look at the store found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Round {
+    /// As many records as were asked for: more may be due now.
+    Full,
+    /// Fewer: nothing more is due now.
+    Partial,
+    /// No room for another re-send: none was asked for.
+    Busy,
+    /// The store failed.
+    Failed,
+}
+
+/// A spawned scheduler: its settings and its state.
+pub(super) struct Run<S, F> {
+    scheduler: Scheduler<S, F>,
+    stop: watch::Receiver<Option<Duration>>,
+    in_flight: JoinSet<()>,
+    /// The claim of each re-send in flight, by its task.
+    leases: HashMap<Id, Lease>,
+    /// Claimed records not yet started, each with when it was claimed.
+    pending: VecDeque<(Record, Instant)>,
+    holds: Holds,
+    pace: Pace,
+    health: Health,
+    reports: mpsc::UnboundedReceiver<Report>,
+    report: mpsc::UnboundedSender<Report>,
+    backlog_at: Option<Instant>,
+    pruned_at: Option<Instant>,
+}
+
+impl<S, F, Req, E> Run<S, F>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<Failure<S::Response>> + Send,
+    S::Response: Send + 'static,
+    F: FnMut(&Record) -> Result<Req, E> + Send + 'static,
+    E: fmt::Display + 'static,
+    Req: Send + 'static,
+{
+    pub(super) fn new(scheduler: Scheduler<S, F>, stop: watch::Receiver<Option<Duration>>) -> Self {
+        let (report, reports) = mpsc::unbounded_channel();
+        Run {
+            pace: Pace::new(scheduler.rate, scheduler.fleet_rate),
+            health: Health::new(scheduler.listener.clone()),
+            scheduler,
+            stop,
+            in_flight: JoinSet::new(),
+            leases: HashMap::new(),
+            pending: VecDeque::new(),
+            holds: Holds::default(),
+            reports,
+            report,
+            backlog_at: None,
+            pruned_at: None,
+        }
+    }
+
+    pub(super) async fn run(mut self) {
+        loop {
+            while let Some(done) = self.in_flight.try_join_next_with_id() {
+                self.forget(done);
+            }
+            self.housekeeping().await;
+            self.learn();
+            let round = if self.pending.is_empty() {
+                self.claim().await
+            } else {
+                Round::Busy
+            };
+            if !self.start_pending().await {
+                break;
+            }
+            let wake = self.wake_at(round).await;
+            if !self.idle_until(wake).await {
+                break;
+            }
+        }
+        self.shut_down().await;
+    }
+
+    /// Prunes by the retention and counts the backlog, when either is due.
+    async fn housekeeping(&mut self) {
+        let store = &*self.scheduler.store;
+        if let Some((retention, every)) = &self.scheduler.retention
+            && self.pruned_at.is_none_or(|at| at.elapsed() >= *every)
+        {
+            self.pruned_at = Some(Instant::now());
+            match retention
+                .prune_as(store, self.scheduler.clock.now(), "scheduler")
+                .await
+            {
+                Ok(pruned) => {
+                    self.health.ok();
+                    if pruned.total() > 0 {
+                        tracing::info!(
+                            by_age = pruned.by_age,
+                            by_count = pruned.by_count,
+                            "pruned the dead-letter records beyond the retention"
+                        );
+                    }
+                }
+                Err(e) => self.health.failed("prune", &e),
+            }
+        }
+        let listener = &self.scheduler.listener;
+        if listener.is_set()
+            && self
+                .backlog_at
+                .is_none_or(|at| at.elapsed() >= self.scheduler.backlog_every)
+        {
+            self.backlog_at = Some(Instant::now());
+            match store.counts(std::time::UNIX_EPOCH).await {
+                Ok(counts) => {
+                    self.health.ok();
+                    listener.emit(|| Event::Backlog {
+                        deferred: counts.deferred,
+                    });
+                }
+                Err(e) => self.health.failed("count", &e),
+            }
+        }
+    }
+
+    /// Takes in what the re-sends in flight reported.
+    fn learn(&mut self) {
+        while let Ok(report) = self.reports.try_recv() {
+            self.holds.learn(report, self.scheduler.rate);
+        }
+    }
+
+    /// Claims as many due records as there is room for: at most the free concurrency, and at
+    /// most what the rate sends in a third of the lease, so that no claim waits out its lease
+    /// for its turn.
+    async fn claim(&mut self) -> Round {
+        let s = &self.scheduler;
+        let free = s.concurrency.saturating_sub(self.in_flight.len());
+        if free == 0 {
+            return Round::Busy;
+        }
+        let rate = f64::from(s.fleet_rate.unwrap_or(s.rate));
+        // At least one; `as` saturates a float that does not fit.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let in_a_third = (rate * s.lease.as_secs_f64() / 3.0).ceil().max(1.0) as usize;
+        let limit = free.min(in_a_third);
+        match s.store.claim_due(s.clock.now(), limit, s.lease).await {
+            Ok(due) => {
+                self.health.ok();
+                let full = due.len() >= limit;
+                let claimed = Instant::now();
+                self.pending.extend(due.into_iter().map(|r| (r, claimed)));
+                // A full batch: more may be due now, even when all of it is held (another
+                // breaker's records wait behind an open one's backlog).
+                if full { Round::Full } else { Round::Partial }
+            }
+            Err(e) => {
+                self.health.failed("claim", &e);
+                Round::Failed
+            }
+        }
+    }
+
+    /// Holds or starts each claimed record, at the pace; `false` when asked to stop meanwhile.
+    async fn start_pending(&mut self) -> bool {
+        while let Some((record, claimed)) = self.pending.pop_front() {
+            if self.in_flight.len() >= self.scheduler.concurrency {
+                self.pending.push_front((record, claimed));
+                return true;
+            }
+            self.learn();
+            let now = self.scheduler.clock.now();
+            if let Some(until) = self.holds.hold(&record, now, self.scheduler.poll) {
+                hold(&*self.scheduler.store, &record, until).await;
+                continue;
+            }
+            let at = self
+                .pace
+                .reserve(
+                    &*self.scheduler.store,
+                    &self.scheduler.clock,
+                    &mut self.health,
+                )
+                .await;
+            if !until_or_stop(&mut self.stop, at).await {
+                self.holds.not_sent(record.breaker.as_deref());
+                self.pending.push_front((record, claimed));
+                return false;
+            }
+            let breaker = record.breaker.clone();
+            if !self.start(record, claimed).await {
+                self.holds.not_sent(breaker.as_deref());
+            }
+        }
+        true
+    }
+
+    /// When to look at the store again: at once after a full batch; else at the earliest due
+    /// time the store knows, at most a poll away.
+    async fn wake_at(&mut self, round: Round) -> Instant {
+        let now = Instant::now();
+        let poll = now + self.scheduler.poll;
+        if round == Round::Full && self.pending.is_empty() {
+            return now;
+        }
+        if round != Round::Partial {
+            return poll;
+        }
+        match self.scheduler.store.next_due().await {
+            Ok(next) => {
+                self.health.ok();
+                let Some(next) = next else {
+                    return poll;
+                };
+                let clock = self.scheduler.clock.now();
+                let wait = next.duration_since(clock).unwrap_or(Duration::ZERO);
+                (now + wait.max(MIN_SLEEP)).min(poll)
+            }
+            Err(e) => {
+                self.health.failed("next_due", &e);
+                poll
+            }
+        }
+    }
+
+    /// Sleeps until `wake`, or until a re-send ends while the scheduler waits for room;
+    /// `false` when asked to stop meanwhile.
+    async fn idle_until(&mut self, wake: Instant) -> bool {
+        let waiting_for_room =
+            !self.pending.is_empty() || self.in_flight.len() >= self.scheduler.concurrency;
+        let in_flight = waiting_for_room.then_some(&mut self.in_flight);
+        let (going, done) = until_or_stop_or_done(&mut self.stop, wake, in_flight).await;
+        if let Some(done) = done {
+            self.forget(done);
+        }
+        going
+    }
+
+    /// A re-send's task ended: its claim is no longer the scheduler's to give back.
+    fn forget(&mut self, done: Result<(Id, ()), JoinError>) {
+        match done {
+            Ok((id, ())) => {
+                self.leases.remove(&id);
+            }
+            Err(e) => {
+                let lease = self.leases.remove(&e.id());
+                if !e.is_cancelled() {
+                    let id = lease.map(|l| l.id);
+                    tracing::error!(error = %e, id = ?id, "dead-letter re-send task failed; its claim ends at its lease");
+                }
+            }
+        }
+    }
+
+    /// Starts the re-send of a claimed record; whether it was started (false: dead-lettered
+    /// instead).
+    async fn start(&mut self, record: Record, claimed: Instant) -> bool {
+        let Some(lease) = record.lease() else {
+            tracing::error!(id = %record.id, status = %record.status, "a claimed record is not in flight; not sent");
+            return false;
+        };
+        if record.resends > self.scheduler.max_resends {
+            tracing::warn!(
+                id = %record.id,
+                resends = record.resends - 1,
+                "re-sent as often as allowed; dead-lettered"
+            );
+            let s = &self.scheduler;
+            dead(
+                &*s.store,
+                &s.listener,
+                &lease,
+                "re-sent as often as allowed",
+            )
+            .await;
+            return false;
+        }
+        let rebuilt = (self.scheduler.rebuild)(&record).map_err(|e| e.to_string());
+        let request = match rebuilt {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::error!(id = %record.id, error = %e, "cannot rebuild the request; dead-lettered");
+                let s = &self.scheduler;
+                dead(&*s.store, &s.listener, &lease, "cannot rebuild the request").await;
+                return false;
+            }
+        };
+        let task = ReSend {
+            store: Arc::clone(&self.scheduler.store),
+            service: self.scheduler.service.clone(),
+            record,
+            lease: lease.clone(),
+            length: self.scheduler.lease,
+            claimed,
+            clock: self.scheduler.clock,
+            recheck: self.scheduler.poll.saturating_mul(10),
+            listener: self.scheduler.listener.clone(),
+            report: self.report.clone(),
+        };
+        let handle = self.in_flight.spawn(task.run(request));
+        self.leases.insert(handle.id(), lease);
+        true
+    }
+
+    /// Gives back what is claimed and unfinished: the records not started at once, those in
+    /// flight once they end or the shutdown's bound passes.
+    async fn shut_down(mut self) {
+        let bound = (*self.stop.borrow()).unwrap_or(super::DEFAULT_SHUTDOWN_WITHIN);
+        let store = Arc::clone(&self.scheduler.store);
+        let clock = self.scheduler.clock;
+        for (record, _) in std::mem::take(&mut self.pending) {
+            if let Some(lease) = record.lease() {
+                give_back(
+                    &*store,
+                    &lease,
+                    Change::Held {
+                        retry_at: clock.now(),
+                    },
+                )
+                .await;
+            }
+        }
+        let deadline = Instant::now() + bound;
+        while let Ok(Some(done)) =
+            tokio::time::timeout_at(deadline, self.in_flight.join_next_with_id()).await
+        {
+            self.forget(done);
+        }
+        if self.in_flight.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            unfinished = self.in_flight.len(),
+            waited = ?bound,
+            "dead-letter scheduler shutting down with re-sends still in flight: stopped, their \
+             claims given back"
+        );
+        self.in_flight.abort_all();
+        while let Some(done) = self.in_flight.join_next_with_id().await {
+            let id = match &done {
+                Ok((id, ())) => *id,
+                Err(e) => e.id(),
+            };
+            if let Some(lease) = self.leases.remove(&id)
+                && done.is_err()
+            {
+                let retry_at = clock.now();
+                give_back(&*store, &lease, Change::Released { retry_at }).await;
+            }
+        }
+    }
+}
+
+/// One re-send, on its own task.
+struct ReSend<S> {
+    store: Arc<dyn Store>,
+    service: S,
+    record: Record,
+    lease: Lease,
+    /// The length of the lease, for its renewals.
+    length: Duration,
+    claimed: Instant,
+    clock: crate::clock::Clock,
+    /// How long to hold a record a breaker forced open rejected (it names no half-open time).
+    recheck: Duration,
+    listener: Hook,
+    report: mpsc::UnboundedSender<Report>,
+}
+
+impl<S> ReSend<S> {
+    async fn run<Req>(mut self, request: Req)
+    where
+        S: Service<Req>,
+        S::Error: Into<Failure<S::Response>>,
+    {
+        let store = &*self.store;
+        let (id, clock) = (self.record.id.clone(), self.clock);
+        let mut held = Held::new(store, self.lease, self.length, self.claimed, clock);
+        let (outcome, rejected) = resend(
+            store,
+            &mut self.service,
+            &self.record,
+            request,
+            &mut held,
+            &clock,
+        )
+        .await;
+        let breaker = self.record.breaker.clone();
+        let resent = |outcome| Event::Resent { id: &id, outcome };
+        let report = match (&outcome, rejected) {
+            (_, Some(rejected)) => {
+                // Nothing reached the provider: give the claim back.
+                let left = rejected.half_opens_in.unwrap_or(self.recheck);
+                let until = add_clamped(clock.now(), left);
+                tracing::debug!(
+                    id = %id,
+                    breaker = %rejected.breaker,
+                    "scheduled re-send rejected by an open breaker; held"
+                );
+                // Held when nothing was sent; a re-send that reached the provider and
+                // failed before a retry met the breaker failed, though it is put back.
+                let outcome = if rejected.reached { "failed" } else { "held" };
+                self.listener.emit_ref(&resent(outcome));
+                if rejected.written {
+                    put_back(store, &self.record, until).await;
+                }
+                Report::Open {
+                    breaker: rejected.breaker,
+                    until,
+                    cause: rejected.cause,
+                    id: id.clone(),
+                }
+            }
+            (Outcome::Resolved { .. }, None) => {
+                self.listener.emit_ref(&resent("delivered"));
+                tracing::info!(id = %id, "scheduled re-send succeeded");
+                Report::Delivered { breaker }
+            }
+            (Outcome::Skipped { reason, .. }, None) => {
+                tracing::info!(id = %id, reason = %reason, "scheduled re-send not sent");
+                Report::NotSent { breaker }
+            }
+            (other, None) => {
+                self.listener.emit_ref(&resent("failed"));
+                tracing::warn!(id = %id, outcome = ?other, "scheduled re-send failed");
+                Report::Failed { breaker }
+            }
+        };
+        let _ = self.report.send(report);
+    }
+}
+
+/// Dead-letters a claimed record the scheduler will not send, if the claim still holds.
+async fn dead(store: &dyn Store, listener: &Hook, lease: &Lease, why: &str) {
+    match store.change_claimed(lease, Change::Dead).await {
+        Ok(Claim::Claimed(_)) => {}
+        Ok(_) => {
+            tracing::info!(id = %lease.id, why, "claim ended before the record was dead-lettered; left as it is")
+        }
+        Err(e) => {
+            listener.emit_ref(&Event::StoreError {
+                operation: "update",
+                id: Some(&lease.id),
+                error: &e,
+            });
+            tracing::error!(id = %lease.id, error = %e, "cannot dead-letter the record");
+        }
+    }
+}
+
+/// Puts a claimed record back, unsent, deferred to `until` ([`Change::Held`]), if the claim
+/// still holds.
+async fn hold(store: &dyn Store, claimed: &Record, until: SystemTime) {
+    tracing::debug!(id = %claimed.id, breaker = ?claimed.breaker, until = %humantime::format_rfc3339_millis(until), "breaker open; record held");
+    match claimed.lease() {
+        Some(lease) => give_back(store, &lease, Change::Held { retry_at: until }).await,
+        None => tracing::error!(id = %claimed.id, "a claimed record is not in flight; not held"),
+    }
+}
+
+/// Gives the claim `lease` back with `change`, if it still holds.
+async fn give_back(store: &dyn Store, lease: &Lease, change: Change) {
+    match store.change_claimed(lease, change).await {
+        Ok(_) => {}
+        Err(e) => {
+            // The claim ends at its lease, when the record is due again.
+            tracing::error!(id = %lease.id, error = %e, "cannot give a claim back");
+        }
+    }
+}
+
+/// After a local rejection of a claimed record, written under its claim: gives the claim's
+/// re-send back, deferred to `until`, whatever the stack's dead-letter layer wrote (deferred, or
+/// dead when the breaker was forced open), as long as no one else changed it since.
+async fn put_back(store: &dyn Store, claimed: &Record, until: SystemTime) {
+    match store.get(&claimed.id).await {
+        Ok(Some(current))
+            if current.resends == claimed.resends && current.status != Status::Resolved =>
+        {
+            let held = store
+                .change_if_unchanged(&current, Change::Held { retry_at: until })
+                .await;
+            if let Err(e) = held {
+                tracing::error!(id = %claimed.id, error = %e, "cannot put a held record back");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::error!(id = %claimed.id, error = %e, "cannot read a locally rejected record back");
+        }
+    }
+}
+
+/// Sleeps until `at`; `false` when a stop is asked for first.
+async fn until_or_stop(stop: &mut watch::Receiver<Option<Duration>>, at: Instant) -> bool {
+    until_or_stop_or_done(stop, at, None).await.0
+}
+
+/// Sleeps until `at`, or until a task of `in_flight` ends (when given); `false` when a stop is
+/// asked for first. The task that ended, if one did.
+async fn until_or_stop_or_done(
+    stop: &mut watch::Receiver<Option<Duration>>,
+    at: Instant,
+    mut in_flight: Option<&mut JoinSet<()>>,
+) -> (bool, Option<Result<(Id, ()), JoinError>>) {
+    if stop.borrow().is_some() {
+        return (false, None);
+    }
+    let mut stopped = pin!(stop_asked(stop));
+    let mut sleep = pin!(tokio::time::sleep_until(at));
+    poll_fn(|cx| {
+        if stopped.as_mut().poll(cx).is_ready() {
+            return Poll::Ready((false, None));
+        }
+        if let Some(set) = in_flight.as_deref_mut()
+            && let Poll::Ready(Some(done)) = set.poll_join_next_with_id(cx)
+        {
+            return Poll::Ready((true, Some(done)));
+        }
+        if sleep.as_mut().poll(cx).is_ready() {
+            return Poll::Ready((true, None));
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Ends when a stop is asked for; never, when the handle was dropped without one.
+async fn stop_asked(stop: &mut watch::Receiver<Option<Duration>>) {
+    while stop.borrow_and_update().is_none() {
+        if stop.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
