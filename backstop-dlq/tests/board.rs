@@ -2,6 +2,8 @@
 //! seeded SQLite file (or a memory store), driven by reqwest; re-drives go to a real axum
 //! provider on loopback that records what it received.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -9,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use backstop_dlq::{Board, GROUP_LIMIT, PAGE_SIZE, PAYLOAD_PREVIEW};
+use common::csrf;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -256,14 +259,6 @@ async fn submit(board: &str, html: &str, button_id: &str, who: &str) -> (u16, St
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     post(&format!("{origin}{action}"), Some(who), &fields).await
-}
-
-fn csrf(html: &str) -> String {
-    let v = html
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .expect("a csrf field");
-    v[..v.find('"').unwrap()].to_owned()
 }
 
 // ---- read-only pages ----

@@ -1,6 +1,7 @@
 //! `backstop-dlq` end to end: the real binary over a SQLite file (and a Redis URL when one is
 //! reachable), re-driving to a real axum server on 127.0.0.1.
 
+mod common;
 mod redis_support;
 
 use std::process::{Command, Output};
@@ -9,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use axum::http::HeaderMap;
 use axum::routing::post;
 use backstop_test_support::Tests;
+use common::{csrf, stderr, stdout};
 use tower_backstop::dead_letter::record_of;
 use tower_backstop::store::{Filter, Record, SqliteStore, Status, Store};
 use tower_backstop::{Class, Code, Envelope, Failure};
@@ -45,14 +47,6 @@ async fn dlq_on(store: &str, rest: &[&str]) -> Output {
     })
     .await
     .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 fn record(id: &str, class: &'static str, code: Code, campaign: &str) -> Record {
@@ -923,8 +917,7 @@ async fn serve_acts_as_the_named_actor() {
         .await
         .unwrap();
     assert!(page.contains("acting as carol"), "{page}");
-    let token = page.split("name=\"csrf\" value=\"").nth(1).unwrap();
-    let token = &token[..token.find('"').unwrap()];
+    let token = csrf(&page);
     let r = client
         .post(format!("{base}/purge/run"))
         .header("content-type", "application/x-www-form-urlencoded")

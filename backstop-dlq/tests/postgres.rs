@@ -7,6 +7,8 @@
 //! unless `BACKSTOP_REQUIRE_POSTGRES=1` (what `.ci/run` sets), when they fail
 //! (backstop-test-support).
 
+mod common;
+
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +16,7 @@ use axum::http::HeaderMap;
 use axum::routing::post;
 use backstop_dlq::Board;
 use backstop_test_support::{Service, Tests, postgres_url};
+use common::{csrf, stderr, stdout};
 use tower_backstop::dead_letter::record_of;
 use tower_backstop::store::{AuditAction, Filter, PostgresStore, Record, Status, Store};
 use tower_backstop::{Class, Code, Envelope, Failure};
@@ -42,14 +45,6 @@ async fn dlq(args: Vec<String>) -> Output {
     })
     .await
     .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 fn record(id: &str, class: &'static str, code: Code, uri: &str) -> Record {
@@ -248,8 +243,7 @@ async fn the_board_over_postgres() {
         "{one}"
     );
 
-    let token = list.split("name=\"csrf\" value=\"").nth(1).unwrap();
-    let token = &token[..token.find('"').unwrap()];
+    let token = csrf(&list);
     let r = client
         .post(format!("{base}/purge/run"))
         .header("content-type", "application/x-www-form-urlencoded")
