@@ -39,6 +39,14 @@ fn deferred(mut r: Record, retry_at: SystemTime) -> Record {
     r
 }
 
+/// The record a write under a claim wrote, or a panic naming what it returned instead.
+fn claim_held(claim: Claim) -> Record {
+    match claim {
+        Claim::Claimed(record) => *record,
+        other => panic!("the claim did not hold: {other:?}"),
+    }
+}
+
 fn ids(records: &[Record]) -> Vec<&str> {
     records.iter().map(|r| r.id.as_str()).collect()
 }
@@ -189,24 +197,22 @@ pub(super) async fn a_held_record_gives_its_claim_back(b: &dyn Backend) {
         .await
         .unwrap();
     assert_eq!((claimed.len(), claimed[0].resends), (1, 1));
-    let held = o
-        .store
-        .change_if_unchanged(
-            &claimed[0],
-            Change::Held {
-                retry_at: at(30_000),
-            },
-        )
-        .await
-        .unwrap();
-    let Claim::Claimed(held) = held else {
-        panic!("{held:?}")
-    };
+    let held = claim_held(
+        o.store
+            .change_if_unchanged(
+                &claimed[0],
+                Change::Held {
+                    retry_at: at(30_000),
+                },
+            )
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         (held.status, held.resends, held.retry_at),
         (Status::Deferred, 0, Some(at(30_000)))
     );
-    assert_eq!(o.store.get("m-1").await.unwrap().as_ref(), Some(&*held));
+    assert_eq!(o.store.get("m-1").await.unwrap().as_ref(), Some(&held));
     // Not due before its new time; a second give-back from the stale claim is refused.
     assert!(
         o.store
@@ -966,14 +972,12 @@ pub(super) async fn a_claim_is_fenced_by_its_token(b: &dyn Backend) {
     let a = first[0].lease().expect("a claimed record is in flight");
     assert_eq!((a.id.as_str(), a.token, a.until), ("m-1", 1, at(6_000)));
     // Renewed while it holds: the end moves, the token stays.
-    let renewed = o
-        .other
-        .change_claimed(&a, Change::Renewed { until: at(9_000) })
-        .await
-        .unwrap();
-    let Claim::Claimed(renewed) = renewed else {
-        panic!("{renewed:?}")
-    };
+    let renewed = claim_held(
+        o.other
+            .change_claimed(&a, Change::Renewed { until: at(9_000) })
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         (renewed.status, renewed.resends, renewed.retry_at),
         (Status::InFlight, 1, Some(at(9_000)))
@@ -1018,14 +1022,12 @@ pub(super) async fn a_claim_is_fenced_by_its_token(b: &dyn Backend) {
     );
     assert_eq!(o.store.get("m-1").await.unwrap(), before, "nothing changed");
     // The holder finishes it; its claim is then over too.
-    let done = o
-        .other
-        .change_claimed(&b2, Change::Resolved { at: at(10_000) })
-        .await
-        .unwrap();
-    let Claim::Claimed(done) = done else {
-        panic!("{done:?}")
-    };
+    let done = claim_held(
+        o.other
+            .change_claimed(&b2, Change::Resolved { at: at(10_000) })
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         (done.status, done.resolved_at, done.retry_at, done.resends),
         (Status::Resolved, Some(at(10_000)), None, 2)
@@ -1067,10 +1069,7 @@ pub(super) async fn a_failure_under_its_claim_ends_it(b: &dyn Backend) {
         .lease()
         .unwrap();
     let again = deferred(rec("m-1", "transient", "http 503", at(2_000)), at(20_000));
-    let written = o.other.put_claimed(&a, again).await.unwrap();
-    let Claim::Claimed(written) = written else {
-        panic!("{written:?}")
-    };
+    let written = claim_held(o.other.put_claimed(&a, again).await.unwrap());
     assert_eq!(
         (
             written.status,
@@ -1091,7 +1090,7 @@ pub(super) async fn a_failure_under_its_claim_ends_it(b: &dyn Backend) {
             at(0)
         )
     );
-    assert_eq!(o.store.get("m-1").await.unwrap().as_ref(), Some(&*written));
+    assert_eq!(o.store.get("m-1").await.unwrap().as_ref(), Some(&written));
     // That write ended the claim.
     let late = rec("m-1", "transient", "http 500", at(3_000));
     assert_eq!(
@@ -1105,19 +1104,17 @@ pub(super) async fn a_failure_under_its_claim_ends_it(b: &dyn Backend) {
     let c = o.store.claim_due(at(20_000), 10, lease).await.unwrap()[0]
         .lease()
         .unwrap();
-    let released = o
-        .store
-        .change_claimed(
-            &c,
-            Change::Released {
-                retry_at: at(21_000),
-            },
-        )
-        .await
-        .unwrap();
-    let Claim::Claimed(released) = released else {
-        panic!("{released:?}")
-    };
+    let released = claim_held(
+        o.store
+            .change_claimed(
+                &c,
+                Change::Released {
+                    retry_at: at(21_000),
+                },
+            )
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         (released.status, released.resends, released.retry_at),
         (Status::Deferred, 2, Some(at(21_000)))
@@ -1127,19 +1124,17 @@ pub(super) async fn a_failure_under_its_claim_ends_it(b: &dyn Backend) {
         .lease()
         .unwrap();
     assert_eq!(d.token, 3);
-    let held = o
-        .other
-        .change_claimed(
-            &d,
-            Change::Held {
-                retry_at: at(22_000),
-            },
-        )
-        .await
-        .unwrap();
-    let Claim::Claimed(held) = held else {
-        panic!("{held:?}")
-    };
+    let held = claim_held(
+        o.other
+            .change_claimed(
+                &d,
+                Change::Held {
+                    retry_at: at(22_000),
+                },
+            )
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         (held.status, held.resends, held.retry_at),
         (Status::Deferred, 2, Some(at(22_000)))
