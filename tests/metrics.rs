@@ -18,7 +18,7 @@ use support::{Scripted, Step, get, no_jitter, post_with_key, status, status_with
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::breaker::{BreakerLayer, State};
 use tower_backstop::classify::ClassifyLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
+use tower_backstop::dead_letter::{DeadLetterLayer, RetrySchedule, record_of};
 use tower_backstop::observe::Metrics;
 use tower_backstop::observe::{Event, Listener};
 use tower_backstop::resend::Scheduler;
@@ -306,7 +306,10 @@ fn the_presets_breaker_and_dead_letters_are_counted() {
                 BackstopLayer::http(Duration::from_secs(1))
                     .retry(RetryPolicy::new().backoff(no_jitter(10)).build().unwrap())
                     .listener(Metrics::new())
-                    .dead_letters(DeadLetterLayer::from_arc(store)),
+                    // Dead at once, without the second tier (tested in tests/retry_schedule.rs).
+                    .dead_letters(
+                        DeadLetterLayer::from_arc(store).retry_schedule(RetrySchedule::none()),
+                    ),
             )
             .service(Scripted::always(status(503)));
         // The preset's rule opens the host's breaker once 20 calls were seen, half of them

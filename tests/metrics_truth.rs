@@ -27,7 +27,7 @@ use hyper_util::rt::TokioExecutor;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tower::{Layer, ServiceExt};
 use tower_backstop::breaker::BreakerLayer;
-use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
+use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus, RetrySchedule};
 use tower_backstop::observe::{HealthReport, Metrics};
 use tower_backstop::resend::{Redrive, Scheduler, http_request};
 use tower_backstop::retry::{Attempts, Backoff, RetryPolicy};
@@ -296,7 +296,10 @@ async fn run(handle: metrics_exporter_prometheus::PrometheusHandle) {
     let health = backstop.health();
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let stack = backstop
-        .dead_letters(DeadLetterLayer::from_arc(store.clone()))
+        // Dead at once, without the second tier (tested in tests/retry_schedule.rs).
+        .dead_letters(
+            DeadLetterLayer::from_arc(store.clone()).retry_schedule(RetrySchedule::none()),
+        )
         .layer(client);
 
     // Phase 1: the callers, 12 messages to each provider, one at a time.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use support::{Scripted, Step, get, status};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
+use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus, RetrySchedule};
 use tower_backstop::retry::{Attempts, GiveUp, RetryPolicy};
 use tower_backstop::store::{MemoryStore, Store};
 use tower_backstop::{BackstopLayer, Class, Code};
@@ -33,7 +33,10 @@ async fn retries_classifies_times_out_and_dead_letters_in_order() {
         .layer(
             BackstopLayer::http(Duration::from_millis(100))
                 .retry(RetryPolicy::new().max_attempts(2).build().unwrap())
-                .dead_letters(DeadLetterLayer::from_arc(store.clone())),
+                // Dead at once, without the second tier (tested in tests/retry_schedule.rs).
+                .dead_letters(
+                    DeadLetterLayer::from_arc(store.clone()).retry_schedule(RetrySchedule::none()),
+                ),
         )
         .service(upstream.clone());
     let f = svc.oneshot(get("http://up.test/")).await.unwrap_err();
@@ -183,7 +186,10 @@ fn twice_503_with_a_store(max_attempts: u32) -> (Stack, Scripted, Arc<MemoryStor
                         .build()
                         .unwrap(),
                 )
-                .dead_letters(DeadLetterLayer::from_arc(store.clone())),
+                // Dead at once, without the second tier (tested in tests/retry_schedule.rs).
+                .dead_letters(
+                    DeadLetterLayer::from_arc(store.clone()).retry_schedule(RetrySchedule::none()),
+                ),
         )
         .service(upstream.clone());
     (svc, upstream, store)

@@ -13,7 +13,7 @@ use super::record::record_at;
 use super::resending;
 use crate::failure::{Code, Failure};
 use crate::observe::Event;
-use crate::request::{Describe, Envelope};
+use crate::request::{Describe, Envelope, Replay};
 use crate::retry::{Attempts, GiveUp, Unsent};
 use crate::store::{BoxFuture, Claim, Status, StoreError};
 
@@ -136,7 +136,7 @@ fn start_write<Req, R>(
     failure: &mut Failure<R>,
 ) -> Write
 where
-    Req: Describe + Send + 'static,
+    Req: Replay + Describe + Send + 'static,
 {
     // Our own copy, or the retry layer's unsent one (the preset's `with_retry`).
     let (kept, id) = match std::mem::replace(kept, Kept::HandedBack) {
@@ -153,6 +153,11 @@ where
     let config = Arc::clone(config);
     // A re-send's claim, read while the re-send's task polls this future.
     let claim = super::claim::current();
+    if !config.schedule.is_none() {
+        let pass = super::schedule::Pass::current();
+        let now = config.clock.now();
+        super::schedule::defer_exhausted(&config.schedule, kept.as_ref(), failure, pass, now);
+    }
     // Everything the record needs from the failure, taken now: the failure
     // itself goes back to the caller.
     let draft = record_at(
@@ -229,7 +234,7 @@ impl<S, Req> Future for ResponseFuture<S, Req>
 where
     S: Service<Req>,
     S::Error: Into<Failure<S::Response>>,
-    Req: Describe + Send + 'static,
+    Req: Replay + Describe + Send + 'static,
 {
     type Output = Result<S::Response, Failure<S::Response>>;
 

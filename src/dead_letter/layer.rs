@@ -5,6 +5,7 @@ use tower_layer::Layer;
 
 use super::DeadLetter;
 use super::RedactHeaders;
+use super::RetrySchedule;
 use crate::clock::Clock;
 use crate::observe::{Hook, Listener};
 use crate::request::Envelope;
@@ -31,6 +32,10 @@ pub(crate) struct Config {
     /// The durable attempt budget per message id, when set.
     pub(crate) budget: Option<u32>,
     pub(crate) listener: Hook,
+    /// The second tier: deferrals of requests that used up their in-process attempts.
+    pub(crate) schedule: RetrySchedule,
+    /// Whether [`DeadLetterLayer::retry_schedule`] chose it (the preset's default otherwise).
+    pub(crate) schedule_chosen: bool,
 }
 
 impl Config {
@@ -44,6 +49,8 @@ impl Config {
             redact: RedactHeaders::default(),
             budget: None,
             listener: Hook::default(),
+            schedule: RetrySchedule::none(),
+            schedule_chosen: false,
         }
     }
 }
@@ -57,6 +64,7 @@ impl fmt::Debug for Config {
             .field("redact", &self.redact)
             .field("budget", &self.budget)
             .field("listener", &self.listener)
+            .field("schedule", &self.schedule)
             .finish()
     }
 }
@@ -234,6 +242,42 @@ impl DeadLetterLayer {
 }
 
 impl DeadLetterLayer {
+    /// The second tier of retries: a request that used up its in-process attempts (a retry
+    /// layer below gave up with [`GiveUp::AttemptsExhausted`] or [`GiveUp::BudgetExhausted`])
+    /// is stored deferred, due after `schedule`'s delay for its class and pass, for a
+    /// [`Scheduler`](crate::resend::Scheduler) over the same store to re-send; dead when the
+    /// class's delays are used up. See [`RetrySchedule`] for the classes, the default delays
+    /// (5 s, 1 min, 15 min for transient failures) and which requests qualify.
+    ///
+    /// Off ([`RetrySchedule::none`]) by default for this layer, since a deferred record waits
+    /// for a scheduler; [`BackstopLayer`](crate::BackstopLayer) turns [`RetrySchedule::new`] on
+    /// for a layer whose schedule was not set here. On the failure path only.
+    ///
+    /// ```
+    /// use tower_backstop::dead_letter::{DeadLetterLayer, RetrySchedule};
+    /// use tower_backstop::store::MemoryStore;
+    ///
+    /// let layer = DeadLetterLayer::new(MemoryStore::new()).retry_schedule(RetrySchedule::new());
+    /// # let _ = layer;
+    /// ```
+    ///
+    /// [`GiveUp::AttemptsExhausted`]: crate::retry::GiveUp::AttemptsExhausted
+    /// [`GiveUp::BudgetExhausted`]: crate::retry::GiveUp::BudgetExhausted
+    pub fn retry_schedule(mut self, schedule: RetrySchedule) -> Self {
+        let config = Arc::make_mut(&mut self.config);
+        config.schedule = schedule;
+        config.schedule_chosen = true;
+        self
+    }
+
+    /// The default schedule, unless one was chosen: what the preset does with its layer.
+    pub(crate) fn default_schedule(mut self) -> Self {
+        if !self.config.schedule_chosen {
+            Arc::make_mut(&mut self.config).schedule = RetrySchedule::new();
+        }
+        self
+    }
+
     /// Whether an attempt budget is set.
     pub(crate) fn has_budget(&self) -> bool {
         self.config.budget.is_some()

@@ -139,6 +139,7 @@ mod layer;
 mod note;
 mod record;
 pub(crate) mod resending;
+mod schedule;
 mod with_retry;
 
 pub use self::budget::BudgetSpent;
@@ -147,6 +148,7 @@ pub(crate) use self::headers::RedactHeaders;
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
 pub use self::note::DeadLetterStatus;
 pub use self::record::{MAX_DEFERRAL, record_of};
+pub use self::schedule::RetrySchedule;
 pub(crate) use self::with_retry::{DeadLetterRetry as WithRetry, DeadLetterRetryLayer};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).

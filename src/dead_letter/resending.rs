@@ -40,6 +40,12 @@ pub(crate) fn is_repeat(id: &str, status: Status) -> bool {
         .unwrap_or(false)
 }
 
+/// The status the record of the re-send this task runs had before it was claimed (deferred for
+/// the scheduler's re-sends), if it runs one.
+pub(crate) fn status() -> Option<Status> {
+    RESENDING.try_with(|r| r.status).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -142,9 +142,20 @@ impl<C> BackstopLayer<C> {
 
 impl<C, B> BackstopLayer<C, B> {
     /// Records requests that finally fail in this dead-letter layer's store (outermost).
+    ///
+    /// Unless the layer's [`retry_schedule`](DeadLetterLayer::retry_schedule) was set, the
+    /// preset turns on the default second tier ([`RetrySchedule::new`]): a transient failure
+    /// that used up its in-process attempts is stored deferred and re-sent by a
+    /// [`Scheduler`](crate::resend::Scheduler) after 5 s, 1 min and 15 min before it is dead.
+    /// Run a scheduler over the same store; for dead letters at once, set
+    /// [`RetrySchedule::none`].
+    ///
+    /// [`RetrySchedule::new`]: crate::dead_letter::RetrySchedule::new
+    /// [`RetrySchedule::none`]: crate::dead_letter::RetrySchedule::none
     #[cfg(feature = "dead-letter")]
     #[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
     pub fn dead_letters(mut self, layer: DeadLetterLayer) -> Self {
+        let layer = layer.default_schedule();
         self.dead_letters = Some(if self.listener.is_set() {
             layer.with_hook(&self.listener)
         } else {

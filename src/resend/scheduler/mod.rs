@@ -64,7 +64,8 @@ pub const DEFAULT_SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
 ///
 /// A re-sent record that succeeds becomes [`Resolved`](crate::store::Status::Resolved). One that fails
 /// again is written by the stack's dead-letter layer with its new failure: deferred again when
-/// the new failure carries a retry-at time, dead otherwise. A record really sent more than
+/// the new failure carries a retry-at time or the layer's
+/// [`RetrySchedule`](crate::dead_letter::RetrySchedule) has a step left for it, dead otherwise. A record really sent more than
 /// [`max_resends`](Scheduler::max_resends) times (5 by default) is dead-lettered instead of sent.
 ///
 /// **Claims.** Each claim is a [`Lease`](crate::store::Lease): it lasts
