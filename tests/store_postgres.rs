@@ -390,8 +390,72 @@ async fn nul_and_the_escape_character_round_trip_and_are_found() {
     assert_eq!(store.list(10).await.unwrap().len(), 1);
 }
 
+/// A scheduler over `store` that counts its re-sends, looking at the store once a minute.
+fn counting_scheduler(
+    store: PostgresStore,
+) -> (
+    tower_backstop::resend::SchedulerHandle,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counted = sent.clone();
+    let provider = tower::service_fn(move |_: String| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, tower_backstop::BoxError>(()) }
+    });
+    let rebuild = |r: &Record| Ok::<_, tower_backstop::BoxError>(r.id.clone());
+    let handle = tower_backstop::resend::Scheduler::new(Arc::new(store), provider, rebuild)
+        .poll_every(Duration::from_secs(60))
+        .spawn();
+    (handle, sent)
+}
+
+/// With `listen_for_due`, a record another instance defers for now wakes a scheduler that looks
+/// at the store once a minute: it is sent within seconds (`LISTEN`/`NOTIFY`). Without it, the
+/// same scheduler has not looked again seconds later.
+async fn listen_for_due_wakes_a_sleeping_scheduler_at_once() {
+    use std::sync::atomic::Ordering;
+    let url = postgres_url();
+    for listening in [true, false] {
+        let schema = fresh_schema("listen_for_due");
+        let open = || PostgresStore::connect(&url).schema(schema.clone());
+        let (mut scheduled, mut writer) = (open().await.unwrap(), open().await.unwrap());
+        if listening {
+            scheduled = scheduled.listen_for_due();
+            writer = writer.listen_for_due();
+        }
+        let (handle, sent) = counting_scheduler(scheduled);
+        // The scheduler's first look finds nothing: it sleeps for its poll.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        writer
+            .put(record("due-now", Status::Deferred, Some(SystemTime::now())))
+            .await
+            .unwrap();
+        let mut waited = Duration::ZERO;
+        while sent.load(Ordering::SeqCst) == 0 && waited < Duration::from_secs(3) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            waited += Duration::from_millis(50);
+        }
+        let n = sent.load(Ordering::SeqCst);
+        handle.shutdown().await;
+        if listening {
+            assert_eq!(n, 1, "woken by the notification");
+            let r = writer.get("due-now").await.unwrap().unwrap();
+            assert_eq!(r.status, Status::Resolved);
+        } else {
+            assert_eq!(n, 0, "no wake-up: the poll, a minute away, governs");
+        }
+    }
+}
+
 fn main() {
     let mut tests = Tests::new();
+    tests.needs(Service::Postgres).multi_thread(
+        "listen_for_due_wakes_a_sleeping_scheduler_at_once",
+        listen_for_due_wakes_a_sleeping_scheduler_at_once,
+    );
     tests.needs(Service::Postgres).current(
         "ten_instances_opening_a_new_schema_at_once_migrate_it_once",
         ten_instances_opening_a_new_schema_at_once_migrate_it_once,

@@ -459,6 +459,20 @@ pub trait Store: Send + Sync + 'static {
         now: SystemTime,
     ) -> BoxFuture<'static, Result<SystemTime, StoreError>>;
 
+    /// Wake-ups the store pushes when a record may have become due sooner than
+    /// [`next_due`](Store::next_due) said (another process wrote a deferred record, gave a
+    /// claim back): a receiver whose value changes on each such write, so that a scheduler
+    /// looks at once instead of at its next poll. `None` (the default) when the store pushes
+    /// none: the scheduler's poll bounds the wait. Of the stores of this crate, only a
+    /// `PostgresStore` made with `listen_for_due` pushes them (`LISTEN`/`NOTIFY`).
+    ///
+    /// Called once by each scheduler when it starts, inside a tokio runtime (a store may spawn
+    /// the task that listens; it ends when the receiver is dropped). Best effort: a wake-up
+    /// may be lost (the listening connection dropped), never the record.
+    fn wake_ups(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
     /// Appends `entry` to the audit trail, which the store keeps apart from the records (no
     /// retention prunes it).
     ///

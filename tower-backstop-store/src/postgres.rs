@@ -1,6 +1,7 @@
 //! [`PostgresStore`]: dead letters in a Postgres database, shared by many instances.
 
 mod error;
+mod notify;
 mod open;
 mod row;
 mod text;
@@ -133,8 +134,9 @@ const DELETE_BATCH: i64 = 1_000;
 ///
 /// Behind PgBouncer in transaction pooling mode: the migration lock is transaction-scoped, so it
 /// works there (a session-level `pg_advisory_lock` would not: the next statement may run on
-/// another server connection). The store uses no `LISTEN`/`NOTIFY`, which transaction pooling
-/// does not carry either: a scheduler sleeps until the next due time it reads from the store
+/// another server connection). The store uses no `LISTEN`/`NOTIFY` unless you turn on
+/// [`listen_for_due`](PostgresStore::listen_for_due), which transaction pooling does not carry:
+/// by default a scheduler sleeps until the next due time it reads from the store
 /// ([`next_due`](Store::next_due)), and looks again at least once a poll. sqlx prepares its statements by name, which needs
 /// PgBouncer 1.21 or later with `max_prepared_statements` set.
 ///
@@ -148,6 +150,8 @@ pub struct PostgresStore {
     history_limit: usize,
     /// The URL the store connected to, its password hidden; `None` over a given pool.
     url: Option<String>,
+    /// The channel of due wake-ups, with [`listen_for_due`](PostgresStore::listen_for_due).
+    due: Option<Arc<str>>,
 }
 
 /// `postgres {url} schema {schema}` (or `postgres pool schema {schema}` over a given pool), the
@@ -189,6 +193,7 @@ impl IntoFuture for OpenPostgres {
                 schema,
                 history_limit: DEFAULT_HISTORY_LIMIT,
                 url,
+                due: None,
             })
         })
     }
@@ -407,6 +412,33 @@ impl PostgresStore {
     pub fn with_history_limit(mut self, limit: usize) -> Self {
         self.history_limit = limit.max(1);
         self
+    }
+
+    /// Pushes wake-ups to the schedulers over this store through `LISTEN`/`NOTIFY`: each write
+    /// that leaves a record deferred (a failure deferred, a claim given back, a record held) is
+    /// followed by a `NOTIFY` on the channel
+    /// `{schema}_due`, and each scheduler ([`Store::wake_ups`]) listens on it with a connection
+    /// taken from the pool for as long as it runs, so that a record another instance defers
+    /// for now is sent at once instead of at the next poll. Off by default: the schedulers
+    /// sleep until the earliest due time they read ([`Store::next_due`]), at most their poll
+    /// (1 s by default), which is enough for most fleets.
+    ///
+    /// The cost: one more statement after each such write, and one connection per scheduler.
+    /// `LISTEN` needs a session of its own: behind PgBouncer in transaction pooling mode the
+    /// notifications do not reach the listener (a later statement may run on another server
+    /// connection), so leave this off there, or give the store a pool that connects past
+    /// PgBouncer or through a session-pooled port. A lost wake-up (the listening connection
+    /// dropped) costs at most one poll: the scheduler listens again within a second.
+    pub fn listen_for_due(mut self) -> Self {
+        self.due = Some(notify::channel(&self.schema));
+        self
+    }
+
+    /// Notifies the channel of due wake-ups, if this store has one.
+    async fn wake(&self) {
+        if let Some(channel) = &self.due {
+            notify::notify(&self.pool, channel).await;
+        }
     }
 
     /// The schema that holds the store's tables.
@@ -694,7 +726,14 @@ impl PostgresStore {
 
 impl Store for PostgresStore {
     fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.run(|this| async move { this.put_batch(records).await })
+        let deferred = records.iter().any(|r| r.status == Status::Deferred);
+        self.run(|this| async move {
+            this.put_batch(records).await?;
+            if deferred {
+                this.wake().await;
+            }
+            Ok(())
+        })
     }
 
     fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
@@ -756,7 +795,12 @@ impl Store for PostgresStore {
         let id = id.to_owned();
         self.run(|this| async move {
             Ok(match this.change(&id, change, None).await? {
-                Claim::Claimed(record) => Some(*record),
+                Claim::Claimed(record) => {
+                    if record.status == Status::Deferred {
+                        this.wake().await;
+                    }
+                    Some(*record)
+                }
                 _ => None,
             })
         })
@@ -806,6 +850,12 @@ impl Store for PostgresStore {
                         None => Claim::Missing,
                     })
                 }
+                Claim::Claimed(record) => {
+                    if record.status == Status::Deferred {
+                        this.wake().await;
+                    }
+                    Ok(Claim::Claimed(record))
+                }
                 other => Ok(other),
             }
         })
@@ -817,7 +867,13 @@ impl Store for PostgresStore {
         record: Record,
     ) -> BoxFuture<'static, Result<Claim, StoreError>> {
         let lease = lease.clone();
-        self.run(|this| async move { this.put_claimed_row(lease, record).await })
+        self.run(|this| async move {
+            let claim = this.put_claimed_row(lease, record).await?;
+            if matches!(&claim, Claim::Claimed(r) if r.status == Status::Deferred) {
+                this.wake().await;
+            }
+            Ok(claim)
+        })
     }
 
     fn next_due(&self) -> BoxFuture<'static, Result<Option<SystemTime>, StoreError>> {
@@ -839,6 +895,11 @@ impl Store for PostgresStore {
         let schedule = schedule.to_owned();
         let (now, gap) = (to_micros(now), gap_micros(gap));
         self.run(|this| async move { this.reserve(&schedule, now, gap).await })
+    }
+
+    fn wake_ups(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        let channel = self.due.clone()?;
+        Some(notify::listen(self.pool.clone(), channel))
     }
 
     fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {

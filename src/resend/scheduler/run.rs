@@ -57,6 +57,8 @@ pub(super) struct Run<S, F> {
     report: mpsc::UnboundedSender<Report>,
     backlog_at: Option<Instant>,
     pruned_at: Option<Instant>,
+    /// The store's wake-ups ([`Store::wake_ups`]), if it pushes any.
+    wake_ups: Option<watch::Receiver<u64>>,
 }
 
 impl<S, F, Req, E> Run<S, F>
@@ -84,10 +86,12 @@ where
             report,
             backlog_at: None,
             pruned_at: None,
+            wake_ups: None,
         }
     }
 
     pub(super) async fn run(mut self) {
+        self.wake_ups = self.scheduler.store.wake_ups();
         loop {
             while let Some(done) = self.in_flight.try_join_next_with_id() {
                 self.forget(done);
@@ -259,7 +263,8 @@ where
         let waiting_for_room =
             !self.pending.is_empty() || self.in_flight.len() >= self.scheduler.concurrency;
         let in_flight = waiting_for_room.then_some(&mut self.in_flight);
-        let (going, done) = until_or_stop_or_done(&mut self.stop, wake, in_flight).await;
+        let woken = self.wake_ups.as_mut();
+        let (going, done) = until_or_stop_or_done(&mut self.stop, wake, in_flight, woken).await;
         if let Some(done) = done {
             self.forget(done);
         }
@@ -523,7 +528,7 @@ async fn put_back(store: &dyn Store, claimed: &Record, until: SystemTime) {
 
 /// Sleeps until `at`; `false` when a stop is asked for first.
 async fn until_or_stop(stop: &mut watch::Receiver<Option<Duration>>, at: Instant) -> bool {
-    until_or_stop_or_done(stop, at, None).await.0
+    until_or_stop_or_done(stop, at, None, None).await.0
 }
 
 /// Sleeps until `at`, or until a task of `in_flight` ends (when given); `false` when a stop is
@@ -532,12 +537,23 @@ async fn until_or_stop_or_done(
     stop: &mut watch::Receiver<Option<Duration>>,
     at: Instant,
     mut in_flight: Option<&mut JoinSet<()>>,
+    woken: Option<&mut watch::Receiver<u64>>,
 ) -> (bool, Option<Result<(Id, ()), JoinError>>) {
     if stop.borrow().is_some() {
         return (false, None);
     }
     let mut stopped = pin!(stop_asked(stop));
     let mut sleep = pin!(tokio::time::sleep_until(at));
+    // A wake-up the store pushed: a record may be due sooner than the store said.
+    let mut woken = pin!(async move {
+        let changed = match woken {
+            Some(woken) => woken.changed().await.is_ok(),
+            None => false,
+        };
+        if !changed {
+            std::future::pending::<()>().await;
+        }
+    });
     poll_fn(|cx| {
         if stopped.as_mut().poll(cx).is_ready() {
             return Poll::Ready((false, None));
@@ -547,7 +563,7 @@ async fn until_or_stop_or_done(
         {
             return Poll::Ready((true, Some(done)));
         }
-        if sleep.as_mut().poll(cx).is_ready() {
+        if sleep.as_mut().poll(cx).is_ready() || woken.as_mut().poll(cx).is_ready() {
             return Poll::Ready((true, None));
         }
         Poll::Pending

@@ -1,0 +1,75 @@
+//! Wake-ups through `LISTEN`/`NOTIFY`, an option of the store: each write that may make a record
+//! due sooner (a deferred record written, a claim given back) notifies a channel of the store's
+//! schema, and each scheduler listens on it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::watch;
+
+/// The channel of the store whose tables are in `schema`: `{schema}_due`.
+pub(super) fn channel(schema: &str) -> Arc<str> {
+    Arc::from(format!("{schema}_due"))
+}
+
+/// Notifies `channel` (best effort: the write it follows is done; a lost wake-up costs at most
+/// one poll of the schedulers).
+pub(super) async fn notify(pool: &PgPool, channel: &str) {
+    let sent = sqlx::query("SELECT pg_notify($1, '')")
+        .bind(channel)
+        .execute(pool)
+        .await;
+    if let Err(error) = sent {
+        tracing::debug!(%error, channel, "due wake-up not sent; the schedulers' poll bounds the wait");
+    }
+}
+
+/// How long to wait before listening again after the listening connection failed.
+const RELISTEN_AFTER: Duration = Duration::from_secs(1);
+
+/// A receiver that changes on each notification of `channel`, from a task that listens on a
+/// connection of `pool` (taken out of it for as long as the receiver lives) and listens again
+/// after a failure. Each (re)start of the listening counts as a wake-up: a notification sent
+/// while nobody listened is not lost.
+pub(super) fn listen(pool: PgPool, channel: Arc<str>) -> watch::Receiver<u64> {
+    let (wake, woken) = watch::channel(0u64);
+    tokio::spawn(async move {
+        let mut failed = false;
+        while !wake.is_closed() {
+            if failed {
+                tokio::select! {
+                    () = wake.closed() => return,
+                    () = tokio::time::sleep(RELISTEN_AFTER) => {}
+                }
+            }
+            failed = true;
+            let mut listener = match PgListener::connect_with(&pool).await {
+                Ok(listener) => listener,
+                Err(error) => {
+                    tracing::debug!(%error, "cannot listen for due wake-ups; trying again");
+                    continue;
+                }
+            };
+            if let Err(error) = listener.listen(&channel).await {
+                tracing::debug!(%error, "cannot listen for due wake-ups; trying again");
+                continue;
+            }
+            wake.send_modify(|n| *n = n.wrapping_add(1));
+            loop {
+                tokio::select! {
+                    () = wake.closed() => return,
+                    received = listener.recv() => match received {
+                        Ok(_) => wake.send_modify(|n| *n = n.wrapping_add(1)),
+                        Err(error) => {
+                            tracing::debug!(%error, "due wake-ups interrupted; listening again");
+                            break;
+                        }
+                    },
+                }
+            }
+        }
+    });
+    woken
+}
