@@ -1,0 +1,437 @@
+//! One run over one store: the provider, the children, the outage, the kill mid-drain and the
+//! restart, and the wait until the store has settled.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tower::BoxError;
+use tower_backstop::store::{Filter, Record, Status, Store};
+
+use super::child::Settings;
+use super::fleet::{Child, Event, Line};
+use super::provider::{self, Provider, Resend, Seen};
+use super::stores::{self, Kind};
+use super::{CHILDREN, Plan, key_of};
+
+/// What a run saw, for the report.
+pub struct Outcome {
+    pub kind: Kind,
+    pub plan: Plan,
+    pub keys: HashMap<String, Seen>,
+    pub resends: Vec<Resend>,
+    pub keyless: u64,
+    /// Every record in the store at the end.
+    pub records: Vec<Record>,
+    pub down_at: Instant,
+    pub recovered_at: Option<Instant>,
+    pub backlog_at_recovery: u64,
+    pub peak_backlog: u64,
+    /// When the store had nothing outstanding and every share was acknowledged.
+    pub settled_at: Option<Instant>,
+    pub kill: Option<Kill>,
+    /// The last outcome each child acknowledged, by key.
+    pub acks: HashMap<String, String>,
+    /// Children that exited when asked (their stdin closed), of those stopped.
+    pub stopped_cleanly: usize,
+    /// Exits nobody asked for.
+    pub unexpected_exits: Vec<String>,
+}
+
+/// The kill mid-drain and what followed.
+pub struct Kill {
+    pub index: usize,
+    pub at: Instant,
+    /// Outstanding records and re-sends since the recovery, at the kill.
+    pub backlog: u64,
+    pub resends_before: usize,
+    /// Records in flight at the kill (any process's), each with its fencing token.
+    pub in_flight: usize,
+    pending: Vec<(String, u32)>,
+    /// The killed process's claims: claimed again (by another scheduler) after this long.
+    pub taken_over: Vec<(String, Duration)>,
+    /// Claims of live processes, finished by them.
+    pub finished_by_holder: usize,
+    /// Messages of the killed child's share it had not acknowledged: handed to the new process.
+    pub unacked: HashSet<String>,
+    pub restart_ready_after: Option<Duration>,
+}
+
+impl Kill {
+    /// Whether no claim held at the kill is still waiting.
+    pub fn tracked_all(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Keys whose claim at the kill is still unchanged.
+    pub fn still_held(&self) -> Vec<String> {
+        self.pending.iter().map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Looks at each claim held at the kill: claimed again (a higher fencing token) means it
+    /// was the killed process's and was taken over; finished under the same token means its
+    /// holder was alive.
+    async fn look(&mut self, store: &dyn Store) -> Result<(), BoxError> {
+        let mut waiting = Vec::new();
+        for (id, token) in std::mem::take(&mut self.pending) {
+            match store.get(&id).await? {
+                Some(r) if r.resends > token => self.taken_over.push((id, self.at.elapsed())),
+                Some(r) if r.status == Status::InFlight => waiting.push((id, token)),
+                Some(_) | None => self.finished_by_holder += 1,
+            }
+        }
+        self.pending = waiting;
+        Ok(())
+    }
+}
+
+fn unix_ms(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis()
+}
+
+/// The children and what they said.
+struct Fleet {
+    settings: Vec<Settings>,
+    children: Vec<Child>,
+    events: mpsc::UnboundedReceiver<Event>,
+    sender: mpsc::UnboundedSender<Event>,
+    ready: Vec<bool>,
+    done: Vec<bool>,
+    /// `(index, generation)` of the processes whose stdout closed.
+    closed: HashSet<(usize, u32)>,
+    acks: Vec<HashMap<String, String>>,
+    start_ms: Option<u128>,
+    restarted_at: Option<Instant>,
+    restart_ready_after: Option<Duration>,
+    unexpected_exits: Vec<String>,
+    /// `(index, generation)` of the processes killed on purpose.
+    killed: HashSet<(usize, u32)>,
+    stopping: bool,
+}
+
+impl Fleet {
+    fn start(settings: Vec<Settings>) -> Result<Fleet, BoxError> {
+        let (sender, events) = mpsc::unbounded_channel();
+        let children = settings
+            .iter()
+            .map(|s| Child::spawn(s, 0, &sender))
+            .collect::<Result<Vec<_>, _>>()?;
+        let n = children.len();
+        Ok(Fleet {
+            settings,
+            children,
+            events,
+            sender,
+            ready: vec![false; n],
+            done: vec![false; n],
+            closed: HashSet::new(),
+            acks: vec![HashMap::new(); n],
+            start_ms: None,
+            restarted_at: None,
+            restart_ready_after: None,
+            unexpected_exits: Vec::new(),
+            killed: HashSet::new(),
+            stopping: false,
+        })
+    }
+
+    /// Takes in every line written so far.
+    fn absorb(&mut self) -> Result<(), BoxError> {
+        while let Ok(Event {
+            index,
+            generation,
+            line,
+        }) = self.events.try_recv()
+        {
+            let current = self.children[index].generation == generation;
+            match line {
+                Line::Ack { key, outcome } => {
+                    self.acks[index].insert(key, outcome);
+                }
+                Line::Ready if current => {
+                    self.ready[index] = true;
+                    if let (true, Some(ms)) = (generation > 0, self.start_ms) {
+                        self.children[index].go(ms)?;
+                        self.restart_ready_after = self.restarted_at.map(|at| at.elapsed());
+                    }
+                }
+                Line::Done if current => self.done[index] = true,
+                Line::Closed => {
+                    self.closed.insert((index, generation));
+                    if !self.stopping && !self.killed.contains(&(index, generation)) {
+                        self.unexpected_exits
+                            .push(format!("child {index} (start {generation}) exited"));
+                    }
+                }
+                Line::Other(text) => eprintln!("child {index}: {text}"),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, bound: Duration) -> Result<(), BoxError> {
+        let give_up = Instant::now() + bound;
+        while !self.ready.iter().all(|r| *r) {
+            if Instant::now() >= give_up || !self.unexpected_exits.is_empty() {
+                return Err(format!("the children were not ready within {bound:?}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.absorb()?;
+        }
+        Ok(())
+    }
+
+    fn go(&mut self, start_ms: u128) -> Result<(), BoxError> {
+        self.start_ms = Some(start_ms);
+        self.children.iter_mut().try_for_each(|c| c.go(start_ms))
+    }
+
+    fn all_done(&self) -> bool {
+        self.done.iter().all(|d| *d)
+    }
+
+    /// SIGKILLs child `index` and waits until it is gone.
+    fn kill(&mut self, index: usize) -> Result<(), BoxError> {
+        self.killed.insert((index, self.children[index].generation));
+        self.children[index].kill()
+    }
+
+    /// Starts the killed child `index` again, once its last line is read, with the messages of
+    /// its share it had not acknowledged; returns those.
+    async fn restart(&mut self, index: usize) -> Result<HashSet<String>, BoxError> {
+        let generation = self.children[index].generation;
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while !self.closed.contains(&(index, generation)) && Instant::now() < give_up {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            self.absorb()?;
+        }
+        let settings = &mut self.settings[index];
+        let acked: HashSet<String> = self.acks[index].keys().cloned().collect();
+        let unacked = (index..settings.messages)
+            .step_by(settings.children)
+            .map(key_of)
+            .filter(|k| !acked.contains(k))
+            .collect();
+        settings.skip = acked;
+        self.ready[index] = false;
+        self.done[index] = false;
+        self.restarted_at = Some(Instant::now());
+        self.children[index] = Child::spawn(settings, generation + 1, &self.sender)?;
+        Ok(unacked)
+    }
+
+    /// Closes every child's stdin and waits for each; how many exited by themselves.
+    async fn stop(&mut self) -> usize {
+        self.stopping = true;
+        let mut clean = 0;
+        for child in &mut self.children {
+            clean += usize::from(child.stop(Duration::from_secs(20)).await);
+        }
+        clean
+    }
+}
+
+/// Runs the soak over the store at `url` in a namespace of its own, removed afterwards.
+pub async fn run(url: &str, plan: Plan) -> Result<Outcome, BoxError> {
+    let kind = Kind::of(url)?;
+    let namespace = format!(
+        "fleet_soak_{}_{}",
+        std::process::id(),
+        unix_ms(SystemTime::now())
+    );
+    // Opened here first, so that the schema exists before the children start.
+    let store = stores::open(url, &namespace, 3).await?;
+    let outcome = drive(url, &namespace, Arc::clone(&store), plan, kind).await;
+    drop(store);
+    if let Err(e) = stores::remove(url, &namespace).await {
+        eprintln!("fleet_soak: could not remove {namespace}: {e}");
+    }
+    outcome
+}
+
+fn settings(url: &str, namespace: &str, provider: &Provider, plan: Plan) -> Vec<Settings> {
+    (0..CHILDREN)
+        .map(|index| Settings {
+            store: url.to_owned(),
+            namespace: namespace.to_owned(),
+            provider: provider.addr,
+            index,
+            children: CHILDREN,
+            messages: plan.messages,
+            window: plan.window(),
+            fleet_rate: plan.fleet_rate,
+            skip: HashSet::new(),
+        })
+        .collect()
+}
+
+/// The child that sent the most re-sends in the last second (the first, if none did).
+fn busiest(resends: &[Resend]) -> usize {
+    let mut counts = [0usize; CHILDREN];
+    let now = std::time::Instant::now();
+    for r in resends
+        .iter()
+        .filter(|r| now.duration_since(r.at) <= Duration::from_secs(1))
+    {
+        counts[r.child % CHILDREN] += 1;
+    }
+    (0..CHILDREN)
+        .max_by_key(|i| (counts[*i], CHILDREN - i))
+        .unwrap_or(0)
+}
+
+/// Records claimed by a scheduler now.
+async fn in_flight(store: &dyn Store) -> Result<u64, BoxError> {
+    Ok(store.count(&Filter::new().status(Status::InFlight)).await?)
+}
+
+/// Re-sends that reached the provider since `since`.
+fn resends_since(provider: &Provider, since: Instant) -> usize {
+    let since = since.into_std();
+    provider.resends().iter().filter(|r| r.at >= since).count()
+}
+
+/// The timeline: the outage, the kill once the drain is under way, the wait until settled.
+async fn drive(
+    url: &str,
+    namespace: &str,
+    store: Arc<dyn Store>,
+    plan: Plan,
+    kind: Kind,
+) -> Result<Outcome, BoxError> {
+    let provider = provider::start().await?;
+    println!(
+        "\n== fleet soak over {}: {CHILDREN} processes, {} messages over {:?}; provider {} refuses connections from {:?} for {:?}; fleet rate {}",
+        kind.name(),
+        plan.messages,
+        plan.window(),
+        provider.addr,
+        plan.healthy,
+        plan.down,
+        plan.fleet_rate
+            .map_or("off (50 a second per process)".to_owned(), |r| format!(
+                "{r} a second"
+            )),
+    );
+    let mut fleet = Fleet::start(settings(url, namespace, &provider, plan))?;
+    fleet.wait_ready(Duration::from_secs(60)).await?;
+    let lead = Duration::from_millis(500);
+    let t0 = Instant::now() + lead;
+    fleet.go(unix_ms(SystemTime::now() + lead))?;
+    let (down_at, up_at, end) = (
+        t0 + plan.healthy,
+        t0 + plan.healthy + plan.down,
+        t0 + plan.window(),
+    );
+    let mut outcome = Outcome {
+        kind,
+        plan,
+        keys: HashMap::new(),
+        resends: Vec::new(),
+        keyless: 0,
+        records: Vec::new(),
+        down_at,
+        recovered_at: None,
+        backlog_at_recovery: 0,
+        peak_backlog: 0,
+        settled_at: None,
+        kill: None,
+        acks: HashMap::new(),
+        stopped_cleanly: 0,
+        unexpected_exits: Vec::new(),
+    };
+    let (mut went_down, mut armed) = (false, false);
+    loop {
+        // Closer looks while waiting for the moment to kill: claims come and go in batches.
+        let tick = if armed { 10 } else { 100 };
+        tokio::time::sleep(Duration::from_millis(tick)).await;
+        fleet.absorb()?;
+        let now = Instant::now();
+        if !went_down && now >= down_at {
+            provider.set_up(false);
+            went_down = true;
+        }
+        let backlog = stores::outstanding(&*store).await?;
+        outcome.peak_backlog = outcome.peak_backlog.max(backlog);
+        if went_down && outcome.recovered_at.is_none() && now >= up_at {
+            provider.set_up(true);
+            outcome.recovered_at = Some(now);
+            outcome.backlog_at_recovery = backlog;
+        }
+        if let (Some(recovered), None) = (outcome.recovered_at, &outcome.kill) {
+            let resends = resends_since(&provider, recovered);
+            armed = resends >= plan.kill_after_resends && backlog > 0;
+            if armed && in_flight(&*store).await? >= CHILDREN as u64 {
+                outcome.kill = Some(kill(&mut fleet, &provider, &*store, backlog, resends).await?);
+                armed = false;
+            }
+        }
+        if let Some(kill) = outcome.kill.as_mut() {
+            kill.look(&*store).await?;
+            kill.restart_ready_after = fleet.restart_ready_after;
+        }
+        let tracked = outcome.kill.as_ref().is_none_or(Kill::tracked_all);
+        if now >= end && fleet.all_done() && backlog == 0 && tracked {
+            outcome.settled_at = Some(now);
+            break;
+        }
+        if now >= end + plan.settle_bound {
+            break;
+        }
+    }
+    finish(outcome, fleet, &provider, &*store).await
+}
+
+/// Kills the busiest child mid-drain, reads the claims in flight, and restarts it.
+async fn kill(
+    fleet: &mut Fleet,
+    provider: &Provider,
+    store: &dyn Store,
+    backlog: u64,
+    resends_before: usize,
+) -> Result<Kill, BoxError> {
+    let index = busiest(&provider.resends());
+    let at = Instant::now();
+    println!(
+        "killing child {index} (pid {}) with SIGKILL: {resends_before} re-sends since the recovery, {backlog} records outstanding",
+        fleet.children[index].pid()
+    );
+    fleet.kill(index)?;
+    // Read at once: the killed process's claims, beside those of the live ones.
+    let claims = store
+        .search(&Filter::new().status(Status::InFlight), 0..usize::MAX)
+        .await?;
+    let unacked = fleet.restart(index).await?;
+    Ok(Kill {
+        index,
+        at,
+        backlog,
+        resends_before,
+        in_flight: claims.len(),
+        pending: claims.into_iter().map(|r| (r.id, r.resends)).collect(),
+        taken_over: Vec::new(),
+        finished_by_holder: 0,
+        unacked,
+        restart_ready_after: None,
+    })
+}
+
+async fn finish(
+    mut outcome: Outcome,
+    mut fleet: Fleet,
+    provider: &Provider,
+    store: &dyn Store,
+) -> Result<Outcome, BoxError> {
+    outcome.stopped_cleanly = fleet.stop().await;
+    fleet.absorb()?;
+    outcome.unexpected_exits = std::mem::take(&mut fleet.unexpected_exits);
+    outcome.acks = fleet.acks.into_iter().flatten().collect();
+    outcome.keys = provider.keys();
+    outcome.resends = provider.resends();
+    outcome.keyless = provider.keyless();
+    outcome.records = store.list(usize::MAX).await?;
+    Ok(outcome)
+}
