@@ -104,6 +104,8 @@ struct Drain {
     first_after: Duration,
     peak: usize,
     by_child: BTreeMap<usize, usize>,
+    /// Re-sends in each second after the recovery.
+    per_second: Vec<usize>,
 }
 
 fn drain(o: &Outcome) -> Option<Drain> {
@@ -119,8 +121,14 @@ fn drain(o: &Outcome) -> Option<Drain> {
         peak = peak.max(to - from + 1);
     }
     let mut by_child = BTreeMap::new();
+    let mut per_second = Vec::new();
     for r in &after {
         *by_child.entry(r.child).or_default() += 1;
+        let second = r.at.duration_since(recovered).as_secs() as usize;
+        if per_second.len() <= second {
+            per_second.resize(second + 1, 0);
+        }
+        per_second[second] += 1;
     }
     Some(Drain {
         count: after.len(),
@@ -129,6 +137,7 @@ fn drain(o: &Outcome) -> Option<Drain> {
         first_after: first.at.duration_since(recovered),
         peak,
         by_child,
+        per_second,
     })
 }
 
@@ -179,6 +188,10 @@ fn print_drain(o: &Outcome, d: Option<&Drain>) {
         d.span.as_secs_f64(),
         d.peak,
         d.by_child
+    );
+    println!(
+        "  re-sends in each second after the recovery: {:?}",
+        d.per_second
     );
     if let (Some(recovered), Some(settled)) = (o.recovered_at, o.settled_at) {
         println!(
