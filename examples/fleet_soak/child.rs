@@ -4,7 +4,8 @@
 //! It talks to the parent by lines. On stdout: `ready` (store open, scheduler running), `ack
 //! <key> <outcome>` when a caller's call ended (delivered, or failed and in the store: the
 //! message is then the store's to finish), `done` when its share is all acknowledged, `bye` when
-//! its scheduler has shut down. On stdin: `go <unix ms>`, the start of the window; the end of
+//! its scheduler has shut down, and `claimed <n>` and `ended` for its scheduler's claims
+//! (`tap.rs`). On stdin: `go <unix ms>`, the start of the window; the end of
 //! stdin asks it to shut down.
 
 use std::collections::HashSet;
@@ -23,10 +24,11 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::retry::RetryPolicy;
-use tower_backstop::store::Record;
+use tower_backstop::store::{Record, Store};
 use tower_backstop::{BackstopLayer, Failure};
 
 use super::provider::RESEND_HEADER;
+use super::tap::Tap;
 
 type Req = http::Request<Full<Bytes>>;
 type Resp = http::Response<hyper::body::Incoming>;
@@ -65,7 +67,8 @@ fn read_stdin() -> mpsc::UnboundedReceiver<Option<String>> {
 /// Runs the child until the parent closes its stdin.
 pub async fn run(settings: Settings) -> Result<(), BoxError> {
     let mut stdin = read_stdin();
-    let store = super::stores::open(&settings.store, &settings.namespace, 5).await?;
+    let shared = super::stores::open(&settings.store, &settings.namespace, 5).await?;
+    let store: Arc<dyn Store> = Arc::new(Tap(shared));
     let backstop = BackstopLayer::http(ATTEMPT_TIMEOUT)
         .retry(RetryPolicy::new().max_attempts(MAX_ATTEMPTS).build()?)
         .dead_letters(DeadLetterLayer::from_arc(Arc::clone(&store)));

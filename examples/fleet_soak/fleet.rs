@@ -21,6 +21,10 @@ pub enum Line {
     },
     Done,
     Bye,
+    /// Its scheduler claimed this many records.
+    Claimed(usize),
+    /// A claim of its ended.
+    Ended,
     Other(String),
     /// Its stdout closed: it exited or was killed.
     Closed,
@@ -40,6 +44,8 @@ fn parse(line: String) -> Line {
         (Some("ready"), None, _) => Line::Ready,
         (Some("done"), None, _) => Line::Done,
         (Some("bye"), None, _) => Line::Bye,
+        (Some("ended"), None, _) => Line::Ended,
+        (Some("claimed"), Some(n), None) => n.parse().map_or(Line::Other(line), Line::Claimed),
         (Some("ack"), Some(key), Some(outcome)) => Line::Ack {
             key: key.to_owned(),
             outcome: outcome.to_owned(),

@@ -41,8 +41,11 @@
 //!
 //! The window: healthy 5 s, down 60 s, healthy 15 s. Once the provider is back and the
 //! schedulers are draining (200 re-sends have reached the provider since the recovery), the
-//! parent SIGKILLs the child that sent the most re-sends in the last second, reads which
-//! records are in flight at that moment, and starts the child again. **The new process resumes
+//! parent SIGKILLs a child while it holds claims: each child's store is the shared one behind a
+//! tap that tells the parent each claim and each claim's end (`tap.rs`), and the parent kills
+//! the one that holds the most, once it holds at least 4 (a batch it is sending; at least 1
+//! after 3 s of waiting). It reads which records are in flight at that moment (their fencing
+//! tokens), and starts the child again. **The new process resumes
 //! the share**: the parent plays the queue the messages came from, and hands the new process
 //! every message of the share that the killed one had not acknowledged (a message whose call
 //! was cut by the kill is redelivered by the queue, under the same key); if the share was
@@ -81,6 +84,7 @@ mod provider;
 mod report;
 mod run;
 mod stores;
+mod tap;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -99,6 +99,8 @@ struct Fleet {
     sender: mpsc::UnboundedSender<Event>,
     ready: Vec<bool>,
     done: Vec<bool>,
+    /// Claims each child's current process holds, as its lines tell.
+    held: Vec<i64>,
     /// `(index, generation)` of the processes whose stdout closed.
     closed: HashSet<(usize, u32)>,
     acks: Vec<HashMap<String, String>>,
@@ -126,6 +128,7 @@ impl Fleet {
             sender,
             ready: vec![false; n],
             done: vec![false; n],
+            held: vec![0; n],
             closed: HashSet::new(),
             acks: vec![HashMap::new(); n],
             start_ms: None,
@@ -158,6 +161,8 @@ impl Fleet {
                     }
                 }
                 Line::Done if current => self.done[index] = true,
+                Line::Claimed(n) if current => self.held[index] += n as i64,
+                Line::Ended if current => self.held[index] -= 1,
                 Line::Closed => {
                     self.closed.insert((index, generation));
                     if !self.stopping && !self.killed.contains(&(index, generation)) {
@@ -189,6 +194,19 @@ impl Fleet {
         self.children.iter_mut().try_for_each(|c| c.go(start_ms))
     }
 
+    /// The child holding the most claims, when it holds at least 4 (a batch being sent), or
+    /// at least 1 once `waited` passed 3 s.
+    fn holder(&self, waited: Duration) -> Option<usize> {
+        let least = if waited > Duration::from_secs(3) {
+            1
+        } else {
+            4
+        };
+        (0..self.held.len())
+            .max_by_key(|i| self.held[*i])
+            .filter(|i| self.held[*i] >= least)
+    }
+
     fn all_done(&self) -> bool {
         self.done.iter().all(|d| *d)
     }
@@ -218,6 +236,7 @@ impl Fleet {
         settings.skip = acked;
         self.ready[index] = false;
         self.done[index] = false;
+        self.held[index] = 0;
         self.restarted_at = Some(Instant::now());
         self.children[index] = Child::spawn(settings, generation + 1, &self.sender)?;
         Ok(unacked)
@@ -266,26 +285,6 @@ fn settings(url: &str, namespace: &str, provider: &Provider, plan: Plan) -> Vec<
             skip: HashSet::new(),
         })
         .collect()
-}
-
-/// The child that sent the most re-sends in the last second (the first, if none did).
-fn busiest(resends: &[Resend]) -> usize {
-    let mut counts = [0usize; CHILDREN];
-    let now = std::time::Instant::now();
-    for r in resends
-        .iter()
-        .filter(|r| now.duration_since(r.at) <= Duration::from_secs(1))
-    {
-        counts[r.child % CHILDREN] += 1;
-    }
-    (0..CHILDREN)
-        .max_by_key(|i| (counts[*i], CHILDREN - i))
-        .unwrap_or(0)
-}
-
-/// Records claimed by a scheduler now.
-async fn in_flight(store: &dyn Store) -> Result<u64, BoxError> {
-    Ok(store.count(&Filter::new().status(Status::InFlight)).await?)
 }
 
 /// Re-sends that reached the provider since `since`.
@@ -343,10 +342,10 @@ async fn drive(
         stopped_cleanly: 0,
         unexpected_exits: Vec::new(),
     };
-    let (mut went_down, mut armed) = (false, false);
+    let (mut went_down, mut armed) = (false, None);
     loop {
         // Closer looks while waiting for the moment to kill: claims come and go in batches.
-        let tick = if armed { 10 } else { 100 };
+        let tick = if armed.is_some() { 10 } else { 100 };
         tokio::time::sleep(Duration::from_millis(tick)).await;
         fleet.absorb()?;
         let now = Instant::now();
@@ -363,10 +362,13 @@ async fn drive(
         }
         if let (Some(recovered), None) = (outcome.recovered_at, &outcome.kill) {
             let resends = resends_since(&provider, recovered);
-            armed = resends >= plan.kill_after_resends && backlog > 0;
-            if armed && in_flight(&*store).await? >= CHILDREN as u64 {
-                outcome.kill = Some(kill(&mut fleet, &provider, &*store, backlog, resends).await?);
-                armed = false;
+            if resends >= plan.kill_after_resends && backlog > 0 {
+                let since: &mut Instant = armed.get_or_insert(now);
+                if let Some(index) = fleet.holder(now.duration_since(*since)) {
+                    let kill = kill(&mut fleet, index, &*store, backlog, resends).await?;
+                    outcome.kill = Some(kill);
+                    armed = None;
+                }
             }
         }
         if let Some(kill) = outcome.kill.as_mut() {
@@ -385,19 +387,19 @@ async fn drive(
     finish(outcome, fleet, &provider, &*store).await
 }
 
-/// Kills the busiest child mid-drain, reads the claims in flight, and restarts it.
+/// Kills child `index` mid-drain, reads the claims in flight, and restarts it.
 async fn kill(
     fleet: &mut Fleet,
-    provider: &Provider,
+    index: usize,
     store: &dyn Store,
     backlog: u64,
     resends_before: usize,
 ) -> Result<Kill, BoxError> {
-    let index = busiest(&provider.resends());
     let at = Instant::now();
     println!(
-        "killing child {index} (pid {}) with SIGKILL: {resends_before} re-sends since the recovery, {backlog} records outstanding",
-        fleet.children[index].pid()
+        "killing child {index} (pid {}) with SIGKILL while it holds {} claims: {resends_before} re-sends since the recovery, {backlog} records outstanding",
+        fleet.children[index].pid(),
+        fleet.held[index]
     );
     fleet.kill(index)?;
     // Read at once: the killed process's claims, beside those of the live ones.
