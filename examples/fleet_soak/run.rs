@@ -50,6 +50,9 @@ pub struct Kill {
     /// Records in flight at the kill (any process's), each with its fencing token.
     pub in_flight: usize,
     pending: Vec<(String, u32)>,
+    /// Deferred records due no later than the latest end of a claim in flight at the kill: ahead of the killed process's claims in
+    /// the retry-at order in which schedulers claim.
+    pub due_ahead: usize,
     /// The killed process's claims: claimed again (by another scheduler) after this long.
     pub taken_over: Vec<(String, Duration)>,
     /// Claims of live processes, finished by them.
@@ -407,6 +410,15 @@ async fn kill(
         .search(&Filter::new().status(Status::InFlight), 0..usize::MAX)
         .await?;
     let unacked = fleet.restart(index).await?;
+    // A claimed record's retry-at is the end of its claim.
+    let lease_end = claims.iter().filter_map(|r| r.retry_at).max();
+    let deferred = store
+        .search(&Filter::new().status(Status::Deferred), 0..usize::MAX)
+        .await?;
+    let due_ahead = deferred
+        .iter()
+        .filter(|r| r.retry_at.zip(lease_end).is_some_and(|(at, end)| at <= end))
+        .count();
     Ok(Kill {
         index,
         at,
@@ -414,6 +426,7 @@ async fn kill(
         resends_before,
         in_flight: claims.len(),
         pending: claims.into_iter().map(|r| (r.id, r.resends)).collect(),
+        due_ahead,
         taken_over: Vec::new(),
         finished_by_holder: 0,
         unacked,
