@@ -43,8 +43,8 @@
 //! schedulers are draining (200 re-sends have reached the provider since the recovery), the
 //! parent SIGKILLs a child while it holds claims: each child's store is the shared one behind a
 //! tap that tells the parent each claim and each claim's end (`tap.rs`), and the parent kills
-//! the one that holds the most, once it holds at least 4 (a batch it is sending; at least 1
-//! after 3 s of waiting). It reads which records are in flight at that moment (their fencing
+//! the one that holds the most, once it holds at least 4 at two looks 10 ms apart (a batch it
+//! is sending, not claims it gives back at once; at least 1 after 3 s of waiting). It reads which records are in flight at that moment (their fencing
 //! tokens), and starts the child again. **The new process resumes
 //! the share**: the parent plays the queue the messages came from, and hands the new process
 //! every message of the share that the killed one had not acknowledged (a message whose call
@@ -64,12 +64,14 @@
 //! taken over. It exits with status 1 when one is missed:
 //!
 //! - every key committed, each once; none lost (neither committed nor in the store);
-//! - no dead letter by a local rejection (an open breaker's, class `circuit_open`); other dead
-//!   letters are listed by cause: a message whose attempts all met the refused port in the
-//!   moment before its breaker opened is a dead letter by the retry policy, counted apart;
+//! - no dead letter by a local rejection (an open breaker's, class `circuit_open`), nor by any
+//!   other cause: a message whose in-process attempts all met the refused port in the moment
+//!   before its process's breaker opened is deferred to the scheduler (the preset's second tier
+//!   with a store), not dead; any dead letter is listed by class, code and root cause;
 //! - no record still deferred or in flight at the end;
 //! - a child killed mid-drain while it held claims, every one of them taken over within the
-//!   lease and the scheduler's look at the store (10 s + 1 s), plus 2 s;
+//!   lease, a scheduler's look at the store and 2 s (13 s), plus the time the drain rate needs
+//!   for the records due before the claims ended (schedulers claim in retry-at order);
 //! - a delivery beyond a key's first only where a process was cut: a claim or call of the
 //!   killed child, or a request answered in the moment the provider went down (closed before
 //!   its answer was written).

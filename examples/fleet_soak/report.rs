@@ -276,6 +276,14 @@ fn misses(o: &Outcome, t: &Tally) -> Vec<String> {
             m.push(what);
         }
     };
+    let never = o.plan.messages - t.committed_once;
+    miss(
+        never > 0,
+        format!(
+            "{never} messages never committed ({} of them dead letters)",
+            never - t.lost.len()
+        ),
+    );
     miss(
         !t.lost.is_empty(),
         format!("{} messages lost: {:?}", t.lost.len(), first(&t.lost)),

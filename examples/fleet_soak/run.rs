@@ -346,6 +346,9 @@ async fn drive(
         unexpected_exits: Vec::new(),
     };
     let (mut went_down, mut armed) = (false, None);
+    // The holder seen at the last look: a child is killed only when it is seen holding claims
+    // at two looks in a row, so that claims held back at once (an open breaker) do not count.
+    let mut last_holder = None;
     loop {
         // Closer looks while waiting for the moment to kill: claims come and go in batches.
         let tick = if armed.is_some() { 10 } else { 100 };
@@ -367,11 +370,13 @@ async fn drive(
             let resends = resends_since(&provider, recovered);
             if resends >= plan.kill_after_resends && backlog > 0 {
                 let since: &mut Instant = armed.get_or_insert(now);
-                if let Some(index) = fleet.holder(now.duration_since(*since)) {
+                let holder = fleet.holder(now.duration_since(*since));
+                if let Some(index) = holder.filter(|i| last_holder == Some(*i)) {
                     let kill = kill(&mut fleet, index, &*store, backlog, resends).await?;
                     outcome.kill = Some(kill);
                     armed = None;
                 }
+                last_holder = holder;
             }
         }
         if let Some(kill) = outcome.kill.as_mut() {

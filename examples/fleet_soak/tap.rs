@@ -104,6 +104,10 @@ impl Store for Tap {
         self.0.reserve_slot(schedule, gap, now)
     }
 
+    fn wake_ups(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.0.wake_ups()
+    }
+
     fn append_audit(&self, entry: AuditEntry) -> Answer<()> {
         self.0.append_audit(entry)
     }
