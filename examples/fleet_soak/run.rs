@@ -47,11 +47,12 @@ pub struct Kill {
     /// Outstanding records and re-sends since the recovery, at the kill.
     pub backlog: u64,
     pub resends_before: usize,
-    /// Records in flight at the kill (any process's), each with its fencing token.
+    /// Records in flight at the kill (any process's).
     pub in_flight: usize,
-    pending: Vec<(String, u32)>,
-    /// Deferred records due no later than the latest end of a claim in flight at the kill: ahead of the killed process's claims in
-    /// the retry-at order in which schedulers claim.
+    /// Those not yet seen changed: each with its fencing token and the end of its claim.
+    pending: Vec<Claimed>,
+    /// Deferred records due no later than the latest end of a claim in flight at the kill:
+    /// ahead of the killed process's claims in the retry-at order in which schedulers claim.
     pub due_ahead: usize,
     /// The killed process's claims: claimed again (by another scheduler) after this long.
     pub taken_over: Vec<(String, Duration)>,
@@ -70,24 +71,43 @@ impl Kill {
 
     /// Keys whose claim at the kill is still unchanged.
     pub fn still_held(&self) -> Vec<String> {
-        self.pending.iter().map(|(id, _)| id.clone()).collect()
+        self.pending.iter().map(|c| c.id.clone()).collect()
     }
 
-    /// Looks at each claim held at the kill: claimed again (a higher fencing token) means it
-    /// was the killed process's and was taken over; finished under the same token means its
-    /// holder was alive.
+    /// Looks at each claim held at the kill. Claimed again (a higher fencing token), or
+    /// changed only after the claim's end (taken, then given back at once by a scheduler whose
+    /// breaker was open, which lowers the token again): it was the killed process's, taken
+    /// over. Renewed, or changed before the claim's end: its holder was alive.
     async fn look(&mut self, store: &dyn Store) -> Result<(), BoxError> {
         let mut waiting = Vec::new();
-        for (id, token) in std::mem::take(&mut self.pending) {
-            match store.get(&id).await? {
-                Some(r) if r.resends > token => self.taken_over.push((id, self.at.elapsed())),
-                Some(r) if r.status == Status::InFlight => waiting.push((id, token)),
-                Some(_) | None => self.finished_by_holder += 1,
+        for claim in std::mem::take(&mut self.pending) {
+            let record = store.get(&claim.id).await?;
+            let unchanged = record.as_ref().is_some_and(|r| {
+                r.status == Status::InFlight
+                    && r.resends == claim.token
+                    && r.retry_at == Some(claim.until)
+            });
+            let taken = record.as_ref().is_some_and(|r| r.resends > claim.token)
+                || SystemTime::now() >= claim.until;
+            if unchanged {
+                waiting.push(claim);
+            } else if taken {
+                self.taken_over.push((claim.id, self.at.elapsed()));
+            } else {
+                self.finished_by_holder += 1;
             }
         }
         self.pending = waiting;
         Ok(())
     }
+}
+
+/// A claim in flight at the kill.
+struct Claimed {
+    id: String,
+    token: u32,
+    /// Its end: the record's retry-at while claimed.
+    until: SystemTime,
 }
 
 fn unix_ms(t: SystemTime) -> u128 {
@@ -430,7 +450,17 @@ async fn kill(
         backlog,
         resends_before,
         in_flight: claims.len(),
-        pending: claims.into_iter().map(|r| (r.id, r.resends)).collect(),
+        pending: claims
+            .into_iter()
+            .filter_map(|r| {
+                let until = r.retry_at?;
+                Some(Claimed {
+                    id: r.id,
+                    token: r.resends,
+                    until,
+                })
+            })
+            .collect(),
         due_ahead,
         taken_over: Vec::new(),
         finished_by_holder: 0,
