@@ -3,10 +3,10 @@
 //! 60 s; one process is killed with SIGKILL mid-drain and started again.
 //!
 //! ```text
-//! cargo run --release --example fleet_soak --features postgres,redis                   # both stores, full
-//! cargo run --release --example fleet_soak --features postgres,redis -- --store redis  # one store
-//! cargo run --example fleet_soak --features postgres,redis -- --small                  # what `.ci/run` runs
-//! cargo run --example fleet_soak --features postgres,redis -- --fleet-rate 100         # one shared drain rate
+//! cargo run --example fleet_soak --features postgres,redis                   # both stores, full
+//! cargo run --example fleet_soak --features postgres,redis -- --store redis  # one store
+//! cargo run --example fleet_soak --features postgres,redis -- --small        # what `.ci/run` runs
+//! cargo run --example fleet_soak --features postgres,redis -- --fleet-rate 50  # one shared drain rate
 //! ```
 //!
 //! `--store` takes `postgres` or `redis` (the URL from `BACKSTOP_POSTGRES_URL` or
@@ -44,12 +44,16 @@
 //! parent SIGKILLs a child while it holds claims: each child's store is the shared one behind a
 //! tap that tells the parent each claim and each claim's end (`tap.rs`), and the parent kills
 //! the one that holds the most, once it holds at least 4 at two looks 10 ms apart (a batch it
-//! is sending, not claims it gives back at once; at least 1 after 3 s of waiting). It reads which records are in flight at that moment (their fencing
-//! tokens), and starts the child again. **The new process resumes
-//! the share**: the parent plays the queue the messages came from, and hands the new process
-//! every message of the share that the killed one had not acknowledged (a message whose call
-//! was cut by the kill is redelivered by the queue, under the same key); if the share was
-//! finished, the new process only runs its scheduler.
+//! is sending, not claims it gives back at once; at least 1 after 3 s of waiting). It reads
+//! which records are in flight at that moment, with their fencing tokens and the ends of their
+//! claims, and starts the child again. A claim was the killed process's when the store shows it
+//! claimed again (a higher token) or changed only after its end; one renewed or finished before
+//! its end had a live holder.
+//!
+//! **The new process resumes the share**: the parent plays the queue the messages came from,
+//! and hands the new process every message of the share that the killed one had not
+//! acknowledged (a message whose call was cut by the kill is redelivered by the queue, under
+//! the same key); if the share was finished, the new process only runs its scheduler.
 //!
 //! The parent waits until every share is acknowledged and the store has no deferred or
 //! in-flight record (at most 4 minutes after the window), then closes the children's stdin: each
@@ -77,7 +81,7 @@
 //!   its answer was written).
 //!
 //! `--small` runs 400 messages over healthy 2 s, down 12 s, healthy 4 s, and kills after 40
-//! re-sends: about a minute per store. `--fleet-rate N` gives every scheduler one shared drain
+//! re-sends: about 35 s per store. `--fleet-rate N` gives every scheduler one shared drain
 //! rate through the store (`Scheduler::fleet_rate`) instead of 50 a second each.
 
 mod child;
