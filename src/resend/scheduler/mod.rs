@@ -22,7 +22,9 @@ use crate::store::{Record, Retention, Store};
 /// [`Redrive`](super::Redrive)) renews the claim of each re-send every third of it (3.3 s) while
 /// the stack and the provider take their time, so a re-send may last as long as it needs; a
 /// process that dies holds its claims no longer than this, and another scheduler takes them
-/// over within the lease and one poll (11 s with the defaults). Long enough that a renewal
+/// over within the lease and one poll (11 s with the defaults) while the schedulers keep up with
+/// what is due; behind a backlog, an ended claim takes its turn in retry-at order, after the
+/// records due before its end, at the drain rate. Long enough that a renewal
 /// survives a slow store: two renewals are tried before the claim ends, each within the stores'
 /// default 5 s response and acquire timeouts.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);

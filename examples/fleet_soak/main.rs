@@ -1,0 +1,238 @@
+//! A fleet soak: four OS processes, each the README's preset and a `Scheduler` over one shared
+//! store (Postgres or Redis), send 2,000 keyed messages to a loopback provider that is down for
+//! 60 s; one process is killed with SIGKILL mid-drain and started again.
+//!
+//! ```text
+//! cargo run --example fleet_soak --features postgres,redis                   # both stores, full
+//! cargo run --example fleet_soak --features postgres,redis -- --store redis  # one store
+//! cargo run --example fleet_soak --features postgres,redis -- --small        # what `.ci/run` runs
+//! cargo run --example fleet_soak --features postgres,redis -- --fleet-rate 50  # one shared drain rate
+//! ```
+//!
+//! `--store` takes `postgres` or `redis` (the URL from `BACKSTOP_POSTGRES_URL` or
+//! `BACKSTOP_REDIS_URL`), or a `postgres://` or `redis://` URL; without it, both stores run, one
+//! after the other. Each run keeps its records in a Postgres schema or under a Redis key prefix of
+//! its own (`fleet_soak_<pid>_<time>`) and removes them at its end.
+//!
+//! # The provider
+//!
+//! An axum server on a fixed `127.0.0.1` port below the kernel's ephemeral range, so that it can
+//! bind the same port again after the outage. `POST /v1/messages` needs an `Idempotency-Key`; it
+//! commits each key once and answers `202 Accepted` to every request, counting per key the
+//! requests (deliveries) and whether and when the key was committed. Re-sends of the schedulers
+//! carry a header naming the child that sent them, so the provider also logs each re-send.
+//!
+//! **Down means connections refused**: at the outage the provider drops its listener and closes
+//! every open connection, so each attempt meets a refused connection (a request that was
+//! provably not sent), as when a provider's process or host is gone; at recovery it listens on
+//! the same port again. (A provider that answers 503 is the other soak's outage,
+//! `examples/soak.rs`.)
+//!
+//! # The fleet
+//!
+//! The parent starts the provider, opens the store once (which creates the schema), and starts
+//! four children: this binary again (`std::env::current_exe`) with the role `child`. Each child
+//! builds the README's preset, `BackstopLayer::http(2 s)` with a 5-attempt retry policy and a
+//! `DeadLetterLayer` over the shared store, calls `learn_from_store`, runs a `Scheduler` with the
+//! defaults (50 re-sends a second per process, 10 s leases, a look at the store at least every
+//! second), and sends its share of the messages (message `j` goes to child `j mod 4`) open loop:
+//! message `j` at `window × j / 2000` after the common start. It acknowledges each message to
+//! the parent when its call ends (delivered, or failed and written to the store).
+//!
+//! The window: healthy 5 s, down 60 s, healthy 15 s. Once the provider is back and the
+//! schedulers are draining (200 re-sends have reached the provider since the recovery), the
+//! parent SIGKILLs a child while it holds claims: each child's store is the shared one behind a
+//! tap that tells the parent each claim and each claim's end (`tap.rs`), and the parent kills
+//! the one that holds the most, once it holds at least 4 at two looks 10 ms apart (a batch it
+//! is sending, not claims it gives back at once; at least 1 after 3 s of waiting). It reads
+//! which records are in flight at that moment, with their fencing tokens and the ends of their
+//! claims, and starts the child again. A claim was the killed process's when the store shows it
+//! claimed again (a higher token) or changed only after its end; one renewed or finished before
+//! its end had a live holder.
+//!
+//! **The new process resumes the share**: the parent plays the queue the messages came from,
+//! and hands the new process every message of the share that the killed one had not
+//! acknowledged (a message whose call was cut by the kill is redelivered by the queue, under
+//! the same key); if the share was finished, the new process only runs its scheduler.
+//!
+//! The parent waits until every share is acknowledged and the store has no deferred or
+//! in-flight record (at most 4 minutes after the window), then closes the children's stdin: each
+//! shuts its scheduler down and exits.
+//!
+//! # The report and the targets
+//!
+//! Per store, the run prints the messages delivered exactly once, the keys never committed,
+//! the deliveries beyond the first (absorbed by the key) and why, the dead letters by class,
+//! code and root cause, the backlog and the drain (its time and rate, its peak over a second,
+//! re-sends per child), and the claims of the killed process with the time each took to be
+//! taken over. It exits with status 1 when one is missed:
+//!
+//! - every key committed, each once; none lost (neither committed nor in the store);
+//! - no dead letter by a local rejection (an open breaker's, class `circuit_open`), nor by any
+//!   other cause: a message whose in-process attempts all met the refused port in the moment
+//!   before its process's breaker opened is deferred to the scheduler (the preset's second tier
+//!   with a store), not dead; any dead letter is listed by class, code and root cause;
+//! - no record still deferred or in flight at the end;
+//! - a child killed mid-drain while it held claims, every one of them taken over within the
+//!   lease, a scheduler's look at the store and 2 s (13 s), plus the time the drain rate needs
+//!   for the records due before the claims ended (schedulers claim in retry-at order);
+//! - a delivery beyond a key's first only where a process was cut: a claim or call of the
+//!   killed child, or a request answered in the moment the provider went down (closed before
+//!   its answer was written).
+//!
+//! `--small` runs 400 messages over healthy 2 s, down 12 s, healthy 4 s, and kills after 40
+//! re-sends: about 35 s per store. `--fleet-rate N` gives every scheduler one shared drain
+//! rate through the store (`Scheduler::fleet_rate`) instead of 50 a second each.
+
+mod child;
+mod fleet;
+mod provider;
+mod report;
+mod run;
+mod stores;
+mod tap;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tower::BoxError;
+
+/// The per-attempt timeout of the preset, as in the README.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Attempts per call, as in the README.
+const MAX_ATTEMPTS: u32 = 5;
+/// The number of child processes.
+const CHILDREN: usize = 4;
+
+/// The idempotency key of message `j`.
+fn key_of(j: usize) -> String {
+    format!("fleet-{j:05}")
+}
+
+/// The phases and sizes of a run.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    messages: usize,
+    healthy: Duration,
+    down: Duration,
+    after: Duration,
+    /// Re-sends that reached the provider after the recovery before the kill.
+    kill_after_resends: usize,
+    /// How long after the window the parent waits for the store to settle.
+    settle_bound: Duration,
+    fleet_rate: Option<u32>,
+}
+
+impl Plan {
+    fn full() -> Plan {
+        Plan {
+            messages: 2_000,
+            healthy: Duration::from_secs(5),
+            down: Duration::from_secs(60),
+            after: Duration::from_secs(15),
+            kill_after_resends: 200,
+            settle_bound: Duration::from_secs(240),
+            fleet_rate: None,
+        }
+    }
+
+    fn small() -> Plan {
+        Plan {
+            messages: 400,
+            healthy: Duration::from_secs(2),
+            down: Duration::from_secs(12),
+            after: Duration::from_secs(4),
+            kill_after_resends: 40,
+            settle_bound: Duration::from_secs(60),
+            fleet_rate: None,
+        }
+    }
+
+    fn window(&self) -> Duration {
+        self.healthy + self.down + self.after
+    }
+}
+
+/// The store URLs `--store` names, or both from the environment.
+fn store_urls(args: &[String]) -> Result<Vec<String>, BoxError> {
+    let from_env = |var: &str| {
+        std::env::var(var).map_err(|_| -> BoxError {
+            format!("{var} is not set: give --store a postgres:// or redis:// URL").into()
+        })
+    };
+    let at = args.iter().position(|a| a == "--store");
+    match at.map(|at| args.get(at + 1)) {
+        None => Ok(vec![
+            from_env("BACKSTOP_POSTGRES_URL")?,
+            from_env("BACKSTOP_REDIS_URL")?,
+        ]),
+        Some(None) => Err("--store needs a value: postgres, redis, or a URL".into()),
+        Some(Some(s)) if s == "postgres" => Ok(vec![from_env("BACKSTOP_POSTGRES_URL")?]),
+        Some(Some(s)) if s == "redis" => Ok(vec![from_env("BACKSTOP_REDIS_URL")?]),
+        Some(Some(url)) => {
+            stores::Kind::of(url)?;
+            Ok(vec![url.clone()])
+        }
+    }
+}
+
+fn plan_from(args: &[String]) -> Result<Plan, BoxError> {
+    let mut plan = if args.iter().any(|a| a == "--small") {
+        Plan::small()
+    } else {
+        Plan::full()
+    };
+    if let Some(at) = args.iter().position(|a| a == "--fleet-rate") {
+        let rate = args
+            .get(at + 1)
+            .ok_or("--fleet-rate needs a number of re-sends a second")?;
+        let rate: u32 = rate
+            .parse()
+            .map_err(|e| format!("--fleet-rate {rate}: {e}"))?;
+        if rate == 0 {
+            return Err("--fleet-rate must be at least 1".into());
+        }
+        plan.fleet_rate = Some(rate);
+    }
+    Ok(plan)
+}
+
+async fn parent(args: &[String]) -> Result<bool, BoxError> {
+    let plan = plan_from(args)?;
+    let mut met = true;
+    for url in store_urls(args)? {
+        let outcome = run::run(&url, plan).await?;
+        let misses = report::print(&outcome);
+        met &= misses.is_empty();
+    }
+    Ok(met)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("fleet_soak: cannot start tokio: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.first().is_some_and(|a| a == "child") {
+        let result = fleet::settings_from(&args[1..]);
+        return match result.map(|s| runtime.block_on(child::run(s))) {
+            Ok(Ok(())) => ExitCode::SUCCESS,
+            Ok(Err(e)) | Err(e) => {
+                eprintln!("fleet_soak child: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match runtime.block_on(parent(&args)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("fleet_soak: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

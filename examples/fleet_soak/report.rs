@@ -1,0 +1,352 @@
+//! The report of a run and its targets: what the provider counted, what the store holds, the
+//! drain, and the kill.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use tower_backstop::resend::DEFAULT_LEASE;
+use tower_backstop::store::{Record, Status};
+
+use super::run::{Kill, Outcome};
+use super::{ATTEMPT_TIMEOUT, key_of};
+
+/// The longest a killed process's claim may wait before it is taken over: the lease, one look
+/// of a scheduler at the store (its default `poll_every`, 1 s), 2 s for the store's and the
+/// parent's own polling, and the time the fleet's drain rate needs for the records due before
+/// the claim's end (schedulers claim in retry-at order, so an expired claim waits its turn
+/// behind them).
+fn takeover_bound(o: &Outcome, k: &Kill) -> Duration {
+    let rate = o
+        .plan
+        .fleet_rate
+        .unwrap_or(PROCESS_RATE * super::CHILDREN as u32);
+    DEFAULT_LEASE
+        + Duration::from_secs(3)
+        + Duration::from_secs_f64(k.due_ahead as f64 / f64::from(rate))
+}
+
+/// A scheduler's default rate, re-sends a second per process (`Scheduler::rate`).
+const PROCESS_RATE: u32 = 50;
+
+/// What the provider and the store say of the messages.
+#[derive(Default)]
+struct Tally {
+    committed_once: usize,
+    /// Neither committed nor a dead letter.
+    lost: Vec<String>,
+    /// Dead letters by class, code and root cause.
+    dead: BTreeMap<(String, String, String), usize>,
+    dead_local: usize,
+    dead_other: usize,
+    outstanding: usize,
+    /// Deliveries beyond a key's first, by why.
+    extra_by_kill: usize,
+    extra_by_outage: usize,
+    extra_other: Vec<String>,
+}
+
+fn tally(o: &Outcome) -> Tally {
+    let mut t = Tally::default();
+    let dead: HashSet<&str> = o
+        .records
+        .iter()
+        .filter(|r| r.status == Status::Dead)
+        .map(|r| r.id.as_str())
+        .collect();
+    for r in &o.records {
+        if r.status == Status::Dead {
+            *t.dead.entry(dead_key(r)).or_default() += 1;
+            if r.class == "circuit_open" {
+                t.dead_local += 1;
+            } else {
+                t.dead_other += 1;
+            }
+        }
+        t.outstanding += usize::from(matches!(r.status, Status::Deferred | Status::InFlight));
+    }
+    let cut = o.kill.as_ref().map(victim_keys).unwrap_or_default();
+    let down = o.down_at.into_std();
+    for key in (0..o.plan.messages).map(key_of) {
+        let seen = o.keys.get(&key).copied().unwrap_or_default();
+        if seen.effects == 1 {
+            t.committed_once += 1;
+        } else if !dead.contains(key.as_str()) {
+            t.lost.push(key.clone());
+        }
+        for _ in 1..seen.requests.max(1) {
+            let near_outage = seen
+                .committed_at
+                .is_some_and(|at| at <= down && down.duration_since(at) <= ATTEMPT_TIMEOUT);
+            if cut.contains(&key) {
+                t.extra_by_kill += 1;
+            } else if near_outage {
+                t.extra_by_outage += 1;
+            } else {
+                t.extra_other.push(key.clone());
+            }
+        }
+    }
+    t
+}
+
+fn dead_key(r: &Record) -> (String, String, String) {
+    let cause = r
+        .cause
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), |c| format!("{} ({})", c.class, c.code));
+    (r.class.clone(), r.code.clone(), cause)
+}
+
+/// The keys a kill cut short: the killed process's claims and its unacknowledged calls.
+fn victim_keys(k: &Kill) -> HashSet<String> {
+    k.taken_over
+        .iter()
+        .map(|(id, _)| id.clone())
+        .chain(k.still_held())
+        .chain(k.unacked.iter().cloned())
+        .collect()
+}
+
+/// The re-sends after the recovery: how many, from the first to the last, and the most in
+/// any one second.
+struct Drain {
+    count: usize,
+    /// Of those, the ones that committed their key (the others found it committed already).
+    committed: usize,
+    span: Duration,
+    first_after: Duration,
+    peak: usize,
+    by_child: BTreeMap<usize, usize>,
+    /// Re-sends in each second after the recovery.
+    per_second: Vec<usize>,
+}
+
+fn drain(o: &Outcome) -> Option<Drain> {
+    let recovered = o.recovered_at?.into_std();
+    let after: Vec<_> = o.resends.iter().filter(|r| r.at >= recovered).collect();
+    let (first, last) = (after.first()?, after.last()?);
+    let mut peak = 0;
+    let mut from = 0;
+    for (to, r) in after.iter().enumerate() {
+        while r.at.duration_since(after[from].at) > Duration::from_secs(1) {
+            from += 1;
+        }
+        peak = peak.max(to - from + 1);
+    }
+    let mut by_child = BTreeMap::new();
+    let mut per_second = Vec::new();
+    for r in &after {
+        *by_child.entry(r.child).or_default() += 1;
+        let second = r.at.duration_since(recovered).as_secs() as usize;
+        if per_second.len() <= second {
+            per_second.resize(second + 1, 0);
+        }
+        per_second[second] += 1;
+    }
+    Some(Drain {
+        count: after.len(),
+        committed: after.iter().filter(|r| r.committed).count(),
+        span: last.at.duration_since(first.at),
+        first_after: first.at.duration_since(recovered),
+        peak,
+        by_child,
+        per_second,
+    })
+}
+
+fn print_messages(o: &Outcome, t: &Tally) {
+    let n = o.plan.messages;
+    println!(
+        "messages: {n}; committed exactly once: {}; never committed: {} ({} of them dead letters, {} lost)",
+        t.committed_once,
+        n - t.committed_once,
+        n - t.committed_once - t.lost.len(),
+        t.lost.len()
+    );
+    println!(
+        "deliveries beyond a key's first (absorbed by the key): {} cut by the kill, {} cut by the outage's start, {} otherwise",
+        t.extra_by_kill,
+        t.extra_by_outage,
+        t.extra_other.len()
+    );
+    println!(
+        "dead letters: {} by a local rejection (circuit_open), {} by other causes",
+        t.dead_local, t.dead_other
+    );
+    for ((class, code, cause), count) in &t.dead {
+        println!("  {count:>5} × class {class}, code {code}, root cause {cause}");
+    }
+    let outcomes: BTreeMap<&str, usize> = o.acks.values().fold(BTreeMap::new(), |mut m, v| {
+        *m.entry(v.as_str()).or_default() += 1;
+        m
+    });
+    println!("callers' outcomes (last per key): {outcomes:?}");
+    println!(
+        "records outstanding at the end: {}; store backlog at the recovery {}, at most {}",
+        t.outstanding, o.backlog_at_recovery, o.peak_backlog
+    );
+}
+
+fn print_drain(o: &Outcome, d: Option<&Drain>) {
+    let Some(d) = d else {
+        println!("drain: no re-send reached the provider after the recovery");
+        return;
+    };
+    let rate = d.count as f64 / d.span.as_secs_f64().max(0.001);
+    println!(
+        "drain: {} re-sends after the recovery ({} committing their key), the first {:.1} s after it, over {:.1} s: {rate:.0} a second on average, at most {} in one second; by child {:?}",
+        d.count,
+        d.committed,
+        d.first_after.as_secs_f64(),
+        d.span.as_secs_f64(),
+        d.peak,
+        d.by_child
+    );
+    println!(
+        "  re-sends in each second after the recovery: {:?}",
+        d.per_second
+    );
+    if let (Some(recovered), Some(settled)) = (o.recovered_at, o.settled_at) {
+        println!(
+            "settled (nothing outstanding, every share acknowledged) {:.1} s after the recovery",
+            settled.duration_since(recovered).as_secs_f64()
+        );
+    }
+}
+
+fn print_kill(o: &Outcome, k: &Kill) {
+    let times: Vec<f64> = k.taken_over.iter().map(|(_, d)| d.as_secs_f64()).collect();
+    let (min, max) = times
+        .iter()
+        .fold((f64::MAX, 0f64), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
+    println!(
+        "kill: child {} after {} re-sends since the recovery, {} records outstanding; {} records in flight then: {} of them the killed process's, taken over after {:.1} to {:.1} s, {} finished by their live holders, {} never taken over",
+        k.index,
+        k.resends_before,
+        k.backlog,
+        k.in_flight,
+        k.taken_over.len(),
+        if times.is_empty() { 0.0 } else { min },
+        max,
+        k.finished_by_holder,
+        k.still_held().len()
+    );
+    println!(
+        "  {} deferred records were due before those claims ended: taken over within {:.1} s allowed (the lease, a poll, 2 s, and those records at the drain rate)",
+        k.due_ahead,
+        takeover_bound(o, k).as_secs_f64()
+    );
+    println!(
+        "  its share's messages not acknowledged at the kill, handed to the new process: {}; the new process ready after {}",
+        k.unacked.len(),
+        k.restart_ready_after
+            .map_or("-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()))
+    );
+}
+
+/// Prints the report of `o`; returns the targets missed (printed too).
+pub fn print(o: &Outcome) -> Vec<String> {
+    let t = tally(o);
+    let d = drain(o);
+    print_messages(o, &t);
+    print_drain(o, d.as_ref());
+    if let Some(k) = &o.kill {
+        print_kill(o, k);
+    }
+    println!(
+        "processes: {} of {} stopped when asked; unexpected exits: {:?}",
+        o.stopped_cleanly,
+        super::CHILDREN,
+        o.unexpected_exits
+    );
+    let misses = misses(o, &t);
+    for miss in &misses {
+        println!("MISSED ({}): {miss}", o.kind.name());
+    }
+    if misses.is_empty() {
+        println!("{}: every target met", o.kind.name());
+    }
+    misses
+}
+
+fn misses(o: &Outcome, t: &Tally) -> Vec<String> {
+    let mut m = Vec::new();
+    let mut miss = |bad: bool, what: String| {
+        if bad {
+            m.push(what);
+        }
+    };
+    let never = o.plan.messages - t.committed_once;
+    miss(
+        never > 0,
+        format!(
+            "{never} messages never committed ({} of them dead letters)",
+            never - t.lost.len()
+        ),
+    );
+    miss(
+        !t.lost.is_empty(),
+        format!("{} messages lost: {:?}", t.lost.len(), first(&t.lost)),
+    );
+    miss(
+        t.dead_local > 0,
+        format!("{} dead letters by a local rejection", t.dead_local),
+    );
+    miss(
+        t.outstanding > 0,
+        format!("{} records still outstanding", t.outstanding),
+    );
+    miss(
+        o.settled_at.is_none(),
+        "the run did not settle in time".to_owned(),
+    );
+    miss(
+        !t.extra_other.is_empty(),
+        format!(
+            "deliveries beyond the first with no kill or outage to explain them: {:?}",
+            first(&t.extra_other)
+        ),
+    );
+    miss(
+        o.keyless > 0,
+        format!("{} requests without a key", o.keyless),
+    );
+    miss(
+        !o.unexpected_exits.is_empty(),
+        format!("unexpected exits: {:?}", o.unexpected_exits),
+    );
+    match &o.kill {
+        None => m.push("no child was killed mid-drain".to_owned()),
+        Some(k) => {
+            let slowest = k
+                .taken_over
+                .iter()
+                .map(|(_, d)| *d)
+                .max()
+                .unwrap_or_default();
+            let bound = takeover_bound(o, k);
+            let mut miss = |bad: bool, what: String| {
+                if bad {
+                    m.push(what);
+                }
+            };
+            miss(
+                k.taken_over.is_empty(),
+                "the killed child held no claim".to_owned(),
+            );
+            miss(
+                !k.tracked_all(),
+                format!("claims never taken over: {:?}", k.still_held()),
+            );
+            miss(
+                slowest > bound,
+                format!("a claim taken over after {slowest:?}, above {bound:?}"),
+            );
+        }
+    }
+    m
+}
+
+fn first(keys: &[String]) -> &[String] {
+    &keys[..keys.len().min(10)]
+}

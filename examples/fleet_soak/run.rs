@@ -1,0 +1,487 @@
+//! One run over one store: the provider, the children, the outage, the kill mid-drain and the
+//! restart, and the wait until the store has settled.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tower::BoxError;
+use tower_backstop::store::{Filter, Record, Status, Store};
+
+use super::child::Settings;
+use super::fleet::{Child, Event, Line};
+use super::provider::{self, Provider, Resend, Seen};
+use super::stores::{self, Kind};
+use super::{CHILDREN, Plan, key_of};
+
+/// What a run saw, for the report.
+pub struct Outcome {
+    pub kind: Kind,
+    pub plan: Plan,
+    pub keys: HashMap<String, Seen>,
+    pub resends: Vec<Resend>,
+    pub keyless: u64,
+    /// Every record in the store at the end.
+    pub records: Vec<Record>,
+    pub down_at: Instant,
+    pub recovered_at: Option<Instant>,
+    pub backlog_at_recovery: u64,
+    pub peak_backlog: u64,
+    /// When the store had nothing outstanding and every share was acknowledged.
+    pub settled_at: Option<Instant>,
+    pub kill: Option<Kill>,
+    /// The last outcome each child acknowledged, by key.
+    pub acks: HashMap<String, String>,
+    /// Children that exited when asked (their stdin closed), of those stopped.
+    pub stopped_cleanly: usize,
+    /// Exits nobody asked for.
+    pub unexpected_exits: Vec<String>,
+}
+
+/// The kill mid-drain and what followed.
+pub struct Kill {
+    pub index: usize,
+    pub at: Instant,
+    /// Outstanding records and re-sends since the recovery, at the kill.
+    pub backlog: u64,
+    pub resends_before: usize,
+    /// Records in flight at the kill (any process's).
+    pub in_flight: usize,
+    /// Those not yet seen changed: each with its fencing token and the end of its claim.
+    pending: Vec<Claimed>,
+    /// Deferred records due no later than the latest end of a claim in flight at the kill:
+    /// ahead of the killed process's claims in the retry-at order in which schedulers claim.
+    pub due_ahead: usize,
+    /// The killed process's claims: claimed again (by another scheduler) after this long.
+    pub taken_over: Vec<(String, Duration)>,
+    /// Claims of live processes, finished by them.
+    pub finished_by_holder: usize,
+    /// Messages of the killed child's share it had not acknowledged: handed to the new process.
+    pub unacked: HashSet<String>,
+    pub restart_ready_after: Option<Duration>,
+}
+
+impl Kill {
+    /// Whether no claim held at the kill is still waiting.
+    pub fn tracked_all(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Keys whose claim at the kill is still unchanged.
+    pub fn still_held(&self) -> Vec<String> {
+        self.pending.iter().map(|c| c.id.clone()).collect()
+    }
+
+    /// Looks at each claim held at the kill. Claimed again (a higher fencing token), or
+    /// changed only after the claim's end (taken, then given back at once by a scheduler whose
+    /// breaker was open, which lowers the token again): it was the killed process's, taken
+    /// over. Renewed, or changed before the claim's end: its holder was alive.
+    async fn look(&mut self, store: &dyn Store) -> Result<(), BoxError> {
+        let mut waiting = Vec::new();
+        for claim in std::mem::take(&mut self.pending) {
+            let record = store.get(&claim.id).await?;
+            let unchanged = record.as_ref().is_some_and(|r| {
+                r.status == Status::InFlight
+                    && r.resends == claim.token
+                    && r.retry_at == Some(claim.until)
+            });
+            let taken = record.as_ref().is_some_and(|r| r.resends > claim.token)
+                || SystemTime::now() >= claim.until;
+            if unchanged {
+                waiting.push(claim);
+            } else if taken {
+                self.taken_over.push((claim.id, self.at.elapsed()));
+            } else {
+                self.finished_by_holder += 1;
+            }
+        }
+        self.pending = waiting;
+        Ok(())
+    }
+}
+
+/// A claim in flight at the kill.
+struct Claimed {
+    id: String,
+    token: u32,
+    /// Its end: the record's retry-at while claimed.
+    until: SystemTime,
+}
+
+fn unix_ms(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis()
+}
+
+/// The children and what they said.
+struct Fleet {
+    settings: Vec<Settings>,
+    children: Vec<Child>,
+    events: mpsc::UnboundedReceiver<Event>,
+    sender: mpsc::UnboundedSender<Event>,
+    ready: Vec<bool>,
+    done: Vec<bool>,
+    /// Claims each child's current process holds, as its lines tell.
+    held: Vec<i64>,
+    /// `(index, generation)` of the processes whose stdout closed.
+    closed: HashSet<(usize, u32)>,
+    acks: Vec<HashMap<String, String>>,
+    start_ms: Option<u128>,
+    restarted_at: Option<Instant>,
+    restart_ready_after: Option<Duration>,
+    unexpected_exits: Vec<String>,
+    /// `(index, generation)` of the processes killed on purpose.
+    killed: HashSet<(usize, u32)>,
+    stopping: bool,
+}
+
+impl Fleet {
+    fn start(settings: Vec<Settings>) -> Result<Fleet, BoxError> {
+        let (sender, events) = mpsc::unbounded_channel();
+        let children = settings
+            .iter()
+            .map(|s| Child::spawn(s, 0, &sender))
+            .collect::<Result<Vec<_>, _>>()?;
+        let n = children.len();
+        Ok(Fleet {
+            settings,
+            children,
+            events,
+            sender,
+            ready: vec![false; n],
+            done: vec![false; n],
+            held: vec![0; n],
+            closed: HashSet::new(),
+            acks: vec![HashMap::new(); n],
+            start_ms: None,
+            restarted_at: None,
+            restart_ready_after: None,
+            unexpected_exits: Vec::new(),
+            killed: HashSet::new(),
+            stopping: false,
+        })
+    }
+
+    /// Takes in every line written so far.
+    fn absorb(&mut self) -> Result<(), BoxError> {
+        while let Ok(Event {
+            index,
+            generation,
+            line,
+        }) = self.events.try_recv()
+        {
+            let current = self.children[index].generation == generation;
+            match line {
+                Line::Ack { key, outcome } => {
+                    self.acks[index].insert(key, outcome);
+                }
+                Line::Ready if current => {
+                    self.ready[index] = true;
+                    if let (true, Some(ms)) = (generation > 0, self.start_ms) {
+                        self.children[index].go(ms)?;
+                        self.restart_ready_after = self.restarted_at.map(|at| at.elapsed());
+                    }
+                }
+                Line::Done if current => self.done[index] = true,
+                Line::Claimed(n) if current => self.held[index] += n as i64,
+                Line::Ended if current => self.held[index] -= 1,
+                Line::Closed => {
+                    self.closed.insert((index, generation));
+                    if !self.stopping && !self.killed.contains(&(index, generation)) {
+                        self.unexpected_exits
+                            .push(format!("child {index} (start {generation}) exited"));
+                    }
+                }
+                Line::Other(text) => eprintln!("child {index}: {text}"),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, bound: Duration) -> Result<(), BoxError> {
+        let give_up = Instant::now() + bound;
+        while !self.ready.iter().all(|r| *r) {
+            if Instant::now() >= give_up || !self.unexpected_exits.is_empty() {
+                return Err(format!("the children were not ready within {bound:?}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.absorb()?;
+        }
+        Ok(())
+    }
+
+    fn go(&mut self, start_ms: u128) -> Result<(), BoxError> {
+        self.start_ms = Some(start_ms);
+        self.children.iter_mut().try_for_each(|c| c.go(start_ms))
+    }
+
+    /// The child holding the most claims, when it holds at least 4 (a batch being sent), or
+    /// at least 1 once `waited` passed 3 s.
+    fn holder(&self, waited: Duration) -> Option<usize> {
+        let least = if waited > Duration::from_secs(3) {
+            1
+        } else {
+            4
+        };
+        (0..self.held.len())
+            .max_by_key(|i| self.held[*i])
+            .filter(|i| self.held[*i] >= least)
+    }
+
+    fn all_done(&self) -> bool {
+        self.done.iter().all(|d| *d)
+    }
+
+    /// SIGKILLs child `index` and waits until it is gone.
+    fn kill(&mut self, index: usize) -> Result<(), BoxError> {
+        self.killed.insert((index, self.children[index].generation));
+        self.children[index].kill()
+    }
+
+    /// Starts the killed child `index` again, once its last line is read, with the messages of
+    /// its share it had not acknowledged; returns those.
+    async fn restart(&mut self, index: usize) -> Result<HashSet<String>, BoxError> {
+        let generation = self.children[index].generation;
+        let give_up = Instant::now() + Duration::from_secs(5);
+        while !self.closed.contains(&(index, generation)) && Instant::now() < give_up {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            self.absorb()?;
+        }
+        let settings = &mut self.settings[index];
+        let acked: HashSet<String> = self.acks[index].keys().cloned().collect();
+        let unacked = (index..settings.messages)
+            .step_by(settings.children)
+            .map(key_of)
+            .filter(|k| !acked.contains(k))
+            .collect();
+        settings.skip = acked;
+        self.ready[index] = false;
+        self.done[index] = false;
+        self.held[index] = 0;
+        self.restarted_at = Some(Instant::now());
+        self.children[index] = Child::spawn(settings, generation + 1, &self.sender)?;
+        Ok(unacked)
+    }
+
+    /// Closes every child's stdin and waits for each; how many exited by themselves.
+    async fn stop(&mut self) -> usize {
+        self.stopping = true;
+        let mut clean = 0;
+        for child in &mut self.children {
+            clean += usize::from(child.stop(Duration::from_secs(20)).await);
+        }
+        clean
+    }
+}
+
+/// Runs the soak over the store at `url` in a namespace of its own, removed afterwards.
+pub async fn run(url: &str, plan: Plan) -> Result<Outcome, BoxError> {
+    let kind = Kind::of(url)?;
+    let namespace = format!(
+        "fleet_soak_{}_{}",
+        std::process::id(),
+        unix_ms(SystemTime::now())
+    );
+    // Opened here first, so that the schema exists before the children start.
+    let store = stores::open(url, &namespace, 3).await?;
+    let outcome = drive(url, &namespace, Arc::clone(&store), plan, kind).await;
+    drop(store);
+    if let Err(e) = stores::remove(url, &namespace).await {
+        eprintln!("fleet_soak: could not remove {namespace}: {e}");
+    }
+    outcome
+}
+
+fn settings(url: &str, namespace: &str, provider: &Provider, plan: Plan) -> Vec<Settings> {
+    (0..CHILDREN)
+        .map(|index| Settings {
+            store: url.to_owned(),
+            namespace: namespace.to_owned(),
+            provider: provider.addr,
+            index,
+            children: CHILDREN,
+            messages: plan.messages,
+            window: plan.window(),
+            fleet_rate: plan.fleet_rate,
+            skip: HashSet::new(),
+        })
+        .collect()
+}
+
+/// Re-sends that reached the provider since `since`.
+fn resends_since(provider: &Provider, since: Instant) -> usize {
+    let since = since.into_std();
+    provider.resends().iter().filter(|r| r.at >= since).count()
+}
+
+/// The timeline: the outage, the kill once the drain is under way, the wait until settled.
+async fn drive(
+    url: &str,
+    namespace: &str,
+    store: Arc<dyn Store>,
+    plan: Plan,
+    kind: Kind,
+) -> Result<Outcome, BoxError> {
+    let provider = provider::start().await?;
+    println!(
+        "\n== fleet soak over {}: {CHILDREN} processes, {} messages over {:?}; provider {} refuses connections from {:?} for {:?}; fleet rate {}",
+        kind.name(),
+        plan.messages,
+        plan.window(),
+        provider.addr,
+        plan.healthy,
+        plan.down,
+        plan.fleet_rate
+            .map_or("off (50 a second per process)".to_owned(), |r| format!(
+                "{r} a second"
+            )),
+    );
+    let mut fleet = Fleet::start(settings(url, namespace, &provider, plan))?;
+    fleet.wait_ready(Duration::from_secs(60)).await?;
+    let lead = Duration::from_millis(500);
+    let t0 = Instant::now() + lead;
+    fleet.go(unix_ms(SystemTime::now() + lead))?;
+    let (down_at, up_at, end) = (
+        t0 + plan.healthy,
+        t0 + plan.healthy + plan.down,
+        t0 + plan.window(),
+    );
+    let mut outcome = Outcome {
+        kind,
+        plan,
+        keys: HashMap::new(),
+        resends: Vec::new(),
+        keyless: 0,
+        records: Vec::new(),
+        down_at,
+        recovered_at: None,
+        backlog_at_recovery: 0,
+        peak_backlog: 0,
+        settled_at: None,
+        kill: None,
+        acks: HashMap::new(),
+        stopped_cleanly: 0,
+        unexpected_exits: Vec::new(),
+    };
+    let (mut went_down, mut armed) = (false, None);
+    // The holder seen at the last look: a child is killed only when it is seen holding claims
+    // at two looks in a row, so that claims held back at once (an open breaker) do not count.
+    let mut last_holder = None;
+    loop {
+        // Closer looks while waiting for the moment to kill: claims come and go in batches.
+        let tick = if armed.is_some() { 10 } else { 100 };
+        tokio::time::sleep(Duration::from_millis(tick)).await;
+        fleet.absorb()?;
+        let now = Instant::now();
+        if !went_down && now >= down_at {
+            provider.set_up(false);
+            went_down = true;
+        }
+        let backlog = stores::outstanding(&*store).await?;
+        outcome.peak_backlog = outcome.peak_backlog.max(backlog);
+        if went_down && outcome.recovered_at.is_none() && now >= up_at {
+            provider.set_up(true);
+            outcome.recovered_at = Some(now);
+            outcome.backlog_at_recovery = backlog;
+        }
+        if let (Some(recovered), None) = (outcome.recovered_at, &outcome.kill) {
+            let resends = resends_since(&provider, recovered);
+            if resends >= plan.kill_after_resends && backlog > 0 {
+                let since: &mut Instant = armed.get_or_insert(now);
+                let holder = fleet.holder(now.duration_since(*since));
+                if let Some(index) = holder.filter(|i| last_holder == Some(*i)) {
+                    let kill = kill(&mut fleet, index, &*store, backlog, resends).await?;
+                    outcome.kill = Some(kill);
+                    armed = None;
+                }
+                last_holder = holder;
+            }
+        }
+        if let Some(kill) = outcome.kill.as_mut() {
+            kill.look(&*store).await?;
+            kill.restart_ready_after = fleet.restart_ready_after;
+        }
+        let tracked = outcome.kill.as_ref().is_none_or(Kill::tracked_all);
+        if now >= end && fleet.all_done() && backlog == 0 && tracked {
+            outcome.settled_at = Some(now);
+            break;
+        }
+        if now >= end + plan.settle_bound {
+            break;
+        }
+    }
+    finish(outcome, fleet, &provider, &*store).await
+}
+
+/// Kills child `index` mid-drain, reads the claims in flight, and restarts it.
+async fn kill(
+    fleet: &mut Fleet,
+    index: usize,
+    store: &dyn Store,
+    backlog: u64,
+    resends_before: usize,
+) -> Result<Kill, BoxError> {
+    let at = Instant::now();
+    println!(
+        "killing child {index} (pid {}) with SIGKILL while it holds {} claims: {resends_before} re-sends since the recovery, {backlog} records outstanding",
+        fleet.children[index].pid(),
+        fleet.held[index]
+    );
+    fleet.kill(index)?;
+    // Read at once: the killed process's claims, beside those of the live ones.
+    let claims = store
+        .search(&Filter::new().status(Status::InFlight), 0..usize::MAX)
+        .await?;
+    let unacked = fleet.restart(index).await?;
+    // A claimed record's retry-at is the end of its claim.
+    let lease_end = claims.iter().filter_map(|r| r.retry_at).max();
+    let deferred = store
+        .search(&Filter::new().status(Status::Deferred), 0..usize::MAX)
+        .await?;
+    let due_ahead = deferred
+        .iter()
+        .filter(|r| r.retry_at.zip(lease_end).is_some_and(|(at, end)| at <= end))
+        .count();
+    Ok(Kill {
+        index,
+        at,
+        backlog,
+        resends_before,
+        in_flight: claims.len(),
+        pending: claims
+            .into_iter()
+            .filter_map(|r| {
+                let until = r.retry_at?;
+                Some(Claimed {
+                    id: r.id,
+                    token: r.resends,
+                    until,
+                })
+            })
+            .collect(),
+        due_ahead,
+        taken_over: Vec::new(),
+        finished_by_holder: 0,
+        unacked,
+        restart_ready_after: None,
+    })
+}
+
+async fn finish(
+    mut outcome: Outcome,
+    mut fleet: Fleet,
+    provider: &Provider,
+    store: &dyn Store,
+) -> Result<Outcome, BoxError> {
+    outcome.stopped_cleanly = fleet.stop().await;
+    fleet.absorb()?;
+    outcome.unexpected_exits = std::mem::take(&mut fleet.unexpected_exits);
+    outcome.acks = fleet.acks.into_iter().flatten().collect();
+    outcome.keys = provider.keys();
+    outcome.resends = provider.resends();
+    outcome.keyless = provider.keyless();
+    outcome.records = store.list(usize::MAX).await?;
+    Ok(outcome)
+}

@@ -1,0 +1,92 @@
+//! The shared store of a run: Postgres in a schema of its own, or Redis under a key prefix of
+//! its own, so that runs never see each other's records; removed when the run ends.
+
+use std::sync::Arc;
+
+use tower::BoxError;
+use tower_backstop::store::{PostgresStore, RedisStore, Status, Store};
+
+/// Which kind of store a URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Postgres,
+    Redis,
+}
+
+impl Kind {
+    /// The kind of `url`: `postgres://`, `postgresql://` or `redis://`.
+    pub fn of(url: &str) -> Result<Kind, BoxError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Kind::Postgres)
+        } else if url.starts_with("redis://") {
+            Ok(Kind::Redis)
+        } else {
+            Err(format!(
+                "--store {}: expected a postgres:// or redis:// URL",
+                tower_backstop::store::redact_url(url)
+            )
+            .into())
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Postgres => "Postgres",
+            Kind::Redis => "Redis",
+        }
+    }
+}
+
+/// Opens the store at `url` in `namespace` (a Postgres schema, a Redis key prefix), with a pool
+/// of `connections` for Postgres.
+pub async fn open(
+    url: &str,
+    namespace: &str,
+    connections: u32,
+) -> Result<Arc<dyn Store>, BoxError> {
+    Ok(match Kind::of(url)? {
+        Kind::Postgres => Arc::new(
+            PostgresStore::connect(url)
+                .schema(namespace)
+                .max_connections(connections)
+                .await?,
+        ),
+        Kind::Redis => Arc::new(RedisStore::connect(url).await?.with_prefix(namespace)),
+    })
+}
+
+/// Removes everything the run wrote: the schema, or every key under the prefix.
+pub async fn remove(url: &str, namespace: &str) -> Result<(), BoxError> {
+    match Kind::of(url)? {
+        Kind::Postgres => {
+            let store = PostgresStore::connect(url)
+                .schema(namespace)
+                .max_connections(1)
+                .await?;
+            sqlx::query(&format!("DROP SCHEMA \"{namespace}\" CASCADE"))
+                .execute(store.pool())
+                .await?;
+            store.close().await;
+        }
+        Kind::Redis => {
+            let client = redis::Client::open(url)?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{{{namespace}}}*"))
+                .query_async(&mut conn)
+                .await?;
+            if !keys.is_empty() {
+                let () = redis::cmd("DEL").arg(keys).query_async(&mut conn).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Records deferred or in flight: what the schedulers still have to send.
+pub async fn outstanding(store: &dyn Store) -> Result<u64, BoxError> {
+    let filter = |s| tower_backstop::store::Filter::new().status(s);
+    let deferred = store.count(&filter(Status::Deferred)).await?;
+    let in_flight = store.count(&filter(Status::InFlight)).await?;
+    Ok(deferred + in_flight)
+}
