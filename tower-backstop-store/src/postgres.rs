@@ -417,7 +417,8 @@ impl PostgresStore {
     /// Pushes wake-ups to the schedulers over this store through `LISTEN`/`NOTIFY`: each write
     /// that leaves a record deferred (a failure deferred, a claim given back, a record held) is
     /// followed by a `NOTIFY` on the channel
-    /// `{schema}_due`, and each scheduler ([`Store::wake_ups`]) listens on it with a connection
+    /// `{schema}_due` (or `backstop_due_` and a hash of the schema name, when that is longer
+    /// than Postgres's 63 bytes), and each scheduler ([`Store::wake_ups`]) listens on it with a connection
     /// taken from the pool for as long as it runs, so that a record another instance defers
     /// for now is sent at once instead of at the next poll. Off by default: the schedulers
     /// sleep until the earliest due time they read ([`Store::next_due`]), at most their poll

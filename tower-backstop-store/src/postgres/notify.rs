@@ -9,9 +9,22 @@ use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::watch;
 
-/// The channel of the store whose tables are in `schema`: `{schema}_due`.
+/// The longest channel name Postgres keeps whole (`NAMEDATALEN` − 1 bytes); `pg_notify` refuses
+/// a longer one and `LISTEN` cuts it.
+const MAX_CHANNEL: usize = 63;
+
+/// The channel of the store whose tables are in `schema`: `{schema}_due`, or, when that is longer
+/// than Postgres allows, `backstop_due_` and a 64-bit FNV-1a hash of the schema name in hex (the
+/// same in every process).
 pub(super) fn channel(schema: &str) -> Arc<str> {
-    Arc::from(format!("{schema}_due"))
+    let name = format!("{schema}_due");
+    if name.len() <= MAX_CHANNEL {
+        return Arc::from(name);
+    }
+    let hash = schema.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    Arc::from(format!("backstop_due_{hash:016x}"))
 }
 
 /// Notifies `channel` (best effort: the write it follows is done; a lost wake-up costs at most
@@ -72,4 +85,23 @@ pub(super) fn listen(pool: PgPool, channel: Arc<str>) -> watch::Receiver<u64> {
         }
     });
     woken
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_channel_name_fits_postgres_and_stays_apart_per_schema() {
+        assert_eq!(&*channel("backstop"), "backstop_due");
+        let long = "s".repeat(60);
+        let other = format!("{}t", "s".repeat(59));
+        let (a, b) = (channel(&long), channel(&other));
+        assert!(a.len() <= MAX_CHANNEL && b.len() <= MAX_CHANNEL, "{a} {b}");
+        assert_ne!(a, b);
+        assert_eq!(a, channel(&long), "the same in every process");
+        assert!(a.starts_with("backstop_due_"));
+        // 59 bytes and "_due" is 63: kept whole.
+        assert_eq!(channel(&"s".repeat(59)).len(), 63);
+    }
 }
