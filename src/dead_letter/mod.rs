@@ -137,17 +137,21 @@ mod future;
 mod headers;
 mod layer;
 mod note;
+mod outbox;
 mod record;
 pub(crate) mod resending;
 mod with_retry;
+mod write_ahead;
 
 pub use self::budget::BudgetSpent;
 pub use self::future::ResponseFuture;
 pub(crate) use self::headers::RedactHeaders;
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
 pub use self::note::DeadLetterStatus;
+pub use self::outbox::Outbox;
 pub use self::record::{MAX_DEFERRAL, record_of};
 pub(crate) use self::with_retry::{DeadLetterRetry as WithRetry, DeadLetterRetryLayer};
+pub use self::write_ahead::{DEFAULT_WRITE_AHEAD_LEASE, QUEUED};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).
 #[derive(Clone)]
@@ -220,13 +224,42 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let kept = future::Kept::of(&req, req.replay());
-        if let (Some(budget), Some(id)) = (self.config.budget, req.message_id()) {
-            // The budget is read before the call: take the service that is ready, leave a clone.
-            let id = id.to_owned();
-            let clone = self.inner.clone();
-            let service = std::mem::replace(&mut self.inner, clone);
-            return ResponseFuture::checking(service, req, id, budget, kept, self.config.clone());
+        let config = &self.config;
+        if config.budget.is_none() && config.write_ahead.is_none() {
+            return ResponseFuture::new(self.inner.call(req), kept, config.clone());
         }
-        ResponseFuture::new(self.inner.call(req), kept, self.config.clone())
+        self.call_after(req, kept)
+    }
+}
+
+impl<S> DeadLetter<S> {
+    /// A call that waits for what this layer does before it: the attempt budget's read, the
+    /// write-ahead write.
+    #[cold]
+    fn call_after<Req>(&mut self, req: Req, kept: future::Kept<Req>) -> ResponseFuture<S, Req>
+    where
+        S: Service<Req> + Clone,
+        Req: Replay + Describe + Send + 'static,
+    {
+        let config = Arc::clone(&self.config);
+        let budget = match (config.budget, req.message_id()) {
+            (Some(budget), Some(id)) => Some((id.to_owned(), budget)),
+            _ => None,
+        };
+        let ahead = match (config.write_ahead, req.replay()) {
+            (Some(length), Some(copy)) => Some(write_ahead::store(&config, copy, length)),
+            (Some(_), None) => {
+                tracing::warn!("request body cannot be copied: sent without write-ahead");
+                None
+            }
+            (None, _) => None,
+        };
+        if budget.is_none() && ahead.is_none() {
+            return ResponseFuture::new(self.inner.call(req), kept, config);
+        }
+        // Take the service that is ready, leave a clone.
+        let clone = self.inner.clone();
+        let service = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::before(service, req, budget, ahead, kept, config)
     }
 }
