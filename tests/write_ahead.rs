@@ -13,13 +13,13 @@ use backstop_test_support::Tests;
 use support::outage::as_string_request;
 use support::{Scripted, post_with_key, status};
 use tower::{ServiceBuilder, ServiceExt};
+use tower_backstop::Clock;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus, QUEUED};
 use tower_backstop::observe::Event;
 use tower_backstop::resend::Scheduler;
 use tower_backstop::retry::{Backoff, Jitter, RetryPolicy};
 use tower_backstop::store::{MemoryStore, Status, Store};
-use tower_backstop::{BoxError, Clock};
 
 const URI: &str = "http://mail.test/v1/messages";
 
@@ -341,7 +341,7 @@ async fn an_outbox_request_too_long_to_store_is_refused() {
 
 /// An error type for the Postgres test's own statements.
 #[cfg(feature = "postgres")]
-type TestResult = Result<(), BoxError>;
+type TestResult = Result<(), tower_backstop::BoxError>;
 
 /// The business row and the outbox record commit together; a rolled-back transaction leaves
 /// neither; the committed one is sent by a scheduler.
