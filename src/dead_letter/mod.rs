@@ -92,6 +92,13 @@
 //!   is dead-lettered once with the reason.
 //! - [`RetryPolicy::reconcile`] asks your [`StatusCheck`] before an outcome-unknown failure
 //!   reaches this layer.
+//! - [`write_ahead`](DeadLetterLayer::write_ahead): each request is stored before its first
+//!   attempt and resolved on success, so that a process that dies while a call is out (in a
+//!   backoff sleep) loses nothing: a [`Scheduler`] takes the request over. It costs store round
+//!   trips on every call; off by default.
+//! - [`Outbox`] ([`DeadLetterLayer::outbox`]): puts a request in the store for the
+//!   [`Scheduler`] to send, now or at a time, instead of calling; with Postgres, in your own
+//!   transaction.
 //!
 //! # Afterwards
 //!
