@@ -4,6 +4,7 @@
 //! The SIGKILL test of a real process is tests/write_ahead_kill.rs.
 
 mod postgres_support;
+mod redis_support;
 mod support;
 
 use std::sync::{Arc, Mutex};
@@ -339,6 +340,91 @@ async fn an_outbox_request_too_long_to_store_is_refused() {
     assert!(store.list(10).await.unwrap().is_empty());
 }
 
+/// In every store, a write-ahead record whose call died is held until its lease ends, is due
+/// then ([`Store::next_due`]), and a scheduler's claim takes it, with its payload; while the
+/// call lives, its renewals keep it held. Real stores on a real clock: no sleep, the claims are
+/// asked about a time ahead.
+async fn write_ahead_record_is_taken_over_after_its_lease(store: Arc<dyn Store>) {
+    let lease = Duration::from_secs(10);
+    let upstream = Scripted::always(support::Step::After(
+        Duration::from_secs(3600),
+        Box::new(status(202)),
+    ));
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).write_ahead())
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    let started = SystemTime::now();
+    let call = tokio::spawn(svc.oneshot(post_with_key(URI, "{\"n\":7}", "wa-store")));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while upstream.calls() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call never went out"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    call.abort();
+    let _ = call.await;
+    let r = store.get("wa-store").await.unwrap().expect("stored ahead");
+    assert_eq!(
+        (r.status, r.class.as_str(), r.attempts),
+        (Status::InFlight, QUEUED, 0)
+    );
+    let until = r.retry_at.unwrap();
+    assert!(
+        until >= tower_backstop::store::truncate(started + lease),
+        "{r:?}"
+    );
+    assert_eq!(store.next_due().await.unwrap(), Some(until));
+    let now = SystemTime::now();
+    assert!(
+        store.claim_due(now, 10, lease).await.unwrap().is_empty(),
+        "held"
+    );
+    assert_eq!(
+        store.counts(UNIX_EPOCH).await.unwrap().total,
+        0,
+        "no dead letter"
+    );
+    let taken = store.claim_due(until, 10, lease).await.unwrap();
+    assert_eq!(taken.len(), 1, "due at the lease's end");
+    assert_eq!(
+        (taken[0].resends, taken[0].payload.as_slice()),
+        (1, &b"{\"n\":7}"[..])
+    );
+}
+
+async fn write_ahead_takeover_memory() {
+    write_ahead_record_is_taken_over_after_its_lease(Arc::new(MemoryStore::new())).await;
+}
+
+async fn write_ahead_takeover_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = tower_backstop::store::SqliteStore::open(dir.path().join("wa.db")).unwrap();
+    write_ahead_record_is_taken_over_after_its_lease(Arc::new(store)).await;
+}
+
+#[cfg(feature = "redis")]
+async fn write_ahead_takeover_redis() {
+    let store = redis_support::redis_store("write_ahead_takeover").await;
+    write_ahead_record_is_taken_over_after_its_lease(Arc::new(store.clone())).await;
+    store
+        .delete(&tower_backstop::store::Filter::new().id("wa-store"))
+        .await
+        .unwrap();
+}
+
+#[cfg(feature = "postgres")]
+async fn write_ahead_takeover_postgres() {
+    let store = postgres_support::postgres_store("write_ahead_takeover").await;
+    write_ahead_record_is_taken_over_after_its_lease(Arc::new(store.clone())).await;
+    sqlx::query(&format!("DROP SCHEMA {} CASCADE", store.schema()))
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
+
 /// An error type for the Postgres test's own statements.
 #[cfg(feature = "postgres")]
 type TestResult = Result<(), tower_backstop::BoxError>;
@@ -463,6 +549,19 @@ fn main() {
         "an_outbox_request_too_long_to_store_is_refused",
         an_outbox_request_too_long_to_store_is_refused,
     );
+    tests.current("write_ahead_takeover_memory", write_ahead_takeover_memory);
+    tests.current("write_ahead_takeover_sqlite", write_ahead_takeover_sqlite);
+    #[cfg(feature = "redis")]
+    tests
+        .needs(backstop_test_support::Service::Redis)
+        .current("write_ahead_takeover_redis", write_ahead_takeover_redis);
+    #[cfg(feature = "postgres")]
+    tests
+        .needs(backstop_test_support::Service::Postgres)
+        .current(
+            "write_ahead_takeover_postgres",
+            write_ahead_takeover_postgres,
+        );
     #[cfg(feature = "postgres")]
     tests
         .needs(backstop_test_support::Service::Postgres)

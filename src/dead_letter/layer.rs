@@ -280,6 +280,11 @@ impl DeadLetterLayer {
     /// is already in the store, claimed. A request whose body cannot be copied (a stream) is
     /// sent without write-ahead.
     ///
+    /// The write merges into a record of the same id already in the store, as every write of
+    /// this layer does. A call made with the id of a record that another process is sending at
+    /// that moment (the same `Idempotency-Key` sent twice at once) takes that record's claim
+    /// over: both sends go out, and the idempotency key is what makes them one delivery.
+    ///
     /// ```
     /// use tower::ServiceBuilder;
     /// use tower_backstop::dead_letter::DeadLetterLayer;
