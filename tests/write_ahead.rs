@@ -89,9 +89,10 @@ async fn a_call_that_succeeds_is_stored_first_then_resolved() {
     assert_eq!((during.attempts, during.history.len()), (0, 0));
     assert_eq!(during.payload, b"{\"n\":1}");
     assert_eq!(during.metadata.get("uri").map(String::as_str), Some(URI));
+    // The layer's clock is anchored a few microseconds of real time before this one.
     let until = during.retry_at.unwrap().duration_since(start).unwrap();
     assert!(
-        until >= Duration::from_millis(9_999) && until <= Duration::from_secs(10),
+        until >= Duration::from_millis(9_990) && until <= Duration::from_secs(10),
         "the lease's end: {until:?}"
     );
     // Counted as waiting to be sent, never as a dead letter.
@@ -247,6 +248,41 @@ async fn without_write_ahead_a_success_writes_nothing() {
         .await
         .unwrap();
     assert!(store.list(10).await.unwrap().is_empty());
+}
+
+/// The preset with a write-ahead store stacks the two layers apart and writes ahead: the
+/// record is resolved after a success, and a failure is the one record, under its claim.
+async fn the_preset_writes_ahead_when_its_store_does() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let upstream = Scripted::new([status(202)], status(400));
+    let svc = ServiceBuilder::new()
+        .layer(
+            tower_backstop::BackstopLayer::http(Duration::from_secs(2)).dead_letters(
+                DeadLetterLayer::from_arc(Arc::clone(&store))
+                    .clock(Clock::tokio())
+                    .write_ahead(),
+            ),
+        )
+        .service(upstream.clone());
+    svc.clone()
+        .oneshot(post_with_key(URI, "{}", "preset-ok"))
+        .await
+        .unwrap();
+    let r = store
+        .get("preset-ok")
+        .await
+        .unwrap()
+        .expect("written ahead");
+    assert_eq!((r.status, r.class.as_str()), (Status::Resolved, QUEUED));
+    svc.oneshot(post_with_key(URI, "{}", "preset-400"))
+        .await
+        .unwrap_err();
+    let r = store.get("preset-400").await.unwrap().unwrap();
+    assert_eq!(
+        (r.status, r.class.as_str(), r.attempts),
+        (Status::Dead, "permanent", 1)
+    );
+    assert_eq!(upstream.calls(), 2);
 }
 
 /// An outbox request waits, deferred (not a dead letter), until its time; the scheduler sends
@@ -536,6 +572,10 @@ fn main() {
     tests.paused(
         "without_write_ahead_a_success_writes_nothing",
         without_write_ahead_a_success_writes_nothing,
+    );
+    tests.paused(
+        "the_preset_writes_ahead_when_its_store_does",
+        the_preset_writes_ahead_when_its_store_does,
     );
     tests.paused(
         "an_outbox_request_is_sent_at_its_time_once",
