@@ -297,32 +297,34 @@ where
                     this.state.set(State::Called { future });
                 }
                 StateProj::Called { future } => {
-                    let Poll::Ready(result) = future.poll(cx) else {
-                        if let Some(WriteAhead::Held(renewal)) = this.ahead.as_deref_mut() {
-                            renewal.poll_renew(cx);
+                    let result = match future.poll(cx) {
+                        Poll::Ready(result) => result,
+                        Poll::Pending => {
+                            if let Some(WriteAhead::Held(renewal)) = this.ahead.as_deref_mut() {
+                                renewal.poll_renew(cx);
+                            }
+                            return Poll::Pending;
                         }
-                        return Poll::Pending;
                     };
-                    let held = match this.ahead.take().map(|ahead| *ahead) {
-                        Some(WriteAhead::Held(renewal)) => Some(renewal),
-                        _ => None,
+                    let mut failure: Failure<S::Response> = match result {
+                        Ok(response) => match held(this.ahead) {
+                            None => return Poll::Ready(Ok(response)),
+                            Some(renewal) => {
+                                this.state.set(State::Resolving {
+                                    resolve: renewal.resolve(),
+                                    response: Some(response),
+                                });
+                                continue;
+                            }
+                        },
+                        Err(e) => e.into(),
                     };
-                    match (result, held) {
-                        (Ok(response), None) => return Poll::Ready(Ok(response)),
-                        (Ok(response), Some(renewal)) => this.state.set(State::Resolving {
-                            resolve: renewal.resolve(),
-                            response: Some(response),
-                        }),
-                        (Err(e), held) => {
-                            let mut failure: Failure<S::Response> = e.into();
-                            let lease = held.map(|renewal| renewal.lease().clone());
-                            let write = start_write(this.kept, this.config, &mut failure, lease);
-                            this.state.set(State::Writing {
-                                write,
-                                failure: Some(failure),
-                            });
-                        }
-                    }
+                    let lease = held(this.ahead).map(|renewal| renewal.lease().clone());
+                    let write = start_write(this.kept, this.config, &mut failure, lease);
+                    this.state.set(State::Writing {
+                        write,
+                        failure: Some(failure),
+                    });
                 }
                 StateProj::Writing { write, failure } => {
                     let (id, status, result) = ready!(write.as_mut().poll(cx));
@@ -341,6 +343,15 @@ where
                 }
             }
         }
+    }
+}
+
+/// The write-ahead claim the call held, taken out of `ahead`: `None` without write-ahead.
+#[inline]
+fn held(ahead: &mut Option<Box<WriteAhead>>) -> Option<super::write_ahead::Renewal> {
+    match *ahead.take()? {
+        WriteAhead::Held(renewal) => Some(renewal),
+        WriteAhead::Storing(_) => None,
     }
 }
 

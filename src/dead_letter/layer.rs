@@ -52,6 +52,14 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Whether the layer acts before the call: an attempt budget, write-ahead.
+    #[inline]
+    pub(crate) fn acts_before(&self) -> bool {
+        self.budget.is_some() || self.write_ahead.is_some()
+    }
+}
+
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
@@ -318,7 +326,7 @@ impl DeadLetterLayer {
     /// Whether the layer acts before the call (an attempt budget, write-ahead), and so keeps
     /// its own copy of each request.
     pub(crate) fn needs_own_copy(&self) -> bool {
-        self.config.budget.is_some() || self.config.write_ahead.is_some()
+        self.config.acts_before()
     }
 }
 

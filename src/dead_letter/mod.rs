@@ -231,11 +231,10 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let kept = future::Kept::of(&req, req.replay());
-        let config = &self.config;
-        if config.budget.is_none() && config.write_ahead.is_none() {
-            return ResponseFuture::new(self.inner.call(req), kept, config.clone());
+        if self.config.acts_before() {
+            return self.call_after(req, kept);
         }
-        self.call_after(req, kept)
+        ResponseFuture::new(self.inner.call(req), kept, self.config.clone())
     }
 }
 
