@@ -346,6 +346,7 @@ impl<S> Layer<S> for DeadLetterLayer {
         DeadLetter {
             inner,
             config: self.config.clone(),
+            acts_before: self.config.acts_before(),
         }
     }
 }

@@ -165,6 +165,8 @@ pub use self::write_ahead::{DEFAULT_WRITE_AHEAD_LEASE, QUEUED};
 pub struct DeadLetter<S> {
     inner: S,
     config: Arc<layer::Config>,
+    /// Whether the layer acts before the call (an attempt budget, write-ahead), read once.
+    acts_before: bool,
 }
 
 impl<S> DeadLetter<S> {
@@ -174,6 +176,7 @@ impl<S> DeadLetter<S> {
         DeadLetter {
             inner,
             config: Arc::new(layer::Config::new(store)),
+            acts_before: false,
         }
     }
 }
@@ -231,7 +234,7 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let kept = future::Kept::of(&req, req.replay());
-        if self.config.acts_before() {
+        if self.acts_before {
             return self.call_after(req, kept);
         }
         ResponseFuture::new(self.inner.call(req), kept, self.config.clone())
