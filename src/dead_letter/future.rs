@@ -11,11 +11,12 @@ use super::layer::Config;
 use super::note::DeadLetterStatus;
 use super::record::record_at;
 use super::resending;
+use super::write_ahead::{Storing, WriteAhead};
 use crate::failure::{Code, Failure};
 use crate::observe::Event;
 use crate::request::{Describe, Envelope, Replay};
 use crate::retry::{Attempts, GiveUp, Unsent};
-use crate::store::{BoxFuture, Claim, Status, StoreError};
+use crate::store::{BoxFuture, Claim, Lease, Status, StoreError};
 
 pin_project! {
     /// Response future of [`DeadLetter`](super::DeadLetter) over a service `S`: the inner call
@@ -29,6 +30,8 @@ pin_project! {
         #[pin]
         state: State<S, Req>,
         check: Option<Check>,
+        // Write-ahead, when on: the record's write, then the claim the call holds.
+        ahead: Option<Box<WriteAhead>>,
         kept: Kept<Req>,
         config: Arc<Config>,
     }
@@ -92,6 +95,11 @@ pin_project! {
             write: Write,
             failure: Option<Failure<S::Response>>,
         },
+        // The call succeeded: its write-ahead record is being resolved.
+        Resolving {
+            resolve: BoxFuture<'static, ()>,
+            response: Option<S::Response>,
+        },
     }
 }
 
@@ -101,27 +109,34 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
         ResponseFuture {
             state: State::Called { future },
             check: None,
+            ahead: None,
             kept,
             config,
         }
     }
 
-    /// Reads the attempt budget of message `id` before it calls `service` (ready) with
-    /// `request`, and never calls it when the budget is spent.
-    pub(crate) fn checking(
+    /// Acts before it calls `service` (ready) with `request`: reads the attempt budget of
+    /// message `id` when `budget` is given (and never calls it when the budget is spent), then
+    /// writes the request ahead when `ahead` is given.
+    pub(crate) fn before(
         service: S,
         request: Req,
-        id: String,
-        budget: u32,
+        budget: Option<(String, u32)>,
+        ahead: Option<Storing>,
         kept: Kept<Req>,
         config: Arc<Config>,
     ) -> Self {
-        let read = config.store.budget_spent(&id);
+        let check = budget.map(|(id, budget)| Check {
+            read: config.store.budget_spent(&id),
+            id,
+            budget,
+        });
         ResponseFuture {
             state: State::Waiting {
                 call: Some((service, request)),
             },
-            check: Some(Check { read, id, budget }),
+            check,
+            ahead: ahead.map(|storing| Box::new(WriteAhead::Storing(storing))),
             kept,
             config,
         }
@@ -134,6 +149,7 @@ fn start_write<Req, R>(
     kept: &mut Kept<Req>,
     config: &Arc<Config>,
     failure: &mut Failure<R>,
+    ahead: Option<Lease>,
 ) -> Write
 where
     Req: Replay + Describe + Send + 'static,
@@ -151,8 +167,10 @@ where
         Kept::Uncopyable(id) => (None, id),
     };
     let config = Arc::clone(config);
-    // A re-send's claim, read while the re-send's task polls this future.
-    let claim = super::claim::current();
+    // The write-ahead claim (its record id is the record's), or a re-send's claim, read while
+    // the re-send's task polls this future.
+    let ahead_id = ahead.as_ref().map(|lease| lease.id.clone());
+    let claim = ahead.or_else(super::claim::current);
     if !config.schedule.is_none() {
         let pass = super::schedule::Pass::current();
         let now = config.clock.now();
@@ -185,7 +203,9 @@ where
         if let Some(tags) = &config.tags {
             envelope.tags.extend(tags(&envelope));
         }
-        let id = envelope.id.clone().unwrap_or_else(generated_id);
+        let id = ahead_id
+            .or_else(|| envelope.id.clone())
+            .unwrap_or_else(generated_id);
         let (headers, redacted_headers) = config.redact.split(envelope.headers);
         let mut record = draft;
         record.headers = headers;
@@ -226,7 +246,7 @@ fn stored_dead<R>(failure: &mut Failure<R>) {
     failure.notes_mut().insert(dead);
 }
 
-fn generated_id() -> String {
+pub(super) fn generated_id() -> String {
     format!("msg-{:032x}", rand::random::<u128>())
 }
 
@@ -261,12 +281,16 @@ where
             if spent >= budget {
                 // The inner service was never called: drop it, record the refusal.
                 let mut failure = refusal(id, spent, budget);
-                let write = start_write(this.kept, this.config, &mut failure);
+                let write = start_write(this.kept, this.config, &mut failure, None);
                 this.state.set(State::Writing {
                     write,
                     failure: Some(failure),
                 });
+                *this.ahead = None;
             }
+        }
+        if this.ahead.is_some() {
+            ready!(poll_ahead(this.ahead, cx, this.config));
         }
         loop {
             match this.state.as_mut().project() {
@@ -278,11 +302,30 @@ where
                     this.state.set(State::Called { future });
                 }
                 StateProj::Called { future } => {
-                    let mut failure: Failure<S::Response> = match ready!(future.poll(cx)) {
-                        Ok(response) => return Poll::Ready(Ok(response)),
+                    let result = match future.poll(cx) {
+                        Poll::Ready(result) => result,
+                        Poll::Pending => {
+                            if let Some(WriteAhead::Held(renewal)) = this.ahead.as_deref_mut() {
+                                renewal.poll_renew(cx);
+                            }
+                            return Poll::Pending;
+                        }
+                    };
+                    let mut failure: Failure<S::Response> = match result {
+                        Ok(response) => match held(this.ahead) {
+                            None => return Poll::Ready(Ok(response)),
+                            Some(renewal) => {
+                                this.state.set(State::Resolving {
+                                    resolve: renewal.resolve(),
+                                    response: Some(response),
+                                });
+                                continue;
+                            }
+                        },
                         Err(e) => e.into(),
                     };
-                    let write = start_write(this.kept, this.config, &mut failure);
+                    let lease = held(this.ahead).map(|renewal| renewal.lease().clone());
+                    let write = start_write(this.kept, this.config, &mut failure, lease);
                     this.state.set(State::Writing {
                         write,
                         failure: Some(failure),
@@ -296,9 +339,48 @@ where
                     note_write(this.config, id, status, result, &mut failure);
                     return Poll::Ready(Err(failure));
                 }
+                StateProj::Resolving { resolve, response } => {
+                    ready!(resolve.as_mut().poll(cx));
+                    let response = response
+                        .take()
+                        .expect("dead-letter future polled after completion");
+                    return Poll::Ready(Ok(response));
+                }
             }
         }
     }
+}
+
+/// The write-ahead claim the call held, taken out of `ahead`: `None` without write-ahead.
+#[inline]
+fn held(ahead: &mut Option<Box<WriteAhead>>) -> Option<super::write_ahead::Renewal> {
+    match *ahead.take()? {
+        WriteAhead::Held(renewal) => Some(renewal),
+        WriteAhead::Storing(_) => None,
+    }
+}
+
+/// Polls the write-ahead write, if it is on its way: ready once the call may go out (written,
+/// or failed and reported). A re-send under a claim writes nothing ahead: its record is in the
+/// store already, claimed.
+fn poll_ahead(
+    ahead: &mut Option<Box<WriteAhead>>,
+    cx: &mut Context<'_>,
+    config: &Config,
+) -> Poll<()> {
+    let Some(WriteAhead::Storing(storing)) = ahead.as_deref_mut() else {
+        return Poll::Ready(());
+    };
+    if super::claim::current().is_some() {
+        *ahead = None;
+        return Poll::Ready(());
+    }
+    let length = config
+        .write_ahead
+        .unwrap_or(super::DEFAULT_WRITE_AHEAD_LEASE);
+    *ahead = ready!(WriteAhead::poll_stored(storing, cx, config, length))
+        .map(|renewal| Box::new(WriteAhead::Held(renewal)));
+    Poll::Ready(())
 }
 
 /// Reports how the store write of `failure`'s record `id` (with `status`) ended (an event, a

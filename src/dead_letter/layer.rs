@@ -1,5 +1,6 @@
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tower_layer::Layer;
 
@@ -31,6 +32,8 @@ pub(crate) struct Config {
     pub(crate) redact: RedactHeaders,
     /// The durable attempt budget per message id, when set.
     pub(crate) budget: Option<u32>,
+    /// The write-ahead claim's length, when write-ahead is on.
+    pub(crate) write_ahead: Option<Duration>,
     pub(crate) listener: Hook,
     /// The second tier: deferrals of requests that used up their in-process attempts.
     pub(crate) schedule: RetrySchedule,
@@ -48,10 +51,19 @@ impl Config {
             clock: Clock::system(),
             redact: RedactHeaders::default(),
             budget: None,
+            write_ahead: None,
             listener: Hook::default(),
             schedule: RetrySchedule::none(),
             schedule_chosen: false,
         }
+    }
+}
+
+impl Config {
+    /// Whether the layer acts before the call: an attempt budget, write-ahead.
+    #[inline]
+    pub(crate) fn acts_before(&self) -> bool {
+        self.budget.is_some() || self.write_ahead.is_some()
     }
 }
 
@@ -63,6 +75,7 @@ impl fmt::Debug for Config {
             .field("clock", &self.clock)
             .field("redact", &self.redact)
             .field("budget", &self.budget)
+            .field("write_ahead", &self.write_ahead)
             .field("listener", &self.listener)
             .field("schedule", &self.schedule)
             .finish()
@@ -278,9 +291,86 @@ impl DeadLetterLayer {
         self
     }
 
-    /// Whether an attempt budget is set.
-    pub(crate) fn has_budget(&self) -> bool {
-        self.config.budget.is_some()
+    /// Write-ahead: stores each request before its first attempt, so that a process that dies
+    /// while the call is out (in a backoff sleep, waiting on the provider) loses nothing. Off by
+    /// default. The claim lasts [`DEFAULT_WRITE_AHEAD_LEASE`](super::DEFAULT_WRITE_AHEAD_LEASE)
+    /// (10 s) unless renewed; see [`write_ahead_lease`](Self::write_ahead_lease).
+    ///
+    /// Before the inner service is called, the request is written to the store as an
+    /// [`InFlight`](crate::store::Status::InFlight) record of class
+    /// [`QUEUED`](super::QUEUED) (code `write-ahead`, no attempt, nothing in its history): a
+    /// claim held by the call, with the end of its lease as its retry-at time, renewed every
+    /// third of the lease while the call is out. Then:
+    ///
+    /// - **success**: the record is [`Resolved`](crate::store::Status::Resolved) (kept like
+    ///   a re-send's, for the audit trail; a [`Retention`](crate::store::Retention) prunes it),
+    ///   and the response comes back once that write is done;
+    /// - **failure**: the record is written as every failure is (dead, or deferred for the
+    ///   [`Scheduler`](crate::resend::Scheduler)), under the claim
+    ///   ([`Store::put_claimed`](crate::store::Store::put_claimed));
+    /// - **the process dies**: the claim ends at its lease, and a `Scheduler` on the same
+    ///   store takes the record and sends it ([`http_request`](crate::resend::http_request)
+    ///   rebuilds it). A request that already reached the provider is then sent a second time:
+    ///   give requests an `Idempotency-Key` (it is the record's id, and re-sends keep it) so
+    ///   that the provider delivers it once.
+    ///
+    /// **Cost**: on every call, success or not, a write and a read of the record before the
+    /// first attempt and a write after it, a renewal every third of the lease while it is out,
+    /// a second copy of the request (free for `Bytes` bodies), and the allocations of those
+    /// writes: the success path is no longer allocation-free, and each call waits on the store
+    /// before it goes out. The figures per store are in the crate's `docs/performance.md`.
+    ///
+    /// **A store that cannot be written** does not stop the call: the request goes out without
+    /// its record, a `tracing` error says so, and the listener sees an
+    /// [`Event::StoreError`](crate::observe::Event::StoreError) with operation `write_ahead`. A
+    /// provider outage and a store outage together would otherwise stop all traffic; the
+    /// request is then exactly as safe as without write-ahead. A failure of that call is still
+    /// written as usual, if the store is back by then.
+    ///
+    /// A re-send by a [`Scheduler`](crate::resend::Scheduler) or a
+    /// [`Redrive`](crate::resend::Redrive) through this layer writes nothing ahead: its record
+    /// is already in the store, claimed. A request whose body cannot be copied (a stream) is
+    /// sent without write-ahead.
+    ///
+    /// The write merges into a record of the same id already in the store, as every write of
+    /// this layer does. A call made with the id of a record that another process is sending at
+    /// that moment (the same `Idempotency-Key` sent twice at once) takes that record's claim
+    /// over: both sends go out, and the idempotency key is what makes them one delivery.
+    ///
+    /// ```
+    /// use tower::ServiceBuilder;
+    /// use tower_backstop::dead_letter::DeadLetterLayer;
+    /// use tower_backstop::retry::RetryPolicy;
+    /// use tower_backstop::store::MemoryStore;
+    ///
+    /// let stack = ServiceBuilder::new()
+    ///     .layer(DeadLetterLayer::new(MemoryStore::new()).write_ahead())
+    ///     .layer(RetryPolicy::new().max_attempts(3).build().unwrap());
+    /// # let _ = stack;
+    /// ```
+    pub fn write_ahead(self) -> Self {
+        self.write_ahead_lease(super::DEFAULT_WRITE_AHEAD_LEASE)
+    }
+
+    /// Write-ahead ([`write_ahead`](Self::write_ahead)) with claims of `lease` (at least 3
+    /// ms), renewed every third of it while the call is out. Shorter lets a scheduler take
+    /// over a dead process's requests sooner; longer rides out a store that answers slowly for
+    /// longer before a claim ends under a call still out (which is then sent twice).
+    pub fn write_ahead_lease(mut self, lease: Duration) -> Self {
+        Arc::make_mut(&mut self.config).write_ahead = Some(lease.max(Duration::from_millis(3)));
+        self
+    }
+
+    /// An [`Outbox`](super::Outbox) over this layer's store, which describes, tags, redacts
+    /// and cuts requests as this layer does.
+    pub fn outbox(&self) -> super::Outbox {
+        super::Outbox::from_config(Arc::clone(&self.config))
+    }
+
+    /// Whether the layer acts before the call (an attempt budget, write-ahead), and so keeps
+    /// its own copy of each request.
+    pub(crate) fn needs_own_copy(&self) -> bool {
+        self.config.acts_before()
     }
 }
 
@@ -300,6 +390,7 @@ impl<S> Layer<S> for DeadLetterLayer {
         DeadLetter {
             inner,
             config: self.config.clone(),
+            acts_before: self.config.acts_before(),
         }
     }
 }

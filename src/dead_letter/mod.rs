@@ -92,6 +92,13 @@
 //!   is dead-lettered once with the reason.
 //! - [`RetryPolicy::reconcile`] asks your [`StatusCheck`] before an outcome-unknown failure
 //!   reaches this layer.
+//! - [`write_ahead`](DeadLetterLayer::write_ahead): each request is stored before its first
+//!   attempt and resolved on success, so that a process that dies while a call is out (in a
+//!   backoff sleep) loses nothing: a [`Scheduler`] takes the request over. It costs store round
+//!   trips on every call; off by default.
+//! - [`Outbox`] ([`DeadLetterLayer::outbox`]): puts a request in the store for the
+//!   [`Scheduler`] to send, now or at a time, instead of calling; with Postgres, in your own
+//!   transaction.
 //!
 //! # Afterwards
 //!
@@ -137,25 +144,31 @@ mod future;
 mod headers;
 mod layer;
 mod note;
+mod outbox;
 mod record;
 pub(crate) mod resending;
 mod schedule;
 mod with_retry;
+mod write_ahead;
 
 pub use self::budget::BudgetSpent;
 pub use self::future::ResponseFuture;
 pub(crate) use self::headers::RedactHeaders;
 pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
 pub use self::note::DeadLetterStatus;
+pub use self::outbox::Outbox;
 pub use self::record::{MAX_DEFERRAL, record_of};
 pub use self::schedule::RetrySchedule;
 pub(crate) use self::with_retry::{DeadLetterRetry as WithRetry, DeadLetterRetryLayer};
+pub use self::write_ahead::{DEFAULT_WRITE_AHEAD_LEASE, QUEUED};
 
 /// Writes each final failure to a dead-letter [`Store`]; see the [module docs](self).
 #[derive(Clone)]
 pub struct DeadLetter<S> {
     inner: S,
     config: Arc<layer::Config>,
+    /// Whether the layer acts before the call (an attempt budget, write-ahead), read once.
+    acts_before: bool,
 }
 
 impl<S> DeadLetter<S> {
@@ -165,6 +178,7 @@ impl<S> DeadLetter<S> {
         DeadLetter {
             inner,
             config: Arc::new(layer::Config::new(store)),
+            acts_before: false,
         }
     }
 }
@@ -222,13 +236,41 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let kept = future::Kept::of(&req, req.replay());
-        if let (Some(budget), Some(id)) = (self.config.budget, req.message_id()) {
-            // The budget is read before the call: take the service that is ready, leave a clone.
-            let id = id.to_owned();
-            let clone = self.inner.clone();
-            let service = std::mem::replace(&mut self.inner, clone);
-            return ResponseFuture::checking(service, req, id, budget, kept, self.config.clone());
+        if self.acts_before {
+            return self.call_after(req, kept);
         }
         ResponseFuture::new(self.inner.call(req), kept, self.config.clone())
+    }
+}
+
+impl<S> DeadLetter<S> {
+    /// A call that waits for what this layer does before it: the attempt budget's read, the
+    /// write-ahead write.
+    #[cold]
+    fn call_after<Req>(&mut self, req: Req, kept: future::Kept<Req>) -> ResponseFuture<S, Req>
+    where
+        S: Service<Req> + Clone,
+        Req: Replay + Describe + Send + 'static,
+    {
+        let config = Arc::clone(&self.config);
+        let budget = match (config.budget, req.message_id()) {
+            (Some(budget), Some(id)) => Some((id.to_owned(), budget)),
+            _ => None,
+        };
+        let ahead = match (config.write_ahead, req.replay()) {
+            (Some(length), Some(copy)) => Some(write_ahead::store(&config, copy, length)),
+            (Some(_), None) => {
+                tracing::warn!("request body cannot be copied: sent without write-ahead");
+                None
+            }
+            (None, _) => None,
+        };
+        if budget.is_none() && ahead.is_none() {
+            return ResponseFuture::new(self.inner.call(req), kept, config);
+        }
+        // Take the service that is ready, leave a clone.
+        let clone = self.inner.clone();
+        let service = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::before(service, req, budget, ahead, kept, config)
     }
 }

@@ -173,8 +173,10 @@ pub enum Event<'a> {
     /// [`DeadLetterStatus::NotStored`](crate::dead_letter::DeadLetterStatus::NotStored)).
     StoreError {
         /// What failed: `"put"` (writing a dead letter), `"read"` (reading a message's
-        /// attempt budget; the call goes on as if none was spent), `"claim"` (the scheduler's
-        /// claim of due records), `"count"` (the scheduler counting its backlog), `"update"` (the scheduler writing a record's new state).
+        /// attempt budget; the call goes on as if none was spent), `"write_ahead"` (writing a
+        /// request before its first attempt; the call goes out without it), `"claim"` (the
+        /// scheduler's claim of due records), `"count"` (the scheduler counting its backlog),
+        /// `"update"` (the scheduler writing a record's new state).
         operation: &'static str,
         /// The record concerned, when there is one (unbounded: not a label).
         id: Option<&'a str>,

@@ -60,7 +60,7 @@ const OTHER: &str = "other";
 /// | `backstop_resends_total` | counter | `outcome` = `delivered`, `failed` (it reached the provider and failed), `held` (an open breaker rejected it before anything was sent) | each re-send of the scheduler |
 /// | `backstop_redrives_total` | counter | `outcome` = `resolved`, `failed`, `skipped` | each record of an operator's re-drive ([`Redrive`](crate::resend::Redrive) given this listener) |
 /// | `backstop_new_codes_total` | counter | `code` (as displayed: `http 400`, `io ConnectionRefused`) | each failure code of an attempt first seen once the first [`learn_codes_for`](Metrics::learn_codes_for) (5 minutes) after this listener's first event had passed: once per code, at most [`max_label_values`](Metrics::max_label_values) codes |
-/// | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `claim`, `count`, `update`, `prune`, `audit` | each failed store operation |
+/// | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `claim`, `count`, `update`, `prune`, `audit`, `write_ahead` | each failed store operation |
 /// | `backstop_listener_panics_total` | counter | `event` | each panic of a listener, caught |
 /// | `backstop_alert_active` | gauge | `rule` = `dead_letter_spike`, `class_share`, `new_code`, `breaker_open`, `backlog_growing` | 1 while an alert of [`Alerts`](super::Alerts) fires, 0 once cleared (only with that listener) |
 ///

@@ -56,8 +56,9 @@ pub(crate) fn client_rule() -> Builder {
 ///
 /// With a store, the dead-letter and retry layers are built as one, sharing the retry layer's
 /// copy of the request, so a request is copied once per call, not twice (unless the store has
-/// an [attempt budget](DeadLetterLayer::attempt_budget), which is read before the first
-/// attempt: then each keeps its own copy, as when stacked by hand), and the retry
+/// an [attempt budget](DeadLetterLayer::attempt_budget) or
+/// [write-ahead](DeadLetterLayer::write_ahead), which act before the first attempt: then each
+/// keeps its own copy, as when stacked by hand), and the retry
 /// layer sleeps a server's hint in process only up to one per-attempt timeout (unless
 /// [`RetryPolicy::max_hint_delay`] or [`RetryPolicy::max_delay`] was set): a longer hint (a
 /// `Retry-After: 1` with a 500 ms timeout) is deferred to the store, whose
@@ -333,8 +334,9 @@ where
 
 /// The preset's service over the guarded layers `G`: with a store, or without.
 ///
-/// With a store: sharing one request copy (`Left`), or, under a dead-letter attempt budget, which
-/// must be read before the retry layer's first call, stacked (`Right(Left)`, a copy each).
+/// With a store: sharing one request copy (`Left`), or, under a dead-letter attempt budget or
+/// write-ahead, which act before the retry layer's first call, stacked (`Right(Left)`, a copy
+/// each).
 #[cfg(feature = "dead-letter")]
 type Inner<G> = Either<dead_letter::WithRetry<G>, Either<DeadLetter<Retry<G>>, Retry<G>>>;
 
@@ -425,7 +427,7 @@ where
                     .clone()
                     .max_hint_delay_unless_chosen(self.attempt_timeout);
                 let retry = RetryLayer { policy };
-                let inner = if dead_letters.has_budget() {
+                let inner = if dead_letters.needs_own_copy() {
                     Either::Right(Either::Left(dead_letters.layer(retry.layer(guarded))))
                 } else {
                     Either::Left(

@@ -7,7 +7,10 @@
 //! [`DeadLetterLayer`](crate::dead_letter::DeadLetterLayer) over the same store: a request that
 //! fails again updates its record instead of making a new one.
 //!
-//! - [`Scheduler`]: a task that re-sends deferred records when their retry-at time comes.
+//! - [`Scheduler`]: a task that re-sends deferred records when their retry-at time comes. It
+//!   also sends what an [`Outbox`](crate::dead_letter::Outbox) queued, and the requests that a
+//!   process with [write-ahead](crate::dead_letter::DeadLetterLayer::write_ahead) left in flight
+//!   when it died.
 //! - [`Redrive`]: re-send on purpose, with a filter, a dry run, a rate and a maximum.
 //! - [`Reconciler`]: asks the provider, with your
 //!   [`StatusCheck`](crate::retry::StatusCheck), about stored outcome-unknown records.

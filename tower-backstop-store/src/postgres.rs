@@ -452,6 +452,46 @@ impl PostgresStore {
         &self.pool
     }
 
+    /// Writes `records` as [`put_many`](Store::put_many) does, in one statement, on `conn`:
+    /// the caller's own connection, or a transaction the caller opened (`&mut *tx`), so that the
+    /// records commit with the caller's own rows, or roll back with them. The outbox pattern:
+    /// a business row and the request that announces it (a record an `Outbox` built, deferred
+    /// to be sent by the scheduler) are written in one transaction, so that neither is ever
+    /// stored without the other. The records are visible to schedulers once the transaction
+    /// commits.
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_backstop_store::PostgresStore, record: tower_backstop_store::Record) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = store.pool().begin().await?;
+    /// sqlx::query("INSERT INTO orders (id, total_cents) VALUES ($1, $2)")
+    ///     .bind(42_i64)
+    ///     .bind(1999_i64)
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// store.put_in(&mut tx, vec![record]).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the statement fails (the transaction is then aborted, as for any
+    /// failed statement in Postgres) or a record cannot be encoded; nothing is written.
+    pub async fn put_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        records: Vec<Record>,
+    ) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.put_query(&self.sql.put, records)?
+            .execute(conn)
+            .await
+            .map_err(pg_error("write records"))?;
+        Ok(())
+    }
+
     /// Closes the pool: waits for the connections in use to come back, then closes every
     /// connection. Every later call fails with [`StoreError::closed`]. Over a given pool, this
     /// closes that pool.

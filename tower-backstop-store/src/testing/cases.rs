@@ -1052,6 +1052,117 @@ pub(super) async fn a_claim_is_fenced_by_its_token(b: &dyn Backend) {
     assert_eq!(o.store.get("m-1").await.unwrap(), None);
 }
 
+/// A record written in flight by `put` (what a write-ahead writes before a call's first attempt:
+/// no attempt, no history, its retry-at the end of the claim) is a claim like one
+/// [`claim_due`](Store::claim_due) made: its [`Record::lease`] holds for `change_claimed` and
+/// `put_claimed`, it is not due before its end, it counts as waiting, not dead; after its end,
+/// another claimer takes it and the old lease changes nothing. Over a record of the same id
+/// already there, the token is that record's resend count.
+pub(super) async fn an_in_flight_record_put_is_a_claim(b: &dyn Backend) {
+    let o = open(b, "in_flight_put", 10).await;
+    let ahead = |id: &str, until: SystemTime| {
+        let mut r = Record::new(
+            id,
+            ErrorEntry::new(at(0), "queued", "write-ahead", "ahead", 0),
+        );
+        r.history.clear();
+        r.payload = b"{}".to_vec();
+        r.payload_len = 2;
+        r.status = Status::InFlight;
+        r.retry_at = Some(until);
+        r
+    };
+    o.store.put(ahead("w-1", at(5_000))).await.unwrap();
+    let read = o.other.get("w-1").await.unwrap().unwrap();
+    assert_eq!((read.attempts, read.history.len()), (0, 0));
+    let lease = read.lease().expect("in flight with a retry-at: a claim");
+    assert_eq!((lease.token, lease.until), (0, at(5_000)));
+    let counts = o.store.counts(at(0)).await.unwrap();
+    assert_eq!((counts.total, counts.deferred), (0, 1), "waiting, not dead");
+    assert!(
+        o.store
+            .claim_due(at(4_999), 10, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let renewed = claim_held(
+        o.other
+            .change_claimed(&lease, Change::Renewed { until: at(8_000) })
+            .await
+            .unwrap(),
+    );
+    assert_eq!(renewed.retry_at, Some(at(8_000)));
+    assert!(
+        o.store
+            .claim_due(at(7_999), 10, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // The call failed: its failure is merged under the claim, which it ends.
+    let failed = claim_held(
+        o.store
+            .put_claimed(&lease, rec("w-1", "transient", "http 503", at(6_000)))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        (
+            failed.status,
+            failed.attempts,
+            failed.history.len(),
+            failed.retry_at
+        ),
+        (Status::Dead, 1, 1, None)
+    );
+    assert_eq!(
+        (failed.class.as_str(), failed.payload.as_slice()),
+        ("transient", &b"payload of w-1"[..])
+    );
+
+    // A call that died: taken after its end, with a new token; its old lease is stale.
+    o.store.put(ahead("w-2", at(5_000))).await.unwrap();
+    let stale = o.store.get("w-2").await.unwrap().unwrap().lease().unwrap();
+    let taken = o
+        .other
+        .claim_due(at(5_000), 10, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(ids(&taken), ["w-2"]);
+    assert_eq!(taken[0].resends, 1);
+    assert_eq!(
+        o.store
+            .change_claimed(&stale, Change::Resolved { at: at(5_001) })
+            .await
+            .unwrap(),
+        Claim::ClaimedElsewhere {
+            status: Status::InFlight,
+            resends: 1
+        }
+    );
+
+    // Over a record re-sent three times before: the claim's token is its resend count.
+    let mut old = rec("w-3", "transient", "http 503", at(0));
+    old.resends = 3;
+    o.store.put(old).await.unwrap();
+    o.store.put(ahead("w-3", at(5_000))).await.unwrap();
+    let over = o.other.get("w-3").await.unwrap().unwrap();
+    assert_eq!(
+        (over.status, over.attempts, over.history.len()),
+        (Status::InFlight, 1, 1)
+    );
+    let lease = over.lease().unwrap();
+    assert_eq!(lease.token, 3);
+    let done = claim_held(
+        o.store
+            .change_claimed(&lease, Change::Resolved { at: at(1_000) })
+            .await
+            .unwrap(),
+    );
+    assert_eq!((done.status, done.resends), (Status::Resolved, 3));
+}
+
 /// A re-send that fails again under its claim merges its failure as `put` would, and that write
 /// ends the claim; a claim given back after a send keeps its resend, one given back unsent
 /// returns it; a failure of another record is refused.

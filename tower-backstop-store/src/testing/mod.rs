@@ -11,7 +11,8 @@
 //! The cases use only the [`Store`] trait and this crate's [`Retention`](crate::Retention) and
 //! [`purge`](crate::purge): a record's round trip and merge by id, the bounded history, searches
 //! and their pages (ties included), counts over a window and by status, batches, updates,
-//! claims (due, concurrent, compare-and-set, held and given back), deletes, odd ids and a
+//! claims (due, concurrent, compare-and-set, held and given back, an in-flight record written by
+//! `put` as a write-ahead does), deletes, odd ids and a
 //! 10 MiB payload, retention, and the audit trail. Every case panics on the first assertion
 //! that fails, with a message naming what differed.
 //!
@@ -224,6 +225,7 @@ cases!(
     a_failure_under_its_claim_ends_it,
     next_due_is_the_earliest_waiting_time,
     send_slots_are_shared,
+    an_in_flight_record_put_is_a_claim,
 );
 
 /// The case named `name`, if there is one.

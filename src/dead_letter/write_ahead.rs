@@ -1,0 +1,259 @@
+//! Write-ahead: a request stored before its first attempt, as a claim the call holds, so that a
+//! process that dies mid-call leaves it to another scheduler instead of losing it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::{Instant, Sleep};
+
+use super::layer::Config;
+use crate::observe::Event;
+use crate::request::Describe;
+use crate::store::{
+    BoxFuture, Change, Claim, ErrorEntry, Lease, Record, Status, Store, StoreError, add_clamped,
+    truncate,
+};
+
+/// How long a write-ahead claim lasts unless renewed: 10 s, the same as a scheduler's claims
+/// ([`DEFAULT_LEASE`](crate::resend::DEFAULT_LEASE)). The call renews it every third of that
+/// while it is out, so a call (its attempts and backoff included) may take longer; what it bounds
+/// is how long the request of a process that died waits before a
+/// [`Scheduler`](crate::resend::Scheduler) takes it over.
+pub const DEFAULT_WRITE_AHEAD_LEASE: Duration = Duration::from_secs(10);
+
+/// The class of a record that was stored before it was sent ([`Record::class`]): not a failure.
+/// A dead letter or a failure count never counts it; once sent and failed, the record takes the
+/// failure's class.
+pub const QUEUED: &str = "queued";
+
+/// The code of a record stored by write-ahead, before the first attempt.
+pub(crate) const WRITE_AHEAD: &str = "write-ahead";
+
+/// The code of a record put in the store to be sent later ([`Outbox`](super::Outbox)).
+pub(crate) const OUTBOX: &str = "outbox";
+
+/// The record of `request`, stored before it is sent: class [`QUEUED`], code `code`, no attempt
+/// and no failure in its history, status `status` with `retry_at` (the end of the write-ahead
+/// claim, or when the outbox sends it), described, tagged, redacted and cut as the layer's
+/// records are. Its id is the request's ([`Describe::message_id`] or the envelope's), else a
+/// generated one.
+pub(crate) async fn queued_record<Req: Describe>(
+    config: &Config,
+    request: Req,
+    status: Status,
+    retry_at: SystemTime,
+    code: &str,
+    message: String,
+) -> Record {
+    let mut envelope = request.describe().await;
+    if let Some(tags) = &config.tags {
+        envelope.tags.extend(tags(&envelope));
+    }
+    let id = envelope
+        .id
+        .clone()
+        .unwrap_or_else(super::future::generated_id);
+    let now = config.clock.now();
+    let mut record = Record::new(id, ErrorEntry::new(now, QUEUED, code, message, 0));
+    record.history.clear();
+    record.status = status;
+    record.retry_at = Some(truncate(retry_at));
+    let (headers, redacted_headers) = config.redact.split(envelope.headers);
+    record.headers = headers;
+    record.redacted_headers = redacted_headers;
+    record.payload_len = envelope.payload.len() as u64;
+    record.payload = envelope.payload.to_vec();
+    record.content_type = envelope.content_type;
+    record.metadata = envelope.metadata;
+    record.tags = envelope.tags;
+    record.truncate_payload(config.payload_limit);
+    record
+}
+
+/// Stores `copy` (of the request about to be sent) as a claim of `length`, and reads the claim
+/// back: the merge with a record of the same id already there decides its fencing token.
+pub(crate) fn store<Req>(config: &Arc<Config>, copy: Req, length: Duration) -> Storing
+where
+    Req: Describe + Send + 'static,
+{
+    let config = Arc::clone(config);
+    Box::pin(async move {
+        let until = add_clamped(config.clock.now(), length);
+        let message = "stored before its first attempt; in flight".to_owned();
+        let record =
+            queued_record(&config, copy, Status::InFlight, until, WRITE_AHEAD, message).await;
+        let id = record.id.clone();
+        let written = async {
+            config.store.put(record).await?;
+            let lease = config.store.get(&id).await?.and_then(|r| r.lease());
+            lease.ok_or_else(|| {
+                StoreError::new(format!(
+                    "write-ahead record {id:?} was changed by someone else as it was written"
+                ))
+            })
+        };
+        written.await.map_err(|e| (id, e))
+    })
+}
+
+/// The write-ahead write on its way: the claim, or the record id and the store's error.
+pub(crate) type Storing = BoxFuture<'static, Result<Lease, (String, StoreError)>>;
+
+/// Where a call with write-ahead stands.
+pub(crate) enum WriteAhead {
+    /// Its record is being written.
+    Storing(Storing),
+    /// Its record is written and claimed by the call, which renews the claim while it is out.
+    Held(Renewal),
+}
+
+impl WriteAhead {
+    /// Polls the write-ahead write: `Some(claim)` once written, `None` when it failed (logged
+    /// and reported: the call goes out anyway).
+    pub(crate) fn poll_stored(
+        storing: &mut Storing,
+        cx: &mut Context<'_>,
+        config: &Config,
+        length: Duration,
+    ) -> Poll<Option<Renewal>> {
+        let written = std::task::ready!(storing.as_mut().poll(cx));
+        Poll::Ready(match written {
+            Ok(lease) => Some(Renewal::new(
+                Arc::clone(&config.store),
+                lease,
+                length,
+                config.clock,
+            )),
+            Err((id, error)) => {
+                config.listener.emit_ref(&Event::StoreError {
+                    operation: "write_ahead",
+                    id: Some(&id),
+                    error: &error,
+                });
+                tracing::error!(
+                    id = %id,
+                    error = %error,
+                    "write-ahead record could not be written; the request is sent without it \
+                     (lost if this process dies before the call ends)"
+                );
+                None
+            }
+        })
+    }
+}
+
+/// A write-ahead claim held while the call is out: renewed every third of its length.
+pub(crate) struct Renewal {
+    store: Arc<dyn Store>,
+    lease: Lease,
+    length: Duration,
+    clock: crate::clock::Clock,
+    sleep: Pin<Box<Sleep>>,
+    renewing: Option<BoxFuture<'static, Result<Claim, StoreError>>>,
+    lost: bool,
+}
+
+impl Renewal {
+    fn new(
+        store: Arc<dyn Store>,
+        lease: Lease,
+        length: Duration,
+        clock: crate::clock::Clock,
+    ) -> Self {
+        Renewal {
+            store,
+            lease,
+            length,
+            clock,
+            sleep: Box::pin(tokio::time::sleep(length / 3)),
+            renewing: None,
+            lost: false,
+        }
+    }
+
+    /// The claim, as last renewed.
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Renews the claim when due; never ready (polled beside the call while it is pending).
+    pub(crate) fn poll_renew(&mut self, cx: &mut Context<'_>) {
+        while !self.lost {
+            if let Some(renewing) = self.renewing.as_mut() {
+                let Poll::Ready(renewed) = renewing.as_mut().poll(cx) else {
+                    return;
+                };
+                self.renewing = None;
+                self.renewed(renewed);
+                continue;
+            }
+            if self.sleep.as_mut().poll(cx).is_pending() {
+                return;
+            }
+            let until = add_clamped(self.clock.now(), self.length);
+            self.renewing = Some(
+                self.store
+                    .change_claimed(&self.lease, Change::Renewed { until }),
+            );
+        }
+    }
+
+    fn renewed(&mut self, renewed: Result<Claim, StoreError>) {
+        let next = match renewed {
+            Ok(Claim::Claimed(record)) => {
+                self.lease.until = record.retry_at.unwrap_or(self.lease.until);
+                self.length / 3
+            }
+            Ok(Claim::ClaimedElsewhere { status, .. }) => {
+                tracing::warn!(
+                    id = %self.lease.id,
+                    status = %status,
+                    "write-ahead claim ended while the call was out: another sender took the \
+                     request (it may be sent twice; its idempotency key lets the provider tell)"
+                );
+                self.lost = true;
+                return;
+            }
+            Ok(Claim::Missing) => {
+                tracing::info!(id = %self.lease.id, "write-ahead record deleted while the call was out");
+                self.lost = true;
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(id = %self.lease.id, error = %e, "cannot renew a write-ahead claim");
+                (self.length / 6).max(Duration::from_millis(1))
+            }
+        };
+        self.sleep.as_mut().reset(Instant::now() + next);
+    }
+
+    /// Resolves the record of a call that succeeded, while the claim holds.
+    pub(crate) fn resolve(self) -> BoxFuture<'static, ()> {
+        let Renewal {
+            store,
+            lease,
+            clock,
+            ..
+        } = self;
+        Box::pin(async move {
+            let at = clock.now();
+            match store.change_claimed(&lease, Change::Resolved { at }).await {
+                Ok(Claim::Claimed(_)) => {}
+                Ok(_) => tracing::info!(
+                    id = %lease.id,
+                    "delivered after the write-ahead claim had passed to another sender; the \
+                     record is left as they wrote it"
+                ),
+                Err(e) => tracing::warn!(
+                    id = %lease.id,
+                    error = %e,
+                    "delivered, but the write-ahead record could not be resolved: a scheduler \
+                     sends it again after its lease (its idempotency key lets the provider tell)"
+                ),
+            }
+        })
+    }
+}
