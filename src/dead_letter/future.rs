@@ -9,7 +9,7 @@ use tower_service::Service;
 use super::budget::refusal;
 use super::layer::Config;
 use super::note::DeadLetterStatus;
-use super::record::record_at;
+use super::record::{generated_id, record_at};
 use super::resending;
 use super::write_ahead::{Storing, WriteAhead};
 use crate::failure::{Code, Failure};
@@ -244,10 +244,6 @@ fn stored_dead<R>(failure: &mut Failure<R>) {
         dead = dead.with_first_failed_at(at);
     }
     failure.notes_mut().insert(dead);
-}
-
-pub(super) fn generated_id() -> String {
-    format!("msg-{:032x}", rand::random::<u128>())
 }
 
 impl<S, Req> Future for ResponseFuture<S, Req>

@@ -149,6 +149,11 @@ pub(crate) fn record_at<R>(
     record
 }
 
+/// A record id for a request that names none: `msg-` and 128 random bits in hex.
+pub(super) fn generated_id() -> String {
+    format!("msg-{:032x}", rand::random::<u128>())
+}
+
 /// Whether `failure` is the attempt budget's refusal: the inner service was not called.
 fn refused_by_budget<R>(failure: &Failure<R>) -> bool {
     std::error::Error::source(failure).is_some_and(|s| s.is::<BudgetSpent>())

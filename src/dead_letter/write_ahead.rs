@@ -55,7 +55,7 @@ pub(crate) async fn queued_record<Req: Describe>(
     let id = envelope
         .id
         .clone()
-        .unwrap_or_else(super::future::generated_id);
+        .unwrap_or_else(super::record::generated_id);
     let now = config.clock.now();
     let mut record = Record::new(id, ErrorEntry::new(now, QUEUED, code, message, 0));
     record.history.clear();
