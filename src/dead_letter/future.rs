@@ -206,17 +206,9 @@ where
         let id = ahead_id
             .or_else(|| envelope.id.clone())
             .unwrap_or_else(generated_id);
-        let (headers, redacted_headers) = config.redact.split(envelope.headers);
         let mut record = draft;
-        record.headers = headers;
-        record.redacted_headers = redacted_headers;
         record.id = id.clone();
-        record.payload_len = envelope.payload.len() as u64;
-        record.payload = envelope.payload.to_vec();
-        record.content_type = envelope.content_type;
-        record.metadata = envelope.metadata;
-        record.tags = envelope.tags;
-        record.truncate_payload(config.payload_limit);
+        config.fill(&mut record, envelope);
         let written = match claim.filter(|lease| lease.id == id) {
             // A re-send of a claimed record: its failure ends the claim, if it still holds.
             Some(lease) => config

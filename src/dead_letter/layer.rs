@@ -60,6 +60,21 @@ impl Config {
 }
 
 impl Config {
+    /// Puts what `envelope` describes into `record` as every record of this layer keeps it:
+    /// headers split by the redaction list, payload (cut to the limit), content type,
+    /// metadata and tags.
+    pub(crate) fn fill(&self, record: &mut crate::store::Record, envelope: Envelope) {
+        let (headers, redacted_headers) = self.redact.split(envelope.headers);
+        record.headers = headers;
+        record.redacted_headers = redacted_headers;
+        record.payload_len = envelope.payload.len() as u64;
+        record.payload = envelope.payload.to_vec();
+        record.content_type = envelope.content_type;
+        record.metadata = envelope.metadata;
+        record.tags = envelope.tags;
+        record.truncate_payload(self.payload_limit);
+    }
+
     /// Whether the layer acts before the call: an attempt budget, write-ahead.
     #[inline]
     pub(crate) fn acts_before(&self) -> bool {

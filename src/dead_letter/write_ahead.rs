@@ -61,15 +61,7 @@ pub(crate) async fn queued_record<Req: Describe>(
     record.history.clear();
     record.status = status;
     record.retry_at = Some(truncate(retry_at));
-    let (headers, redacted_headers) = config.redact.split(envelope.headers);
-    record.headers = headers;
-    record.redacted_headers = redacted_headers;
-    record.payload_len = envelope.payload.len() as u64;
-    record.payload = envelope.payload.to_vec();
-    record.content_type = envelope.content_type;
-    record.metadata = envelope.metadata;
-    record.tags = envelope.tags;
-    record.truncate_payload(config.payload_limit);
+    config.fill(&mut record, envelope);
     record
 }
 
