@@ -11,7 +11,7 @@ use super::layer::Config;
 use super::note::DeadLetterStatus;
 use super::record::{generated_id, record_at};
 use super::resending;
-use super::write_ahead::{Storing, WriteAhead};
+use super::write_ahead::WriteAhead;
 use crate::failure::{Code, Failure};
 use crate::observe::Event;
 use crate::request::{Describe, Envelope, Replay};
@@ -29,9 +29,9 @@ pin_project! {
     {
         #[pin]
         state: State<S, Req>,
-        check: Option<Check>,
-        // Write-ahead, when on: the record's write, then the claim the call holds.
-        ahead: Option<Box<WriteAhead>>,
+        // What the layer does before the call (an attempt budget's read, write-ahead), boxed:
+        // one word on a call without either, so the future stays small.
+        before: Option<Box<Before>>,
         kept: Kept<Req>,
         config: Arc<Config>,
     }
@@ -70,6 +70,49 @@ impl<Req: Describe> Kept<Req> {
 /// was written).
 type Write = BoxFuture<'static, (String, Status, Result<bool, StoreError>)>;
 
+/// What the layer does before (and, for write-ahead, during) a call: built only when an attempt
+/// budget or write-ahead applies to the request.
+pub(crate) struct Before {
+    /// The attempt budget's read, until it is done.
+    check: Option<Check>,
+    /// Write-ahead: the record's write, then the claim the call holds.
+    ahead: Option<WriteAhead>,
+}
+
+impl Before {
+    /// What `config` does before calling with `req`: `None` when neither an attempt budget
+    /// (a request with a message id) nor write-ahead (a request that can be copied) applies.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn of<Req>(config: &Arc<Config>, req: &Req) -> Option<Box<Before>>
+    where
+        Req: Replay + Describe + Send + 'static,
+    {
+        let check = match (config.budget, req.message_id()) {
+            (Some(budget), Some(id)) => Some(Check {
+                read: config.store.budget_spent(id),
+                id: id.to_owned(),
+                budget,
+            }),
+            _ => None,
+        };
+        let ahead = match (config.write_ahead, req.replay()) {
+            (Some(length), Some(copy)) => Some(WriteAhead::Storing(super::write_ahead::store(
+                config, copy, length,
+            ))),
+            (Some(_), None) => {
+                tracing::warn!("request body cannot be copied: sent without write-ahead");
+                None
+            }
+            (None, _) => None,
+        };
+        if check.is_none() && ahead.is_none() {
+            return None;
+        }
+        Some(Box::new(Before { check, ahead }))
+    }
+}
+
 /// The attempt budget's store read for message `id`: the attempts it already used, if any.
 pub(crate) struct Check {
     read: BoxFuture<'static, Result<Option<u32>, StoreError>>,
@@ -95,9 +138,9 @@ pin_project! {
             write: Write,
             failure: Option<Failure<S::Response>>,
         },
-        // The call succeeded: its write-ahead record is being resolved.
+        // The call succeeded: its write-ahead record is being resolved (the write is in
+        // `before`, so that this state is no larger than the response).
         Resolving {
-            resolve: BoxFuture<'static, ()>,
             response: Option<S::Response>,
         },
     }
@@ -105,38 +148,45 @@ pin_project! {
 
 impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
     /// The call, made.
+    #[inline(always)]
     pub(crate) fn new(future: S::Future, kept: Kept<Req>, config: Arc<Config>) -> Self {
         ResponseFuture {
             state: State::Called { future },
-            check: None,
-            ahead: None,
+            before: None,
             kept,
             config,
         }
     }
 
-    /// Acts before it calls `service` (ready) with `request`: reads the attempt budget of
-    /// message `id` when `budget` is given (and never calls it when the budget is spent), then
-    /// writes the request ahead when `ahead` is given.
-    pub(crate) fn before(
-        service: S,
+    /// The call of `request` on `service` (ready): made at once, or, when `before` says the
+    /// layer acts first, when first polled, with the ready service taken (a clone left in
+    /// its place).
+    #[inline(always)]
+    pub(crate) fn start(
+        service: &mut S,
         request: Req,
-        budget: Option<(String, u32)>,
-        ahead: Option<Storing>,
+        before: Option<Box<Before>>,
         kept: Kept<Req>,
         config: Arc<Config>,
-    ) -> Self {
-        let check = budget.map(|(id, budget)| Check {
-            read: config.store.budget_spent(&id),
-            id,
-            budget,
-        });
-        ResponseFuture {
-            state: State::Waiting {
-                call: Some((service, request)),
+    ) -> Self
+    where
+        S: Clone,
+    {
+        let state = match before {
+            None => State::Called {
+                future: service.call(request),
             },
-            check,
-            ahead: ahead.map(|storing| Box::new(WriteAhead::Storing(storing))),
+            Some(_) => {
+                let clone = service.clone();
+                let ready = std::mem::replace(service, clone);
+                State::Waiting {
+                    call: Some((ready, request)),
+                }
+            }
+        };
+        ResponseFuture {
+            state,
+            before,
             kept,
             config,
         }
@@ -248,37 +298,14 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        if let Some(check) = this.check.as_mut() {
-            let spent = match ready!(check.read.as_mut().poll(cx)) {
-                Ok(spent) => spent.unwrap_or(0),
-                Err(error) => {
-                    this.config.listener.emit_ref(&Event::StoreError {
-                        operation: "read",
-                        id: Some(&check.id),
-                        error: &error,
-                    });
-                    tracing::warn!(
-                        id = %check.id,
-                        error = %error,
-                        "attempt budget not checked: the dead-letter store cannot be read"
-                    );
-                    0
-                }
-            };
-            let Check { id, budget, .. } = this.check.take().expect("checked above");
-            if spent >= budget {
-                // The inner service was never called: drop it, record the refusal.
-                let mut failure = refusal(id, spent, budget);
-                let write = start_write(this.kept, this.config, &mut failure, None);
-                this.state.set(State::Writing {
-                    write,
-                    failure: Some(failure),
-                });
-                *this.ahead = None;
-            }
-        }
-        if this.ahead.is_some() {
-            ready!(poll_ahead(this.ahead, cx, this.config));
+        if let Some(before) = this.before.as_deref_mut() {
+            ready!(poll_before(
+                before,
+                &mut this.state,
+                this.kept,
+                this.config,
+                cx
+            ));
         }
         loop {
             match this.state.as_mut().project() {
@@ -293,26 +320,33 @@ where
                     let result = match future.poll(cx) {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
-                            if let Some(WriteAhead::Held(renewal)) = this.ahead.as_deref_mut() {
+                            if let Some(Before {
+                                ahead: Some(WriteAhead::Held(renewal)),
+                                ..
+                            }) = this.before.as_deref_mut()
+                            {
                                 renewal.poll_renew(cx);
                             }
                             return Poll::Pending;
                         }
                     };
                     let mut failure: Failure<S::Response> = match result {
-                        Ok(response) => match held(this.ahead) {
-                            None => return Poll::Ready(Ok(response)),
-                            Some(renewal) => {
-                                this.state.set(State::Resolving {
-                                    resolve: renewal.resolve(),
-                                    response: Some(response),
-                                });
-                                continue;
+                        // Without write-ahead: the response, at once.
+                        Ok(response) if this.before.is_none() => {
+                            return Poll::Ready(Ok(response));
+                        }
+                        Ok(response) => {
+                            if !resolve(this.before) {
+                                return Poll::Ready(Ok(response));
                             }
-                        },
+                            this.state.set(State::Resolving {
+                                response: Some(response),
+                            });
+                            continue;
+                        }
                         Err(e) => e.into(),
                     };
-                    let lease = held(this.ahead).map(|renewal| renewal.lease().clone());
+                    let lease = held(this.before).map(|renewal| renewal.lease().clone());
                     let write = start_write(this.kept, this.config, &mut failure, lease);
                     this.state.set(State::Writing {
                         write,
@@ -327,8 +361,14 @@ where
                     note_write(this.config, id, status, result, &mut failure);
                     return Poll::Ready(Err(failure));
                 }
-                StateProj::Resolving { resolve, response } => {
-                    ready!(resolve.as_mut().poll(cx));
+                StateProj::Resolving { response } => {
+                    if let Some(Before {
+                        ahead: Some(WriteAhead::Resolving(resolve)),
+                        ..
+                    }) = this.before.as_deref_mut()
+                    {
+                        ready!(resolve.as_mut().poll(cx));
+                    }
                     let response = response
                         .take()
                         .expect("dead-letter future polled after completion");
@@ -339,24 +379,82 @@ where
     }
 }
 
-/// The write-ahead claim the call held, taken out of `ahead`: `None` without write-ahead.
-#[inline]
-fn held(ahead: &mut Option<Box<WriteAhead>>) -> Option<super::write_ahead::Renewal> {
-    match *ahead.take()? {
+/// The write-ahead claim the call held, taken out of `before`: `None` without write-ahead.
+#[cold]
+fn held(before: &mut Option<Box<Before>>) -> Option<super::write_ahead::Renewal> {
+    match before.take()?.ahead? {
         WriteAhead::Held(renewal) => Some(renewal),
-        WriteAhead::Storing(_) => None,
+        WriteAhead::Storing(_) | WriteAhead::Resolving(_) => None,
     }
+}
+
+/// After a success: starts resolving the write-ahead record the call held, if it held one
+/// (`true`: the write is in `before`, to be polled before the response goes back).
+#[cold]
+fn resolve(before: &mut Option<Box<Before>>) -> bool {
+    let Some(before) = before.as_deref_mut() else {
+        return false;
+    };
+    match before.ahead.take() {
+        Some(WriteAhead::Held(renewal)) => {
+            before.ahead = Some(WriteAhead::Resolving(renewal.resolve()));
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Polls what comes before the call: the attempt budget's read (a spent budget puts the
+/// refusal's write in `state`, and the call is never made), then the write-ahead write.
+/// Ready once the call may go on.
+fn poll_before<S, Req>(
+    before: &mut Before,
+    state: &mut Pin<&mut State<S, Req>>,
+    kept: &mut Kept<Req>,
+    config: &Arc<Config>,
+    cx: &mut Context<'_>,
+) -> Poll<()>
+where
+    S: Service<Req>,
+    Req: Replay + Describe + Send + 'static,
+{
+    if let Some(check) = before.check.as_mut() {
+        let spent = match ready!(check.read.as_mut().poll(cx)) {
+            Ok(spent) => spent.unwrap_or(0),
+            Err(error) => {
+                config.listener.emit_ref(&Event::StoreError {
+                    operation: "read",
+                    id: Some(&check.id),
+                    error: &error,
+                });
+                tracing::warn!(
+                    id = %check.id,
+                    error = %error,
+                    "attempt budget not checked: the dead-letter store cannot be read"
+                );
+                0
+            }
+        };
+        let Check { id, budget, .. } = before.check.take().expect("checked above");
+        if spent >= budget {
+            // The inner service was never called: drop it, record the refusal.
+            let mut failure = refusal(id, spent, budget);
+            let write = start_write(kept, config, &mut failure, None);
+            state.set(State::Writing {
+                write,
+                failure: Some(failure),
+            });
+            before.ahead = None;
+        }
+    }
+    poll_ahead(&mut before.ahead, cx, config)
 }
 
 /// Polls the write-ahead write, if it is on its way: ready once the call may go out (written,
 /// or failed and reported). A re-send under a claim writes nothing ahead: its record is in the
 /// store already, claimed.
-fn poll_ahead(
-    ahead: &mut Option<Box<WriteAhead>>,
-    cx: &mut Context<'_>,
-    config: &Config,
-) -> Poll<()> {
-    let Some(WriteAhead::Storing(storing)) = ahead.as_deref_mut() else {
+fn poll_ahead(ahead: &mut Option<WriteAhead>, cx: &mut Context<'_>, config: &Config) -> Poll<()> {
+    let Some(WriteAhead::Storing(storing)) = ahead.as_mut() else {
         return Poll::Ready(());
     };
     if super::claim::current().is_some() {
@@ -366,8 +464,7 @@ fn poll_ahead(
     let length = config
         .write_ahead
         .unwrap_or(super::DEFAULT_WRITE_AHEAD_LEASE);
-    *ahead = ready!(WriteAhead::poll_stored(storing, cx, config, length))
-        .map(|renewal| Box::new(WriteAhead::Held(renewal)));
+    *ahead = ready!(WriteAhead::poll_stored(storing, cx, config, length)).map(WriteAhead::Held);
     Poll::Ready(())
 }
 

@@ -236,41 +236,11 @@ where
     #[inline]
     fn call(&mut self, req: Req) -> Self::Future {
         let kept = future::Kept::of(&req, req.replay());
-        if self.acts_before {
-            return self.call_after(req, kept);
-        }
-        ResponseFuture::new(self.inner.call(req), kept, self.config.clone())
-    }
-}
-
-impl<S> DeadLetter<S> {
-    /// A call that waits for what this layer does before it: the attempt budget's read, the
-    /// write-ahead write.
-    #[cold]
-    fn call_after<Req>(&mut self, req: Req, kept: future::Kept<Req>) -> ResponseFuture<S, Req>
-    where
-        S: Service<Req> + Clone,
-        Req: Replay + Describe + Send + 'static,
-    {
-        let config = Arc::clone(&self.config);
-        let budget = match (config.budget, req.message_id()) {
-            (Some(budget), Some(id)) => Some((id.to_owned(), budget)),
-            _ => None,
+        let before = if self.acts_before {
+            future::Before::of(&self.config, &req)
+        } else {
+            None
         };
-        let ahead = match (config.write_ahead, req.replay()) {
-            (Some(length), Some(copy)) => Some(write_ahead::store(&config, copy, length)),
-            (Some(_), None) => {
-                tracing::warn!("request body cannot be copied: sent without write-ahead");
-                None
-            }
-            (None, _) => None,
-        };
-        if budget.is_none() && ahead.is_none() {
-            return ResponseFuture::new(self.inner.call(req), kept, config);
-        }
-        // Take the service that is ready, leave a clone.
-        let clone = self.inner.clone();
-        let service = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::before(service, req, budget, ahead, kept, config)
+        ResponseFuture::start(&mut self.inner, req, before, kept, self.config.clone())
     }
 }

@@ -100,6 +100,8 @@ pub(crate) enum WriteAhead {
     Storing(Storing),
     /// Its record is written and claimed by the call, which renews the claim while it is out.
     Held(Renewal),
+    /// The call succeeded: its record is being resolved.
+    Resolving(BoxFuture<'static, ()>),
 }
 
 impl WriteAhead {
