@@ -106,6 +106,11 @@ pub enum Code {
     Timeout,
     /// The circuit breaker was open and did not call the inner service.
     CircuitOpen,
+    /// The breaker's adaptive send rate held the call back: the provider answered throttled,
+    /// and the call came before its slot ([`AdaptiveRate`](crate::breaker::AdaptiveRate)). Not
+    /// sent; the failure's [`retry_after`](Failure::retry_after) is the wait until the slot
+    /// reserved for it.
+    Paced,
     /// The inner service's future panicked.
     Panic,
     /// A provider's own numeric code, read by a user classifier (for example from a JSON error
@@ -161,6 +166,7 @@ impl fmt::Display for Code {
             Code::Io(kind) => write!(f, "io {kind:?}"),
             Code::Timeout => f.write_str("timeout"),
             Code::CircuitOpen => f.write_str("circuit open"),
+            Code::Paced => f.write_str("paced, not sent"),
             Code::Panic => f.write_str("panic"),
             Code::Provider(code) => write!(f, "provider {code}"),
             Code::Error => f.write_str("error"),
@@ -199,7 +205,7 @@ pub enum Sent {
 
 impl Sent {
     /// The default for a failure of `code`: [`Sent::No`] for a refused connection,
-    /// [`Code::CircuitOpen`], [`Code::Overloaded`], [`Code::Tls`], an HTTP/2 `REFUSED_STREAM`
+    /// [`Code::CircuitOpen`], [`Code::Paced`], [`Code::Overloaded`], [`Code::Tls`], an HTTP/2 `REFUSED_STREAM`
     /// reset or a `GOAWAY` that did not cover the stream, and HTTP 408, 425, 429 and 503;
     /// [`Sent::Maybe`] for [`Code::Timeout`], any other HTTP/2 reset, gRPC `DEADLINE_EXCEEDED`
     /// (4) and an io error of kind connection reset or aborted, broken pipe, unexpected end of
@@ -209,6 +215,7 @@ impl Sent {
         match code {
             Code::Io(ConnectionRefused)
             | Code::CircuitOpen
+            | Code::Paced
             | Code::Overloaded
             | Code::Tls
             | Code::Reset(7)

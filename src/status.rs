@@ -82,6 +82,10 @@ pub enum DelaySource {
     /// Our own breaker's time left until half-open, waited in process only when the policy
     /// opted in with [`RetryPolicy::wait_for_breaker`](crate::retry::RetryPolicy::wait_for_breaker).
     Breaker,
+    /// The wait until the slot the breaker's adaptive send rate reserved for the request
+    /// ([`AdaptiveRate`](crate::breaker::AdaptiveRate)): the provider answered throttled, and
+    /// calls to it are spaced.
+    SendRate,
 }
 
 impl DelaySource {
@@ -91,6 +95,7 @@ impl DelaySource {
             DelaySource::ServerHint => "server hint",
             DelaySource::Backoff => "backoff",
             DelaySource::Breaker => "breaker half-opens",
+            DelaySource::SendRate => "send rate",
         }
     }
 }
@@ -162,4 +167,6 @@ pub(crate) struct BreakerSnapshot<'a> {
     pub(crate) opened: u64,
     /// Calls it rejected since it was built.
     pub(crate) rejected: u64,
+    /// The adaptive send rate and its peak, requests a second, while limited.
+    pub(crate) send_rate: Option<(f64, f64)>,
 }

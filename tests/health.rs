@@ -298,6 +298,8 @@ fn serialises_states_as_words_and_durations_as_milliseconds_rounded_up() {
                 "cause": null,
                 "opened": 0,
                 "rejected": 0,
+                "send_rate": null,
+                "send_rate_peak": null,
             }]
         })
     );

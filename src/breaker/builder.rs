@@ -7,14 +7,17 @@ use std::time::Duration;
 
 use super::keyed::{Authority, PerKey};
 use super::open::OpenDuration;
+use super::rate::AdaptiveRate;
 use super::state::{MAX_PROBES, Settings};
 use super::window::WindowKind;
 use crate::build_error::BuildError;
 use crate::failure::Class;
 use crate::observe::Listener;
 
-/// The classes that count as failures by default: the ones that blame the provider.
-pub(crate) const DEFAULT_CLASSES: [Class; 3] = [Class::TRANSIENT, Class::THROTTLED, Class::UNKNOWN];
+/// The classes that count as failures by default: the ones that say the provider is failing. A
+/// throttled answer is not one: the provider is up and asks for less, which the adaptive send
+/// rate gives it.
+pub(crate) const DEFAULT_CLASSES: [Class; 2] = [Class::TRANSIENT, Class::UNKNOWN];
 
 /// Configures a breaker; [`build`](Builder::build) checks it and makes the
 /// [`BreakerLayer`](super::BreakerLayer).
@@ -37,7 +40,8 @@ pub(crate) const DEFAULT_CLASSES: [Class; 3] = [Class::TRANSIENT, Class::THROTTL
 /// | [`half_open_probes`](Self::half_open_probes) | 1 | probes admitted at once in half-open |
 /// | [`close_after`](Self::close_after) | 1 | successful probes that close it |
 /// | [`max_half_open`](Self::max_half_open) | none | longest time in half-open before it re-opens |
-/// | [`failure_classes`](Self::failure_classes) | transient, throttled, unknown | classes that count as failures |
+/// | [`failure_classes`](Self::failure_classes) | transient, unknown | classes that count as failures (a throttled answer lowers the send rate instead) |
+/// | [`adaptive_rate`](Self::adaptive_rate) / [`without_adaptive_rate`](Self::without_adaptive_rate) | on, [`AdaptiveRate::new`] | the send rate lowered on throttled answers |
 /// | [`per_host`](Self::per_host) / [`keyed_by`](Self::keyed_by) | one breaker | one breaker per host, or per key of yours |
 /// | [`max_keys`](Builder::max_keys) | 64 | the most keys with a breaker kept for them |
 ///
@@ -74,6 +78,7 @@ impl Default for Builder {
                 max_half_open: None,
                 classes: Arc::from(DEFAULT_CLASSES),
                 listener: None,
+                rate: Some(AdaptiveRate::new()),
             },
             keys: (),
         }
@@ -227,6 +232,22 @@ impl<K> Builder<K> {
         self
     }
 
+    /// How the breaker paces a provider that answers throttled ([`AdaptiveRate`]; on by
+    /// default with [`AdaptiveRate::new`]). Its settings are checked by `build`.
+    pub fn adaptive_rate(mut self, rate: AdaptiveRate) -> Self {
+        self.settings.rate = Some(rate);
+        self
+    }
+
+    /// No adaptive send rate: calls are never paced by the breaker, whatever the provider
+    /// answers (each request still honours its own `Retry-After` in a retry layer). Add
+    /// [`Class::THROTTLED`] to [`failure_classes`](Self::failure_classes) for a breaker that
+    /// opens on throttled answers instead.
+    pub fn without_adaptive_rate(mut self) -> Self {
+        self.settings.rate = None;
+        self
+    }
+
     /// A name for the breaker's events (the provider or host it guards).
     pub fn name(mut self, name: &str) -> Self {
         self.settings.name = Arc::from(name);
@@ -244,6 +265,9 @@ impl<K> Builder<K> {
     /// Checks the settings shared by every kind of breaker.
     pub(crate) fn validate(&self) -> Result<(), BuildError> {
         let s = &self.settings;
+        if let Some(rate) = &s.rate {
+            rate.check()?;
+        }
         let rate_ok = |r: f64| r > 0.0 && r <= 1.0;
         if let Some(n @ 0) = s.consecutive {
             return Err(BuildError::new(

@@ -8,8 +8,9 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 
 use super::open::OpenError;
+use super::rate::{PacedError, SendSlot};
 use super::state::{Outcome, Permit, Rejection, Shared};
-use crate::failure::{Class, Code, Failure};
+use crate::failure::{Class, Code, Failure, Sent};
 
 pin_project! {
     /// Response future of [`Breaker`](super::Breaker): the inner call with its permit, or a
@@ -34,6 +35,10 @@ pin_project! {
             // Moved into the failure when polled.
             open: Option<(Arc<OpenError>, Option<Duration>)>,
             _response: PhantomData<fn() -> R>,
+        },
+        // Held back by the adaptive send rate: the failure, made at the call.
+        Paced {
+            failure: Option<Box<Failure<R>>>,
         },
     }
 }
@@ -121,6 +126,28 @@ impl<F, R> ResponseFuture<F, R> {
     }
 }
 
+impl<F, R> ResponseFuture<F, R> {
+    /// A call the adaptive send rate holds back for `wait`, until the slot `slot` reserved
+    /// for it (at `rate` requests a second).
+    #[cold]
+    pub(crate) fn paced(shared: &Arc<Shared>, wait: Duration, slot: u64, rate: f64) -> Self {
+        let mut failure = Failure::new(Class::THROTTLED, Code::Paced)
+            .with_retry_after(wait)
+            .with_sent(Sent::No)
+            .with_source(PacedError::new(Arc::clone(&shared.name), rate, wait));
+        failure.notes_mut().insert(SendSlot {
+            shared: Arc::clone(shared),
+            slot,
+            redeemed: false,
+        });
+        ResponseFuture {
+            kind: Kind::Paced {
+                failure: Some(Box::new(failure)),
+            },
+        }
+    }
+}
+
 impl<F, R, E> Future for ResponseFuture<F, R>
 where
     F: Future<Output = Result<R, E>>,
@@ -151,6 +178,12 @@ where
                     Poll::Ready(Err(failure))
                 }
             },
+            KindProj::Paced { failure } => {
+                let failure = failure
+                    .take()
+                    .expect("a paced call polled after completion");
+                Poll::Ready(Err(*failure))
+            }
             KindProj::Rejected { open, .. } => {
                 let (open, left) = open
                     .take()

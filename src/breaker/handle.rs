@@ -65,6 +65,19 @@ impl BreakerHandle {
         self.shared.retry_after()
     }
 
+    /// The adaptive send rate now, in requests a second, while the provider's throttled
+    /// answers limit it; `None` while not limited, or without an adaptive rate
+    /// ([`AdaptiveRate`](super::AdaptiveRate)).
+    pub fn send_rate(&self) -> Option<f64> {
+        self.shared.send_rate().map(|(rate, _)| rate)
+    }
+
+    /// While limited: the rate the provider took before it first throttled (the limit's
+    /// peak), in requests a second.
+    pub fn send_rate_peak(&self) -> Option<f64> {
+        self.shared.send_rate().map(|(_, peak)| peak)
+    }
+
     /// Opens the breaker until [`reset`](Self::reset): every call is rejected, with no
     /// `retry_after`. Outcomes of calls already in flight are ignored.
     pub fn force_open(&self) {

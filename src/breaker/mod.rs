@@ -138,6 +138,7 @@ mod handle;
 pub(crate) mod keyed;
 mod layer;
 pub(crate) mod open;
+mod rate;
 mod state;
 mod sync;
 mod window;
@@ -149,6 +150,8 @@ pub use self::handle::BreakerHandle;
 pub use self::keyed::{Authority, KeyOf, PerKey};
 pub use self::layer::BreakerLayer;
 pub use self::open::OpenError;
+pub(crate) use self::rate::SendSlot;
+pub use self::rate::{AdaptiveRate, PacedError};
 pub use self::state::{MAX_PROBES, Stats};
 pub use crate::status::State;
 // `tower_backstop::breaker::{Health, HealthReport, BreakerHealth}` before they moved to
@@ -269,9 +272,15 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let decision = self.decision.take().unwrap_or_else(|| self.shared.admit());
         match decision {
-            Ok(permit) => {
-                ResponseFuture::called(self.inner.call(req), Guard::new(&self.shared, permit))
-            }
+            Ok(permit) => match self.shared.pace() {
+                Ok(()) => {
+                    ResponseFuture::called(self.inner.call(req), Guard::new(&self.shared, permit))
+                }
+                Err((wait, slot, rate)) => {
+                    self.shared.cancel(permit);
+                    ResponseFuture::paced(&self.shared, wait, slot, rate)
+                }
+            },
             Err(r) => ResponseFuture::rejected(r, &self.shared.open_errors),
         }
     }
@@ -306,9 +315,15 @@ where
             None => Arc::clone(&self.shared),
         };
         match shared.admit() {
-            Ok(permit) => {
-                ResponseFuture::called(self.inner.call(req), Guard::owned(shared, permit))
-            }
+            Ok(permit) => match shared.pace() {
+                Ok(()) => {
+                    ResponseFuture::called(self.inner.call(req), Guard::owned(shared, permit))
+                }
+                Err((wait, slot, rate)) => {
+                    shared.cancel(permit);
+                    ResponseFuture::paced(&shared, wait, slot, rate)
+                }
+            },
             Err(r) => ResponseFuture::rejected(r, &shared.open_errors),
         }
     }

@@ -19,6 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::open::{Cause, CauseSlot, OpenDuration, OpenError, describe};
+use super::rate::{AdaptiveRate, Admit, Change, Pacer};
 use super::sync::{AtomicU32, AtomicU64, Ordering};
 use super::window::{Counts, FAILED, SLOW, Window, WindowKind};
 use crate::failure::{Class, Code};
@@ -44,6 +45,8 @@ pub(crate) struct Settings {
     pub(crate) max_half_open: Option<Duration>,
     pub(crate) classes: Arc<[Class]>,
     pub(crate) listener: Option<Arc<dyn Listener>>,
+    /// The adaptive send rate, when on.
+    pub(crate) rate: Option<AdaptiveRate>,
 }
 
 impl fmt::Debug for Settings {
@@ -61,6 +64,7 @@ impl fmt::Debug for Settings {
             .field("max_half_open", &self.max_half_open)
             .field("classes", &self.classes)
             .field("listener", &self.listener.is_some())
+            .field("rate", &self.rate)
             .finish()
     }
 }
@@ -297,6 +301,8 @@ pub(crate) struct Shared {
     classes: Arc<[Class]>,
     listener: Option<Arc<dyn Listener>>,
     window: Option<Window>,
+    /// The adaptive send rate's pacer, when on.
+    pacer: Option<Pacer>,
     /// Whether a call's start time is needed (the slow-call rule).
     needs_start: bool,
 
@@ -365,6 +371,7 @@ impl Shared {
             classes: config.classes.clone(),
             listener: config.listener.clone(),
             window,
+            pacer: config.rate.map(|rate| Pacer::new(rate, 0)),
             needs_start: slow.is_some(),
             word: AtomicU64::new(CLOSED),
             failures: AtomicU32::new(0),
@@ -428,6 +435,87 @@ impl Shared {
         saturating_nanos(Instant::now().saturating_duration_since(self.base))
     }
 
+    /// The adaptive send rate's pacer, when on.
+    #[inline]
+    pub(crate) fn pacer(&self) -> Option<&Pacer> {
+        self.pacer.as_ref()
+    }
+
+    /// Asks the pacer for a slot, when the rate is limited: `Ok` to send now, `Err` with the
+    /// wait until the slot reserved (and the slot, and the rate).
+    #[inline]
+    pub(crate) fn pace(&self) -> Result<(), (Duration, u64, f64)> {
+        match &self.pacer {
+            Some(pacer) if pacer.is_limited() => self.pace_slow(pacer),
+            _ => Ok(()),
+        }
+    }
+
+    #[cold]
+    fn pace_slow(&self, pacer: &Pacer) -> Result<(), (Duration, u64, f64)> {
+        match pacer.admit(self.now()) {
+            Admit::Go(change) => {
+                if let Some(change) = change {
+                    self.rate_changed(change);
+                }
+                Ok(())
+            }
+            Admit::Wait { wait, slot, rate } => Err((wait, slot, rate)),
+        }
+    }
+
+    /// A throttled answer: the pacer lowers the rate.
+    #[cold]
+    fn throttled(&self, pacer: &Pacer) {
+        if let Some(change) = pacer.throttled(self.now()) {
+            self.rate_changed(change);
+        }
+    }
+
+    /// The send rate now and its peak, in requests a second: `None` while not limited (or
+    /// without an adaptive rate).
+    pub(crate) fn send_rate(&self) -> Option<(f64, f64)> {
+        self.pacer.as_ref()?.current(self.now())
+    }
+
+    /// Tells the listener of a rate change, and logs the ones an operator acts on: the first
+    /// limit, a fall below half the peak, a recovery, the limit lifted.
+    fn rate_changed(&self, change: Change) {
+        let name = &*self.name;
+        match (change.reason, change.rate) {
+            ("below_half", Some(rate)) => tracing::warn!(
+                breaker = name,
+                rate,
+                peak = change.peak,
+                "send rate below half of its peak: the provider keeps throttling"
+            ),
+            ("recovered", Some(rate)) => tracing::info!(
+                breaker = name,
+                rate,
+                peak = change.peak,
+                "send rate recovered to its peak"
+            ),
+            ("lifted", _) => tracing::info!(
+                breaker = name,
+                peak = change.peak,
+                "send rate no longer limited: no throttled answer for a while"
+            ),
+            ("throttled", Some(rate)) => tracing::debug!(
+                breaker = name,
+                rate,
+                peak = change.peak,
+                "send rate lowered after a throttled answer"
+            ),
+            _ => {}
+        }
+        self.emit(Event::SendRate {
+            breaker: name,
+            rate: change.rate,
+            peak: change.peak,
+            reason: change.reason,
+        });
+    }
+
     pub(crate) fn state(&self) -> State {
         state_name(self.word.load(Ordering::Acquire))
     }
@@ -477,6 +565,7 @@ impl Shared {
             cause,
             opened: stats.opened,
             rejected: stats.rejected,
+            send_rate: self.send_rate(),
         }
     }
 
@@ -671,6 +760,13 @@ impl Shared {
     /// Records how an admitted call ended.
     #[inline]
     pub(crate) fn complete(&self, permit: Permit, outcome: Outcome) {
+        if let Some(pacer) = &self.pacer {
+            match outcome {
+                Outcome::Success => pacer.success(),
+                Outcome::Failure(Class::THROTTLED) => self.throttled(pacer),
+                Outcome::Failure(_) => {}
+            }
+        }
         match state_of(permit.word) {
             CLOSED => self.complete_closed(permit, outcome),
             HALF_OPEN => self.complete_probe(permit, outcome),

@@ -71,11 +71,12 @@ pub(crate) fn record_at<R>(
     } else {
         None
     };
-    // A failure refused by the durable attempt budget made no attempt; a breaker rejection is
-    // not an attempt either (only the real attempts before it count).
+    // A failure refused by the durable attempt budget made no attempt; a breaker rejection, or
+    // a call its send rate held back, is not an attempt either (only the real attempts before
+    // it count).
     let attempts = if refused_by_budget(failure) {
         0
-    } else if failure.code() == Code::CircuitOpen {
+    } else if matches!(failure.code(), Code::CircuitOpen | Code::Paced) {
         counted
     } else {
         counted.max(1)

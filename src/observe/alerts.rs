@@ -497,10 +497,11 @@ impl Watch {
                     self.delivered.pop_front();
                 }
             }
-            // A breaker's rejection is not an attempt, and its code no provider's.
+            // A breaker's rejection (or a call its send rate held back) is not an attempt, and
+            // its code no provider's.
             Event::AttemptEnded {
                 code: Some(code), ..
-            } if code != Code::CircuitOpen
+            } if !matches!(code, Code::CircuitOpen | Code::Paced)
                 && self.codes.insert(code)
                 && now.duration_since(started) >= rules.window =>
             {

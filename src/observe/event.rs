@@ -115,6 +115,23 @@ pub enum Event<'a> {
         /// The time left until half-open, as given to the caller; `None` when forced open.
         retry_after: Option<Duration>,
     },
+    /// A breaker's adaptive send rate changed ([`AdaptiveRate`](crate::breaker::AdaptiveRate)):
+    /// the provider answered throttled and the rate was lowered (`reason` `"throttled"`), it
+    /// fell below half of its peak (`"below_half"`), it grew back (`"rising"`, told at most once
+    /// a second while calls come), reached its peak again (`"recovered"`), or the limit was
+    /// lifted after a quiet time (`"lifted"`, `rate` `None`).
+    SendRate {
+        /// The breaker's name (a keyed breaker's key, such as `api.mail.test:443`).
+        breaker: &'a str,
+        /// The send rate now, in requests a second; `None` once no longer limited.
+        rate: Option<f64>,
+        /// The rate the provider took before it first throttled (this limit's peak), in
+        /// requests a second.
+        peak: f64,
+        /// Why, in one snake-case word: `throttled`, `below_half`, `rising`, `recovered`,
+        /// `lifted`.
+        reason: &'static str,
+    },
     /// A failed request became a dead letter or a deferred record: the dead-letter layer wrote
     /// it to its store with that status.
     ///
@@ -187,7 +204,7 @@ pub enum Event<'a> {
 
 impl Event<'_> {
     /// The event's name in snake case (`attempt_ended`, `retry_scheduled`, `retried`,
-    /// `hedge_sent`, `gave_up`, `timed_out`, `breaker_transition`, `breaker_rejected`,
+    /// `hedge_sent`, `gave_up`, `timed_out`, `breaker_transition`, `breaker_rejected`, `send_rate`,
     /// `dead_letter_stored`, `resent`, `redriven`, `backlog`, `store_error`), for a log field
     /// or a metric label.
     pub const fn name(&self) -> &'static str {
@@ -200,6 +217,7 @@ impl Event<'_> {
             Event::TimedOut { .. } => "timed_out",
             Event::BreakerTransition { .. } => "breaker_transition",
             Event::BreakerRejected { .. } => "breaker_rejected",
+            Event::SendRate { .. } => "send_rate",
             Event::DeadLetterStored { .. } => "dead_letter_stored",
             Event::Resent { .. } => "resent",
             Event::Redriven { .. } => "redriven",

@@ -171,6 +171,8 @@ impl Health {
             cause: snapshot.cause,
             opened: snapshot.opened,
             rejected: snapshot.rejected,
+            send_rate: snapshot.send_rate.map(|(rate, _)| rate),
+            send_rate_peak: snapshot.send_rate.map(|(_, peak)| peak),
         }
     }
 }
@@ -255,6 +257,14 @@ pub struct BreakerHealth {
     pub opened: u64,
     /// Calls it rejected since it was built.
     pub rejected: u64,
+    /// While the provider's throttled answers limit it: the adaptive send rate now, in
+    /// requests a second ([`AdaptiveRate`](crate::breaker::AdaptiveRate)). `None` while not
+    /// limited, or without an adaptive rate. A limited rate does not make the report
+    /// unhealthy: the provider is up and asks for less.
+    pub send_rate: Option<f64>,
+    /// While limited: the rate the provider took before it first throttled, in requests a
+    /// second.
+    pub send_rate_peak: Option<f64>,
 }
 
 impl BreakerHealth {

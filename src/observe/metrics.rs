@@ -45,19 +45,21 @@ const OTHER: &str = "other";
 /// | metric | kind | labels | from |
 /// |---|---|---|---|
 /// | `backstop_calls_total` | counter | `outcome` = `success_without_retry`, `success_with_retry`, `failed_without_retry`, `failed_with_retry`, `deferred` | each call of the retry layer, once, when it ends (a caller's call, a scheduler's re-send and a re-drive through the stack alike) |
-/// | `backstop_attempts_total` | counter | `class` (the failure's class, or `success`), `processed` = `no` (certainly not processed: a refused connection, 408, 425, 429, 503), `maybe` (a timeout or a reset after the request left), `yes` (the provider answered, or nothing says it did not) | each attempt that left the process; a breaker's rejection is not one |
+/// | `backstop_attempts_total` | counter | `class` (the failure's class, or `success`), `processed` = `no` (certainly not processed: a refused connection, 408, 425, 429, 503), `maybe` (a timeout or a reset after the request left), `yes` (the provider answered, or nothing says it did not) | each attempt that left the process; a breaker's rejection, or a call its send rate held back, is not one |
 /// | `backstop_attempt_duration_seconds` | histogram | `class` | each attempt, from its call to its answer; not a rejection |
 /// | `backstop_call_retries` | histogram | — | retries of each call that retried (attempts − 1, at least 1), when it ends; a call with no retry records nothing, as gRFC A96's `grpc.client.call.retries` (count those calls from `backstop_calls_total`) |
-/// | `backstop_retry_delay_seconds` | histogram | `source` = `backoff`, `server_hint`, `breaker` | the delay before each retry that went out; a retry given up during its delay or rejected by an open breaker records nothing |
+/// | `backstop_retry_delay_seconds` | histogram | `source` = `backoff`, `server_hint`, `breaker`, `send_rate` (the wait for a slot of the adaptive send rate) | the delay before each retry that went out; a retry given up during its delay or rejected by an open breaker records nothing |
 /// | `backstop_retries_skipped_total` | counter | `reason` = `not_replayable` (no copy: a streaming body, or one over the replay buffer), `not_idempotent` (outcome unknown, no key) | each call whose failure was not retried for want of a safe copy |
 /// | `backstop_hedges_total` | counter | — | each copy sent while an earlier attempt was still out (hedging) |
 /// | `backstop_breaker_state` | gauge | `breaker`, `state` = `closed`, `open`, `half_open`, `forced_open`, `disabled` | 1 for the breaker's state, 0 for the one it left; set at its first transition |
 /// | `backstop_breaker_transitions_total` | counter | `breaker`, `from`, `to` | each transition |
 /// | `backstop_breaker_rejections_total` | counter | `breaker` | each call a breaker rejected (nothing sent) |
+/// | `backstop_send_rate` | gauge | `breaker` | the breaker's adaptive send rate in requests a second while a throttling provider limits it ([`AdaptiveRate`](crate::breaker::AdaptiveRate)), NaN once the limit is lifted; set at each change told (at most once a second while it grows) |
+/// | `backstop_send_rate_peak` | gauge | `breaker` | the rate the provider took before it first throttled, in requests a second: the limit's peak |
 /// | `backstop_timeouts_total` | counter | `layer` = `timeout` (the per-attempt timeout), `retry` (the retry deadline) | each attempt that ran out of time |
 /// | `backstop_dead_letters_total` | counter | `class`, `status` = `dead`, `deferred` | each message that entered that status: written by the dead-letter layer with it, once (a record deferred again by a re-send, or re-driven and dead again, is not counted again) |
 /// | `backstop_deferred_backlog` | gauge | — | records waiting to be re-sent (deferred, or claimed and in flight), as the scheduler last counted them |
-/// | `backstop_resends_total` | counter | `outcome` = `delivered`, `failed` (it reached the provider and failed), `held` (an open breaker rejected it before anything was sent) | each re-send of the scheduler |
+/// | `backstop_resends_total` | counter | `outcome` = `delivered`, `failed` (it reached the provider and failed), `held` (an open breaker rejected it, or its adaptive send rate held it back, before anything was sent) | each re-send of the scheduler |
 /// | `backstop_redrives_total` | counter | `outcome` = `resolved`, `failed`, `skipped` | each record of an operator's re-drive ([`Redrive`](crate::resend::Redrive) given this listener) |
 /// | `backstop_new_codes_total` | counter | `code` (as displayed: `http 400`, `io ConnectionRefused`) | each failure code of an attempt first seen once the first [`learn_codes_for`](Metrics::learn_codes_for) (5 minutes) after this listener's first event had passed: once per code, at most [`max_label_values`](Metrics::max_label_values) codes |
 /// | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `claim`, `count`, `update`, `prune`, `audit`, `write_ahead` | each failed store operation |
@@ -185,6 +187,14 @@ fn describe() {
         "backstop_breaker_rejections_total",
         Unit::Count,
         "Calls rejected by a breaker."
+    );
+    describe_gauge!(
+        "backstop_send_rate",
+        "A breaker's adaptive send rate in requests a second while a throttling provider limits it; NaN once lifted."
+    );
+    describe_gauge!(
+        "backstop_send_rate_peak",
+        "The rate a provider took before it first throttled (the send rate limit's peak), in requests a second."
     );
     describe_counter!(
         "backstop_retries_skipped_total",
@@ -317,7 +327,7 @@ struct Inner {
     success: OnceLock<ClassHandles>,
     /// Per failure class.
     attempts: Family<Name, Arc<ClassHandles>>,
-    delays: Fixed<Histogram, 3>,
+    delays: Fixed<Histogram, 4>,
     breakers: Family<String, Arc<BreakerHandles>>,
     timeouts: Fixed<Counter, 2>,
     /// Per reason: not replayable, not idempotent.
@@ -357,6 +367,8 @@ struct BreakerHandles {
     /// Per (from, to), `from * 5 + to`.
     transitions: Fixed<Counter, 25>,
     rejections: OnceLock<Counter>,
+    /// The adaptive send rate and its peak.
+    send_rate: OnceLock<[Gauge; 2]>,
 }
 
 const OUTCOMES: [&str; 5] = [
@@ -368,7 +380,7 @@ const OUTCOMES: [&str; 5] = [
 ];
 /// The `processed` label of [`Sent`]'s values: `Sent::No` is "certainly not processed".
 const PROCESSED: [&str; 3] = ["no", "maybe", "yes"];
-const SOURCES: [&str; 3] = ["backoff", "server_hint", "breaker"];
+const SOURCES: [&str; 4] = ["backoff", "server_hint", "breaker", "send_rate"];
 const STATES: [State; 5] = [
     State::Closed,
     State::Open,
@@ -425,6 +437,7 @@ impl Inner {
                     states: OnceLock::new(),
                     transitions: Fixed::new(),
                     rejections: OnceLock::new(),
+                    send_rate: OnceLock::new(),
                 })
             },
         )
@@ -454,7 +467,7 @@ impl Inner {
             // A breaker's rejection is not an attempt: nothing left the process. It is counted
             // by the breaker's own event, and its call by `GaveUp`.
             Event::AttemptEnded {
-                code: Some(Code::CircuitOpen),
+                code: Some(Code::CircuitOpen | Code::Paced),
                 ..
             } => {}
             Event::AttemptEnded {
@@ -480,6 +493,7 @@ impl Inner {
                     DelaySource::Backoff => 0,
                     DelaySource::ServerHint => 1,
                     DelaySource::Breaker => 2,
+                    DelaySource::SendRate => 3,
                 };
                 self.delays
                     .get(i, || {
@@ -512,6 +526,23 @@ impl Inner {
                         ::metrics::counter!("backstop_breaker_rejections_total", "breaker" => handles.name.clone())
                     })
                     .increment(1);
+            }
+            Event::SendRate {
+                breaker,
+                rate,
+                peak,
+                ..
+            } => {
+                let handles = self.breaker(breaker);
+                let [now, top] = handles.send_rate.get_or_init(|| {
+                    let name = handles.name.clone();
+                    [
+                        ::metrics::gauge!("backstop_send_rate", "breaker" => name.clone()),
+                        ::metrics::gauge!("backstop_send_rate_peak", "breaker" => name),
+                    ]
+                });
+                now.set(rate.unwrap_or(f64::NAN));
+                top.set(peak);
             }
             Event::DeadLetterStored {
                 class, deferred, ..

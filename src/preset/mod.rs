@@ -413,7 +413,11 @@ where
         );
         #[cfg(not(feature = "dead-letter"))]
         return Backstop {
-            inner: self.retry.layer(guarded),
+            // No store: nothing can be deferred (see below).
+            inner: RetryLayer {
+                policy: self.retry.policy.clone().give_up_long_delays(),
+            }
+            .layer(guarded),
         };
         #[cfg(feature = "dead-letter")]
         match &self.dead_letters {
@@ -436,9 +440,16 @@ where
                 };
                 Backstop { inner }
             }
-            None => Backstop {
-                inner: Either::Right(Either::Right(self.retry.layer(guarded))),
-            },
+            None => {
+                // Without a store, nothing can be deferred: a wait above the in-process bound
+                // gives the request up, and the caller's failure never says "deferred".
+                let retry = RetryLayer {
+                    policy: self.retry.policy.clone().give_up_long_delays(),
+                };
+                Backstop {
+                    inner: Either::Right(Either::Right(retry.layer(guarded))),
+                }
+            }
         }
     }
 }

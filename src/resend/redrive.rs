@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use super::rebuild::envelope_of;
 use super::renew::Held;
-use crate::breaker::OpenError;
+use crate::breaker::{OpenError, PacedError};
 use crate::build_error::BuildError;
 use crate::clock::Clock;
 use crate::dead_letter::{DeadLetterStatus, claim, record_of, resending};
@@ -388,6 +388,9 @@ pub(crate) struct Rejected {
     /// Whether the rejection was written under the re-send's claim (else the claim had passed
     /// to another sender, or the store failed, and the record is not the re-send's to give back).
     pub(crate) written: bool,
+    /// Held back by the breaker's adaptive send rate (its slot is `half_opens_in` away), not
+    /// rejected by an open breaker.
+    pub(crate) paced: bool,
 }
 
 /// Claims `record` for a re-drive until `until`, compare-and-set on the status and resend count
@@ -522,15 +525,30 @@ async fn failed_again<R>(
             }
         }
     };
-    let rejected = std::error::Error::source(&failure)
-        .and_then(|s| s.downcast_ref::<OpenError>())
-        .map(|open| Rejected {
+    let source = std::error::Error::source(&failure);
+    let reached = failure.note::<Attempts>().is_some_and(|a| a.count() > 0);
+    let rejected = match (
+        source.and_then(|s| s.downcast_ref::<OpenError>()),
+        source.and_then(|s| s.downcast_ref::<PacedError>()),
+    ) {
+        (Some(open), _) => Some(Rejected {
             breaker: open.breaker().to_owned(),
             half_opens_in: failure.retry_after(),
             cause: open.cause(),
-            reached: failure.note::<Attempts>().is_some_and(|a| a.count() > 0),
+            reached,
             written,
-        });
+            paced: false,
+        }),
+        (None, Some(paced)) => Some(Rejected {
+            breaker: paced.breaker().to_owned(),
+            half_opens_in: Some(paced.wait()),
+            cause: None,
+            reached,
+            written,
+            paced: true,
+        }),
+        (None, None) => None,
+    };
     let failed = Outcome::Failed {
         id: record.id.clone(),
         class: record.class.clone(),

@@ -94,6 +94,8 @@ pub(super) enum Mode<S, F, R> {
     Single {
         reason: GiveUp,
         listener: Option<RetryPolicy>,
+        /// The policy gives long delays up instead of deferring them (no store above).
+        give_up: bool,
     },
 }
 
@@ -469,7 +471,7 @@ where
         let hook = self.mode.hook();
         if hook.is_set() {
             if let Some((delay, source)) = retry
-                && failure.code() != Code::CircuitOpen
+                && !matches!(failure.code(), Code::CircuitOpen | Code::Paced)
             {
                 trace::retried(hook, self.mode.sent_current(), delay, source);
             }
@@ -516,10 +518,12 @@ where
             return Poll::Ready(Err(self.finish(failure, end)));
         };
         // Under a dead-letter layer that reuses the copy, keep one for the last attempt too:
-        // it goes up with the failure; so with a status check.
+        // it goes up with the failure; so with a status check, and for a throttled call, whose
+        // last attempt the breaker's send rate may hold back.
         let copy = if r.attempts.saturating_add(1) < r.policy.attempts()
             || self.keep.is_some()
             || self.reconcile.is_some()
+            || r.throttled
         {
             Some(request.replay())
         } else {
@@ -546,6 +550,10 @@ where
         write_time_left(&mut request, &r.policy, left);
         self.spans.next_attempt(&request, r.attempts);
         self.started = r.policy.hook().attempt_start();
+        // In the slot the send rate reserved for it: the breaker lets it through at once.
+        if let Some(slot) = r.take_slot() {
+            slot.redeem();
+        }
         Poll::Ready(Ok(match self.spans.attempt() {
             None => r.service.call(request),
             Some(span) => span.in_scope(|| r.service.call(request)),
@@ -561,7 +569,9 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
         let give_up = |reason| Next::End(End::GiveUp(reason));
         let r = match &mut self.mode {
             Mode::Retrying(r) => r,
-            Mode::Single { reason, .. } => return Next::End(single_end(*reason, failure, unknown)),
+            Mode::Single {
+                reason, give_up, ..
+            } => return Next::End(single_end(*reason, *give_up, failure, unknown)),
         };
         // Hedged: another attempt is still out. The failure is set aside, unless it ends the
         // call (a class never retried, a server that said no).
@@ -575,6 +585,9 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
             )
         {
             return r.set_aside(failure).map_or(Next::SetAside, give_up);
+        }
+        if failure.code() == Code::Paced {
+            return self.decide_paced(failure);
         }
         if failure.code() == Code::CircuitOpen {
             // A breaker rejection is not an attempt: the request never left.
@@ -597,13 +610,7 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
             Decision::Defer(at, delay) => return Next::End(End::Defer(at, Some(delay))),
             Decision::Retry(delay, source) => (delay, source),
         };
-        // The next attempt would start with less than `MIN_TIME_LEFT`, or after the deadline.
-        if let Some(deadline) = deadline
-            && Instant::now()
-                .checked_add(delay)
-                .and_then(|wake| wake.checked_add(MIN_TIME_LEFT))
-                .is_none_or(|wake| wake > deadline)
-        {
+        if past_deadline(deadline, delay) {
             return give_up(GiveUp::DeadlineExceeded);
         }
         if let Some(budget) = r.policy.budget_ref()
@@ -612,6 +619,27 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
             return give_up(GiveUp::BudgetExhausted);
         }
         Next::Retry(delay, source)
+    }
+
+    /// A call the breaker's adaptive send rate held back until its slot: not an attempt, not
+    /// the provider's failure, and no budget spent; the wait is slept like a server's hint, or
+    /// the request deferred or given up like one.
+    #[cold]
+    fn decide_paced(&mut self, failure: &Failure<R>) -> Next {
+        let Mode::Retrying(r) = &mut self.mode else {
+            unreachable!("a single attempt ends in `single_end`");
+        };
+        r.paced();
+        let deadline = self.deadline.at();
+        let wait = failure.retry_after().unwrap_or_default();
+        match r.policy.decide_paced(wait, r.spare_state) {
+            Decision::Stop(reason) => Next::End(End::GiveUp(reason)),
+            Decision::Defer(at, delay) => Next::End(End::Defer(at, Some(delay))),
+            Decision::Retry(..) if past_deadline(deadline, wait) => {
+                Next::End(End::GiveUp(GiveUp::DeadlineExceeded))
+            }
+            Decision::Retry(delay, source) => Next::Retry(delay, source),
+        }
     }
 
     /// Whether `failure` ended an attempt at the deadline because the attempt's time was up: a
@@ -667,8 +695,12 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
     fn finish(&mut self, mut failure: Failure<R>, end: End) -> Failure<R> {
         let (attempts, first) = match &self.mode {
             Mode::Retrying(r) => (r.attempts, r.first_failed_at()),
-            // One attempt, unless the breaker rejected it: the request never left.
-            Mode::Single { .. } => (u32::from(failure.code() != Code::CircuitOpen), None),
+            // One attempt, unless the breaker rejected it or held it back: the request never
+            // left.
+            Mode::Single { .. } => (
+                u32::from(!matches!(failure.code(), Code::CircuitOpen | Code::Paced)),
+                None,
+            ),
         };
         let first = first.unwrap_or_else(SystemTime::now);
         let hook = self.mode.hook();
@@ -690,11 +722,26 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
     }
 }
 
-/// How the failure of a call's single attempt ends: not retried here. A breaker rejection never
-/// left: it is deferred to the half-open instant, like any rejection.
-fn single_end<R>(reason: GiveUp, failure: &Failure<R>, unknown: bool) -> End {
+/// Whether the next attempt, `delay` from now, would start after `deadline` or with less than
+/// `MIN_TIME_LEFT` before it.
+fn past_deadline(deadline: Option<Instant>, delay: Duration) -> bool {
+    deadline.is_some_and(|deadline| {
+        Instant::now()
+            .checked_add(delay)
+            .and_then(|wake| wake.checked_add(MIN_TIME_LEFT))
+            .is_none_or(|wake| wake > deadline)
+    })
+}
+
+/// How the failure of a call's single attempt ends: not retried here. A breaker rejection or a
+/// call held back by the send rate never left: it is deferred to the half-open instant or its
+/// slot, like any rejection, unless the policy gives long delays up (`give_up`: no store).
+fn single_end<R>(reason: GiveUp, give_up: bool, failure: &Failure<R>, unknown: bool) -> End {
     match failure.retry_after() {
-        Some(left) if failure.code() == Code::CircuitOpen => {
+        Some(_) if give_up && matches!(failure.code(), Code::CircuitOpen | Code::Paced) => {
+            End::GiveUp(GiveUp::HintTooLong)
+        }
+        Some(left) if matches!(failure.code(), Code::CircuitOpen | Code::Paced) => {
             End::Defer(retry_at(SystemTime::now(), left), None)
         }
         _ if unknown => End::GiveUp(GiveUp::NotIdempotent),

@@ -264,7 +264,11 @@ impl<S> Retry<S> {
             };
             // Only for its listener: without one, no policy clone.
             let listener = policy.hook().is_set().then(|| kept_for_listener(policy));
-            Mode::Single { reason, listener }
+            Mode::Single {
+                reason,
+                listener,
+                give_up: policy.gives_up_long_delays(),
+            }
         };
         let call = Call {
             mode,

@@ -423,6 +423,11 @@ impl RetryPolicy {
         Ok(self.class(class, f(rule)?))
     }
 
+    /// Whether a delay above the in-process bound gives the request up instead of deferring it.
+    pub(crate) fn gives_up_long_delays(&self) -> bool {
+        self.inner.give_up_long_delays
+    }
+
     /// [`give_up_long_delays`](Self::give_up_long_delays), or back to deferring.
     #[cfg(feature = "serde")]
     pub(crate) fn set_give_up_long_delays(self, give_up: bool) -> Self {
@@ -845,6 +850,32 @@ impl RetryPolicy {
             };
         }
         Decision::Retry(delay, source)
+    }
+
+    /// A call the breaker's adaptive send rate held back until its slot, `wait` from now: waited
+    /// in process like a server's hint (within the same bound), else deferred or given up like
+    /// one. Not an attempt, so neither attempt cap applies; a request that cannot be sent again
+    /// stops as for any failure.
+    pub(crate) fn decide_paced(&self, wait: Duration, spare: Spare) -> Decision {
+        match spare {
+            Spare::Ready => {}
+            // Held back in this process: certainly not sent.
+            Spare::NotSafe if self.inner.retry_unprocessed => {}
+            Spare::NotSafe => return Decision::Stop(GiveUp::NotIdempotent),
+            Spare::NotReplayable => return Decision::Stop(GiveUp::NotReplayable),
+        }
+        let limit = match self.hint_limit() {
+            Some(hint_limit) => hint_limit.min(self.inner.max_delay),
+            None => self.inner.max_delay,
+        };
+        if wait > limit {
+            return if self.inner.give_up_long_delays {
+                Decision::Stop(GiveUp::HintTooLong)
+            } else {
+                Decision::Defer(retry_at(SystemTime::now(), wait), wait)
+            };
+        }
+        Decision::Retry(wait, DelaySource::SendRate)
     }
 
     /// A breaker rejection: deferred to the half-open instant, or waited in process when the

@@ -12,6 +12,7 @@ use tower_service::Service;
 use super::hedge::{self, Ended, Hedges, Out};
 use super::policy::{RetryPolicy, Spare};
 use super::trace::Traced;
+use crate::breaker::SendSlot;
 use crate::failure::{Class, Code, Failure};
 use crate::request::Replay;
 use crate::status::{DelaySource, GiveUp};
@@ -25,6 +26,9 @@ pub(super) struct Retrying<S, F, R> {
     pub(super) spare_state: Spare,
     /// Attempts sent, hedged copies included.
     pub(super) attempts: u32,
+    /// Whether the provider throttled this call, or the breaker's send rate held it back: a
+    /// copy is then kept for the last attempt too, since the rate may hold that one back.
+    pub(super) throttled: bool,
     history: Option<Box<History<F, R>>>,
 }
 
@@ -40,6 +44,8 @@ struct History<F, R> {
     /// for the listener's `Retried`.
     retry: PendingRetry,
     hedges: Hedges<F, R>,
+    /// The send slot the breaker reserved for the next attempt, redeemed just before it.
+    slot: Option<SendSlot>,
 }
 
 /// Where the last retry scheduled stands, for the listener's `Retried`: told once its attempt
@@ -79,6 +85,7 @@ impl<S, F, R> Retrying<S, F, R> {
             policy,
             spare_state: if safe { Spare::Ready } else { Spare::NotSafe },
             attempts: 1,
+            throttled: false,
             history: None,
         }
     }
@@ -96,6 +103,7 @@ impl<S, F, R> Retrying<S, F, R> {
     /// Counts a failure of `class`: the attempts failed with it (this one included) and the
     /// delay slept before this attempt, if any.
     pub(super) fn count(&mut self, class: Class) -> (u32, Option<Duration>) {
+        self.throttled |= class == Class::THROTTLED;
         let history = self.history();
         let class_failures = history.count(class);
         history.first_failed_at.get_or_insert_with(SystemTime::now);
@@ -111,11 +119,19 @@ impl<S, F, R> Retrying<S, F, R> {
     /// call sleeps, and `delay` as the previous delay of the next decision.
     pub(super) fn retry_after(
         &mut self,
-        failure: Failure<R>,
+        mut failure: Failure<R>,
         delay: Duration,
         source: DelaySource,
     ) {
         let history = self.history();
+        if source == DelaySource::SendRate {
+            // Held back until a slot: the slot is kept for the next attempt, and the last
+            // real failure, if any, stays the last one; the wait is no backoff step.
+            history.slot = failure.notes_mut().remove::<SendSlot>();
+            history.last.get_or_insert(failure);
+            history.retry = PendingRetry::Scheduled(delay, source);
+            return;
+        }
         history.last = Some(failure);
         history.previous_delay = Some(delay);
         history.retry = PendingRetry::Scheduled(delay, source);
@@ -139,6 +155,17 @@ impl<S, F, R> Retrying<S, F, R> {
             history.retry = PendingRetry::None;
         }
         out
+    }
+
+    /// A call the breaker's send rate held back: not an attempt.
+    pub(super) fn paced(&mut self) {
+        self.attempts -= 1;
+        self.throttled = true;
+    }
+
+    /// The send slot reserved for the next attempt, taken out.
+    pub(super) fn take_slot(&mut self) -> Option<SendSlot> {
+        self.history.as_mut().and_then(|h| h.slot.take())
     }
 
     /// The last real failure, taken out.
@@ -191,6 +218,12 @@ impl<S, F, R> Retrying<S, F, R> {
     /// (gRFC A6's fatal status: a class never retried, a server that said not to retry).
     pub(super) fn set_aside(&mut self, failure: &Failure<R>) -> Option<GiveUp> {
         let class = failure.class();
+        if failure.code() == Code::Paced {
+            // Held back by the send rate: neither an attempt nor the provider's failure.
+            self.paced();
+            self.history().hedges.pushed_back(failure);
+            return None;
+        }
         if failure.code() == Code::CircuitOpen {
             // A rejection is not an attempt.
             self.attempts -= 1;
@@ -284,6 +317,7 @@ fn history_of<F, R>(history: &mut Option<Box<History<F, R>>>) -> &mut History<F,
             previous_delay: None,
             retry: PendingRetry::None,
             hedges: Hedges::new(),
+            slot: None,
         })
     })
 }

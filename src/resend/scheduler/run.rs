@@ -423,6 +423,19 @@ impl<S> ReSend<S> {
         let breaker = self.record.breaker.clone();
         let resent = |outcome| Event::Resent { id: &id, outcome };
         let report = match (&outcome, rejected) {
+            (_, Some(rejected)) if rejected.paced => {
+                // The breaker's send rate held it back until its slot: nothing new was sent.
+                // Put back until then; the scheduler drains no faster than the provider's rate.
+                let left = rejected.half_opens_in.unwrap_or(self.recheck);
+                let until = add_clamped(clock.now(), left);
+                tracing::debug!(id = %id, breaker = %rejected.breaker, "scheduled re-send held back by the send rate");
+                let outcome = if rejected.reached { "failed" } else { "held" };
+                self.listener.emit_ref(&resent(outcome));
+                if rejected.written {
+                    put_back(store, &self.record, until).await;
+                }
+                Report::NotSent { breaker }
+            }
             (_, Some(rejected)) => {
                 // Nothing reached the provider: give the claim back.
                 let left = rejected.half_opens_in.unwrap_or(self.recheck);
