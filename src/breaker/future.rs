@@ -33,14 +33,18 @@ pin_project! {
         },
         Rejected {
             // Moved into the failure when polled.
-            open: Option<(Arc<OpenError>, Option<Duration>)>,
+            open: Option<Refusal<R>>,
             _response: PhantomData<fn() -> R>,
         },
-        // Held back by the adaptive send rate: the failure, made at the call.
-        Paced {
-            failure: Option<Box<Failure<R>>>,
-        },
     }
+}
+
+/// Why a call was not made: an open breaker (its error and the time left until half-open),
+/// or the adaptive send rate (the failure, made at the call).
+#[derive(Debug)]
+enum Refusal<R> {
+    Open(Arc<OpenError>, Option<Duration>),
+    Paced(Box<Failure<R>>),
 }
 
 /// Holds a permit until the call ends; a call dropped before it ended gives it back.
@@ -119,18 +123,35 @@ impl<F, R> ResponseFuture<F, R> {
         let error = &errors[usize::from(left.is_none())];
         ResponseFuture {
             kind: Kind::Rejected {
-                open: Some((Arc::clone(error), left)),
+                open: Some(Refusal::Open(Arc::clone(error), left)),
+                _response: PhantomData,
+            },
+        }
+    }
+
+    /// A call the adaptive send rate held back, failing with `failure` ([`held_back`]).
+    #[inline]
+    pub(crate) fn paced(failure: Box<Failure<R>>) -> Self {
+        ResponseFuture {
+            kind: Kind::Rejected {
+                open: Some(Refusal::Paced(failure)),
                 _response: PhantomData,
             },
         }
     }
 }
 
-impl<F, R> ResponseFuture<F, R> {
-    /// A call the adaptive send rate holds back for `wait`, until the slot `slot` reserved
-    /// for it (at `rate` requests a second).
-    #[cold]
-    pub(crate) fn paced(shared: &Arc<Shared>, wait: Duration, slot: u64, rate: f64) -> Self {
+/// The failure of a call the adaptive send rate holds back for `wait`, until the slot `slot`
+/// reserved for it (at `rate` requests a second): its `permit` goes back unused.
+#[cold]
+#[inline(never)]
+pub(crate) fn held_back<R>(
+    shared: &Arc<Shared>,
+    permit: Permit,
+    (wait, slot, rate): (Duration, u64, f64),
+) -> Box<Failure<R>> {
+    shared.cancel(permit);
+    {
         let mut failure = Failure::new(Class::THROTTLED, Code::Paced)
             .with_retry_after(wait)
             .with_sent(Sent::No)
@@ -140,11 +161,7 @@ impl<F, R> ResponseFuture<F, R> {
             slot,
             redeemed: false,
         });
-        ResponseFuture {
-            kind: Kind::Paced {
-                failure: Some(Box::new(failure)),
-            },
-        }
+        Box::new(failure)
     }
 }
 
@@ -178,17 +195,14 @@ where
                     Poll::Ready(Err(failure))
                 }
             },
-            KindProj::Paced { failure } => {
-                let failure = failure
-                    .take()
-                    .expect("a paced call polled after completion");
-                Poll::Ready(Err(*failure))
-            }
             KindProj::Rejected { open, .. } => {
-                let (open, left) = open
+                match open
                     .take()
-                    .expect("a breaker's rejection polled after completion");
-                Poll::Ready(Err(rejection_failure(open, left)))
+                    .expect("a breaker's rejection polled after completion")
+                {
+                    Refusal::Open(open, left) => Poll::Ready(Err(rejection_failure(open, left))),
+                    Refusal::Paced(failure) => Poll::Ready(Err(*failure)),
+                }
             }
         }
     }

@@ -272,15 +272,12 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let decision = self.decision.take().unwrap_or_else(|| self.shared.admit());
         match decision {
-            Ok(permit) => match self.shared.pace() {
-                Ok(()) => {
-                    ResponseFuture::called(self.inner.call(req), Guard::new(&self.shared, permit))
+            Ok(permit) => {
+                if let Err(slot) = self.shared.pace() {
+                    return ResponseFuture::paced(future::held_back(&self.shared, permit, slot));
                 }
-                Err((wait, slot, rate)) => {
-                    self.shared.cancel(permit);
-                    ResponseFuture::paced(&self.shared, wait, slot, rate)
-                }
-            },
+                ResponseFuture::called(self.inner.call(req), Guard::new(&self.shared, permit))
+            }
             Err(r) => ResponseFuture::rejected(r, &self.shared.open_errors),
         }
     }
@@ -315,15 +312,12 @@ where
             None => Arc::clone(&self.shared),
         };
         match shared.admit() {
-            Ok(permit) => match shared.pace() {
-                Ok(()) => {
-                    ResponseFuture::called(self.inner.call(req), Guard::owned(shared, permit))
+            Ok(permit) => {
+                if let Err(slot) = shared.pace() {
+                    return ResponseFuture::paced(future::held_back(&shared, permit, slot));
                 }
-                Err((wait, slot, rate)) => {
-                    shared.cancel(permit);
-                    ResponseFuture::paced(&shared, wait, slot, rate)
-                }
-            },
+                ResponseFuture::called(self.inner.call(req), Guard::owned(shared, permit))
+            }
             Err(r) => ResponseFuture::rejected(r, &shared.open_errors),
         }
     }
