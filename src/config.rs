@@ -54,7 +54,9 @@
 //! Each configuration is defined beside the layer it configures, one line per setting of the
 //! layer's builder, and gathered here.
 
-pub use crate::breaker::config::{BreakerConfig, OpenDoubling, SlowCalls, TimeWindow};
+pub use crate::breaker::config::{
+    AdaptiveRateConfig, AdaptiveRateSetting, BreakerConfig, OpenDoubling, SlowCalls, TimeWindow,
+};
 pub use crate::preset::config::BackstopConfig;
 pub use crate::retry::config::{
     BackoffConfig, BudgetConfig, ClassConfig, HedgeConfig, RetryConfig,

@@ -367,6 +367,21 @@ fn errors_of_meaning_name_the_field() {
             "breaker.failure_classes",
             "no class is named `flaky`",
         ),
+        (
+            "[breaker.adaptive_rate]\nfloor = 0.0",
+            "breaker.adaptive_rate.floor",
+            "the lowest send rate must be above 0.0 requests a second",
+        ),
+        (
+            "[breaker.adaptive_rate]\ndecrease = 1.0",
+            "breaker.adaptive_rate.decrease",
+            "the share kept must be within (0.0, 1.0)",
+        ),
+        (
+            "[breaker.adaptive_rate]\nlift_after = \"0s\"",
+            "breaker.adaptive_rate.lift_after",
+            "the quiet time before the limit is lifted must be above zero",
+        ),
     ];
     for (body, path, problem) in cases {
         let err = build_err(&format!("attempt_timeout = \"1s\"\n{body}"));
@@ -518,4 +533,44 @@ async fn a_hedge_section_sends_a_copy_of_a_slow_request() {
             .unwrap()
             .contains("delay = \"100ms\"")
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_section_turns_the_adaptive_rate_on_or_off() {
+    // On by default, and with settings: a 429 limits the rate and holds the next calls back.
+    for text in ["", "adaptive_rate = true", "adaptive_rate = { floor = 2.0 }"] {
+        let config: BreakerConfig = toml::from_str(text).unwrap();
+        let layer = config.build().unwrap();
+        let handle = layer.handle();
+        let upstream = Scripted::always(status_with(429, "retry-after", "1"));
+        let svc = ServiceBuilder::new()
+            .layer(layer)
+            .layer(tower_backstop::classify::ClassifyLayer::http())
+            .service(upstream.clone());
+        for _ in 0..3 {
+            let _ = svc.clone().oneshot(get("/")).await;
+        }
+        let rate = handle.send_rate().unwrap_or_else(|| panic!("{text:?}: limited"));
+        if text.contains("floor") {
+            assert!(rate >= 2.0, "{text:?}: {rate}");
+        }
+        assert!(upstream.calls() < 3, "{text:?}: a call was held back");
+    }
+    // Off: every call reaches the provider.
+    let config: BreakerConfig = toml::from_str("adaptive_rate = false").unwrap();
+    let layer = config.build().unwrap();
+    let handle = layer.handle();
+    let upstream = Scripted::always(status_with(429, "retry-after", "1"));
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(tower_backstop::classify::ClassifyLayer::http())
+        .service(upstream.clone());
+    for _ in 0..3 {
+        let _ = svc.clone().oneshot(get("/")).await;
+    }
+    assert_eq!(handle.send_rate(), None);
+    assert_eq!(upstream.calls(), 3);
+    // Unknown fields of the table are errors of shape.
+    let err = toml::from_str::<BreakerConfig>("adaptive_rate = { flor = 1.0 }").unwrap_err();
+    assert!(err.to_string().contains("adaptive_rate"), "{err}");
 }

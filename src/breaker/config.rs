@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::builder::Builder;
 use super::keyed::PerKey;
 use super::layer::BreakerLayer;
+use super::rate::AdaptiveRate;
 use crate::failure::Class;
 use crate::settings::{ConfigError, class_named, config_of, humane, join};
 
@@ -72,6 +73,17 @@ config_of! {
         },
         /// [`Builder::name`]: the breaker's name in logs and metrics (a single breaker).
         name: Option<String> => b.name(&name),
+        /// [`Builder::adaptive_rate`]: `false` turns it off
+        /// ([`Builder::without_adaptive_rate`]); `true`, or a table of
+        /// [`AdaptiveRateConfig`]'s fields (each optional, over the defaults), turns it on.
+        adaptive_rate: Option<AdaptiveRateSetting> => match adaptive_rate {
+            AdaptiveRateSetting::On(false) => b.without_adaptive_rate(),
+            AdaptiveRateSetting::On(true) => b.adaptive_rate(AdaptiveRate::new()),
+            AdaptiveRateSetting::Settings(rate) => {
+                let at = join(at, "adaptive_rate");
+                b.adaptive_rate(rate.set_fields(&at, AdaptiveRate::new())?)
+            }
+        },
         /// [`Builder::max_keys`]: the most hosts with a breaker (a per-host breaker only).
         max_keys: Option<usize> => {
             keys(b, max_keys).map_err(|problem| ConfigError::new(join(at, "max_keys"), problem))?
@@ -84,6 +96,46 @@ config_of! {
         custom: &[Class],
         keys: fn(Builder<K>, usize) -> Result<Builder<K>, &'static str>,
     );
+}
+
+/// The breaker's adaptive send rate in a configuration: on or off, or its settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum AdaptiveRateSetting {
+    /// `true`: on with the defaults of [`AdaptiveRate::new`]; `false`: off.
+    On(bool),
+    /// On, with these settings over the defaults.
+    Settings(AdaptiveRateConfig),
+}
+
+config_of! {
+    /// The settings of an [`AdaptiveRate`] as data, each optional (left out: its default).
+    /// Each field is the method of the same name; durations are written `"1s"`.
+    ///
+    /// ```toml
+    /// [breaker.adaptive_rate]
+    /// floor = 1.0
+    /// lift_after = "1m"
+    /// ```
+    #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[non_exhaustive]
+    pub struct AdaptiveRateConfig {
+        /// [`AdaptiveRate::decrease`]: the share of the rate kept at each throttled answer,
+        /// within (0, 1).
+        decrease: Option<f64> => r.decrease(decrease),
+        /// [`AdaptiveRate::cubic_c`]: CUBIC's constant, above 0.
+        cubic_c: Option<f64> => r.cubic_c(cubic_c),
+        /// [`AdaptiveRate::floor`]: the lowest rate in requests a second, above 0.
+        floor: Option<f64> => r.floor(floor),
+        /// [`AdaptiveRate::min_decrease_interval`].
+        #[serde(with = "humane")]
+        min_decrease_interval: Option<Duration> => r.min_decrease_interval(min_decrease_interval),
+        /// [`AdaptiveRate::lift_after`]: above zero.
+        #[serde(with = "humane")]
+        lift_after: Option<Duration> => r.lift_after(lift_after),
+    }
+    fn set_fields(&self, _at, r: AdaptiveRate);
 }
 
 /// The slow-call rule: a call slower than `threshold` is slow; the breaker opens when the share

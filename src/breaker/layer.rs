@@ -16,7 +16,7 @@ use super::admission::Admission;
 use super::builder::Builder;
 use super::handle::BreakerHandle;
 use super::keyed::{Authority, PerKey, Registry};
-use super::state::Shared;
+use super::state::{Settings, Shared};
 use crate::build_error::BuildError;
 use crate::failure::Class;
 use crate::observe::{Health, Hook};
@@ -334,13 +334,23 @@ impl<K> BreakerLayer<K> {
 impl<K: Clone> BreakerLayer<K> {
     /// Fresh breakers with the same settings and `hook` as their listener, for the preset.
     pub(crate) fn with_hook(&self, hook: &Hook) -> Self {
+        self.rebuilt(|settings| settings.listener = hook.arc())
+    }
+
+    /// Fresh breakers with the same settings and no adaptive send rate, for the preset.
+    pub(crate) fn without_rate(&self) -> Self {
+        self.rebuilt(|settings| settings.rate = None)
+    }
+
+    /// Fresh breakers with the same settings, changed by `change`.
+    fn rebuilt(&self, change: impl Fn(&mut Settings)) -> Self {
         let mut settings = self.shared.settings.clone();
-        settings.listener = hook.arc();
+        change(&mut settings);
         BreakerLayer {
             shared: Arc::new(Shared::new(&settings)),
             keys: self.keys.as_ref().map(|keys| {
                 let mut template = keys.template().clone();
-                template.listener = hook.arc();
+                change(&mut template);
                 Arc::new(keys.with_template(template))
             }),
         }

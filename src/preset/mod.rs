@@ -50,7 +50,12 @@ pub(crate) fn client_rule() -> Builder {
 /// honoured, idempotent requests only); for HTTP clients one breaker per host
 /// ([`BreakerLayer::per_host`], so one host's outage never fails calls to another), each opening when
 /// at least half of its last 100 calls failed (once 20 were seen), for 1 s doubling to 30 s with
-/// jitter; no dead-letter store (a final failure is returned to the caller, not recorded). The
+/// jitter, and each pacing its host with an adaptive send rate once the host answers throttled
+/// (a `429` lowers the rate instead of opening the breaker: see
+/// [`AdaptiveRate`](crate::breaker::AdaptiveRate); [`without_adaptive_rate`](Self::without_adaptive_rate)
+/// turns it off); no dead-letter store (a final failure is returned to the caller, not recorded,
+/// and nothing is deferred: a wait above the retry layer's in-process bound gives the request
+/// up with [`GiveUp::HintTooLong`](crate::retry::GiveUp::HintTooLong)). The
 /// per-attempt timeout has no default: it depends on the provider, so it is the one required
 /// setting.
 ///
@@ -230,6 +235,18 @@ impl<C, K> BackstopLayer<C, BreakerLayer<K>> {
 }
 
 impl<C, K: Clone> BackstopLayer<C, BreakerLayer<K>> {
+    /// Turns the breakers' adaptive send rate off ([`AdaptiveRate`](crate::breaker::AdaptiveRate),
+    /// on by default): calls to a provider that answers throttled are no longer spaced, and
+    /// each request only honours its own `Retry-After`. The breakers are built afresh without
+    /// it (call it before taking a [`health`](Self::health) reader); a throttled answer still
+    /// does not count as a failure (add [`Class::THROTTLED`] to
+    /// [`Builder::failure_classes`](crate::breaker::Builder::failure_classes) and pass that
+    /// breaker to [`breaker`](Self::breaker) for a breaker that opens on them).
+    pub fn without_adaptive_rate(mut self) -> Self {
+        self.breaker = self.breaker.without_rate();
+        self
+    }
+
     /// Hands every layer's events to `listener`, the retry layer's, the breaker's and the
     /// dead-letter layer's: attempts, retries, timeouts, giving up, breaker transitions and
     /// rejections, dead letters and store errors (see [`observe`](crate::observe)). It replaces a
