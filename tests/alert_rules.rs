@@ -8,7 +8,8 @@
 //! A series' growth over a minute becomes that many events at the minute's mark: successful
 //! attempts for `backstop_calls_total`, dead letters for `backstop_dead_letters_total`, a
 //! transition when `backstop_breaker_state` moves, a backlog count for
-//! `backstop_deferred_backlog`, and a failed attempt with the code of a new
+//! `backstop_deferred_backlog`, a send-rate change for `backstop_send_rate` (its value, the
+//! peak beside it, `NaN` as the limit lifted), and a failed attempt with the code of a new
 //! `backstop_new_codes_total` series. A Prometheus rule with a `for:` fires that long after the
 //! in-process alert is raised, so an in-process alert counts once it has been raised that long.
 
@@ -112,6 +113,7 @@ fn rule_of(alertname: &str) -> Option<&'static str> {
         "BackstopDeadLetterSpike" => Some("dead_letter_spike"),
         "BackstopClassShare" => Some("class_share"),
         "BackstopBreakerOpen" => Some("breaker_open"),
+        "BackstopSendRateLow" => Some("send_rate_low"),
         "BackstopBacklogGrowing" => Some("backlog_growing"),
         "BackstopNewCode" => Some("new_code"),
         "BackstopStoreErrors" => None,
@@ -123,7 +125,7 @@ fn rule_of(alertname: &str) -> Option<&'static str> {
 fn detail(alert: &Alert) -> String {
     match alert {
         Alert::ClassShare { class, .. } => class.clone(),
-        Alert::BreakerOpen { breaker } => breaker.clone(),
+        Alert::BreakerOpen { breaker } | Alert::SendRateLow { breaker, .. } => breaker.clone(),
         Alert::NewCode { code, .. } => code.clone(),
         _ => String::new(),
     }
@@ -163,7 +165,7 @@ fn class(name: &str) -> Class {
 }
 
 /// Hands `alerts` the events of minute `m`: each series' growth since the minute before, the
-/// breakers' moves and the backlog's count.
+/// breakers' moves, their send rates and the backlog's count.
 fn replay_minute(
     alerts: &Alerts,
     series: &[Series],
@@ -213,6 +215,23 @@ fn replay_minute(
                         reason: "replay",
                     });
                 }
+            }
+            // The gauge as the breaker sets it at each change told: NaN once lifted.
+            "backstop_send_rate" => {
+                let breaker = &s.labels["breaker"];
+                let peak = series
+                    .iter()
+                    .find(|p| {
+                        p.name == "backstop_send_rate_peak" && p.labels["breaker"] == *breaker
+                    })
+                    .and_then(|p| at(p, m))
+                    .expect("a peak beside each send rate");
+                alerts.on_event(&Event::SendRate {
+                    breaker,
+                    rate: (!now.is_nan()).then_some(now),
+                    peak,
+                    reason: "replay",
+                });
             }
             "backstop_deferred_backlog" => alerts.on_event(&Event::Backlog {
                 deferred: now as u64,

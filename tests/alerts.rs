@@ -28,6 +28,7 @@ fn alerts() -> (Alerts, Told) {
         let detail = match alert {
             Alert::ClassShare { class, .. } => format!("class_share/{class}"),
             Alert::BreakerOpen { breaker } => format!("breaker_open/{breaker}"),
+            Alert::SendRateLow { breaker, .. } => format!("send_rate_low/{breaker}"),
             Alert::NewCode { code, .. } => format!("new_code/{code}"),
             other => other.rule().to_owned(),
         };
@@ -76,6 +77,121 @@ async fn a_breaker_that_opens_raises_an_alert_cleared_when_it_closes() {
     tokio::time::advance(Duration::from_secs(10)).await;
     svc.clone().oneshot(get("http://mail.test/")).await.unwrap();
     assert_eq!(taken(&log), [told("breaker_open/mail", false)]);
+    assert!(alerts.active().is_empty());
+}
+
+/// A provider that keeps answering 429: the breaker stays closed, its send rate falls below
+/// half of the peak it measured, and the alert is raised with the breaker's own figures;
+/// once the provider takes everything again the limit is lifted and the alert cleared.
+#[tokio::test(start_paused = true)]
+async fn a_send_rate_below_half_of_its_peak_raises_an_alert_cleared_when_lifted() {
+    let (alerts, log) = alerts();
+    let breaker = BreakerLayer::builder()
+        .name("mail")
+        .listener(alerts.clone())
+        .build()
+        .unwrap();
+    let handle = breaker.handle();
+    // 50 requests taken in the first second, then 429 to everything.
+    let throttling = ServiceBuilder::new()
+        .layer(breaker.clone())
+        .layer(ClassifyLayer::http())
+        .service(Scripted::new((0..50).map(|_| status(200)), status(429)));
+    for _ in 0..50 {
+        throttling
+            .clone()
+            .oneshot(get("http://mail.test/"))
+            .await
+            .unwrap();
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // The first 429 cuts the rate to 0.7 of the 50/s measured: not below half yet.
+    throttling
+        .clone()
+        .oneshot(get("http://mail.test/"))
+        .await
+        .unwrap_err();
+    let first = handle.send_rate().unwrap();
+    assert!((first - 35.0).abs() < 1e-6, "{first}");
+    assert!(taken(&log).is_empty());
+    assert!(alerts.active().is_empty());
+    // Throttled a second later and on, the rate is cut again until it is below half.
+    let mut raised = None;
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_millis(1_100)).await;
+        let _ = throttling.clone().oneshot(get("http://mail.test/")).await;
+        if let [alert] = &alerts.active()[..] {
+            raised = Some(alert.clone());
+            break;
+        }
+    }
+    let Some(Alert::SendRateLow {
+        breaker: name,
+        rate,
+        peak,
+    }) = raised
+    else {
+        panic!("no send-rate alert: {:?}", alerts.active());
+    };
+    assert_eq!(name, "mail");
+    assert_eq!(Some(peak), handle.send_rate_peak());
+    assert_eq!(Some(rate), handle.send_rate(), "the rate at the raise");
+    assert!(rate < 0.5 * peak, "{rate} of {peak}");
+    assert_eq!(handle.state(), State::Closed, "a 429 does not open it");
+    assert_eq!(taken(&log), [told("send_rate_low/mail", true)]);
+
+    // The provider takes everything again; quiet for the lift time, the next call lifts the
+    // limit and the alert clears.
+    let healthy = ServiceBuilder::new()
+        .layer(breaker.clone())
+        .layer(ClassifyLayer::http())
+        .service(Scripted::always(status(200)));
+    tokio::time::advance(Duration::from_secs(31)).await;
+    healthy
+        .clone()
+        .oneshot(get("http://mail.test/"))
+        .await
+        .unwrap();
+    assert_eq!(handle.send_rate(), None);
+    assert_eq!(taken(&log), [told("send_rate_low/mail", false)]);
+    assert!(alerts.active().is_empty());
+}
+
+/// The rule on the rates told, as the Prometheus rule reads the gauges: below half of the
+/// peak raises once per breaker, half or more clears while still limited, a rate that is not
+/// a number never fires.
+#[tokio::test(start_paused = true)]
+async fn the_send_rate_rule_follows_the_rates_told() {
+    let (alerts, log) = alerts();
+    let rate = |breaker: &str, rate: Option<f64>, peak: f64| {
+        alerts.on_event(&Event::SendRate {
+            breaker,
+            rate,
+            peak,
+            reason: "rising",
+        });
+    };
+    rate("a", Some(35.0), 50.0);
+    rate("b", Some(f64::NAN), 50.0);
+    rate("c", Some(1.0), f64::NAN);
+    assert!(taken(&log).is_empty());
+    rate("a", Some(24.0), 50.0);
+    rate("a", Some(20.0), 50.0);
+    rate("b", Some(4.0), 10.0);
+    assert_eq!(
+        taken(&log),
+        [told("send_rate_low/a", true), told("send_rate_low/b", true)]
+    );
+    // Half the peak is no longer below half: cleared, though still limited.
+    rate("a", Some(25.0), 50.0);
+    rate("b", None, 10.0);
+    assert_eq!(
+        taken(&log),
+        [
+            told("send_rate_low/a", false),
+            told("send_rate_low/b", false)
+        ]
+    );
     assert!(alerts.active().is_empty());
 }
 

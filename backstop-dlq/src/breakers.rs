@@ -96,6 +96,18 @@ impl Breaker {
         }
         parts.join("; ")
     }
+
+    /// The live breaker's adaptive send rate while a throttling provider limits it, in words
+    /// (`paced at 35.0/s of 50.0/s peak`, requests a second to one decimal); `None` while not
+    /// limited or without the live breaker.
+    pub(crate) fn pace(&self) -> Option<String> {
+        let live = self.live.as_ref()?;
+        let rate = live.send_rate?;
+        Some(match live.send_rate_peak {
+            Some(peak) => format!("paced at {rate:.1}/s of {peak:.1}/s peak"),
+            None => format!("paced at {rate:.1}/s"),
+        })
+    }
 }
 
 /// `d` to the second (rounded up), in words (`25s`, `1m 5s`).
@@ -263,7 +275,8 @@ pub(crate) fn warnings(
     open.into_values().collect()
 }
 
-/// The overview's panel: every breaker, its state, until when, why, and the records it holds.
+/// The overview's panel: every breaker, its state, until when, why, its send rate while a
+/// throttling provider limits it, and the records it holds.
 pub(crate) fn panel(breakers: &Breakers, now: SystemTime) -> Markup {
     html! {
         h2 { "Breakers" }
@@ -272,7 +285,8 @@ pub(crate) fn panel(breakers: &Breakers, now: SystemTime) -> Markup {
         } @else {
             table #breakers {
                 thead { tr {
-                    th { "breaker" } th { "state" } th { "until" } th { "cause" } th { "deferred records" }
+                    th { "breaker" } th { "state" } th { "until" } th { "cause" } th { "send rate" }
+                    th { "deferred records" }
                 } }
                 tbody {
                     @for b in &breakers.list {
@@ -282,6 +296,7 @@ pub(crate) fn panel(breakers: &Breakers, now: SystemTime) -> Markup {
                             td { span class=(state_class(b, now)) { (state) } }
                             td { (b.until(now)) }
                             td { (b.cause().map(|c| cut(c, 200)).unwrap_or_default()) }
+                            td.rate { (b.pace().unwrap_or_default()) }
                             td.n { (b.stored.as_ref().map_or(0, |s| s.deferred)) }
                         }
                     }
@@ -294,6 +309,9 @@ pub(crate) fn panel(breakers: &Breakers, now: SystemTime) -> Markup {
             } @else {
                 "No live breakers: the app that mounts the board can pass its breakers' health (Board::breakers). "
             }
+            "A send rate shows while a provider's throttled answers (429) limit it: the breaker \
+             stays closed and sends at most that many requests a second, against the rate the \
+             provider took before it throttled (its peak). "
             "The store: the records an open breaker rejected and deferred, with their retry-at ("
             (breakers.read) " of " (breakers.deferred) " read)."
         }

@@ -21,7 +21,7 @@
 //!
 //! | route | page |
 //! |---|---|
-//! | `GET /` | the overview: outstanding dead letters and deferred records, the breakers (live ones from [`Board::breakers`], and those the store's newest [`BREAKER_SCAN`] records an open breaker deferred name, with their retry-at), the top classes and codes over `?window=24h`, the dead-letter rate over that window, the alert rules' state |
+//! | `GET /` | the overview: outstanding dead letters and deferred records, the breakers (live ones from [`Board::breakers`], with their adaptive send rate while a throttling provider limits it, and those the store's newest [`BREAKER_SCAN`] records an open breaker deferred name, with their retry-at), the top classes and codes over `?window=24h`, the dead-letter rate over that window, the alert rules' state |
 //! | `GET /records` | the list, with each record's host, filtered by the `key=value` vocabulary of [`Filter::from_pairs`](tower_backstop::store::Filter::from_pairs) (`class`, `code`, `status`, `tag` as `NAME=value` or `tag.NAME`, `since`, `until`, `id`) and `host` (`api.mail.test:443`, or a name for any port: read off the records, so among the newest [`GROUP_LIMIT`] that match the rest), outstanding first, [`PAGE_SIZE`] a page (`?page=N`) |
 //! | `GET /groups` | the records grouped by fingerprint (host, class, code, and the message with numbers, ids, addresses and emails masked: two hosts failing alike are two groups), over the newest [`GROUP_LIMIT`] that match |
 //! | `GET /records/{id}` | one record: status, times, tags, headers (redacted ones by name only), payload as text, JSON or hex, history and root cause |
@@ -251,7 +251,8 @@ impl Board {
 
     /// The live breakers of the app the board is mounted in, read on each request of the
     /// overview and of a re-drive preview: the overview lists each one's state, time to
-    /// half-open and cause beside what the store knows, and a re-drive preview warns when the
+    /// half-open, cause and (while a throttling provider limits it) send rate beside what the
+    /// store knows, and a re-drive preview warns when the
     /// records go to one that is open. Take it from
     /// [`BreakerLayer::health`](tower_backstop::breaker::BreakerLayer::health) or
     /// [`BackstopLayer::health`](tower_backstop::BackstopLayer::health) of the stack the app

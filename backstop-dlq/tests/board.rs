@@ -1177,6 +1177,94 @@ async fn the_overview_shows_each_breaker_and_a_redrive_into_an_open_one_is_warne
     assert!(!said.contains("in this process"), "{said}");
 }
 
+/// The overview of a board mounted in the app, read through its router in process (no server:
+/// the breaker's clock is tokio's paused one, so the rate read and the rate shown are at the
+/// same instant).
+async fn overview_in_process(board: &axum::Router) -> String {
+    use tower::ServiceExt as _;
+    let request = http::Request::get("/")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = board.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_overview_shows_a_throttled_breakers_send_rate_while_limited() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    use tower::ServiceExt as _;
+    use tower_backstop::breaker::{BreakerLayer, State};
+
+    // An in-process provider: 200 until told otherwise, then 429.
+    let answer = Arc::new(AtomicU16::new(200));
+    let said = Arc::clone(&answer);
+    let provider = tower::service_fn(move |_: http::Request<()>| {
+        let status = said.load(Ordering::SeqCst);
+        async move {
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder().status(status).body(()).unwrap(),
+            )
+        }
+    });
+    let breaker = BreakerLayer::new();
+    let app = ServiceBuilder::new()
+        .layer(breaker.clone())
+        .layer(ClassifyLayer::http())
+        .service(provider);
+    let call = || app.clone().oneshot(http::Request::new(()));
+    let board = Board::new(Arc::new(MemoryStore::new()))
+        .breakers(breaker.health())
+        .router();
+    let handle = breaker.handle();
+    let rate_cell = |html: &str| {
+        let panel = element(html, "breakers").to_owned();
+        let i = panel.find("<td class=\"rate\">").expect("a send rate cell");
+        text(&panel[i..i + panel[i..].find("</td>").unwrap()])
+    };
+
+    // 50 calls taken over a second: not limited, no rate shown.
+    for _ in 0..50 {
+        assert!(call().await.is_ok());
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(handle.send_rate(), None);
+    let html = overview_in_process(&board).await;
+    assert_eq!(rate_cell(&html), "", "{html}");
+    assert!(!html.contains("paced at"), "{html}");
+
+    // A 429: the breaker stays closed and the rate is limited (cut to 0.7 of the 50/s measured).
+    answer.store(429, Ordering::SeqCst);
+    let failure = call().await.unwrap_err();
+    assert_eq!(failure.class(), Class::THROTTLED);
+    assert_eq!(handle.state(), State::Closed);
+    // A second into CUBIC's growth back towards the peak.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let rate = handle.send_rate().expect("limited");
+    let peak = handle.send_rate_peak().expect("limited");
+    assert!((peak - 50.0).abs() < 1e-9, "the peak measured: {peak}");
+    assert!(rate > 35.0 && rate < peak, "{rate}");
+    let html = overview_in_process(&board).await;
+    assert_eq!(
+        rate_cell(&html),
+        format!("paced at {rate:.1}/s of {peak:.1}/s peak"),
+        "{html}"
+    );
+    let panel = element(&html, "breakers");
+    assert!(panel.contains("data-state=\"closed\""), "{panel}");
+
+    // Quiet past the lift time (30 s), a successful call lifts the limit: no rate shown.
+    answer.store(200, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(31)).await;
+    assert!(call().await.is_ok());
+    assert_eq!(handle.send_rate(), None);
+    let html = overview_in_process(&board).await;
+    assert_eq!(rate_cell(&html), "", "{html}");
+}
+
 /// A time as the board writes it: RFC 3339, to the second.
 fn board_time(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()

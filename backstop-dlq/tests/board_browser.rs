@@ -516,6 +516,94 @@ async fn an_operator_sees_an_open_breaker_and_is_warned_before_a_redrive() {
     c.close().await.unwrap();
 }
 
+/// A provider that throttles, as an operator sees it: the overview's breaker panel shows its
+/// breaker closed and paced, at the rate the live breaker reports (read just before and just
+/// after the page: the rate only grows between throttled answers, so the page's lies between).
+async fn an_operator_sees_a_throttled_providers_send_rate() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::ServiceExt as _;
+    use tower_backstop::breaker::{BreakerLayer, State};
+
+    let driver = driver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_provider, to) = provider().await;
+    let store = seeded(dir.path(), to).await;
+    // The throttling host takes 20 requests, then answers 429 to everything.
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&hits);
+    let busy = serve(axum::Router::new().fallback(move || {
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n < 20 {
+                http::StatusCode::ACCEPTED
+            } else {
+                http::StatusCode::TOO_MANY_REQUESTS
+            }
+        }
+    }))
+    .await;
+    let breaker = BreakerLayer::new().per_host();
+    let client = HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let app = ServiceBuilder::new()
+        .layer(breaker.clone())
+        .layer(ClassifyLayer::http())
+        .service(client);
+    let mut throttled = 0;
+    for i in 0..21 {
+        let request = http::Request::post(format!("http://{busy}/v1/messages"))
+            .header("idempotency-key", format!("busy-{i}"))
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        if let Err(f) = app.clone().oneshot(request).await {
+            assert_eq!(f.class(), Class::THROTTLED);
+            throttled += 1;
+        }
+    }
+    assert_eq!((hits.load(Ordering::SeqCst), throttled), (21, 1));
+    let handle = breaker
+        .handle_for(&busy.to_string())
+        .expect("the host's breaker");
+    assert_eq!(handle.state(), State::Closed, "a 429 does not open it");
+    let board = Board::new(Arc::clone(&store)).breakers(breaker.health());
+    let addr = serve(board.router()).await;
+    let c = browser(&driver, &dir.path().join("profile")).await;
+
+    let before = handle.send_rate().expect("limited");
+    c.goto(&format!("http://{addr}/")).await.unwrap();
+    let row = text(&c, &format!("#breakers tr[data-breaker='{busy}']")).await;
+    let after = handle.send_rate().expect("still limited");
+    let peak = handle.send_rate_peak().expect("limited");
+    assert!(row.contains("closed"), "{row}");
+    let shown = row
+        .split("paced at ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no send rate: {row}"));
+    let (rate, rest) = shown
+        .split_once("/s of ")
+        .expect("paced at R/s of P/s peak");
+    let rate: f64 = rate.parse().unwrap();
+    assert!(
+        rest.starts_with(&format!("{peak:.1}/s peak")),
+        "the peak {peak}: {row}"
+    );
+    // One decimal, as shown.
+    assert!(
+        rate >= before - 0.05 - 1e-9 && rate <= after + 0.05 + 1e-9,
+        "shown {rate}, read {before} before and {after} after: {row}"
+    );
+    // The healthy host's breaker is not paced: nothing shown.
+    let request = http::Request::post(format!("http://{to}/v1/messages"))
+        .header("idempotency-key", "up-0")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    assert!(app.clone().oneshot(request).await.is_ok());
+    c.refresh().await.unwrap();
+    let up_row = text(&c, &format!("#breakers tr[data-breaker='{to}']")).await;
+    assert!(!up_row.contains("paced"), "{up_row}");
+    snap(&c, "send-rate").await;
+    c.close().await.unwrap();
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests
@@ -535,6 +623,12 @@ fn main() {
         .multi_thread(
             "an_operator_sees_an_open_breaker_and_is_warned_before_a_redrive",
             an_operator_sees_an_open_breaker_and_is_warned_before_a_redrive,
+        );
+    tests
+        .needs(backstop_test_support::Service::Browser)
+        .multi_thread(
+            "an_operator_sees_a_throttled_providers_send_rate",
+            an_operator_sees_a_throttled_providers_send_rate,
         );
     tests.run();
 }

@@ -34,8 +34,9 @@ use crate::store::{Filter, Status, Store, StoreError};
 /// configuration method builds a fresh breaker.
 ///
 /// Defaults: open after 5 consecutive failures, stay open 30 s, admit 1 probe in half-open and
-/// close after it succeeds, count [`Class::TRANSIENT`], [`Class::THROTTLED`] and
-/// [`Class::UNKNOWN`] as failures (a permanent 4xx is the caller's fault and does not trip it).
+/// close after it succeeds, count [`Class::TRANSIENT`] and [`Class::UNKNOWN`] as failures (a
+/// [`Class::THROTTLED`] answer lowers the [send rate](super::AdaptiveRate) instead; a permanent
+/// 4xx is the caller's fault and does not trip it).
 /// [`BreakerLayer::builder`] sets everything else: rate rules over count or time windows,
 /// slow calls, growing open durations, several probes, a listener, keys and their bound; its
 /// [`build`](Builder::build) checks the settings.

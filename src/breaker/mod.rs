@@ -1,7 +1,7 @@
 //! A circuit breaker: after repeated failures of the provider, fail fast instead of calling it.
 //!
 //! [`BreakerLayer`] counts the failures of the classes that blame the provider
-//! ([`Class::TRANSIENT`](crate::Class::TRANSIENT), [`Class::THROTTLED`](crate::Class::THROTTLED), [`Class::UNKNOWN`](crate::Class::UNKNOWN) by default; a permanent 4xx is
+//! ([`Class::TRANSIENT`](crate::Class::TRANSIENT) and [`Class::UNKNOWN`](crate::Class::UNKNOWN) by default; a throttled answer lowers the send rate instead, a permanent 4xx is
 //! the caller's fault, a call whose future is dropped is cancelled, and a call refused in this
 //! process by tower's `LoadShed` below ([`Code::Overloaded`](crate::Code::Overloaded)) never
 //! reached the provider: none of them counts). It trips

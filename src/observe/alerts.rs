@@ -114,6 +114,19 @@ pub enum Alert {
         /// The breaker's name (a keyed breaker's key).
         breaker: String,
     },
+    /// A breaker's adaptive send rate is below half of its peak (in-process alerts only):
+    /// the provider keeps answering throttled and takes far less than it took before
+    /// ([`AdaptiveRate`](crate::breaker::AdaptiveRate)). Raised when an
+    /// [`Event::SendRate`] tells a rate below half of the peak, cleared when one tells a rate
+    /// of half the peak or more, or the limit lifted.
+    SendRateLow {
+        /// The breaker's name (a keyed breaker's key).
+        breaker: String,
+        /// The send rate when the alert was raised, in requests a second.
+        rate: f64,
+        /// The rate the provider took before it first throttled, in requests a second.
+        peak: f64,
+    },
     /// The deferred backlog grew and stayed up (in-process alerts only): its lowest count of
     /// the last `backlog_sustained` is `backlog_growth` or more above the lowest of the last
     /// `backlog_window`.
@@ -133,13 +146,14 @@ pub enum Alert {
 
 impl Alert {
     /// The rule's name, stable, for a log field or a metric label: `dead_letter_spike`,
-    /// `class_share`, `new_code`, `breaker_open`, `backlog_growing`.
+    /// `class_share`, `new_code`, `breaker_open`, `send_rate_low`, `backlog_growing`.
     pub const fn rule(&self) -> &'static str {
         match self {
             Alert::RateSpike { .. } => "dead_letter_spike",
             Alert::ClassShare { .. } => "class_share",
             Alert::NewCode { .. } => "new_code",
             Alert::BreakerOpen { .. } => "breaker_open",
+            Alert::SendRateLow { .. } => "send_rate_low",
             Alert::BacklogGrowing { .. } => "backlog_growing",
         }
     }
@@ -171,6 +185,14 @@ impl fmt::Display for Alert {
                 httpdate::fmt_http_date(*first_seen)
             ),
             Alert::BreakerOpen { breaker } => write!(f, "breaker {breaker} is open"),
+            Alert::SendRateLow {
+                breaker,
+                rate,
+                peak,
+            } => write!(
+                f,
+                "breaker {breaker} sends at {rate:.1}/s, below half of its peak {peak:.1}/s"
+            ),
             Alert::BacklogGrowing {
                 backlog,
                 grown_by,
@@ -265,6 +287,10 @@ pub(crate) fn per_minute(count: u64, over: Duration) -> f64 {
 ///   letters of the last `window`, at least `min_count` in all; one alert per class;
 /// - [`Alert::BreakerOpen`] (`breaker_open`): a breaker opened or was forced open; cleared
 ///   when it closes (the Prometheus rule waits a minute before it pages);
+/// - [`Alert::SendRateLow`] (`send_rate_low`): a breaker's adaptive send rate
+///   ([`Event::SendRate`]) is below half of its peak; cleared when a rate of half the peak
+///   or more is told, or the limit is lifted (the Prometheus rule waits 10 minutes before it
+///   opens a ticket); one alert per breaker;
 /// - [`Alert::BacklogGrowing`] (`backlog_growing`): the scheduler's backlog
 ///   ([`Event::Backlog`]) rose and stayed up: its lowest count of the last
 ///   `backlog_sustained` (2 minutes) is at least `backlog_growth` (10) above its lowest of the
@@ -537,6 +563,12 @@ impl Watch {
                     _ => {}
                 }
             }
+            Event::SendRate {
+                breaker,
+                rate,
+                peak,
+                ..
+            } => self.send_rate(breaker, rate, peak, &mut changes),
             Event::Backlog { deferred } => {
                 self.backlog.push_back((now, deferred));
                 // The counts of the backlog window, its start included.
@@ -560,6 +592,37 @@ impl Watch {
             self.evaluate(rules, now, started, minute, &mut changes);
         }
         changes
+    }
+
+    /// The send-rate rule, on a rate told: below half of the peak raises (once per breaker),
+    /// anything else (half or more, or lifted) clears. A rate or peak that is not a number
+    /// compares false, as in Prometheus.
+    fn send_rate(
+        &mut self,
+        breaker: &str,
+        rate: Option<f64>,
+        peak: f64,
+        changes: &mut Vec<(Alert, bool)>,
+    ) {
+        let key = format!("send_rate_low/{breaker}");
+        match rate {
+            Some(rate) if rate < 0.5 * peak => {
+                if let std::collections::btree_map::Entry::Vacant(slot) = self.firing.entry(key) {
+                    let alert = Alert::SendRateLow {
+                        breaker: breaker.to_owned(),
+                        rate,
+                        peak,
+                    };
+                    slot.insert(alert.clone());
+                    changes.push((alert, true));
+                }
+            }
+            _ => {
+                if let Some(alert) = self.firing.remove(&key) {
+                    changes.push((alert, false));
+                }
+            }
+        }
     }
 
     /// Raises and clears the alerts whose conditions are measured over windows.

@@ -64,7 +64,7 @@ const OTHER: &str = "other";
 /// | `backstop_new_codes_total` | counter | `code` (as displayed: `http 400`, `io ConnectionRefused`) | each failure code of an attempt first seen once the first [`learn_codes_for`](Metrics::learn_codes_for) (5 minutes) after this listener's first event had passed: once per code, at most [`max_label_values`](Metrics::max_label_values) codes |
 /// | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `claim`, `count`, `update`, `prune`, `audit`, `write_ahead` | each failed store operation |
 /// | `backstop_listener_panics_total` | counter | `event` | each panic of a listener, caught |
-/// | `backstop_alert_active` | gauge | `rule` = `dead_letter_spike`, `class_share`, `new_code`, `breaker_open`, `backlog_growing` | 1 while an alert of [`Alerts`](super::Alerts) fires, 0 once cleared (only with that listener) |
+/// | `backstop_alert_active` | gauge | `rule` = `dead_letter_spike`, `class_share`, `new_code`, `breaker_open`, `send_rate_low`, `backlog_growing` | 1 while an alert of [`Alerts`](super::Alerts) fires, 0 once cleared (only with that listener) |
 ///
 /// A series appears at its first event, not at 0: a rule over a counter must count a series
 /// born within its window from 0 (`docs/alerts.yml` in the repository does).
