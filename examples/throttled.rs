@@ -23,9 +23,9 @@
 //!   its delay cannot read `Retry-After`, so it is set to the provider's 1 s), with a 429 turned
 //!   into an error below them, so that both see it;
 //! - `backstop preset, rate off` and `backstop preset`: `BackstopLayer::http(2 s)` as the README
-//!   shows it, without a store. The first is the preset with its adaptive send rate turned off,
-//!   the second the preset as it comes. Until the preset has an adaptive send rate, the two are
-//!   the same stack.
+//!   shows it, without a store. The first is the preset with its adaptive send rate turned off
+//!   (`without_adaptive_rate`: each request honours its own `Retry-After`, nothing more), the
+//!   second the preset as it comes (a 429 lowers the host's send rate, and calls wait their turn).
 //!
 //! Run all four (about two minutes with the defaults) and print one row each:
 //!
@@ -167,12 +167,12 @@ async fn measure(stack: Stack, args: &Args) -> Result<Row, Error> {
         Stack::TowerRetry => run(stacks::tower_retry(client, url), &load).await,
         Stack::Adaptive => run(stacks::adaptive(client, url, args.callers)?, &load).await,
         Stack::BackstopRateOff => {
-            // RATE-OFF: `.without_adaptive_rate()` goes on this preset once the preset has it.
-            let preset = BackstopLayer::http(ATTEMPT_TIMEOUT);
+            // The same preset with its adaptive send rate off.
+            let preset = BackstopLayer::http(ATTEMPT_TIMEOUT).without_adaptive_rate();
             run(stacks::backstop(client, url, preset), &load).await
         }
         Stack::Backstop => {
-            // RATE-ON: the preset as it comes, its adaptive send rate on by default.
+            // The preset as it comes, its adaptive send rate on by default.
             let preset = BackstopLayer::http(ATTEMPT_TIMEOUT);
             run(stacks::backstop(client, url, preset), &load).await
         }

@@ -535,29 +535,10 @@ async fn a_hedge_section_sends_a_copy_of_a_slow_request() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_breaker_section_turns_the_adaptive_rate_on_or_off() {
-    // On by default, and with settings: a 429 limits the rate and holds the next calls back.
-    for text in ["", "adaptive_rate = true", "adaptive_rate = { floor = 2.0 }"] {
-        let config: BreakerConfig = toml::from_str(text).unwrap();
-        let layer = config.build().unwrap();
-        let handle = layer.handle();
-        let upstream = Scripted::always(status_with(429, "retry-after", "1"));
-        let svc = ServiceBuilder::new()
-            .layer(layer)
-            .layer(tower_backstop::classify::ClassifyLayer::http())
-            .service(upstream.clone());
-        for _ in 0..3 {
-            let _ = svc.clone().oneshot(get("/")).await;
-        }
-        let rate = handle.send_rate().unwrap_or_else(|| panic!("{text:?}: limited"));
-        if text.contains("floor") {
-            assert!(rate >= 2.0, "{text:?}: {rate}");
-        }
-        assert!(upstream.calls() < 3, "{text:?}: a call was held back");
-    }
-    // Off: every call reaches the provider.
-    let config: BreakerConfig = toml::from_str("adaptive_rate = false").unwrap();
+/// Three calls through the breaker `text` configures to a provider that always answers 429:
+/// the breaker's send rate afterwards, and the calls the provider received.
+async fn three_throttled_calls(text: &str) -> (Option<f64>, usize) {
+    let config: BreakerConfig = toml::from_str(text).unwrap();
     let layer = config.build().unwrap();
     let handle = layer.handle();
     let upstream = Scripted::always(status_with(429, "retry-after", "1"));
@@ -568,8 +549,29 @@ async fn the_breaker_section_turns_the_adaptive_rate_on_or_off() {
     for _ in 0..3 {
         let _ = svc.clone().oneshot(get("/")).await;
     }
-    assert_eq!(handle.send_rate(), None);
-    assert_eq!(upstream.calls(), 3);
+    (handle.send_rate(), upstream.calls())
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_section_turns_the_adaptive_rate_on_or_off() {
+    // On by default, and with settings: a 429 limits the rate and holds the next calls back.
+    for text in [
+        "",
+        "adaptive_rate = true",
+        "adaptive_rate = { floor = 2.0 }",
+    ] {
+        let (rate, calls) = three_throttled_calls(text).await;
+        let rate = rate.unwrap_or_else(|| panic!("{text:?}: limited"));
+        if text.contains("floor") {
+            assert!(rate >= 2.0, "{text:?}: {rate}");
+        }
+        assert!(calls < 3, "{text:?}: a call was held back");
+    }
+    // Off: every call reaches the provider.
+    assert_eq!(
+        three_throttled_calls("adaptive_rate = false").await,
+        (None, 3)
+    );
     // Unknown fields of the table are errors of shape.
     let err = toml::from_str::<BreakerConfig>("adaptive_rate = { flor = 1.0 }").unwrap_err();
     assert!(err.to_string().contains("adaptive_rate"), "{err}");

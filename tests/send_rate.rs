@@ -30,6 +30,8 @@ use tower_backstop::{BackstopLayer, BoxError, Class, Code, Sent};
 struct Quota {
     per_second: u32,
     start: Instant,
+    /// Everything is throttled before this much of the run has passed.
+    closed_for: Duration,
     counts: Arc<Mutex<Counts>>,
 }
 
@@ -49,6 +51,7 @@ impl Quota {
         Quota {
             per_second,
             start: Instant::now(),
+            closed_for: Duration::ZERO,
             counts: Arc::default(),
         }
     }
@@ -83,7 +86,8 @@ impl Service<http::Request<String>> for Quota {
             c.in_window = 0;
         }
         c.received += 1;
-        let admitted = c.in_window < self.per_second;
+        let open = Instant::now().duration_since(self.start) >= self.closed_for;
+        let admitted = open && c.in_window < self.per_second;
         c.log.push((second, !admitted));
         if admitted {
             c.in_window += 1;
@@ -251,10 +255,14 @@ async fn a_hundred_callers_get_the_providers_rate_with_few_429s() {
             while Instant::now() < end {
                 match svc.clone().oneshot(keyed(&format!("c{c}-{i}"))).await {
                     Ok(_) => *delivered.lock().unwrap() += 1,
-                    Err(f) => failed
-                        .lock()
-                        .unwrap()
-                        .push(f.notes().get::<Attempts>().map(|a| a.give_up())),
+                    Err(f) => {
+                        failed
+                            .lock()
+                            .unwrap()
+                            .push(f.notes().get::<Attempts>().map(|a| a.give_up()));
+                        // A caller that failed at once lets the others run.
+                        tokio::task::yield_now().await;
+                    }
                 }
                 i += 1;
             }
@@ -495,4 +503,77 @@ async fn a_paced_call_dropped_before_its_slot_gives_the_slot_back() {
     let second = svc.clone().oneshot(get("/")).await.unwrap_err();
     assert_eq!(second.code(), Code::Paced);
     assert_eq!(second.retry_after().unwrap(), wait);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_for_a_slot_never_runs_past_the_deadline() {
+    // One 429 limits the rate to the floor (no success measured): a slot every 2 s.
+    let upstream = Scripted::new([status(429)], status(200));
+    let breaker = BreakerLayer::new();
+    let svc = ServiceBuilder::new()
+        .layer(
+            RetryPolicy::default()
+                .deadline(Duration::from_millis(500))
+                .build()
+                .unwrap(),
+        )
+        .layer(breaker)
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    // Its retry takes the first slot at once; the next is 2 s away, past a 500 ms deadline.
+    svc.clone().oneshot(get("/")).await.unwrap();
+    let calls = upstream.calls();
+    assert_eq!(calls, 2);
+    let started = Instant::now();
+    let f = svc.clone().oneshot(get("/")).await.unwrap_err();
+    let attempts = f.notes().get::<Attempts>().unwrap();
+    assert_eq!(attempts.give_up(), GiveUp::DeadlineExceeded);
+    assert_eq!(attempts.count(), 0, "a held-back call is no attempt");
+    assert_eq!(upstream.calls(), calls, "nothing sent");
+    assert!(
+        Instant::now() - started < Duration::from_millis(500),
+        "given up at once, not slept"
+    );
+}
+
+/// The provider throttles before any call succeeded (so the rate starts at its floor): the
+/// rate grows back to what the provider takes within seconds.
+#[tokio::test(start_paused = true)]
+async fn a_provider_that_throttles_before_any_success_is_still_sent_its_rate() {
+    let mut quota = Quota::new(50);
+    quota.closed_for = Duration::from_millis(100);
+    let svc = ServiceBuilder::new()
+        .layer(BackstopLayer::http(Duration::from_secs(2)))
+        .service(quota.clone());
+    let start = Instant::now();
+    let end = start + Duration::from_secs(30);
+    let delivered = Arc::new(Mutex::new(0u64));
+    let mut callers = Vec::new();
+    for c in 0..100 {
+        let svc = svc.clone();
+        let delivered = delivered.clone();
+        callers.push(tokio::spawn(async move {
+            let mut i = 0;
+            while Instant::now() < end {
+                match svc.clone().oneshot(keyed(&format!("c{c}-{i}"))).await {
+                    // Counted from 5 s on: the rate starts at its floor.
+                    Ok(_) if Instant::now() >= start + Duration::from_secs(5) => {
+                        *delivered.lock().unwrap() += 1;
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::task::yield_now().await,
+                }
+                i += 1;
+            }
+        }));
+    }
+    for c in callers {
+        c.await.unwrap();
+    }
+    let ok = *delivered.lock().unwrap();
+    assert!(
+        ok as f64 >= 0.9 * 50.0 * 25.0,
+        "within 10 % of 50/s from 5 s on: {ok} in 25 s"
+    );
+    assert!(quota.delivered().values().all(|n| *n == 1));
 }

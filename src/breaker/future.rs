@@ -8,7 +8,8 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 
 use super::open::OpenError;
-use super::rate::{PacedError, SendSlot};
+use super::rate::{PacedError, Ticket};
+use super::slot::SendSlot;
 use super::state::{Outcome, Permit, Rejection, Shared};
 use crate::failure::{Class, Code, Failure, Sent};
 
@@ -141,14 +142,15 @@ impl<F, R> ResponseFuture<F, R> {
     }
 }
 
-/// The failure of a call the adaptive send rate holds back for `wait`, until the slot `slot`
-/// reserved for it (at `rate` requests a second): its `permit` goes back unused.
+/// The failure of a call the adaptive send rate holds back for `wait`, the time until its place
+/// in the queue, `ticket`, has its turn (at `rate` requests a second): its `permit` goes back
+/// unused.
 #[cold]
 #[inline(never)]
 pub(crate) fn held_back<R>(
     shared: &Arc<Shared>,
     permit: Permit,
-    (wait, slot, rate): (Duration, u64, f64),
+    (wait, ticket, rate): (Duration, Ticket, f64),
 ) -> Box<Failure<R>> {
     shared.cancel(permit);
     {
@@ -158,7 +160,7 @@ pub(crate) fn held_back<R>(
             .with_source(PacedError::new(Arc::clone(&shared.name), rate, wait));
         failure.notes_mut().insert(SendSlot {
             shared: Arc::clone(shared),
-            slot,
+            ticket,
             redeemed: false,
         });
         Box::new(failure)

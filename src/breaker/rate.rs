@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::build_error::BuildError;
-use crate::failure::Note;
 
 /// How a breaker paces a provider that answers throttled ([`Class::THROTTLED`]: HTTP 429, gRPC
 /// `RESOURCE_EXHAUSTED`, SMTP 421): an adaptive send rate per breaker, so per host for a
@@ -16,22 +15,29 @@ use crate::failure::Note;
 ///
 /// Until the provider throttles, nothing is limited: a call costs one atomic load more. At the
 /// first throttled answer the rate starts from the successful calls a second measured since the
-/// breaker was made (or last lifted its limit), is cut to [`decrease`](Self::decrease) of that
-/// and then grows along a CUBIC curve (RFC 9438 §4.2: `W(t) = C·(t − K)³ + W_max`, with
-/// `K = ∛(W_max·(1 − β)/C)`, `t` the seconds since the last cut): quickly back towards the
-/// rate that was throttled, slowly around it, faster again beyond it. Every later throttled
-/// answer cuts the rate again, at most once per [`min_decrease_interval`](Self::min_decrease_interval).
-/// The rate never falls below [`floor`](Self::floor). Once no throttled answer came for
+/// breaker was made (or last lifted its limit; over a second at least), is cut to
+/// [`decrease`](Self::decrease) of that and then grows along a CUBIC curve (RFC 9438 §4.2:
+/// `W(t) = C·(t − K)³ + W_max`, with `K = ∛((W_max − W_cut)/C)`, `t` the seconds since the last
+/// cut): quickly back towards the rate that was throttled, slowly around it, faster again beyond
+/// it. Every later throttled answer cuts the rate again, at most once per
+/// [`min_decrease_interval`](Self::min_decrease_interval), with CUBIC's fast convergence (RFC
+/// 9438 §4.7: cut again before it grew back, the curve's plateau is set lower). The rate never
+/// falls below [`floor`](Self::floor). Once no throttled answer came for
 /// [`lift_after`](Self::lift_after), the limit is lifted.
 ///
-/// While the rate is limited, calls are spaced by `1 / rate` seconds. A call that comes before
-/// its slot is not sent: the breaker answers at once with a failure of class
-/// [`Class::THROTTLED`], code [`Code::Paced`], [`Sent::No`] and the wait until the slot it
-/// reserved as [`retry_after`](crate::Failure::retry_after). A [`RetryLayer`](crate::retry::RetryLayer)
-/// above waits that long (within its deadline, and not counted as an attempt nor against its
-/// retry budget) and sends the request in its slot; a wait above its in-process bound defers
-/// the request to a dead-letter store like a long `Retry-After`. A server's own hint still
-/// holds for each request: it is slept before the slot is asked for.
+/// While the rate is limited, calls go out at most at that rate, in the order they came: a
+/// call that finds others waiting takes its place in the queue and is not sent. The breaker
+/// answers it at once with a failure of class [`Class::THROTTLED`], code [`Code::Paced`],
+/// [`Sent::No`], a [`PacedError`] source and, as its [`retry_after`](crate::Failure::retry_after),
+/// the wait until its turn at the rate of the moment (at most a second: a caller further back
+/// looks again). A [`RetryLayer`](crate::retry::RetryLayer) above keeps its place: it waits
+/// (within its deadline, not counted as an attempt nor against its retry budget), looks again
+/// while the turn has not come (the rate fell), and sends the request in its turn; once its
+/// waits for a turn would pass its in-process bound (the bound on server hints), the request is
+/// deferred to a dead-letter store like a long `Retry-After`, or given up without one. A
+/// server's own hint still holds for each request: it is slept before the turn is asked for.
+/// A caller of the breaker alone gets the failure, and a call it makes again takes a new place
+/// at the end.
 ///
 /// This is the client-side rate limiting of the AWS SDKs' adaptive retry mode (a token bucket
 /// whose rate follows CUBIC on throttling errors); the defaults are theirs and RFC 9438's:
@@ -148,7 +154,7 @@ impl AdaptiveRate {
     }
 }
 
-/// The highest rate the pacer computes, in requests a second: slots at least 1 µs apart.
+/// The highest rate the pacer computes, in requests a second: turns at least 1 µs apart.
 const MAX_RATE: f64 = 1e6;
 
 /// The shortest window over which the rate before the first throttled answer is measured: a
@@ -175,46 +181,28 @@ struct Paced {
     k: f64,
     last_decrease: u64,
     last_throttle: u64,
-    /// The first slot not yet given: a call admitted now takes it or a later one.
-    next_slot: u64,
-    /// The interval the last slot was given with, to take it back.
-    last_interval: u64,
-    /// Slots redeemed by callers that waited for them: the next calls go at once.
+    /// Which limit this is: tickets of an earlier one are not in this queue.
+    epoch: u64,
+    /// Tickets given: a call that has to wait takes the next, and waits its turn.
+    issued: u64,
+    /// Turns given so far, at the rate of the moment, up to one ahead of the tickets given (a
+    /// call that finds no one waiting goes at once): tickets below it may go.
+    served: f64,
+    /// When `served` was last brought up to date.
+    served_at: u64,
+    /// Callers whose turn came and who send now: the next calls go at once.
     credits: u32,
     /// The rate when the provider first throttled (this limit's peak), requests a second.
     peak: f64,
     below_half: bool,
     counting_since: u64,
     last_report: u64,
-    /// Calls let through since `bucket_start`, and the rate of the last whole bucket (a
-    /// second or more), requests a second: what was really sent, which the computed rate can
-    /// run ahead of while callers wait in slots given at an older rate.
-    bucket_start: u64,
-    bucket_sent: u32,
-    sent_rate: Option<f64>,
-    /// The successes counted when the bucket began, and the rate of successes of the last
-    /// whole bucket: what the provider took.
-    bucket_ok: u64,
-    ok_rate: Option<f64>,
-    /// Throttled answers before this time do not cut the rate again: they answer calls sent
-    /// in slots given before the last cut.
+    /// The successes counted when this measure began (the first throttled answer measures
+    /// the rate from there).
+    ok_at_start: u64,
+    /// Throttled answers before this time do not cut the rate again: they answer calls let
+    /// through before the last cut.
     calm_until: u64,
-}
-
-impl Paced {
-    /// A call let through at `now`, with `ok` successes counted so far.
-    fn sent(&mut self, now: u64, ok: u64) {
-        let elapsed = now.saturating_sub(self.bucket_start);
-        if elapsed >= 1_000_000_000 {
-            let secs = elapsed as f64 / 1e9;
-            self.sent_rate = Some(f64::from(self.bucket_sent) / secs);
-            self.ok_rate = Some(ok.saturating_sub(self.bucket_ok) as f64 / secs);
-            self.bucket_start = now;
-            self.bucket_sent = 0;
-            self.bucket_ok = ok;
-        }
-        self.bucket_sent = self.bucket_sent.saturating_add(1);
-    }
 }
 
 /// What a rate change says, for the breaker's event and log line.
@@ -230,11 +218,13 @@ pub(crate) struct Change {
 pub(crate) enum Admit {
     /// Send it now (with a change to report, when the pacer changed).
     Go(Option<Change>),
-    /// Not before its slot, this long from now (a slot reserved for it at `slot`).
+    /// Not before its turn, about this long from now at the rate now (its place in the queue,
+    /// `ticket`), with a change to report.
     Wait {
         wait: Duration,
-        slot: u64,
+        ticket: Ticket,
         rate: f64,
+        change: Option<Change>,
     },
 }
 
@@ -272,15 +262,10 @@ impl Pacer {
         self.successes.load(Ordering::Relaxed)
     }
 
-    /// The rate now, requests a second, for a limited pacer: CUBIC's curve, and at most twice
-    /// the rate really sent (as the AWS SDKs bound theirs), so that it cannot run far ahead of
-    /// what the provider was shown to take.
+    /// The rate now, requests a second, for a limited pacer: CUBIC's curve.
     fn rate_at(&self, p: &Paced, now: u64) -> f64 {
         let t = now.saturating_sub(p.last_decrease) as f64 / 1e9;
-        let mut w = self.settings.cubic_c * (t - p.k).powi(3) + p.w_max;
-        if let Some(sent) = p.sent_rate {
-            w = w.min(2.0 * sent.max(p.w_max / 2.0));
-        }
+        let w = self.settings.cubic_c * (t - p.k).powi(3) + p.w_max;
         w.clamp(self.settings.floor, MAX_RATE)
     }
 
@@ -288,6 +273,8 @@ impl Pacer {
     /// §4.7): cut again before it grew back to the last `W_max`, the provider takes less than
     /// before, so the curve's plateau is set lower, at `from · (1 + β) / 2`.
     fn cut(&self, p: &mut Paced, from: f64, now: u64) {
+        // The turns due so far, at the rate before the cut.
+        self.advance(p, now);
         let beta = self.settings.decrease;
         let from = from.max(self.settings.floor);
         p.w_max = if from < p.w_max {
@@ -298,11 +285,16 @@ impl Pacer {
         let start = (from * beta).max(self.settings.floor);
         p.k = ((p.w_max - start).max(0.0) / self.settings.cubic_c).cbrt();
         p.last_decrease = now;
-        // The answers to calls in slots given before this cut are no news.
-        p.calm_until = now
-            .saturating_add(nanos(self.settings.min_decrease_interval))
-            .max(p.next_slot);
-        // Slots given at the old rate stay given; credits of waiters stay theirs.
+        // The answers to calls let through before this cut are no news.
+        p.calm_until = now.saturating_add(nanos(self.settings.min_decrease_interval));
+    }
+
+    /// Gives the turns due since `served_at`, at the rate now (a turn ahead at most).
+    fn advance(&self, p: &mut Paced, now: u64) {
+        let elapsed = now.saturating_sub(p.served_at) as f64 / 1e9;
+        let turns = elapsed * self.rate_at(p, now);
+        p.served = (p.served + turns).min(p.issued as f64 + 1.0);
+        p.served_at = now;
     }
 
     /// A throttled answer from the provider at `now`: the rate is limited, or cut again.
@@ -312,18 +304,17 @@ impl Pacer {
         if !self.is_limited() {
             let window = now.saturating_sub(p.counting_since).max(MIN_MEASURE_NANOS);
             let ok = self.ok();
-            let measured = ok.saturating_sub(p.bucket_ok) as f64 / (window as f64 / 1e9);
+            let measured = ok.saturating_sub(p.ok_at_start) as f64 / (window as f64 / 1e9);
             let from = measured.clamp(self.settings.floor, MAX_RATE);
             p.peak = from;
             p.below_half = false;
             p.credits = 0;
-            p.next_slot = now;
+            p.epoch = p.epoch.wrapping_add(1);
+            p.issued = 0;
+            p.served = 1.0;
+            p.served_at = now;
             p.last_report = now;
-            p.bucket_start = now;
-            p.bucket_sent = 0;
-            p.bucket_ok = ok;
-            p.sent_rate = None;
-            p.ok_rate = None;
+            p.ok_at_start = ok;
             self.cut(&mut p, from, now);
             self.limited.store(true, Ordering::Relaxed);
             return Some(Change {
@@ -335,11 +326,7 @@ impl Pacer {
         if now < p.calm_until {
             return None;
         }
-        // Cut from what the provider took (or what was sent), when less than the rate allowed.
-        let mut current = self.rate_at(&p, now);
-        for measured in [p.sent_rate, p.ok_rate].into_iter().flatten() {
-            current = current.min(measured);
-        }
+        let current = self.rate_at(&p, now);
         self.cut(&mut p, current, now);
         p.last_report = now;
         Some(self.report(&mut p, now, "throttled"))
@@ -371,7 +358,8 @@ impl Pacer {
         }
     }
 
-    /// Asks for a slot at `now` (a limited pacer only).
+    /// Asks for a turn at `now`: at once when no one waits and the rate allows, else a place
+    /// in the queue.
     pub(crate) fn admit(&self, now: u64) -> Admit {
         let mut p = self.lock();
         if !self.is_limited() {
@@ -382,7 +370,8 @@ impl Pacer {
             let peak = p.peak;
             *p = Paced {
                 counting_since: now,
-                bucket_ok: self.ok(),
+                ok_at_start: self.ok(),
+                epoch: p.epoch,
                 ..Paced::default()
             };
             return Admit::Go(Some(Change {
@@ -397,39 +386,57 @@ impl Pacer {
         });
         if p.credits > 0 {
             p.credits -= 1;
-            p.sent(now, self.ok());
+            return Admit::Go(change);
+        }
+        self.advance(&mut p, now);
+        let ticket = p.issued;
+        p.issued += 1;
+        if (ticket as f64) < p.served {
             return Admit::Go(change);
         }
         let rate = self.rate_at(&p, now);
-        let interval = ((1e9 / rate) as u64).max(1);
-        p.last_interval = interval;
-        if p.next_slot <= now {
-            p.next_slot = now.saturating_add(interval);
-            p.sent(now, self.ok());
-            return Admit::Go(change);
-        }
-        let slot = p.next_slot;
-        p.next_slot = slot.saturating_add(interval);
         Admit::Wait {
-            wait: Duration::from_nanos(slot - now),
-            slot,
+            wait: turn_in(&p, ticket, rate),
+            ticket: Ticket {
+                epoch: p.epoch,
+                number: ticket,
+            },
             rate,
+            change,
         }
     }
 
-    /// A caller that waited for its slot sends now: the next call goes at once.
-    pub(crate) fn redeem(&self) {
-        if self.is_limited() {
-            let mut p = self.lock();
-            p.credits = p.credits.saturating_add(1);
+    /// Whether `ticket`'s turn came at `now`: `Ok` and the caller sends now (the breaker lets
+    /// its call through), or `Err` with the time until it comes at the rate now.
+    pub(crate) fn redeem(&self, ticket: Ticket, now: u64) -> Result<(), Duration> {
+        if !self.is_limited() {
+            return Ok(());
         }
-    }
-
-    /// A slot reserved at `slot` will not be used: given back when it is the last one given.
-    pub(crate) fn give_back(&self, slot: u64) {
         let mut p = self.lock();
-        if p.next_slot.checked_sub(p.last_interval) == Some(slot) {
-            p.next_slot = slot;
+        if ticket.epoch != p.epoch {
+            return Ok(());
+        }
+        self.advance(&mut p, now);
+        if (ticket.number as f64) < p.served {
+            p.credits = p.credits.saturating_add(1);
+            return Ok(());
+        }
+        let rate = self.rate_at(&p, now);
+        Err(turn_in(&p, ticket.number, rate))
+    }
+
+    /// `ticket` will not be used: its turn goes to the next in line.
+    pub(crate) fn give_back(&self, ticket: Ticket, now: u64) {
+        let mut p = self.lock();
+        if ticket.epoch != p.epoch || !self.is_limited() {
+            return;
+        }
+        self.advance(&mut p, now);
+        if ticket.number + 1 == p.issued {
+            p.issued -= 1;
+            p.served = p.served.min(p.issued as f64 + 1.0);
+        } else if (ticket.number as f64) >= p.served {
+            p.served = (p.served + 1.0).min(p.issued as f64 + 1.0);
         }
     }
 
@@ -439,6 +446,10 @@ impl Pacer {
             return None;
         }
         let p = self.lock();
+        // Quiet for the lift time: lifted at the next call, and not limited for a reader now.
+        if now.saturating_sub(p.last_throttle) >= nanos(self.settings.lift_after) {
+            return None;
+        }
         Some((self.rate_at(&p, now), p.peak))
     }
 }
@@ -452,49 +463,25 @@ impl fmt::Debug for Pacer {
     }
 }
 
+/// The wait until `ticket`'s turn at `rate`, at most a second: the rate may grow meanwhile, so
+/// a caller far back in the queue looks again (and waits what it really waited, not what the
+/// rate of the moment foretold).
+fn turn_in(p: &Paced, ticket: u64, rate: f64) -> Duration {
+    let turns = ticket as f64 + 1.0 - p.served;
+    Duration::from_secs_f64((turns / rate).clamp(0.0, 1.0))
+}
+
+/// A place in a limited pacer's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    epoch: u64,
+    number: u64,
+}
+
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The slot a paced call reserved, on its failure: a retry layer that waits for it redeems it
-/// just before it sends again, so that the breaker lets that call through at once; dropped
-/// unredeemed, it is given back when it is still the last slot given.
-pub(crate) struct SendSlot {
-    pub(crate) shared: Arc<super::state::Shared>,
-    pub(crate) slot: u64,
-    pub(crate) redeemed: bool,
-}
-
-impl SendSlot {
-    /// The caller sends now, in its slot.
-    pub(crate) fn redeem(mut self) {
-        self.redeemed = true;
-        if let Some(pacer) = self.shared.pacer() {
-            pacer.redeem();
-        }
-    }
-}
-
-impl Drop for SendSlot {
-    fn drop(&mut self) {
-        if !self.redeemed
-            && let Some(pacer) = self.shared.pacer()
-        {
-            pacer.give_back(self.slot);
-        }
-    }
-}
-
-impl fmt::Debug for SendSlot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SendSlot")
-            .field("breaker", &self.shared.name)
-            .field("slot", &self.slot)
-            .finish()
-    }
-}
-
-impl Note for SendSlot {}
 
 /// The source of a paced call's failure: the breaker, its rate and the wait.
 #[derive(Debug)]
@@ -523,7 +510,8 @@ impl PacedError {
         self.rate
     }
 
-    /// How long until the slot reserved for the call.
+    /// How long until the call's turn, at the rate when it came (at most a second: a call
+    /// further back in the queue looks again then).
     pub fn wait(&self) -> Duration {
         self.wait
     }
@@ -533,7 +521,7 @@ impl fmt::Display for PacedError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "send rate of `{}` lowered to {:.1}/s after throttled answers; next slot in {:?}",
+            "send rate of `{}` lowered to {:.1}/s after throttled answers; its turn in {:?}",
             self.breaker, self.rate, self.wait
         )
     }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::open::{Cause, CauseSlot, OpenDuration, OpenError, describe};
-use super::rate::{AdaptiveRate, Admit, Change, Pacer};
+use super::rate::{AdaptiveRate, Admit, Change, Pacer, Ticket};
 use super::sync::{AtomicU32, AtomicU64, Ordering};
 use super::window::{Counts, FAILED, SLOW, Window, WindowKind};
 use crate::failure::{Class, Code};
@@ -435,6 +435,11 @@ impl Shared {
         saturating_nanos(Instant::now().saturating_duration_since(self.base))
     }
 
+    /// The breaker's clock, in nanoseconds since it was made.
+    pub(crate) fn now_nanos(&self) -> u64 {
+        self.now()
+    }
+
     /// The adaptive send rate's pacer, when on.
     #[inline]
     pub(crate) fn pacer(&self) -> Option<&Pacer> {
@@ -444,7 +449,7 @@ impl Shared {
     /// Asks the pacer for a slot, when the rate is limited: `Ok` to send now, `Err` with the
     /// wait until the slot reserved (and the slot, and the rate).
     #[inline]
-    pub(crate) fn pace(&self) -> Result<(), (Duration, u64, f64)> {
+    pub(crate) fn pace(&self) -> Result<(), (Duration, Ticket, f64)> {
         match &self.pacer {
             Some(pacer) if pacer.is_limited() => self.pace_slow(pacer),
             _ => Ok(()),
@@ -452,7 +457,7 @@ impl Shared {
     }
 
     #[cold]
-    fn pace_slow(&self, pacer: &Pacer) -> Result<(), (Duration, u64, f64)> {
+    fn pace_slow(&self, pacer: &Pacer) -> Result<(), (Duration, Ticket, f64)> {
         match pacer.admit(self.now()) {
             Admit::Go(change) => {
                 if let Some(change) = change {
@@ -460,7 +465,17 @@ impl Shared {
                 }
                 Ok(())
             }
-            Admit::Wait { wait, slot, rate } => Err((wait, slot, rate)),
+            Admit::Wait {
+                wait,
+                ticket,
+                rate,
+                change,
+            } => {
+                if let Some(change) = change {
+                    self.rate_changed(change);
+                }
+                Err((wait, ticket, rate))
+            }
         }
     }
 

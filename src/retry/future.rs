@@ -287,6 +287,13 @@ where
                 }
                 StateProj::Sleeping { sleep } => {
                     ready!(sleep.poll(cx));
+                    if let Some(more) = call.slot_wait() {
+                        // Its turn for a send slot has not come (the rate fell): wait on.
+                        this.state.set(State::Sleeping {
+                            sleep: tokio::time::sleep(more),
+                        });
+                        continue;
+                    }
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
@@ -550,10 +557,9 @@ where
         write_time_left(&mut request, &r.policy, left);
         self.spans.next_attempt(&request, r.attempts);
         self.started = r.policy.hook().attempt_start();
-        // In the slot the send rate reserved for it: the breaker lets it through at once.
-        if let Some(slot) = r.take_slot() {
-            slot.redeem();
-        }
+        // Its turn for a send slot came (the breaker lets it through at once), or it is given
+        // back and the breaker decides again.
+        drop(r.take_slot());
         Poll::Ready(Ok(match self.spans.attempt() {
             None => r.service.call(request),
             Some(span) => span.in_scope(|| r.service.call(request)),
@@ -632,14 +638,29 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
         r.paced();
         let deadline = self.deadline.at();
         let wait = failure.retry_after().unwrap_or_default();
-        match r.policy.decide_paced(wait, r.spare_state) {
+        match r.policy.decide_paced(wait, r.paced_for, r.spare_state) {
             Decision::Stop(reason) => Next::End(End::GiveUp(reason)),
             Decision::Defer(at, delay) => Next::End(End::Defer(at, Some(delay))),
             Decision::Retry(..) if past_deadline(deadline, wait) => {
                 Next::End(End::GiveUp(GiveUp::DeadlineExceeded))
             }
-            Decision::Retry(delay, source) => Next::Retry(delay, source),
+            Decision::Retry(delay, source) => {
+                r.paced_for = r.paced_for.saturating_add(delay);
+                Next::Retry(delay, source)
+            }
         }
+    }
+
+    /// After a sleep: more to wait for a send slot whose turn has not come, within the policy's
+    /// bound and before the deadline.
+    #[cold]
+    fn slot_wait(&mut self) -> Option<Duration> {
+        let Mode::Retrying(r) = &mut self.mode else {
+            return None;
+        };
+        let more = r.slot_wait()?;
+        let deadline = self.deadline.at();
+        (!past_deadline(deadline, more)).then_some(more)
     }
 
     /// Whether `failure` ended an attempt at the deadline because the attempt's time was up: a

@@ -852,11 +852,12 @@ impl RetryPolicy {
         Decision::Retry(delay, source)
     }
 
-    /// A call the breaker's adaptive send rate held back until its slot, `wait` from now: waited
-    /// in process like a server's hint (within the same bound), else deferred or given up like
-    /// one. Not an attempt, so neither attempt cap applies; a request that cannot be sent again
-    /// stops as for any failure.
-    pub(crate) fn decide_paced(&self, wait: Duration, spare: Spare) -> Decision {
+    /// A call the breaker's adaptive send rate held back until its slot, `wait` from now, after
+    /// `waited` already waited for slots: waited in process like a server's hint while the
+    /// waits in all stay within the same bound, else deferred or given up like one. Not an
+    /// attempt, so neither attempt cap applies; a request that cannot be sent again stops as
+    /// for any failure.
+    pub(crate) fn decide_paced(&self, wait: Duration, waited: Duration, spare: Spare) -> Decision {
         match spare {
             Spare::Ready => {}
             // Held back in this process: certainly not sent.
@@ -864,11 +865,7 @@ impl RetryPolicy {
             Spare::NotSafe => return Decision::Stop(GiveUp::NotIdempotent),
             Spare::NotReplayable => return Decision::Stop(GiveUp::NotReplayable),
         }
-        let limit = match self.hint_limit() {
-            Some(hint_limit) => hint_limit.min(self.inner.max_delay),
-            None => self.inner.max_delay,
-        };
-        if wait > limit {
+        if waited.saturating_add(wait) > self.paced_bound() {
             return if self.inner.give_up_long_delays {
                 Decision::Stop(GiveUp::HintTooLong)
             } else {
@@ -876,6 +873,14 @@ impl RetryPolicy {
             };
         }
         Decision::Retry(wait, DelaySource::SendRate)
+    }
+
+    /// The longest a call waits in process for send slots, in all: the bound on server hints.
+    pub(crate) fn paced_bound(&self) -> Duration {
+        match self.hint_limit() {
+            Some(hint_limit) => hint_limit.min(self.inner.max_delay),
+            None => self.inner.max_delay,
+        }
     }
 
     /// A breaker rejection: deferred to the half-open instant, or waited in process when the

@@ -29,6 +29,8 @@ pub(super) struct Retrying<S, F, R> {
     /// Whether the provider throttled this call, or the breaker's send rate held it back: a
     /// copy is then kept for the last attempt too, since the rate may hold that one back.
     pub(super) throttled: bool,
+    /// The time this call waited for send slots so far.
+    pub(super) paced_for: Duration,
     history: Option<Box<History<F, R>>>,
 }
 
@@ -44,7 +46,7 @@ struct History<F, R> {
     /// for the listener's `Retried`.
     retry: PendingRetry,
     hedges: Hedges<F, R>,
-    /// The send slot the breaker reserved for the next attempt, redeemed just before it.
+    /// The place in its breaker's queue the next attempt waits with, looked at after each wait.
     slot: Option<SendSlot>,
 }
 
@@ -86,6 +88,7 @@ impl<S, F, R> Retrying<S, F, R> {
             spare_state: if safe { Spare::Ready } else { Spare::NotSafe },
             attempts: 1,
             throttled: false,
+            paced_for: Duration::ZERO,
             history: None,
         }
     }
@@ -163,9 +166,22 @@ impl<S, F, R> Retrying<S, F, R> {
         self.throttled = true;
     }
 
-    /// The send slot reserved for the next attempt, taken out.
+    /// The send slot of the next attempt, taken out.
     pub(super) fn take_slot(&mut self) -> Option<SendSlot> {
         self.history.as_mut().and_then(|h| h.slot.take())
+    }
+
+    /// After a wait for a send slot: `None` when the turn came (or there is no slot), else the
+    /// time until it comes, at the rate now, when that more still fits the policy's bound on
+    /// waits for slots (beyond it, the call goes on, and the breaker's answer decides).
+    pub(super) fn slot_wait(&mut self) -> Option<Duration> {
+        let slot = self.history.as_mut()?.slot.as_mut()?;
+        let more = slot.ready()?;
+        let total = self.paced_for.saturating_add(more);
+        (total <= self.policy.paced_bound()).then(|| {
+            self.paced_for = total;
+            more
+        })
     }
 
     /// The last real failure, taken out.

@@ -1,0 +1,57 @@
+//! [`SendSlot`]: the place in its breaker's queue that a call held back by the adaptive send
+//! rate carries up on its failure, for a retry layer to wait its turn with.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::rate::Ticket;
+use super::state::Shared;
+use crate::failure::Note;
+
+/// The place a paced call took in its breaker's queue, on its failure: a retry layer that
+/// waits for its turn asks [`ready`](Self::ready) when it wakes (sleeping again while the turn
+/// has not come, the rate having fallen), then redeems it just before it sends, so that the
+/// breaker lets that call through at once. Dropped unredeemed, its turn goes to the next in
+/// line.
+pub(crate) struct SendSlot {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) ticket: Ticket,
+    pub(crate) redeemed: bool,
+}
+
+impl SendSlot {
+    /// `None` when the turn came (the caller sends now, and the breaker lets it through);
+    /// else the time until it comes, at the rate now.
+    pub(crate) fn ready(&mut self) -> Option<Duration> {
+        let pacer = self.shared.pacer()?;
+        match pacer.redeem(self.ticket, self.shared.now_nanos()) {
+            Ok(()) => {
+                self.redeemed = true;
+                None
+            }
+            Err(left) => Some(left),
+        }
+    }
+}
+
+impl Drop for SendSlot {
+    fn drop(&mut self) {
+        if !self.redeemed
+            && let Some(pacer) = self.shared.pacer()
+        {
+            pacer.give_back(self.ticket, self.shared.now_nanos());
+        }
+    }
+}
+
+impl fmt::Debug for SendSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendSlot")
+            .field("breaker", &self.shared.name)
+            .field("ticket", &self.ticket)
+            .finish()
+    }
+}
+
+impl Note for SendSlot {}
