@@ -530,7 +530,7 @@ where
         let copy = if r.attempts.saturating_add(1) < r.policy.attempts()
             || self.keep.is_some()
             || self.reconcile.is_some()
-            || r.throttled
+            || r.throttled()
         {
             Some(request.replay())
         } else {
@@ -638,14 +638,14 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
         r.paced();
         let deadline = self.deadline.at();
         let wait = failure.retry_after().unwrap_or_default();
-        match r.policy.decide_paced(wait, r.paced_for, r.spare_state) {
+        match r.policy.decide_paced(wait, r.paced_for(), r.spare_state) {
             Decision::Stop(reason) => Next::End(End::GiveUp(reason)),
             Decision::Defer(at, delay) => Next::End(End::Defer(at, Some(delay))),
             Decision::Retry(..) if past_deadline(deadline, wait) => {
                 Next::End(End::GiveUp(GiveUp::DeadlineExceeded))
             }
             Decision::Retry(delay, source) => {
-                r.paced_for = r.paced_for.saturating_add(delay);
+                r.add_paced(delay);
                 Next::Retry(delay, source)
             }
         }
@@ -654,6 +654,7 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
     /// After a sleep: more to wait for a send slot whose turn has not come, within the policy's
     /// bound and before the deadline.
     #[cold]
+    #[inline(never)]
     fn slot_wait(&mut self) -> Option<Duration> {
         let Mode::Retrying(r) = &mut self.mode else {
             return None;

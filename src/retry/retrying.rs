@@ -26,11 +26,6 @@ pub(super) struct Retrying<S, F, R> {
     pub(super) spare_state: Spare,
     /// Attempts sent, hedged copies included.
     pub(super) attempts: u32,
-    /// Whether the provider throttled this call, or the breaker's send rate held it back: a
-    /// copy is then kept for the last attempt too, since the rate may hold that one back.
-    pub(super) throttled: bool,
-    /// The time this call waited for send slots so far.
-    pub(super) paced_for: Duration,
     history: Option<Box<History<F, R>>>,
 }
 
@@ -48,6 +43,11 @@ struct History<F, R> {
     hedges: Hedges<F, R>,
     /// The place in its breaker's queue the next attempt waits with, looked at after each wait.
     slot: Option<SendSlot>,
+    /// Whether the provider throttled this call, or the breaker's send rate held it back: a
+    /// copy is then kept for the last attempt too, since the rate may hold that one back.
+    throttled: bool,
+    /// The time this call waited for its turn of a send rate so far.
+    paced_for: Duration,
 }
 
 /// Where the last retry scheduled stands, for the listener's `Retried`: told once its attempt
@@ -87,8 +87,6 @@ impl<S, F, R> Retrying<S, F, R> {
             policy,
             spare_state: if safe { Spare::Ready } else { Spare::NotSafe },
             attempts: 1,
-            throttled: false,
-            paced_for: Duration::ZERO,
             history: None,
         }
     }
@@ -106,8 +104,8 @@ impl<S, F, R> Retrying<S, F, R> {
     /// Counts a failure of `class`: the attempts failed with it (this one included) and the
     /// delay slept before this attempt, if any.
     pub(super) fn count(&mut self, class: Class) -> (u32, Option<Duration>) {
-        self.throttled |= class == Class::THROTTLED;
         let history = self.history();
+        history.throttled |= class == Class::THROTTLED;
         let class_failures = history.count(class);
         history.first_failed_at.get_or_insert_with(SystemTime::now);
         (class_failures, history.previous_delay)
@@ -163,7 +161,23 @@ impl<S, F, R> Retrying<S, F, R> {
     /// A call the breaker's send rate held back: not an attempt.
     pub(super) fn paced(&mut self) {
         self.attempts -= 1;
-        self.throttled = true;
+        self.history().throttled = true;
+    }
+
+    /// Whether the provider throttled this call, or the breaker's send rate held it back.
+    pub(super) fn throttled(&self) -> bool {
+        self.history.as_ref().is_some_and(|h| h.throttled)
+    }
+
+    /// The time this call waited for its turn of a send rate so far.
+    pub(super) fn paced_for(&self) -> Duration {
+        self.history.as_ref().map_or(Duration::ZERO, |h| h.paced_for)
+    }
+
+    /// Adds `wait` to the time this call waited for its turn.
+    pub(super) fn add_paced(&mut self, wait: Duration) {
+        let history = self.history();
+        history.paced_for = history.paced_for.saturating_add(wait);
     }
 
     /// The send slot of the next attempt, taken out.
@@ -175,11 +189,12 @@ impl<S, F, R> Retrying<S, F, R> {
     /// time until it comes, at the rate now, when that more still fits the policy's bound on
     /// waits for slots (beyond it, the call goes on, and the breaker's answer decides).
     pub(super) fn slot_wait(&mut self) -> Option<Duration> {
-        let slot = self.history.as_mut()?.slot.as_mut()?;
-        let more = slot.ready()?;
-        let total = self.paced_for.saturating_add(more);
-        (total <= self.policy.paced_bound()).then(|| {
-            self.paced_for = total;
+        let bound = self.policy.paced_bound();
+        let history = self.history.as_deref_mut()?;
+        let more = history.slot.as_mut()?.ready()?;
+        let total = history.paced_for.saturating_add(more);
+        (total <= bound).then(|| {
+            history.paced_for = total;
             more
         })
     }
@@ -334,6 +349,8 @@ fn history_of<F, R>(history: &mut Option<Box<History<F, R>>>) -> &mut History<F,
             retry: PendingRetry::None,
             hedges: Hedges::new(),
             slot: None,
+            throttled: false,
+            paced_for: Duration::ZERO,
         })
     })
 }
