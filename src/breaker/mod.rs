@@ -151,8 +151,8 @@ pub use self::handle::BreakerHandle;
 pub use self::keyed::{Authority, KeyOf, PerKey};
 pub use self::layer::BreakerLayer;
 pub use self::open::OpenError;
-pub(crate) use self::slot::SendSlot;
 pub use self::rate::{AdaptiveRate, PacedError};
+pub(crate) use self::slot::SendSlot;
 pub use self::state::{MAX_PROBES, Stats};
 pub use crate::status::State;
 // `tower_backstop::breaker::{Health, HealthReport, BreakerHealth}` before they moved to

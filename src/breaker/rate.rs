@@ -482,7 +482,6 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-
 /// The source of a paced call's failure: the breaker, its rate and the wait.
 #[derive(Debug)]
 pub struct PacedError {

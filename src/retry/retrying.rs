@@ -171,7 +171,9 @@ impl<S, F, R> Retrying<S, F, R> {
 
     /// The time this call waited for its turn of a send rate so far.
     pub(super) fn paced_for(&self) -> Duration {
-        self.history.as_ref().map_or(Duration::ZERO, |h| h.paced_for)
+        self.history
+            .as_ref()
+            .map_or(Duration::ZERO, |h| h.paced_for)
     }
 
     /// Adds `wait` to the time this call waited for its turn.
