@@ -24,6 +24,15 @@ fn refused() -> Step {
     Step::Io(std::io::ErrorKind::ConnectionRefused)
 }
 
+/// The test's clock: tokio's paused clock anchored once per test (each test runs on its own
+/// thread), so that the layers' times and the test's `now` share one anchor on the wall clock.
+fn test_clock() -> Clock {
+    thread_local! {
+        static CLOCK: Clock = Clock::tokio();
+    }
+    CLOCK.with(Clock::clone)
+}
+
 /// Dead letters with `schedule` over 3 attempts without backoff over the HTTP classifier.
 fn stack(
     store: &Arc<dyn Store>,
@@ -39,7 +48,7 @@ fn stack(
         ServiceBuilder::new()
             .layer(
                 DeadLetterLayer::from_arc(Arc::clone(store))
-                    .clock(Clock::tokio())
+                    .clock(test_clock())
                     .retry_schedule(schedule),
             )
             .layer(
@@ -90,7 +99,7 @@ async fn a_transient_failure_is_deferred_5s_then_1min_then_15min_then_dead() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let upstream = Scripted::always(refused());
     let svc = stack(&store, RetrySchedule::new(), 3, &upstream);
-    let now = Clock::tokio().now();
+    let now = test_clock().now();
     let failure = svc
         .clone()
         .oneshot(post_with_key(URI, "{}", "k1"))
@@ -103,7 +112,7 @@ async fn a_transient_failure_is_deferred_5s_then_1min_then_15min_then_dead() {
     let start = Instant::now();
     let handle = Scheduler::new(Arc::clone(&store), svc, as_string_request)
         .poll_every(Duration::from_millis(100))
-        .clock(Clock::tokio())
+        .clock(test_clock())
         .spawn();
     tokio::time::sleep(s(25 * 60)).await;
     handle.shutdown().await;
@@ -139,7 +148,7 @@ async fn a_provider_back_by_the_first_resend_gets_the_message_once_and_no_dead_l
     assert!(failure.note::<Attempts>().unwrap().is_deferred());
     let handle = Scheduler::new(Arc::clone(&store), svc, as_string_request)
         .poll_every(Duration::from_millis(100))
-        .clock(Clock::tokio())
+        .clock(test_clock())
         .spawn();
     tokio::time::sleep(Duration::from_secs(10)).await;
     handle.shutdown().await;
@@ -157,7 +166,7 @@ async fn a_provider_back_by_the_first_resend_gets_the_message_once_and_no_dead_l
 #[tokio::test(start_paused = true)]
 async fn only_requests_that_can_be_sent_again_are_deferred() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let now = Clock::tokio().now();
+    let now = test_clock().now();
     let window = Duration::from_secs(5)..=Duration::from_millis(6_251);
     // A POST without a key answered 502 may have been acted on: dead.
     let upstream = Scripted::always(status(502));
@@ -192,7 +201,7 @@ async fn only_requests_that_can_be_sent_again_are_deferred() {
 #[tokio::test(start_paused = true)]
 async fn classes_follow_their_own_schedule() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let now = Clock::tokio().now();
+    let now = test_clock().now();
     let s = Duration::from_secs;
     // A permanent failure is never deferred.
     let upstream = Scripted::always(status(400));
@@ -214,7 +223,7 @@ async fn classes_follow_their_own_schedule() {
     deferred_within(&store, &failure, now, s(60)..=s(75)).await;
     let handle = Scheduler::new(Arc::clone(&store), svc, as_string_request)
         .poll_every(Duration::from_millis(100))
-        .clock(Clock::tokio())
+        .clock(test_clock())
         .spawn();
     tokio::time::sleep(s(5 * 60)).await;
     handle.shutdown().await;
@@ -224,7 +233,7 @@ async fn classes_follow_their_own_schedule() {
     // Throttled with a server hint longer than the step: the hint.
     let upstream = Scripted::always(status_with(429, "retry-after", "20"));
     let svc = stack(&store, RetrySchedule::new(), 1, &upstream);
-    let now = Clock::tokio().now();
+    let now = test_clock().now();
     let failure = svc
         .oneshot(post_with_key(URI, "{}", "t"))
         .await
@@ -244,7 +253,7 @@ async fn classes_follow_their_own_schedule() {
     is_dead(&failure, GiveUp::AttemptsExhausted);
     let upstream = Scripted::always(refused());
     let svc = stack(&store, custom, 1, &upstream);
-    let now = Clock::tokio().now();
+    let now = test_clock().now();
     let failure = svc
         .oneshot(post_with_key(URI, "{}", "c"))
         .await
@@ -280,7 +289,7 @@ async fn the_preset_defers_by_default_and_keeps_a_schedule_chosen() {
     ] {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         let upstream = Scripted::always(refused());
-        let layer = DeadLetterLayer::from_arc(Arc::clone(&store)).clock(Clock::tokio());
+        let layer = DeadLetterLayer::from_arc(Arc::clone(&store)).clock(test_clock());
         let layer = match schedule {
             Some(s) => layer.retry_schedule(s),
             None => layer,
