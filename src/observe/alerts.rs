@@ -542,26 +542,7 @@ impl Watch {
                 changes.push((alert, true));
             }
             Event::BreakerTransition { breaker, to, .. } => {
-                let key = format!("breaker_open/{breaker}");
-                match to {
-                    State::Open | State::ForcedOpen => {
-                        if let std::collections::btree_map::Entry::Vacant(slot) =
-                            self.firing.entry(key)
-                        {
-                            let alert = Alert::BreakerOpen {
-                                breaker: breaker.to_owned(),
-                            };
-                            slot.insert(alert.clone());
-                            changes.push((alert, true));
-                        }
-                    }
-                    State::Closed | State::Disabled => {
-                        if let Some(alert) = self.firing.remove(&key) {
-                            changes.push((alert, false));
-                        }
-                    }
-                    _ => {}
-                }
+                self.breaker_moved(breaker, to, &mut changes);
             }
             Event::SendRate {
                 breaker,
@@ -592,6 +573,29 @@ impl Watch {
             self.evaluate(rules, now, started, minute, &mut changes);
         }
         changes
+    }
+
+    /// The breaker-open rule, on a transition: open (or forced open) raises (once per
+    /// breaker), closed or disabled clears.
+    fn breaker_moved(&mut self, breaker: &str, to: State, changes: &mut Vec<(Alert, bool)>) {
+        let key = format!("breaker_open/{breaker}");
+        match to {
+            State::Open | State::ForcedOpen => {
+                if let std::collections::btree_map::Entry::Vacant(slot) = self.firing.entry(key) {
+                    let alert = Alert::BreakerOpen {
+                        breaker: breaker.to_owned(),
+                    };
+                    slot.insert(alert.clone());
+                    changes.push((alert, true));
+                }
+            }
+            State::Closed | State::Disabled => {
+                if let Some(alert) = self.firing.remove(&key) {
+                    changes.push((alert, false));
+                }
+            }
+            _ => {}
+        }
     }
 
     /// The send-rate rule, on a rate told: below half of the peak raises (once per breaker),
