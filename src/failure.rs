@@ -157,6 +157,16 @@ fn http2_error_name(code: u32) -> &'static str {
     }
 }
 
+impl Code {
+    /// Whether a layer of this process refused the call before it was sent, so that it is
+    /// not an attempt: an open breaker ([`Code::CircuitOpen`]) or its send rate
+    /// ([`Code::Paced`]).
+    #[inline]
+    pub(crate) const fn not_an_attempt(self) -> bool {
+        matches!(self, Code::CircuitOpen | Code::Paced)
+    }
+}
+
 impl fmt::Display for Code {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

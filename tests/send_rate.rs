@@ -577,3 +577,54 @@ async fn a_provider_that_throttles_before_any_success_is_still_sent_its_rate() {
     );
     assert!(quota.delivered().values().all(|n| *n == 1));
 }
+
+/// Twenty messages at once through `svc` to `quota`: how many failed.
+async fn twenty_at_once<S>(svc: S) -> usize
+where
+    S: Service<http::Request<String>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    S::Response: Send,
+{
+    let calls: Vec<_> = (0..20)
+        .map(|i| tokio::spawn(svc.clone().oneshot(keyed(&format!("m{i}")))))
+        .collect();
+    let mut failed = 0;
+    for call in calls {
+        failed += usize::from(call.await.unwrap().is_err());
+    }
+    failed
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tower_buffer_around_the_preset_or_inside_it_keeps_the_turns() {
+    // The preset behind a `Buffer`, as a service shared by many tasks is often written.
+    let quota = Quota::new(5);
+    let svc = ServiceBuilder::new()
+        .buffer(64)
+        .layer(BackstopLayer::http(Duration::from_secs(2)))
+        .service(quota.clone());
+    assert_eq!(twenty_at_once(svc).await, 0);
+    assert_eq!(quota.delivered().len(), 20);
+    assert!(quota.delivered().values().all(|n| *n == 1));
+    // A `Buffer` between the retry layer and the breaker: the held-back call's failure, and
+    // its place in the queue, cross it.
+    let quota = Quota::new(5);
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::default())
+        .buffer(64)
+        .layer(BreakerLayer::new())
+        .layer(ClassifyLayer::http())
+        .service(quota.clone());
+    // The buffer's worker sends the first burst before any answer is read (15 of 20 answered
+    // 429 at once); the retries then wait their turns.
+    assert_eq!(twenty_at_once(svc).await, 0);
+    let delivered = quota.delivered();
+    assert_eq!(delivered.len(), 20);
+    assert!(delivered.values().all(|n| *n == 1));
+    let (_, late_429) = quota.after(1);
+    assert!(
+        late_429 <= 2,
+        "after the first second, {late_429} throttled"
+    );
+}

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 use super::RedactHeaders;
 use crate::breaker::OpenError;
 use crate::breaker::open::describe;
-use crate::failure::{Class, Code, Failure};
+use crate::failure::{Class, Failure};
 use crate::request::Envelope;
 use crate::retry::{Attempts, GiveUp};
 use crate::store::{ErrorEntry, Record, Status, add_clamped, truncate};
@@ -76,7 +76,7 @@ pub(crate) fn record_at<R>(
     // it count).
     let attempts = if refused_by_budget(failure) {
         0
-    } else if matches!(failure.code(), Code::CircuitOpen | Code::Paced) {
+    } else if failure.code().not_an_attempt() {
         counted
     } else {
         counted.max(1)
@@ -193,6 +193,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::failure::Code;
 
     fn from_failure<R>(id: String, envelope: Envelope, failure: &Failure<R>) -> Record {
         record_of(id, envelope, failure)

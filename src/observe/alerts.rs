@@ -527,7 +527,7 @@ impl Watch {
             // its code no provider's.
             Event::AttemptEnded {
                 code: Some(code), ..
-            } if !matches!(code, Code::CircuitOpen | Code::Paced)
+            } if !code.not_an_attempt()
                 && self.codes.insert(code)
                 && now.duration_since(started) >= rules.window =>
             {

@@ -467,9 +467,8 @@ impl Inner {
             // A breaker's rejection is not an attempt: nothing left the process. It is counted
             // by the breaker's own event, and its call by `GaveUp`.
             Event::AttemptEnded {
-                code: Some(Code::CircuitOpen | Code::Paced),
-                ..
-            } => {}
+                code: Some(code), ..
+            } if code.not_an_attempt() => {}
             Event::AttemptEnded {
                 attempt,
                 class,

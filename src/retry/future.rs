@@ -478,7 +478,7 @@ where
         let hook = self.mode.hook();
         if hook.is_set() {
             if let Some((delay, source)) = retry
-                && !matches!(failure.code(), Code::CircuitOpen | Code::Paced)
+                && !failure.code().not_an_attempt()
             {
                 trace::retried(hook, self.mode.sent_current(), delay, source);
             }
@@ -719,10 +719,7 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
             Mode::Retrying(r) => (r.attempts, r.first_failed_at()),
             // One attempt, unless the breaker rejected it or held it back: the request never
             // left.
-            Mode::Single { .. } => (
-                u32::from(!matches!(failure.code(), Code::CircuitOpen | Code::Paced)),
-                None,
-            ),
+            Mode::Single { .. } => (u32::from(!failure.code().not_an_attempt()), None),
         };
         let first = first.unwrap_or_else(SystemTime::now);
         let hook = self.mode.hook();
@@ -760,10 +757,8 @@ fn past_deadline(deadline: Option<Instant>, delay: Duration) -> bool {
 /// slot, like any rejection, unless the policy gives long delays up (`give_up`: no store).
 fn single_end<R>(reason: GiveUp, give_up: bool, failure: &Failure<R>, unknown: bool) -> End {
     match failure.retry_after() {
-        Some(_) if give_up && matches!(failure.code(), Code::CircuitOpen | Code::Paced) => {
-            End::GiveUp(GiveUp::HintTooLong)
-        }
-        Some(left) if matches!(failure.code(), Code::CircuitOpen | Code::Paced) => {
+        Some(_) if give_up && failure.code().not_an_attempt() => End::GiveUp(GiveUp::HintTooLong),
+        Some(left) if failure.code().not_an_attempt() => {
             End::Defer(retry_at(SystemTime::now(), left), None)
         }
         _ if unknown => End::GiveUp(GiveUp::NotIdempotent),
