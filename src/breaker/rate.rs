@@ -216,15 +216,14 @@ pub(crate) struct Change {
 
 /// How the pacer answers a call.
 pub(crate) enum Admit {
-    /// Send it now (with a change to report, when the pacer changed).
-    Go(Option<Change>),
+    /// Send it now.
+    Go,
     /// Not before its turn, about this long from now at the rate now (its place in the queue,
-    /// `ticket`), with a change to report.
+    /// `ticket`).
     Wait {
         wait: Duration,
         ticket: Ticket,
         rate: f64,
-        change: Option<Change>,
     },
 }
 
@@ -359,11 +358,11 @@ impl Pacer {
     }
 
     /// Asks for a turn at `now`: at once when no one waits and the rate allows, else a place
-    /// in the queue.
-    pub(crate) fn admit(&self, now: u64) -> Admit {
+    /// in the queue; with a change to report, when the pacer changed.
+    pub(crate) fn admit(&self, now: u64) -> (Admit, Option<Change>) {
         let mut p = self.lock();
         if !self.is_limited() {
-            return Admit::Go(None);
+            return (Admit::Go, None);
         }
         if now.saturating_sub(p.last_throttle) >= nanos(self.settings.lift_after) {
             self.limited.store(false, Ordering::Relaxed);
@@ -374,11 +373,12 @@ impl Pacer {
                 epoch: p.epoch,
                 ..Paced::default()
             };
-            return Admit::Go(Some(Change {
+            let lifted = Change {
                 rate: None,
                 peak,
                 reason: "lifted",
-            }));
+            };
+            return (Admit::Go, Some(lifted));
         }
         let change = (now.saturating_sub(p.last_report) >= 1_000_000_000).then(|| {
             p.last_report = now;
@@ -386,24 +386,24 @@ impl Pacer {
         });
         if p.credits > 0 {
             p.credits -= 1;
-            return Admit::Go(change);
+            return (Admit::Go, change);
         }
         self.advance(&mut p, now);
         let ticket = p.issued;
         p.issued += 1;
         if (ticket as f64) < p.served {
-            return Admit::Go(change);
+            return (Admit::Go, change);
         }
         let rate = self.rate_at(&p, now);
-        Admit::Wait {
+        let wait = Admit::Wait {
             wait: turn_in(&p, ticket, rate),
             ticket: Ticket {
                 epoch: p.epoch,
                 number: ticket,
             },
             rate,
-            change,
-        }
+        };
+        (wait, change)
     }
 
     /// Whether `ticket`'s turn came at `now`: `Ok` and the caller sends now (the breaker lets

@@ -446,8 +446,8 @@ impl Shared {
         self.pacer.as_ref()
     }
 
-    /// Asks the pacer for a slot, when the rate is limited: `Ok` to send now, `Err` with the
-    /// wait until the slot reserved (and the slot, and the rate).
+    /// Asks the pacer for a turn, when the rate is limited: `Ok` to send now, `Err` with the
+    /// wait until the call's turn (and its place in the queue, and the rate).
     #[inline]
     pub(crate) fn pace(&self) -> Result<(), (Duration, Ticket, f64)> {
         match &self.pacer {
@@ -458,24 +458,13 @@ impl Shared {
 
     #[cold]
     fn pace_slow(&self, pacer: &Pacer) -> Result<(), (Duration, Ticket, f64)> {
-        match pacer.admit(self.now()) {
-            Admit::Go(change) => {
-                if let Some(change) = change {
-                    self.rate_changed(change);
-                }
-                Ok(())
-            }
-            Admit::Wait {
-                wait,
-                ticket,
-                rate,
-                change,
-            } => {
-                if let Some(change) = change {
-                    self.rate_changed(change);
-                }
-                Err((wait, ticket, rate))
-            }
+        let (admit, change) = pacer.admit(self.now());
+        if let Some(change) = change {
+            self.rate_changed(change);
+        }
+        match admit {
+            Admit::Go => Ok(()),
+            Admit::Wait { wait, ticket, rate } => Err((wait, ticket, rate)),
         }
     }
 
