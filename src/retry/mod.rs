@@ -132,6 +132,7 @@ pub use self::budget::Budget;
 pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
 pub use self::note::Attempts;
+#[cfg(feature = "dead-letter")]
 pub(crate) use self::policy::retry_at;
 pub use self::policy::{ClassPolicy, RetryPolicy};
 pub use self::reconcile::{Delivery, ReconciledResponse, StatusCheck};
