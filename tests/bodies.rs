@@ -276,3 +276,59 @@ async fn a_body_that_arrives_later_is_read_by_the_future_and_replayed() {
     assert_eq!(bodies.len(), 2);
     assert!(bodies.iter().all(|b| b == &kib()), "replayed byte for byte");
 }
+
+/// A streaming body through a replay buffer of `limit` bytes, a dead-letter layer and a breaker
+/// an operator forced open: the call is refused before it left. With a copy (a body within the
+/// buffer) the record keeps it for a re-drive; without one (a body above the buffer) there is
+/// nothing a record could send again: none is written, and the caller gets the refusal as it is.
+async fn refused_by_a_forced_open_breaker(
+    limit: usize,
+) -> (
+    Result<http::Response<Incoming>, Failure<http::Response<Incoming>>>,
+    usize,
+    usize,
+) {
+    use tower_backstop::breaker::BreakerLayer;
+    use tower_backstop::dead_letter::DeadLetterLayer;
+    use tower_backstop::store::{Filter, MemoryStore, Store};
+    let (base, seen) = server(StatusCode::OK).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<BufferedBody<Chunks>>();
+    let breaker = BreakerLayer::new();
+    breaker.handle().force_open();
+    let store = MemoryStore::new();
+    let svc = ServiceBuilder::new()
+        .layer(ReplayBufferLayer::new(limit))
+        .layer(DeadLetterLayer::new(store.clone()))
+        .layer(breaker)
+        .layer(ClassifyLayer::http())
+        .service(client);
+    let request = http::Request::put(format!("{base}/messages"))
+        .header("content-length", "1024")
+        .body(streaming())
+        .unwrap();
+    let result = svc.oneshot(request).await;
+    let records = store.search(&Filter::new(), 0..10).await.unwrap().len();
+    let received = seen.lock().unwrap().len();
+    (result, records, received)
+}
+
+#[tokio::test]
+async fn a_refused_request_with_no_copy_is_handed_back_not_stored() {
+    use tower_backstop::dead_letter::DeadLetterStatus;
+    use tower_backstop::{Code, Sent};
+    let (result, records, received) = refused_by_a_forced_open_breaker(16).await;
+    let failure = result.unwrap_err();
+    assert_eq!(failure.code(), Code::CircuitOpen);
+    assert_eq!(failure.sent(), Sent::No);
+    assert!(failure.note::<DeadLetterStatus>().is_none(), "{failure:?}");
+    assert_eq!((records, received), (0, 0), "no record, nothing sent");
+
+    // With a copy, the same refusal is kept for a re-drive.
+    let (result, records, received) = refused_by_a_forced_open_breaker(4096).await;
+    let failure = result.unwrap_err();
+    assert!(matches!(
+        failure.note::<DeadLetterStatus>(),
+        Some(DeadLetterStatus::Stored { .. })
+    ));
+    assert_eq!((records, received), (1, 0));
+}

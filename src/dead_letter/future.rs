@@ -237,6 +237,8 @@ where
     let status = draft.status;
     if draft.status == Status::Dead {
         stored_dead(failure);
+    } else if let Some(at) = draft.retry_at {
+        refusal_deferred(failure, at);
     }
     Box::pin(async move {
         let mut envelope = match kept {
@@ -270,6 +272,35 @@ where
         };
         (id, status, written)
     })
+}
+
+/// Whether `failure` is a call refused before it left (an open breaker's rejection, a send
+/// rate's hold) of which no copy was kept (its body could not be copied): a record could not
+/// send it again, so none is written, and the failure goes back as it is, its class and code
+/// saying why (the caller may send it again itself).
+#[cold]
+fn unkept_refusal<Req: Send + 'static, R>(kept: &Kept<Req>, failure: &Failure<R>) -> bool {
+    failure.code().not_an_attempt()
+        && match kept {
+            Kept::Copy(_) => false,
+            Kept::HandedBack => failure.note::<Unsent<Req>>().is_none(),
+            Kept::Uncopyable(_) => true,
+        }
+}
+
+/// A call refused before it left that the retry layer gave up on (its deadline, its waits for
+/// the breaker used up) but that is stored deferred, to `at`, says so to the caller as the
+/// record does: its [`Attempts`] note is [`GiveUp::Deferred`] with that retry-at time.
+#[cold]
+fn refusal_deferred<R>(failure: &mut Failure<R>, at: std::time::SystemTime) {
+    let Some(noted) = failure.note::<Attempts>().filter(|a| !a.is_deferred()) else {
+        return;
+    };
+    let mut deferred = Attempts::new(noted.count(), GiveUp::Deferred).with_retry_at(at);
+    if let Some(first) = noted.first_failed_at() {
+        deferred = deferred.with_first_failed_at(first);
+    }
+    failure.notes_mut().insert(deferred);
 }
 
 /// A failure the retry layer deferred but that is stored dead (its retry-at time is more than
@@ -347,6 +378,9 @@ where
                         Err(e) => e.into(),
                     };
                     let lease = held(this.before).map(|renewal| renewal.lease().clone());
+                    if lease.is_none() && unkept_refusal(this.kept, &failure) {
+                        return Poll::Ready(Err(failure));
+                    }
                     let write = start_write(this.kept, this.config, &mut failure, lease);
                     this.state.set(State::Writing {
                         write,

@@ -166,13 +166,16 @@ fn refused_by_budget<R>(failure: &Failure<R>) -> bool {
 /// A failure is deferred when the retry layer deferred it ([`GiveUp::Deferred`], with an
 /// absolute [`Attempts::retry_at`](crate::retry::Attempts::retry_at)), or when no retry layer saw it and it carries a delay hint;
 /// in both cases only if its class is neither permanent nor poison (those fail again whenever
-/// they are sent). A failure the retry layer gave up on ([`GiveUp::HintTooLong`] under
+/// they are sent). A call refused before it left (an open breaker's rejection, a send rate's
+/// hold) that says when to try again is deferred to then, whatever the retry layer's reason
+/// for stopping (its deadline, its waits for the breaker used up): it was never sent, so it is
+/// no dead letter. Any other failure the retry layer gave up on ([`GiveUp::HintTooLong`] under
 /// `give_up_long_delays`, attempts exhausted…) is dead.
 fn is_deferred<R>(failure: &Failure<R>) -> bool {
     let deferrable = match failure.note::<Attempts>().map(Attempts::give_up) {
         Some(GiveUp::Deferred) => true,
         None => failure.retry_after().is_some(),
-        Some(_) => false,
+        Some(_) => failure.code().not_an_attempt() && failure.retry_after().is_some(),
     };
     deferrable && failure.class() != Class::PERMANENT && failure.class() != Class::POISON
 }

@@ -524,18 +524,11 @@ where
             let end = End::GiveUp(GiveUp::NotReplayable);
             return Poll::Ready(Err(self.finish(failure, end)));
         };
-        // Under a dead-letter layer that reuses the copy, keep one for the last attempt too:
-        // it goes up with the failure; so with a status check, and for a throttled call, whose
-        // last attempt the breaker's send rate may hold back.
-        let copy = if r.attempts.saturating_add(1) < r.policy.attempts()
-            || self.keep.is_some()
-            || self.reconcile.is_some()
-            || r.throttled()
-        {
-            Some(request.replay())
-        } else {
-            None
-        };
+        // A copy for every attempt, the last included: a breaker below may refuse any of them
+        // (open, or its send rate holding the call back until its turn), and a refused request
+        // never left, so it is sent again, deferred or handed up with its copy, never given up
+        // for want of one. Only a call that failed once pays for it.
+        let copy = request.replay();
         // The deadline, read once, after readiness and just before the call: a late wake (a
         // loaded runtime, a slow `poll_ready`) may have passed it, and no attempt starts after
         // it, or with less than `MIN_TIME_LEFT`. The same reading is the attempt's time left.
@@ -549,9 +542,8 @@ where
         }
         r.next_attempt();
         match copy {
-            Some(Some(copy)) => self.spare = Some(copy),
-            Some(None) => r.spare_state = Spare::NotReplayable,
-            None => {}
+            Some(copy) => self.spare = Some(copy),
+            None => r.spare_state = Spare::NotReplayable,
         }
         // Into this attempt only, after its copy was taken.
         write_time_left(&mut request, &r.policy, left);

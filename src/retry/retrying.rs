@@ -43,9 +43,6 @@ struct History<F, R> {
     hedges: Hedges<F, R>,
     /// The place in its breaker's queue the next attempt waits with, looked at after each wait.
     slot: Option<SendSlot>,
-    /// Whether the provider throttled this call, or the breaker's send rate held it back: a
-    /// copy is then kept for the last attempt too, since the rate may hold that one back.
-    throttled: bool,
     /// The time this call waited for its turn of a send rate so far.
     paced_for: Duration,
 }
@@ -105,7 +102,6 @@ impl<S, F, R> Retrying<S, F, R> {
     /// delay slept before this attempt, if any.
     pub(super) fn count(&mut self, class: Class) -> (u32, Option<Duration>) {
         let history = self.history();
-        history.throttled |= class == Class::THROTTLED;
         let class_failures = history.count(class);
         history.first_failed_at.get_or_insert_with(SystemTime::now);
         (class_failures, history.previous_delay)
@@ -161,12 +157,6 @@ impl<S, F, R> Retrying<S, F, R> {
     /// A call the breaker's send rate held back: not an attempt.
     pub(super) fn paced(&mut self) {
         self.attempts -= 1;
-        self.history().throttled = true;
-    }
-
-    /// Whether the provider throttled this call, or the breaker's send rate held it back.
-    pub(super) fn throttled(&self) -> bool {
-        self.history.as_ref().is_some_and(|h| h.throttled)
     }
 
     /// The time this call waited for its turn of a send rate so far.
@@ -351,7 +341,6 @@ fn history_of<F, R>(history: &mut Option<Box<History<F, R>>>) -> &mut History<F,
             retry: PendingRetry::None,
             hedges: Hedges::new(),
             slot: None,
-            throttled: false,
             paced_for: Duration::ZERO,
         })
     })
