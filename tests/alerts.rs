@@ -157,6 +157,67 @@ async fn a_send_rate_below_half_of_its_peak_raises_an_alert_cleared_when_lifted(
     assert!(alerts.active().is_empty());
 }
 
+/// The same provider, but no call comes after the alert: the breaker watches its limit, calls
+/// or not, so the rate told follows the curve each second (the alert clears when it is half of
+/// the peak again) and the limit is lifted once the provider has been quiet for the lift time,
+/// the handle and the health report agreeing all along.
+#[tokio::test(start_paused = true)]
+async fn with_no_more_calls_the_limit_is_lifted_on_time_and_the_alert_clears() {
+    let (alerts, log) = alerts();
+    let breaker = BreakerLayer::builder()
+        .name("mail")
+        .listener(alerts.clone())
+        .build()
+        .unwrap();
+    let handle = breaker.handle();
+    let health = breaker.health();
+    let throttling = ServiceBuilder::new()
+        .layer(breaker.clone())
+        .layer(ClassifyLayer::http())
+        .service(Scripted::new((0..50).map(|_| status(200)), status(429)));
+    for _ in 0..50 {
+        throttling
+            .clone()
+            .oneshot(get("http://mail.test/"))
+            .await
+            .unwrap();
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    for _ in 0..10 {
+        let _ = throttling.clone().oneshot(get("http://mail.test/")).await;
+        if !alerts.active().is_empty() {
+            break;
+        }
+        tokio::time::advance(Duration::from_millis(1_100)).await;
+    }
+    assert_eq!(taken(&log), [told("send_rate_low/mail", true)]);
+    let peak = handle.send_rate_peak().unwrap();
+    // No call from here on. The rate grows back along its curve, told each second: the alert
+    // clears once the rate told is half of the peak again, as the handle reads it then.
+    let mut cleared = None;
+    for second in 1..=29 {
+        tokio::time::sleep(Duration::from_millis(1_001)).await;
+        let rate = handle.send_rate().expect("limited until the lift time");
+        assert_eq!(health.report().breakers[0].send_rate, Some(rate));
+        if cleared.is_none() && alerts.active().is_empty() {
+            assert!(rate >= 0.5 * peak, "cleared at {rate} of {peak}");
+            cleared = Some(second);
+        } else if cleared.is_none() {
+            assert!(rate < 0.51 * peak, "still firing at {rate} of {peak}");
+        }
+    }
+    assert!(
+        cleared.is_some(),
+        "the alert never cleared as the rate grew back"
+    );
+    assert_eq!(taken(&log), [told("send_rate_low/mail", false)]);
+    // Past the lift time (30 s after the last 429): lifted, with no call, every reader agrees.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(handle.send_rate(), None);
+    assert_eq!(health.report().breakers[0].send_rate, None);
+    assert!(alerts.active().is_empty());
+}
+
 /// The rule on the rates told, as the Prometheus rule reads the gauges: below half of the
 /// peak raises once per breaker, half or more clears while still limited, a rate that is not
 /// a number never fires.

@@ -1528,3 +1528,56 @@ async fn a_fresh_breaker_learns_from_the_store_which_providers_are_down() {
     assert_eq!(other.learn_from(&store).await.unwrap(), 0);
     assert_eq!(other.handle().state(), State::Closed);
 }
+
+/// A breaker opened on the store's evidence says where it learned it (when the outage began,
+/// until when, and the last failure the earlier process saw); once its own probes fail it
+/// counts them over a real span, and still says where it learned it.
+#[tokio::test(start_paused = true)]
+async fn a_learned_breakers_cause_says_where_it_learned_and_counts_a_real_span() {
+    use tower_backstop::store::{ErrorEntry, MemoryStore, Store};
+    let store = MemoryStore::new();
+    let now = std::time::SystemTime::now();
+    let mut record = rejected_record("m-1", "down", now + Duration::from_secs(2));
+    record.cause = Some(ErrorEntry::new(
+        now - Duration::from_secs(60),
+        "transient",
+        "http 503",
+        "transient (http 503)",
+        1,
+    ));
+    store.put(record).await.unwrap();
+    let layer = BreakerLayer::builder()
+        .name("down")
+        .consecutive_failures(3)
+        .open_for(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    assert_eq!(layer.learn_from(&store).await.unwrap(), 1);
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .layer(ClassifyLayer::http())
+        .service(Scripted::always(status(503)));
+
+    let learned = rejection_cause(svc.clone()).await.unwrap();
+    assert!(
+        learned.starts_with("learned from the store: open since ")
+            && learned.contains(" in an earlier process, until ")
+            && learned.ends_with("; its last failure: transient (http 503)"),
+        "{learned}"
+    );
+    let health = layer.health().report();
+    assert_eq!(health.breakers[0].cause.as_deref(), Some(&*learned));
+
+    // Half-open: the probe fails, then the next one 5 s later.
+    tokio::time::advance(Duration::from_millis(2_100)).await;
+    svc.clone().oneshot(get("/")).await.unwrap_err();
+    let once = rejection_cause(svc.clone()).await.unwrap();
+    assert_eq!(once, format!("transient (http 503); 1 failure; {learned}"));
+    tokio::time::advance(Duration::from_millis(5_100)).await;
+    svc.clone().oneshot(get("/")).await.unwrap_err();
+    let twice = rejection_cause(svc.clone()).await.unwrap();
+    assert!(
+        twice.starts_with("transient (http 503); 2 failures in 5.1") && twice.ends_with(&learned),
+        "{twice}"
+    );
+}

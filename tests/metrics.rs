@@ -790,3 +790,55 @@ fn a_slow_recorder_costs_a_call_three_updates() {
     });
     assert_eq!(per_call, 3);
 }
+
+/// The send-rate gauges of a provider that throttled once and then gets no more calls: each
+/// second the gauge reads what the breaker's handle (and so the health report) reads, not the
+/// value of the last call; once the provider has been quiet for the lift time the gauge reads
+/// NaN, with no call, and the peak gauge keeps the peak.
+#[test]
+fn send_rate_gauges_agree_with_the_breaker_and_expire_without_traffic() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    run(&recorder, || async {
+        let breaker = BreakerLayer::builder()
+            .name("mail")
+            .listener(Metrics::new())
+            .build()
+            .unwrap();
+        let handle = breaker.handle();
+        let svc = ServiceBuilder::new()
+            .layer(breaker)
+            .layer(ClassifyLayer::http())
+            .service(Scripted::new((0..20).map(|_| status(200)), status(429)));
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_millis(50)).await;
+            svc.clone().oneshot(get("http://mail.test/")).await.unwrap();
+        }
+        svc.clone()
+            .oneshot(get("http://mail.test/"))
+            .await
+            .unwrap_err();
+        let peak = handle.send_rate_peak().unwrap();
+        let rate = "backstop_send_rate{breaker=mail}";
+        let top = "backstop_send_rate_peak{breaker=mail}";
+        // No call from here on: each second the gauge follows the rate the handle reads.
+        for second in 1..=25 {
+            tokio::time::sleep(Duration::from_millis(1_000)).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let values = values(&snapshotter);
+            let read = handle.send_rate().unwrap();
+            let told = gauge(&values, rate);
+            assert!(
+                (told - read).abs() <= 0.01 * read,
+                "second {second}: gauge {told}, handle {read}"
+            );
+            assert_eq!(gauge(&values, top), peak);
+        }
+        // Quiet for the lift time (30 s by default) with no call: NaN.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let values = values(&snapshotter);
+        assert!(gauge(&values, rate).is_nan(), "{:?}", values.get(rate));
+        assert_eq!(gauge(&values, top), peak);
+        assert_eq!(handle.send_rate(), None);
+    });
+}

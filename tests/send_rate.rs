@@ -536,6 +536,29 @@ async fn a_wait_for_a_slot_never_runs_past_the_deadline() {
     );
 }
 
+/// A process that sat idle after its start (a restart at night, a breaker opened on the
+/// store's evidence) measures the rate the provider took from its first answer, not from the
+/// breaker's making: the peak reads what was sent.
+#[tokio::test(start_paused = true)]
+async fn the_peak_is_the_rate_sent_not_diluted_by_an_idle_start() {
+    let upstream = Scripted::new((0..20).map(|_| status(200)), status(429));
+    let layer = BreakerLayer::new();
+    let handle = layer.handle();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .layer(ClassifyLayer::http())
+        .service(upstream);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    // 5 a second for 4 s, then a 429.
+    for _ in 0..20 {
+        svc.clone().oneshot(get("/")).await.unwrap();
+        tokio::time::advance(Duration::from_millis(200)).await;
+    }
+    svc.clone().oneshot(get("/")).await.unwrap_err();
+    let peak = handle.send_rate_peak().unwrap();
+    assert!((4.5..=5.5).contains(&peak), "peak {peak}/s, 5/s sent");
+}
+
 /// The provider throttles before any call succeeded (so the rate starts at its floor): the
 /// rate grows back to what the provider takes within seconds.
 #[tokio::test(start_paused = true)]

@@ -71,28 +71,84 @@ impl<K> BreakerLayer<K> {
     {
         let filter = Filter::new().status(Status::Deferred);
         let records = store.search(&filter, 0..usize::MAX).await?;
-        let mut until: BTreeMap<String, SystemTime> = BTreeMap::new();
+        let mut until: BTreeMap<String, Evidence> = BTreeMap::new();
         for record in records {
-            if let (Some(name), Some(at)) = (record.breaker, record.retry_at) {
-                let latest = until.entry(name).or_insert(at);
-                *latest = (*latest).max(at);
+            if let (Some(name), Some(at)) = (record.breaker.clone(), record.retry_at) {
+                until
+                    .entry(name)
+                    .or_insert_with(Evidence::new)
+                    .add(&record, at);
             }
         }
         let (now, wall) = (Instant::now(), SystemTime::now());
         let mut opened = 0;
-        for (name, at) in until {
+        for (name, evidence) in until {
             let shared = match &self.keys {
                 None if name == *self.shared.name => Arc::clone(&self.shared),
                 None => continue,
                 Some(keys) => keys.get(&name),
             };
-            let left = at.duration_since(wall).unwrap_or_default();
+            let left = evidence.until.duration_since(wall).unwrap_or_default();
             let at = now.checked_add(left).unwrap_or(now + MAX_LEARNED);
-            if shared.open_until(at) {
+            if shared.open_until(at, evidence.describe()) {
                 opened += 1;
             }
         }
         Ok(opened)
+    }
+}
+
+/// What the deferred records of one breaker say of its outage: when it began (the earliest
+/// root cause, or rejection, among them), the last real failure they name, and the latest
+/// half-open time.
+#[cfg(feature = "dead-letter")]
+struct Evidence {
+    since: Option<SystemTime>,
+    last: Option<(SystemTime, String)>,
+    until: SystemTime,
+}
+
+#[cfg(feature = "dead-letter")]
+impl Evidence {
+    fn new() -> Self {
+        Evidence {
+            since: None,
+            last: None,
+            until: std::time::UNIX_EPOCH,
+        }
+    }
+
+    /// Adds a record rejected by the breaker, to be re-sent at `at`.
+    fn add(&mut self, record: &crate::store::Record, at: SystemTime) {
+        self.until = self.until.max(at);
+        let began = record
+            .cause
+            .as_ref()
+            .map_or(record.last_failed_at, |c| c.at);
+        self.since = Some(self.since.map_or(began, |s| s.min(began)));
+        if let Some(cause) = &record.cause
+            && self.last.as_ref().is_none_or(|(t, _)| cause.at > *t)
+        {
+            self.last = Some((cause.at, cause.message.clone()));
+        }
+    }
+
+    /// `learned from the store: open since 2026-04-01T14:00:00.000Z in an earlier process, until
+    /// 2026-04-01T14:00:30.000Z; its last failure: connection refused (io ConnectionRefused)`.
+    fn describe(&self) -> String {
+        let time = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+        let mut text = String::from("learned from the store: open");
+        if let Some(since) = self.since {
+            text.push_str(&format!(" since {}", time(since)));
+        }
+        text.push_str(&format!(
+            " in an earlier process, until {}",
+            time(self.until)
+        ));
+        if let Some((_, last)) = &self.last {
+            text.push_str(&format!("; its last failure: {last}"));
+        }
+        text
     }
 }
 

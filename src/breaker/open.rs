@@ -127,6 +127,7 @@ mod tests {
             at: now,
             failures: 1,
             since: now,
+            learned: None,
         }));
         for e in [&open, &forced] {
             let cause = e.cause_now().expect("the cause is shared");
@@ -177,7 +178,9 @@ mod tests {
 }
 
 /// The last real failure of a breaker's provider, kept while the breaker is not closed: the
-/// failure that opened it, or the failed probe after it.
+/// failure that opened it, or the failed probe after it; or, for a breaker opened on an earlier
+/// process's evidence (its deferred records in the store), what that evidence says
+/// ([`learned`](Self::learned), with no failure counted here: `failures` 0).
 #[derive(Clone, Debug)]
 pub(crate) struct Cause {
     // Read by the dead-letter layer, for a record's root cause.
@@ -191,6 +194,26 @@ pub(crate) struct Cause {
     pub(crate) failures: u64,
     /// When the first of them failed.
     pub(crate) since: Instant,
+    /// Where the breaker learned it was open, when it was opened on the store's evidence rather
+    /// than on failures of its own (`learned from the store, opened at …`): kept through the
+    /// failed probes that follow, until the breaker closes.
+    pub(crate) learned: Option<Arc<str>>,
+}
+
+impl Cause {
+    /// The cause of a breaker opened on the store's evidence, `learned` saying where: no
+    /// failure of this process yet.
+    pub(crate) fn learned(learned: String, now: Instant) -> Self {
+        Cause {
+            class: Class::CIRCUIT_OPEN,
+            code: Code::CircuitOpen,
+            message: learned.clone(),
+            at: now,
+            failures: 0,
+            since: now,
+            learned: Some(Arc::from(learned)),
+        }
+    }
 }
 
 /// Where a breaker keeps its [`Cause`], shared with its [`OpenError`]s: written when it opens
@@ -267,8 +290,19 @@ impl OpenError {
 
 /// `message (code); N failures in D` (or `1 failure`), the text of a cause; the code is not
 /// repeated when the message names it already (a failure with no source error reads
-/// `transient (http 503)`).
+/// `transient (http 503)`). A breaker opened on the store's evidence reads what it learned
+/// (`learned from the store, opened at …`), after its own failures when a probe has failed
+/// since.
 pub(crate) fn describe(c: &Cause) -> String {
+    match (&c.learned, c.failures) {
+        (Some(learned), 0) => learned.to_string(),
+        (Some(learned), _) => format!("{}; {learned}", counted(c)),
+        (None, _) => counted(c),
+    }
+}
+
+/// `message (code); N failures in D` (or `1 failure`).
+fn counted(c: &Cause) -> String {
     let span = c.at.saturating_duration_since(c.since);
     let span = Duration::from_millis(u64::try_from(span.as_millis()).unwrap_or(u64::MAX));
     let code = c.code.to_string();
@@ -306,6 +340,7 @@ mod open_error_tests {
             at: at + Duration::from_millis(10_250),
             failures,
             since: at,
+            learned: None,
         };
         assert_eq!(
             describe(&cause("connection refused", 12)),

@@ -169,6 +169,11 @@ pub(crate) struct Pacer {
     /// that two threads may undercount by a call, at the cost of a load and a store on the
     /// success path.
     successes: AtomicU64,
+    /// When the first success since the measure began came (nanoseconds on the breaker's
+    /// clock, plus one; 0: none yet): the measure's window starts there, not at the breaker's
+    /// making, so that a process that sat idle after its start (or a breaker opened on the
+    /// store's evidence) does not measure its idle time as a low rate.
+    first_ok: AtomicU64,
     state: Mutex<Paced>,
 }
 
@@ -203,6 +208,19 @@ struct Paced {
     /// Throttled answers before this time do not cut the rate again: they answer calls let
     /// through before the last cut.
     calm_until: u64,
+    /// Whether a task watches this limit (reports the rate each second and lifts it once quiet,
+    /// with or without calls).
+    watched: bool,
+}
+
+/// What the task that watches a limit does next ([`Pacer::tick`]).
+pub(crate) enum Tick {
+    /// The limit it watched is gone (lifted at a call, or another limit since): it stops.
+    Stop,
+    /// The limit is lifted now, quiet for its lift time: told, and the task stops.
+    Lifted(Change),
+    /// Look again after this long, having told this change, if any.
+    Sleep(Duration, Option<Change>),
 }
 
 /// What a rate change says, for the breaker's event and log line.
@@ -233,6 +251,7 @@ impl Pacer {
             settings,
             limited: AtomicBool::new(false),
             successes: AtomicU64::new(0),
+            first_ok: AtomicU64::new(0),
             state: Mutex::new(Paced {
                 counting_since: now,
                 ..Paced::default()
@@ -250,11 +269,16 @@ impl Pacer {
         self.limited.load(Ordering::Relaxed)
     }
 
-    /// A successful call: counted, to measure the rate the provider takes.
+    /// A successful call: counted, to measure the rate the provider takes; `now` is read only
+    /// for the first success of a measure.
     #[inline]
-    pub(crate) fn success(&self) {
+    pub(crate) fn success(&self, now: impl FnOnce() -> u64) {
         let n = self.successes.load(Ordering::Relaxed);
         self.successes.store(n.wrapping_add(1), Ordering::Relaxed);
+        if self.first_ok.load(Ordering::Relaxed) == 0 {
+            self.first_ok
+                .store(now().saturating_add(1), Ordering::Relaxed);
+        }
     }
 
     fn ok(&self) -> u64 {
@@ -296,12 +320,28 @@ impl Pacer {
         p.served_at = now;
     }
 
-    /// A throttled answer from the provider at `now`: the rate is limited, or cut again.
-    pub(crate) fn throttled(&self, now: u64) -> Option<Change> {
+    /// A throttled answer from the provider at `now`: the rate is limited, or cut again. With
+    /// the change to tell, the limit's number when no task watches it yet (the caller starts
+    /// one, [`tick`](Self::tick)).
+    pub(crate) fn throttled(&self, now: u64) -> (Option<Change>, Option<u64>) {
         let mut p = self.lock();
+        let change = self.throttled_locked(&mut p, now);
+        let watch = (!p.watched && self.is_limited()).then(|| {
+            p.watched = true;
+            p.epoch
+        });
+        (change, watch)
+    }
+
+    fn throttled_locked(&self, p: &mut Paced, now: u64) -> Option<Change> {
         p.last_throttle = now;
         if !self.is_limited() {
-            let window = now.saturating_sub(p.counting_since).max(MIN_MEASURE_NANOS);
+            // Measured from the first success since the measure began (a second at least).
+            let start = match self.first_ok.load(Ordering::Relaxed) {
+                0 => now,
+                first => (first - 1).max(p.counting_since),
+            };
+            let window = now.saturating_sub(start).max(MIN_MEASURE_NANOS);
             let ok = self.ok();
             let measured = ok.saturating_sub(p.ok_at_start) as f64 / (window as f64 / 1e9);
             let from = measured.clamp(self.settings.floor, MAX_RATE);
@@ -314,10 +354,10 @@ impl Pacer {
             p.served_at = now;
             p.last_report = now;
             p.ok_at_start = ok;
-            self.cut(&mut p, from, now);
+            self.cut(p, from, now);
             self.limited.store(true, Ordering::Relaxed);
             return Some(Change {
-                rate: Some(self.rate_at(&p, now)),
+                rate: Some(self.rate_at(p, now)),
                 peak: p.peak,
                 reason: "throttled",
             });
@@ -325,10 +365,61 @@ impl Pacer {
         if now < p.calm_until {
             return None;
         }
-        let current = self.rate_at(&p, now);
-        self.cut(&mut p, current, now);
+        let current = self.rate_at(p, now);
+        self.cut(p, current, now);
         p.last_report = now;
-        Some(self.report(&mut p, now, "throttled"))
+        Some(self.report(p, now, "throttled"))
+    }
+
+    /// Lifts the limit at `now`: quiet for its lift time. A new measure begins.
+    fn lift(&self, p: &mut Paced, now: u64) -> Change {
+        self.limited.store(false, Ordering::Relaxed);
+        self.first_ok.store(0, Ordering::Relaxed);
+        let peak = p.peak;
+        *p = Paced {
+            counting_since: now,
+            ok_at_start: self.ok(),
+            epoch: p.epoch,
+            ..Paced::default()
+        };
+        Change {
+            rate: None,
+            peak,
+            reason: "lifted",
+        }
+    }
+
+    /// The watching task's look at limit `epoch` at `now`: lifted once quiet for the lift time,
+    /// else the rate told when a second passed since it was last told (so that a gauge and a
+    /// health reading agree with no calls), and the time until the next look (a second at
+    /// most).
+    pub(crate) fn tick(&self, epoch: u64, now: u64) -> Tick {
+        let mut p = self.lock();
+        if !self.is_limited() || p.epoch != epoch {
+            return Tick::Stop;
+        }
+        let quiet_at = p
+            .last_throttle
+            .saturating_add(nanos(self.settings.lift_after));
+        if now >= quiet_at {
+            return Tick::Lifted(self.lift(&mut p, now));
+        }
+        let change = (now.saturating_sub(p.last_report) >= 1_000_000_000).then(|| {
+            p.last_report = now;
+            self.report(&mut p, now, "rising")
+        });
+        let next_report = p.last_report.saturating_add(1_000_000_000);
+        let next = quiet_at.min(next_report).saturating_sub(now).max(1_000_000);
+        Tick::Sleep(Duration::from_nanos(next), change)
+    }
+
+    /// No task could be started to watch limit `epoch` (no tokio runtime): a later throttled
+    /// answer tries again.
+    pub(crate) fn unwatch(&self, epoch: u64) {
+        let mut p = self.lock();
+        if p.epoch == epoch {
+            p.watched = false;
+        }
     }
 
     /// The change to report at `now`, with the log line when the rate crossed half its peak.
@@ -365,20 +456,7 @@ impl Pacer {
             return (Admit::Go, None);
         }
         if now.saturating_sub(p.last_throttle) >= nanos(self.settings.lift_after) {
-            self.limited.store(false, Ordering::Relaxed);
-            let peak = p.peak;
-            *p = Paced {
-                counting_since: now,
-                ok_at_start: self.ok(),
-                epoch: p.epoch,
-                ..Paced::default()
-            };
-            let lifted = Change {
-                rate: None,
-                peak,
-                reason: "lifted",
-            };
-            return (Admit::Go, Some(lifted));
+            return (Admit::Go, Some(self.lift(&mut p, now)));
         }
         let change = (now.saturating_sub(p.last_report) >= 1_000_000_000).then(|| {
             p.last_report = now;

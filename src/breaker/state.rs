@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::open::{Cause, CauseSlot, OpenDuration, OpenError, describe};
-use super::rate::{AdaptiveRate, Admit, Change, Pacer, Ticket};
+use super::rate::{AdaptiveRate, Admit, Change, Pacer, Tick, Ticket};
 use super::sync::{AtomicU32, AtomicU64, Ordering};
 use super::window::{Counts, FAILED, SLOW, Window, WindowKind};
 use crate::failure::{Class, Code};
@@ -409,6 +409,8 @@ impl Shared {
             0 => now,
             first => (first - 1).min(now),
         };
+        // A breaker opened on the store's evidence keeps saying so through its failed probes.
+        let learned = self.cause.get().and_then(|c| c.learned.clone());
         self.cause.set(Some(Cause {
             class,
             code,
@@ -416,6 +418,7 @@ impl Shared {
             at: self.base + Duration::from_nanos(now),
             failures,
             since: self.base + Duration::from_nanos(since),
+            learned,
         }));
     }
 
@@ -468,12 +471,59 @@ impl Shared {
         }
     }
 
-    /// A throttled answer: the pacer lowers the rate.
+    /// A throttled answer: the pacer lowers the rate, and a new limit gets a task that watches
+    /// it ([`watch_rate`](Self::watch_rate)).
     #[cold]
-    fn throttled(&self, pacer: &Pacer) {
-        if let Some(change) = pacer.throttled(self.now()) {
+    fn throttled(self: &Arc<Self>, pacer: &Pacer) {
+        let (change, watch) = pacer.throttled(self.now());
+        if let Some(change) = change {
             self.rate_changed(change);
         }
+        if let Some(epoch) = watch {
+            self.watch_rate(pacer, epoch);
+        }
+    }
+
+    /// Watches the send rate's limit `epoch` from a task of its own on the current tokio
+    /// runtime, off every call's path: it tells the rate each second and lifts the limit once
+    /// the provider has been quiet for the lift time, whether calls come or not, so that the
+    /// gauges, the health report and the alerts never keep a value for a provider that gets no
+    /// more traffic. It holds the breaker weakly and ends with the limit (or the breaker).
+    /// Without a runtime it is not started: the limit is then lifted at the next call, and
+    /// readers already see it lifted.
+    fn watch_rate(self: &Arc<Self>, pacer: &Pacer, epoch: u64) {
+        #[cfg(not(tower_backstop_loom))]
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let breaker = Arc::downgrade(self);
+            runtime.spawn(async move {
+                loop {
+                    let wait = {
+                        let Some(shared) = breaker.upgrade() else {
+                            return;
+                        };
+                        let Some(pacer) = shared.pacer.as_ref() else {
+                            return;
+                        };
+                        match pacer.tick(epoch, shared.now()) {
+                            Tick::Stop => return,
+                            Tick::Lifted(change) => {
+                                shared.rate_changed(change);
+                                return;
+                            }
+                            Tick::Sleep(wait, change) => {
+                                if let Some(change) = change {
+                                    shared.rate_changed(change);
+                                }
+                                wait
+                            }
+                        }
+                    };
+                    tokio::time::sleep(wait).await;
+                }
+            });
+            return;
+        }
+        pacer.unwatch(epoch);
     }
 
     /// The send rate now and its peak, in requests a second: `None` while not limited (or
@@ -763,10 +813,10 @@ impl Shared {
 
     /// Records how an admitted call ended.
     #[inline]
-    pub(crate) fn complete(&self, permit: Permit, outcome: Outcome) {
+    pub(crate) fn complete(self: &Arc<Self>, permit: Permit, outcome: Outcome) {
         if let Some(pacer) = &self.pacer {
             match outcome {
-                Outcome::Success => pacer.success(),
+                Outcome::Success => pacer.success(|| self.now()),
                 Outcome::Failure(Class::THROTTLED) => self.throttled(pacer),
                 Outcome::Failure(_) => {}
             }
@@ -872,6 +922,13 @@ impl Shared {
             }
             Outcome::Failure(class) if self.counts(class) => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
+                // The span of a cause starts at the first failure counted since the breaker
+                // last closed, a failed probe's too (a breaker opened on the store's evidence
+                // counts its first failure here).
+                if self.first_failure.load(Ordering::Relaxed) == 0 {
+                    self.first_failure
+                        .store(self.now().saturating_add(1), Ordering::Relaxed);
+                }
                 Some(false)
             }
             Outcome::Failure(_) => None,
@@ -957,8 +1014,10 @@ impl Shared {
     /// Opens a closed breaker until `until`: a provider another process found down (see
     /// [`BreakerLayer::learn_from`](super::BreakerLayer::learn_from)). A time already past
     /// half-opens it at the next call. Whether it opened: a breaker not closed is left alone.
+    /// `learned` says where (see [`Cause::learned`]): it is the breaker's cause until a probe
+    /// fails or the breaker closes.
     #[cfg(feature = "dead-letter")]
-    pub(crate) fn open_until(&self, until: Instant) -> bool {
+    pub(crate) fn open_until(&self, until: Instant, learned: String) -> bool {
         let from = self.word.load(Ordering::Acquire);
         if state_of(from) != CLOSED {
             return false;
@@ -976,6 +1035,10 @@ impl Shared {
         {
             return false;
         }
+        self.cause.set(Some(Cause::learned(
+            learned,
+            self.base + Duration::from_nanos(self.now()),
+        )));
         self.trips.fetch_add(1, Ordering::Relaxed);
         self.opened.fetch_add(1, Ordering::Relaxed);
         self.transitioned(from, to, "learned from the store");
