@@ -8,7 +8,7 @@
 //! by class and status.
 //!
 //! ```sh
-//! cargo run --example observe --features metrics,axum
+//! cargo run --example observe --features prometheus,axum
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
@@ -115,7 +115,7 @@ fn sum(samples: &BTreeMap<String, f64>, name: &str, with: &[&str]) -> f64 {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let recorder = tower_backstop::observe::prometheus_builder().install_recorder()?;
 
     let mail_seen = Arc::new(Seen::default());
     let sms_seen = Arc::new(Seen::default());

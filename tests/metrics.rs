@@ -842,3 +842,48 @@ fn send_rate_gauges_agree_with_the_breaker_and_expire_without_traffic() {
         assert_eq!(handle.send_rate(), None);
     });
 }
+
+/// The crate's Prometheus builder renders every histogram as a histogram (buckets, sum and
+/// count), not as the exporter's default summary, with the documented bucket boundaries.
+#[cfg(feature = "prometheus")]
+#[test]
+fn the_prometheus_builder_renders_histograms_with_the_documented_buckets() {
+    let recorder = tower_backstop::observe::prometheus_builder().build_recorder();
+    let handle = recorder.handle();
+    run(&recorder, || async {
+        let metrics = Metrics::new();
+        let svc = ServiceBuilder::new()
+            .layer(
+                RetryPolicy::new()
+                    .max_attempts(3)
+                    .backoff(no_jitter(20))
+                    .listener(metrics)
+                    .build()
+                    .unwrap(),
+            )
+            .layer(ClassifyLayer::http())
+            .service(Scripted::new([status(503)], status(200)));
+        svc.oneshot(get("http://mail.test/")).await.unwrap();
+    });
+    let text = handle.render();
+    assert!(!text.contains("quantile="), "a summary rendered:\n{text}");
+    for (name, buckets) in tower_backstop::observe::HISTOGRAM_BUCKETS {
+        assert!(
+            text.contains(&format!("{name}_count")),
+            "{name} missing:\n{text}"
+        );
+        let rendered = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}_bucket{{")))
+            .count();
+        assert!(
+            rendered > buckets.len(),
+            "{name}: {rendered} bucket lines for {} bounds and +Inf:\n{text}",
+            buckets.len()
+        );
+    }
+    assert!(
+        text.contains("backstop_retry_delay_seconds_bucket{source=\"backoff\",le=\"0.025\"} 1")
+    );
+    assert!(text.contains("backstop_call_retries_bucket{le=\"1\"} 1"));
+}

@@ -132,6 +132,31 @@ impl Metrics {
     }
 }
 
+/// The bucket boundaries of this crate's histograms, by metric name, for a recorder that needs
+/// them: `metrics-exporter-prometheus` renders a histogram as a summary (quantiles that cannot
+/// be aggregated across processes) unless its buckets are set, and
+/// [`prometheus_builder`](super::prometheus_builder) (feature `prometheus`) sets these.
+///
+/// - `backstop_attempt_duration_seconds` and `backstop_retry_delay_seconds`, in seconds: the
+///   Prometheus client libraries' default buckets (5 ms to 10 s), extended to 30 s and 60 s,
+///   the longest delay the retry layer sleeps by default
+///   ([`RetryPolicy::max_delay`](crate::retry::RetryPolicy::max_delay)).
+/// - `backstop_call_retries`, in retries: 1 to 5 one by one (gRFC A6 caps a call's attempts at
+///   5), then 10 and 20 for policies that allow more.
+pub const HISTOGRAM_BUCKETS: [(&str, &[f64]); 3] = [
+    ("backstop_attempt_duration_seconds", SECONDS),
+    ("backstop_retry_delay_seconds", SECONDS),
+    (
+        "backstop_call_retries",
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0],
+    ),
+];
+
+/// Seconds: the Prometheus client libraries' default buckets, then 30 s and 60 s.
+const SECONDS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
 /// How long the codes seen first are learnt, by default: the alert rules' window.
 const LEARN_CODES: Duration = Duration::from_secs(5 * 60);
 

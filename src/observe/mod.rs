@@ -44,6 +44,8 @@ mod event;
 mod health;
 #[cfg(feature = "metrics")]
 mod metrics;
+#[cfg(feature = "prometheus")]
+mod prometheus;
 
 pub use self::alerts::{Alert, AlertRules, Alerts};
 #[cfg(feature = "dead-letter")]
@@ -53,4 +55,7 @@ pub(crate) use self::event::{Hook, deliver};
 pub use self::health::{BreakerHealth, Health, HealthReport};
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub use self::metrics::Metrics;
+pub use self::metrics::{HISTOGRAM_BUCKETS, Metrics};
+#[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+pub use self::prometheus::prometheus_builder;
