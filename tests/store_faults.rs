@@ -156,10 +156,9 @@ async fn sqlite_directory_that_disappears_then_comes_back() {
     assert_eq!(fresh.get("d-2").await.unwrap(), None);
 }
 
-/// The lock holder, run as a separate process by the test below (`--ignored --exact`): with
+/// The lock holder, run as a separate process by the test below (`--exact`): with
 /// `BACKSTOP_HOLD_LOCK=<path>`, takes SQLite's write lock on the file, prints `locked`, and
-/// keeps it until its stdin closes. Not a test of its own: listed as ignored, so that it runs
-/// only when asked for.
+/// keeps it until its stdin closes. Not a test of its own: listed only in that process.
 fn hold_sqlite_write_lock() {
     let Ok(path) = std::env::var("BACKSTOP_HOLD_LOCK") else {
         return;
@@ -181,12 +180,7 @@ struct Holder {
 
 fn lock_holder(path: &Path) -> Holder {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "hold_sqlite_write_lock",
-            "--ignored",
-            "--nocapture",
-        ])
+        .args(["--exact", "hold_sqlite_write_lock", "--nocapture"])
         .args(["--test-threads=1"])
         .env("BACKSTOP_HOLD_LOCK", path)
         .stdin(Stdio::piped())
@@ -550,7 +544,11 @@ fn main() {
         "sqlite_directory_that_disappears_then_comes_back",
         sqlite_directory_that_disappears_then_comes_back,
     );
-    tests.ignored("hold_sqlite_write_lock", hold_sqlite_write_lock);
+    tests.child_role(
+        "hold_sqlite_write_lock",
+        "BACKSTOP_HOLD_LOCK",
+        hold_sqlite_write_lock,
+    );
     tests.current(
         "sqlite_write_lock_held_by_another_process_past_the_busy_timeout",
         sqlite_write_lock_held_by_another_process_past_the_busy_timeout,

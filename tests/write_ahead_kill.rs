@@ -110,7 +110,7 @@ async fn open_store(spec: &str) -> Arc<dyn Store> {
 
 /// The child role (`BACKSTOP_WA_STORE` and `BACKSTOP_WA_PROVIDER` set): sends the message with
 /// write-ahead and a 50 s backoff (under the policy's 60 s in-process bound) after a failed attempt, and should never get to the end.
-/// Not a test of its own: listed as ignored, so that it runs only when asked for.
+/// Not a test of its own: listed only in the child process.
 fn write_ahead_child() {
     let (Ok(spec), Ok(provider)) = (
         std::env::var("BACKSTOP_WA_STORE"),
@@ -153,7 +153,7 @@ fn write_ahead_child() {
 fn spawn_child(spec: &str, provider: &str, off: bool) -> Child {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
-        .args(["--exact", "write_ahead_child", "--ignored", "--nocapture"])
+        .args(["--exact", "write_ahead_child", "--nocapture"])
         .args(["--test-threads=1"])
         .env("BACKSTOP_WA_STORE", spec)
         .env("BACKSTOP_WA_PROVIDER", provider)
@@ -276,7 +276,7 @@ async fn postgres_sigkill_mid_backoff_delivered_exactly_once() {
 
 fn main() {
     let mut tests = Tests::new();
-    tests.ignored("write_ahead_child", write_ahead_child);
+    tests.child_role("write_ahead_child", "BACKSTOP_WA_STORE", write_ahead_child);
     tests.multi_thread(
         "sqlite_sigkill_mid_backoff_delivered_exactly_once",
         sqlite_sigkill_mid_backoff_delivered_exactly_once,

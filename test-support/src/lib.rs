@@ -347,15 +347,19 @@ impl Tests {
         self.sync(name, move || Runtime::MultiThread.block_on(test()))
     }
 
-    /// A plain test that runs only when asked for (`#[test] #[ignore]`: `--ignored`).
-    pub fn ignored(&mut self, name: &str, test: impl FnOnce() + Send + 'static) -> &mut Self {
-        self.trials.push(
-            Trial::test(name, move || {
-                test();
-                Ok(())
-            })
-            .with_ignored_flag(true),
-        );
+    /// The role a test plays in a child process it starts (`Command::new(current_exe())` with
+    /// `--exact name` and the environment variable `when` set): a plain test in that process
+    /// only. Anywhere else it is not listed at all, so it is neither run nor reported as an
+    /// ignored test.
+    pub fn child_role(
+        &mut self,
+        name: &str,
+        when: &str,
+        test: impl FnOnce() + Send + 'static,
+    ) -> &mut Self {
+        if std::env::var_os(when).is_some() {
+            self.sync(name, test);
+        }
         self
     }
 
