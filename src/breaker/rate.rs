@@ -14,8 +14,9 @@ use crate::build_error::BuildError;
 /// [`per_host`](super::BreakerLayer::per_host) breaker.
 ///
 /// Until the provider throttles, nothing is limited: a call costs one atomic load more. At the
-/// first throttled answer the rate starts from the successful calls a second measured since the
-/// breaker was made (or last lifted its limit; over a second at least), is cut to
+/// first throttled answer the rate starts from the successful calls a second measured from the
+/// first success since the breaker was made (or last lifted its limit; over a second at least),
+/// is cut to
 /// [`decrease`](Self::decrease) of that and then grows along a CUBIC curve (RFC 9438 §4.2:
 /// `W(t) = C·(t − K)³ + W_max`, with `K = ∛((W_max − W_cut)/C)`, `t` the seconds since the last
 /// cut): quickly back towards the rate that was throttled, slowly around it, faster again beyond
@@ -24,6 +25,13 @@ use crate::build_error::BuildError;
 /// 9438 §4.7: cut again before it grew back, the curve's plateau is set lower). The rate never
 /// falls below [`floor`](Self::floor). Once no throttled answer came for
 /// [`lift_after`](Self::lift_after), the limit is lifted.
+///
+/// While limited, the rate is watched by a task of its own on the tokio runtime of the call
+/// that was throttled (off every call's path; it holds the breaker weakly and ends with the
+/// limit): it tells the rate ([`Event::SendRate`](crate::observe::Event::SendRate), reason
+/// `rising`) once a second and lifts the limit on time whether calls come or not, so the
+/// gauges, the health report and the alerts never keep a value for a provider that gets no more
+/// traffic.
 ///
 /// While the rate is limited, calls go out at most at that rate, in the order they came: a
 /// call that finds others waiting takes its place in the queue and is not sent. The breaker

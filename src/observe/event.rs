@@ -192,8 +192,11 @@ pub enum Event<'a> {
         /// What failed: `"put"` (writing a dead letter), `"read"` (reading a message's
         /// attempt budget; the call goes on as if none was spent), `"write_ahead"` (writing a
         /// request before its first attempt; the call goes out without it), `"claim"` (the
-        /// scheduler's claim of due records), `"count"` (the scheduler counting its backlog),
-        /// `"update"` (the scheduler writing a record's new state).
+        /// scheduler's claim of due records), `"next_due"` (the scheduler reading when the next
+        /// record is due), `"count"` (the scheduler counting its backlog), `"update"` (the
+        /// scheduler writing a record's new state), `"slot"` (the scheduler's turn of a fleet
+        /// rate), `"prune"` (retention deleting old records), `"audit"` (writing an operator's
+        /// audit entry).
         operation: &'static str,
         /// The record concerned, when there is one (unbounded: not a label).
         id: Option<&'a str>,

@@ -54,7 +54,7 @@ const OTHER: &str = "other";
 /// | `backstop_breaker_state` | gauge | `breaker`, `state` = `closed`, `open`, `half_open`, `forced_open`, `disabled` | 1 for the breaker's state, 0 for the one it left; set at its first transition |
 /// | `backstop_breaker_transitions_total` | counter | `breaker`, `from`, `to` | each transition |
 /// | `backstop_breaker_rejections_total` | counter | `breaker` | each call a breaker rejected (nothing sent) |
-/// | `backstop_send_rate` | gauge | `breaker` | the breaker's adaptive send rate in requests a second while a throttling provider limits it ([`AdaptiveRate`](crate::breaker::AdaptiveRate)), NaN once the limit is lifted; set at each change told (at most once a second while it grows) |
+/// | `backstop_send_rate` | gauge | `breaker` | the breaker's adaptive send rate in requests a second while a throttling provider limits it ([`AdaptiveRate`](crate::breaker::AdaptiveRate)), NaN once the limit is lifted (on time, with or without calls); set at each change told, and once a second while limited |
 /// | `backstop_send_rate_peak` | gauge | `breaker` | the rate the provider took before it first throttled, in requests a second: the limit's peak |
 /// | `backstop_timeouts_total` | counter | `layer` = `timeout` (the per-attempt timeout), `retry` (the retry deadline) | each attempt that ran out of time |
 /// | `backstop_dead_letters_total` | counter | `class`, `status` = `dead`, `deferred` | each message that entered that status: written by the dead-letter layer with it, once (a record deferred again by a re-send, or re-driven and dead again, is not counted again) |
@@ -62,7 +62,7 @@ const OTHER: &str = "other";
 /// | `backstop_resends_total` | counter | `outcome` = `delivered`, `failed` (it reached the provider and failed), `held` (an open breaker rejected it, or its adaptive send rate held it back, before anything was sent) | each re-send of the scheduler |
 /// | `backstop_redrives_total` | counter | `outcome` = `resolved`, `failed`, `skipped` | each record of an operator's re-drive ([`Redrive`](crate::resend::Redrive) given this listener) |
 /// | `backstop_new_codes_total` | counter | `code` (as displayed: `http 400`, `io ConnectionRefused`) | each failure code of an attempt first seen once the first [`learn_codes_for`](Metrics::learn_codes_for) (5 minutes) after this listener's first event had passed: once per code, at most [`max_label_values`](Metrics::max_label_values) codes |
-/// | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `claim`, `count`, `update`, `prune`, `audit`, `write_ahead` | each failed store operation |
+/// | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `write_ahead`, `claim`, `next_due`, `count`, `update`, `slot`, `prune`, `audit` | each failed store operation |
 /// | `backstop_listener_panics_total` | counter | `event` | each panic of a listener, caught |
 /// | `backstop_alert_active` | gauge | `rule` = `dead_letter_spike`, `class_share`, `new_code`, `breaker_open`, `send_rate_low`, `backlog_growing` | 1 while an alert of [`Alerts`](super::Alerts) fires, 0 once cleared (only with that listener) |
 ///

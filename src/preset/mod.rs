@@ -69,8 +69,8 @@ pub(crate) fn client_rule() -> Builder {
 /// `Retry-After: 1` with a 500 ms timeout) is deferred to the store, whose
 /// [`Scheduler`](crate::resend::Scheduler) sends the request again when it is due, and the
 /// caller's slot goes on to the next request. Backoff delays are still slept, so
-/// `max_attempts` still caps one pass. Run a `Scheduler` beside such a stack (the README's
-/// "Sending deferred requests again").
+/// `max_attempts` still caps one pass. Run a `Scheduler` beside such a stack (the operations
+/// guide, `docs/operations.md`: "The scheduler: sending deferred requests again").
 ///
 /// ```
 /// use std::time::Duration;

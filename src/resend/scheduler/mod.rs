@@ -237,7 +237,7 @@ impl<S, F> Scheduler<S, F> {
     /// ([`Event::Backlog`](crate::observe::Event::Backlog), every
     /// [`backlog_every`](Self::backlog_every)) and each store operation that failed
     /// ([`Event::StoreError`](crate::observe::Event::StoreError), operations `"claim"`,
-    /// `"next_due"`, `"count"`, `"update"`, `"renew"` and `"slot"`). See
+    /// `"next_due"`, `"count"`, `"update"`, `"slot"` and `"prune"`). See
     /// [`observe`](crate::observe).
     pub fn listener(mut self, listener: impl Listener) -> Self {
         self.listener = Hook::new(listener);
