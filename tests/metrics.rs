@@ -887,3 +887,54 @@ fn the_prometheus_builder_renders_histograms_with_the_documented_buckets() {
     );
     assert!(text.contains("backstop_call_retries_bucket{le=\"1\"} 1"));
 }
+
+/// A breaker that opened and then gets no more calls: at the end of its open duration it moves
+/// to half-open by itself, so the state gauge (what the breaker-open alert reads) and the
+/// handle agree with no traffic; the half-open wait counts from the first probe, so a call that
+/// comes long after is sent as the probe, not taken for a hung one.
+#[test]
+fn a_breaker_with_no_more_calls_half_opens_on_time_and_its_gauge_says_so() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    run(&recorder, || async {
+        let breaker = BreakerLayer::builder()
+            .name("mail")
+            .consecutive_failures(1)
+            .open_for(Duration::from_secs(5))
+            .max_half_open(Duration::from_secs(2))
+            .listener(Metrics::new())
+            .build()
+            .unwrap();
+        let handle = breaker.handle();
+        let upstream = Scripted::new([status(503)], status(200));
+        let svc = ServiceBuilder::new()
+            .layer(breaker)
+            .layer(ClassifyLayer::http())
+            .service(upstream.clone());
+        svc.clone()
+            .oneshot(get("http://mail.test/"))
+            .await
+            .unwrap_err();
+        let state = |values: &BTreeMap<String, DebugValue>, s: &str| {
+            gauge(
+                values,
+                &format!("backstop_breaker_state{{breaker=mail,state={s}}}"),
+            )
+        };
+        tokio::time::sleep(Duration::from_millis(4_999)).await;
+        let read = values(&snapshotter);
+        assert_eq!(state(&read, "open"), 1.0);
+        assert_eq!(handle.state(), State::Open);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let read = values(&snapshotter);
+        assert_eq!(state(&read, "open"), 0.0);
+        assert_eq!(state(&read, "half_open"), 1.0);
+        assert_eq!(handle.state(), State::HalfOpen);
+        // Long past the half-open wait: the next call is the probe, and it closes the breaker.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        svc.oneshot(get("http://mail.test/")).await.unwrap();
+        assert_eq!(upstream.calls(), 2);
+        assert_eq!(handle.state(), State::Closed);
+        assert_eq!(state(&values(&snapshotter), "closed"), 1.0);
+    });
+}

@@ -217,9 +217,10 @@ impl<K> Builder<K> {
         self
     }
 
-    /// The longest the breaker stays half-open without closing; past it, the next call re-opens
-    /// it (resilience4j's `maxWaitDurationInHalfOpenState`), so a hung probe cannot keep it
-    /// half-open for ever.
+    /// The longest the breaker stays half-open without closing, counted from its first probe;
+    /// past it, the next call re-opens it (resilience4j's `maxWaitDurationInHalfOpenState`), so
+    /// a hung probe cannot keep it half-open for ever. A breaker that half-opened on time with no
+    /// call waiting has no probe yet, and waits for one.
     pub fn max_half_open(mut self, duration: Duration) -> Self {
         self.settings.max_half_open = Some(duration);
         self

@@ -396,7 +396,7 @@ impl<K> Registry<K> {
             return Arc::clone(&entry.shared);
         }
         let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
-        let shared = Arc::new(Shared::new(&self.template.named(key)));
+        let shared = Shared::new(&self.template.named(key));
         if map.len() >= self.max_keys {
             // Evict an idle breaker (no call in flight, no handle held): a closed one first,
             // then the least recently used. Its state goes with it, and the key starts afresh

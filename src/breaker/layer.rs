@@ -201,7 +201,7 @@ impl BreakerLayer {
     /// The breaker of a builder already checked (or whose settings need no check).
     pub(crate) fn single(builder: &Builder) -> Self {
         BreakerLayer {
-            shared: Arc::new(Shared::new(&builder.settings)),
+            shared: Shared::new(&builder.settings),
             keys: None,
         }
     }
@@ -304,7 +304,7 @@ impl BreakerLayer {
 impl<F> BreakerLayer<PerKey<F>> {
     /// The breakers of a builder already checked.
     fn from_keyed(builder: Builder<PerKey<F>>) -> Self {
-        let unkeyed = Arc::new(Shared::new(&builder.settings.named("unkeyed")));
+        let unkeyed = Shared::new(&builder.settings.named("unkeyed"));
         BreakerLayer {
             shared: unkeyed,
             keys: Some(Arc::new(Registry::new(builder.keys, builder.settings))),
@@ -404,7 +404,7 @@ impl<K: Clone> BreakerLayer<K> {
         let mut settings = self.shared.settings.clone();
         change(&mut settings);
         BreakerLayer {
-            shared: Arc::new(Shared::new(&settings)),
+            shared: Shared::new(&settings),
             keys: self.keys.as_ref().map(|keys| {
                 let mut template = keys.template().clone();
                 change(&mut template);

@@ -10,7 +10,9 @@
 //! minimum number of calls ([`Builder`]). Once tripped it is open: every call is rejected at once
 //! with a [`Failure`] of class [`Class::CIRCUIT_OPEN`](crate::Class::CIRCUIT_OPEN) whose [`retry_after`](Failure::retry_after)
 //! is the time left until half-open. After the open duration (fixed, or doubling with each
-//! consecutive trip up to a cap: [`Builder::open_doubling`]) it half-opens and admits a fixed number of
+//! consecutive trip up to a cap: [`Builder::open_doubling`]) it half-opens, on time whether a
+//! call comes or not (a task on the tokio runtime watches each open period, as resilience4j's
+//! `automaticTransitionFromOpenToHalfOpenEnabled` does), and admits a fixed number of
 //! probes at a time; every other call is rejected. It closes after a configured number of
 //! successful probes; any failed probe re-opens it and restarts the timer; a probe that is dropped
 //! or ends in a class that does not count gives its permit back. Every period has a generation

@@ -13,7 +13,7 @@
 //! end): no lock, no clock read, and no write.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -95,6 +95,9 @@ impl Settings {
 const CLOSED: u64 = 0;
 const OPEN: u64 = 1;
 const HALF_OPEN: u64 = 2;
+/// `half_open_at` of a breaker its watch moved to half-open: no probe yet, so the half-open
+/// wait has not begun.
+const NO_PROBE_YET: u64 = u64::MAX;
 const FORCED_OPEN: u64 = 3;
 const DISABLED: u64 = 4;
 const STATE_MASK: u64 = 0b111;
@@ -330,6 +333,9 @@ pub(crate) struct Shared {
     /// The provider's last real failure while the breaker is not closed, shared with
     /// `open_errors`.
     cause: Arc<CauseSlot>,
+    /// This breaker, weakly: what the tasks that watch its timers hold (see
+    /// [`watch_open`](Self::watch_open) and [`watch_rate`](Self::watch_rate)).
+    me: Weak<Shared>,
 }
 
 impl fmt::Debug for Shared {
@@ -342,7 +348,11 @@ impl fmt::Debug for Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(config: &Settings) -> Self {
+    pub(crate) fn new(config: &Settings) -> Arc<Self> {
+        Arc::new_cyclic(|me| Shared::with(config, me.clone()))
+    }
+
+    fn with(config: &Settings, me: Weak<Shared>) -> Self {
         let consecutive = match (config.consecutive, config.has_rates()) {
             (Some(n), _) => Some(n.max(1)),
             (None, false) => Some(5),
@@ -376,7 +386,7 @@ impl Shared {
             word: AtomicU64::new(CLOSED),
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
-            half_open_at: AtomicU64::new(0),
+            half_open_at: AtomicU64::new(NO_PROBE_YET),
             trips: AtomicU32::new(0),
             base: Instant::now(),
             opened: AtomicU64::new(0),
@@ -388,6 +398,7 @@ impl Shared {
             failed_at_close: AtomicU64::new(0),
             first_failure: AtomicU64::new(0),
             cause,
+            me,
         }
     }
 
@@ -474,7 +485,7 @@ impl Shared {
     /// A throttled answer: the pacer lowers the rate, and a new limit gets a task that watches
     /// it ([`watch_rate`](Self::watch_rate)).
     #[cold]
-    fn throttled(self: &Arc<Self>, pacer: &Pacer) {
+    fn throttled(&self, pacer: &Pacer) {
         let (change, watch) = pacer.throttled(self.now());
         if let Some(change) = change {
             self.rate_changed(change);
@@ -491,10 +502,9 @@ impl Shared {
     /// more traffic. It holds the breaker weakly and ends with the limit (or the breaker).
     /// Without a runtime it is not started: the limit is then lifted at the next call, and
     /// readers already see it lifted.
-    fn watch_rate(self: &Arc<Self>, pacer: &Pacer, epoch: u64) {
-        #[cfg(not(tower_backstop_loom))]
+    fn watch_rate(&self, pacer: &Pacer, epoch: u64) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let breaker = Arc::downgrade(self);
+            let breaker = self.me.clone();
             runtime.spawn(async move {
                 loop {
                     let wait = {
@@ -726,22 +736,9 @@ impl Shared {
                     if now < until {
                         return Err(self.reject(word, Some(Duration::from_nanos(until - now))));
                     }
-                    let half = next(word, HALF_OPEN);
-                    // Written before the swap: whoever sees the half-open word sees its start.
-                    self.half_open_at.store(now, Ordering::Release);
-                    match self.word.compare_exchange(
-                        word,
-                        half,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        Ok(_) => {
-                            self.half_opened.fetch_add(1, Ordering::Relaxed);
-                            self.transitioned(word, half, "open duration elapsed");
-                            word = half;
-                        }
-                        Err(actual) => word = actual,
-                    }
+                    word = match self.half_open(word, now) {
+                        Ok(half) | Err(half) => half,
+                    };
                 }
                 _ => {
                     // Half-open.
@@ -768,6 +765,14 @@ impl Shared {
                     ) {
                         Ok(_) => {
                             self.probes_admitted.fetch_add(1, Ordering::Relaxed);
+                            // The half-open wait counts from the first probe (a breaker moved
+                            // to half-open by its watch, with no call, has none yet).
+                            let _ = self.half_open_at.compare_exchange(
+                                NO_PROBE_YET,
+                                self.now(),
+                                Ordering::AcqRel,
+                                Ordering::Relaxed,
+                            );
                             tracing::debug!(breaker = &*self.name, "probe admitted");
                             let start = if self.slow.is_some() { self.now() } else { 0 };
                             return Ok(Permit { word, start });
@@ -777,6 +782,58 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Moves the breaker from the open `word` to half-open (its open duration is over), its
+    /// half-open wait counted from `since` (now when a call moves it, with its probe;
+    /// [`NO_PROBE_YET`] when its watch does): `Ok` with the half-open word, or `Err` with the
+    /// word another transition left.
+    fn half_open(&self, word: u64, since: u64) -> Result<u64, u64> {
+        let half = next(word, HALF_OPEN);
+        // Written before the swap: whoever sees the half-open word sees its start.
+        self.half_open_at.store(since, Ordering::Release);
+        self.word
+            .compare_exchange(word, half, Ordering::AcqRel, Ordering::Acquire)?;
+        self.half_opened.fetch_add(1, Ordering::Relaxed);
+        self.transitioned(word, half, "open duration elapsed");
+        Ok(half)
+    }
+
+    /// Watches the open period of `word` from a task of its own on the current tokio runtime,
+    /// off every call's path: at its end, if the breaker is still in that period, it moves it
+    /// to half-open, with or without a call (resilience4j's
+    /// `automaticTransitionFromOpenToHalfOpenEnabled`), so that the state gauge, the health
+    /// report and the breaker-open alert never keep "open" for a provider that gets no more
+    /// traffic. The half-open wait ([`Builder::max_half_open`](super::Builder::max_half_open))
+    /// then counts from the first probe, as when a call moves it. It holds the breaker weakly.
+    /// Without a runtime it is not started: the next call moves the breaker, as it always
+    /// does.
+    fn watch_open(&self, word: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let breaker = self.me.clone();
+        runtime.spawn(async move {
+            loop {
+                let wait = {
+                    let Some(shared) = breaker.upgrade() else {
+                        return;
+                    };
+                    if shared.word.load(Ordering::Acquire) != word {
+                        return;
+                    }
+                    let now = shared.now();
+                    let until = shared.open_until.load(Ordering::Acquire);
+                    if now >= until {
+                        // Moved to half-open with no probe yet.
+                        let _ = shared.half_open(word, NO_PROBE_YET);
+                        return;
+                    }
+                    Duration::from_nanos(until - now)
+                };
+                tokio::time::sleep(wait).await;
+            }
+        });
     }
 
     /// Opens the breaker from `from` (closed or half-open), unless another transition won.
@@ -808,12 +865,13 @@ impl Shared {
         }
         self.transitioned(from, to, reason);
         tracing::debug!(breaker = &*self.name, open_for = ?duration, "open duration");
+        self.watch_open(to);
         true
     }
 
     /// Records how an admitted call ended.
     #[inline]
-    pub(crate) fn complete(self: &Arc<Self>, permit: Permit, outcome: Outcome) {
+    pub(crate) fn complete(&self, permit: Permit, outcome: Outcome) {
         if let Some(pacer) = &self.pacer {
             match outcome {
                 Outcome::Success => pacer.success(|| self.now()),
@@ -1042,6 +1100,7 @@ impl Shared {
         self.trips.fetch_add(1, Ordering::Relaxed);
         self.opened.fetch_add(1, Ordering::Relaxed);
         self.transitioned(from, to, "learned from the store");
+        self.watch_open(to);
         true
     }
 

@@ -224,7 +224,7 @@ pub struct BreakerHealth {
     /// `host:port`); `unkeyed` for a keyed layer's requests without a key.
     pub name: String,
     /// Its state now. An open breaker whose open duration is over is reported half-open: it
-    /// half-opens at its next call.
+    /// half-opens then by itself (on a tokio runtime), or at its next call.
     #[cfg_attr(
         any(feature = "serde", feature = "axum", feature = "dead-letter"),
         serde(serialize_with = "state_name")
