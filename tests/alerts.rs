@@ -339,6 +339,46 @@ async fn a_dead_letter_spike_and_a_class_share_are_raised_and_cleared() {
     );
 }
 
+/// A burst of dead letters raises the spike and the class-share alerts; then nothing more
+/// happens (no event at all): both clear on time, once the burst has left the window, as
+/// Prometheus's rules do, not at some later event.
+#[tokio::test(start_paused = true)]
+async fn with_no_more_events_a_spike_clears_once_it_left_the_window() {
+    let (alerts, log) = alerts();
+    let store = Arc::new(MemoryStore::new());
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(store.clone()).listener(alerts.clone()))
+        .layer(RetryPolicy::new().max_attempts(1).build().unwrap())
+        .layer(ClassifyLayer::http())
+        .service(Scripted::always(status(503)));
+    for n in 0..20 {
+        stack
+            .clone()
+            .oneshot(post_with_key("http://mail.test/", "{}", &format!("m-{n}")))
+            .await
+            .unwrap_err();
+    }
+    let seen = taken(&log);
+    assert!(seen.contains(&told("dead_letter_spike", true)), "{seen:?}");
+    assert!(
+        seen.contains(&told("class_share/transient", true)),
+        "{seen:?}"
+    );
+    // Within the window (5 minutes): still firing.
+    tokio::time::sleep(Duration::from_secs(4 * 60)).await;
+    assert!(taken(&log).is_empty());
+    assert_eq!(alerts.active().len(), 2, "{:?}", alerts.active());
+    // Past it, with no event: cleared.
+    tokio::time::sleep(Duration::from_secs(2 * 60)).await;
+    let seen = taken(&log);
+    assert!(seen.contains(&told("dead_letter_spike", false)), "{seen:?}");
+    assert!(
+        seen.contains(&told("class_share/transient", false)),
+        "{seen:?}"
+    );
+    assert!(alerts.active().is_empty(), "{:?}", alerts.active());
+}
+
 /// A deferred record waits for the scheduler: it is no dead letter, however many there are.
 #[tokio::test(start_paused = true)]
 async fn deferred_records_raise_no_dead_letter_alert() {

@@ -308,8 +308,9 @@ pub(crate) fn per_minute(count: u64, over: Duration) -> f64 {
 /// rule fires).
 ///
 /// Rules are evaluated on the events that change them, and at most once a second on any
-/// other: a spike with no traffic after it clears at the next event, such as the scheduler's
-/// backlog count every 15 s. Time is tokio's clock. Dead letters are counted once per message
+/// other; while an alert that ends with time fires (a spike, a class's share, a growing
+/// backlog, a new code), a task on the tokio runtime looks at the rules each second too, so it
+/// clears on time with no traffic after it, as Prometheus's rules do. Time is tokio's clock. Dead letters are counted once per message
 /// and status ([`Event::DeadLetterStored`]).
 ///
 /// Give it to a stack like any listener; [`then`](Self::then) passes every event on to
@@ -390,12 +391,16 @@ impl Alerts {
 
 impl Listener for Alerts {
     fn on_event(&self, event: &Event<'_>) {
-        let changes = {
+        let (changes, tick) = {
             let mut watch = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            watch.see(&self.rules, event, Instant::now())
+            let changes = watch.see(&self.rules, event, Instant::now());
+            (changes, watch.needs_ticker())
         };
         for (alert, firing) in &changes {
             self.tell(alert, *firing);
+        }
+        if tick {
+            self.start_ticker();
         }
         if let Some(next) = &self.next {
             deliver(&**next, event);
@@ -404,6 +409,48 @@ impl Listener for Alerts {
 }
 
 impl Alerts {
+    /// Looks at the rules again each second from a task of its own on the current tokio
+    /// runtime, while an alert that ends with time is firing (a dead-letter spike, a class's
+    /// share, a growing backlog, a new code): such an alert then clears on time when no more
+    /// events come, as Prometheus's rules do over their windows, instead of at the next event.
+    /// The task holds the rules' state weakly and ends when no such alert fires. Without a
+    /// runtime it is not started, and alerts clear at the next event.
+    fn start_ticker(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.state.lock().unwrap_or_else(|e| e.into_inner()).ticking = false;
+            return;
+        };
+        let state = Arc::downgrade(&self.state);
+        let (rules, hook) = (self.rules, self.hook.clone());
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let Some(state) = state.upgrade() else {
+                    return;
+                };
+                let alerts = Alerts {
+                    rules,
+                    hook: hook.clone(),
+                    next: None,
+                    state,
+                };
+                let (changes, go_on) = {
+                    let mut watch = alerts.state.lock().unwrap_or_else(|e| e.into_inner());
+                    let changes = watch.tick(&alerts.rules, Instant::now());
+                    let go_on = watch.timed_firing();
+                    watch.ticking = go_on;
+                    (changes, go_on)
+                };
+                for (alert, firing) in &changes {
+                    alerts.tell(alert, *firing);
+                }
+                if !go_on {
+                    return;
+                }
+            }
+        });
+    }
+
     fn tell(&self, alert: &Alert, firing: bool) {
         if firing {
             tracing::warn!(alert = alert.rule(), firing, "alert: {alert}");
@@ -464,6 +511,8 @@ struct Watch {
     delivered: VecDeque<(u64, u64)>,
     /// Firing alerts by key (the rule, and the class, breaker or code it is about).
     firing: BTreeMap<String, Alert>,
+    /// Whether a task looks at the rules each second (see [`Alerts::start_ticker`]).
+    ticking: bool,
 }
 
 fn minutes(d: Duration) -> u64 {
@@ -471,6 +520,35 @@ fn minutes(d: Duration) -> u64 {
 }
 
 impl Watch {
+    /// Whether an alert that ends with time fires: a measured rule's, or a new code's.
+    fn timed_firing(&self) -> bool {
+        self.firing.keys().any(|key| {
+            key == "dead_letter_spike"
+                || key == "backlog_growing"
+                || key.starts_with("class_share/")
+                || key.starts_with("new_code/")
+        })
+    }
+
+    /// Whether a ticker must start: an alert that ends with time fires, and none ticks yet.
+    fn needs_ticker(&mut self) -> bool {
+        let start = !self.ticking && self.timed_firing();
+        self.ticking |= start;
+        start
+    }
+
+    /// The rules looked at again at `now`, with no new event; the alerts raised and cleared.
+    fn tick(&mut self, rules: &AlertRules, now: Instant) -> Vec<(Alert, bool)> {
+        let Some(started) = self.started else {
+            return Vec::new();
+        };
+        let minute = now.duration_since(started).as_secs() / 60;
+        let mut changes = Vec::new();
+        self.evaluated = Some(now);
+        self.evaluate(rules, now, started, minute, &mut changes);
+        changes
+    }
+
     /// Takes `event` in at `now`; the alerts raised (`true`) and cleared (`false`).
     fn see(&mut self, rules: &AlertRules, event: &Event<'_>, now: Instant) -> Vec<(Alert, bool)> {
         let started = *self.started.get_or_insert(now);
