@@ -80,23 +80,29 @@ async fn a_breaker_that_opens_raises_an_alert_cleared_when_it_closes() {
     assert!(alerts.active().is_empty());
 }
 
-/// A provider that keeps answering 429: the breaker stays closed, its send rate falls below
-/// half of the peak it measured, and the alert is raised with the breaker's own figures;
-/// once the provider takes everything again the limit is lifted and the alert cleared.
-#[tokio::test(start_paused = true)]
-async fn a_send_rate_below_half_of_its_peak_raises_an_alert_cleared_when_lifted() {
-    let (alerts, log) = alerts();
+/// A breaker named `mail` telling `alerts`, over a provider that takes the first 50 requests
+/// (sent in the first second) and answers 429 to everything after; the service over it.
+async fn throttling_after_fifty(
+    alerts: &Alerts,
+) -> (
+    BreakerLayer,
+    tower::util::BoxCloneService<
+        http::Request<String>,
+        http::Response<()>,
+        tower_backstop::Failure<http::Response<()>>,
+    >,
+) {
     let breaker = BreakerLayer::builder()
         .name("mail")
         .listener(alerts.clone())
         .build()
         .unwrap();
-    let handle = breaker.handle();
-    // 50 requests taken in the first second, then 429 to everything.
-    let throttling = ServiceBuilder::new()
-        .layer(breaker.clone())
-        .layer(ClassifyLayer::http())
-        .service(Scripted::new((0..50).map(|_| status(200)), status(429)));
+    let throttling = tower::util::BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(breaker.clone())
+            .layer(ClassifyLayer::http())
+            .service(Scripted::new((0..50).map(|_| status(200)), status(429))),
+    );
     for _ in 0..50 {
         throttling
             .clone()
@@ -105,6 +111,18 @@ async fn a_send_rate_below_half_of_its_peak_raises_an_alert_cleared_when_lifted(
             .unwrap();
     }
     tokio::time::advance(Duration::from_secs(1)).await;
+    (breaker, throttling)
+}
+
+/// A provider that keeps answering 429: the breaker stays closed, its send rate falls below
+/// half of the peak it measured, and the alert is raised with the breaker's own figures;
+/// once the provider takes everything again the limit is lifted and the alert cleared.
+#[tokio::test(start_paused = true)]
+async fn a_send_rate_below_half_of_its_peak_raises_an_alert_cleared_when_lifted() {
+    let (alerts, log) = alerts();
+    // 50 requests taken in the first second, then 429 to everything.
+    let (breaker, throttling) = throttling_after_fifty(&alerts).await;
+    let handle = breaker.handle();
     // The first 429 cuts the rate to 0.7 of the 50/s measured: not below half yet.
     throttling
         .clone()
@@ -164,25 +182,9 @@ async fn a_send_rate_below_half_of_its_peak_raises_an_alert_cleared_when_lifted(
 #[tokio::test(start_paused = true)]
 async fn with_no_more_calls_the_limit_is_lifted_on_time_and_the_alert_clears() {
     let (alerts, log) = alerts();
-    let breaker = BreakerLayer::builder()
-        .name("mail")
-        .listener(alerts.clone())
-        .build()
-        .unwrap();
+    let (breaker, throttling) = throttling_after_fifty(&alerts).await;
     let handle = breaker.handle();
     let health = breaker.health();
-    let throttling = ServiceBuilder::new()
-        .layer(breaker.clone())
-        .layer(ClassifyLayer::http())
-        .service(Scripted::new((0..50).map(|_| status(200)), status(429)));
-    for _ in 0..50 {
-        throttling
-            .clone()
-            .oneshot(get("http://mail.test/"))
-            .await
-            .unwrap();
-    }
-    tokio::time::advance(Duration::from_secs(1)).await;
     for _ in 0..10 {
         let _ = throttling.clone().oneshot(get("http://mail.test/")).await;
         if !alerts.active().is_empty() {

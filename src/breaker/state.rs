@@ -503,37 +503,49 @@ impl Shared {
     /// Without a runtime it is not started: the limit is then lifted at the next call, and
     /// readers already see it lifted.
     fn watch_rate(&self, pacer: &Pacer, epoch: u64) {
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let breaker = self.me.clone();
-            runtime.spawn(async move {
-                loop {
-                    let wait = {
-                        let Some(shared) = breaker.upgrade() else {
-                            return;
-                        };
-                        let Some(pacer) = shared.pacer.as_ref() else {
-                            return;
-                        };
-                        match pacer.tick(epoch, shared.now()) {
-                            Tick::Stop => return,
-                            Tick::Lifted(change) => {
-                                shared.rate_changed(change);
-                                return;
-                            }
-                            Tick::Sleep(wait, change) => {
-                                if let Some(change) = change {
-                                    shared.rate_changed(change);
-                                }
-                                wait
-                            }
+        let started =
+            self.watch(
+                move |shared| match shared.pacer.as_ref()?.tick(epoch, shared.now()) {
+                    Tick::Stop => None,
+                    Tick::Lifted(change) => {
+                        shared.rate_changed(change);
+                        None
+                    }
+                    Tick::Sleep(wait, change) => {
+                        if let Some(change) = change {
+                            shared.rate_changed(change);
                         }
-                    };
-                    tokio::time::sleep(wait).await;
-                }
-            });
-            return;
+                        Some(wait)
+                    }
+                },
+            );
+        if !started {
+            pacer.unwatch(epoch);
         }
-        pacer.unwatch(epoch);
+    }
+
+    /// Runs `look` on this breaker from a task of its own on the current tokio runtime, off
+    /// every call's path: after each look it sleeps the time `look` returned, and it ends when
+    /// `look` returns `None` or the breaker is dropped (the task holds it weakly). `false`
+    /// when there is no runtime to run it on.
+    fn watch(&self, mut look: impl FnMut(&Shared) -> Option<Duration> + Send + 'static) -> bool {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let breaker = self.me.clone();
+        runtime.spawn(async move {
+            loop {
+                let wait = match breaker.upgrade() {
+                    Some(shared) => look(&shared),
+                    None => None,
+                };
+                let Some(wait) = wait else {
+                    return;
+                };
+                tokio::time::sleep(wait).await;
+            }
+        });
+        true
     }
 
     /// The send rate now and its peak, in requests a second: `None` while not limited (or
@@ -809,30 +821,18 @@ impl Shared {
     /// Without a runtime it is not started: the next call moves the breaker, as it always
     /// does.
     fn watch_open(&self, word: u64) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let breaker = self.me.clone();
-        runtime.spawn(async move {
-            loop {
-                let wait = {
-                    let Some(shared) = breaker.upgrade() else {
-                        return;
-                    };
-                    if shared.word.load(Ordering::Acquire) != word {
-                        return;
-                    }
-                    let now = shared.now();
-                    let until = shared.open_until.load(Ordering::Acquire);
-                    if now >= until {
-                        // Moved to half-open with no probe yet.
-                        let _ = shared.half_open(word, NO_PROBE_YET);
-                        return;
-                    }
-                    Duration::from_nanos(until - now)
-                };
-                tokio::time::sleep(wait).await;
+        self.watch(move |shared| {
+            if shared.word.load(Ordering::Acquire) != word {
+                return None;
             }
+            let now = shared.now();
+            let until = shared.open_until.load(Ordering::Acquire);
+            if now < until {
+                return Some(Duration::from_nanos(until - now));
+            }
+            // Moved to half-open with no probe yet.
+            let _ = shared.half_open(word, NO_PROBE_YET);
+            None
         });
     }
 
