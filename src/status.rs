@@ -44,6 +44,13 @@ pub enum GiveUp {
     NotReplayable,
     /// The inner service failed while the retry layer waited for it to become ready.
     NotReady,
+    /// A dead-letter layer was to keep the request for a later re-send (the retry layer had
+    /// deferred it), but its store did not take the record (it failed, or did not answer
+    /// within [`DeadLetterLayer::store_timeout`](crate::dead_letter::DeadLetterLayer::store_timeout)):
+    /// nothing will send it again, and the failure's
+    /// [`DeadLetterStatus::NotStored`](crate::dead_letter::DeadLetterStatus::NotStored) says
+    /// why. The caller still has the request, and may keep it and send it again itself.
+    NotStored,
 }
 
 impl GiveUp {
@@ -60,6 +67,7 @@ impl GiveUp {
             GiveUp::NotIdempotent => "request not idempotent and has no idempotency key",
             GiveUp::NotReplayable => "request cannot be replayed",
             GiveUp::NotReady => "service failed while becoming ready",
+            GiveUp::NotStored => "to be deferred, but the dead-letter store did not take it",
         }
     }
 }

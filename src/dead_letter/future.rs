@@ -261,15 +261,26 @@ where
         let mut record = draft;
         record.id = id.clone();
         config.fill(&mut record, envelope);
-        let written = match claim.filter(|lease| lease.id == id) {
-            // A re-send of a claimed record: its failure ends the claim, if it still holds.
-            Some(lease) => config
-                .store
-                .put_claimed(&lease, record)
-                .await
-                .map(|claim| matches!(claim, Claim::Claimed(_))),
-            None => config.store.put(record).await.map(|()| true),
+        let write = async {
+            match claim.filter(|lease| lease.id == id) {
+                // A re-send of a claimed record: its failure ends the claim, if it still holds.
+                Some(lease) => config
+                    .store
+                    .put_claimed(&lease, record)
+                    .await
+                    .map(|claim| matches!(claim, Claim::Claimed(_))),
+                None => config.store.put(record).await.map(|()| true),
+            }
         };
+        // Bounded: a store that does not answer costs the caller its timeout, no more.
+        let written = tokio::time::timeout(config.store_timeout, write)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::new(format!(
+                    "dead-letter store did not answer within {}",
+                    humantime::format_duration(config.store_timeout)
+                )))
+            });
         (id, status, written)
     })
 }
@@ -301,6 +312,26 @@ fn refusal_deferred<R>(failure: &mut Failure<R>, at: std::time::SystemTime) {
         deferred = deferred.with_first_failed_at(first);
     }
     failure.notes_mut().insert(deferred);
+}
+
+/// A failure that was to be stored deferred, but that the store did not take, says so: its
+/// [`Attempts`] note gives up with [`GiveUp::NotStored`] and no retry-at time, so that a caller
+/// that reads only [`Attempts::retry_at`] does not take it for deferred.
+#[cold]
+fn not_deferred<R>(failure: &mut Failure<R>) {
+    let Some(noted) = failure.note::<Attempts>() else {
+        // No retry layer: the one call, unless it was refused before it left.
+        let attempts = u32::from(!failure.code().not_an_attempt());
+        failure
+            .notes_mut()
+            .insert(Attempts::new(attempts, GiveUp::NotStored));
+        return;
+    };
+    let mut lost = Attempts::new(noted.count(), GiveUp::NotStored);
+    if let Some(at) = noted.first_failed_at() {
+        lost = lost.with_first_failed_at(at);
+    }
+    failure.notes_mut().insert(lost);
 }
 
 /// A failure the retry layer deferred but that is stored dead (its retry-at time is more than
@@ -579,8 +610,12 @@ fn note_write<R>(
                 class = %failure.class(),
                 code = %failure.code(),
                 error = %error,
+                deferred,
                 "dead letter could not be written"
             );
+            if deferred {
+                not_deferred(failure);
+            }
             failure.notes_mut().insert(DeadLetterStatus::NotStored {
                 id,
                 error: Box::new(error),

@@ -37,6 +37,8 @@ pub(crate) struct Config {
     pub(crate) listener: Hook,
     /// The second tier: deferrals of requests that used up their in-process attempts.
     pub(crate) schedule: RetrySchedule,
+    /// The longest the failure's record write may take before the caller gets its failure.
+    pub(crate) store_timeout: Duration,
     /// Whether [`DeadLetterLayer::retry_schedule`] chose it (the preset's default otherwise).
     pub(crate) schedule_chosen: bool,
 }
@@ -55,6 +57,7 @@ impl Config {
             listener: Hook::default(),
             schedule: RetrySchedule::none(),
             schedule_chosen: false,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
         }
     }
 }
@@ -267,7 +270,26 @@ impl DeadLetterLayer {
         Arc::make_mut(&mut self.config).budget = Some(attempts.max(1));
         self
     }
+
+    /// The longest the caller waits for its failure's record to be written
+    /// ([`DEFAULT_STORE_TIMEOUT`], 1 s, by default). A store that fails or does not answer
+    /// within it (a database restarting, a pool waiting for a connection, a hung network)
+    /// costs the caller at most this much: its failure comes back with
+    /// [`DeadLetterStatus::NotStored`](super::DeadLetterStatus::NotStored) and the store's
+    /// error (`dead-letter store did not answer within 1s`), and a request that was to be
+    /// deferred says [`GiveUp::NotStored`](crate::retry::GiveUp::NotStored), not deferred. A
+    /// write that took longer may still land when a slow store answers: the record keeps the
+    /// request's id (its idempotency key), so sending it again finds it. A zero timeout is
+    /// raised to 1 ms.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        Arc::make_mut(&mut self.config).store_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
 }
+
+/// How long the dead-letter layer waits for its store to write a failure's record before the
+/// caller gets the failure as not stored: 1 s, Sidekiq's default network timeout for Redis.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl DeadLetterLayer {
     /// The second tier of retries: a request that used up its in-process attempts (a retry

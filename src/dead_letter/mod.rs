@@ -154,7 +154,7 @@ mod write_ahead;
 pub use self::budget::BudgetSpent;
 pub use self::future::ResponseFuture;
 pub(crate) use self::headers::RedactHeaders;
-pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DeadLetterLayer};
+pub use self::layer::{DEFAULT_PAYLOAD_LIMIT, DEFAULT_STORE_TIMEOUT, DeadLetterLayer};
 pub use self::note::DeadLetterStatus;
 pub use self::outbox::Outbox;
 pub use self::record::{MAX_DEFERRAL, record_of};

@@ -1,0 +1,176 @@
+//! A dead-letter store that does not answer (a database restarting, a pool waiting for a
+//! connection) costs a caller at most the layer's store timeout: the failure comes back
+//! `NotStored`, with the reason, and a request that was to be deferred says it was not, so that
+//! a caller reading only its retry-at time does not take it for kept. On tokio's paused clock,
+//! with an in-process store that hangs on every write.
+
+mod support;
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use support::{Scripted, post_with_key, status, status_with};
+use tokio::time::Instant;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_backstop::classify::ClassifyLayer;
+use tower_backstop::dead_letter::{DEFAULT_STORE_TIMEOUT, DeadLetterLayer, DeadLetterStatus};
+use tower_backstop::retry::{Attempts, GiveUp, RetryPolicy};
+use tower_backstop::store::{
+    AuditEntry, BoxFuture, Change, Claim, Counts, Filter, Lease, MemoryStore, Record, Store,
+    StoreError,
+};
+
+/// A memory store whose writes never answer while `hung` is set.
+#[derive(Clone, Default)]
+struct Hung {
+    inner: MemoryStore,
+    hung: Arc<AtomicBool>,
+}
+
+impl Hung {
+    /// `write`, or, while hung, a future that never answers (and `write` is never made).
+    fn hang<T: Send + 'static>(
+        &self,
+        write: impl FnOnce() -> BoxFuture<'static, Result<T, StoreError>>,
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
+        if self.hung.load(Ordering::SeqCst) {
+            Box::pin(std::future::pending())
+        } else {
+            write()
+        }
+    }
+}
+
+impl Store for Hung {
+    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.hang(|| self.inner.put_many(records))
+    }
+    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        self.inner.get(id)
+    }
+    fn search(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.inner.search(filter, page)
+    }
+    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
+        self.inner.counts(since)
+    }
+    fn update(
+        &self,
+        id: &str,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        self.hang(|| self.inner.update(id, change))
+    }
+    fn claim_due(
+        &self,
+        now: SystemTime,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.inner.claim_due(now, limit, lease)
+    }
+    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        self.inner.delete(filter)
+    }
+    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.append_audit(entry)
+    }
+    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
+        self.inner.audit(page)
+    }
+    fn change_if_unchanged(
+        &self,
+        seen: &Record,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.hang(|| self.inner.change_if_unchanged(seen, change))
+    }
+    fn put_claimed(
+        &self,
+        lease: &Lease,
+        record: Record,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.hang(|| self.inner.put_claimed(lease, record))
+    }
+    fn reserve_slot(
+        &self,
+        schedule: &str,
+        gap: Duration,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
+        self.inner.reserve_slot(schedule, gap, now)
+    }
+}
+
+/// The call's failure when the store hangs, and how long the caller waited after the
+/// provider's last answer.
+async fn through_a_hung_store(
+    layer: impl FnOnce(DeadLetterLayer) -> DeadLetterLayer,
+    upstream: Scripted,
+) -> (tower_backstop::Failure<http::Response<()>>, Duration, Hung) {
+    let store = Hung::default();
+    store.hung.store(true, Ordering::SeqCst);
+    let svc = ServiceBuilder::new()
+        .layer(layer(DeadLetterLayer::new(store.clone())))
+        .layer(RetryPolicy::new().max_attempts(2).build().unwrap())
+        .layer(ClassifyLayer::http())
+        .service(upstream);
+    let started = Instant::now();
+    let failure = svc
+        .oneshot(post_with_key("http://mail.test/", "{}", "m-1"))
+        .await
+        .unwrap_err();
+    (failure, started.elapsed(), store)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_store_costs_the_caller_its_timeout_and_says_not_stored() {
+    // A 503 that asks for two minutes, above the retry layer's bound: deferred, if the store
+    // took it.
+    let upstream = Scripted::always(status_with(503, "retry-after", "120"));
+    let (failure, waited, store) = through_a_hung_store(|l| l, upstream).await;
+    assert_eq!(waited, DEFAULT_STORE_TIMEOUT, "the store timeout, no more");
+    let Some(DeadLetterStatus::NotStored { error, .. }) = failure.note::<DeadLetterStatus>() else {
+        panic!("{failure:?}");
+    };
+    assert_eq!(
+        error.to_string(),
+        "dead-letter store did not answer within 1s"
+    );
+    // Not deferred: nothing will send it again, and the caller is told so.
+    let attempts = failure.note::<Attempts>().unwrap();
+    assert_eq!(attempts.give_up(), GiveUp::NotStored);
+    assert_eq!(attempts.retry_at(), None);
+    assert!(!attempts.is_deferred());
+    let text = failure.to_string();
+    assert!(!text.contains("deferred until"), "{text}");
+    assert!(text.contains("could not be written"), "{text}");
+    // Once the store answers again, nothing of it was written halfway.
+    store.hung.store(false, Ordering::SeqCst);
+    assert_eq!(store.get("m-1").await.unwrap(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_store_timeout_is_the_layers_setting() {
+    let (failure, waited, _) = through_a_hung_store(
+        |l| l.store_timeout(Duration::from_millis(250)),
+        Scripted::always(status(400)),
+    )
+    .await;
+    assert_eq!(waited, Duration::from_millis(250));
+    assert!(matches!(
+        failure.note::<DeadLetterStatus>(),
+        Some(DeadLetterStatus::NotStored { .. })
+    ));
+    // A dead letter that was not written keeps the retry layer's own reason.
+    assert_eq!(
+        failure.note::<Attempts>().map(Attempts::give_up),
+        Some(GiveUp::NotRetryable)
+    );
+}
