@@ -9,7 +9,16 @@ use tower_backstop::store::{Filter, Record, Status, Store, StoreError};
 
 /// The keys of a query string or form that are the board's own, not a filter's.
 const BOARD_KEYS: &[&str] = &[
-    "page", "resolved", "group", "window", "view", "csrf", "rate", "max", "planned",
+    "page",
+    "resolved",
+    "group",
+    "window",
+    "view",
+    "csrf",
+    "rate",
+    "max",
+    "planned",
+    "include_resolved",
 ];
 
 /// A query string or a form, split: the filter's pairs as given (for links and hidden fields),
@@ -74,6 +83,12 @@ impl Scope {
             .rev()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// Whether the board key `key` is set: a ticked checkbox or a link's `1` (`1`, `true`,
+    /// `on`, `yes`).
+    pub(crate) fn flag(&self, key: &str) -> bool {
+        matches!(self.get(key), Some("1" | "true" | "on" | "yes"))
     }
 
     /// The board key `key` as a number, `default` when absent or empty.

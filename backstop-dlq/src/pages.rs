@@ -246,10 +246,6 @@ pub(super) fn filter_form(
     }
 }
 
-fn truthy(v: Option<&str>) -> bool {
-    matches!(v, Some("1" | "true" | "on" | "yes"))
-}
-
 /// `GET /records`: the list, outstanding first, a page at a time.
 pub(super) async fn list(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs) -> PageResult {
     let store = &*s.board.store;
@@ -258,7 +254,7 @@ pub(super) async fn list(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs)
     if page_no == 0 {
         return Err(PageError::bad_request("page: pages are counted from 1"));
     }
-    let resolved = truthy(scope.get("resolved"));
+    let resolved = scope.flag("resolved");
     let range = (page_no - 1).saturating_mul(PAGE_SIZE)..page_no.saturating_mul(PAGE_SIZE);
     let listing = if scope.narrow.is_empty() {
         outstanding_page(store, &scope.filter, resolved, range).await?
