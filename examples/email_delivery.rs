@@ -78,7 +78,7 @@ use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::observe::Event;
 use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::retry::{Attempts, Backoff, DelaySource, RetryPolicy};
-use tower_backstop::store::{AlertRules, Record, SqliteStore, Stats, Status, Store};
+use tower_backstop::store::{AlertRules, Filter, Record, SqliteStore, Stats, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Class, Code};
 use tracing_subscriber::EnvFilter;
@@ -575,8 +575,9 @@ async fn main() -> Result<ExitCode, BoxError> {
         .spawn();
         settle::until_settled(&*store, Duration::from_secs(60)).await?;
         scheduler.shutdown().await;
+        // Every record, the resolved ones too: a message the scheduler delivered is one.
         let records: HashMap<String, Record> = store
-            .list(usize::MAX)
+            .search(&Filter::new(), 0..usize::MAX)
             .await?
             .into_iter()
             .map(|r| (r.id.clone(), r))

@@ -350,14 +350,14 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
         "{}",
         stderr(&o)
     );
-    assert_eq!(store.list(100).await.unwrap().len(), 8);
+    assert_eq!(store.count(&Filter::new()).await.unwrap(), 8);
     let o = dlq_on(&db, &["purge", "-f", "class=permanent", "--yes"]).await;
     assert!(
         stdout(&o).contains("deleted 3 dead letters"),
         "{}",
         stdout(&o)
     );
-    assert_eq!(store.list(100).await.unwrap().len(), 5);
+    assert_eq!(store.count(&Filter::new()).await.unwrap(), 5);
     let trail = store.audit(0..10).await.unwrap();
     assert_eq!(
         (
@@ -582,7 +582,7 @@ async fn prune_removes_what_the_retention_no_longer_keeps() {
         stdout(&o)
     );
     assert_eq!(
-        store.list(100).await.unwrap().len(),
+        store.count(&Filter::new()).await.unwrap(),
         6,
         "a dry run removes nothing"
     );
@@ -595,7 +595,7 @@ async fn prune_removes_what_the_retention_no_longer_keeps() {
         stdout(&o)
     );
     let mut left: Vec<String> = store
-        .list(100)
+        .search(&Filter::new(), 0..100)
         .await
         .unwrap()
         .into_iter()

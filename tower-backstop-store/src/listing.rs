@@ -1,4 +1,4 @@
-//! What "the list of records" means, once for every reader: the command line's
+//! What "the list of records" means, once for every reader: [`Store::list`], the command line's
 //! `backstop-dlq list` and the board's list show the same records in the same order.
 
 use std::cmp::Ordering;
@@ -23,7 +23,7 @@ fn rank(status: Status) -> u8 {
 /// [`InFlight`](Status::InFlight) ones together, the soonest due (retry-at) first; then the
 /// [`Resolved`](Status::Resolved) ones, the most recently failed first. Ties by id.
 ///
-/// It is the order of [`list_page`]; sort records read another way (a page
+/// It is the order of [`Store::list`] and [`list_page`]; sort records read another way (a page
 /// narrowed in memory, say) with it to show them as a list does.
 ///
 /// ```
@@ -72,7 +72,8 @@ pub struct Listing {
 }
 
 /// The positions `page` (counted from 0) of the list of the records that match `filter`, in
-/// [`list_order`]: what `backstop-dlq list` prints and the board's list shows.
+/// [`list_order`]: what `backstop-dlq list` prints and the board's list shows, and, for the
+/// empty filter from position 0, what [`Store::list`] returns.
 ///
 /// The list holds the outstanding records: [`Dead`](Status::Dead),
 /// [`Deferred`](Status::Deferred) and [`InFlight`](Status::InFlight); with `with_resolved` the
