@@ -20,24 +20,48 @@
 //! | `@broken.example` | 500, always | unknown: retried, then dead letter |
 //! | `@slow.example` | hangs for 5 s | per-attempt timeout (transient): retried, then dead letter |
 //!
-//! No message is sent more than 4 times: 300 ms per attempt, exponential backoff from 50 ms
+//! No call sends a message more than 4 times: 300 ms per attempt, exponential backoff from 50 ms
 //! capped at 1 s, a `Retry-After` of up to 2 s honoured; `unknown` failures (the 500s) are
 //! retried once, cautiously (the policy's default). The circuit breaker is the README's: one per
 //! host (here one host), opening when half of the last 100 calls failed once 20 were seen, for
 //! 1 s doubling up to 30 s. Broken and slow recipients fail every attempt, but they are a small
 //! share of the traffic, so the breaker should stay closed; if it opens, the calls it rejects
 //! come back at once, are not attempts, and are stored as deferred records with the half-open
-//! instant as their retry-at time, for the dead-letter scheduler to send again (a last step of
-//! the example does that).
+//! instant as their retry-at time. The breaker also paces the host: each 429 of the busy
+//! recipients lowers its send rate, and a call above that rate waits for its turn (a wait, not
+//! an attempt), within the same 2 s bound as a server's hint, or is stored deferred to its
+//! turn. The dead-letter scheduler then sends the deferred records again, when due, through the
+//! same stack (a last step of the example): each re-send is a call of its own, with its own
+//! attempts, so a record deferred after failed attempts counts the attempts of both.
 //!
-//! Each dead letter is tagged with the recipient's domain. At the end the example prints the
-//! attempts, the retries by class, the breaker's transitions,
-//! the dead letters by class (read back from the SQLite store, a fresh file under the temporary
-//! directory on each run) with a few samples, and the outcome per kind of recipient. It checks
-//! that the provider accepted no message twice and that every message ended either delivered or
-//! as a stored dead letter, and exits with status 1 if not. Last, it prints the `backstop-dlq stats`
-//! view of the store (top classes and codes, the rate, the alert signals), the same
-//! [`Stats`] the command-line tool renders.
+//! Each dead letter is tagged with the recipient's domain. At the end the example prints a
+//! summary of what happened, counted from the facts the crate gives (the retry layer's and the
+//! scheduler's events, through their listener hooks, and the records of the SQLite store, a
+//! fresh file under the temporary directory on each run):
+//!
+//! - the messages delivered at once (the first attempt accepted), after retries (accepted after
+//!   failed attempts in the same call), or deferred and then delivered by the scheduler; the
+//!   dead letters, by class; those still deferred;
+//! - the attempts (requests that reached the provider) and the retries among them (attempts
+//!   sent again after a failed one, in the same call), by the class of the failure that asked
+//!   for them;
+//! - the paced calls: waits for a turn of the send rate, counted apart (neither attempts nor
+//!   retries);
+//! - the messages deferred to the scheduler, by cause: the breaker open, a send-rate wait longer
+//!   than the bound, or their attempts used up (the second tier of retries, which this example
+//!   leaves off); and the scheduler's re-sends;
+//! - the breaker's transitions, the outcome per kind of recipient, and one sample dead letter
+//!   per class, read back from the store.
+//!
+//! It checks that the provider accepted no message twice and that every message ended
+//! delivered, dead or deferred, and exits with status 1 if not. Last, it prints the
+//! `backstop-dlq stats` view of the store (top classes and codes, the rate, the alert signals),
+//! the same [`Stats`] the command-line tool renders.
+//!
+//! Each request names its send in a header ([`SEND_HEADER`]: `first`, or the scheduler's
+//! `resend-N`), so that the provider counts each call's requests on its side. The example's
+//! test (`cargo test --example email_delivery`) runs the same pipeline on a slice of the file
+//! and checks every count of the summary against what the provider counted.
 //!
 //! Run it from the crate root:
 //!
@@ -72,13 +96,13 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_backstop::breaker::BreakerLayer;
+use tower_backstop::breaker::{BreakerHandle, BreakerLayer, PerKey};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::observe::Event;
 use tower_backstop::resend::{Scheduler, http_request};
-use tower_backstop::retry::{Attempts, Backoff, DelaySource, RetryPolicy};
-use tower_backstop::store::{AlertRules, Record, SqliteStore, Stats, Status, Store};
+use tower_backstop::retry::{Attempts, Backoff, DelaySource, GiveUp, RetryPolicy};
+use tower_backstop::store::{AlertRules, Filter, Record, SqliteStore, Stats, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Class, Code};
 use tracing_subscriber::EnvFilter;
@@ -108,6 +132,12 @@ const BREAKER_MINIMUM_CALLS: u32 = 20;
 const BREAKER_OPEN_FOR: Duration = Duration::from_secs(1);
 /// …up to this.
 const BREAKER_OPEN_CAP: Duration = Duration::from_secs(30);
+/// The header that names the send a request belongs to: [`FIRST_PASS`] for the first pass,
+/// `resend-N` for the scheduler's N-th re-send. Every attempt of one call carries the same
+/// value, so that the provider counts each call's requests (and its retries) on its side.
+const SEND_HEADER: &str = "x-send";
+/// The [`SEND_HEADER`] of the first pass.
+const FIRST_PASS: &str = "first";
 
 const DEFAULT_INPUT: &str = "examples/data/messages.jsonl";
 
@@ -194,13 +224,32 @@ fn is_valid_address(to: &str) -> bool {
         && domain.split('.').all(|label| !label.is_empty())
 }
 
-/// What the provider saw, per `Idempotency-Key`.
+/// What the provider saw, per `Idempotency-Key`, and per send of a message (the key and the
+/// sender's [`SEND_HEADER`]): the ground truth the summary is checked against.
 #[derive(Debug, Default)]
 struct ProviderLog {
     /// Requests received per key.
     requests: HashMap<String, u32>,
     /// Deliveries (202 Accepted answers) per key.
     deliveries: HashMap<String, u32>,
+    /// Per send (key, [`SEND_HEADER`]): the requests of that call, its retries included.
+    sends: HashMap<(String, String), SendLog>,
+}
+
+/// One send of a message as the provider saw it: one call of the sender, retries included.
+#[derive(Clone, Copy, Debug, Default)]
+struct SendLog {
+    /// Requests received.
+    requests: u32,
+    /// Whether one of them was accepted (202).
+    accepted: bool,
+}
+
+impl ProviderLog {
+    /// Requests received in all.
+    fn requests_total(&self) -> u64 {
+        self.requests.values().map(|n| u64::from(*n)).sum()
+    }
 }
 
 type SharedLog = Arc<Mutex<ProviderLog>>;
@@ -231,15 +280,27 @@ async fn accept_message(
     else {
         return error(StatusCode::BAD_REQUEST, "missing Idempotency-Key");
     };
+    let send = (
+        key.clone(),
+        headers
+            .get(SEND_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned(),
+    );
     // The n-th request for this key, from 1.
     let seen = {
         let mut log = lock(&log);
+        log.sends.entry(send.clone()).or_default().requests += 1;
         let n = log.requests.entry(key.clone()).or_default();
         *n += 1;
         *n
     };
     let accept = |log: &SharedLog| {
-        *lock(log).deliveries.entry(key.clone()).or_default() += 1;
+        let mut log = lock(log);
+        *log.deliveries.entry(key.clone()).or_default() += 1;
+        log.sends.entry(send.clone()).or_default().accepted = true;
+        drop(log);
         (
             StatusCode::ACCEPTED,
             Json(serde_json::json!({ "id": key, "status": "queued" })),
@@ -278,28 +339,75 @@ async fn accept_message(
 // The sender
 // ---------------------------------------------------------------------------------------------
 
-/// How one message ended, as the sender saw it.
+/// How one message's first pass ended, as the sender saw it.
 #[derive(Debug)]
 enum Delivery {
+    /// Accepted (202).
     Delivered,
-    DeadLetter {
+    /// Failed, and the dead-letter layer stored its record: dead, or deferred for the scheduler
+    /// (the store says which).
+    Stored {
         class: Class,
         code: Code,
         attempts: u32,
+        /// Why the retry layer stopped.
+        give_up: Option<GiveUp>,
         /// The provider's answer, when the final failure was a response (a 400, a 500).
         provider_said: Option<String>,
     },
-    /// Rejected by the open breaker (or asked to wait longer than the in-process bound): stored
-    /// as a deferred record, for the scheduler to send again.
-    Deferred,
-    /// Deferred, then delivered by the scheduler's re-send.
-    Redelivered,
-    /// Deferred, then re-sent by the scheduler and dead-lettered.
-    DeadAfterResend {
-        class: String,
-    },
     /// Neither delivered nor stored: the dead letter could not be written, or the answer was a
     /// success that is not 202.
+    Lost(String),
+}
+
+/// Why the first pass left a message deferred to the scheduler, read from its record and the
+/// failure: the record's code names a breaker's rejection (`circuit open`) or a send-rate wait
+/// (`paced, not sent`); any other deferred record used up its attempts (the second tier of
+/// retries) or had a server hint longer than the in-process bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum DeferCause {
+    BreakerOpen,
+    SendRate,
+    AttemptsUsedUp,
+    LongHint,
+}
+
+impl DeferCause {
+    const ALL: [DeferCause; 4] = [
+        DeferCause::BreakerOpen,
+        DeferCause::SendRate,
+        DeferCause::AttemptsUsedUp,
+        DeferCause::LongHint,
+    ];
+
+    fn of(record: &Record, give_up: Option<GiveUp>) -> DeferCause {
+        if record.code == Code::CircuitOpen.to_string() {
+            DeferCause::BreakerOpen
+        } else if record.code == Code::Paced.to_string() {
+            DeferCause::SendRate
+        } else if give_up == Some(GiveUp::Deferred) {
+            DeferCause::LongHint
+        } else {
+            DeferCause::AttemptsUsedUp
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            DeferCause::BreakerOpen => "breaker open",
+            DeferCause::SendRate => "send-rate wait",
+            DeferCause::AttemptsUsedUp => "attempts used up (second tier)",
+            DeferCause::LongHint => "server's delay above the bound",
+        }
+    }
+}
+
+/// Where a message ended, once the scheduler's pass is over: read from the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum End {
+    Delivered,
+    Dead { class: String },
+    Deferred,
     Lost(String),
 }
 
@@ -307,14 +415,98 @@ enum Delivery {
 struct Outcome {
     id: String,
     behaviour: Behaviour,
-    delivery: Delivery,
+    first: Delivery,
+    /// Why the first pass left it deferred, if it did.
+    deferred: Option<DeferCause>,
+    end: End,
 }
 
-/// Retries per class, and how many of them waited for a server hint (`Retry-After`) instead of
-/// the computed backoff.
-#[derive(Debug, Default)]
-struct RetryCounts {
-    by_class: BTreeMap<&'static str, (u64, u64)>,
+/// What the listener hooks told: the retry layer's events (attempts, retries, paced waits)
+/// and the scheduler's (its re-sends).
+#[derive(Clone, Debug, Default)]
+struct Tally {
+    /// Attempts that went out: every attempt that ended, but a breaker's rejection or a call
+    /// the send rate held back (neither left the process).
+    attempts: u64,
+    /// Those numbered 2 or more: sent again after a failed attempt of the same call.
+    retries: u64,
+    /// Calls that succeeded on their first attempt.
+    succeeded_at_once: u64,
+    /// Calls that succeeded on a later attempt.
+    succeeded_after_retries: u64,
+    /// Retries scheduled after a failure (not a send-rate wait), per class of that failure,
+    /// and how many of them waited for the server's hint (`Retry-After`).
+    retries_scheduled: BTreeMap<&'static str, (u64, u64)>,
+    /// Waits for a turn of the send rate, and their time in all.
+    paced: u64,
+    paced_for: Duration,
+    /// Calls an open breaker rejected.
+    rejected: u64,
+    /// The scheduler's re-sends, per outcome (`delivered`, `failed`, `held`).
+    resent: BTreeMap<&'static str, u64>,
+}
+
+impl Tally {
+    /// Counts `event`.
+    fn see(&mut self, event: &Event<'_>) {
+        match *event {
+            Event::AttemptEnded { code, attempt, .. } => match code {
+                Some(Code::CircuitOpen) => self.rejected += 1,
+                Some(Code::Paced) => {}
+                _ => {
+                    self.attempts += 1;
+                    self.retries += u64::from(attempt > 1);
+                    if code.is_none() && attempt > 1 {
+                        self.succeeded_after_retries += 1;
+                    } else if code.is_none() {
+                        self.succeeded_at_once += 1;
+                    }
+                }
+            },
+            Event::RetryScheduled {
+                source: DelaySource::SendRate,
+                delay,
+                ..
+            } => {
+                self.paced += 1;
+                self.paced_for += delay;
+            }
+            Event::RetryScheduled { class, source, .. } => {
+                let entry = self.retries_scheduled.entry(class.name()).or_default();
+                entry.0 += 1;
+                entry.1 += u64::from(source == DelaySource::ServerHint);
+            }
+            Event::Resent { outcome, .. } => *self.resent.entry(outcome).or_default() += 1,
+            _ => {}
+        }
+    }
+
+    /// `self` and `other` added up.
+    fn add(&self, other: &Tally) -> Tally {
+        let mut sum = self.clone();
+        sum.attempts += other.attempts;
+        sum.retries += other.retries;
+        sum.succeeded_at_once += other.succeeded_at_once;
+        sum.succeeded_after_retries += other.succeeded_after_retries;
+        for (class, (n, hinted)) in &other.retries_scheduled {
+            let entry = sum.retries_scheduled.entry(class).or_default();
+            entry.0 += n;
+            entry.1 += hinted;
+        }
+        sum.paced += other.paced;
+        sum.paced_for += other.paced_for;
+        sum.rejected += other.rejected;
+        for (outcome, n) in &other.resent {
+            *sum.resent.entry(outcome).or_default() += n;
+        }
+        sum
+    }
+}
+
+type SharedTally = Arc<Mutex<Tally>>;
+
+fn take(tally: &SharedTally) -> Tally {
+    std::mem::take(&mut *tally.lock().unwrap_or_else(PoisonError::into_inner))
 }
 
 fn read_messages(path: &Path) -> Result<Vec<Message>, BoxError> {
@@ -374,64 +566,52 @@ fn recipient_domain(envelope: &tower_backstop::Envelope) -> Vec<(String, String)
         .unwrap_or_default()
 }
 
-/// Sends one message through the stack and says how it ended.
-async fn deliver<S>(svc: S, uri: http::Uri, message: Message) -> Outcome
-where
-    S: tower::Service<
-            Request,
-            Response = http::Response<hyper::body::Incoming>,
-            Error = tower_backstop::Failure<http::Response<hyper::body::Incoming>>,
-        >,
-{
+/// Sends one message through the stack and says how its first pass ended.
+async fn deliver<S: Sender>(
+    svc: S,
+    uri: http::Uri,
+    message: Message,
+) -> (String, Behaviour, Delivery) {
     let behaviour = Behaviour::of(&message.to);
     let id = message.id.clone();
-    let outcome = |delivery| Outcome {
-        id: id.clone(),
-        behaviour,
-        delivery,
-    };
+    let ended = |delivery| (id.clone(), behaviour, delivery);
     let body = match serde_json::to_vec(&message) {
         Ok(body) => body,
-        Err(e) => return outcome(Delivery::Lost(format!("cannot encode message: {e}"))),
+        Err(e) => return ended(Delivery::Lost(format!("cannot encode message: {e}"))),
     };
     let request = http::Request::post(uri)
         .header(header::CONTENT_TYPE, "application/json")
         .header("idempotency-key", &message.id)
+        .header(SEND_HEADER, FIRST_PASS)
         .body(Full::new(Bytes::from(body)));
     let request = match request {
         Ok(request) => request,
-        Err(e) => return outcome(Delivery::Lost(format!("cannot build request: {e}"))),
+        Err(e) => return ended(Delivery::Lost(format!("cannot build request: {e}"))),
     };
     match svc.oneshot(request).await {
         Ok(response) if response.status() == StatusCode::ACCEPTED => {
             // Read the body so the connection goes back to the pool.
             let _ = response.into_body().collect().await;
-            outcome(Delivery::Delivered)
+            ended(Delivery::Delivered)
         }
-        Ok(response) => outcome(Delivery::Lost(format!(
+        Ok(response) => ended(Delivery::Lost(format!(
             "unexpected success status {}",
             response.status()
         ))),
         Err(failure) => {
-            let (class, code, attempts) = (
-                failure.class(),
-                failure.code(),
-                failure.note::<Attempts>().map_or(0, Attempts::count),
-            );
             match failure.note::<DeadLetterStatus>() {
-                Some(DeadLetterStatus::Stored { .. })
-                    if failure
-                        .note::<Attempts>()
-                        .is_some_and(Attempts::is_deferred) =>
-                {
-                    return outcome(Delivery::Deferred);
-                }
                 Some(DeadLetterStatus::Stored { .. }) => {}
                 Some(DeadLetterStatus::NotStored { error, .. }) => {
-                    return outcome(Delivery::Lost(format!("dead letter not stored: {error}")));
+                    return ended(Delivery::Lost(format!("dead letter not stored: {error}")));
                 }
-                _ => return outcome(Delivery::Lost(format!("no dead letter for: {failure}"))),
+                _ => return ended(Delivery::Lost(format!("no dead letter for: {failure}"))),
             }
+            let attempts = failure.note::<Attempts>();
+            let (class, code) = (failure.class(), failure.code());
+            let (count, give_up) = (
+                attempts.map_or(0, Attempts::count),
+                attempts.map(Attempts::give_up),
+            );
             let provider_said = match failure.into_response() {
                 Some(response) => match response.into_body().collect().await {
                     Ok(body) => Some(String::from_utf8_lossy(&body.to_bytes()).into_owned()),
@@ -439,13 +619,272 @@ where
                 },
                 None => None,
             };
-            outcome(Delivery::DeadLetter {
+            ended(Delivery::Stored {
                 class,
                 code,
-                attempts,
+                attempts: count,
+                give_up,
                 provider_said,
             })
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run: the provider, the stack, the first pass and the scheduler's
+// ---------------------------------------------------------------------------------------------
+
+/// What the passes send through: the stack of [`stack`], by what they need of it.
+trait Sender:
+    tower::Service<
+        Request,
+        Response = http::Response<hyper::body::Incoming>,
+        Error = tower_backstop::Failure<http::Response<hyper::body::Incoming>>,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> Sender for S where
+    S: tower::Service<
+            Request,
+            Response = http::Response<hyper::body::Incoming>,
+            Error = tower_backstop::Failure<http::Response<hyper::body::Incoming>>,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// The stack every message goes through, counting the attempts that reached the client in
+/// `attempts` and telling the retry layer's events to `tally`; and the breaker, to read its
+/// counts at the end.
+fn stack(
+    store: &SqliteStore,
+    tally: &SharedTally,
+    attempts: &Arc<AtomicU64>,
+) -> Result<(impl Sender, BreakerLayer<PerKey>), BoxError> {
+    let policy = RetryPolicy::new()
+        .max_attempts(MAX_ATTEMPTS)
+        .backoff(Backoff::exponential(BACKOFF_BASE, BACKOFF_CAP))
+        .max_delay(MAX_DELAY)
+        .listener({
+            let tally = Arc::clone(tally);
+            move |event: &Event<'_>| {
+                tally
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .see(event)
+            }
+        });
+    let breaker = BreakerLayer::builder()
+        .failure_rate(BREAKER_FAILURE_RATE)
+        .count_window(BREAKER_WINDOW)
+        .minimum_calls(BREAKER_MINIMUM_CALLS)
+        .open_doubling(BREAKER_OPEN_FOR, BREAKER_OPEN_CAP)
+        .open_jitter(0.5)
+        .per_host()
+        .build()?;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let svc = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(store.clone()).tags(recipient_domain))
+        .layer(policy.build()?)
+        .layer(breaker.clone())
+        .layer(ClassifyLayer::http())
+        .layer(TimeoutLayer::new(ATTEMPT_TIMEOUT))
+        .map_request({
+            let attempts = Arc::clone(attempts);
+            move |request: Request| {
+                attempts.fetch_add(1, Ordering::Relaxed);
+                request
+            }
+        })
+        .service(client);
+    Ok((svc, breaker))
+}
+
+/// Sends every message once through `svc`, [`CONCURRENCY`] at a time: how each first pass
+/// ended.
+async fn first_pass<S: Sender>(
+    svc: S,
+    uri: &http::Uri,
+    messages: Vec<Message>,
+) -> Result<Vec<(String, Behaviour, Delivery)>, BoxError> {
+    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    let mut tasks = JoinSet::new();
+    for message in messages {
+        let slot = Arc::clone(&slots).acquire_owned().await?;
+        let (svc, uri) = (svc.clone(), uri.clone());
+        tasks.spawn(async move {
+            let ended = deliver(svc, uri, message).await;
+            drop(slot);
+            ended
+        });
+    }
+    let mut ended = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        ended.push(joined?);
+    }
+    Ok(ended)
+}
+
+/// Every record in `store`, whatever its status, by id.
+async fn every_record(store: &dyn Store) -> Result<HashMap<String, Record>, BoxError> {
+    Ok(store
+        .search(&Filter::new(), 0..usize::MAX)
+        .await?
+        .into_iter()
+        .map(|r| (r.id.clone(), r))
+        .collect())
+}
+
+/// Everything a run did: what the summary reads.
+struct Report {
+    total: usize,
+    outcomes: Vec<Outcome>,
+    /// The retry layer's events of the first pass, and of the scheduler's re-sends with the
+    /// scheduler's own.
+    first_pass_events: Tally,
+    resend_events: Tally,
+    /// Attempts that reached the client (the breaker's rejections and the paced calls never do).
+    client_attempts: u64,
+    breaker: Option<BreakerHandle>,
+    first_pass: Duration,
+    log: ProviderLog,
+    /// Every record in the store at the end, resolved ones included.
+    records: Vec<Record>,
+    elapsed: Duration,
+    db_path: PathBuf,
+}
+
+/// Runs the pipeline on `messages`: a provider on loopback, the stack over a SQLite store at
+/// `db_path`, the first pass, then the scheduler's re-sends of what it deferred until none is
+/// left (at most a minute). Prints a line per step.
+async fn run(messages: Vec<Message>, db_path: PathBuf) -> Result<Report, BoxError> {
+    let total = messages.len();
+    let log = SharedLog::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let app = provider(log.clone());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let uri: http::Uri = format!("http://{addr}/v1/messages").parse()?;
+    println!("mail provider listening on http://{addr}");
+
+    let dead_letters = SqliteStore::open(&db_path)?;
+    let tally = SharedTally::default();
+    let client_attempts = Arc::new(AtomicU64::new(0));
+    let (svc, breaker) = stack(&dead_letters, &tally, &client_attempts)?;
+    let started = Instant::now();
+    let firsts = first_pass(svc.clone(), &uri, messages).await?;
+    let first_pass = started.elapsed();
+    let first_pass_events = take(&tally);
+
+    // Which messages the first pass left deferred, and why: their records say.
+    let after_first = every_record(&dead_letters).await?;
+    let mut outcomes: Vec<Outcome> = firsts
+        .into_iter()
+        .map(|(id, behaviour, first)| {
+            let deferred = match &first {
+                Delivery::Stored { give_up, .. } => after_first
+                    .get(&id)
+                    .filter(|r| matches!(r.status, Status::Deferred | Status::InFlight))
+                    .map(|r| DeferCause::of(r, *give_up)),
+                _ => None,
+            };
+            Outcome {
+                id,
+                behaviour,
+                first,
+                deferred,
+                end: End::Lost("not settled".to_owned()),
+            }
+        })
+        .collect();
+    let deferred = outcomes.iter().filter(|o| o.deferred.is_some()).count();
+    if deferred > 0 {
+        println!(
+            "re-sending {deferred} deferred messages with the dead-letter scheduler, when due"
+        );
+        scheduler_pass(&dead_letters, svc, &tally).await?;
+    }
+    let resend_events = take(&tally);
+    let records = every_record(&dead_letters).await?;
+    for o in &mut outcomes {
+        o.end = end_of(o, records.get(&o.id));
+    }
+    let elapsed = started.elapsed();
+    server.abort();
+    let log = std::mem::take(&mut *lock(&log));
+    let mut records: Vec<Record> = records.into_values().collect();
+    records.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(Report {
+        total,
+        outcomes,
+        first_pass_events,
+        resend_events,
+        client_attempts: client_attempts.load(Ordering::Relaxed),
+        breaker: breaker.handle_for(&addr.to_string()),
+        first_pass,
+        log,
+        records,
+        elapsed,
+        db_path,
+    })
+}
+
+/// The scheduler's pass: it re-sends the deferred records when due, through the same stack
+/// (so that each re-send updates its own record), naming each re-send in [`SEND_HEADER`], and
+/// tells its events to `tally`; until no record is deferred or in flight (at most a minute).
+async fn scheduler_pass<S: Sender>(
+    dead_letters: &SqliteStore,
+    svc: S,
+    tally: &SharedTally,
+) -> Result<(), BoxError> {
+    let store: Arc<dyn Store> = Arc::new(dead_letters.clone());
+    let resends = AtomicU64::new(0);
+    let rebuild = move |record: &Record| {
+        let mut request = http_request(record, None)?;
+        let n = resends.fetch_add(1, Ordering::Relaxed) + 1;
+        let send = header::HeaderValue::from_str(&format!("resend-{n}"))?;
+        request.headers_mut().insert(SEND_HEADER, send);
+        Ok::<_, BoxError>(request)
+    };
+    let scheduler = Scheduler::new(Arc::clone(&store), svc, rebuild)
+        .poll_every(Duration::from_millis(100))
+        .concurrency(CONCURRENCY)
+        .listener({
+            let tally = Arc::clone(tally);
+            move |event: &Event<'_>| {
+                tally
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .see(event)
+            }
+        })
+        .spawn();
+    settle::until_settled(&*store, Duration::from_secs(60)).await?;
+    scheduler.shutdown().await;
+    Ok(())
+}
+
+/// Where `outcome`'s message ended, from its first pass and its record at the end.
+fn end_of(outcome: &Outcome, record: Option<&Record>) -> End {
+    match (&outcome.first, record) {
+        (Delivery::Delivered, _) => End::Delivered,
+        (Delivery::Lost(why), _) => End::Lost(why.clone()),
+        (Delivery::Stored { .. }, None) => End::Lost("reported stored, not in the store".into()),
+        (Delivery::Stored { .. }, Some(r)) => match r.status {
+            Status::Resolved => End::Delivered,
+            Status::Dead => End::Dead {
+                class: r.class.clone(),
+            },
+            _ => End::Deferred,
+        },
     }
 }
 
@@ -465,67 +904,6 @@ async fn main() -> Result<ExitCode, BoxError> {
     let input = input_path();
     let messages = read_messages(&input)?;
     println!("read {} messages from {}", messages.len(), input.display());
-
-    // The provider, in this process, on a port of its own.
-    let log = SharedLog::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let app = provider(log.clone());
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let uri: http::Uri = format!("http://{addr}/v1/messages").parse()?;
-    println!("mail provider listening on http://{addr}");
-
-    // The sender: five layers around a real hyper-util client.
-    let db_path = dead_letter_path();
-    let dead_letters = SqliteStore::open(&db_path)?;
-
-    let retries = Arc::new(Mutex::new(RetryCounts::default()));
-    let policy = RetryPolicy::new()
-        .max_attempts(MAX_ATTEMPTS)
-        .backoff(Backoff::exponential(BACKOFF_BASE, BACKOFF_CAP))
-        .max_delay(MAX_DELAY)
-        .listener({
-            let retries = Arc::clone(&retries);
-            move |event: &Event<'_>| {
-                let Event::RetryScheduled { class, source, .. } = *event else {
-                    return;
-                };
-                let mut retries = retries.lock().unwrap_or_else(PoisonError::into_inner);
-                let entry = retries.by_class.entry(class.name()).or_default();
-                entry.0 += 1;
-                if source == DelaySource::ServerHint {
-                    entry.1 += 1;
-                }
-            }
-        });
-    let breaker = BreakerLayer::builder()
-        .failure_rate(BREAKER_FAILURE_RATE)
-        .count_window(BREAKER_WINDOW)
-        .minimum_calls(BREAKER_MINIMUM_CALLS)
-        .open_doubling(BREAKER_OPEN_FOR, BREAKER_OPEN_CAP)
-        .open_jitter(0.5)
-        .per_host()
-        .build()?;
-    let breakers = breaker.clone();
-
-    // Attempts that reached the client (the breaker's rejections never do).
-    let attempts = Arc::new(AtomicU64::new(0));
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let svc = ServiceBuilder::new()
-        .layer(DeadLetterLayer::new(dead_letters.clone()).tags(recipient_domain))
-        .layer(policy.build()?)
-        .layer(breaker)
-        .layer(ClassifyLayer::http())
-        .layer(TimeoutLayer::new(ATTEMPT_TIMEOUT))
-        .map_request({
-            let attempts = Arc::clone(&attempts);
-            move |request: Request| {
-                attempts.fetch_add(1, Ordering::Relaxed);
-                request
-            }
-        })
-        .service(client);
-
     println!(
         "sending {CONCURRENCY} at a time: {ATTEMPT_TIMEOUT:?} per attempt, at most \
          {MAX_ATTEMPTS} attempts per message (2 for unknown failures),\n  backoff \
@@ -535,81 +913,7 @@ async fn main() -> Result<ExitCode, BoxError> {
          {BREAKER_OPEN_CAP:?}",
         BREAKER_FAILURE_RATE * 100.0
     );
-
-    let started = Instant::now();
-    let slots = Arc::new(Semaphore::new(CONCURRENCY));
-    let mut tasks = JoinSet::new();
-    let total = messages.len();
-    for message in messages {
-        let slot = Arc::clone(&slots).acquire_owned().await?;
-        let svc = svc.clone();
-        let uri = uri.clone();
-        tasks.spawn(async move {
-            let outcome = deliver(svc, uri, message).await;
-            drop(slot);
-            outcome
-        });
-    }
-    let mut outcomes = Vec::with_capacity(total);
-    while let Some(joined) = tasks.join_next().await {
-        outcomes.push(joined?);
-    }
-    let first_pass = started.elapsed();
-
-    // Deferred records (breaker rejections) are re-sent by the dead-letter scheduler when due,
-    // through the same stack, so that each re-send updates its own record.
-    let deferred = outcomes
-        .iter()
-        .filter(|o| matches!(o.delivery, Delivery::Deferred))
-        .count();
-    if deferred > 0 {
-        println!(
-            "re-sending {deferred} deferred messages with the dead-letter scheduler, when due"
-        );
-        let store: Arc<dyn Store> = Arc::new(dead_letters.clone());
-        let scheduler = Scheduler::new(Arc::clone(&store), svc.clone(), |record: &Record| {
-            http_request(record, None)
-        })
-        .poll_every(Duration::from_millis(100))
-        .concurrency(CONCURRENCY)
-        .spawn();
-        settle::until_settled(&*store, Duration::from_secs(60)).await?;
-        scheduler.shutdown().await;
-        let records: HashMap<String, Record> = store
-            .list(usize::MAX)
-            .await?
-            .into_iter()
-            .map(|r| (r.id.clone(), r))
-            .collect();
-        for o in &mut outcomes {
-            if !matches!(o.delivery, Delivery::Deferred) {
-                continue;
-            }
-            match records.get(&o.id).map(|r| (r.status, r.class.clone())) {
-                Some((Status::Resolved, _)) => o.delivery = Delivery::Redelivered,
-                Some((Status::Dead, class)) => o.delivery = Delivery::DeadAfterResend { class },
-                _ => {}
-            }
-        }
-    }
-    let elapsed = started.elapsed();
-    server.abort();
-
-    let retries = std::mem::take(&mut *retries.lock().unwrap_or_else(PoisonError::into_inner));
-    let log = std::mem::take(&mut *lock(&log));
-    let report = Report {
-        total,
-        outcomes,
-        attempts: attempts.load(Ordering::Relaxed),
-        retries,
-        breaker: breakers.handle_for(&addr.to_string()),
-        first_pass,
-        log,
-        dead_letters_by_class: dead_letters.count_by_class().await?,
-        records: dead_letters.list(usize::MAX).await?,
-        elapsed,
-        db_path,
-    };
+    let report = run(messages, dead_letter_path()).await?;
     print!("{report}");
 
     // What an operator sees next: the `backstop-dlq stats` dashboard of the same store.
@@ -619,14 +923,14 @@ async fn main() -> Result<ExitCode, BoxError> {
         report.db_path.display()
     );
     let stats = Stats::gather(
-        &dead_letters,
+        &SqliteStore::open(&report.db_path)?,
         SystemTime::now(),
         Duration::from_secs(24 * 60 * 60),
         AlertRules::default(),
     )
     .await?;
     print!("{stats}");
-    Ok(if report.ok() {
+    Ok(if report.problems().is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -637,50 +941,58 @@ async fn main() -> Result<ExitCode, BoxError> {
 // The summary
 // ---------------------------------------------------------------------------------------------
 
-struct Report {
-    total: usize,
-    outcomes: Vec<Outcome>,
-    attempts: u64,
-    retries: RetryCounts,
-    breaker: Option<tower_backstop::breaker::BreakerHandle>,
-    first_pass: Duration,
-    log: ProviderLog,
-    dead_letters_by_class: Vec<(String, u64)>,
-    records: Vec<Record>,
-    elapsed: Duration,
-    db_path: PathBuf,
+/// The numbers of the summary, each counted once from the facts of the run: the messages'
+/// ends (their records), the retry layer's and the scheduler's events.
+#[derive(Debug, Default)]
+struct Summary {
+    total: u64,
+    /// Delivered in the first pass, on the first attempt (the retry layer's events).
+    at_once: u64,
+    /// Delivered in the first pass after failed attempts of the same call (the events).
+    after_retries: u64,
+    /// Delivered in the first pass, by the messages' own ends.
+    delivered_first_pass: u64,
+    /// Deferred by the first pass, then delivered by the scheduler, by cause.
+    resent_delivered: BTreeMap<DeferCause, u64>,
+    /// Delivered in all.
+    delivered: u64,
+    /// Dead letters in all, by class, and those that were deferred first.
+    dead: BTreeMap<String, u64>,
+    dead_after_resend: u64,
+    still_deferred: u64,
+    lost: u64,
+    /// Deferred by the first pass, by cause.
+    deferred: BTreeMap<DeferCause, u64>,
+    /// The events of both passes.
+    events: Tally,
 }
 
 impl Report {
-    fn ids(&self, pick: impl Fn(&Delivery) -> bool) -> BTreeSet<&str> {
-        self.outcomes
-            .iter()
-            .filter(|o| pick(&o.delivery))
-            .map(|o| o.id.as_str())
-            .collect()
-    }
-
-    /// Delivered on the first pass or by the scheduler's re-send.
-    fn delivered(&self) -> BTreeSet<&str> {
-        self.ids(|d| matches!(d, Delivery::Delivered | Delivery::Redelivered))
-    }
-
-    fn dead_lettered(&self) -> BTreeSet<&str> {
-        self.ids(|d| {
-            matches!(
-                d,
-                Delivery::DeadLetter { .. } | Delivery::DeadAfterResend { .. }
-            )
-        })
-    }
-
-    /// Still deferred after the scheduler's pass.
-    fn deferred(&self) -> BTreeSet<&str> {
-        self.ids(|d| matches!(d, Delivery::Deferred))
-    }
-
-    fn redelivered(&self) -> BTreeSet<&str> {
-        self.ids(|d| matches!(d, Delivery::Redelivered))
+    fn summary(&self) -> Summary {
+        let mut s = Summary {
+            total: self.total as u64,
+            at_once: self.first_pass_events.succeeded_at_once,
+            after_retries: self.first_pass_events.succeeded_after_retries,
+            events: self.first_pass_events.add(&self.resend_events),
+            ..Summary::default()
+        };
+        for o in &self.outcomes {
+            if let Some(cause) = o.deferred {
+                *s.deferred.entry(cause).or_default() += 1;
+            }
+            match (&o.end, o.deferred) {
+                (End::Delivered, None) => s.delivered_first_pass += 1,
+                (End::Delivered, Some(cause)) => *s.resent_delivered.entry(cause).or_default() += 1,
+                (End::Dead { class }, deferred) => {
+                    *s.dead.entry(class.clone()).or_default() += 1;
+                    s.dead_after_resend += u64::from(deferred.is_some());
+                }
+                (End::Deferred, _) => s.still_deferred += 1,
+                (End::Lost(_), _) => s.lost += 1,
+            }
+        }
+        s.delivered = s.delivered_first_pass + s.resent_delivered.values().sum::<u64>();
+        s
     }
 
     /// Keys the provider accepted more than once.
@@ -710,61 +1022,32 @@ impl Report {
             ));
         }
         for o in &self.outcomes {
-            if let Delivery::Lost(why) = &o.delivery {
+            if let End::Lost(why) = &o.end {
                 problems.push(format!("{} is unaccounted for: {why}", o.id));
             }
         }
-        let delivered = self.delivered();
-        let dead = self.dead_lettered();
-        let stored: BTreeSet<&str> = self.records.iter().map(|r| r.id.as_str()).collect();
-        let accepted: BTreeSet<&str> = self.log.deliveries.keys().map(String::as_str).collect();
-        for id in dead.difference(&stored) {
-            problems.push(format!("{id} was reported stored but is not in the store"));
-        }
-        // The stored record says what the caller was told.
-        let records: HashMap<&str, &Record> =
-            self.records.iter().map(|r| (r.id.as_str(), r)).collect();
-        for o in &self.outcomes {
-            let Delivery::DeadLetter {
-                class,
-                code,
-                attempts,
-                ..
-            } = &o.delivery
-            else {
-                continue;
-            };
-            let Some(record) = records.get(o.id.as_str()) else {
-                continue; // reported above
-            };
-            // A breaker rejection is not an attempt; any other failure made at least one.
-            let expected = if *code == Code::CircuitOpen {
-                *attempts
-            } else {
-                (*attempts).max(1)
-            };
-            if record.class != class.name()
-                || record.code != code.to_string()
-                || record.attempts != expected
-            {
-                problems.push(format!(
-                    "{}: stored record ({}, {}, {} attempts) differs from the failure \
-                     returned ({class}, {code}, {attempts} attempts)",
-                    o.id, record.class, record.code, record.attempts
-                ));
-            }
-        }
-        let accounted: BTreeSet<&str> = dead
-            .iter()
-            .chain(&self.deferred())
-            .chain(&self.redelivered())
-            .copied()
-            .collect();
-        for id in stored.difference(&accounted) {
+        problems.extend(self.records_match_failures());
+        let s = self.summary();
+        if s.at_once + s.after_retries != s.delivered_first_pass {
             problems.push(format!(
-                "{id} is in the store but the sender did not see it fail"
+                "the retry layer saw {} calls succeed in the first pass, the messages say {}",
+                s.at_once + s.after_retries,
+                s.delivered_first_pass
             ));
         }
+        if s.events.attempts != self.client_attempts {
+            problems.push(format!(
+                "the retry layer counted {} attempts, {} reached the client",
+                s.events.attempts, self.client_attempts
+            ));
+        }
+        let delivered: BTreeSet<&str> = self
+            .outcomes
+            .iter()
+            .filter(|o| o.end == End::Delivered)
+            .map(|o| o.id.as_str())
+            .collect();
+        let accepted: BTreeSet<&str> = self.log.deliveries.keys().map(String::as_str).collect();
         for id in delivered.difference(&accepted) {
             problems.push(format!(
                 "{id} was reported delivered but the provider never accepted it"
@@ -778,8 +1061,55 @@ impl Report {
         problems
     }
 
-    fn ok(&self) -> bool {
-        self.problems().is_empty()
+    /// The records say what the callers were told: a dead letter of the first pass has the
+    /// class, code and attempts of the failure returned, and every record is of a message that
+    /// failed.
+    fn records_match_failures(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let records: HashMap<&str, &Record> =
+            self.records.iter().map(|r| (r.id.as_str(), r)).collect();
+        for o in &self.outcomes {
+            let Delivery::Stored {
+                class,
+                code,
+                attempts,
+                ..
+            } = &o.first
+            else {
+                continue;
+            };
+            let Some(record) = records.get(o.id.as_str()) else {
+                continue; // reported as unaccounted for
+            };
+            if o.deferred.is_some() {
+                continue; // the scheduler's re-sends changed it since
+            }
+            if record.class != class.name()
+                || record.code != code.to_string()
+                || record.attempts != *attempts
+            {
+                problems.push(format!(
+                    "{}: stored record ({}, {}, {} attempts) differs from the failure \
+                     returned ({class}, {code}, {attempts} attempts)",
+                    o.id, record.class, record.code, record.attempts
+                ));
+            }
+        }
+        let failed: BTreeSet<&str> = self
+            .outcomes
+            .iter()
+            .filter(|o| matches!(o.first, Delivery::Stored { .. }))
+            .map(|o| o.id.as_str())
+            .collect();
+        for r in &self.records {
+            if !failed.contains(r.id.as_str()) {
+                problems.push(format!(
+                    "{} is in the store but the sender did not see it fail",
+                    r.id
+                ));
+            }
+        }
+        problems
     }
 }
 
@@ -798,88 +1128,200 @@ fn truncate(text: &str, max: usize) -> String {
     }
 }
 
+/// `counts` as `name n, name n`, or `none`.
+fn listed<K: fmt::Display>(counts: impl IntoIterator<Item = (K, u64)>) -> String {
+    let parts: Vec<String> = counts
+        .into_iter()
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect();
+    if parts.is_empty() {
+        "none".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// The deferred messages by cause: with `every`, the breaker, the send rate and the second
+/// tier named even at 0 (a cause that cannot occur here, a hint above the bound, only when
+/// it did); else the causes that occurred.
+fn causes(counts: &BTreeMap<DeferCause, u64>, every: bool) -> String {
+    listed(DeferCause::ALL.into_iter().filter_map(|c| {
+        let n = counts.get(&c).copied().unwrap_or(0);
+        let named = every && c != DeferCause::LongHint;
+        (n > 0 || named).then_some((c.describe(), n))
+    }))
+}
+
+/// The width of the summary's labels.
+const LABEL: usize = 20;
+
+/// One line of the summary: its label, its count right-aligned under the others, and what
+/// the count is.
+fn row(f: &mut fmt::Formatter<'_>, label: &str, n: u64, what: &str) -> fmt::Result {
+    if what.is_empty() {
+        writeln!(f, "{label:<LABEL$}{n:>5}")
+    } else {
+        writeln!(f, "{label:<LABEL$}{n:>5}  {what}")
+    }
+}
+
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let delivered = self.delivered().len();
-        let redelivered = self.redelivered().len();
-        let dead = self.dead_lettered().len();
-        let deferred = self.deferred().len();
-        let lost = self.outcomes.len() - delivered - dead - deferred;
-        let provider_requests: u64 = self.log.requests.values().map(|n| u64::from(*n)).sum();
-
+        let s = self.summary();
         writeln!(f)?;
         writeln!(f, "=== email delivery summary ===")?;
-        writeln!(f, "messages read        {}", self.total)?;
+        self.write_messages(f, &s)?;
+        writeln!(f)?;
+        self.write_attempts(f, &s)?;
+        writeln!(f)?;
+        self.write_recipients(f)?;
+        self.write_samples(f)?;
+        writeln!(f)?;
+        self.write_checks(f, &s)?;
         writeln!(
             f,
-            "delivered (202)      {delivered} ({redelivered} of them deferred by the breaker and re-sent by the scheduler)"
+            "{:<LABEL$}  {:.2?} for the first pass, {:.2?} in all, the scheduler's pass \
+             included",
+            "elapsed", self.first_pass, self.elapsed
         )?;
-        writeln!(f, "dead letters         {dead}")?;
-        writeln!(f, "still deferred       {deferred}")?;
-        writeln!(f, "unaccounted for      {lost}")?;
-        write!(
+        writeln!(
             f,
-            "attempts             {} reached the client",
-            self.attempts
+            "{:<LABEL$}  {}",
+            "dead-letter store",
+            self.db_path.display()
         )?;
-        if provider_requests == self.attempts {
-            writeln!(f, " (and the provider)")?;
+        Ok(())
+    }
+}
+
+impl Report {
+    /// What became of the messages.
+    fn write_messages(&self, f: &mut fmt::Formatter<'_>, s: &Summary) -> fmt::Result {
+        let resent: u64 = s.resent_delivered.values().sum();
+        let dead: u64 = s.dead.values().sum();
+        row(f, "messages read", s.total, "")?;
+        row(f, "delivered (202)", s.delivered, "")?;
+        row(f, "  at once", s.at_once, "the first attempt accepted")?;
+        row(
+            f,
+            "  after retries",
+            s.after_retries,
+            "accepted after failed attempts of the same call",
+        )?;
+        row(
+            f,
+            "  deferred, re-sent",
+            resent,
+            &format!(
+                "deferred, then delivered by the scheduler: {}",
+                causes(&s.resent_delivered, false)
+            ),
+        )?;
+        let after = match s.dead_after_resend {
+            0 => String::new(),
+            n => format!("; {n} of them deferred first, dead after a re-send"),
+        };
+        row(
+            f,
+            "dead letters",
+            dead,
+            &format!(
+                "{} (from the store{after})",
+                listed(s.dead.iter().map(|(c, n)| (c, *n)))
+            ),
+        )?;
+        row(f, "still deferred", s.still_deferred, "")?;
+        row(f, "unaccounted for", s.lost, "")
+    }
+
+    /// What the attempts, the waits and the scheduler did.
+    fn write_attempts(&self, f: &mut fmt::Formatter<'_>, s: &Summary) -> fmt::Result {
+        let e = &s.events;
+        let provider = self.log.requests_total();
+        let reached = if provider == self.client_attempts {
+            "requests sent, all received by the provider".to_owned()
         } else {
-            writeln!(f, " ({provider_requests} reached the provider)")?;
+            format!(
+                "requests sent: {} reached the client, {provider} the provider",
+                self.client_attempts
+            )
+        };
+        row(f, "attempts", e.attempts, &reached)?;
+        row(
+            f,
+            "  retries",
+            e.retries,
+            "attempts sent again after a failed one, in the same call",
+        )?;
+        let scheduled: u64 = e.retries_scheduled.values().map(|(n, _)| n).sum();
+        let mut after: Vec<String> = e
+            .retries_scheduled
+            .iter()
+            .map(|(class, (n, hinted))| match hinted {
+                0 => format!("{class} {n}"),
+                h => format!("{class} {n} ({h} waited for Retry-After)"),
+            })
+            .collect();
+        if after.is_empty() {
+            after.push("none".to_owned());
         }
-
-        let retries: u64 = self.retries.by_class.values().map(|(n, _)| n).sum();
-        write!(f, "retries              {retries}:")?;
-        if self.retries.by_class.is_empty() {
-            write!(f, " none")?;
+        let mut text = format!("after a failure of class {}", after.join(", "));
+        if scheduled > e.retries {
+            text.push_str(&format!(
+                "; {} never went out (deferred or given up first)",
+                scheduled - e.retries
+            ));
         }
-        for (i, (class, (n, hinted))) in self.retries.by_class.iter().enumerate() {
-            let sep = if i == 0 { " " } else { ", " };
-            write!(f, "{sep}{class} {n}")?;
-            if *hinted > 0 {
-                write!(f, " ({hinted} waited for Retry-After)")?;
-            }
-        }
-        writeln!(f)?;
-
+        row(f, "  scheduled", scheduled, &text)?;
+        row(
+            f,
+            "paced",
+            e.paced,
+            &format!(
+                "waits for a turn of the send rate ({:.1?} waited in all): not attempts, not \
+                 retries",
+                e.paced_for
+            ),
+        )?;
+        row(
+            f,
+            "deferred",
+            s.deferred.values().sum(),
+            &format!(
+                "by the first pass, to the scheduler: {}",
+                causes(&s.deferred, true)
+            ),
+        )?;
+        row(
+            f,
+            "scheduler re-sends",
+            e.resent.values().sum(),
+            &listed(e.resent.iter().map(|(o, n)| (o, *n))),
+        )?;
         let stats = self.breaker.as_ref().map(|b| b.stats()).unwrap_or_default();
         writeln!(
             f,
-            "breaker              opened {}, half-opened {}, closed {}, rejected {} calls, \
-             {} probes; now {}",
+            "{:<LABEL$}  opened {}, half-opened {}, closed {}, rejected {}, {} probes; now {}",
+            "breaker",
             stats.opened,
             stats.half_opened,
             stats.closed,
-            stats.rejected,
+            plural(stats.rejected, "call", "calls"),
             stats.probes,
             self.breaker
                 .as_ref()
                 .map_or("never used".to_owned(), |b| b.state().to_string())
-        )?;
+        )
+    }
+
+    /// The outcome per recipient behaviour: what the data asked for, and what happened.
+    fn write_recipients(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "elapsed              {:.2?} for the first pass",
-            self.first_pass
+            "{:<32} {:>8} {:>10} {:>9}  dead letters",
+            "recipient", "messages", "delivered", "deferred"
         )?;
-
-        write!(f, "dead letters by class")?;
-        if self.dead_letters_by_class.is_empty() {
-            write!(f, " none")?;
-        }
-        for (i, (class, n)) in self.dead_letters_by_class.iter().enumerate() {
-            let sep = if i == 0 { " " } else { ", " };
-            write!(f, "{sep}{class} {n}")?;
-        }
-        writeln!(f, "  (from the SQLite store)")?;
-
-        // Outcome per recipient behaviour: what the data asked for, and what happened.
-        writeln!(f)?;
-        writeln!(
-            f,
-            "{:<32} {:>8} {:>10}  dead letters",
-            "recipient", "messages", "delivered"
-        )?;
-        let mut collateral = 0;
+        let mut collateral = 0u64;
         for behaviour in Behaviour::ALL {
             let of_kind: Vec<&Outcome> = self
                 .outcomes
@@ -889,37 +1331,25 @@ impl fmt::Display for Report {
             if of_kind.is_empty() {
                 continue;
             }
-            let ok = of_kind
-                .iter()
-                .filter(|o| matches!(o.delivery, Delivery::Delivered | Delivery::Redelivered))
-                .count();
-            let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
+            let delivered = of_kind.iter().filter(|o| o.end == End::Delivered).count();
+            let deferred = of_kind.iter().filter(|o| o.deferred.is_some()).count();
+            let mut classes: BTreeMap<&str, u64> = BTreeMap::new();
             for o in &of_kind {
-                let class = match &o.delivery {
-                    Delivery::DeadLetter { class, .. } => class.name(),
-                    Delivery::DeadAfterResend { class } => class.as_str(),
-                    _ => continue,
-                };
-                *classes.entry(class).or_default() += 1;
-                if behaviour.deliverable() {
-                    collateral += 1;
+                if let End::Dead { class } = &o.end {
+                    *classes.entry(class.as_str()).or_default() += 1;
+                    collateral += u64::from(behaviour.deliverable());
                 }
             }
             let classes = if classes.is_empty() {
                 "-".to_owned()
             } else {
-                classes
-                    .iter()
-                    .map(|(c, n)| format!("{c} {n}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                listed(classes)
             };
             writeln!(
                 f,
-                "{:<32} {:>8} {:>10}  {classes}",
+                "{:<32} {:>8} {delivered:>10} {deferred:>9}  {classes}",
                 behaviour.describe(),
                 of_kind.len(),
-                ok
             )?;
         }
         if collateral > 0 {
@@ -927,65 +1357,67 @@ impl fmt::Display for Report {
                 f,
                 "note: {} to recipients that would have accepted them ended as dead letters.\n      \
                  They are in the store, with the class that stopped them, to be re-driven.",
-                plural(collateral as u64, "message", "messages")
+                plural(collateral, "message", "messages")
             )?;
-        } else if stats.rejected > 0 {
+        }
+        Ok(())
+    }
+
+    /// One sample dead letter per class, read back from the store: dead letters only.
+    fn write_samples(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut seen = BTreeSet::new();
+        let mut samples: Vec<&Record> = self
+            .records
+            .iter()
+            .filter(|r| r.status == Status::Dead && seen.insert(r.class.as_str()))
+            .collect();
+        if samples.is_empty() {
+            return Ok(());
+        }
+        samples.sort_by(|a, b| a.class.cmp(&b.class).then_with(|| a.id.cmp(&b.id)));
+        let by_id: HashMap<&str, &Outcome> =
+            self.outcomes.iter().map(|o| (o.id.as_str(), o)).collect();
+        writeln!(f)?;
+        writeln!(f, "sample dead letters (one per class, from the store):")?;
+        for record in samples {
             writeln!(
                 f,
-                "note: the breaker rejected {} while open, at once; each was deferred and \
-                 re-sent by the scheduler.",
-                plural(stats.rejected, "call", "calls")
+                "  {}  class={} code={:?} attempts={} message={:?}",
+                record.id, record.class, record.code, record.attempts, record.message
             )?;
-        }
-
-        // One sample dead letter per class, read back from the store.
-        if !self.records.is_empty() {
-            writeln!(f)?;
-            writeln!(f, "sample dead letters (one per class, from the store):")?;
-            let by_id: HashMap<&str, &Outcome> =
-                self.outcomes.iter().map(|o| (o.id.as_str(), o)).collect();
-            let mut seen = BTreeSet::new();
-            let mut samples: Vec<&Record> = self
-                .records
-                .iter()
-                .filter(|r| seen.insert(r.class.as_str()))
-                .collect();
-            samples.sort_by(|a, b| a.class.cmp(&b.class).then_with(|| a.id.cmp(&b.id)));
-            for record in samples {
-                writeln!(
-                    f,
-                    "  {}  class={} code={:?} attempts={} message={:?}",
-                    record.id, record.class, record.code, record.attempts, record.message
-                )?;
-                if let Some(outcome) = by_id.get(record.id.as_str()) {
-                    let to = serde_json::from_slice::<Message>(&record.payload)
-                        .map(|m| m.to)
-                        .unwrap_or_default();
-                    write!(f, "      to {to:?}, {}", outcome.behaviour.describe())?;
-                    if let Delivery::DeadLetter {
-                        provider_said: Some(said),
-                        ..
-                    } = &outcome.delivery
-                    {
-                        write!(f, "; provider said {}", truncate(said, 80))?;
-                    }
-                    writeln!(f)?;
+            if let Some(outcome) = by_id.get(record.id.as_str()) {
+                let to = serde_json::from_slice::<Message>(&record.payload)
+                    .map(|m| m.to)
+                    .unwrap_or_default();
+                write!(f, "      to {to:?}, {}", outcome.behaviour.describe())?;
+                if let Delivery::Stored {
+                    provider_said: Some(said),
+                    ..
+                } = &outcome.first
+                {
+                    write!(f, "; provider said {}", truncate(said, 80))?;
                 }
+                writeln!(f)?;
             }
         }
+        Ok(())
+    }
 
-        writeln!(f)?;
+    /// The duplicate check and the accounting.
+    fn write_checks(&self, f: &mut fmt::Formatter<'_>, s: &Summary) -> fmt::Result {
         let dups = self.duplicates();
         if dups.is_empty() {
             writeln!(
                 f,
-                "duplicate check      ok: {} keys delivered, none more than once",
+                "{:<LABEL$}  ok: {} keys delivered, none more than once",
+                "duplicate check",
                 self.log.deliveries.len()
             )?;
         } else {
             writeln!(
                 f,
-                "duplicate check      FAILED: {} delivered more than once",
+                "{:<LABEL$}  FAILED: {} delivered more than once",
+                "duplicate check",
                 plural(dups.len() as u64, "message", "messages")
             )?;
         }
@@ -993,21 +1425,153 @@ impl fmt::Display for Report {
         if problems.is_empty() {
             writeln!(
                 f,
-                "accounting           ok: {delivered} delivered + {dead} dead letters + {deferred} deferred = {} messages",
-                self.total
+                "{:<LABEL$}  ok: {} delivered + {} dead letters + {} still deferred = {} \
+                 messages",
+                "accounting",
+                s.delivered,
+                s.dead.values().sum::<u64>(),
+                s.still_deferred,
+                s.total
             )?;
         } else {
-            writeln!(f, "accounting           FAILED:")?;
+            writeln!(f, "{:<LABEL$}  FAILED:", "accounting")?;
             for p in &problems {
                 writeln!(f, "  - {p}")?;
             }
         }
-        writeln!(
-            f,
-            "elapsed              {:.2?} in all, the scheduler's pass included",
-            self.elapsed
-        )?;
-        writeln!(f, "dead-letter store    {}", self.db_path.display())?;
         Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The summary's test: `cargo test --example email_delivery`
+// ---------------------------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the provider counted, per send of a message (one call, its retries included).
+    fn sends(log: &ProviderLog, first: bool) -> impl Iterator<Item = &SendLog> {
+        log.sends
+            .iter()
+            .filter(move |((_, send), _)| (send == FIRST_PASS) == first)
+            .map(|(_, s)| s)
+    }
+
+    /// The count the summary prints on the line labelled `label`.
+    fn printed_count(printed: &str, label: &str) -> Option<u64> {
+        printed.lines().find_map(|line| {
+            let rest = line.strip_prefix(label)?;
+            let rest = rest.strip_prefix(' ')?.trim_start();
+            rest.split_whitespace().next()?.parse().ok()
+        })
+    }
+
+    /// The pipeline on the first 80 messages of the shipped file (every kind of recipient),
+    /// against a real provider on loopback: each number of the summary is the provider's own
+    /// count of what it received and accepted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_summary_counts_what_the_provider_saw() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_INPUT);
+        let messages: Vec<Message> = read_messages(&path).unwrap().into_iter().take(80).collect();
+        let kinds: BTreeSet<Behaviour> = messages.iter().map(|m| Behaviour::of(&m.to)).collect();
+        assert_eq!(kinds.len(), Behaviour::ALL.len(), "every kind of recipient");
+        let db = dead_letter_path();
+        let report = run(messages, db.clone()).await.unwrap();
+        let _ = std::fs::remove_file(&db);
+        let s = report.summary();
+        let log = &report.log;
+        let printed = report.to_string();
+        assert!(report.problems().is_empty(), "{printed}");
+
+        // Every message accounted for, each delivered one accepted once by the provider.
+        let dead: u64 = s.dead.values().sum();
+        assert_eq!(
+            s.delivered + dead + s.still_deferred + s.lost,
+            80,
+            "{printed}"
+        );
+        assert_eq!(s.lost, 0, "{printed}");
+        assert_eq!(s.delivered, log.deliveries.len() as u64, "{printed}");
+        assert!(log.deliveries.values().all(|n| *n == 1), "{printed}");
+
+        // Delivered at once, after retries, or by a re-send: the provider's 202s, per send.
+        let first: Vec<&SendLog> = sends(log, true).collect();
+        let at_once = first
+            .iter()
+            .filter(|s| s.accepted && s.requests == 1)
+            .count() as u64;
+        let after_retries = first
+            .iter()
+            .filter(|s| s.accepted && s.requests > 1)
+            .count() as u64;
+        let on_resend = sends(log, false).filter(|s| s.accepted).count() as u64;
+        assert_eq!(s.at_once, at_once, "{printed}");
+        assert_eq!(s.after_retries, after_retries, "{printed}");
+        assert_eq!(
+            s.resent_delivered.values().sum::<u64>(),
+            on_resend,
+            "{printed}"
+        );
+
+        // Attempts are what the provider received; retries, its requests beyond each call's
+        // first. Waits for the send rate's turn reached nobody, and are counted apart.
+        assert_eq!(s.events.attempts, log.requests_total(), "{printed}");
+        let retries: u64 = log.sends.values().map(|s| u64::from(s.requests - 1)).sum();
+        assert_eq!(s.events.retries, retries, "{printed}");
+        assert!(
+            s.events.paced > 0,
+            "the busy recipients' 429s pace the host: {printed}"
+        );
+        let scheduled: u64 = s.events.retries_scheduled.values().map(|(n, _)| n).sum();
+        assert!(scheduled >= s.events.retries, "{printed}");
+
+        // The deferred ones, by cause: the records' codes, and each one settled.
+        let deferred: u64 = s.deferred.values().sum();
+        let deferred_records = report
+            .outcomes
+            .iter()
+            .filter(|o| o.deferred.is_some())
+            .count() as u64;
+        assert_eq!(deferred, deferred_records, "{printed}");
+        assert_eq!(
+            deferred,
+            on_resend + s.dead_after_resend + s.still_deferred,
+            "{printed}"
+        );
+
+        // The dead letters, by class, are the store's dead records.
+        let mut stored: BTreeMap<String, u64> = BTreeMap::new();
+        for r in report.records.iter().filter(|r| r.status == Status::Dead) {
+            *stored.entry(r.class.clone()).or_default() += 1;
+        }
+        assert_eq!(s.dead, stored, "{printed}");
+
+        // The summary prints those numbers under those names.
+        for (label, n) in [
+            ("delivered (202)", s.delivered),
+            ("  at once", at_once),
+            ("  after retries", after_retries),
+            ("  deferred, re-sent", on_resend),
+            ("attempts", log.requests_total()),
+            ("  retries", retries),
+            ("paced", s.events.paced),
+            ("deferred", deferred),
+        ] {
+            assert_eq!(
+                printed_count(&printed, label),
+                Some(n),
+                "{label:?} in {printed}"
+            );
+        }
+        // The samples are dead letters only.
+        let samples = &printed[printed.find("sample dead letters").unwrap_or(0)..];
+        for r in report.records.iter().filter(|r| r.status != Status::Dead) {
+            assert!(
+                !samples.contains(&format!("  {}  class=", r.id)),
+                "{samples}"
+            );
+        }
     }
 }

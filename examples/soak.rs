@@ -149,7 +149,7 @@ use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::observe::Event;
 use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::retry::{Attempts, Delivery, RetryPolicy};
-use tower_backstop::store::{MemoryStore, Record, Status, Store};
+use tower_backstop::store::{Filter, MemoryStore, Record, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Envelope, Failure};
 
@@ -763,8 +763,9 @@ async fn run(stack: Stack, scenario: &'static str, load: Load) -> Result<Outcome
         .spawn();
         settle::until_settled(&*store, Duration::from_secs(90)).await?;
         scheduler.shutdown().await;
+        // Every record, the resolved ones too: a message delivered by a re-send is one.
         let records: HashMap<String, Status> = store
-            .list(usize::MAX)
+            .search(&Filter::new(), 0..usize::MAX)
             .await?
             .into_iter()
             .map(|r| (r.id, r.status))

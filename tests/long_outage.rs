@@ -31,7 +31,7 @@ use tower_backstop::{Class, Clock, Code, Envelope, Failure};
 
 async fn statuses(store: &dyn Store) -> HashMap<Status, usize> {
     let mut out = HashMap::new();
-    for r in store.list(usize::MAX).await.unwrap() {
+    for r in store.search(&Filter::new(), 0..usize::MAX).await.unwrap() {
         *out.entry(r.status).or_default() += 1;
     }
     out
@@ -68,7 +68,7 @@ async fn a_long_outage_ends_with_every_message_delivered_once_and_one_probe_per_
     send_all(&svc, 30).await;
     assert_eq!(provider.requests(), 2);
     assert_eq!(breaker.state(), State::Open);
-    let records = store.list(usize::MAX).await.unwrap();
+    let records = store.search(&Filter::new(), 0..usize::MAX).await.unwrap();
     assert_eq!(records.len(), 30);
     for r in &records {
         assert_eq!(
@@ -118,7 +118,7 @@ async fn a_long_outage_ends_with_every_message_delivered_once_and_one_probe_per_
     // Nothing died of the outage: local rejections are not re-sends.
     let during = statuses(&*store).await;
     assert_eq!(during.get(&Status::Dead), None, "{during:?}");
-    for r in store.list(usize::MAX).await.unwrap() {
+    for r in store.search(&Filter::new(), 0..usize::MAX).await.unwrap() {
         assert!(r.resends <= 2, "{}: {} re-sends", r.id, r.resends);
         assert_eq!(
             r.cause.as_ref().map(|c| c.code.as_str()),
@@ -167,7 +167,7 @@ async fn nothing_is_sent_while_the_breaker_is_open_and_a_held_record_costs_no_re
     // The others were not even tried: the breaker rejected only the probe's own retry
     // (without the pacing, every record of the batch).
     assert_eq!(breaker.stats().rejected - rejected_before, 1);
-    let records = store.list(usize::MAX).await.unwrap();
+    let records = store.search(&Filter::new(), 0..usize::MAX).await.unwrap();
     let tried = records.iter().filter(|r| r.history.len() > 1).count();
     assert_eq!(
         tried, 1,
@@ -573,7 +573,7 @@ async fn every_record_of_a_refusing_customer_names_the_refusals() {
         }
     }
     assert_eq!(delivered, 225);
-    let records = store.list(usize::MAX).await.unwrap();
+    let records = store.search(&Filter::new(), 0..usize::MAX).await.unwrap();
     assert_eq!(
         records.len(),
         75,
@@ -602,7 +602,7 @@ async fn every_record_of_a_refusing_customer_names_the_refusals() {
     .spawn();
     tokio::time::sleep(Duration::from_secs(4)).await;
     scheduler.shutdown().await;
-    let after = store.list(usize::MAX).await.unwrap();
+    let after = store.search(&Filter::new(), 0..usize::MAX).await.unwrap();
     let dead_by_rejection = after
         .iter()
         .filter(|r| r.status == Status::Dead && r.class == "circuit_open")
@@ -630,7 +630,7 @@ async fn a_breaker_forced_open_holds_the_records_without_killing_them() {
         .spawn();
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(provider.requests(), 2, "nothing reaches the provider");
-    for r in store.list(usize::MAX).await.unwrap() {
+    for r in store.search(&Filter::new(), 0..usize::MAX).await.unwrap() {
         assert_eq!(r.status, Status::Deferred, "{}: {}", r.id, r.message);
         assert_eq!(r.resends, 0, "{}", r.id);
         // Held a second (ten polls) at a time: a forced breaker names no half-open time.

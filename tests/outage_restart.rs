@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use tower::{Layer, ServiceExt};
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus, RetrySchedule};
 use tower_backstop::resend::{Scheduler, SchedulerHandle, http_request};
-use tower_backstop::store::{Record, SqliteStore, Status, Store};
+use tower_backstop::store::{Filter, Record, SqliteStore, Status, Store};
 use tower_backstop::{BackstopLayer, Class};
 
 /// Deliveries (202 answers) per idempotency key, counted by the customers.
@@ -141,7 +141,7 @@ async fn post_events(svc: &Dispatcher, uris: &[String; 2], range: std::ops::Rang
 
 async fn by_status(store: &SqliteStore) -> HashMap<Status, usize> {
     let mut counts = HashMap::new();
-    for r in store.list(usize::MAX).await.unwrap() {
+    for r in store.search(&Filter::new(), 0..usize::MAX).await.unwrap() {
         *counts.entry(r.status).or_default() += 1;
     }
     counts

@@ -10,7 +10,7 @@ use support::{Scripted, Step, get, status};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus, RetrySchedule};
 use tower_backstop::retry::{Attempts, GiveUp, RetryPolicy};
-use tower_backstop::store::{MemoryStore, Store};
+use tower_backstop::store::{Filter, MemoryStore, Store};
 use tower_backstop::{BackstopLayer, Class, Code};
 
 #[tokio::test(start_paused = true)]
@@ -165,7 +165,13 @@ async fn with_a_store_a_server_hint_longer_than_one_attempt_is_deferred_not_slep
     let response = svc.oneshot(get("http://up.test/")).await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(upstream.calls(), 2);
-    assert!(store.list(10).await.unwrap().is_empty());
+    assert!(
+        store
+            .search(&Filter::new(), 0..10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 /// The preset's service over the scripted upstream.
@@ -208,7 +214,13 @@ async fn with_a_store_backoff_is_still_slept_so_max_attempts_caps_the_pass() {
         "2 s and 4 s slept"
     );
     assert_eq!(upstream.calls(), 3);
-    assert!(store.list(10).await.unwrap().is_empty());
+    assert!(
+        store
+            .search(&Filter::new(), 0..10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     // With `max_attempts(2)`: the pass ends after 2 calls, dead-lettered, not deferred.
     let (svc, upstream, store) = twice_503_with_a_store(2);

@@ -149,7 +149,14 @@ async fn delivered_but_timed_out_succeeds_as_reconciled_and_is_not_sent_twice() 
         .unwrap();
     assert!(response.extensions().get::<Delivery>() == Some(&Delivery::Delivered));
     assert_eq!(provider.posts.load(Ordering::SeqCst), 1, "never sent twice");
-    assert!(store.list(10).await.unwrap().is_empty(), "no dead letter");
+    assert!(
+        store
+            .search(&Filter::new(), 0..10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "no dead letter"
+    );
 }
 
 #[tokio::test]
@@ -168,7 +175,13 @@ async fn not_delivered_is_retried_as_if_never_processed() {
     assert!(response.extensions().get::<Delivery>().is_none());
     assert_eq!(provider.posts.load(Ordering::SeqCst), 2, "resent once");
     assert!(provider.delivered.lock().unwrap().contains("m-2"));
-    assert!(store.list(10).await.unwrap().is_empty());
+    assert!(
+        store
+            .search(&Filter::new(), 0..10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -480,7 +493,13 @@ async fn backstop_layer_reconciles_with_and_without_a_store() {
     assert!(response.extensions().get::<Delivery>() == Some(&Delivery::Delivered));
     assert_eq!(upstream.calls(), 1);
     assert_eq!(seen.lock().unwrap().len(), 1);
-    assert!(store.list(10).await.unwrap().is_empty());
+    assert!(
+        store
+            .search(&Filter::new(), 0..10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     // With a store: unknown is dead-lettered as outcome-unknown, with its payload.
     let (_, check) = answering(Delivery::Unknown);

@@ -13,8 +13,8 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::Clock;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
-use tower_backstop::resend::{Outcome, Redrive, http_request};
-use tower_backstop::store::{Filter, MemoryStore, Record, Status, Store};
+use tower_backstop::resend::{ALREADY_DELIVERED, Outcome, Redrive, http_request};
+use tower_backstop::store::{Change, Filter, MemoryStore, Record, Status, Store};
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 
 /// Calls seen: when, the message id, the idempotency key.
@@ -271,5 +271,116 @@ async fn truncated_payloads_are_skipped_not_sent() {
     assert_eq!(upstream.calls(), 1, "only the original call");
     assert!(
         matches!(&report.records[0], Outcome::Skipped { reason, .. } if reason.contains("truncated"))
+    );
+}
+
+/// A message already delivered (a resolved record) is not sent again by accident: a filter
+/// without a status does not select it, one that names `resolved` plans it but the run skips
+/// it with the reason, and only a re-drive that includes resolved records on purpose sends it,
+/// with an audit entry that says so.
+#[tokio::test(start_paused = true)]
+async fn a_resolved_record_is_sent_again_only_on_purpose() {
+    let store = MemoryStore::new();
+    store
+        .put_many(vec![
+            dead("d-0", "throttled"),
+            dead("r-0", "throttled"),
+            dead("r-1", "throttled"),
+        ])
+        .await
+        .unwrap();
+    let delivered_at = std::time::SystemTime::now();
+    for id in ["r-0", "r-1"] {
+        store
+            .update(id, Change::Resolved { at: delivered_at })
+            .await
+            .unwrap();
+    }
+    let upstream = Scripted::always(status(202));
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::new(store.clone()))
+        .layer(ClassifyLayer::http())
+        .service(upstream.clone());
+    let planned_ids = |plan: Vec<Record>| {
+        let mut ids: Vec<String> = plan.into_iter().map(|r| r.id).collect();
+        ids.sort();
+        ids
+    };
+
+    // No status in the filter: only the outstanding record is planned.
+    let plain = Redrive::new(Filter::new().class("throttled"), 100, 10).unwrap();
+    assert_eq!(planned_ids(plain.plan(&store).await.unwrap()), ["d-0"]);
+
+    // `status=resolved`: planned (the dry run shows them), but the run skips each one.
+    let resolved = Filter::new().class("throttled").status(Status::Resolved);
+    let refused = Redrive::new(resolved.clone(), 100, 10)
+        .unwrap()
+        .actor("alice");
+    assert!(!refused.includes_resolved());
+    assert_eq!(
+        planned_ids(refused.plan(&store).await.unwrap()),
+        ["r-0", "r-1"]
+    );
+    let report = refused
+        .run(&store, stack.clone(), as_string_request)
+        .await
+        .unwrap();
+    assert_eq!(upstream.calls(), 0, "nothing was sent");
+    assert_eq!(
+        (report.resolved(), report.failed(), report.skipped()),
+        (0, 0, 2)
+    );
+    for o in &report.records {
+        assert!(
+            matches!(o, Outcome::Skipped { reason, .. } if reason == ALREADY_DELIVERED),
+            "{o:?}"
+        );
+        assert!(o.detail().contains("--include-resolved"), "{}", o.detail());
+        let r = store.get(o.id()).await.unwrap().unwrap();
+        assert_eq!((r.status, r.resends), (Status::Resolved, 0), "untouched");
+    }
+    let entry = store.audit(0..1).await.unwrap().remove(0);
+    assert_eq!(
+        (entry.actor.as_str(), entry.planned, entry.sent),
+        ("alice", Some(2), 0)
+    );
+    assert_eq!(
+        entry.outcome,
+        "resolved 0, failed 0, skipped 2; skipped 2 already delivered (resolved)"
+    );
+
+    // On purpose: both are claimed, sent once each, resolved again, and the audit says so.
+    let deliberate = Redrive::new(resolved, 100, 10)
+        .unwrap()
+        .actor("alice")
+        .include_resolved(true);
+    assert!(deliberate.includes_resolved());
+    let report = deliberate
+        .run(&store, stack, as_string_request)
+        .await
+        .unwrap();
+    assert_eq!(upstream.calls(), 2);
+    let mut keys: Vec<String> = upstream.seen().into_iter().filter_map(|s| s.key).collect();
+    keys.sort();
+    assert_eq!(keys, ["r-0", "r-1"]);
+    assert_eq!(
+        (report.resolved(), report.failed(), report.skipped()),
+        (2, 0, 0)
+    );
+    for id in ["r-0", "r-1"] {
+        let r = store.get(id).await.unwrap().unwrap();
+        assert_eq!((r.status, r.resends), (Status::Resolved, 1));
+    }
+    assert_eq!(
+        store.get("d-0").await.unwrap().unwrap().resends,
+        0,
+        "the dead one is not in this filter"
+    );
+    let entry = store.audit(0..1).await.unwrap().remove(0);
+    assert_eq!((entry.planned, entry.sent), (Some(2), 2));
+    assert_eq!(
+        entry.outcome,
+        "resolved 2, failed 0, skipped 0; deliberately re-sent 2 already delivered \
+         (include_resolved)"
     );
 }

@@ -17,7 +17,7 @@ use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, record_of};
 use tower_backstop::resend::Scheduler;
 use tower_backstop::retry::Attempts;
-use tower_backstop::store::{MemoryStore, Record, SqliteStore, Status, Store};
+use tower_backstop::store::{Filter, MemoryStore, Record, SqliteStore, Status, Store};
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 
 fn deferred(id: &str, retry_at: SystemTime) -> Record {
@@ -582,7 +582,7 @@ async fn a_full_batch_is_followed_at_once() {
     )
     .await;
     assert_eq!(at.len(), 40, "{at:?}");
-    let resolved = store.list(usize::MAX).await.unwrap();
+    let resolved = store.search(&Filter::new(), 0..usize::MAX).await.unwrap();
     assert!(resolved.iter().all(|r| r.status == Status::Resolved));
 }
 
@@ -863,7 +863,7 @@ async fn shutdown_within_gives_back_what_is_unfinished() {
     assert_eq!(asked.elapsed(), Duration::from_secs(2));
     let sent = calls.lock().unwrap()[0].1.clone();
     assert_eq!(calls.lock().unwrap().len(), 1);
-    for r in store.list(10).await.unwrap() {
+    for r in store.search(&Filter::new(), 0..10).await.unwrap() {
         assert_eq!(r.status, Status::Deferred, "{r:?}");
         assert!(r.retry_at.unwrap() <= clock.now(), "{r:?}");
         let counted = u32::from(r.id == sent);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use support::outage::{Provider, as_string_request, send_all, stack};
 use tower_backstop::Clock;
 use tower_backstop::resend::Scheduler;
-use tower_backstop::store::{MemoryStore, Status, Store};
+use tower_backstop::store::{Filter, MemoryStore, Status, Store};
 
 #[tokio::test(start_paused = true)]
 async fn an_outage_logs_its_start_and_end_once_and_each_rejection_at_debug() {
@@ -31,7 +31,7 @@ async fn an_outage_logs_its_start_and_end_once_and_each_rejection_at_debug() {
     provider.down(false);
     tokio::time::sleep(Duration::from_secs(20)).await;
     scheduler.shutdown().await;
-    for r in store.list(usize::MAX).await.unwrap() {
+    for r in store.search(&Filter::new(), 0..usize::MAX).await.unwrap() {
         assert_eq!(r.status, Status::Resolved, "{}", r.id);
     }
 

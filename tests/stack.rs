@@ -22,7 +22,7 @@ use tower_backstop::breaker::BreakerLayer;
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::retry::{Attempts, Backoff, GiveUp, RetryLayer, RetryPolicy};
-use tower_backstop::store::{SqliteStore, Store};
+use tower_backstop::store::{Filter, SqliteStore, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{Class, Code};
 
@@ -115,7 +115,13 @@ async fn five_layers_deliver_through_a_flaky_provider_once() {
         assert_eq!(len.as_deref(), Some(body.len().to_string().as_str()));
     }
     assert_eq!(provider.delivered.lock().unwrap()["msg-1"], 1);
-    assert!(store.list(10).await.unwrap().is_empty());
+    assert!(
+        store
+            .search(&Filter::new(), 0..10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]

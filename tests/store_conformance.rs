@@ -322,7 +322,7 @@ async fn two_schedulers_send_each_record_once(b: &dyn Backend) {
     two.shutdown().await;
     let want: Vec<String> = (0..24).map(|i| format!("m-{i:02}")).collect();
     assert_eq!(provider.sent(), want, "each record sent exactly once");
-    let all = o.store.list(100).await.unwrap();
+    let all = o.store.search(&Filter::new(), 0..100).await.unwrap();
     assert!(
         all.iter()
             .all(|r| r.status == Status::Resolved && r.resends == 1),
@@ -783,7 +783,7 @@ async fn a_shutdown_gives_its_claims_back(b: &dyn Backend) {
         took >= bound && took < bound + Duration::from_secs(2),
         "{took:?}"
     );
-    let all = o.store.list(10).await.unwrap();
+    let all = o.store.search(&Filter::new(), 0..10).await.unwrap();
     let given_back: Vec<_> = all.iter().filter(|r| r.resends == 1).collect();
     assert_eq!(given_back.len(), 2, "{all:?}");
     for r in &given_back {

@@ -24,7 +24,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::dead_letter::DeadLetterStatus;
-use tower_backstop::store::{SqliteStore, Store};
+use tower_backstop::store::{Filter, SqliteStore, Store};
 
 /// What one call through the dead-letter layer reported.
 #[derive(Debug)]
@@ -118,7 +118,7 @@ async fn sqlite_file_that_is_read_only_then_writable_again() {
     // Writable again: the same store writes, without a restart.
     assert_eq!(stored(call(Arc::clone(&store), "ro-3").await), "ro-3");
     let ids: Vec<String> = store
-        .list(10)
+        .search(&Filter::new(), 0..10)
         .await
         .unwrap()
         .into_iter()
@@ -230,7 +230,7 @@ async fn sqlite_write_lock_held_by_another_process_past_the_busy_timeout() {
     .unwrap();
     stored(call(Arc::clone(&store), "l-3").await);
     let mut ids: Vec<String> = store
-        .list(10)
+        .search(&Filter::new(), 0..10)
         .await
         .unwrap()
         .into_iter()
@@ -333,7 +333,7 @@ async fn redis_stopped_in_the_middle_of_a_run_and_started_again() {
     // the restart), and every other call was told it was not written.
     let mut in_store: Vec<String> = Vec::new();
     for _ in 0..50 {
-        match store.list(100).await {
+        match store.search(&Filter::new(), 0..100).await {
             Ok(all) => {
                 in_store = all.into_iter().map(|r| r.id).collect();
                 break;
@@ -410,7 +410,7 @@ async fn postgres_stopped_in_the_middle_of_a_run_and_started_again() {
     );
     // Nothing silently lost: what was reported written is in the store, across the restart.
     let mut in_store: Vec<String> = store
-        .list(100)
+        .search(&Filter::new(), 0..100)
         .await
         .unwrap()
         .into_iter()
@@ -513,7 +513,7 @@ async fn postgres_stopped_mid_drain_the_scheduler_resumes_and_says_so_once() {
     // The last outcomes are written a moment after the last send.
     let give_up = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let all = store.list(100).await.unwrap();
+        let all = store.search(&Filter::new(), 0..100).await.unwrap();
         if all.len() == 60 && all.iter().all(|r| r.status == Status::Resolved) {
             break;
         }

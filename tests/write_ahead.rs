@@ -20,7 +20,7 @@ use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus, QUEUED};
 use tower_backstop::observe::Event;
 use tower_backstop::resend::Scheduler;
 use tower_backstop::retry::{Backoff, Jitter, RetryPolicy};
-use tower_backstop::store::{MemoryStore, Status, Store};
+use tower_backstop::store::{Filter, MemoryStore, Status, Store};
 
 const URI: &str = "http://mail.test/v1/messages";
 
@@ -150,7 +150,7 @@ async fn a_call_that_fails_is_written_under_its_claim() {
     let Some(DeadLetterStatus::Stored { id }) = failure.note::<DeadLetterStatus>() else {
         panic!("{:?}", failure.note::<DeadLetterStatus>());
     };
-    let all = store.list(10).await.unwrap();
+    let all = store.search(&Filter::new(), 0..10).await.unwrap();
     assert_eq!(all.len(), 2, "one record per message: {all:?}");
     let r = store.get(id).await.unwrap().unwrap();
     assert_eq!(
@@ -247,7 +247,13 @@ async fn without_write_ahead_a_success_writes_nothing() {
     svc.oneshot(post_with_key(URI, "{}", "plain"))
         .await
         .unwrap();
-    assert!(store.list(10).await.unwrap().is_empty());
+    assert!(
+        store
+            .search(&Filter::new(), 0..10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 /// The preset with a write-ahead store stacks the two layers apart and writes ahead: the
@@ -373,7 +379,13 @@ async fn an_outbox_request_too_long_to_store_is_refused() {
         text.contains("\"ob-long\"") && text.contains("payload limit of 8 bytes"),
         "{text}"
     );
-    assert!(store.list(10).await.unwrap().is_empty());
+    assert!(
+        store
+            .search(&Filter::new(), 0..10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 /// In every store, a write-ahead record whose call died is held until its lease ends, is due

@@ -28,7 +28,7 @@ use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::retry::{Backoff, Jitter, RetryPolicy};
-use tower_backstop::store::{SqliteStore, Status, Store};
+use tower_backstop::store::{Filter, SqliteStore, Status, Store};
 
 const KEY: &str = "order-42-confirmation";
 const BODY: &str = "{\"order\":42,\"to\":\"a@example.com\"}";
@@ -256,7 +256,13 @@ async fn sqlite_sigkill_mid_backoff_without_write_ahead_loses_the_message() {
     .await;
     kill(child);
     assert_eq!(store.get(KEY).await.unwrap(), None, "nothing stored");
-    assert!(store.list(10).await.unwrap().is_empty());
+    assert!(
+        store
+            .search(&Filter::new(), 0..10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(provider.delivered(), 0);
 }
 

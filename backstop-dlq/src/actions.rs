@@ -10,7 +10,7 @@ use super::filter::Scope;
 use super::html::{Ctx, PageError, PageResult, page, records_table};
 use super::{BoardState, DEFAULT_MAX, DEFAULT_RATE, MAX_REDRIVE, Shared, constant_time_eq};
 use tower_backstop::resend::{Redrive, http_request};
-use tower_backstop::store::{Filter, Record};
+use tower_backstop::store::{Filter, Record, Status};
 
 type Fields = Form<Vec<(String, String)>>;
 
@@ -70,9 +70,14 @@ pub(super) fn forms(ctx: &Ctx, s: &Shared, scope: &Scope) -> Markup {
     action_forms(ctx, s, &scope.link_pairs(), what)
 }
 
-/// The record page's action forms.
+/// The record page's action forms. A resolved record's re-drive names its status, so that
+/// the preview plans it (and asks to confirm sending it again) instead of finding nothing.
 pub(super) fn record_forms(ctx: &Ctx, s: &Shared, r: &Record) -> Markup {
-    action_forms(ctx, s, &[("id".to_owned(), r.id.clone())], "this record")
+    let mut pairs = vec![("id".to_owned(), r.id.clone())];
+    if r.status == Status::Resolved {
+        pairs.push(("status".to_owned(), Status::Resolved.as_str().to_owned()));
+    }
+    action_forms(ctx, s, &pairs, "this record")
 }
 
 /// What every action checks first: an actor, the CSRF token, a filter that says something.
@@ -122,8 +127,36 @@ async fn redrive_of(s: &Shared, scope: &Scope) -> Result<Option<(Redrive, Filter
         return Ok(None);
     };
     let redrive = Redrive::new(filter.clone(), rate, max)
-        .map_err(|e| PageError::bad_request(e.to_string()))?;
+        .map_err(|e| PageError::bad_request(e.to_string()))?
+        .include_resolved(scope.flag(INCLUDE_RESOLVED));
     Ok(Some((redrive, filter)))
+}
+
+/// The confirmation a re-drive of records already delivered needs: the preview's checkbox.
+const INCLUDE_RESOLVED: &str = "include_resolved";
+
+/// How many of `plan`'s records were already delivered (resolved).
+fn already_delivered(plan: &[Record]) -> usize {
+    plan.iter().filter(|r| r.status == Status::Resolved).count()
+}
+
+/// The preview's warning of records already delivered, and the checkbox that confirms sending
+/// them again; nothing when there are none.
+fn resolved_confirmation(resolved: usize, planned: usize) -> Markup {
+    if resolved == 0 {
+        return html! {};
+    }
+    html! {
+        p.warning #resolved-warning {
+            strong { (resolved) } " of these " (planned) " records were already delivered (resolved). "
+            "They are skipped, never sent, unless you tick the box below: then they are sent again, "
+            "and the audit trail says so."
+        }
+        label #include-resolved-label {
+            input #include-resolved type="checkbox" name=(INCLUDE_RESOLVED) value="1";
+            " send again the " (resolved) " records already delivered"
+        }
+    }
 }
 
 fn empty_group(ctx: &Ctx, title: &str) -> PageResult {
@@ -155,6 +188,7 @@ pub(super) async fn redrive_preview(
     pairs.push(("max".to_owned(), max.to_string()));
     pairs.push(("planned".to_owned(), plan.len().to_string()));
     let unsendable = plan.iter().filter(|r| !r.resendable()).count();
+    let resolved = already_delivered(&plan);
     let now = std::time::SystemTime::now();
     let breakers = Breakers::read(&*s.board.store, s.board.health.as_ref()).await?;
     let warnings = breakers::warnings(&plan, s.board.target.as_ref(), &breakers, now);
@@ -170,6 +204,7 @@ pub(super) async fn redrive_preview(
         } @else {
             form method="post" action=(ctx.link("/redrive/run")) {
                 (scope_fields(&ctx, &pairs))
+                (resolved_confirmation(resolved, plan.len()))
                 button #confirm type="submit" {
                     "re-drive these " (plan.len()) " records"
                     @if !warnings.is_empty() { " anyway" }
@@ -192,6 +227,21 @@ pub(super) async fn redrive_run(
     let Some((redrive, _)) = redrive_of(&s, &scope).await? else {
         return empty_group(&ctx, "Re-drive");
     };
+    // Server-side, whatever the page sent: no record already delivered goes out again without
+    // the preview's confirmation.
+    let resolved = already_delivered(&redrive.plan(&*s.board.store).await?);
+    if resolved > 0 && !redrive.includes_resolved() {
+        return Err(PageError::bad_request(format!(
+            "refusing to re-drive: {resolved} of these records were already delivered \
+             (resolved); tick \"send again the records already delivered\" in the preview to \
+             send them again, or leave them out of the filter (status=dead)"
+        )));
+    }
+    let resent_resolved = if redrive.includes_resolved() {
+        resolved
+    } else {
+        0
+    };
     let redrive = redrive.actor(actor);
     let Some(sender) = s.board.sender.clone() else {
         return Err(PageError::forbidden(
@@ -211,6 +261,9 @@ pub(super) async fn redrive_run(
             ", failed " (report.failed()) ", skipped " (report.skipped()) "."
         }
         p.note { "The preview planned " (previewed) ". Recorded in the " a href=(ctx.link("/audit")) { "audit trail" } " as done by " (ctx.actor.as_deref().unwrap_or("")) "." }
+        @if resent_resolved > 0 {
+            p.note #resent-resolved { (resent_resolved) " of the records planned were already delivered and were sent again, as confirmed." }
+        }
         table #outcomes {
             thead { tr { th { "id" } th { "outcome" } th { "detail" } } }
             tbody {

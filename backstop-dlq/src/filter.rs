@@ -5,11 +5,20 @@ use std::time::SystemTime;
 
 use super::html::PageError;
 use super::narrow::{self, Narrow};
-use tower_backstop::store::{Filter, Record, Status, Store, StoreError};
+use tower_backstop::store::{Filter, Listing, Record, Status, Store, StoreError, list_order};
 
 /// The keys of a query string or form that are the board's own, not a filter's.
 const BOARD_KEYS: &[&str] = &[
-    "page", "resolved", "group", "window", "view", "csrf", "rate", "max", "planned",
+    "page",
+    "resolved",
+    "group",
+    "window",
+    "view",
+    "csrf",
+    "rate",
+    "max",
+    "planned",
+    "include_resolved",
 ];
 
 /// A query string or a form, split: the filter's pairs as given (for links and hidden fields),
@@ -76,6 +85,12 @@ impl Scope {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Whether the board key `key` is set: a ticked checkbox or a link's `1` (`1`, `true`,
+    /// `on`, `yes`).
+    pub(crate) fn flag(&self, key: &str) -> bool {
+        matches!(self.get(key), Some("1" | "true" | "on" | "yes"))
+    }
+
     /// The board key `key` as a number, `default` when absent or empty.
     pub(crate) fn number(&self, key: &str, default: usize) -> Result<usize, PageError> {
         match self.get(key) {
@@ -113,58 +128,11 @@ impl Scope {
     }
 }
 
-/// One page of a list, outstanding first, and the counts of what it lists.
-#[derive(Debug)]
-pub(crate) struct Listing {
-    pub(crate) records: Vec<Record>,
-    /// The records the list holds in all, on every page.
-    pub(crate) total: u64,
-    /// Those per status, in the list's order.
-    pub(crate) by_status: Vec<(Status, u64)>,
-}
-
-/// The records at positions `page` of the list of `filter`: the statuses of [`statuses`] one
-/// after the other (each the most recently failed first, the stores' order). One count per
-/// status and at most one search per status that the page overlaps: never a scan of all.
-pub(crate) async fn outstanding_page(
-    store: &dyn Store,
-    filter: &Filter,
-    resolved: bool,
-    page: Range<usize>,
-) -> Result<Listing, StoreError> {
-    let mut by_status = Vec::new();
-    for status in filter.listed_statuses(resolved) {
-        let n = store.count(&filter.clone().status(status)).await?;
-        by_status.push((status, n));
-    }
-    let total = by_status.iter().map(|(_, n)| n).sum();
-    let mut records = Vec::new();
-    let mut start = 0usize;
-    for &(status, n) in &by_status {
-        let n = usize::try_from(n).unwrap_or(usize::MAX);
-        let end = start.saturating_add(n);
-        // The overlap of the page with this status's positions [start, end).
-        let from = page.start.max(start);
-        let to = page.end.min(end);
-        if from < to {
-            let part = store
-                .search(&filter.clone().status(status), from - start..to - start)
-                .await?;
-            records.extend(part);
-        }
-        start = end;
-    }
-    Ok(Listing {
-        records,
-        total,
-        by_status,
-    })
-}
-
 /// The records at positions `page` of the list of `filter` narrowed by `narrow` (a host, a
-/// group): its members among the newest [`GROUP_LIMIT`](super::GROUP_LIMIT) that match `filter`,
-/// in the list's status order ([`Filter::listed_statuses`]), each status the most recently
-/// failed first.
+/// group): its members among the newest [`GROUP_LIMIT`](super::GROUP_LIMIT) that match
+/// `filter`, of the list's statuses ([`Filter::listed_statuses`]), in the order of every list
+/// ([`list_order`]), and the counts of what it lists. Without a narrowing the board reads
+/// [`list_page`](tower_backstop::store::list_page) instead.
 pub(crate) async fn narrowed_page(
     store: &dyn Store,
     filter: &Filter,
@@ -173,28 +141,25 @@ pub(crate) async fn narrowed_page(
     page: Range<usize>,
 ) -> Result<Listing, StoreError> {
     let members = narrow::members(store, filter, narrow).await?;
-    let mut by_status = Vec::new();
-    let mut sorted = Vec::new();
-    for status in filter.listed_statuses(resolved) {
-        let of: Vec<_> = members
-            .iter()
-            .filter(|r| r.status == status)
-            .cloned()
-            .collect();
-        by_status.push((status, of.len() as u64));
-        sorted.extend(of);
-    }
-    let total = sorted.len() as u64;
-    let records = sorted
+    let statuses = filter.listed_statuses(resolved);
+    let by_status: Vec<(Status, u64)> = statuses
+        .iter()
+        .map(|s| (*s, members.iter().filter(|r| r.status == *s).count() as u64))
+        .collect();
+    let mut sorted: Vec<Record> = members
+        .into_iter()
+        .filter(|r| statuses.contains(&r.status))
+        .collect();
+    sorted.sort_by(list_order);
+    let mut listing = Listing::default();
+    listing.total = sorted.len() as u64;
+    listing.records = sorted
         .into_iter()
         .skip(page.start)
         .take(page.len())
         .collect();
-    Ok(Listing {
-        records,
-        total,
-        by_status,
-    })
+    listing.by_status = by_status;
+    Ok(listing)
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@
 //! | `GET /groups` | the records grouped by fingerprint (host, class, code, and the message with numbers, ids, addresses and emails masked: two hosts failing alike are two groups), over the newest [`GROUP_LIMIT`] that match |
 //! | `GET /records/{id}` | one record: status, times, tags, headers (redacted ones by name only), payload as text, JSON or hex, history and root cause |
 //! | `GET /audit` | the audit trail, newest first |
-//! | `POST /redrive/preview`, `POST /redrive/run` | a re-drive's dry run (with a warning, and how many records it concerns, when they go to a host whose breaker is open, live or by the store's retry-at), then the run |
+//! | `POST /redrive/preview`, `POST /redrive/run` | a re-drive's dry run (with a warning, and how many records it concerns, when they go to a host whose breaker is open, live or by the store's retry-at, and another when some were already delivered), then the run |
 //! | `POST /purge/preview`, `POST /purge/run` | a purge's count, then the purge |
 //!
 //! # Safe by default
@@ -38,6 +38,11 @@
 //! per-board token that the `POST` must send back (compared in constant time), so another site
 //! cannot make an operator's browser act. Actions never apply to everything: an empty filter is
 //! refused (400). Re-drives need a service to send through ([`Board::redrive_through`]).
+//! A re-drive never sends again a message already delivered by accident: when its records
+//! include resolved ones (`status=resolved`, or a resolved record's own page), the preview says
+//! how many and the run is refused (400) unless its form carries the preview's confirmation,
+//! the ticked box "send again the records already delivered" (`include_resolved=1`); the audit
+//! entry of such a run says how many it sent again.
 //!
 //! Every response, whatever its status (pages, errors, axum's own rejections), carries `X-Frame-Options:
 //! DENY`, `Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'; form-action

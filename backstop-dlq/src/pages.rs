@@ -7,12 +7,12 @@ use axum::extract::{Query, State};
 use maud::{Markup, html};
 
 use super::breakers::{self, Breakers};
-use super::filter::{Listing, Scope, narrowed_page, outstanding_page};
+use super::filter::{Scope, narrowed_page};
 use super::fingerprint::Fingerprint;
 use super::html::{Ctx, PageError, PageResult, bar, cut, page, query, records_table, time};
 use super::narrow;
 use super::{BoardState, GROUP_LIMIT, PAGE_SIZE};
-use tower_backstop::store::{Alert, Filter, Stats, Status};
+use tower_backstop::store::{Alert, Filter, Listing, Stats, Status, list_page};
 
 type Pairs = Query<Vec<(String, String)>>;
 
@@ -246,10 +246,6 @@ pub(super) fn filter_form(
     }
 }
 
-fn truthy(v: Option<&str>) -> bool {
-    matches!(v, Some("1" | "true" | "on" | "yes"))
-}
-
 /// `GET /records`: the list, outstanding first, a page at a time.
 pub(super) async fn list(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs) -> PageResult {
     let store = &*s.board.store;
@@ -258,10 +254,10 @@ pub(super) async fn list(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs)
     if page_no == 0 {
         return Err(PageError::bad_request("page: pages are counted from 1"));
     }
-    let resolved = truthy(scope.get("resolved"));
+    let resolved = scope.flag("resolved");
     let range = (page_no - 1).saturating_mul(PAGE_SIZE)..page_no.saturating_mul(PAGE_SIZE);
     let listing = if scope.narrow.is_empty() {
-        outstanding_page(store, &scope.filter, resolved, range).await?
+        list_page(store, &scope.filter, resolved, range).await?
     } else {
         narrowed_page(store, &scope.filter, &scope.narrow, resolved, range).await?
     };
@@ -269,6 +265,7 @@ pub(super) async fn list(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs)
         records,
         total,
         by_status,
+        ..
     } = listing;
     let pages = (total as usize).div_ceil(PAGE_SIZE).max(1);
     let mut link_pairs = scope.link_pairs();

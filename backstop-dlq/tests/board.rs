@@ -1265,6 +1265,210 @@ async fn the_overview_shows_a_throttled_breakers_send_rate_while_limited() {
     assert_eq!(rate_cell(&html), "", "{html}");
 }
 
+/// `method path` through the board's router in process, as `who` (no actor: `None`), with a
+/// form body for a `POST`: the status and the page.
+async fn in_process(
+    board: &axum::Router,
+    method: http::Method,
+    path: &str,
+    who: Option<&str>,
+    fields: &[(String, String)],
+) -> (u16, String) {
+    use tower::ServiceExt as _;
+    let body = fields
+        .iter()
+        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+        .collect::<Vec<_>>()
+        .join("&");
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/x-www-form-urlencoded");
+    if let Some(who) = who {
+        request = request.header("x-operator", who);
+    }
+    let request = request.body(axum::body::Body::from(body)).unwrap();
+    let response = board.clone().oneshot(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// Records already delivered are re-driven only with the preview's confirmation: the preview
+/// warns and offers the box, a run without it is refused (400) whatever the form says
+/// otherwise and sends nothing, a run with it sends each once and the audit says so. A resolved
+/// record's own page previews it with the same confirmation.
+#[tokio::test(start_paused = true)]
+async fn a_redrive_of_records_already_delivered_needs_the_confirmation() {
+    use tower_backstop::store::Change;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    store
+        .put_many((0..3).map(throttled).collect())
+        .await
+        .unwrap();
+    for id in ["thr-000", "thr-001"] {
+        store
+            .update(
+                id,
+                Change::Resolved {
+                    at: SystemTime::now(),
+                },
+            )
+            .await
+            .unwrap();
+    }
+    // The provider, in process: answers 202 and keeps each idempotency key it receives.
+    let received: Received = Arc::default();
+    let log = Arc::clone(&received);
+    let provider = tower::service_fn(move |req: http::Request<Full<Bytes>>| {
+        let key = req.headers()["idempotency-key"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        log.lock().unwrap().push(key);
+        async move {
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder().status(202).body(()).unwrap(),
+            )
+        }
+    });
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)))
+        .layer(ClassifyLayer::http())
+        .service(provider);
+    let board = Board::new(Arc::clone(&store))
+        .authorize(|parts: &http::request::Parts| {
+            Some(parts.headers.get("x-operator")?.to_str().ok()?.to_owned())
+        })
+        .redrive_through(stack)
+        .router();
+    let get = |path: &'static str| in_process(&board, http::Method::GET, path, Some("erin"), &[]);
+    let pairs = |fields: &[(&str, &str)]| -> Vec<(String, String)> {
+        fields
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+
+    let (status, list) = get("/records?class=throttled&status=resolved").await;
+    assert_eq!(status, 200, "{list}");
+    let token = csrf(&list);
+    let (status, preview) = in_process(
+        &board,
+        http::Method::POST,
+        "/redrive/preview",
+        Some("erin"),
+        &pairs(&[
+            ("csrf", &token),
+            ("class", "throttled"),
+            ("status", "resolved"),
+            ("rate", "1000"),
+        ]),
+    )
+    .await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(text(element(&preview, "planned")), "2");
+    assert!(
+        text(element(&preview, "resolved-warning"))
+            .starts_with("2 of these 2 records were already delivered (resolved)."),
+        "{preview}"
+    );
+    assert!(
+        text(element(&preview, "include-resolved-label"))
+            .contains("send again the 2 records already delivered"),
+        "{preview}"
+    );
+    // The confirm form carries the box (unticked: a browser sends it only when ticked).
+    let (action, fields) = form_fields(&preview, "confirm");
+    assert_eq!(action, "/redrive/run");
+    assert!(
+        fields
+            .iter()
+            .any(|(k, v)| k == "include_resolved" && v == "1"),
+        "{fields:?}"
+    );
+    let unticked: Vec<(String, String)> = fields
+        .iter()
+        .filter(|(k, _)| k != "include_resolved")
+        .cloned()
+        .collect();
+
+    // Not ticked: refused, nothing sent, nothing audited, the records as they were.
+    let (status, refused) =
+        in_process(&board, http::Method::POST, &action, Some("erin"), &unticked).await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(
+        text(element(&refused, "error")).starts_with(
+            "refusing to re-drive: 2 of these records were already delivered (resolved)"
+        ),
+        "{refused}"
+    );
+    assert!(received.lock().unwrap().is_empty());
+    assert!(store.audit(0..10).await.unwrap().is_empty());
+    for id in ["thr-000", "thr-001"] {
+        let r = store.get(id).await.unwrap().unwrap();
+        assert_eq!((r.status, r.resends), (Status::Resolved, 0));
+    }
+    // Any other value of the box is not a confirmation either.
+    let mut other = unticked.clone();
+    other.push(("include_resolved".into(), "0".into()));
+    let (status, _) = in_process(&board, http::Method::POST, &action, Some("erin"), &other).await;
+    assert_eq!(status, 400);
+    assert!(received.lock().unwrap().is_empty());
+
+    // Ticked: each sent once, resolved again, and the audit says it was deliberate.
+    let (status, done) =
+        in_process(&board, http::Method::POST, &action, Some("erin"), &fields).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(
+        text(element(&done, "result")),
+        "Re-drove 2: resolved 2, failed 0, skipped 0."
+    );
+    assert!(text(element(&done, "resent-resolved")).starts_with("2 of the records planned"));
+    let mut got = received.lock().unwrap().clone();
+    got.sort();
+    assert_eq!(got, ["thr-000", "thr-001"]);
+    for id in ["thr-000", "thr-001"] {
+        let r = store.get(id).await.unwrap().unwrap();
+        assert_eq!((r.status, r.resends), (Status::Resolved, 1));
+    }
+    let audit = store.audit(0..10).await.unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!((audit[0].actor.as_str(), audit[0].sent), ("erin", 2));
+    assert_eq!(
+        audit[0].outcome,
+        "resolved 2, failed 0, skipped 0; deliberately re-sent 2 already delivered \
+         (include_resolved)"
+    );
+
+    // A resolved record's own page previews it (instead of finding nothing), with the box.
+    let (_, page) = get("/records/thr-000").await;
+    let (action, fields) = form_fields(&page, "preview");
+    let fields: Vec<(String, String)> = fields
+        .into_iter()
+        .map(|(k, v)| {
+            if k == "rate" {
+                (k, "1000".into())
+            } else {
+                (k, v)
+            }
+        })
+        .collect();
+    let (status, preview) =
+        in_process(&board, http::Method::POST, &action, Some("erin"), &fields).await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(text(element(&preview, "planned")), "1");
+    assert!(text(element(&preview, "resolved-warning")).starts_with("1 of these 1 records"));
+    // An outstanding record's preview has no such box.
+    let (_, page) = get("/records/thr-002").await;
+    let (action, fields) = form_fields(&page, "preview");
+    let (_, preview) = in_process(&board, http::Method::POST, &action, Some("erin"), &fields).await;
+    assert_eq!(text(element(&preview, "planned")), "1");
+    assert!(!preview.contains("include_resolved"), "{preview}");
+}
+
 /// A time as the board writes it: RFC 3339, to the second.
 fn board_time(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()

@@ -12,7 +12,7 @@ use axum::routing::post;
 use backstop_test_support::Tests;
 use common::{csrf, stderr, stdout};
 use tower_backstop::dead_letter::record_of;
-use tower_backstop::store::{Filter, Record, SqliteStore, Status, Store};
+use tower_backstop::store::{Change, Filter, Record, SqliteStore, Status, Store};
 use tower_backstop::{Class, Code, Envelope, Failure};
 
 /// The OS user the tool runs as in these tests: `$USER` is set to this name of the tests' own
@@ -350,14 +350,14 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
         "{}",
         stderr(&o)
     );
-    assert_eq!(store.list(100).await.unwrap().len(), 8);
+    assert_eq!(store.count(&Filter::new()).await.unwrap(), 8);
     let o = dlq_on(&db, &["purge", "-f", "class=permanent", "--yes"]).await;
     assert!(
         stdout(&o).contains("deleted 3 dead letters"),
         "{}",
         stdout(&o)
     );
-    assert_eq!(store.list(100).await.unwrap().len(), 5);
+    assert_eq!(store.count(&Filter::new()).await.unwrap(), 5);
     let trail = store.audit(0..10).await.unwrap();
     assert_eq!(
         (
@@ -582,7 +582,7 @@ async fn prune_removes_what_the_retention_no_longer_keeps() {
         stdout(&o)
     );
     assert_eq!(
-        store.list(100).await.unwrap().len(),
+        store.count(&Filter::new()).await.unwrap(),
         6,
         "a dry run removes nothing"
     );
@@ -595,7 +595,7 @@ async fn prune_removes_what_the_retention_no_longer_keeps() {
         stdout(&o)
     );
     let mut left: Vec<String> = store
-        .list(100)
+        .search(&Filter::new(), 0..100)
         .await
         .unwrap()
         .into_iter()
@@ -629,6 +629,177 @@ async fn prune_removes_what_the_retention_no_longer_keeps() {
     let o = dlq_on(&db, &["prune", "--max-age", "a while"]).await;
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("is not a duration"), "{}", stderr(&o));
+}
+
+/// A message already delivered (a resolved record) is not re-driven by accident: the dry run
+/// warns and says it would skip it, the run skips it and exits with status 2 sending nothing,
+/// and only `--include-resolved` sends it again, once, with an audit entry that says so.
+async fn a_delivered_message_is_sent_again_only_with_include_resolved() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    let store = SqliteStore::open(&path).unwrap();
+    store.put_many(sample()).await.unwrap();
+    for id in ["thr-0", "thr-1"] {
+        store
+            .update(
+                id,
+                Change::Resolved {
+                    at: std::time::SystemTime::now(),
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let db = path.to_str().unwrap().to_owned();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = Arc::clone(&seen);
+    let app = axum::Router::new().route(
+        "/v1/messages",
+        post(move |headers: HeaderMap| {
+            let log = Arc::clone(&log);
+            async move {
+                let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+                log.lock().unwrap().push(key);
+                axum::http::StatusCode::ACCEPTED
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let redrive = |extra: &[&str]| {
+        let mut args = vec![
+            "redrive",
+            "--target",
+            target.as_str(),
+            "-f",
+            "status=resolved",
+            "-f",
+            "class=throttled",
+            "--rate",
+            "100",
+        ];
+        args.extend_from_slice(extra);
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        let db = db.clone();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            dlq_on(&db, &args).await
+        }
+    };
+    let help = stdout(&dlq(&["redrive", "--help"]));
+    assert!(help.contains("--include-resolved"), "{help}");
+
+    // The dry run: no "would send" for them, a warning with the count.
+    let o = redrive(&["--dry-run"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(!out.contains("would send"), "{out}");
+    assert_eq!(
+        out.lines()
+            .filter(
+                |l| l.starts_with("would skip thr-") && l.contains("already delivered (resolved)")
+            )
+            .count(),
+        2,
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "warning: 2 of these 2 records were already delivered (resolved): they would be \
+             skipped, not sent; pass --include-resolved to send them again"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("dry run: 0 would be sent, nothing sent"),
+        "{out}"
+    );
+
+    // The run without the flag: refused, status 2, nothing sent, the records as they were.
+    let o = redrive(&[]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    let out = stdout(&o);
+    for id in ["thr-0", "thr-1"] {
+        assert!(
+            out.contains(&format!("{id}  skipped: already delivered (resolved)")),
+            "{out}"
+        );
+        let r = store.get(id).await.unwrap().unwrap();
+        assert_eq!((r.status, r.resends), (Status::Resolved, 0));
+    }
+    assert!(
+        out.contains("re-drove 2: 0 resolved, 0 failed again, 2 skipped"),
+        "{out}"
+    );
+    assert!(
+        stderr(&o).contains(
+            "refused to send again 2 already delivered (resolved): pass --include-resolved"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    assert!(seen.lock().unwrap().is_empty());
+    let entry = store.audit(0..1).await.unwrap().remove(0);
+    assert_eq!((entry.actor.as_str(), entry.sent), (OS_USER, 0));
+    assert!(
+        entry
+            .outcome
+            .contains("skipped 2 already delivered (resolved)"),
+        "{}",
+        entry.outcome
+    );
+
+    // The dry run with the flag warns that they would be sent again.
+    let o = redrive(&["--dry-run", "--include-resolved"]).await;
+    let out = stdout(&o);
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.starts_with("would send again thr-"))
+            .count(),
+        2,
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "warning: 2 of these 2 records were already delivered (resolved) and would be sent \
+             again, on purpose (--include-resolved)"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("dry run: 2 would be sent"), "{out}");
+    assert!(seen.lock().unwrap().is_empty());
+
+    // On purpose: each sent once, resolved again, and the audit entry says it was deliberate.
+    let o = redrive(&["--include-resolved"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("re-drove 2: 2 resolved, 0 failed again, 0 skipped"),
+        "{}",
+        stdout(&o)
+    );
+    let mut got = seen.lock().unwrap().clone();
+    got.sort();
+    assert_eq!(got, ["thr-0", "thr-1"]);
+    for id in ["thr-0", "thr-1"] {
+        let r = store.get(id).await.unwrap().unwrap();
+        assert_eq!((r.status, r.resends), (Status::Resolved, 1));
+    }
+    let o = dlq_on(&db, &["audit", "--json"]).await;
+    let entry: serde_json::Value =
+        serde_json::from_str(stdout(&o).lines().next().unwrap()).unwrap();
+    assert_eq!(entry["action"], "redrive");
+    assert_eq!(entry["actor"], OS_USER);
+    assert_eq!(entry["sent"], 2);
+    assert_eq!(
+        entry["outcome"],
+        "resolved 2, failed 0, skipped 0; deliberately re-sent 2 already delivered \
+         (include_resolved)"
+    );
+    assert_eq!(
+        entry["filter"], "class=throttled status=resolved",
+        "the filter as given"
+    );
 }
 
 /// `--actor`, else `$USER`, else `$LOGNAME` names who acts; with none of them every action that
@@ -959,6 +1130,10 @@ fn main() {
     tests.multi_thread(
         "prune_removes_what_the_retention_no_longer_keeps",
         prune_removes_what_the_retention_no_longer_keeps,
+    );
+    tests.multi_thread(
+        "a_delivered_message_is_sent_again_only_with_include_resolved",
+        a_delivered_message_is_sent_again_only_with_include_resolved,
     );
     tests.multi_thread(
         "the_actor_is_named_or_the_action_refused",

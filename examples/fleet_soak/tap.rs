@@ -47,6 +47,10 @@ impl Store for Tap {
         self.0.count(filter)
     }
 
+    fn search_waiting(&self, filter: &Filter, page: Range<usize>) -> Answer<Vec<Record>> {
+        self.0.search_waiting(filter, page)
+    }
+
     fn list(&self, limit: usize) -> Answer<Vec<Record>> {
         self.0.list(limit)
     }

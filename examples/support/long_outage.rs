@@ -25,7 +25,7 @@ use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::retry::RetryPolicy;
-use tower_backstop::store::{Record, SqliteStore, Status, Store};
+use tower_backstop::store::{Filter, Record, SqliteStore, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 
 use super::{ATTEMPT_TIMEOUT, End, MAX_ATTEMPTS, Message, Req, Resp, client, readme_breaker};
@@ -226,8 +226,9 @@ pub(crate) async fn run(plan: Plan) -> Result<Report, BoxError> {
     scheduler.shutdown().await;
     let settled = settled.unwrap_or_else(Instant::now);
 
+    // Every record, the resolved ones too: a message delivered by a re-send is one.
     let records: std::collections::HashMap<String, Record> = store
-        .list(usize::MAX)
+        .search(&Filter::new(), 0..usize::MAX)
         .await?
         .into_iter()
         .map(|r| (r.id.clone(), r))

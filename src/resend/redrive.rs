@@ -116,6 +116,10 @@ impl Outcome {
     }
 }
 
+/// Why a re-drive skips a [`Resolved`](Status::Resolved) record unless it
+/// [includes resolved records](Redrive::include_resolved): its [`Outcome::Skipped`] reason.
+pub const ALREADY_DELIVERED: &str = "already delivered (resolved); re-drive with include_resolved (--include-resolved) to send it again";
+
 /// What a re-drive did (or, for a dry run, would do).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -152,7 +156,14 @@ impl RedriveReport {
 /// refused), and the rate and the maximum are required. Unless the filter names a status, only
 /// [`Dead`](Status::Dead) and [`Deferred`](Status::Deferred) records are taken, the most
 /// recently failed first. [`plan`](Redrive::plan) is the dry run: the records that
-/// [`run`](Redrive::run) would send, sending nothing.
+/// [`run`](Redrive::run) would consider, sending nothing.
+///
+/// A message already delivered is not sent again by accident: a filter that names
+/// [`Resolved`](Status::Resolved) plans those records, but `run` skips each one
+/// ([`Outcome::Skipped`] with the reason [`ALREADY_DELIVERED`]) unless the re-drive
+/// [includes resolved records](Redrive::include_resolved) on purpose; then they are sent again
+/// and its audit entry says how many were (`deliberately re-sent 2 already delivered
+/// (include_resolved)`).
 ///
 /// Each record is rebuilt into a request (for HTTP, [`http_request`](super::http_request)) that keeps its id and
 /// idempotency key, and sent through the service given, which should be the same stack as the
@@ -189,6 +200,7 @@ pub struct Redrive {
     clock: Clock,
     listener: Hook,
     actor: String,
+    include_resolved: bool,
 }
 
 impl Redrive {
@@ -231,6 +243,7 @@ impl Redrive {
             clock: Clock::system(),
             listener: Hook::default(),
             actor: "library".to_owned(),
+            include_resolved: false,
         })
     }
 
@@ -263,8 +276,29 @@ impl Redrive {
         self
     }
 
-    /// The dry run: the records [`run`](Redrive::run) would send, in order, without sending
-    /// anything (records with a truncated payload included: `run` skips them).
+    /// Sends again, on purpose, the [`Resolved`](Status::Resolved) records the filter selects
+    /// (only a filter that names that status selects them): messages that were already
+    /// delivered. Default `false`: `run` skips each of them ([`Outcome::Skipped`], reason
+    /// [`ALREADY_DELIVERED`]) and sends nothing for it. With `true`, they are claimed and sent
+    /// like the others, and the audit entry of the run says how many already delivered records
+    /// it sent again. It changes what `run` does with the planned records, never which records
+    /// [`plan`](Redrive::plan) selects.
+    pub fn include_resolved(mut self, yes: bool) -> Self {
+        self.include_resolved = yes;
+        self
+    }
+
+    /// Whether this re-drive sends resolved records again
+    /// ([`include_resolved`](Redrive::include_resolved)).
+    pub fn includes_resolved(&self) -> bool {
+        self.include_resolved
+    }
+
+    /// The dry run: the records [`run`](Redrive::run) would consider, in order, without sending
+    /// anything. Records `run` skips are included: those with a truncated payload, and
+    /// [`Resolved`](Status::Resolved) ones unless the re-drive
+    /// [includes resolved records](Redrive::include_resolved) (count them with
+    /// `record.status == Status::Resolved` to warn of them).
     ///
     /// # Errors
     ///
@@ -317,31 +351,25 @@ impl Redrive {
         let mut report = RedriveReport::default();
         let mut ticks = tokio::time::interval(self.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut resolved_resent = 0u64;
+        let mut resolved_skipped = 0u64;
         for record in plan {
-            let outcome = match rebuild(&record) {
-                Err(e) => Outcome::skipped(&record, e.to_string()),
-                Ok(request) => {
-                    ticks.tick().await;
-                    let until = add_clamped(self.clock.now(), self.lease);
-                    match claim_for_redrive(store, &record, until).await {
-                        Err(skipped) => skipped,
-                        Ok(lease) => {
-                            let claimed = tokio::time::Instant::now();
-                            let mut held = Held::new(store, lease, self.lease, claimed, self.clock);
-                            resend(
-                                store,
-                                &mut service,
-                                &record,
-                                request,
-                                &mut held,
-                                &self.clock,
-                            )
-                            .await
-                            .0
-                        }
+            let already_delivered = record.status == Status::Resolved;
+            let outcome = if already_delivered && !self.include_resolved {
+                resolved_skipped += 1;
+                Outcome::skipped(&record, ALREADY_DELIVERED)
+            } else {
+                match rebuild(&record) {
+                    Err(e) => Outcome::skipped(&record, e.to_string()),
+                    Ok(request) => {
+                        ticks.tick().await;
+                        self.send_one(store, &mut service, &record, request).await
                     }
                 }
             };
+            if already_delivered && !matches!(outcome, Outcome::Skipped { .. }) {
+                resolved_resent += 1;
+            }
             tracing::info!(id = %record.id, class = %record.class, outcome = ?outcome, "re-drive");
             self.listener.emit_ref(&Event::Redriven {
                 id: &record.id,
@@ -353,12 +381,7 @@ impl Redrive {
             .at(self.clock.now())
             .planned(planned)
             .sent((report.resolved() + report.failed()) as u64)
-            .outcome(format!(
-                "resolved {}, failed {}, skipped {}",
-                report.resolved(),
-                report.failed(),
-                report.skipped()
-            ));
+            .outcome(audit_outcome(&report, resolved_resent, resolved_skipped));
         if let Err(e) = store.append_audit(entry).await {
             // The records were sent and their outcomes written: the run stands, the trail
             // misses its entry, and says so here.
@@ -371,6 +394,55 @@ impl Redrive {
         }
         Ok(report)
     }
+
+    /// Claims `record` (compare-and-set on the record as planned) and sends `request` under
+    /// that claim: how it ended.
+    async fn send_one<S, Req>(
+        &self,
+        store: &dyn Store,
+        service: &mut S,
+        record: &Record,
+        request: Req,
+    ) -> Outcome
+    where
+        S: Service<Req>,
+        S::Error: Into<Failure<S::Response>>,
+    {
+        let until = add_clamped(self.clock.now(), self.lease);
+        match claim_for_redrive(store, record, until).await {
+            Err(skipped) => skipped,
+            Ok(lease) => {
+                let claimed = tokio::time::Instant::now();
+                let mut held = Held::new(store, lease, self.lease, claimed, self.clock);
+                resend(store, service, record, request, &mut held, &self.clock)
+                    .await
+                    .0
+            }
+        }
+    }
+}
+
+/// The audit entry's outcome of a re-drive: `resolved 3, failed 1, skipped 0`, and what became
+/// of records already delivered: `; deliberately re-sent 2 already delivered
+/// (include_resolved)`, or `; skipped 2 already delivered (resolved)`.
+fn audit_outcome(report: &RedriveReport, resolved_resent: u64, resolved_skipped: u64) -> String {
+    let mut outcome = format!(
+        "resolved {}, failed {}, skipped {}",
+        report.resolved(),
+        report.failed(),
+        report.skipped()
+    );
+    if resolved_resent > 0 {
+        outcome.push_str(&format!(
+            "; deliberately re-sent {resolved_resent} already delivered (include_resolved)"
+        ));
+    }
+    if resolved_skipped > 0 {
+        outcome.push_str(&format!(
+            "; skipped {resolved_skipped} already delivered (resolved)"
+        ));
+    }
+    outcome
 }
 
 /// An open breaker in the stack rejected a re-send: its last word is the breaker's.

@@ -61,6 +61,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 mod audit;
 mod lease;
+mod listing;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -78,6 +79,7 @@ pub mod testing;
 
 pub use self::audit::{AuditAction, AuditEntry, purge};
 pub use self::lease::Lease;
+pub use self::listing::{Listing, list_order, list_page};
 pub use self::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -264,13 +266,71 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(async move { Ok(all.await?.len() as u64) })
     }
 
-    /// Up to `limit` records, the most recently failed first.
+    /// One page of the records waiting for the scheduler, [`Deferred`](Status::Deferred) and
+    /// [`InFlight`](Status::InFlight), that match `filter`: those at positions `page` (counted
+    /// from 0) of the results, which come the soonest due first (by retry-at; ties by id). A
+    /// filter that names another status finds nothing, and so does a waiting record without a
+    /// retry-at (never due; no writer of this crate leaves one). What the lists show after the
+    /// dead letters ([`list_page`], [`list`](Store::list)).
+    ///
+    /// SQLite and Postgres read the page off their index by retry-at, whatever the filter;
+    /// Redis reads it off its sorted set of due records for the empty filter, and reads every
+    /// waiting record for any other. The default reads every matching deferred and in-flight
+    /// record with [`search`](Store::search) and sorts them.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn search_waiting(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let reads: Vec<_> = [Status::Deferred, Status::InFlight]
+            .into_iter()
+            .filter(|s| filter.status.is_none_or(|wanted| wanted == *s))
+            .map(|s| self.search(&filter.clone().status(s), 0..usize::MAX))
+            .collect();
+        Box::pin(async move {
+            let mut waiting = Vec::new();
+            for read in reads {
+                waiting.extend(read.await?.into_iter().filter(|r| r.retry_at.is_some()));
+            }
+            waiting.sort_by(list_order);
+            Ok(waiting
+                .into_iter()
+                .skip(page.start)
+                .take(page.len())
+                .collect())
+        })
+    }
+
+    /// Up to `limit` outstanding records, in the order of every list of records
+    /// ([`list_order`]): the [`Dead`](Status::Dead) ones, the most recently failed first, then
+    /// the [`Deferred`](Status::Deferred) and [`InFlight`](Status::InFlight) ones, the soonest
+    /// due first (ties by id). Never a [`Resolved`](Status::Resolved) record: a message that
+    /// was delivered is not outstanding (read those with a [`search`](Store::search) whose
+    /// filter names that status). The first page of [`list_page`] with the empty filter, which
+    /// is also what `backstop-dlq list` prints and the board's list shows; `list(usize::MAX)`
+    /// is every outstanding record.
+    ///
+    /// The default reads at most `limit` dead records ([`search`](Store::search)) and, when
+    /// they are fewer, the first waiting ones ([`search_waiting`](Store::search_waiting)).
     ///
     /// # Errors
     ///
     /// [`StoreError`] when the store is closed or cannot be read.
     fn list(&self, limit: usize) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        self.search(&Filter::new(), 0..limit)
+        let dead = self.search(&Filter::new().status(Status::Dead), 0..limit);
+        let waiting = self.search_waiting(&Filter::new(), 0..limit);
+        Box::pin(async move {
+            let mut records = dead.await?;
+            if records.len() < limit {
+                let rest = limit - records.len();
+                records.extend(waiting.await?.into_iter().take(rest));
+            }
+            Ok(records)
+        })
     }
 
     /// Counts of the outstanding dead letters ([`Dead`](Status::Dead) records) whose last

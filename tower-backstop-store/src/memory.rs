@@ -11,7 +11,7 @@ use super::query::{
 };
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status};
 use super::schedule::{from_micros, gap_micros, reserve, to_micros};
-use super::{AuditEntry, BoxFuture, Lease, Store, StoreError};
+use super::{AuditEntry, BoxFuture, Lease, Store, StoreError, list_order};
 
 /// A store in memory, for tests and short-lived tools. Clones share the records.
 #[derive(Clone, Debug)]
@@ -124,6 +124,31 @@ impl Store for MemoryStore {
         })
     }
 
+    fn search_waiting(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let filter = filter.clone();
+        self.with(move |memory| {
+            let mut waiting: Vec<Record> = memory
+                .records
+                .values()
+                .filter(|r| {
+                    matches!(r.status, Status::Deferred | Status::InFlight) && r.retry_at.is_some()
+                })
+                .filter(|r| filter.matches(r))
+                .cloned()
+                .collect();
+            waiting.sort_by(list_order);
+            waiting
+                .into_iter()
+                .skip(page.start)
+                .take(page.len())
+                .collect()
+        })
+    }
+
     fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
         let filter = filter.clone();
         self.with(move |memory| {
@@ -225,7 +250,9 @@ impl Store for MemoryStore {
             memory
                 .records
                 .values()
-                .filter(|r| matches!(r.status, Status::Deferred | Status::InFlight))
+                .filter(|r| {
+                    matches!(r.status, Status::Deferred | Status::InFlight) && r.retry_at.is_some()
+                })
                 .filter_map(|r| r.retry_at)
                 .min()
         })

@@ -811,6 +811,38 @@ impl Store for PostgresStore {
         })
     }
 
+    fn search_waiting(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let (clause, args) = where_clause(filter);
+        let other_status = matches!(filter.status, Some(Status::Dead | Status::Resolved));
+        self.run(|this| async move {
+            if page.is_empty() || other_status {
+                return Ok(Vec::new());
+            }
+            let n = args.len();
+            // On the index of due records (`records_due`: retry-at, id; waiting rows only).
+            let sql = format!(
+                "SELECT {} FROM {} WHERE status IN ('deferred', 'in_flight') \
+                 AND retry_at_ms IS NOT NULL AND {clause} ORDER BY retry_at_ms, id \
+                 LIMIT ${} OFFSET ${}",
+                select_list(""),
+                this.sql.records,
+                n + 1,
+                n + 2
+            );
+            let rows = bind_all(sqlx::query(&sql), args)
+                .bind(i64::try_from(page.len()).unwrap_or(i64::MAX))
+                .bind(i64::try_from(page.start).unwrap_or(i64::MAX))
+                .fetch_all(&this.pool)
+                .await
+                .map_err(pg_error("search waiting records"))?;
+            rows.iter().map(decode_row).collect()
+        })
+    }
+
     fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
         let (clause, args) = where_clause(filter);
         self.run(|this| async move {

@@ -103,9 +103,9 @@ impl Filter {
             && self.ids.is_empty()
     }
 
-    /// The statuses an outstanding-first list of this filter shows, in its order: the filter's
-    /// one; else dead, then deferred, then in flight, then resolved when `resolved` asks for
-    /// them (the order of `backstop-dlq list` and of the board's list).
+    /// The statuses a list of this filter shows ([`list_page`](super::list_page)), in its
+    /// order: the filter's one; else dead, then deferred and in flight (listed together, the
+    /// soonest due first), then resolved when `resolved` asks for them.
     pub fn listed_statuses(&self, resolved: bool) -> Vec<Status> {
         match self.status {
             Some(s) => vec![s],

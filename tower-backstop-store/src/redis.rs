@@ -1086,6 +1086,62 @@ impl RedisStore {
         }))
     }
 
+    /// One page of the deferred and in-flight records that match `filter`, the soonest due
+    /// first, ties by id: the order of the retry index (`ZRANGE` orders equal scores by id). A
+    /// filter that says nothing is read a page at a time off that index; any other reads the
+    /// whole index and filters the records.
+    async fn waiting_page(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> Result<Vec<Record>, StoreError> {
+        if page.is_empty() || matches!(filter.status, Some(Status::Dead | Status::Resolved)) {
+            return Ok(Vec::new());
+        }
+        let waiting = |r: &Record| {
+            matches!(r.status, Status::Deferred | Status::InFlight)
+                && r.retry_at.is_some()
+                && filter.matches(r)
+        };
+        let mut conn = self.conn.clone();
+        if filter.is_empty() {
+            // Redis reads a stop index as signed; -1 is the last member.
+            let stop = page
+                .end
+                .checked_sub(1)
+                .and_then(|e| i64::try_from(e).ok())
+                .unwrap_or(-1);
+            let ids: Vec<String> = redis::cmd("ZRANGE")
+                .arg(self.key("retry"))
+                .arg(i64::try_from(page.start).unwrap_or(i64::MAX))
+                .arg(stop)
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error("search waiting records"))?;
+            return Ok(self
+                .fetch(&ids)
+                .await?
+                .into_iter()
+                .filter(waiting)
+                .collect());
+        }
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.key("retry"))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("search waiting records"))?;
+        Ok(self
+            .fetch(&ids)
+            .await?
+            .into_iter()
+            .filter(waiting)
+            .skip(page.start)
+            .take(page.len())
+            .collect())
+    }
+
     /// Every record that matches `filter`, newest first, read through the narrowest index.
     async fn matching(&self, filter: &Filter) -> Result<Vec<Record>, StoreError> {
         let ids: Vec<String> = if filter.ids.is_empty() {
@@ -1160,6 +1216,16 @@ impl Store for RedisStore {
                 .take(page.len())
                 .collect())
         })
+    }
+
+    fn search_waiting(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let this = self.clone();
+        let filter = filter.clone();
+        Box::pin(async move { this.waiting_page(&filter, page).await })
     }
 
     fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {

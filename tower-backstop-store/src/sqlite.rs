@@ -693,6 +693,41 @@ impl Store for SqliteStore {
         })
     }
 
+    fn search_waiting(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        if matches!(filter.status, Some(Status::Dead | Status::Resolved)) || page.is_empty() {
+            return Box::pin(std::future::ready(Ok(Vec::new())));
+        }
+        let (clause, mut values) = where_clause(filter);
+        values.push(Value::Integer(
+            i64::try_from(page.len()).unwrap_or(i64::MAX),
+        ));
+        values.push(Value::Integer(
+            i64::try_from(page.start).unwrap_or(i64::MAX),
+        ));
+        let n = values.len();
+        self.run(move |conn| {
+            // On the index by retry-at: only waiting records have one.
+            let mut stmt = conn
+                .prepare(&format!(
+                    "SELECT {COLUMNS} FROM dead_letters
+                     WHERE retry_at_ms IS NOT NULL AND status IN ('deferred', 'in_flight')
+                       AND {clause}
+                     ORDER BY retry_at_ms, id LIMIT ?{} OFFSET ?{n}",
+                    n - 1
+                ))
+                .map_err(sql_error("search waiting records"))?;
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(values), row_to_record)
+                .map_err(sql_error("search waiting records"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(sql_error("decode record"))
+        })
+    }
+
     fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
         let (clause, values) = where_clause(filter);
         self.run(move |conn| {

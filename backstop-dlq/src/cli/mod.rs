@@ -38,8 +38,14 @@
 //! `serve` runs the dead-letter board ([`Board`](crate::Board)) on a loopback address,
 //! read-only unless `--allow-actions`; another address needs `--allow-remote`.
 //!
+//! A re-drive never sends again a message already delivered unless told so: records of
+//! `--filter status=resolved` are skipped (the dry run warns of them, the run reports each one
+//! skipped and exits with status 2) unless `redrive --include-resolved` is given; then they are
+//! sent again, and the audit entry says how many were.
+//!
 //! Exit status: 0 done, 1 an error, 2 a bad command line, a purge without `--yes`, an action
-//! without an actor, or a refused `serve`.
+//! without an actor, a re-drive that skipped records already delivered (no
+//! `--include-resolved`), or a refused `serve`.
 
 use std::process::ExitCode;
 use std::time::SystemTime;
@@ -87,7 +93,8 @@ enum Command {
     Stats(read::StatsArgs),
     /// Re-send the dead letters that match a filter, each to the URI it was first sent to
     /// (or to `--target`), through retry, classify and timeout layers and a dead-letter layer
-    /// over this store.
+    /// over this store. Records already delivered (resolved) are skipped unless
+    /// `--include-resolved` is given.
     Redrive(redrive::RedriveArgs),
     /// Serve the dead-letter board: web pages of the overview (with the breakers the store knows
     /// of), the records, their groups, one record and the audit trail; with `--allow-actions`,

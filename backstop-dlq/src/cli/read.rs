@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use clap::Args;
 use tower_backstop::BoxError;
-use tower_backstop::store::{AlertRules, Filter, Record, Stats, Status, Store};
+use tower_backstop::store::{AlertRules, Filter, Record, Stats, Store, list_order, list_page};
 
 use super::args::{FilterArgs, Global, PageArgs, parse_duration};
 use super::out::{print_record, print_table};
@@ -78,10 +78,10 @@ pub(crate) async fn list(g: &Global, a: &List, now: SystemTime) -> Result<ExitCo
     Ok(ExitCode::SUCCESS)
 }
 
-/// The page `page` of the records matching `filter` and `narrow`, outstanding first: dead (the
-/// most recently failed first), then deferred and in flight (the soonest due first), then, with
-/// `resolved`, the resolved ones (the most recently failed first). A filter that names a status
-/// lists that status alone, in that order.
+/// The page `page` of the list of the records matching `filter` and `narrow`
+/// ([`list_page`]'s list, in [`list_order`]): dead (the most recently failed first), then
+/// deferred and in flight (the soonest due first), then, with `resolved`, the resolved ones
+/// (the most recently failed first). A filter that names a status lists that status alone.
 async fn outstanding_first(
     store: &dyn Store,
     filter: &Filter,
@@ -89,46 +89,16 @@ async fn outstanding_first(
     resolved: bool,
     page: std::ops::Range<usize>,
 ) -> Result<Vec<Record>, BoxError> {
-    let statuses = filter.listed_statuses(resolved);
-    // With a host: its records among the newest that match, in one read.
-    let narrowed = if narrow.is_empty() {
-        None
-    } else {
-        Some(narrow::members(store, filter, narrow).await?)
-    };
-    let mut dead = Vec::new();
-    let mut waiting = Vec::new();
-    let mut healed = Vec::new();
-    for status in statuses {
-        let group = match &narrowed {
-            Some(members) => members
-                .iter()
-                .filter(|r| r.status == status)
-                .cloned()
-                .collect(),
-            None => {
-                // Waiting records are sorted by due time here, so all of them are read.
-                let upto = match status {
-                    Status::Deferred | Status::InFlight => usize::MAX,
-                    _ => page.end,
-                };
-                store
-                    .search(&filter.clone().status(status), 0..upto)
-                    .await?
-            }
-        };
-        match status {
-            Status::Deferred | Status::InFlight => waiting.extend(group),
-            Status::Resolved => healed.extend(group),
-            _ => dead.extend(group),
-        }
+    if narrow.is_empty() {
+        return Ok(list_page(store, filter, resolved, page).await?.records);
     }
-    // Deferred ones, the soonest due first (a search returns the most recently failed first).
-    waiting.sort_by(|a, b| a.retry_at.cmp(&b.retry_at).then_with(|| a.id.cmp(&b.id)));
-    Ok(dead
+    // With a host: its records among the newest that match, in one read, put in list order.
+    let statuses = filter.listed_statuses(resolved);
+    let mut members = narrow::members(store, filter, narrow).await?;
+    members.retain(|r| statuses.contains(&r.status));
+    members.sort_by(list_order);
+    Ok(members
         .into_iter()
-        .chain(waiting)
-        .chain(healed)
         .skip(page.start)
         .take(page.len())
         .collect())

@@ -13,9 +13,9 @@ use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::DeadLetterLayer;
-use tower_backstop::resend::{Redrive, http_request};
+use tower_backstop::resend::{ALREADY_DELIVERED, Outcome, Redrive, http_request};
 use tower_backstop::retry::RetryPolicy;
-use tower_backstop::store::{Record, Store};
+use tower_backstop::store::{Record, Status, Store};
 use tower_backstop::timeout::TimeoutLayer;
 use tower_backstop::{BoxError, Failure};
 
@@ -49,6 +49,11 @@ pub(crate) struct RedriveArgs {
     /// Timeout per attempt (`10s`, `500ms`).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     timeout: Duration,
+    /// Send again the records already delivered (resolved) that the filter selects (only
+    /// `--filter status=resolved` selects them). Without it they are skipped, never sent, and
+    /// the command exits with status 2.
+    #[arg(long)]
+    include_resolved: bool,
 }
 
 /// What a re-drive sends through: a dead-letter layer over `store` (a request that fails again
@@ -109,20 +114,28 @@ pub(crate) async fn redrive(
         out!("no record matches: nothing to re-drive");
         return Ok(ExitCode::SUCCESS);
     };
-    let redrive = Redrive::new(filter, a.rate, a.max)?.actor(actor);
+    let redrive = Redrive::new(filter, a.rate, a.max)?
+        .actor(actor)
+        .include_resolved(a.include_resolved);
     if a.dry_run {
         let plan = redrive.plan(&*store).await?;
-        dry_run(&*store, &plan, target.as_ref(), now).await?;
+        dry_run(&*store, &plan, target.as_ref(), a.include_resolved, now).await?;
         return Ok(ExitCode::SUCCESS);
     }
     let sender = stack(Arc::clone(&store), a.attempts, a.timeout)?;
     let report = redrive
         .run(&*store, sender, |r| http_request(r, target.as_ref()))
         .await?;
+    let mut refused = 0usize;
     for r in &report.records {
-        let outcome = match r.word() {
-            "resolved" => "resolved".to_owned(),
-            "skipped" => format!("skipped: {}", r.detail()),
+        let outcome = match r {
+            Outcome::Resolved { .. } => "resolved".to_owned(),
+            Outcome::Skipped { reason, .. } => {
+                if reason == ALREADY_DELIVERED {
+                    refused += 1;
+                }
+                format!("skipped: {}", r.detail())
+            }
             _ => r.detail(),
         };
         out!("{}  {}", r.id(), outcome);
@@ -134,27 +147,64 @@ pub(crate) async fn redrive(
         report.failed(),
         report.skipped()
     );
+    if refused > 0 {
+        eprintln!(
+            "refused to send again {refused} already delivered (resolved): pass \
+             --include-resolved to send them again on purpose"
+        );
+        return Ok(ExitCode::from(2));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-/// What a dry run prints: each planned record and where it would go, a warning per open
-/// breaker (as the store knows it) they would go to, and the count.
+/// What a dry run prints: each planned record and where it would go (or that it would be
+/// skipped as already delivered), a warning per open breaker (as the store knows it) they would
+/// go to, a warning of the records already delivered, and the count.
 async fn dry_run(
     store: &dyn Store,
     plan: &[Record],
     target: Option<&http::Uri>,
+    include_resolved: bool,
     now: SystemTime,
 ) -> Result<(), BoxError> {
+    let resolved = plan.iter().filter(|r| r.status == Status::Resolved).count();
     for r in plan {
         let to = http_request(r, target)
             .map(|req| format!("{} {}", req.method(), req.uri()))
             .unwrap_or_else(|e| format!("(skipped: {e})"));
-        out!("would send {}  {}  {}  {to}", r.id, r.class, r.code);
+        match (r.status == Status::Resolved, include_resolved) {
+            (false, _) => out!("would send {}  {}  {}  {to}", r.id, r.class, r.code),
+            (true, true) => out!("would send again {}  {}  {}  {to}", r.id, r.class, r.code),
+            (true, false) => out!(
+                "would skip {}  {}  {}  {ALREADY_DELIVERED}",
+                r.id,
+                r.class,
+                r.code
+            ),
+        }
     }
     let known = Breakers::read(store, None).await?;
     for w in breakers::warnings(plan, target, &known, now) {
         out!("warning: {}", w.describe(plan.len(), now));
     }
-    out!("dry run: {} would be sent, nothing sent", plan.len());
+    let sent = if include_resolved {
+        plan.len()
+    } else {
+        plan.len() - resolved
+    };
+    match (resolved, include_resolved) {
+        (0, _) => {}
+        (n, true) => out!(
+            "warning: {n} of these {} records were already delivered (resolved) and would be \
+             sent again, on purpose (--include-resolved)",
+            plan.len()
+        ),
+        (n, false) => out!(
+            "warning: {n} of these {} records were already delivered (resolved): they would be \
+             skipped, not sent; pass --include-resolved to send them again",
+            plan.len()
+        ),
+    }
+    out!("dry run: {sent} would be sent, nothing sent");
     Ok(())
 }

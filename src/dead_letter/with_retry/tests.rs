@@ -13,7 +13,7 @@ use crate::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use crate::failure::{BoxError, Class, Code, Failure};
 use crate::request::{Describe, Envelope, Replay};
 use crate::retry::{Attempts, GiveUp, RetryLayer, RetryPolicy};
-use crate::store::{MemoryStore, Status, Store};
+use crate::store::{Filter, MemoryStore, Status, Store};
 use tower::{Layer, ServiceExt, service_fn};
 
 /// A request that counts its copies; `replayable: false` cannot be copied at all.
@@ -123,7 +123,11 @@ where
     };
     let (req, copies) = Counted::new("hello", replayable);
     let result = layer.layer(upstream).oneshot(req).await;
-    let records = store.list(100).await.expect("the memory store lists");
+    // Every record written, whatever its status.
+    let records = store
+        .search(&Filter::new(), 0..100)
+        .await
+        .expect("the memory store searches");
     (
         result,
         copies.load(Ordering::SeqCst),

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use super::{Backend, Opened, open};
 use crate::{
     AuditAction, AuditEntry, Change, Claim, ErrorEntry, Filter, Record, Retention, Status, Store,
-    purge,
+    list_page, purge,
 };
 
 const BASE: u64 = 1_780_000_000_000; // ms since the epoch, in 2026
@@ -45,6 +45,11 @@ fn claim_held(claim: Claim) -> Record {
         Claim::Claimed(record) => *record,
         other => panic!("the claim did not hold: {other:?}"),
     }
+}
+
+/// Every record in `store`, whatever its status (`list` shows the outstanding ones only).
+async fn every(store: &dyn Store) -> Vec<Record> {
+    store.search(&Filter::new(), 0..usize::MAX).await.unwrap()
 }
 
 fn ids(records: &[Record]) -> Vec<&str> {
@@ -94,7 +99,7 @@ pub(super) async fn root_cause_and_breaker_are_kept(b: &dyn Backend) {
 }
 
 /// A page that ends at `usize::MAX` ("the rest") reads every record after its start, through
-/// every index: `list(usize::MAX)` is the whole store.
+/// every index: `list(usize::MAX)` is every outstanding record.
 pub(super) async fn an_open_ended_page_reads_to_the_end(b: &dyn Backend) {
     let o = open(b, "open_ended", 10).await;
     for i in 0..7 {
@@ -573,7 +578,7 @@ pub(super) async fn delete_by_filter(b: &dyn Backend) {
             .unwrap(),
         0
     );
-    assert_eq!(o.store.list(100).await.unwrap().len(), 6);
+    assert_eq!(every(&*o.store).await.len(), 6);
     assert_eq!(o.store.delete(&Filter::new().id("m-9")).await.unwrap(), 1);
     // Deleted records leave no index entry behind.
     assert_eq!(
@@ -597,7 +602,7 @@ pub(super) async fn delete_by_filter(b: &dyn Backend) {
         .delete(&Filter::new().tag("tenant", "acme"))
         .await
         .unwrap();
-    assert!(o.store.list(100).await.unwrap().is_empty());
+    assert!(every(&*o.store).await.is_empty());
 }
 
 pub(super) async fn claims_are_compare_and_set(b: &dyn Backend) {
@@ -646,7 +651,7 @@ pub(super) async fn claims_are_compare_and_set(b: &dyn Backend) {
         Claim::Missing
     );
     assert_eq!(o.store.get("m-1").await.unwrap(), None);
-    assert!(o.store.list(10).await.unwrap().is_empty());
+    assert!(every(&*o.store).await.is_empty());
 }
 
 pub(super) async fn pages_are_exact_across_ties(b: &dyn Backend) {
@@ -835,14 +840,7 @@ pub(super) async fn retention_prunes_by_age_then_count(b: &dyn Backend) {
 
     let pruned = retention.prune(&*o.store, now).await.unwrap();
     assert_eq!((pruned.by_age, pruned.by_count), (2, 5));
-    let mut left: Vec<String> = o
-        .other
-        .list(100)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
+    let mut left: Vec<String> = every(&*o.other).await.into_iter().map(|r| r.id).collect();
     left.sort();
     assert_eq!(
         left,
@@ -952,7 +950,7 @@ pub(super) async fn audit_trail_records_purges_and_prunes(b: &dyn Backend) {
         .await
         .unwrap();
     assert_eq!(o.store.audit(0..100).await.unwrap().len(), 7);
-    assert_eq!(ids(&o.store.list(10).await.unwrap()), ["m-2"]);
+    assert_eq!(ids(&every(&*o.store).await), ["m-2"]);
 }
 
 /// A claim is a lease with a fencing token: the holder renews it; once it ended and another
@@ -1358,4 +1356,146 @@ pub(super) async fn send_slots_are_shared(b: &dyn Backend) {
     slots.sort();
     let want: Vec<SystemTime> = (0..40).map(|i| now + gap * i).collect();
     assert_eq!(slots, want);
+}
+
+/// `list` returns the outstanding records only, never a resolved one, in the order of every
+/// list: the dead ones the most recently failed first, then the deferred and in-flight ones
+/// together, the soonest due first, ties by id; `search_waiting` reads the waiting part in that
+/// order, and `list_page` pages the same list (resolved ones last when asked for).
+pub(super) async fn list_is_the_outstanding_records_in_list_order(b: &dyn Backend) {
+    let o = open(b, "list_order", 10).await;
+    let mut batch = vec![
+        rec("d-old", "transient", "http 503", at(1_000)),
+        rec("d-new", "throttled", "http 429", at(9_000)),
+        // Two dead letters that failed at one instant: by id.
+        rec("d-tie-b", "transient", "http 503", at(5_000)),
+        rec("d-tie-a", "transient", "http 503", at(5_000)),
+        // Waiting: due order, whatever their failure times; two due at one instant, by id.
+        deferred(
+            rec("w-late", "throttled", "http 429", at(9_500)),
+            at(600_000),
+        ),
+        deferred(
+            rec("w-tie-b", "throttled", "http 429", at(100)),
+            at(300_000),
+        ),
+        deferred(
+            rec("w-tie-a", "transient", "http 503", at(8_000)),
+            at(300_000),
+        ),
+        // The newest failures of all, delivered since: never listed.
+        rec("r-0", "throttled", "http 429", at(9_900)),
+        rec("r-1", "transient", "http 503", at(9_800)),
+    ];
+    let mut soon = deferred(
+        rec("w-soon", "transient", "http 503", at(9_700)),
+        at(60_000),
+    );
+    soon.status = Status::InFlight;
+    batch.push(soon);
+    o.store.put_many(batch).await.unwrap();
+    for id in ["r-0", "r-1"] {
+        o.store
+            .update(id, Change::Resolved { at: at(10_000) })
+            .await
+            .unwrap();
+    }
+    let want = [
+        "d-new", "d-tie-a", "d-tie-b", "d-old", "w-soon", "w-tie-a", "w-tie-b", "w-late",
+    ];
+    for store in [&o.store, &o.other] {
+        assert_eq!(ids(&store.list(100).await.unwrap()), want, "list(100)");
+        assert_eq!(ids(&store.list(usize::MAX).await.unwrap()), want);
+        assert_eq!(ids(&store.list(3).await.unwrap()), want[..3], "list(3)");
+        assert_eq!(ids(&store.list(6).await.unwrap()), want[..6], "list(6)");
+        assert!(store.list(0).await.unwrap().is_empty());
+    }
+    assert!(
+        o.store
+            .list(100)
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| r.status != Status::Resolved),
+        "list never returns a resolved record"
+    );
+
+    // The waiting part, a page at a time, by status, by class; none of another status.
+    let waiting = |filter: Filter, page: Range<usize>| {
+        let store = Arc::clone(&o.store);
+        async move {
+            let records = store.search_waiting(&filter, page).await.unwrap();
+            records.into_iter().map(|r| r.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(waiting(Filter::new(), 0..100).await, want[4..]);
+    assert_eq!(waiting(Filter::new(), 1..3).await, want[5..7]);
+    assert_eq!(waiting(Filter::new(), 3..usize::MAX).await, ["w-late"]);
+    assert!(waiting(Filter::new(), 4..10).await.is_empty());
+    assert_eq!(
+        waiting(Filter::new().status(Status::Deferred), 0..100).await,
+        ["w-tie-a", "w-tie-b", "w-late"]
+    );
+    assert_eq!(
+        waiting(Filter::new().status(Status::InFlight), 0..100).await,
+        ["w-soon"]
+    );
+    assert_eq!(
+        waiting(Filter::new().class("throttled"), 0..100).await,
+        ["w-tie-b", "w-late"]
+    );
+    assert_eq!(
+        waiting(Filter::new().class("throttled"), 1..2).await,
+        ["w-late"]
+    );
+    for other in [Status::Dead, Status::Resolved] {
+        assert!(
+            waiting(Filter::new().status(other), 0..100)
+                .await
+                .is_empty()
+        );
+    }
+
+    // The paged list is the same list; the counts say what it holds.
+    let page = |filter: Filter, with_resolved: bool, range: Range<usize>| {
+        let store = Arc::clone(&o.store);
+        async move {
+            list_page(&*store, &filter, with_resolved, range)
+                .await
+                .unwrap()
+        }
+    };
+    let all = page(Filter::new(), false, 0..100).await;
+    assert_eq!(ids(&all.records), want);
+    assert_eq!(all.total, 8);
+    assert_eq!(
+        all.by_status,
+        [
+            (Status::Dead, 4),
+            (Status::Deferred, 3),
+            (Status::InFlight, 1)
+        ]
+    );
+    for (from, to) in [(0, 3), (3, 6), (2, 5), (6, 8), (7, 100)] {
+        let part = page(Filter::new(), false, from..to).await;
+        assert_eq!(ids(&part.records), want[from..to.min(8)], "{from}..{to}");
+    }
+    assert!(page(Filter::new(), false, 8..20).await.records.is_empty());
+    let with = page(Filter::new(), true, 0..100).await;
+    assert_eq!(with.total, 10);
+    assert_eq!(ids(&with.records[..8]), want);
+    assert_eq!(
+        ids(&with.records[8..]),
+        ["r-0", "r-1"],
+        "resolved ones last"
+    );
+    assert_eq!(
+        ids(&page(Filter::new(), true, 7..9).await.records),
+        ["w-late", "r-0"]
+    );
+    let throttled = page(Filter::new().class("throttled"), false, 0..100).await;
+    assert_eq!(ids(&throttled.records), ["d-new", "w-tie-b", "w-late"]);
+    let resolved = page(Filter::new().status(Status::Resolved), false, 0..100).await;
+    assert_eq!(ids(&resolved.records), ["r-0", "r-1"]);
+    assert_eq!(resolved.by_status, [(Status::Resolved, 2)]);
 }

@@ -13,7 +13,8 @@
 //! and their pages (ties included), counts over a window and by status, batches, updates,
 //! claims (due, concurrent, compare-and-set, held and given back, an in-flight record written by
 //! `put` as a write-ahead does), deletes, odd ids and a
-//! 10 MiB payload, retention, and the audit trail. Every case panics on the first assertion
+//! 10 MiB payload, retention, the audit trail, and what `list` lists (outstanding records
+//! only, in the order of every list). Every case panics on the first assertion
 //! that fails, with a message naming what differed.
 //!
 //! # Example: one test for every case
@@ -226,6 +227,7 @@ cases!(
     next_due_is_the_earliest_waiting_time,
     send_slots_are_shared,
     an_in_flight_record_put_is_a_claim,
+    list_is_the_outstanding_records_in_list_order,
 );
 
 /// The case named `name`, if there is one.
