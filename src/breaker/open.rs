@@ -200,6 +200,7 @@ pub(crate) struct Cause {
     pub(crate) learned: Option<Arc<str>>,
 }
 
+#[cfg(feature = "dead-letter")]
 impl Cause {
     /// The cause of a breaker opened on the store's evidence, `learned` saying where: no
     /// failure of this process yet.
