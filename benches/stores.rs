@@ -13,7 +13,8 @@
 //! cargo bench --features redis,postgres --bench stores -- --warm-up-time 1 --measurement-time 3
 //! ```
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -189,6 +190,150 @@ fn stores(c: &mut Criterion) {
     });
     redis(c, &rt);
     postgres(c, &rt);
+    backlog(c, &rt, dir.path());
+}
+
+/// Records claimed at a time by each claimer of the backlog.
+const CLAIM_BATCH: usize = 100;
+/// The lease of the backlog's claims: the scheduler's default.
+const LEASE: Duration = Duration::from_secs(10);
+
+/// Record `n` of a backlog, as the dead-letter layer writes a deferred failure: one of 5
+/// classes, 20 codes and 50 hosts (its breaker), a 500-byte payload, due at `retry_at`.
+fn waiting(n: u64, retry_at: SystemTime) -> Record {
+    let host = format!("host-{:02}.test", n % 50);
+    let failure: Failure = Failure::new(
+        Class::TRANSIENT,
+        Code::Http(http::StatusCode::SERVICE_UNAVAILABLE),
+    );
+    let mut payload = format!("{{\"id\":\"bl-{n:010}\",\"body\":\"");
+    payload.extend(std::iter::repeat_n('x', 500 - payload.len() - 2));
+    payload.push_str("\"}");
+    let mut r = record_of(
+        format!("bl-{n:010}"),
+        Envelope::new(payload)
+            .with_content_type("application/json")
+            .with_metadata("method", "POST")
+            .with_metadata("uri", format!("http://{host}/v1/messages"))
+            .with_tag("campaign", format!("camp-{}", n % 7)),
+        &failure,
+    );
+    r.class = CLASSES[(n % 5) as usize].to_owned();
+    r.code = format!("http {}", 500 + n % 20);
+    r.breaker = Some(host);
+    r.status = Status::Deferred;
+    r.retry_at = Some(retry_at);
+    r
+}
+
+/// Writes `count` records of the backlog, numbered from `from`: every tenth due `due_by`
+/// (spread over the minute before it), the others over the next day.
+async fn seed(store: &SqliteStore, from: u64, count: u64, due_by: SystemTime) {
+    let mut n = from;
+    while n < from + count {
+        let batch = (n..(n + BATCH as u64).min(from + count))
+            .map(|n| {
+                let at = if n % 10 == 0 {
+                    due_by - Duration::from_millis(n % 60_000)
+                } else {
+                    due_by + Duration::from_secs(60 + n % 86_400)
+                };
+                waiting(n, at)
+            })
+            .collect();
+        store.put_many(batch).await.unwrap();
+        n += BATCH as u64;
+    }
+}
+
+/// Claims batches and acknowledges each record, as the scheduler does, until `left` is spent.
+async fn claim_and_ack(store: SqliteStore, left: Arc<AtomicUsize>) {
+    loop {
+        let take = left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
+                (l > 0).then(|| l - l.min(CLAIM_BATCH))
+            })
+            .map_or(0, |l| l.min(CLAIM_BATCH));
+        if take == 0 {
+            return;
+        }
+        let now = SystemTime::now();
+        let claimed = store.claim_due(now, take, LEASE).await.unwrap();
+        assert_eq!(claimed.len(), take, "the backlog ran dry");
+        for record in claimed {
+            let lease = record.lease().expect("a claimed record is in flight");
+            let acked = store
+                .change_claimed(&lease, Change::Resolved { at: now })
+                .await
+                .unwrap();
+            assert!(matches!(acked, Claim::Claimed(_)), "{acked:?}");
+        }
+    }
+}
+
+/// SQLite over a backlog: claim-and-ack by 1 and 4 claimers, and `next_due`.
+fn backlog(c: &mut Criterion, rt: &Runtime, dir: &std::path::Path) {
+    let records: u64 = std::env::var("BACKSTOP_BENCH_BACKLOG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(SCALE as u64);
+    let path = dir.join("backlog.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let seeded = Instant::now();
+    rt.block_on(seed(&store, 0, records, SystemTime::now()));
+    eprintln!(
+        "sqlite: seeded the backlog of {records} records in {:.1} s",
+        seeded.elapsed().as_secs_f64()
+    );
+    let next = AtomicU64::new(records);
+    let mut group = c.benchmark_group(format!("stores_backlog_{records}"));
+    group.sample_size(10);
+    for claimers in [1, 4] {
+        let stores: Vec<SqliteStore> = (0..claimers)
+            .map(|_| SqliteStore::open(&path).unwrap())
+            .collect();
+        group.throughput(Throughput::Elements(CLAIM_BATCH as u64));
+        group.bench_function(format!("sqlite/claim_and_ack_{claimers}"), |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    // As many new due records as this sample claims, written outside the
+                    // timed part, so that the due part of the backlog stays as it was (the
+                    // store grows by the records resolved).
+                    let count = iters * CLAIM_BATCH as u64;
+                    seed_due(&store, next.fetch_add(count, Ordering::Relaxed), count).await;
+                    let left = Arc::new(AtomicUsize::new(count as usize));
+                    let start = Instant::now();
+                    let tasks: Vec<_> = stores
+                        .iter()
+                        .map(|s| tokio::spawn(claim_and_ack(s.clone(), Arc::clone(&left))))
+                        .collect();
+                    for task in tasks {
+                        task.await.unwrap();
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+    }
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("sqlite/next_due", |b| {
+        b.iter(|| {
+            let next = rt.block_on(store.next_due()).unwrap();
+            assert!(next.is_some());
+        })
+    });
+    group.finish();
+}
+
+/// Writes `count` records due now, numbered from `from`.
+async fn seed_due(store: &SqliteStore, from: u64, count: u64) {
+    let now = SystemTime::now();
+    for start in (from..from + count).step_by(BATCH) {
+        let batch = (start..(start + BATCH as u64).min(from + count))
+            .map(|n| waiting(n, now - Duration::from_secs(1)))
+            .collect();
+        store.put_many(batch).await.unwrap();
+    }
 }
 
 #[cfg(feature = "redis")]

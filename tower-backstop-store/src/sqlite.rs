@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use rusqlite::types::Value;
 use rusqlite::{
@@ -42,8 +42,23 @@ use super::{AuditAction, AuditEntry, BoxFuture, Lease, Store, StoreError};
 /// Every failed write is a [`StoreError`]; through a [`DeadLetterLayer`](https://docs.rs/tower-backstop/latest/tower_backstop/dead_letter/struct.DeadLetterLayer.html)
 /// the caller's failure says the record was not written and a `tracing` error reports it.
 ///
-/// Layout: a `dead_letters` table (one row per id, indexed by class, code, last failure time and
-/// retry-at), `dead_letter_tags` (id, key, value; indexed by key and value),
+/// Claims and the next due time read one partial index, `dead_letters_due`: the waiting records
+/// (deferred, or in flight until their lease ends) by retry-at time and id, so that a claim reads
+/// its batch in order and the time it takes does not grow with the backlog; an older file gets
+/// the index when it is opened for writing. Each connection keeps a page cache of
+/// [`DEFAULT_CACHE_SIZE`](SqliteStore::DEFAULT_CACHE_SIZE) (64 MiB;
+/// [`with_cache_size`](SqliteStore::with_cache_size)), and keeps the query planner's statistics
+/// up to date as SQLite recommends for long-lived connections: `PRAGMA optimize` when it opens
+/// the file, then after every 10,000 writes or hour (it re-analyzes a table only when its size
+/// changed tenfold; otherwise it costs microseconds).
+///
+/// Each acknowledgement of a claim ([`change_claimed`](Store::change_claimed)) is a
+/// transaction of its own, flushed to the disk before it returns: a scheduler's drain is bound
+/// by how fast the disk flushes, one record per flush, whatever the number of schedulers on the
+/// file (their writes take turns).
+///
+/// Layout: a `dead_letters` table (one row per id, indexed by class, code, last failure time,
+/// status, and the due index), `dead_letter_tags` (id, key, value; indexed by key and value),
 /// `dead_letter_codes` (each code's first sighting), `dead_letter_audit` (the audit trail) and
 /// `dead_letter_slots` (the shared send schedules of [`reserve_slot`](Store::reserve_slot):
 /// a name and the next free time in microseconds; created on first use in a file written by an
@@ -61,9 +76,69 @@ struct Link {
     conn: Option<Connection>,
     closed: bool,
     read_only: bool,
-    busy_timeout: Duration,
+    tuning: Tuning,
     /// The identity (device, inode) of the file the connection has open, on Unix.
     file: Option<(u64, u64)>,
+    /// When to run `PRAGMA optimize` again on this connection.
+    optimize: Optimize,
+}
+
+/// The settings of each connection, kept to open the file again with them.
+#[derive(Clone, Copy, Debug)]
+struct Tuning {
+    busy_timeout: Duration,
+    /// The page cache, in bytes.
+    cache_size: usize,
+}
+
+impl Tuning {
+    /// Applies the settings to `conn`.
+    fn apply(self, conn: &Connection) -> Result<(), StoreError> {
+        conn.busy_timeout(self.busy_timeout)
+            .map_err(sql_error("set busy timeout"))?;
+        // A negative size is in KiB; at least one page.
+        let kib = i64::try_from(self.cache_size / 1024)
+            .unwrap_or(i64::MAX)
+            .max(1);
+        conn.pragma_update(None, "cache_size", -kib)
+            .map_err(sql_error("set the page cache size"))
+    }
+}
+
+/// When a long-lived connection runs `PRAGMA optimize` again: after [`Optimize::WRITES`] writes
+/// or [`Optimize::EVERY`], whichever comes first, checked after each write. SQLite recommends
+/// `PRAGMA optimize=0x10002` when a long-lived connection opens and then `PRAGMA optimize`
+/// periodically (<https://sqlite.org/pragma.html#pragma_optimize>); the store runs the first at
+/// open (with 0x10, the analysis limit plain `PRAGMA optimize` uses, so that a large file opens
+/// quickly). It re-analyzes a table only when its size changed tenfold since its statistics, or
+/// an index has none: usually it does nothing, in microseconds.
+#[derive(Debug)]
+struct Optimize {
+    writes: u32,
+    since: Instant,
+}
+
+impl Optimize {
+    const WRITES: u32 = 10_000;
+    const EVERY: Duration = Duration::from_secs(3600);
+
+    fn new(now: Instant) -> Self {
+        Optimize {
+            writes: 0,
+            since: now,
+        }
+    }
+
+    /// Counts a write made at `now`; whether to optimize now (and count again from here).
+    fn after_write(&mut self, now: Instant) -> bool {
+        self.writes += 1;
+        let due =
+            self.writes >= Self::WRITES || now.saturating_duration_since(self.since) >= Self::EVERY;
+        if due {
+            *self = Optimize::new(now);
+        }
+        due
+    }
 }
 
 /// The schema version written to `PRAGMA user_version`.
@@ -100,8 +175,7 @@ CREATE INDEX IF NOT EXISTS dead_letters_by_code ON dead_letters (code, last_fail
 CREATE INDEX IF NOT EXISTS dead_letters_by_time ON dead_letters (last_failed_at_ms);
 -- Covering for the counts of a window by status (class and code read from the index).
 CREATE INDEX IF NOT EXISTS dead_letters_by_status ON dead_letters (status, last_failed_at_ms, class, code);
-CREATE INDEX IF NOT EXISTS dead_letters_by_retry ON dead_letters (retry_at_ms)
-    WHERE retry_at_ms IS NOT NULL;
+-- The due index (DUE_INDEX below) is made by `ensure_due_index`, for old files too.
 CREATE TABLE IF NOT EXISTS dead_letter_tags (
     id    TEXT NOT NULL,
     key   TEXT NOT NULL,
@@ -129,6 +203,54 @@ CREATE TABLE IF NOT EXISTS dead_letter_audit (
 );
 ";
 
+/// The records a scheduler may claim, in claim order: the waiting ones (deferred, or in flight
+/// until the end of their lease) by retry-at time, then id. What [`CLAIM_DUE`] and [`NEXT_DUE`]
+/// read, and nothing else: the terms of its `WHERE` are theirs, word for word (SQLite uses a
+/// partial index only for a query whose `WHERE` contains its terms).
+const DUE_INDEX: &str = "CREATE INDEX IF NOT EXISTS dead_letters_due ON dead_letters \
+                         (retry_at_ms, id) WHERE status IN ('deferred', 'in_flight') \
+                         AND retry_at_ms IS NOT NULL";
+
+/// The index by retry-at time of earlier versions, of every status: the due index replaced it.
+const OLD_RETRY_INDEX: &str = "DROP INDEX IF EXISTS dead_letters_by_retry";
+
+/// The due records at `?1` (milliseconds), at most `?2`, in claim order, after the columns
+/// (`COLUMNS`). `INDEXED BY`: without statistics (a new file, or one that grew since its last
+/// `ANALYZE`), SQLite's planner prefers the index by status, whose equality on two statuses it
+/// estimates at a few rows, and then sorts every waiting row; over 100,000 waiting records that
+/// is half a second a claim. Naming the due index makes the plan the same on every file, and a
+/// change of the query that the index cannot serve an error at prepare instead of a silent sort.
+const CLAIM_DUE: &str = "FROM dead_letters INDEXED BY dead_letters_due
+     WHERE status IN ('deferred', 'in_flight') AND retry_at_ms IS NOT NULL AND retry_at_ms <= ?1
+     ORDER BY retry_at_ms, id LIMIT ?2";
+
+/// The earliest retry-at time of the records a scheduler may claim, off the due index (see
+/// [`CLAIM_DUE`] for `INDEXED BY`).
+const NEXT_DUE: &str = "SELECT retry_at_ms FROM dead_letters INDEXED BY dead_letters_due
+     WHERE status IN ('deferred', 'in_flight') AND retry_at_ms IS NOT NULL
+     ORDER BY retry_at_ms LIMIT 1";
+
+/// Makes the due index in a file of any version (idempotent: nothing is written when it is
+/// there), drops the index it replaced, and brings the planner's statistics up to date
+/// (`PRAGMA optimize=0x10012`; see [`Optimize`]). Best effort: a file that is read-only at the
+/// moment opens without them (its writes fail anyway, and the connection is opened again, and
+/// this run again, once they succeed).
+fn ensure_due_index(conn: &Connection, path: &Path) {
+    let done = conn
+        .execute_batch(&format!(
+            "{DUE_INDEX}; {OLD_RETRY_INDEX}; PRAGMA optimize=0x10012;"
+        ))
+        .map_err(sql_error("create the due index"));
+    if let Err(e) = done {
+        tracing::warn!(
+            path = %path.display(),
+            error = %e,
+            "sqlite dead-letter store: cannot create the due index or update the planner's \
+             statistics; claims fail until the file is writable"
+        );
+    }
+}
+
 fn sql_error(what: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
     move |e| StoreError::with_source(format!("sqlite dead-letter store: {what}"), e)
 }
@@ -153,15 +275,14 @@ fn file_id(path: &Path) -> Option<(u64, u64)> {
 }
 
 /// Opens `path` for reading and writing, creating it and its schema when needed.
-fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+fn connect(path: &Path, tuning: Tuning) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).map_err(|e| {
         StoreError::with_source(
             format!("cannot open sqlite dead-letter store {}", path.display()),
             e,
         )
     })?;
-    conn.busy_timeout(busy_timeout)
-        .map_err(sql_error("set busy timeout"))?;
+    tuning.apply(&conn)?;
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(sql_error("set WAL mode"))?;
     conn.pragma_update(None, "synchronous", "FULL")
@@ -215,11 +336,12 @@ fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(sql_error("write schema version"))?;
     }
+    ensure_due_index(&conn, path);
     Ok(conn)
 }
 
 /// Opens `path` for reading only.
-fn connect_read_only(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+fn connect_read_only(path: &Path, tuning: Tuning) -> Result<Connection, StoreError> {
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -230,8 +352,7 @@ fn connect_read_only(path: &Path, busy_timeout: Duration) -> Result<Connection, 
             e,
         )
     })?;
-    conn.busy_timeout(busy_timeout)
-        .map_err(sql_error("set busy timeout"))?;
+    tuning.apply(&conn)?;
     Ok(conn)
 }
 
@@ -253,6 +374,19 @@ fn needs_reopen(error: &StoreError) -> bool {
 }
 
 impl Link {
+    /// Runs `PRAGMA optimize` after the write made at `now` when it is due. Best effort: a
+    /// failure is logged, and the next one is tried in its turn.
+    fn optimize_if_due(&mut self, now: Instant) {
+        if !self.optimize.after_write(now) {
+            return;
+        }
+        if let Some(conn) = &self.conn
+            && let Err(e) = conn.execute_batch("PRAGMA optimize")
+        {
+            tracing::warn!(error = %e, "sqlite dead-letter store: PRAGMA optimize failed");
+        }
+    }
+
     /// The connection, opened again first when it was dropped or its file is no longer the one
     /// at `path`.
     fn connection(&mut self, path: &Path) -> Result<&mut Connection, StoreError> {
@@ -271,7 +405,7 @@ impl Link {
         }
         if self.conn.is_none() {
             let reopened = if self.read_only {
-                connect_read_only(path, self.busy_timeout)
+                connect_read_only(path, self.tuning)
             } else if now.is_none()
                 && path
                     .parent()
@@ -282,16 +416,23 @@ impl Link {
                     path.display()
                 )))
             } else {
-                connect(path, self.busy_timeout)
+                connect(path, self.tuning)
             };
             self.conn = Some(reopened?);
             self.file = file_id(path);
+            self.optimize = Optimize::new(Instant::now());
         }
         self.conn.as_mut().ok_or_else(StoreError::closed)
     }
 }
 
 impl SqliteStore {
+    /// The page cache of each connection unless [`with_cache_size`](SqliteStore::with_cache_size)
+    /// says otherwise: 64 MiB (SQLite's own default is 2 MiB), so that what claims and views
+    /// read again and again (the front of the due index, the upper levels of every index) stays
+    /// in memory in a store of millions of records. The cache fills only as pages are read.
+    pub const DEFAULT_CACHE_SIZE: usize = 64 << 20;
+
     /// Opens (creating if needed) the store at `path`, keeping the last
     /// [`DEFAULT_HISTORY_LIMIT`] errors per record.
     ///
@@ -315,19 +456,23 @@ impl SqliteStore {
     }
 
     fn open_with(path: &Path, read_only: bool) -> Result<Self, StoreError> {
-        let busy_timeout = Duration::from_secs(5);
+        let tuning = Tuning {
+            busy_timeout: Duration::from_secs(5),
+            cache_size: SqliteStore::DEFAULT_CACHE_SIZE,
+        };
         let conn = if read_only {
-            connect_read_only(path, busy_timeout)?
+            connect_read_only(path, tuning)?
         } else {
-            connect(path, busy_timeout)?
+            connect(path, tuning)?
         };
         Ok(SqliteStore {
             conn: Arc::new(Mutex::new(Link {
                 conn: Some(conn),
                 closed: false,
                 read_only,
-                busy_timeout,
+                tuning,
                 file: file_id(path),
+                optimize: Optimize::new(Instant::now()),
             })),
             path: path.to_path_buf(),
             history_limit: DEFAULT_HISTORY_LIMIT,
@@ -343,10 +488,23 @@ impl SqliteStore {
     /// How long a write waits for another connection's (or process's) write lock before it
     /// fails with "database is locked". Default 5 s.
     pub fn with_busy_timeout(self, timeout: Duration) -> Self {
+        self.tune(|tuning| tuning.busy_timeout = timeout)
+    }
+
+    /// The size of SQLite's page cache for this store's connection, in bytes (rounded down to
+    /// KiB, at least one page): the indexes and records it keeps in memory between calls.
+    /// Default [`DEFAULT_CACHE_SIZE`](SqliteStore::DEFAULT_CACHE_SIZE), 64 MiB. It is memory
+    /// the process may use, per store opened: the cache fills only as pages are read.
+    pub fn with_cache_size(self, bytes: usize) -> Self {
+        self.tune(|tuning| tuning.cache_size = bytes)
+    }
+
+    /// Changes the connection's settings, now and for every reopening.
+    fn tune(self, change: impl FnOnce(&mut Tuning)) -> Self {
         if let Ok(mut link) = self.conn.lock() {
-            link.busy_timeout = timeout;
+            change(&mut link.tuning);
             if let Some(conn) = &link.conn {
-                let _ = conn.busy_timeout(timeout);
+                let _ = link.tuning.apply(conn);
             }
         }
         self
@@ -369,6 +527,16 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
+        self.call(false, f)
+    }
+
+    /// Runs `f` on the connection, on tokio's blocking pool; after a `write` that succeeded,
+    /// runs `PRAGMA optimize` when it is due ([`Optimize`]).
+    fn call<T: Send + 'static>(
+        &self,
+        write: bool,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
         let link = Arc::clone(&self.conn);
         let path = self.path.clone();
         Box::pin(async move {
@@ -382,6 +550,9 @@ impl SqliteStore {
                 {
                     // Open the file again on the next call: it may be writable by then.
                     guard.conn = None;
+                }
+                if write && result.is_ok() {
+                    guard.optimize_if_due(Instant::now());
                 }
                 result
             };
@@ -399,7 +570,7 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError> + Send + 'static,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
-        self.run(move |conn| {
+        self.call(true, move |conn| {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(sql_error("begin"))?;
@@ -812,12 +983,7 @@ impl Store for SqliteStore {
         self.write(move |tx| {
             let mut due = {
                 let mut stmt = tx
-                    .prepare_cached(&format!(
-                        "SELECT {COLUMNS} FROM dead_letters
-                         WHERE retry_at_ms IS NOT NULL AND retry_at_ms <= ?1
-                           AND status IN ('deferred', 'in_flight')
-                         ORDER BY retry_at_ms, id LIMIT ?2"
-                    ))
+                    .prepare_cached(&format!("SELECT {COLUMNS} {CLAIM_DUE}"))
                     .map_err(sql_error("claim records"))?;
                 stmt.query_map(params![to_millis(now), limit], row_to_record)
                     .map_err(sql_error("claim records"))?
@@ -890,16 +1056,12 @@ impl Store for SqliteStore {
 
     fn next_due(&self) -> BoxFuture<'static, Result<Option<SystemTime>, StoreError>> {
         self.run(move |conn| {
-            conn.prepare_cached(
-                "SELECT retry_at_ms FROM dead_letters
-                 WHERE retry_at_ms IS NOT NULL AND status IN ('deferred', 'in_flight')
-                 ORDER BY retry_at_ms LIMIT 1",
-            )
-            .map_err(sql_error("read the next due time"))?
-            .query_row([], |row| row.get::<_, i64>(0))
-            .optional()
-            .map(|ms| ms.map(from_millis))
-            .map_err(sql_error("read the next due time"))
+            conn.prepare_cached(NEXT_DUE)
+                .map_err(sql_error("read the next due time"))?
+                .query_row([], |row| row.get::<_, i64>(0))
+                .optional()
+                .map(|ms| ms.map(from_millis))
+                .map_err(sql_error("read the next due time"))
         })
     }
 
@@ -1048,5 +1210,201 @@ impl Store for SqliteStore {
             }
             Ok(ids.len() as u64)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `count` waiting records of five classes: every tenth due an hour ago, the others deferred
+    /// to the next day; and as many dead and resolved ones beside them, which no claim reads.
+    fn backlog(count: u64) -> Vec<Record> {
+        let now = SystemTime::now();
+        (0..count)
+            .flat_map(|n| {
+                let entry =
+                    ErrorEntry::new(now, "transient", format!("http {}", 500 + n % 20), "m", 1);
+                let mut waiting = Record::new(format!("w-{n:06}"), entry.clone());
+                waiting.class = ["a", "b", "c", "d", "e"][(n % 5) as usize].to_owned();
+                waiting.status = Status::Deferred;
+                waiting.retry_at = Some(if n % 10 == 0 {
+                    now - Duration::from_secs(3600)
+                } else {
+                    now + Duration::from_secs(60 + n)
+                });
+                let mut dead = Record::new(format!("d-{n:06}"), entry.clone());
+                dead.status = Status::Dead;
+                let mut resolved = Record::new(format!("r-{n:06}"), entry);
+                resolved.status = Status::Resolved;
+                resolved.resolved_at = Some(now);
+                [waiting, dead, resolved]
+            })
+            .collect()
+    }
+
+    /// The lines of `EXPLAIN QUERY PLAN` of `sql`.
+    fn plan(conn: &Connection, sql: &str) -> Vec<String> {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let n = stmt.parameter_count();
+        let values = vec![Value::Integer(to_millis(SystemTime::now())); n];
+        stmt.query_map(rusqlite::params_from_iter(values), |row| {
+            row.get::<_, String>(3)
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+    }
+
+    /// The claim and the next due time read the due index in its order, with no sort, whether
+    /// the planner has statistics or not.
+    #[tokio::test]
+    async fn claims_and_the_next_due_time_read_the_due_index_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plan.db");
+        let store = SqliteStore::open(&path).unwrap();
+        for chunk in backlog(10_000).chunks(1_000) {
+            store.put_many(chunk.to_vec()).await.unwrap();
+        }
+        let conn = Connection::open(&path).unwrap();
+        for analyzed in [false, true] {
+            if analyzed {
+                conn.execute_batch("ANALYZE").unwrap();
+            }
+            for sql in [format!("SELECT {COLUMNS} {CLAIM_DUE}"), NEXT_DUE.to_owned()] {
+                let lines = plan(&conn, &sql);
+                assert!(
+                    lines.len() == 1 && lines[0].contains("USING INDEX dead_letters_due ("),
+                    "analyzed: {analyzed}, {sql}: {lines:?}"
+                );
+                assert!(
+                    !lines.iter().any(|l| l.contains("TEMP B-TREE")),
+                    "analyzed: {analyzed}, {sql}: {lines:?}"
+                );
+            }
+        }
+        // And the claim takes the due records, the earliest first.
+        let claimed = store
+            .claim_due(SystemTime::now(), 5, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let ids: Vec<&str> = claimed.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["w-000000", "w-000010", "w-000020", "w-000030", "w-000040"]
+        );
+    }
+
+    fn indexes(path: &Path) -> Vec<String> {
+        Connection::open(path)
+            .unwrap()
+            .prepare(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'dead_letters' \
+                 AND name NOT LIKE 'sqlite_%' ORDER BY name",
+            )
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    /// A file of an earlier version (its index by retry-at, no due index) gets the due index
+    /// when it is opened, once: opening it again changes nothing.
+    #[tokio::test]
+    async fn an_older_file_gets_the_due_index_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        let store = SqliteStore::open(&path).unwrap();
+        store.put_many(backlog(10)).await.unwrap();
+        store.close();
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(
+                "DROP INDEX dead_letters_due;
+                 CREATE INDEX dead_letters_by_retry ON dead_letters (retry_at_ms)
+                     WHERE retry_at_ms IS NOT NULL;",
+            )
+            .unwrap();
+        let expected = [
+            "dead_letters_by_class",
+            "dead_letters_by_code",
+            "dead_letters_by_status",
+            "dead_letters_by_time",
+            "dead_letters_due",
+        ];
+        for _ in 0..2 {
+            let store = SqliteStore::open(&path).unwrap();
+            assert_eq!(indexes(&path), expected);
+            let claimed = store
+                .claim_due(SystemTime::now(), 100, Duration::from_secs(10))
+                .await
+                .unwrap();
+            assert!(claimed.iter().all(|r| r.status == Status::InFlight));
+            store.close();
+        }
+    }
+
+    /// Opening a file brings the planner's statistics up to date: the due index of a file
+    /// written without them has its row in `sqlite_stat1` once the file is opened again.
+    #[tokio::test]
+    async fn opening_a_file_analyzes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stats.db");
+        let store = SqliteStore::open(&path).unwrap();
+        store.put_many(backlog(1_000)).await.unwrap();
+        store.close();
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("DROP TABLE IF EXISTS sqlite_stat1")
+            .unwrap();
+        let _store = SqliteStore::open(&path).unwrap();
+        let stat: String = conn
+            .query_row(
+                "SELECT stat FROM sqlite_stat1 WHERE idx = 'dead_letters_due'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        // The first number is the number of rows in the index: the waiting records.
+        assert!(stat.starts_with("1000 "), "{stat}");
+    }
+
+    /// `PRAGMA optimize` is due after `Optimize::WRITES` writes or `Optimize::EVERY`, whichever
+    /// comes first, and counts again from there.
+    #[test]
+    fn optimize_is_due_after_so_many_writes_or_so_long() {
+        let start = Instant::now();
+        let mut optimize = Optimize::new(start);
+        for _ in 1..Optimize::WRITES {
+            assert!(!optimize.after_write(start));
+        }
+        assert!(optimize.after_write(start), "the 10,000th write");
+        assert!(!optimize.after_write(start), "counted again from there");
+        let later = start + Optimize::EVERY;
+        assert!(optimize.after_write(later), "an hour later");
+        assert!(!optimize.after_write(later + Duration::from_secs(1)));
+    }
+
+    fn cache_size(store: &SqliteStore) -> i64 {
+        let link = store.conn.lock().unwrap();
+        link.conn
+            .as_ref()
+            .unwrap()
+            .pragma_query_value(None, "cache_size", |row| row.get(0))
+            .unwrap()
+    }
+
+    /// The page cache is 64 MiB unless set, in KiB as SQLite counts it, and the setting is kept.
+    #[test]
+    fn the_page_cache_is_64_mib_unless_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache.db");
+        let store = SqliteStore::open(&path).unwrap();
+        assert_eq!(cache_size(&store), -65_536);
+        let store = store.with_cache_size(8 << 20);
+        assert_eq!(cache_size(&store), -8_192);
+        assert_eq!(store.conn.lock().unwrap().tuning.cache_size, 8 << 20);
+        let read_only = SqliteStore::open_read_only(&path).unwrap();
+        assert_eq!(cache_size(&read_only), -65_536);
     }
 }
