@@ -2,6 +2,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -273,9 +274,9 @@ where
             }
         };
         // Bounded: a store that does not answer costs the caller its timeout, no more.
-        let written = tokio::time::timeout(config.store_timeout, write)
+        let written = bounded(config.store_timeout, write)
             .await
-            .unwrap_or_else(|_| {
+            .unwrap_or_else(|| {
                 Err(StoreError::new(format!(
                     "dead-letter store did not answer within {}",
                     humantime::format_duration(config.store_timeout)
@@ -283,6 +284,39 @@ where
             });
         (id, status, written)
     })
+}
+
+/// Runs `write` for at most `bound` of real time: `None` when it has not answered by then.
+/// tokio's timer wakes it, and the bound is read on the system's clock: a paused tokio clock (a
+/// test's) that jumps ahead while a real store answers over the network or from a blocking
+/// thread does not cut the write short; the real time left is waited instead.
+async fn bounded<T>(bound: Duration, write: impl Future<Output = T>) -> Option<T> {
+    let started = std::time::Instant::now();
+    let mut write = std::pin::pin!(write);
+    if let Ok(done) = tokio::time::timeout(bound, write.as_mut()).await {
+        return Some(done);
+    }
+    let left = bound.saturating_sub(started.elapsed());
+    if left.is_zero() {
+        return None;
+    }
+    // tokio's clock ran ahead of the real one: it is paused, and auto-advanced. A thread waits
+    // the real time left, woken at once when the write answers first (its sender dropped).
+    let (answered, wait) = std::sync::mpsc::channel::<()>();
+    let mut real = tokio::task::spawn_blocking(move || {
+        let _ = wait.recv_timeout(left);
+    });
+    let _answered = answered;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(done) = write.as_mut().poll(cx) {
+            return Poll::Ready(Some(done));
+        }
+        match Pin::new(&mut real).poll(cx) {
+            Poll::Ready(_) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// Whether `failure` is a call refused before it left (an open breaker's rejection, a send
