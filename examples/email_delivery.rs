@@ -113,8 +113,8 @@ const CONCURRENCY: usize = 16;
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(300);
 /// How long the slow provider domain hangs before it answers (well past the attempt timeout).
 const HANG: Duration = Duration::from_secs(5);
-/// Attempts per message in all, whatever their class (a breaker rejection is not one: it never
-/// reaches the provider).
+/// Attempts per call (the first pass, and each scheduler re-send), whatever their class (a
+/// breaker rejection is not one: it never reaches the provider); a record adds up its calls.
 const MAX_ATTEMPTS: u32 = 4;
 /// Exponential backoff (full jitter) from this base…
 const BACKOFF_BASE: Duration = Duration::from_millis(50);
@@ -906,7 +906,7 @@ async fn main() -> Result<ExitCode, BoxError> {
     println!("read {} messages from {}", messages.len(), input.display());
     println!(
         "sending {CONCURRENCY} at a time: {ATTEMPT_TIMEOUT:?} per attempt, at most \
-         {MAX_ATTEMPTS} attempts per message (2 for unknown failures),\n  backoff \
+         {MAX_ATTEMPTS} attempts per call, first pass or re-send (2 for unknown failures),\n  backoff \
          {BACKOFF_BASE:?}..{BACKOFF_CAP:?} with full jitter, server hints up to {MAX_DELAY:?}, \
          a breaker per host opening at {}% failed of the last {BREAKER_WINDOW} calls \
          (at least {BREAKER_MINIMUM_CALLS}) for {BREAKER_OPEN_FOR:?} doubling to \

@@ -139,8 +139,13 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
 
     // A bad filter is a usage error that says why.
     let o = dlq_on(&db, &["list", "-f", "colour=red"]).await;
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(2), "a bad command line");
     assert!(stderr(&o).contains("unknown filter key"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("host"),
+        "the keys listed: {}",
+        stderr(&o)
+    );
 
     // show.
     let o = dlq_on(&db, &["show", "thr-3"]).await;
@@ -214,7 +219,7 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
         &["redrive", "--target", &target, "--rate", "10", "--max", "5"],
     )
     .await;
-    assert!(!o.status.success());
+    assert_eq!(o.status.code(), Some(2), "a refusal");
     assert!(
         stderr(&o).contains("refusing to re-drive every dead letter"),
         "{}",

@@ -59,12 +59,31 @@ pub(crate) struct FilterArgs {
 
 impl FilterArgs {
     /// The store's filter, and the host that narrows it further.
-    pub(crate) fn build(&self, now: SystemTime) -> Result<(Filter, Narrow), String> {
-        let (pairs, host) = Narrow::split_host(&self.filters)?;
-        let filter = Filter::from_pairs(&pairs, now).map_err(|e| e.to_string())?;
+    pub(crate) fn build(&self, now: SystemTime) -> Result<(Filter, Narrow), BadCommandLine> {
+        let (pairs, host) = Narrow::split_host(&self.filters).map_err(BadCommandLine)?;
+        let filter = Filter::from_pairs(&pairs, now).map_err(|e| {
+            // The store's filter lists its own keys; `host` is this tool's too.
+            BadCommandLine(e.to_string().replace(
+                "(class, code, status, id,",
+                "(class, code, status, host, id,",
+            ))
+        })?;
         Ok((filter, Narrow { host, group: None }))
     }
 }
+
+/// A command line that cannot be run as written (a filter with an unknown key, a value that
+/// does not parse): the program exits with status 2, as for a refusal.
+#[derive(Debug)]
+pub(crate) struct BadCommandLine(pub(crate) String);
+
+impl std::fmt::Display for BadCommandLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadCommandLine {}
 
 /// A duration as `15m`, `2h`, `7days`.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {

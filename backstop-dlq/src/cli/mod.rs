@@ -154,7 +154,11 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("backstop-dlq: {e}");
-            ExitCode::FAILURE
+            if e.is::<args::BadCommandLine>() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

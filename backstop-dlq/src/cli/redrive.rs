@@ -95,11 +95,11 @@ pub(crate) async fn redrive(
     let (filter, narrow) = a.filter.build(now)?;
     let target = target(a.target.as_deref())?;
     if filter.is_empty() && narrow.is_empty() {
-        return Err(
-            "refusing to re-drive every dead letter: give a --filter (class, code, \
-                    status, host, id, tag.NAME, since, until)"
-                .into(),
+        eprintln!(
+            "backstop-dlq: refusing to re-drive every dead letter: give a --filter (class, code, \
+             status, host, id, tag.NAME, since, until)"
         );
+        return Ok(ExitCode::from(2));
     }
     let actor = if a.dry_run {
         String::new()
