@@ -182,3 +182,8 @@ struct ReadmeDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/operations.md")]
 struct OperationsDoctests;
+
+// And the architecture's (the stack by hand).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/architecture.md")]
+struct ArchitectureDoctests;

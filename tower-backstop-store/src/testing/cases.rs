@@ -1364,6 +1364,30 @@ pub(super) async fn send_slots_are_shared(b: &dyn Backend) {
 /// order, and `list_page` pages the same list (resolved ones last when asked for).
 pub(super) async fn list_is_the_outstanding_records_in_list_order(b: &dyn Backend) {
     let o = open(b, "list_order", 10).await;
+    let want = seed_list_order(&o).await;
+    for store in [&o.store, &o.other] {
+        assert_eq!(ids(&store.list(100).await.unwrap()), want, "list(100)");
+        assert_eq!(ids(&store.list(usize::MAX).await.unwrap()), want);
+        assert_eq!(ids(&store.list(3).await.unwrap()), want[..3], "list(3)");
+        assert_eq!(ids(&store.list(6).await.unwrap()), want[..6], "list(6)");
+        assert!(store.list(0).await.unwrap().is_empty());
+    }
+    assert!(
+        o.store
+            .list(100)
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| r.status != Status::Resolved),
+        "list never returns a resolved record"
+    );
+    waiting_part_in_due_order(&o, &want).await;
+    paged_list_is_the_same_list(&o, &want).await;
+}
+
+/// Writes the records of the list-order case: four dead, four waiting, two resolved since;
+/// returns the outstanding ones' ids in list order.
+async fn seed_list_order(o: &Opened) -> [&'static str; 8] {
     let mut batch = vec![
         rec("d-old", "transient", "http 503", at(1_000)),
         rec("d-new", "throttled", "http 429", at(9_000)),
@@ -1400,27 +1424,14 @@ pub(super) async fn list_is_the_outstanding_records_in_list_order(b: &dyn Backen
             .await
             .unwrap();
     }
-    let want = [
+    [
         "d-new", "d-tie-a", "d-tie-b", "d-old", "w-soon", "w-tie-a", "w-tie-b", "w-late",
-    ];
-    for store in [&o.store, &o.other] {
-        assert_eq!(ids(&store.list(100).await.unwrap()), want, "list(100)");
-        assert_eq!(ids(&store.list(usize::MAX).await.unwrap()), want);
-        assert_eq!(ids(&store.list(3).await.unwrap()), want[..3], "list(3)");
-        assert_eq!(ids(&store.list(6).await.unwrap()), want[..6], "list(6)");
-        assert!(store.list(0).await.unwrap().is_empty());
-    }
-    assert!(
-        o.store
-            .list(100)
-            .await
-            .unwrap()
-            .iter()
-            .all(|r| r.status != Status::Resolved),
-        "list never returns a resolved record"
-    );
+    ]
+}
 
-    // The waiting part, a page at a time, by status, by class; none of another status.
+/// `search_waiting` over the list-order records: the waiting part, a page at a time, by status,
+/// by class; none of another status.
+async fn waiting_part_in_due_order(o: &Opened, want: &[&str; 8]) {
     let waiting = |filter: Filter, page: Range<usize>| {
         let store = Arc::clone(&o.store);
         async move {
@@ -1455,8 +1466,11 @@ pub(super) async fn list_is_the_outstanding_records_in_list_order(b: &dyn Backen
                 .is_empty()
         );
     }
+}
 
-    // The paged list is the same list; the counts say what it holds.
+/// `list_page` over the list-order records: the same list, a page at a time; the counts say
+/// what it holds.
+async fn paged_list_is_the_same_list(o: &Opened, want: &[&str; 8]) {
     let page = |filter: Filter, with_resolved: bool, range: Range<usize>| {
         let store = Arc::clone(&o.store);
         async move {
