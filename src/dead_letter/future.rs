@@ -69,7 +69,16 @@ impl<Req: Describe> Kept<Req> {
 /// The one store write of a failure: the record's id, its status, and whether it was written
 /// (`false`: the request was a re-send whose claim had passed to another sender, and nothing
 /// was written).
-type Write = BoxFuture<'static, (String, Status, Result<bool, StoreError>)>;
+type Write = BoxFuture<'static, Written>;
+
+/// How a failure's record write ended: its id and status, the store's answer (whether it wrote),
+/// and, when the store failed and there is a spool, the spool's (`Err` with why it refused).
+type Written = (
+    String,
+    Status,
+    Result<bool, StoreError>,
+    Option<Result<(), String>>,
+);
 
 /// What the layer does before (and, for write-ahead, during) a call: built only when an attempt
 /// budget or write-ahead applies to the request.
@@ -262,8 +271,12 @@ where
         let mut record = draft;
         record.id = id.clone();
         config.fill(&mut record, envelope);
+        let lease = claim.filter(|lease| lease.id == id);
+        let spare = super::spool::copy(&config, &record, lease.as_ref());
+        let started = std::time::Instant::now();
+        let bound = super::spool::store_bound(&config);
         let write = async {
-            match claim.filter(|lease| lease.id == id) {
+            match lease {
                 // A re-send of a claimed record: its failure ends the claim, if it still holds.
                 Some(lease) => config
                     .store
@@ -274,15 +287,20 @@ where
             }
         };
         // Bounded: a store that does not answer costs the caller its timeout, no more.
-        let written = bounded(config.store_timeout, write)
-            .await
-            .unwrap_or_else(|| {
-                Err(StoreError::new(format!(
-                    "dead-letter store did not answer within {}",
-                    humantime::format_duration(config.store_timeout)
-                )))
-            });
-        (id, status, written)
+        let written = bounded(bound, write).await.unwrap_or_else(|| {
+            Err(StoreError::new(format!(
+                "dead-letter store did not answer within {}",
+                humantime::format_duration(bound)
+            )))
+        });
+        let spooled = match (&written, spare) {
+            (Err(_), Some(spare)) => {
+                let left = config.store_timeout.saturating_sub(started.elapsed());
+                Some(super::spool::put(&config, spare, left).await)
+            }
+            _ => None,
+        };
+        (id, status, written, spooled)
     })
 }
 
@@ -290,7 +308,7 @@ where
 /// tokio's timer wakes it, and the bound is read on the system's clock: a paused tokio clock (a
 /// test's) that jumps ahead while a real store answers over the network or from a blocking
 /// thread does not cut the write short; the real time left is waited instead.
-async fn bounded<T>(bound: Duration, write: impl Future<Output = T>) -> Option<T> {
+pub(crate) async fn bounded<T>(bound: Duration, write: impl Future<Output = T>) -> Option<T> {
     let started = std::time::Instant::now();
     let mut write = std::pin::pin!(write);
     if let Ok(done) = tokio::time::timeout(bound, write.as_mut()).await {
@@ -453,11 +471,11 @@ where
                     });
                 }
                 StateProj::Writing { write, failure } => {
-                    let (id, status, result) = ready!(write.as_mut().poll(cx));
+                    let (id, status, result, spooled) = ready!(write.as_mut().poll(cx));
                     let mut failure = failure
                         .take()
                         .expect("dead-letter future polled after completion");
-                    note_write(this.config, id, status, result, &mut failure);
+                    note_write(this.config, (id, status, result, spooled), &mut failure);
                     return Poll::Ready(Err(failure));
                 }
                 StateProj::Resolving { response } => {
@@ -570,13 +588,8 @@ fn poll_ahead(ahead: &mut Option<WriteAhead>, cx: &mut Context<'_>, config: &Con
 /// Reports how the store write of `failure`'s record `id` (with `status`) ended (an event, a
 /// `tracing` line) and notes it on the failure ([`DeadLetterStatus`]). A re-send that leaves its
 /// record as it was is no new dead letter; a deferral too far ahead was written dead.
-fn note_write<R>(
-    config: &Config,
-    id: String,
-    status: Status,
-    result: Result<bool, StoreError>,
-    failure: &mut Failure<R>,
-) {
+fn note_write<R>(config: &Config, written: Written, failure: &mut Failure<R>) {
+    let (id, status, result, spooled) = written;
     let hook = &config.listener;
     let deferred = status == Status::Deferred;
     match &result {
@@ -638,7 +651,28 @@ fn note_write<R>(
             );
             failure.notes_mut().insert(DeadLetterStatus::Stored { id });
         }
+        Err(error) if matches!(spooled, Some(Ok(()))) => {
+            tracing::warn!(
+                id = %id,
+                class = %failure.class(),
+                code = %failure.code(),
+                error = %error,
+                deferred,
+                "dead-letter store did not take the record; spooled locally, forwarded when it answers"
+            );
+            failure.notes_mut().insert(DeadLetterStatus::Spooled {
+                id,
+                error: Box::new(error),
+            });
+        }
         Err(error) => {
+            let error = match spooled {
+                Some(Err(why)) => StoreError::with_source(
+                    format!("{error}; the local spool did not take it either: {why}"),
+                    error,
+                ),
+                _ => error,
+            };
             tracing::error!(
                 id = %id,
                 class = %failure.class(),

@@ -41,6 +41,9 @@ pub(crate) struct Config {
     pub(crate) store_timeout: Duration,
     /// Whether [`DeadLetterLayer::retry_schedule`] chose it (the preset's default otherwise).
     pub(crate) schedule_chosen: bool,
+    /// Where a record goes when the store does not take it.
+    #[cfg(feature = "sqlite")]
+    pub(crate) spool: Option<crate::store::Spool>,
 }
 
 impl Config {
@@ -58,6 +61,8 @@ impl Config {
             schedule: RetrySchedule::none(),
             schedule_chosen: false,
             store_timeout: DEFAULT_STORE_TIMEOUT,
+            #[cfg(feature = "sqlite")]
+            spool: None,
         }
     }
 }
@@ -285,6 +290,51 @@ impl DeadLetterLayer {
         Arc::make_mut(&mut self.config).store_timeout = timeout.max(Duration::from_millis(1));
         self
     }
+
+    /// Keeps what the store does not take in `spool`, a bounded durable file on local disk,
+    /// and forwards it into the store as soon as the store answers again (feature `sqlite`).
+    ///
+    /// A failure's record that the store fails to write, or does not write within the
+    /// [`store_timeout`](Self::store_timeout), goes to the spool: the caller's failure says
+    /// [`DeadLetterStatus::Spooled`](super::DeadLetterStatus::Spooled) with the store's error,
+    /// and a request that was to be deferred stays deferred (its retry-at holds: the record is
+    /// due when forwarded, if not before). The store's write and the spool's together take at
+    /// most the store timeout (the spool's share is 100 ms, or half the timeout if it is
+    /// shorter). Only what the spool refuses too (full, its disk failing) comes back
+    /// [`NotStored`](super::DeadLetterStatus::NotStored), with both errors.
+    ///
+    /// The forwarder is a task of its own (one per spool, whatever the number of layers or
+    /// services sharing it), started when the layer wraps a service inside a tokio runtime, or
+    /// else on the first record spooled; it forwards what a spool held at open too, so that a
+    /// process restarted during a store outage forwards what it had spooled. It retries every
+    /// second at most while the store fails. See [`Spool`](crate::store::Spool) for the caps,
+    /// the quarantine file and the lock that keeps one process per spool, and
+    /// [`Spool::forward`](crate::store::Spool::forward) for how forwarding stays idempotent.
+    /// [`Event::Spool`](crate::observe::Event::Spool) tells each record spooled or refused and
+    /// each forwarding; the `metrics` feature turns them into `backstop_spool_*` metrics.
+    ///
+    /// ```
+    /// use tower_backstop::dead_letter::DeadLetterLayer;
+    /// use tower_backstop::store::{MemoryStore, Spool};
+    ///
+    /// # let dir = std::env::temp_dir().join(format!("spool-layer-doc-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// let spool = Spool::open(dir.join("dead-letters.spool")).unwrap();
+    /// let layer = DeadLetterLayer::new(MemoryStore::new()).spool(spool);
+    /// # let _ = layer; std::fs::remove_dir_all(dir).unwrap();
+    /// ```
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    pub fn spool(mut self, spool: crate::store::Spool) -> Self {
+        Arc::make_mut(&mut self.config).spool = Some(spool);
+        self
+    }
+
+    /// The spool given to [`spool`](Self::spool), if any.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn spool_ref(&self) -> Option<&crate::store::Spool> {
+        self.config.spool.as_ref()
+    }
 }
 
 /// How long the dead-letter layer waits for its store to write a failure's record before the
@@ -424,6 +474,7 @@ impl<S> Layer<S> for DeadLetterLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         crate::order::check::<S>(crate::order::Role::DeadLetter);
+        super::spool::start_forwarder(&self.config);
         DeadLetter {
             inner,
             config: self.config.clone(),

@@ -148,6 +148,7 @@ mod outbox;
 mod record;
 pub(crate) mod resending;
 mod schedule;
+mod spool;
 mod with_retry;
 mod write_ahead;
 

@@ -10,7 +10,8 @@ use crate::retry::Attempts;
 ///
 /// In the failure's `Display` it ends the message: `; dead letter stored as {id}`,
 /// `; stored as {id} for a re-send when due` for a request the retry layer deferred,
-/// `; not written: the claim on {id} had passed to another sender`, or
+/// `; not written: the claim on {id} had passed to another sender`,
+/// `; the store did not take {id} ({error}): spooled locally, forwarded when it answers`, or
 /// `; dead letter {id} could not be written: {error}`.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -28,7 +29,22 @@ pub enum DeadLetterStatus {
         /// The record's id.
         id: String,
     },
-    /// The record could not be written. The failure that caused it is still the one returned.
+    /// The store did not take the record (it failed, or did not answer within the layer's
+    /// store timeout), and the layer's local spool did
+    /// ([`DeadLetterLayer::spool`](super::DeadLetterLayer::spool)): it is forwarded into the
+    /// store, with this id, as soon as the store answers again. A request that was to be
+    /// deferred is still deferred ([`Attempts::retry_at`] holds).
+    Spooled {
+        /// The record's id.
+        id: String,
+        /// Why the store did not take it (see [`NotStored`](DeadLetterStatus::NotStored)).
+        error: BoxError,
+    },
+    /// The record could not be written: the store failed or did not answer within the
+    /// layer's store timeout, and there is no spool, or the spool refused it too (full, its
+    /// disk failing; both errors are in `error`). Nothing will send it again: the failure
+    /// that caused it is still the one returned, and a request that was to be deferred says
+    /// [`GiveUp::NotStored`](crate::retry::GiveUp::NotStored).
     NotStored {
         /// The id the record would have had.
         id: String,
@@ -46,12 +62,14 @@ impl DeadLetterStatus {
         match self {
             DeadLetterStatus::Stored { id }
             | DeadLetterStatus::ClaimLost { id }
+            | DeadLetterStatus::Spooled { id, .. }
             | DeadLetterStatus::NotStored { id, .. } => id,
         }
     }
 
-    /// Whether the record could not be written because the store failed (not because a re-send's
-    /// claim had passed on: [`ClaimLost`](DeadLetterStatus::ClaimLost)).
+    /// Whether the record could not be written because the store failed and no spool took it
+    /// (not because a re-send's claim had passed on: [`ClaimLost`](DeadLetterStatus::ClaimLost);
+    /// a [`Spooled`](DeadLetterStatus::Spooled) record is kept).
     pub fn failed(&self) -> bool {
         matches!(self, DeadLetterStatus::NotStored { .. })
     }
@@ -71,6 +89,10 @@ impl Note for DeadLetterStatus {
             DeadLetterStatus::ClaimLost { id } => write!(
                 f,
                 "; not written: the claim on {id} had passed to another sender"
+            ),
+            DeadLetterStatus::Spooled { id, error } => write!(
+                f,
+                "; the store did not take {id} ({error}): spooled locally, forwarded when it answers"
             ),
             DeadLetterStatus::NotStored { id, error } => {
                 write!(f, "; dead letter {id} could not be written: {error}")

@@ -185,6 +185,29 @@ pub enum Event<'a> {
         /// The records waiting.
         deferred: u64,
     },
+    /// The dead-letter layer's local spool
+    /// ([`DeadLetterLayer::spool`](crate::dead_letter::DeadLetterLayer::spool)) took or refused
+    /// a record the store did not take, or its forwarder moved records into the store or found
+    /// the store still down.
+    Spool {
+        /// What happened, in one snake-case word: `spooled` (one record went to the spool),
+        /// `refused` (the spool did not take one either: full, or its disk failing; the
+        /// caller's failure says it was not stored), `forwarded` (records written into the
+        /// store), `already_there` (records the store had already: a slow write that landed),
+        /// `superseded` (records whose claim or resolution had moved on in the store: not
+        /// written), `quarantined` (records moved to the quarantine file: past the spool's age
+        /// cap, or not decodable), `store_down` (a forwarding found the store still failing).
+        outcome: &'static str,
+        /// How many records the outcome concerns (0 for `store_down`).
+        count: u64,
+        /// The records in the spool now.
+        records: u64,
+        /// Their bytes now.
+        bytes: u64,
+        /// Whether the store answered the spool's last forwarding (`false` while records are
+        /// being spooled: the store just failed a write).
+        store_up: bool,
+    },
     /// A dead-letter store failed an operation; what it was doing is not lost where the
     /// operation allows (a record that cannot be written is on the caller's failure as
     /// [`DeadLetterStatus::NotStored`](crate::dead_letter::DeadLetterStatus::NotStored)).
@@ -208,7 +231,7 @@ pub enum Event<'a> {
 impl Event<'_> {
     /// The event's name in snake case (`attempt_ended`, `retry_scheduled`, `retried`,
     /// `hedge_sent`, `gave_up`, `timed_out`, `breaker_transition`, `breaker_rejected`, `send_rate`,
-    /// `dead_letter_stored`, `resent`, `redriven`, `backlog`, `store_error`), for a log field
+    /// `dead_letter_stored`, `resent`, `redriven`, `backlog`, `spool`, `store_error`), for a log field
     /// or a metric label.
     pub const fn name(&self) -> &'static str {
         match self {
@@ -225,6 +248,7 @@ impl Event<'_> {
             Event::Resent { .. } => "resent",
             Event::Redriven { .. } => "redriven",
             Event::Backlog { .. } => "backlog",
+            Event::Spool { .. } => "spool",
             Event::StoreError { .. } => "store_error",
         }
     }

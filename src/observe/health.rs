@@ -67,6 +67,9 @@ pub struct Health {
     essential: Vec<Box<str>>,
     /// Unhealthy while more than this share of the breakers listed is open.
     open_share: Option<f64>,
+    /// The dead-letter layer's local spool, reported beside the breakers.
+    #[cfg(feature = "sqlite")]
+    spool: Option<crate::store::Spool>,
 }
 
 /// The breakers of one layer: calls its argument with a snapshot of each, in report order.
@@ -83,7 +86,21 @@ impl Health {
             sources: vec![Arc::new(each)],
             essential: Vec::new(),
             open_share: None,
+            #[cfg(feature = "sqlite")]
+            spool: None,
         }
+    }
+
+    /// Reports `spool` too ([`HealthReport::spool`]): the records waiting in it to be
+    /// forwarded, and whether the dead-letter store takes them. [`BackstopLayer::health`](crate::BackstopLayer::health)
+    /// adds the spool of its dead-letter layer by itself. A spool does not make the report
+    /// unhealthy: a store outage is not this process's to mend, and readiness is about its
+    /// providers; alert on the spool instead (`backstop_spool_records`, `backstop_store_up`).
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    pub fn spool(mut self, spool: &crate::store::Spool) -> Self {
+        self.spool = Some(spool.clone());
+        self
     }
 
     /// Marks the breaker named `name` as essential: while it is open (or forced open), the
@@ -125,6 +142,10 @@ impl Health {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        #[cfg(feature = "sqlite")]
+        if self.spool.is_none() {
+            self.spool = other.spool;
+        }
         self
     }
 
@@ -141,9 +162,23 @@ impl Health {
         let too_many_down = self
             .open_share
             .is_some_and(|share| open as f64 > share * breakers.len() as f64);
+        #[cfg(feature = "sqlite")]
+        let spool = self.spool.as_ref().map(|spool| {
+            let state = spool.state();
+            SpoolHealth {
+                records: state.records,
+                bytes: state.bytes,
+                max_bytes: state.max_bytes,
+                store_up: state.store_up,
+                quarantined: state.quarantined,
+            }
+        });
+        #[cfg(not(feature = "sqlite"))]
+        let spool = None;
         HealthReport {
             healthy: !essential_down && !too_many_down,
             breakers,
+            spool,
         }
     }
 
@@ -210,6 +245,36 @@ pub struct HealthReport {
     pub healthy: bool,
     /// Every breaker, in the order of [`Health::report`].
     pub breakers: Vec<BreakerHealth>,
+    /// The dead-letter layer's local spool, when one is reported ([`Health::spool`]); absent
+    /// from the JSON otherwise.
+    #[cfg_attr(
+        any(feature = "serde", feature = "axum", feature = "dead-letter"),
+        serde(skip_serializing_if = "Option::is_none")
+    )]
+    pub spool: Option<SpoolHealth>,
+}
+
+/// The local spool in a [`HealthReport`]: what waits in it to be forwarded to the dead-letter
+/// store, and whether the store takes it. JSON:
+/// `{"records":12,"bytes":30512,"max_bytes":268435456,"store_up":false,"quarantined":0}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    any(feature = "serde", feature = "axum", feature = "dead-letter"),
+    derive(Serialize)
+)]
+#[non_exhaustive]
+pub struct SpoolHealth {
+    /// Records waiting to be forwarded.
+    pub records: u64,
+    /// Their bytes (the records' JSON).
+    pub bytes: u64,
+    /// The spool's size cap in bytes: records past it are refused (not stored).
+    pub max_bytes: u64,
+    /// Whether the store answered the spool's last forwarding (`true` before any).
+    pub store_up: bool,
+    /// Records this process moved to the spool's quarantine file (past the age cap, or not
+    /// decodable).
+    pub quarantined: u64,
 }
 
 /// One breaker in a [`HealthReport`].

@@ -257,6 +257,25 @@ fn describe() {
         "Failure codes first seen after the process's first minutes, by code."
     );
     describe_counter!(
+        "backstop_spool_records_total",
+        Unit::Count,
+        "Records of the dead-letter layer's local spool, by outcome: spooled, refused, forwarded, already_there, superseded, quarantined."
+    );
+    describe_gauge!(
+        "backstop_spool_records",
+        Unit::Count,
+        "Records waiting in the local spool to be forwarded to the dead-letter store."
+    );
+    describe_gauge!(
+        "backstop_spool_bytes",
+        Unit::Bytes,
+        "Bytes of the records waiting in the local spool."
+    );
+    describe_gauge!(
+        "backstop_store_up",
+        "1 while the dead-letter store takes the spool's records, 0 while it fails (told by the spool)."
+    );
+    describe_counter!(
         "backstop_store_errors_total",
         Unit::Count,
         "Failed dead-letter store operations."
@@ -363,6 +382,10 @@ struct Inner {
     resends: Family<Name, Counter>,
     redrives: Family<Name, Counter>,
     store_errors: Family<Name, Counter>,
+    /// Records spooled, refused, forwarded…, by outcome.
+    spool: Family<Name, Counter>,
+    /// The spool's records, bytes, and whether the store answers.
+    spool_state: OnceLock<[Gauge; 3]>,
 }
 
 /// The handles of one class's attempts.
@@ -448,6 +471,8 @@ impl Inner {
             resends: Family::new(max),
             redrives: Family::new(max),
             store_errors: Family::new(max),
+            spool: Family::new(max),
+            spool_state: OnceLock::new(),
         }
     }
 
@@ -589,6 +614,13 @@ impl Inner {
                     .get_or_init(|| ::metrics::gauge!("backstop_deferred_backlog"))
                     .set(deferred);
             }
+            Event::Spool {
+                outcome,
+                count,
+                records,
+                bytes,
+                store_up,
+            } => self.spool(outcome, count, records, bytes, store_up),
             Event::StoreError { operation, .. } => count(
                 &self.store_errors,
                 operation,
@@ -721,6 +753,37 @@ impl Inner {
                 ::metrics::counter!("backstop_dead_letters_total", "class" => class, "status" => status)
             })
             .increment(1);
+    }
+}
+
+impl Inner {
+    /// The spool's counters and gauges.
+    #[cold]
+    fn spool(&self, outcome: &'static str, n: u64, records: u64, bytes: u64, store_up: bool) {
+        if n > 0 {
+            self.spool
+                .get(
+                    &Name(outcome),
+                    |k| *k,
+                    || Name(OTHER),
+                    |name| ::metrics::counter!("backstop_spool_records_total", "outcome" => name.0),
+                )
+                .increment(n);
+        }
+        let [held, size, up] = self.spool_state.get_or_init(|| {
+            [
+                ::metrics::gauge!("backstop_spool_records"),
+                ::metrics::gauge!("backstop_spool_bytes"),
+                ::metrics::gauge!("backstop_store_up"),
+            ]
+        });
+        // Exact up to 2^53.
+        #[allow(clippy::cast_precision_loss)]
+        {
+            held.set(records as f64);
+            size.set(bytes as f64);
+        }
+        up.set(if store_up { 1.0 } else { 0.0 });
     }
 }
 

@@ -52,7 +52,7 @@ pub use self::alerts::{Alert, AlertRules, Alerts};
 pub(crate) use self::alerts::{Baseline, per_minute};
 pub use self::event::{Event, Listener};
 pub(crate) use self::event::{Hook, deliver};
-pub use self::health::{BreakerHealth, Health, HealthReport};
+pub use self::health::{BreakerHealth, Health, HealthReport, SpoolHealth};
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use self::metrics::{HISTOGRAM_BUCKETS, Metrics};

@@ -208,7 +208,16 @@ impl<C, K: Send + Sync + 'static> BackstopLayer<C, BreakerLayer<K>> {
     /// it from the layer before building the service; every service the layer builds shares
     /// these breakers.
     pub fn health(&self) -> Health {
-        self.breaker.health()
+        let health = self.breaker.health();
+        #[cfg(feature = "sqlite")]
+        if let Some(spool) = self
+            .dead_letters
+            .as_ref()
+            .and_then(DeadLetterLayer::spool_ref)
+        {
+            return health.spool(spool);
+        }
+        health
     }
 }
 

@@ -72,6 +72,8 @@ mod redis;
 mod retention;
 mod schedule;
 #[cfg(feature = "sqlite")]
+mod spool;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
@@ -90,6 +92,11 @@ pub use self::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status};
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::RedisStore;
 pub use self::retention::{DEFAULT_MAX_AGE, DEFAULT_MAX_RECORDS, Pruned, Retention};
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use self::spool::{
+    DEFAULT_SPOOL_MAX_AGE, DEFAULT_SPOOL_MAX_BYTES, Forwarded, Spool, SpoolError, SpoolState,
+};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use self::sqlite::SqliteStore;
