@@ -116,7 +116,7 @@ fn rule_of(alertname: &str) -> Option<&'static str> {
         "BackstopSendRateLow" => Some("send_rate_low"),
         "BackstopBacklogGrowing" => Some("backlog_growing"),
         "BackstopNewCode" => Some("new_code"),
-        "BackstopStoreErrors" => None,
+        "BackstopStoreErrors" | "BackstopSpooling" | "BackstopSpoolRefusing" => None,
         other => panic!("an alert this replay does not know: {other}"),
     }
 }

@@ -610,3 +610,141 @@ async fn a_spool_on_a_read_only_disk_refuses_and_the_caller_is_told_not_stored()
     );
     assert_eq!(told.outcomes(), ["refused"]);
 }
+
+/// The recorder's gauges and counters by `name{label=value}`, from one snapshot (a snapshot
+/// takes the values: the next one has only what changed since).
+fn metrics_now(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+) -> std::collections::BTreeMap<String, f64> {
+    use metrics_util::debugging::DebugValue;
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(k, _, _, value)| {
+            let k = k.key();
+            let labels: Vec<String> = k
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let key = format!("{}{{{}}}", k.name(), labels.join(","));
+            #[allow(clippy::cast_precision_loss)]
+            match value {
+                DebugValue::Gauge(v) => Some((key, v.0)),
+                DebugValue::Counter(n) => Some((key, n as f64)),
+                DebugValue::Histogram(_) => None,
+            }
+        })
+        .collect()
+}
+
+/// Rows in the spool's file, read past the spool: the ground truth of its gauges.
+fn rows(path: &Path) -> f64 {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.query_row("SELECT COUNT(*) FROM spool", [], |row| row.get::<_, f64>(0))
+        .unwrap()
+}
+
+#[test]
+fn the_spool_metrics_agree_with_its_file_and_the_store() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spool.db");
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(async {
+                let store = Switch::new();
+                let spool = Spool::open(&path).unwrap().with_max_bytes(3_000);
+                let metrics = tower_backstop::observe::Metrics::new();
+                let svc = ServiceBuilder::new()
+                    .layer(
+                        DeadLetterLayer::new(store.clone())
+                            .spool(spool.clone())
+                            .listener(metrics),
+                    )
+                    .layer(ClassifyLayer::http())
+                    .service(Scripted::always(status(400)));
+                store.set(Mode::Down);
+                // Until the spool is full: the cap holds a few records of this size.
+                let mut refused = 0.0;
+                for n in 0..20 {
+                    let failure = svc
+                        .clone()
+                        .oneshot(post_with_key(
+                            "http://mail.test/",
+                            "{\"to\":\"a@b\"}",
+                            &format!("m-{n}"),
+                        ))
+                        .await
+                        .unwrap_err();
+                    if matches!(
+                        failure.note::<DeadLetterStatus>(),
+                        Some(DeadLetterStatus::NotStored { .. })
+                    ) {
+                        refused += 1.0;
+                    }
+                }
+                let held = rows(&path);
+                assert!(
+                    held >= 2.0 && refused >= 1.0,
+                    "{held} held, {refused} refused"
+                );
+                let m = metrics_now(&snapshotter);
+                assert_eq!(m["backstop_spool_records{}"], held);
+                assert_eq!(m["backstop_store_up{}"], 0.0);
+                let bytes = m["backstop_spool_bytes{}"];
+                assert!(bytes > 0.0 && bytes <= 3_000.0, "{bytes}");
+                assert_eq!(m["backstop_spool_records_total{outcome=spooled}"], held);
+                assert_eq!(m["backstop_spool_records_total{outcome=refused}"], refused);
+                store.set(Mode::Up);
+                drained(&spool).await;
+                let in_store = store
+                    .inner
+                    .search(&Filter::new(), 0..usize::MAX)
+                    .await
+                    .unwrap()
+                    .len();
+                assert_eq!(in_store as f64, held);
+                assert_eq!(rows(&path), 0.0);
+                let m = metrics_now(&snapshotter);
+                assert_eq!(m["backstop_spool_records{}"], 0.0);
+                assert_eq!(m["backstop_spool_bytes{}"], 0.0);
+                assert_eq!(m["backstop_store_up{}"], 1.0);
+                assert_eq!(m["backstop_spool_records_total{outcome=forwarded}"], held);
+            });
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_presets_health_reports_its_spool() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, spool) = (Switch::new(), open(dir.path()));
+    let backstop = tower_backstop::BackstopLayer::http(Duration::from_secs(2))
+        .dead_letters(DeadLetterLayer::new(store.clone()).spool(spool.clone()));
+    let health = backstop.health();
+    let svc = ServiceBuilder::new()
+        .layer(backstop)
+        .service(Scripted::always(status(400)));
+    store.set(Mode::Down);
+    let _ = svc
+        .oneshot(post_with_key("http://mail.test/", "{}", "m-1"))
+        .await;
+    let report = health.report();
+    let spooled = report.spool.unwrap();
+    assert_eq!((spooled.records, spooled.store_up), (1, false));
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["spool"]["records"], 1);
+    assert!(report.healthy);
+    store.set(Mode::Up);
+    drained(&spool).await;
+    let spooled = health.report().spool.unwrap();
+    assert_eq!(
+        (spooled.records, spooled.bytes, spooled.store_up),
+        (0, 0, true)
+    );
+}

@@ -389,7 +389,8 @@ impl Spool {
     }
 
     /// Writes `record` to the spool, merged into a spooled record with the same id
-    /// ([`Record::merge_bounded`], the default history limit). `lease` is the claim the record
+    /// ([`Record::merge_bounded`], the default history limit), and marks the store down in
+    /// [`state`](Spool::state) until a forwarding finds it answering. `lease` is the claim the record
     /// was to be written under ([`Store::put_claimed`](crate::Store::put_claimed)): it is
     /// forwarded under that claim, which wins only if it still holds then.
     ///
@@ -405,6 +406,9 @@ impl Spool {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
             let job = move || {
+                // A record spooled is one the store did not take: down until a forwarding
+                // finds it answering.
+                inner.store_up.store(false, Ordering::Relaxed);
                 let result = inner.put(record, lease.as_ref());
                 if result.is_ok() {
                     inner.spooled.notify_one();
