@@ -4,8 +4,9 @@
 //! It talks to the parent by lines. On stdout: `ready` (store open, scheduler running), `ack
 //! <key> <outcome>` when a caller's call ended (delivered, or failed and in the store: the
 //! message is then the store's to finish), `done` when its share is all acknowledged, `bye` when
-//! its scheduler has shut down, and `claimed <n>` and `ended` for its scheduler's claims
-//! (`tap.rs`). On stdin: `go <unix ms>`, the start of the window; the end of
+//! its scheduler has shut down, `claimed <n>` and `ended` for its scheduler's claims
+//! (`tap.rs`), and `spool <n>` when its local spool (if it has one) holds another number of
+//! records. On stdin: `go <unix ms>`, the start of the window; the end of
 //! stdin asks it to shut down.
 
 use std::collections::HashSet;
@@ -24,7 +25,7 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::retry::RetryPolicy;
-use tower_backstop::store::{Record, Store};
+use tower_backstop::store::{Record, Spool, Store};
 use tower_backstop::{BackstopLayer, Failure};
 
 use super::provider::RESEND_HEADER;
@@ -47,6 +48,8 @@ pub struct Settings {
     pub fleet_rate: Option<u32>,
     /// Keys of its share a killed predecessor had acknowledged: not sent again.
     pub skip: HashSet<String>,
+    /// Its local spool's file, when the run takes the store down.
+    pub spool: Option<std::path::PathBuf>,
 }
 
 /// Lines from the parent: `go <unix ms>`, then the end of stdin.
@@ -69,9 +72,15 @@ pub async fn run(settings: Settings) -> Result<(), BoxError> {
     let mut stdin = read_stdin();
     let shared = super::stores::open(&settings.store, &settings.namespace, 5).await?;
     let store: Arc<dyn Store> = Arc::new(Tap(shared));
+    let mut dead_letters = DeadLetterLayer::from_arc(Arc::clone(&store));
+    if let Some(path) = &settings.spool {
+        let spool = Spool::open(path)?;
+        tokio::spawn(tell_spool(spool.clone()));
+        dead_letters = dead_letters.spool(spool);
+    }
     let backstop = BackstopLayer::http(ATTEMPT_TIMEOUT)
         .retry(RetryPolicy::new().max_attempts(MAX_ATTEMPTS).build()?)
-        .dead_letters(DeadLetterLayer::from_arc(Arc::clone(&store)));
+        .dead_letters(dead_letters);
     // At start-up: the hosts the store knows were down start with their breakers open.
     backstop.learn_from_store().await?;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
@@ -110,6 +119,20 @@ pub async fn run(settings: Settings) -> Result<(), BoxError> {
     scheduler.shutdown().await;
     println!("bye");
     Ok(())
+}
+
+/// Tells the parent `spool <records>` each time the spool's depth changes (looked at every
+/// 50 ms).
+async fn tell_spool(spool: Spool) {
+    let mut told = None;
+    loop {
+        let records = spool.state().records;
+        if told != Some(records) {
+            println!("spool {records}");
+            told = Some(records);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Sends the child's share (message `j` for every `j` equal to its index modulo the number of

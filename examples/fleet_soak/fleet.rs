@@ -25,6 +25,8 @@ pub enum Line {
     Claimed(usize),
     /// A claim of its ended.
     Ended,
+    /// Its local spool holds this many records now.
+    Spool(u64),
     Other(String),
     /// Its stdout closed: it exited or was killed.
     Closed,
@@ -46,6 +48,7 @@ fn parse(line: String) -> Line {
         (Some("bye"), None, _) => Line::Bye,
         (Some("ended"), None, _) => Line::Ended,
         (Some("claimed"), Some(n), None) => n.parse().map_or(Line::Other(line), Line::Claimed),
+        (Some("spool"), Some(n), None) => n.parse().map_or(Line::Other(line), Line::Spool),
         (Some("ack"), Some(key), Some(outcome)) => Line::Ack {
             key: key.to_owned(),
             outcome: outcome.to_owned(),
@@ -176,6 +179,9 @@ fn arguments(s: &Settings) -> Vec<String> {
     if let Some(rate) = s.fleet_rate {
         args.extend(["--fleet-rate".to_owned(), rate.to_string()]);
     }
+    if let Some(path) = &s.spool {
+        args.extend(["--spool".to_owned(), path.display().to_string()]);
+    }
     args
 }
 
@@ -203,6 +209,7 @@ pub fn settings_from(args: &[String]) -> Result<Settings, BoxError> {
         messages: value("--messages")?.parse()?,
         window: Duration::from_millis(value("--window-ms")?.parse()?),
         fleet_rate: value("--fleet-rate").ok().map(str::parse).transpose()?,
+        spool: value("--spool").ok().map(std::path::PathBuf::from),
         skip,
     })
 }

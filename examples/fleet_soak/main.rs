@@ -7,6 +7,7 @@
 //! cargo run --example fleet_soak --features postgres,redis -- --store redis  # one store
 //! cargo run --example fleet_soak --features postgres,redis -- --small        # what `.ci/run` runs
 //! cargo run --example fleet_soak --features postgres,redis -- --fleet-rate 50  # one shared drain rate
+//! cargo run --example fleet_soak --features postgres,redis -- --store-outage   # the store down too
 //! ```
 //!
 //! `--store` takes `postgres` or `redis` (the URL from `BACKSTOP_POSTGRES_URL` or
@@ -83,6 +84,18 @@
 //! `--small` runs 400 messages over healthy 2 s, down 12 s, healthy 4 s, and kills after 40
 //! re-sends: about 35 s per store. `--fleet-rate N` gives every scheduler one shared drain
 //! rate through the store (`Scheduler::fleet_rate`) instead of 50 a second each.
+//!
+//! # The store down too (`--store-outage`)
+//!
+//! The store fails in the middle of the provider's outage, when the callers' failures most need
+//! it: 15 s into the outage it is stopped hard for 30 s (`--small`: 3 s into a 14 s outage, for
+//! 8 s). The run then starts a store server of its own, which it can stop and start again (a
+//! Postgres cluster of its own stopped with `pg_ctl stop -m immediate`, as a crash; a
+//! `redis-server` with an append-only file fsync'd on every write, killed with SIGKILL), the URL
+//! given only choosing which kind; and each process keeps what the store does not take in a local
+//! spool of its own (`DeadLetterLayer::spool`; the killed and restarted child opens its
+//! predecessor's). The targets are the same, and every spool must be empty at the end, drained
+//! within 5 s of the store's return.
 
 mod child;
 mod fleet;
@@ -121,6 +134,9 @@ pub struct Plan {
     /// How long after the window the parent waits for the store to settle.
     settle_bound: Duration,
     fleet_rate: Option<u32>,
+    /// The store stopped hard this long after the provider went down, for this long; the run
+    /// then has a store server of its own and every process a local spool.
+    store_outage: Option<(Duration, Duration)>,
 }
 
 impl Plan {
@@ -133,6 +149,7 @@ impl Plan {
             kill_after_resends: 200,
             settle_bound: Duration::from_secs(240),
             fleet_rate: None,
+            store_outage: None,
         }
     }
 
@@ -145,6 +162,7 @@ impl Plan {
             kill_after_resends: 40,
             settle_bound: Duration::from_secs(60),
             fleet_rate: None,
+            store_outage: None,
         }
     }
 
@@ -193,6 +211,16 @@ fn plan_from(args: &[String]) -> Result<Plan, BoxError> {
             return Err("--fleet-rate must be at least 1".into());
         }
         plan.fleet_rate = Some(rate);
+    }
+    if args.iter().any(|a| a == "--store-outage") {
+        // Full: the store down 30 s from 15 s into the provider's 60 s outage. Small: 8 s from
+        // 3 s into a 14 s outage.
+        plan.store_outage = Some(if plan.messages == Plan::small().messages {
+            plan.down = Duration::from_secs(14);
+            (Duration::from_secs(3), Duration::from_secs(8))
+        } else {
+            (Duration::from_secs(15), Duration::from_secs(30))
+        });
     }
     Ok(plan)
 }

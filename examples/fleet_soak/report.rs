@@ -7,7 +7,7 @@ use std::time::Duration;
 use tower_backstop::resend::DEFAULT_LEASE;
 use tower_backstop::store::{Record, Status};
 
-use super::run::{Kill, Outcome};
+use super::run::{Kill, Outcome, StoreOutage};
 use super::{ATTEMPT_TIMEOUT, key_of};
 
 /// The longest a killed process's claim may wait before it is taken over: the lease, one look
@@ -24,6 +24,9 @@ fn takeover_bound(o: &Outcome, k: &Kill) -> Duration {
         + Duration::from_secs(3)
         + Duration::from_secs_f64(k.due_ahead as f64 / f64::from(rate))
 }
+
+/// The longest the spools may take to empty once the store is back.
+const SPOOL_DRAIN_BOUND: Duration = Duration::from_secs(5);
 
 /// A scheduler's default rate, re-sends a second per process (`Scheduler::rate`).
 const PROCESS_RATE: u32 = 50;
@@ -253,6 +256,9 @@ pub fn print(o: &Outcome) -> Vec<String> {
     if let Some(k) = &o.kill {
         print_kill(o, k);
     }
+    if let Some(so) = &o.store_outage {
+        print_store_outage(so);
+    }
     println!(
         "processes: {} of {} stopped when asked; unexpected exits: {:?}",
         o.stopped_cleanly,
@@ -267,6 +273,25 @@ pub fn print(o: &Outcome) -> Vec<String> {
         println!("{}: every target met", o.kind.name());
     }
     misses
+}
+
+/// How long after the store's return the spools were empty.
+fn spool_drain(so: &StoreOutage) -> Option<Duration> {
+    Some(so.drained_at?.saturating_duration_since(so.started_at?))
+}
+
+fn print_store_outage(so: &StoreOutage) {
+    let down = so
+        .stopped_at
+        .zip(so.started_at)
+        .map(|(stop, start)| start.duration_since(stop));
+    println!(
+        "store outage: down {down:?}; the spools held at most {} records together; empty {:?} after the store's return; {} left at the end; {} of the parent's own looks at the store failed meanwhile",
+        so.peak_spooled,
+        spool_drain(so),
+        so.left,
+        so.failed_looks
+    );
 }
 
 fn misses(o: &Outcome, t: &Tally) -> Vec<String> {
@@ -315,6 +340,27 @@ fn misses(o: &Outcome, t: &Tally) -> Vec<String> {
         !o.unexpected_exits.is_empty(),
         format!("unexpected exits: {:?}", o.unexpected_exits),
     );
+    if let Some(so) = &o.store_outage {
+        let drain = spool_drain(so);
+        miss(
+            so.started_at.is_none(),
+            "the store was not taken down and back".to_owned(),
+        );
+        miss(
+            so.peak_spooled == 0,
+            "no record went to a spool while the store was down".to_owned(),
+        );
+        miss(
+            drain.is_none_or(|d| d > SPOOL_DRAIN_BOUND),
+            format!(
+                "the spools emptied {drain:?} after the store's return, above {SPOOL_DRAIN_BOUND:?}"
+            ),
+        );
+        miss(
+            so.left > 0,
+            format!("{} records left in the spools", so.left),
+        );
+    }
     match &o.kill {
         None => m.push("no child was killed mid-drain".to_owned()),
         Some(k) => {

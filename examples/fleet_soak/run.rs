@@ -38,6 +38,24 @@ pub struct Outcome {
     pub stopped_cleanly: usize,
     /// Exits nobody asked for.
     pub unexpected_exits: Vec<String>,
+    /// With `--store-outage`: what the store's outage and the spools did.
+    pub store_outage: Option<StoreOutage>,
+}
+
+/// The store's outage: when, and what the processes' spools held and when they drained.
+#[derive(Default)]
+pub struct StoreOutage {
+    pub stopped_at: Option<Instant>,
+    pub started_at: Option<Instant>,
+    /// The most records the spools held together.
+    pub peak_spooled: u64,
+    /// When the spools were last seen going from some records to none, after the store's
+    /// return.
+    pub drained_at: Option<Instant>,
+    /// Records the spools hold at the end.
+    pub left: u64,
+    /// Looks at the store that failed while it was down (the parent's own).
+    pub failed_looks: usize,
 }
 
 /// The kill mid-drain and what followed.
@@ -124,6 +142,8 @@ struct Fleet {
     done: Vec<bool>,
     /// Claims each child's current process holds, as its lines tell.
     held: Vec<i64>,
+    /// Records in each child's spool, as its lines tell.
+    spooled: Vec<u64>,
     /// `(index, generation)` of the processes whose stdout closed.
     closed: HashSet<(usize, u32)>,
     acks: Vec<HashMap<String, String>>,
@@ -152,6 +172,7 @@ impl Fleet {
             ready: vec![false; n],
             done: vec![false; n],
             held: vec![0; n],
+            spooled: vec![0; n],
             closed: HashSet::new(),
             acks: vec![HashMap::new(); n],
             start_ms: None,
@@ -186,6 +207,7 @@ impl Fleet {
                 Line::Done if current => self.done[index] = true,
                 Line::Claimed(n) if current => self.held[index] += n as i64,
                 Line::Ended if current => self.held[index] -= 1,
+                Line::Spool(n) if current => self.spooled[index] = n,
                 Line::Closed => {
                     self.closed.insert((index, generation));
                     if !self.stopping && !self.killed.contains(&(index, generation)) {
@@ -276,9 +298,28 @@ impl Fleet {
     }
 }
 
-/// Runs the soak over the store at `url` in a namespace of its own, removed afterwards.
+/// Runs the soak over the store at `url` in a namespace of its own, removed afterwards; with
+/// a store outage, over a server of the same kind of its own instead.
 pub async fn run(url: &str, plan: Plan) -> Result<Outcome, BoxError> {
     let kind = Kind::of(url)?;
+    if plan.store_outage.is_some() {
+        let mut server = stores::Server::start(kind)?;
+        let url = server.url();
+        let spools = tempfile::tempdir()?;
+        let outcome = run_on(&url, plan, kind, Some((&mut server, spools.path()))).await;
+        return outcome;
+    }
+    run_on(url, plan, kind, None).await
+}
+
+/// The run over the store at `url`, with the server to stop and the spools' directory when the
+/// store goes down.
+async fn run_on(
+    url: &str,
+    plan: Plan,
+    kind: Kind,
+    outage: Option<(&mut stores::Server, &std::path::Path)>,
+) -> Result<Outcome, BoxError> {
     let namespace = format!(
         "fleet_soak_{}_{}",
         std::process::id(),
@@ -286,7 +327,7 @@ pub async fn run(url: &str, plan: Plan) -> Result<Outcome, BoxError> {
     );
     // Opened here first, so that the schema exists before the children start.
     let store = stores::open(url, &namespace, 3).await?;
-    let outcome = drive(url, &namespace, Arc::clone(&store), plan, kind).await;
+    let outcome = drive(url, &namespace, Arc::clone(&store), plan, kind, outage).await;
     drop(store);
     if let Err(e) = stores::remove(url, &namespace).await {
         eprintln!("fleet_soak: could not remove {namespace}: {e}");
@@ -294,7 +335,13 @@ pub async fn run(url: &str, plan: Plan) -> Result<Outcome, BoxError> {
     outcome
 }
 
-fn settings(url: &str, namespace: &str, provider: &Provider, plan: Plan) -> Vec<Settings> {
+fn settings(
+    url: &str,
+    namespace: &str,
+    provider: &Provider,
+    plan: Plan,
+    spools: Option<&std::path::Path>,
+) -> Vec<Settings> {
     (0..CHILDREN)
         .map(|index| Settings {
             store: url.to_owned(),
@@ -306,6 +353,7 @@ fn settings(url: &str, namespace: &str, provider: &Provider, plan: Plan) -> Vec<
             window: plan.window(),
             fleet_rate: plan.fleet_rate,
             skip: HashSet::new(),
+            spool: spools.map(|dir| dir.join(format!("spool-{index}.db"))),
         })
         .collect()
 }
@@ -323,7 +371,9 @@ async fn drive(
     store: Arc<dyn Store>,
     plan: Plan,
     kind: Kind,
+    outage: Option<(&mut stores::Server, &std::path::Path)>,
 ) -> Result<Outcome, BoxError> {
+    let (mut server, spools) = outage.unzip();
     let provider = provider::start().await?;
     println!(
         "\n== fleet soak over {}: {CHILDREN} processes, {} messages over {:?}; provider {} refuses connections from {:?} for {:?}; fleet rate {}",
@@ -338,7 +388,13 @@ async fn drive(
                 "{r} a second"
             )),
     );
-    let mut fleet = Fleet::start(settings(url, namespace, &provider, plan))?;
+    if let Some((after, length)) = plan.store_outage {
+        println!(
+            "   the store ({}, a server of this run's own) stopped hard {after:?} into the provider's outage, for {length:?}; each process spools what it does not take",
+            kind.name()
+        );
+    }
+    let mut fleet = Fleet::start(settings(url, namespace, &provider, plan, spools))?;
     fleet.wait_ready(Duration::from_secs(60)).await?;
     let lead = Duration::from_millis(500);
     let t0 = Instant::now() + lead;
@@ -364,8 +420,14 @@ async fn drive(
         acks: HashMap::new(),
         stopped_cleanly: 0,
         unexpected_exits: Vec::new(),
+        store_outage: plan.store_outage.map(|_| StoreOutage::default()),
     };
+    let (store_down_at, store_up_at) = plan
+        .store_outage
+        .map(|(after, length)| (down_at + after, down_at + after + length))
+        .unzip();
     let (mut went_down, mut armed) = (false, None);
+    let mut backlog = 0;
     // The holder seen at the last look: a child is killed only when it is seen holding claims
     // at two looks in a row, so that claims held back at once (an open breaker) do not count.
     let mut last_holder = None;
@@ -379,7 +441,23 @@ async fn drive(
             provider.set_up(false);
             went_down = true;
         }
-        let backlog = stores::outstanding(&*store).await?;
+        if let (Some(server), Some(so)) = (server.as_deref_mut(), outcome.store_outage.as_mut()) {
+            store_outage_step(server, so, &fleet, now, store_down_at, store_up_at)?;
+        }
+        let store_down = outcome
+            .store_outage
+            .as_ref()
+            .is_some_and(|so| so.stopped_at.is_some() && so.started_at.is_none());
+        match stores::outstanding(&*store).await {
+            Ok(n) => backlog = n,
+            // The parent's own looks fail while the store is down: the last count stands.
+            Err(_) if store_down => {
+                if let Some(so) = outcome.store_outage.as_mut() {
+                    so.failed_looks += 1;
+                }
+            }
+            Err(e) => return Err(e),
+        }
         outcome.peak_backlog = outcome.peak_backlog.max(backlog);
         if went_down && outcome.recovered_at.is_none() && now >= up_at {
             provider.set_up(true);
@@ -404,7 +482,9 @@ async fn drive(
             kill.restart_ready_after = fleet.restart_ready_after;
         }
         let tracked = outcome.kill.as_ref().is_none_or(Kill::tracked_all);
-        if now >= end && fleet.all_done() && backlog == 0 && tracked {
+        let spooled: u64 = fleet.spooled.iter().sum();
+        if now >= end && fleet.all_done() && backlog == 0 && tracked && spooled == 0 && !store_down
+        {
             outcome.settled_at = Some(now);
             break;
         }
@@ -413,6 +493,37 @@ async fn drive(
         }
     }
     finish(outcome, fleet, &provider, &*store).await
+}
+
+/// The store's outage at its times: stopped hard at `down_at`, started again at `up_at`; and
+/// the spools' depth, its peak and when it drained after the store's return.
+fn store_outage_step(
+    server: &mut stores::Server,
+    so: &mut StoreOutage,
+    fleet: &Fleet,
+    now: Instant,
+    down_at: Option<Instant>,
+    up_at: Option<Instant>,
+) -> Result<(), BoxError> {
+    if so.stopped_at.is_none() && down_at.is_some_and(|at| now >= at) {
+        tokio::task::block_in_place(|| server.stop());
+        so.stopped_at = Some(Instant::now());
+        println!("store stopped hard");
+    }
+    if so.stopped_at.is_some() && so.started_at.is_none() && up_at.is_some_and(|at| now >= at) {
+        tokio::task::block_in_place(|| server.start_again())?;
+        so.started_at = Some(Instant::now());
+        println!("store started again");
+    }
+    let spooled: u64 = fleet.spooled.iter().sum();
+    so.peak_spooled = so.peak_spooled.max(spooled);
+    if so.started_at.is_some() && spooled == 0 && so.drained_at.is_none() {
+        so.drained_at = Some(now);
+    }
+    if spooled > 0 {
+        so.drained_at = None;
+    }
+    Ok(())
 }
 
 /// Kills child `index` mid-drain, reads the claims in flight, and restarts it.
@@ -477,6 +588,9 @@ async fn finish(
 ) -> Result<Outcome, BoxError> {
     outcome.stopped_cleanly = fleet.stop().await;
     fleet.absorb()?;
+    if let Some(so) = outcome.store_outage.as_mut() {
+        so.left = fleet.spooled.iter().sum();
+    }
     outcome.unexpected_exits = std::mem::take(&mut fleet.unexpected_exits);
     outcome.acks = fleet.acks.into_iter().flatten().collect();
     outcome.keys = provider.keys();

@@ -37,6 +37,46 @@ impl Kind {
     }
 }
 
+/// A store server of the run's own, to stop hard and start again: a Postgres cluster
+/// (`initdb` in a temporary directory) or a `redis-server` with an append-only file.
+pub enum Server {
+    Postgres(backstop_test_support::PgCluster),
+    Redis(backstop_test_support::RedisServer),
+}
+
+impl Server {
+    pub fn start(kind: Kind) -> Result<Server, BoxError> {
+        Ok(match kind {
+            Kind::Postgres => Server::Postgres(backstop_test_support::PgCluster::start()?),
+            Kind::Redis => Server::Redis(backstop_test_support::RedisServer::start()?),
+        })
+    }
+
+    pub fn url(&self) -> String {
+        match self {
+            Server::Postgres(cluster) => cluster.url(),
+            Server::Redis(server) => server.url(),
+        }
+    }
+
+    /// Stops it as a crash would: `pg_ctl stop -m immediate`, SIGKILL.
+    pub fn stop(&mut self) {
+        match self {
+            Server::Postgres(cluster) => cluster.crash(),
+            Server::Redis(server) => server.kill(),
+        }
+    }
+
+    /// Starts it again on the same port and data.
+    pub fn start_again(&mut self) -> Result<(), BoxError> {
+        match self {
+            Server::Postgres(cluster) => cluster.resume()?,
+            Server::Redis(server) => server.resume()?,
+        }
+        Ok(())
+    }
+}
+
 /// Opens the store at `url` in `namespace` (a Postgres schema, a Redis key prefix), with a pool
 /// of `connections` for Postgres.
 pub async fn open(

@@ -37,6 +37,10 @@ use std::time::Duration;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
+mod servers;
+
+pub use servers::{PgCluster, RedisServer};
+
 /// How long a probe waits for a server before it counts as missing.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
