@@ -54,7 +54,7 @@ pub struct StoreOutage {
     pub drained_at: Option<Instant>,
     /// Records the spools hold at the end.
     pub left: u64,
-    /// Looks at the store that failed while it was down (the parent's own).
+    /// Looks at the store that failed while it was down or coming back (the parent's own).
     pub failed_looks: usize,
 }
 
@@ -448,10 +448,16 @@ async fn drive(
             .store_outage
             .as_ref()
             .is_some_and(|so| so.stopped_at.is_some() && so.started_at.is_none());
+        // The parent's own looks may still fail for a moment after the store's return (its
+        // pool reconnecting).
+        let store_back = outcome.store_outage.as_ref().is_some_and(|so| {
+            so.started_at
+                .is_some_and(|at| at.elapsed() < Duration::from_secs(10))
+        });
         match stores::outstanding(&*store).await {
             Ok(n) => backlog = n,
             // The parent's own looks fail while the store is down: the last count stands.
-            Err(_) if store_down => {
+            Err(_) if store_down || store_back => {
                 if let Some(so) = outcome.store_outage.as_mut() {
                     so.failed_looks += 1;
                 }

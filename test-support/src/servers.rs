@@ -178,8 +178,9 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// Starts the server (again) on the same port and data, and waits until it accepts
-    /// connections (at most 10 s).
+    /// Starts the server (again) on the same port and data, and waits until it answers `PING`
+    /// with `PONG` (at most 30 s): a restarted server answers `LOADING` while it reads its
+    /// append-only file back.
     pub fn resume(&mut self) -> Result<(), String> {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])

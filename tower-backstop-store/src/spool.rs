@@ -425,11 +425,15 @@ impl Spool {
         blocking(move || inner.peek(limit)).await
     }
 
-    /// Removes the spooled record `id` if it is still the `version` read: a write of the same
-    /// id meanwhile (merged into it) keeps it for the next round.
-    pub(crate) async fn remove(&self, id: String, version: i64) -> Result<bool, SpoolError> {
+    /// Removes each spooled record `(id, version)` that is still the version read, in one
+    /// transaction (one fsync): a write of the same id meanwhile (merged into it) keeps it for
+    /// the next round. Whether each was removed, in order.
+    pub(crate) async fn remove_many(
+        &self,
+        items: Vec<(String, i64)>,
+    ) -> Result<Vec<bool>, SpoolError> {
         let inner = Arc::clone(&self.inner);
-        blocking(move || inner.remove(&id, version, None)).await
+        blocking(move || inner.remove_many(&items)).await
     }
 
     /// Moves the spooled record `id` (if still `version`) to the quarantine file with `text`.
@@ -599,6 +603,48 @@ impl Inner {
             .map_err(io(path, "read"))
     }
 
+    /// Deletes each `(id, version)` still at that version, in one transaction.
+    fn remove_many(&self, items: &[(String, i64)]) -> Result<Vec<bool>, SpoolError> {
+        let path = &self.path;
+        let mut conn = self.conn()?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(io(path, "begin"))?;
+        let (mut removed, mut count, mut freed) = (Vec::with_capacity(items.len()), 0, 0);
+        for (id, version) in items {
+            let deleted: Option<i64> = tx
+                .query_row(
+                    "DELETE FROM spool WHERE id = ?1 AND version = ?2 RETURNING bytes",
+                    params![id, version],
+                    |row| row.get(0),
+                )
+                .optional()
+                .map_err(io(path, "delete"))?;
+            removed.push(deleted.is_some());
+            if let Some(bytes) = deleted {
+                count += 1;
+                freed += u64::try_from(bytes).unwrap_or(0);
+            }
+        }
+        tx.commit().map_err(io(path, "commit"))?;
+        self.freed(count, freed);
+        Ok(removed)
+    }
+
+    /// Takes `records` and `bytes` off the totals kept in memory.
+    fn freed(&self, records: u64, bytes: u64) {
+        let _ = self
+            .records
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(records))
+            });
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(bytes))
+            });
+    }
+
     /// Deletes `id` at `version`; with `quarantine`, appends that text to the quarantine file
     /// first (fsync'd), so that nothing leaves the spool unwritten.
     fn remove(&self, id: &str, version: i64, quarantine: Option<&str>) -> Result<bool, SpoolError> {
@@ -642,17 +688,7 @@ impl Inner {
         tx.execute("DELETE FROM spool WHERE id = ?1", [id])
             .map_err(io(path, "delete"))?;
         tx.commit().map_err(io(path, "commit"))?;
-        let bytes = u64::try_from(bytes).unwrap_or(0);
-        let _ = self
-            .records
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(1))
-            });
-        let _ = self
-            .bytes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(bytes))
-            });
+        self.freed(1, u64::try_from(bytes).unwrap_or(0));
         Ok(true)
     }
 }

@@ -120,52 +120,84 @@ impl Spool {
         loop {
             let batch = self.peek(BATCH).await?;
             let full = batch.len() == BATCH;
-            let mut moved = 0;
-            for spooled in batch {
-                let (id, version) = (spooled.id.clone(), spooled.version);
-                let record = match spooled.record {
-                    Ok(record) => record,
-                    Err(text) => {
-                        tracing::error!(spool = %self.path().display(), id = %id, "spooled record does not decode; moved to the quarantine file");
-                        if self.quarantine(id, version, text).await? {
-                            done.quarantined += 1;
-                            moved += 1;
-                        }
-                        continue;
-                    }
-                };
-                if spooled.spooled_at + self.max_age() < SystemTime::now() {
-                    tracing::error!(spool = %self.path().display(), id = %id, spooled_at = %humantime::format_rfc3339_millis(spooled.spooled_at), "spooled record past the spool's age cap; moved to the quarantine file, not forwarded");
-                    let text = serde_json::to_string(&record).unwrap_or_default();
+            let moved = match self.forward_batch(store, bound, batch, &mut done).await {
+                Ok(moved) => moved,
+                Err(e) => {
+                    self.set_store_up(false);
+                    return Err(e);
+                }
+            };
+            self.set_store_up(true);
+            if !full || moved == 0 {
+                return Ok(done);
+            }
+        }
+    }
+
+    /// Forwards one batch: reads what the store has of each record, writes the ones to write in
+    /// one `put_many`, then removes every settled record from the spool in one transaction.
+    /// How many records left the spool.
+    async fn forward_batch(
+        &self,
+        store: &dyn Store,
+        bound: Duration,
+        batch: Vec<super::Spooled>,
+        done: &mut Forwarded,
+    ) -> Result<usize, SpoolError> {
+        let mut moved = 0;
+        let mut settled: Vec<((String, i64), Fate)> = Vec::with_capacity(batch.len());
+        let (mut writes, mut written) = (Vec::new(), Vec::new());
+        for spooled in batch {
+            let (id, version) = (spooled.id, spooled.version);
+            let record = match spooled.record {
+                Ok(record) => record,
+                Err(text) => {
+                    tracing::error!(spool = %self.path().display(), id = %id, "spooled record does not decode; moved to the quarantine file");
                     if self.quarantine(id, version, text).await? {
                         done.quarantined += 1;
                         moved += 1;
                     }
                     continue;
                 }
-                let fate = match forward_one(store, bound, spooled.lease, record).await {
-                    Ok(fate) => fate,
-                    Err(e) => {
-                        self.set_store_up(false);
-                        return Err(SpoolError::Io(e));
-                    }
-                };
-                self.set_store_up(true);
-                if !self.remove(id, version).await? {
-                    // Written to the spool again meanwhile: forwarded again next round.
-                    continue;
+            };
+            if spooled.spooled_at + self.max_age() < SystemTime::now() {
+                tracing::error!(spool = %self.path().display(), id = %id, spooled_at = %humantime::format_rfc3339_millis(spooled.spooled_at), "spooled record past the spool's age cap; moved to the quarantine file, not forwarded");
+                let text = serde_json::to_string(&record).unwrap_or_default();
+                if self.quarantine(id, version, text).await? {
+                    done.quarantined += 1;
+                    moved += 1;
                 }
-                moved += 1;
-                match fate {
-                    Fate::Written => done.written += 1,
-                    Fate::AlreadyThere => done.already_there += 1,
-                    Fate::Superseded => done.superseded += 1,
-                }
+                continue;
             }
-            if !full || moved == 0 {
-                return Ok(done);
+            let fate = match spooled.lease {
+                Some(lease) => forward_claimed(store, bound, lease, record).await?,
+                None => match fate_of(store, bound, &record).await? {
+                    Some(fate) => fate,
+                    None => {
+                        writes.push(record);
+                        written.push((id, version));
+                        continue;
+                    }
+                },
+            };
+            settled.push(((id, version), fate));
+        }
+        if !writes.is_empty() {
+            bounded(bound, store.put_many(writes)).await?;
+            settled.extend(written.into_iter().map(|at| (at, Fate::Written)));
+        }
+        let (keys, fates): (Vec<_>, Vec<_>) = settled.into_iter().unzip();
+        let removed = self.remove_many(keys).await?;
+        // Written to the spool again meanwhile: forwarded again next round.
+        for (fate, _) in fates.into_iter().zip(removed).filter(|(_, gone)| *gone) {
+            moved += 1;
+            match fate {
+                Fate::Written => done.written += 1,
+                Fate::AlreadyThere => done.already_there += 1,
+                Fate::Superseded => done.superseded += 1,
             }
         }
+        Ok(moved)
     }
 
     /// The forwarder: forwards what the spool holds into `store` ([`forward_once`](Spool::forward_once),
@@ -226,42 +258,44 @@ impl Drop for Running {
     }
 }
 
-/// Writes one spooled `record` into `store`, under `lease` when it was spooled under a claim.
-async fn forward_one(
+/// Writes one spooled `record` into `store` under `lease`, the claim it was spooled under.
+async fn forward_claimed(
     store: &dyn Store,
     bound: Duration,
-    lease: Option<crate::Lease>,
+    lease: crate::Lease,
     record: Record,
 ) -> Result<Fate, StoreError> {
-    if let Some(lease) = lease {
-        let current = bounded(bound, store.get(&lease.id)).await?;
-        return match current {
-            // The store came back without it: what the spool holds is all there is.
-            None => {
-                bounded(bound, store.put(record)).await?;
-                Ok(Fate::Written)
-            }
-            Some(current) if newer_or_same(&current, &record) == Some(true) => {
-                Ok(Fate::AlreadyThere)
-            }
-            Some(_) => match bounded(bound, store.put_claimed(&lease, record)).await? {
-                Claim::Claimed(_) => Ok(Fate::Written),
-                Claim::ClaimedElsewhere { .. } | Claim::Missing => Ok(Fate::Superseded),
-            },
-        };
-    }
-    let current = bounded(bound, store.get(&record.id)).await?;
+    let current = bounded(bound, store.get(&lease.id)).await?;
     match current {
-        None => {}
-        Some(current) => match newer_or_same(&current, &record) {
-            Some(true) => return Ok(Fate::AlreadyThere),
-            Some(false) => return Ok(Fate::Superseded),
-            None if matches!(current.status, Status::InFlight | Status::Resolved) => {
-                return Ok(Fate::Superseded);
-            }
-            None => {}
+        // The store came back without it: what the spool holds is all there is.
+        None => {
+            bounded(bound, store.put(record)).await?;
+            Ok(Fate::Written)
+        }
+        Some(current) if newer_or_same(&current, &record) == Some(true) => Ok(Fate::AlreadyThere),
+        Some(_) => match bounded(bound, store.put_claimed(&lease, record)).await? {
+            Claim::Claimed(_) => Ok(Fate::Written),
+            Claim::ClaimedElsewhere { .. } | Claim::Missing => Ok(Fate::Superseded),
         },
     }
-    bounded(bound, store.put(record)).await?;
-    Ok(Fate::Written)
+}
+
+/// What becomes of a spooled `record` spooled without a claim, by what the store has of it:
+/// `None` when it is to be written (merged into the store's).
+async fn fate_of(
+    store: &dyn Store,
+    bound: Duration,
+    record: &Record,
+) -> Result<Option<Fate>, StoreError> {
+    let Some(current) = bounded(bound, store.get(&record.id)).await? else {
+        return Ok(None);
+    };
+    Ok(match newer_or_same(&current, record) {
+        Some(true) => Some(Fate::AlreadyThere),
+        Some(false) => Some(Fate::Superseded),
+        None if matches!(current.status, Status::InFlight | Status::Resolved) => {
+            Some(Fate::Superseded)
+        }
+        None => None,
+    })
 }
