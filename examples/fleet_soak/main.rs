@@ -95,7 +95,8 @@
 //! given only choosing which kind; and each process keeps what the store does not take in a local
 //! spool of its own (`DeadLetterLayer::spool`; the killed and restarted child opens its
 //! predecessor's). The targets are the same, and every spool must be empty at the end, drained
-//! within 5 s of the store's return.
+//! within 5 s of the store's return. `--no-spool` runs the same without the spools, to see what
+//! the outage costs without them (its targets are then missed).
 
 mod child;
 mod fleet;
@@ -137,6 +138,9 @@ pub struct Plan {
     /// The store stopped hard this long after the provider went down, for this long; the run
     /// then has a store server of its own and every process a local spool.
     store_outage: Option<(Duration, Duration)>,
+    /// With a store outage: whether the processes have a local spool (`--no-spool`: not, to
+    /// see what the outage costs without one).
+    spool: bool,
 }
 
 impl Plan {
@@ -150,6 +154,7 @@ impl Plan {
             settle_bound: Duration::from_secs(240),
             fleet_rate: None,
             store_outage: None,
+            spool: true,
         }
     }
 
@@ -163,6 +168,7 @@ impl Plan {
             settle_bound: Duration::from_secs(60),
             fleet_rate: None,
             store_outage: None,
+            spool: true,
         }
     }
 
@@ -212,6 +218,7 @@ fn plan_from(args: &[String]) -> Result<Plan, BoxError> {
         }
         plan.fleet_rate = Some(rate);
     }
+    plan.spool = !args.iter().any(|a| a == "--no-spool");
     if args.iter().any(|a| a == "--store-outage") {
         // Full: the store down 30 s from 15 s into the provider's 60 s outage. Small: 8 s from
         // 3 s into a 14 s outage.

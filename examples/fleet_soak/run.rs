@@ -353,7 +353,9 @@ fn settings(
             window: plan.window(),
             fleet_rate: plan.fleet_rate,
             skip: HashSet::new(),
-            spool: spools.map(|dir| dir.join(format!("spool-{index}.db"))),
+            spool: spools
+                .filter(|_| plan.spool)
+                .map(|dir| dir.join(format!("spool-{index}.db"))),
         })
         .collect()
 }
