@@ -101,6 +101,8 @@ pub(crate) fn page(ctx: &Ctx, title: &str, body: Markup) -> Html<String> {
 pub(crate) struct PageError {
     pub(crate) status: StatusCode,
     pub(crate) message: String,
+    /// What the page can still show below the error (the local spool while the store is down).
+    pub(crate) detail: Option<Markup>,
 }
 
 impl PageError {
@@ -108,7 +110,14 @@ impl PageError {
         PageError {
             status,
             message: message.into(),
+            detail: None,
         }
+    }
+
+    /// The error with `detail` shown below it.
+    pub(crate) fn with_detail(mut self, detail: Option<Markup>) -> Self {
+        self.detail = detail;
+        self
     }
 
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
@@ -144,7 +153,11 @@ impl IntoResponse for PageError {
                     main {
                         h1 { (self.status.as_u16()) " " (reason) }
                         p #error { (self.message) }
-                        p.note { "Go back and correct the request." }
+                        @if let Some(detail) = &self.detail {
+                            (detail)
+                        } @else {
+                            p.note { "Go back and correct the request." }
+                        }
                     }
                 }
             }

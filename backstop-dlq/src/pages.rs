@@ -20,8 +20,51 @@ type Pairs = Query<Vec<(String, String)>>;
 const BUCKETS: u32 = 24;
 
 /// `GET /`: counts, the breakers, top classes and codes, the rate over time, the alert rules'
-/// state.
+/// state; and the app's local spool, when the board is given the app's health and it has one,
+/// even while the store cannot be read.
 pub(super) async fn overview(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs) -> PageResult {
+    let spool = s
+        .board
+        .health
+        .as_ref()
+        .and_then(|h| h.report().spool)
+        .map(|spool| spool_panel(&spool));
+    match overview_body(&s, &ctx, &q).await {
+        Ok(body) => Ok(page(
+            &ctx,
+            "Overview",
+            html! { (body) @if let Some(spool) = spool { (spool) } },
+        )),
+        Err(e) => Err(e.with_detail(spool)),
+    }
+}
+
+/// The app's local spool: what waits in it to be forwarded to the store, and whether the store
+/// takes it.
+fn spool_panel(spool: &tower_backstop::observe::SpoolHealth) -> Markup {
+    html! {
+        section #spool {
+            h2 { "Local spool of this app" }
+            table.kv {
+                tr { th { "records waiting to be forwarded to the store" } td #spool-records { (spool.records) } }
+                tr { th { "their size, of the cap" } td #spool-bytes { (spool.bytes) " of " (spool.max_bytes) " bytes" } }
+                tr {
+                    th { "the store" }
+                    td #store-state {
+                        @if spool.store_up { "takes them" } @else { "does not answer: they wait on this machine's disk" }
+                    }
+                }
+                tr { th { "moved to the quarantine file" } td #spool-quarantined { (spool.quarantined) } }
+            }
+        }
+    }
+}
+
+async fn overview_body(
+    s: &BoardState,
+    ctx: &Ctx,
+    q: &[(String, String)],
+) -> Result<Markup, PageError> {
     let store = &*s.board.store;
     let window_text = q
         .iter()
@@ -76,8 +119,8 @@ pub(super) async fn overview(State(s): State<BoardState>, ctx: Ctx, Query(q): Pa
                 (humantime::format_duration(stats.rules.window))
                 ". Resolved records count nowhere."
             }
-            (top_table(&ctx, "top-classes", "class", &c.by_class, c.total))
-            (top_table(&ctx, "top-codes", "code", &c.by_code, c.total))
+            (top_table(ctx, "top-classes", "class", &c.by_class, c.total))
+            (top_table(ctx, "top-codes", "code", &c.by_code, c.total))
             h3 { "Dead letters over time" }
             (rate_chart(&buckets, step))
             p.note { "Each dead letter counts once, at its last failure." }
@@ -85,7 +128,7 @@ pub(super) async fn overview(State(s): State<BoardState>, ctx: Ctx, Query(q): Pa
             (alert_rules(&stats))
         }
     };
-    Ok(page(&ctx, "Overview", body))
+    Ok(body)
 }
 
 fn top_table(ctx: &Ctx, id: &str, key: &str, rows: &[(String, u64)], total: u64) -> Markup {

@@ -1591,3 +1591,66 @@ async fn every_response_forbids_framing_and_sniffing_and_names_its_charset() {
         }
     }
 }
+
+/// The text of the element with `id` in `html` (its first text node), or `None`.
+fn text_of(html: &str, id: &str) -> Option<String> {
+    let at = html.find(&format!("id=\"{id}\""))?;
+    let rest = &html[at..];
+    let start = rest.find('>')? + 1;
+    let end = rest[start..].find('<')?;
+    Some(rest[start..start + end].to_owned())
+}
+
+#[tokio::test]
+async fn the_overview_shows_the_apps_spool_and_still_does_while_the_store_is_down() {
+    use tower_backstop::breaker::BreakerLayer;
+    use tower_backstop::store::Spool;
+    let dir = tempfile::tempdir().unwrap();
+    let spool = Spool::open(dir.path().join("spool.db")).unwrap();
+    for i in 0..3 {
+        spool.put(permanent(i), None).await.unwrap();
+    }
+    let (_store_dir, store) = sqlite(vec![permanent(10)]).await;
+    let sqlite_store = SqliteStore::open(_store_dir.path().join("d.db")).unwrap();
+    let health = BreakerLayer::new().health().spool(&spool);
+
+    // The store answers: the overview, and the spool below it.
+    let url = serve_board(Board::new(Arc::clone(&store)).breakers(health.clone())).await;
+    let (status, html) = get(&url).await;
+    assert_eq!(status, 200);
+    assert_eq!(text_of(&html, "spool-records").as_deref(), Some("3"));
+    assert_eq!(text_of(&html, "spool-quarantined").as_deref(), Some("0"));
+    // Three records were spooled: the store did not take them, as far as the spool knows.
+    assert_eq!(
+        text_of(&html, "store-state").as_deref(),
+        Some("does not answer: they wait on this machine's disk")
+    );
+    let bytes = spool.state().bytes;
+    assert_eq!(
+        text_of(&html, "spool-bytes"),
+        Some(format!("{bytes} of 268435456 bytes"))
+    );
+
+    // The store closed: the overview says it cannot read it, and still shows the spool.
+    let closed: Arc<dyn Store> = Arc::new(sqlite_store.clone());
+    sqlite_store.close();
+    let url = serve_board(Board::new(closed).breakers(health)).await;
+    let (status, html) = get(&url).await;
+    assert_eq!(status, 500);
+    assert!(
+        html.contains("the dead-letter store cannot be read"),
+        "{html}"
+    );
+    assert_eq!(text_of(&html, "spool-records").as_deref(), Some("3"));
+
+    // Forwarded: the spool is empty and the store takes its records.
+    spool
+        .forward_once(&*store, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let health = BreakerLayer::new().health().spool(&spool);
+    let url = serve_board(Board::new(Arc::clone(&store)).breakers(health)).await;
+    let (_, html) = get(&url).await;
+    assert_eq!(text_of(&html, "spool-records").as_deref(), Some("0"));
+    assert_eq!(text_of(&html, "store-state").as_deref(), Some("takes them"));
+}

@@ -604,8 +604,78 @@ async fn an_operator_sees_a_throttled_providers_send_rate() {
     c.close().await.unwrap();
 }
 
+/// An app whose store stops answering keeps its failures in its local spool; the board mounted
+/// in it shows the spool's depth and that the store does not answer, on the error page of a
+/// store that cannot be read; once the store is back and the spool forwarded, the overview shows
+/// it empty.
+async fn an_operator_sees_the_apps_spool_while_the_store_is_down() {
+    use tower::ServiceExt as _;
+    use tower_backstop::BackstopLayer;
+    use tower_backstop::dead_letter::DeadLetterLayer;
+    use tower_backstop::store::{Spool, SqliteStore};
+
+    let driver = driver().await;
+    let dir = tempfile::tempdir().unwrap();
+    // A provider that refuses every message for good (a 400: a dead letter at once).
+    let refusing =
+        serve(axum::Router::new().fallback(|| async { http::StatusCode::BAD_REQUEST })).await;
+    let sqlite = SqliteStore::open(dir.path().join("d.db")).unwrap();
+    let store: Arc<dyn Store> = Arc::new(sqlite.clone());
+    let spool = Spool::open(dir.path().join("spool.db")).unwrap();
+    let backstop = BackstopLayer::http(std::time::Duration::from_secs(2))
+        .dead_letters(DeadLetterLayer::from_arc(Arc::clone(&store)).spool(spool.clone()));
+    let health = backstop.health();
+    let client = HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let app = ServiceBuilder::new().layer(backstop).service(client);
+    // The store is closed: every failure goes to the spool.
+    sqlite.close();
+    for i in 0..4 {
+        let request = http::Request::post(format!("http://{refusing}/v1/messages"))
+            .header("idempotency-key", format!("spooled-{i}"))
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        assert!(app.clone().oneshot(request).await.is_err());
+    }
+    assert_eq!(spool.state().records, 4);
+    let board = Board::new(Arc::clone(&store)).breakers(health);
+    let addr = serve(board.router()).await;
+    let c = browser(&driver, &dir.path().join("profile")).await;
+    c.goto(&format!("http://{addr}/")).await.unwrap();
+    assert!(text(&c, "#error").await.contains("cannot be read"));
+    assert_eq!(text(&c, "#spool-records").await, "4");
+    assert_eq!(
+        text(&c, "#store-state").await,
+        "does not answer: they wait on this machine's disk"
+    );
+    snap(&c, "spool-store-down").await;
+    // The store back (opened again on its file): the forwarder empties the spool into it.
+    let reopened = SqliteStore::open(dir.path().join("d.db")).unwrap();
+    let forwarded = spool
+        .forward_once(&reopened, std::time::Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(forwarded.written, 4);
+    let board = Board::new(Arc::new(reopened)).breakers(
+        tower_backstop::breaker::BreakerLayer::new()
+            .health()
+            .spool(&spool),
+    );
+    let addr = serve(board.router()).await;
+    c.goto(&format!("http://{addr}/")).await.unwrap();
+    assert_eq!(text(&c, "#spool-records").await, "0");
+    assert_eq!(text(&c, "#store-state").await, "takes them");
+    assert_eq!(text(&c, "#dead").await, "4");
+    c.close().await.unwrap();
+}
+
 fn main() {
     let mut tests = Tests::new();
+    tests
+        .needs(backstop_test_support::Service::Browser)
+        .multi_thread(
+            "an_operator_sees_the_apps_spool_while_the_store_is_down",
+            an_operator_sees_the_apps_spool_while_the_store_is_down,
+        );
     tests
         .needs(backstop_test_support::Service::Browser)
         .multi_thread(
