@@ -462,6 +462,38 @@ pub trait Store: Send + Sync + 'static {
         self.change_if_unchanged(&lease.as_seen(), change)
     }
 
+    /// Applies each `(lease, change)` of `changes` as [`change_claimed`](Store::change_claimed)
+    /// does, each only while its claim holds, and returns each one's [`Claim`] in the same
+    /// order: how a scheduler finishes a batch of re-sends (their resolutions) in one round trip
+    /// instead of one per record. A claim that ended (another claimer took its record) is
+    /// [`Claim::ClaimedElsewhere`] in its place and changes nothing, and the others still apply.
+    ///
+    /// SQLite applies the batch in one `BEGIN IMMEDIATE` transaction (one commit, one fsync,
+    /// instead of one per record). The default, and the other stores of this crate, apply the
+    /// changes one after the other ([`change_claimed`](Store::change_claimed) each).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the read or write fails. SQLite then writes
+    /// nothing of the batch; the default may have applied the changes before the failing one
+    /// (each is atomic on its own, and applying one again finds its claim ended).
+    fn change_claimed_many(
+        &self,
+        changes: Vec<(Lease, Change)>,
+    ) -> BoxFuture<'static, Result<Vec<Claim>, StoreError>> {
+        let each: Vec<_> = changes
+            .into_iter()
+            .map(|(lease, change)| self.change_claimed(&lease, change))
+            .collect();
+        Box::pin(async move {
+            let mut claims = Vec::with_capacity(each.len());
+            for change in each {
+                claims.push(change.await?);
+            }
+            Ok(claims)
+        })
+    }
+
     /// Merges `record`, a new failure of the claimed message (a re-send that failed again),
     /// into the record `lease` names, as [`put`](Store::put) merges
     /// ([`Record::merge_bounded`]), only while that claim holds (as for

@@ -1027,6 +1027,25 @@ impl Store for SqliteStore {
         })
     }
 
+    fn change_claimed_many(
+        &self,
+        changes: Vec<(Lease, Change)>,
+    ) -> BoxFuture<'static, Result<Vec<Claim>, StoreError>> {
+        self.write(move |tx| {
+            changes
+                .into_iter()
+                .map(|(lease, change)| {
+                    let mut current = read_record(tx, &lease.id)?;
+                    let claim = change_if_unchanged(current.as_mut(), &lease.as_seen(), change);
+                    if let Claim::Claimed(record) = &claim {
+                        write_row(tx, record)?;
+                    }
+                    Ok(claim)
+                })
+                .collect()
+        })
+    }
+
     fn put_claimed(
         &self,
         lease: &Lease,

@@ -956,6 +956,84 @@ pub(super) async fn audit_trail_records_purges_and_prunes(b: &dyn Backend) {
 /// A claim is a lease with a fencing token: the holder renews it; once it ended and another
 /// claimer took the record, every write through the old lease changes nothing, from either
 /// handle; the new holder's writes go through.
+/// A batch of changes under claims: each applies while its claim holds, one whose claim passed
+/// to another claimer changes nothing (its record is not resolved, so not lost), and the rest of
+/// the batch still applies.
+pub(super) async fn a_batch_of_claimed_changes_skips_a_lost_claim(b: &dyn Backend) {
+    let o = open(b, "claimed_many", 10).await;
+    // m-2 comes due first and is claimed alone, for a second.
+    let records: Vec<Record> = (0..5)
+        .map(|i| {
+            let due = if i == 2 { at(500) } else { at(1_000) };
+            deferred(rec(&format!("m-{i}"), "throttled", "http 429", at(0)), due)
+        })
+        .collect();
+    o.store.put_many(records).await.unwrap();
+    let lease = Duration::from_secs(5);
+    let early = o
+        .store
+        .claim_due(at(500), 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let claimed = o.store.claim_due(at(1_000), 10, lease).await.unwrap();
+    let mut leases: Vec<_> = early
+        .iter()
+        .chain(&claimed)
+        .filter_map(Record::lease)
+        .collect();
+    leases.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(ids(&early), ["m-2"]);
+    assert_eq!(leases.len(), 5);
+    // m-2's claim ends, and another claimer takes it with a new token.
+    let again = o.other.claim_due(at(1_500), 10, lease).await.unwrap();
+    assert_eq!(ids(&again), ["m-2"]);
+    assert_eq!(again[0].resends, 2);
+    // The first claimer's batch: m-0, m-1, m-3 resolved, m-4 renewed, and m-2 through the lost
+    // claim.
+    let changes = leases
+        .iter()
+        .map(|l| {
+            let change = if l.id == "m-4" {
+                Change::Renewed { until: at(9_000) }
+            } else {
+                Change::Resolved { at: at(1_500) }
+            };
+            (l.clone(), change)
+        })
+        .collect();
+    let claims = o.store.change_claimed_many(changes).await.unwrap();
+    assert_eq!(claims.len(), 5);
+    for (i, claim) in claims.into_iter().enumerate() {
+        match (i, claim) {
+            (2, Claim::ClaimedElsewhere { status, resends }) => {
+                assert_eq!((status, resends), (Status::InFlight, 2));
+            }
+            (4, Claim::Claimed(r)) => {
+                assert_eq!((r.status, r.retry_at), (Status::InFlight, Some(at(9_000))));
+            }
+            (_, Claim::Claimed(r)) => assert_eq!(r.status, Status::Resolved),
+            (i, other) => panic!("change {i}: {other:?}"),
+        }
+    }
+    // m-2 stays with the claimer that took it: in flight under its new token, not resolved.
+    let m2 = o.store.get("m-2").await.unwrap().unwrap();
+    assert_eq!((m2.status, m2.resends), (Status::InFlight, 2));
+    let resolved = o
+        .store
+        .count(&Filter::new().status(Status::Resolved))
+        .await
+        .unwrap();
+    assert_eq!(resolved, 3);
+    // An empty batch is nothing to do.
+    assert!(
+        o.store
+            .change_claimed_many(Vec::new())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 pub(super) async fn a_claim_is_fenced_by_its_token(b: &dyn Backend) {
     let o = open(b, "fenced", 10).await;
     o.store
