@@ -162,6 +162,7 @@ impl Backend for RedisBackend {
 #[derive(Clone, Debug)]
 pub struct PostgresBackend {
     url: String,
+    pooler: bool,
 }
 
 #[cfg(feature = "postgres")]
@@ -169,7 +170,30 @@ impl PostgresBackend {
     /// Stores in the Postgres database at `url`
     /// ([`PostgresStore::connect`](crate::PostgresStore::connect)).
     pub fn new(url: impl Into<String>) -> Self {
-        PostgresBackend { url: url.into() }
+        PostgresBackend {
+            url: url.into(),
+            pooler: false,
+        }
+    }
+
+    /// Stores in the Postgres database behind the transaction pooler (PgBouncer with
+    /// `pool_mode = transaction`) at `url`, opened with
+    /// [`behind_pooler`](crate::OpenPostgres::behind_pooler).
+    pub fn behind_pooler(url: impl Into<String>) -> Self {
+        PostgresBackend {
+            url: url.into(),
+            pooler: true,
+        }
+    }
+
+    /// A store on `schema`.
+    async fn connect(&self, schema: &str) -> Result<crate::PostgresStore, StoreError> {
+        let open = crate::PostgresStore::connect(&self.url).schema(schema);
+        if self.pooler {
+            open.behind_pooler().await
+        } else {
+            open.await
+        }
     }
 }
 
@@ -182,12 +206,12 @@ impl Backend for PostgresBackend {
     ) -> BoxFuture<'a, Result<Opened, StoreError>> {
         Box::pin(async move {
             let schema = format!("bt_{}_{:016x}", name_part(test), fresh());
-            let store = crate::PostgresStore::connect(&self.url)
-                .schema(schema.clone())
+            let store = self
+                .connect(&schema)
                 .await?
                 .with_history_limit(history_limit);
-            let other = crate::PostgresStore::connect(&self.url)
-                .schema(schema)
+            let other = self
+                .connect(&schema)
                 .await?
                 .with_history_limit(history_limit);
             Ok(Opened::new(Arc::new(store), Arc::new(other)))
