@@ -88,7 +88,7 @@ pub use self::query::{Change, Claim, Counts, Filter, FilterError};
 pub use self::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use self::redis::RedisStore;
+pub use self::redis::{OpenSentinel, RedisStore};
 pub use self::retention::{DEFAULT_MAX_AGE, DEFAULT_MAX_RECORDS, Pruned, Retention};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]

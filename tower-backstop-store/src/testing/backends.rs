@@ -95,6 +95,8 @@ impl Backend for SqliteBackend {
 pub struct RedisBackend {
     urls: Vec<String>,
     cluster: bool,
+    /// The primary's name, through the Sentinels at `urls`.
+    master: Option<String>,
 }
 
 #[cfg(feature = "redis")]
@@ -104,6 +106,17 @@ impl RedisBackend {
         RedisBackend {
             urls: vec![url.into()],
             cluster: false,
+            master: None,
+        }
+    }
+
+    /// Stores on the primary named `master` that the Redis Sentinels at `urls` watch
+    /// ([`RedisStore::connect_sentinel`](crate::RedisStore::connect_sentinel)).
+    pub fn sentinel(urls: impl IntoIterator<Item = impl Into<String>>, master: &str) -> Self {
+        RedisBackend {
+            urls: urls.into_iter().map(Into::into).collect(),
+            cluster: false,
+            master: Some(master.to_owned()),
         }
     }
 
@@ -113,11 +126,18 @@ impl RedisBackend {
         RedisBackend {
             urls: urls.into_iter().map(Into::into).collect(),
             cluster: true,
+            master: None,
         }
     }
 
     /// A new connection, with the default prefix.
     async fn connect(&self) -> Result<crate::RedisStore, StoreError> {
+        if let Some(master) = &self.master {
+            let urls: Vec<&str> = self.urls.iter().map(String::as_str).collect();
+            return crate::RedisStore::connect_sentinel(&urls, master)
+                .timeouts(None, None)
+                .await;
+        }
         if self.cluster {
             let urls: Vec<&str> = self.urls.iter().map(String::as_str).collect();
             crate::RedisStore::connect_cluster_with_timeouts(
