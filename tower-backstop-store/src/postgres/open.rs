@@ -302,6 +302,10 @@ fn connect_error(url: &str, e: &sqlx::Error) -> StoreError {
             ": TLS failed (this build of sqlx has no TLS stack unless your \
                                  application enables one of sqlx's TLS features)"
         }
+        sqlx::Error::Database(db) if db.message().contains("unsupported startup parameter") => {
+            ": refused a startup parameter, as PgBouncer does: behind a connection pooler, \
+             open the store with behind_pooler() or the URL parameter pooler=transaction"
+        }
         _ => "",
     };
     StoreError::with_source(
