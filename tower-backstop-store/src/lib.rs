@@ -23,7 +23,7 @@
 //! | feature | what | default |
 //! |---|---|---|
 //! | `sqlite` | `SqliteStore`: one file, bundled SQLite (rusqlite) | no |
-//! | `redis` | `RedisStore`: one Redis server or a Redis Cluster, shared by many instances (redis crate, tokio) | no |
+//! | `redis` | `RedisStore`: one Redis server, a Redis Cluster, or a primary found through Sentinel, shared by many instances (redis crate, tokio) | no |
 //! | `postgres` | `PostgresStore`: the team's Postgres, shared by many instances (sqlx, tokio; SQL migrations inside) | no |
 //! | `testing` | [`testing`]: the conformance suite, to prove a store of your own | no |
 //!

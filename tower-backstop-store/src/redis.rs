@@ -21,8 +21,9 @@ pub use self::sentinel::OpenSentinel;
 use self::sentinel::SentinelConnection;
 
 /// A dead-letter store in Redis, shared by many instances (feature `redis`): one server
-/// ([`connect`](RedisStore::connect)) or a Redis Cluster
-/// ([`connect_cluster`](RedisStore::connect_cluster)).
+/// ([`connect`](RedisStore::connect)), a Redis Cluster
+/// ([`connect_cluster`](RedisStore::connect_cluster)), or the primary that Redis Sentinel names
+/// ([`connect_sentinel`](RedisStore::connect_sentinel)), followed through failovers.
 ///
 /// Layout: every key starts with the key prefix (`backstop:dlq` by default) as a Redis hash tag,
 /// `{prefix}:`, so that every key of one store hashes to one Cluster slot and each script, which
@@ -68,8 +69,14 @@ use self::sentinel::SentinelConnection;
 ///
 /// The connection to one server is the redis crate's `ConnectionManager`, re-established after
 /// Redis restarts; the connection to a Cluster is the redis crate's cluster client, which follows
-/// the Cluster's redirections and failovers. The scripts are loaded again when a server forgot
-/// them; calls made while Redis is down fail with a [`StoreError`].
+/// the Cluster's redirections and failovers; through Sentinel, one connection to the primary,
+/// asked of the Sentinels again after the primary fails. The scripts are loaded again when a
+/// server forgot them; calls made while Redis is down fail with a [`StoreError`].
+///
+/// A Redis without persistence that restarts comes back empty: run the store's Redis with
+/// `appendonly yes` (`appendfsync everysec` may still lose about the last second of writes in a
+/// crash). Replication is asynchronous: a write acknowledged by a primary that dies before a
+/// replica has it is lost in the failover.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Connection,
@@ -77,11 +84,13 @@ pub struct RedisStore {
     /// What every key starts with: the prefix as a hash tag (see [`keyspace`]).
     keyspace: String,
     history_limit: usize,
-    /// The server's URL, or the Cluster's URLs, as given (with credentials).
+    /// The server's URL, the Cluster's URLs, or the Sentinels' URLs, as given (with
+    /// credentials).
     urls: Vec<String>,
 }
 
-/// A connection to one Redis server or to a Redis Cluster; cheap to clone (each clone shares
+/// A connection to one Redis server, to a Redis Cluster, or to the primary Sentinel names; cheap
+/// to clone (each clone shares
 /// the connection).
 #[derive(Clone)]
 enum Connection {

@@ -86,10 +86,10 @@ impl Backend for SqliteBackend {
     }
 }
 
-/// [`RedisStore`](crate::RedisStore)s (feature `redis`) on one server or a Redis Cluster: a new
-/// key prefix per case (`backstop-test:{case}:{random}`), and a second connection with the same
-/// prefix as the second handle. Connected without timeouts (so that it works on a paused
-/// clock too).
+/// [`RedisStore`](crate::RedisStore)s (feature `redis`) on one server, a Redis Cluster or the
+/// primary Sentinel names: a new key prefix per case (`backstop-test:{case}:{random}`), and a
+/// second connection with the same prefix as the second handle. Connected without timeouts (so
+/// that it works on a paused clock too), but to a Cluster's nodes within 2 s.
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug)]
 pub struct RedisBackend {
