@@ -534,6 +534,61 @@ async fn postgres_stopped_mid_drain_the_scheduler_resumes_and_says_so_once() {
     assert!(warn.contains(" WARN "), "{warn}");
 }
 
+/// A store behind PgBouncer in transaction pooling mode (PgBouncer's defaults otherwise), over
+/// our own Postgres: writes before and after Postgres restarts, with the same store value and the
+/// same PgBouncer, are all stored and all there; `listen_for_due` there says once that it polls.
+#[cfg(feature = "postgres")]
+async fn postgres_behind_pgbouncer_restarted_keeps_working() {
+    use tower_backstop::store::PostgresStore;
+
+    let logs = support::LogCapture::start(tracing::Level::WARN);
+    let cluster = postgres_support::Cluster::start()
+        .unwrap_or_else(|e| panic!("a postgres cluster of our own: {e}"));
+    let bouncer = postgres_support::PgBouncer::start(&cluster)
+        .unwrap_or_else(|e| panic!("a pgbouncer of our own: {e}"));
+    let opened = PostgresStore::connect(&bouncer.url())
+        .behind_pooler()
+        .statement_timeout(Duration::from_secs(5))
+        .acquire_timeout(Duration::from_secs(2))
+        .await
+        .unwrap_or_else(|e| panic!("open behind pgbouncer: {e}"));
+    let store: Arc<dyn Store> = Arc::new(opened.clone());
+
+    let mut told = Vec::new();
+    for i in 0..10 {
+        told.push(call(Arc::clone(&store), &format!("b-{i:02}")).await);
+    }
+    // Postgres restarts behind PgBouncer: every server connection PgBouncer held is cut.
+    cluster.stop();
+    cluster.resume().unwrap();
+    for i in 10..20 {
+        told.push(call(Arc::clone(&store), &format!("b-{i:02}")).await);
+    }
+    let stored: Vec<String> = told.into_iter().map(stored).collect();
+    assert_eq!(
+        stored,
+        (0..20).map(|i| format!("b-{i:02}")).collect::<Vec<_>>()
+    );
+    let mut in_store: Vec<String> = store
+        .search(&Filter::new(), 0..100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    in_store.sort();
+    assert_eq!(in_store, stored, "what was reported written is there");
+
+    // LISTEN cannot be held behind a transaction pooler: one warning, and no wake-ups (the
+    // schedulers poll).
+    let listening = opened.listen_for_due();
+    assert!(listening.wake_ups().is_none());
+    assert!(listening.wake_ups().is_none());
+    let text = logs.text();
+    assert_eq!(text.matches("LISTEN cannot be held").count(), 1, "{text}");
+    drop(bouncer);
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests.current(
@@ -573,6 +628,13 @@ fn main() {
         .current(
             "postgres_stopped_mid_drain_the_scheduler_resumes_and_says_so_once",
             postgres_stopped_mid_drain_the_scheduler_resumes_and_says_so_once,
+        );
+    #[cfg(feature = "postgres")]
+    tests
+        .needs(backstop_test_support::Service::PgBouncerBinaries)
+        .current(
+            "postgres_behind_pgbouncer_restarted_keeps_working",
+            postgres_behind_pgbouncer_restarted_keeps_working,
         );
     tests.run();
 }

@@ -353,6 +353,90 @@ async fn a_statement_timeout_is_a_clear_error_and_writes_nothing() {
     assert_eq!(row.get::<String, _>(0), "resolved");
 }
 
+/// Through PgBouncer in transaction pooling mode (`BACKSTOP_PGBOUNCER_URL`): five instances
+/// open a new schema at once and it is migrated once (the transaction-scoped migration lock holds
+/// there), and a store opened without `behind_pooler` is refused with a hint.
+async fn behind_pgbouncer_instances_opening_a_new_schema_at_once_migrate_it_once() {
+    let url = backstop_test_support::pgbouncer_url();
+    let schema = fresh_schema("pgbouncer_opens");
+    let opens: Vec<_> = (0..5)
+        .map(|_| {
+            let (url, schema) = (url.clone(), schema.clone());
+            tokio::spawn(async move {
+                PostgresStore::connect(&url)
+                    .schema(schema)
+                    .max_connections(2)
+                    .behind_pooler()
+                    .await
+            })
+        })
+        .collect();
+    let mut stores = Vec::new();
+    for open in opens {
+        stores.push(open.await.unwrap().unwrap());
+    }
+    let n: i64 = stores[0]
+        .pool()
+        .begin()
+        .await
+        .unwrap()
+        .fetch_one(sqlx::raw_sql(&format!(
+            "SELECT count(*) FROM \"{schema}\".schema_migrations"
+        )))
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1, "one migration row: migrated once");
+    stores[1]
+        .put(record("m-1", Status::Dead, None))
+        .await
+        .unwrap();
+    assert!(stores[4].get("m-1").await.unwrap().is_some());
+
+    let refused = PostgresStore::connect(&url)
+        .schema(&schema)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("behind_pooler"), "{refused}");
+}
+
+/// Behind PgBouncer the statement timeout, which PgBouncer refuses as a startup parameter, is
+/// set in each transaction: a statement waiting on a row lock past it fails and says so.
+async fn behind_pgbouncer_a_statement_timeout_is_a_clear_error() {
+    let url = backstop_test_support::pgbouncer_url();
+    let schema = fresh_schema("pgbouncer_timeout");
+    let store = PostgresStore::connect(&format!("{url}?pooler=transaction"))
+        .schema(&schema)
+        .statement_timeout(Duration::from_millis(200))
+        .await
+        .unwrap();
+    store.put(record("m-1", Status::Dead, None)).await.unwrap();
+    // Another transaction holds the row's lock past the statement timeout.
+    let mut other = store.pool().begin().await.unwrap();
+    (&mut *other)
+        .execute(sqlx::raw_sql(&format!(
+            "SELECT id FROM \"{schema}\".records WHERE id = 'm-1' FOR UPDATE"
+        )))
+        .await
+        .unwrap();
+    let err = store.update("m-1", Change::Dead).await.unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("statement timeout"), "{text}");
+    other.rollback().await.unwrap();
+    let r = store
+        .update(
+            "m-1",
+            Change::Resolved {
+                at: SystemTime::now(),
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.status, Status::Resolved);
+}
+
 /// Text Postgres cannot hold (NUL) and the escape character itself round-trip in every field,
 /// and searches by them find exactly their records.
 async fn nul_and_the_escape_character_round_trip_and_are_found() {
@@ -491,6 +575,14 @@ fn main() {
     tests.needs(Service::Postgres).current(
         "nul_and_the_escape_character_round_trip_and_are_found",
         nul_and_the_escape_character_round_trip_and_are_found,
+    );
+    tests.needs(Service::PgBouncer).multi_thread(
+        "behind_pgbouncer_instances_opening_a_new_schema_at_once_migrate_it_once",
+        behind_pgbouncer_instances_opening_a_new_schema_at_once_migrate_it_once,
+    );
+    tests.needs(Service::PgBouncer).current(
+        "behind_pgbouncer_a_statement_timeout_is_a_clear_error",
+        behind_pgbouncer_a_statement_timeout_is_a_clear_error,
     );
     tests.run();
 }

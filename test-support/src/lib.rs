@@ -39,7 +39,7 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 mod servers;
 
-pub use servers::{PgCluster, RedisServer};
+pub use servers::{PgBouncer, PgCluster, RedisServer};
 
 /// How long a probe waits for a server before it counts as missing.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -64,6 +64,19 @@ pub enum Service {
     /// `chromedriver` on `PATH` and Chromium at `/usr/bin/chromium`; required with
     /// `BACKSTOP_REQUIRE_BROWSER=1`.
     Browser,
+    /// A PgBouncer in transaction pooling mode at [`pgbouncer_url`], in front of a Postgres;
+    /// required with `BACKSTOP_REQUIRE_PGBOUNCER=1`.
+    PgBouncer,
+    /// The `pgbouncer` binary on `PATH` and Postgres's binaries ([`pg_bin_dir`]), for tests
+    /// that start a Postgres and a PgBouncer of their own; required with
+    /// `BACKSTOP_REQUIRE_PGBOUNCER=1`.
+    PgBouncerBinaries,
+    /// `redis-server` and `redis-sentinel` on `PATH`, for tests that start a primary, a replica
+    /// and a Sentinel of their own; required with `BACKSTOP_REQUIRE_REDIS_SENTINEL=1`.
+    RedisSentinelBinaries,
+    /// Redis Sentinels at [`redis_sentinel_urls`] watching a primary named
+    /// [`redis_sentinel_master`]; required with `BACKSTOP_REQUIRE_REDIS_SENTINEL=1`.
+    RedisSentinel,
 }
 
 impl Service {
@@ -74,6 +87,10 @@ impl Service {
             Service::RedisCluster => "BACKSTOP_REQUIRE_REDIS_CLUSTER",
             Service::Postgres | Service::PostgresBinaries => "BACKSTOP_REQUIRE_POSTGRES",
             Service::Browser => "BACKSTOP_REQUIRE_BROWSER",
+            Service::PgBouncer | Service::PgBouncerBinaries => "BACKSTOP_REQUIRE_PGBOUNCER",
+            Service::RedisSentinel | Service::RedisSentinelBinaries => {
+                "BACKSTOP_REQUIRE_REDIS_SENTINEL"
+            }
         }
     }
 
@@ -93,6 +110,15 @@ impl Service {
             Service::RedisServerBinary => "apt-get install redis-server",
             Service::PostgresBinaries => "apt-get install postgresql, or set BACKSTOP_PG_BIN",
             Service::Browser => "apt-get install chromium chromium-driver",
+            Service::PgBouncer => {
+                "start pgbouncer (pool_mode = transaction) or set BACKSTOP_PGBOUNCER_URL"
+            }
+            Service::PgBouncerBinaries => "apt-get install pgbouncer postgresql",
+            Service::RedisSentinelBinaries => "apt-get install redis-server redis-sentinel",
+            Service::RedisSentinel => {
+                "start redis-sentinel or set BACKSTOP_REDIS_SENTINEL_URLS and \
+                 BACKSTOP_REDIS_SENTINEL_MASTER"
+            }
         }
     }
 
@@ -112,6 +138,12 @@ impl Service {
                     .then_some(())
                     .ok_or_else(|| "no /usr/bin/chromium".to_owned())
             }),
+            Service::PgBouncer => probe_pgbouncer(&pgbouncer_url()),
+            Service::PgBouncerBinaries => runs("pgbouncer", &["--version"])
+                .and_then(|()| pg_bin_dir().map(drop).ok_or_else(|| "no initdb".to_owned())),
+            Service::RedisSentinelBinaries => runs("redis-server", &["--version"])
+                .and_then(|()| runs("redis-sentinel", &["--version"])),
+            Service::RedisSentinel => probe_redis_sentinel(&redis_sentinel_urls()),
         }
     }
 
@@ -126,6 +158,14 @@ impl Service {
             Service::RedisServerBinary => "no redis-server binary".to_owned(),
             Service::PostgresBinaries => "no postgres binaries".to_owned(),
             Service::Browser => "no browser".to_owned(),
+            Service::PgBouncer => format!("no pgbouncer at {}", pgbouncer_url()),
+            Service::PgBouncerBinaries => "no pgbouncer or postgres binaries".to_owned(),
+            Service::RedisSentinelBinaries => "no redis-server or redis-sentinel".to_owned(),
+            Service::RedisSentinel => format!(
+                "no redis sentinel at {} for {}",
+                redis_sentinel_urls().join(","),
+                redis_sentinel_master()
+            ),
         }
     }
 }
@@ -154,6 +194,30 @@ pub fn redis_cluster_urls() -> Vec<String> {
 pub fn postgres_url() -> String {
     std::env::var("BACKSTOP_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// The PgBouncer (transaction pooling) the tests use: `BACKSTOP_PGBOUNCER_URL`, by default
+/// `postgres://postgres@127.0.0.1:6432/postgres` (PgBouncer's default port).
+pub fn pgbouncer_url() -> String {
+    std::env::var("BACKSTOP_PGBOUNCER_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:6432/postgres".to_owned())
+}
+
+/// The Redis Sentinels the tests use: `BACKSTOP_REDIS_SENTINEL_URLS` (comma-separated), by
+/// default `redis://127.0.0.1:26379` (Sentinel's default port).
+pub fn redis_sentinel_urls() -> Vec<String> {
+    std::env::var("BACKSTOP_REDIS_SENTINEL_URLS")
+        .unwrap_or_else(|_| "redis://127.0.0.1:26379".to_owned())
+        .split(',')
+        .map(|u| u.trim().to_owned())
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
+/// The name of the primary the Sentinels watch: `BACKSTOP_REDIS_SENTINEL_MASTER`, by default
+/// `mymaster` (the name in Debian's `sentinel.conf`).
+pub fn redis_sentinel_master() -> String {
+    std::env::var("BACKSTOP_REDIS_SENTINEL_MASTER").unwrap_or_else(|_| "mymaster".to_owned())
 }
 
 /// Where Postgres's `initdb` is: `BACKSTOP_PG_BIN`, else on `PATH`, else the newest
@@ -235,6 +299,53 @@ fn probe_postgres(url: &str) -> Result<(), String> {
         let conn = sqlx::PgConnection::connect(url).await?;
         conn.close().await
     })
+}
+
+/// PgBouncer refuses sqlx's startup parameter `extra_float_digits`: connect without it.
+fn probe_pgbouncer(url: &str) -> Result<(), String> {
+    use sqlx::Connection;
+    use std::str::FromStr;
+    probing(async {
+        let options = sqlx::postgres::PgConnectOptions::from_str(url)?.extra_float_digits(None);
+        let conn = sqlx::PgConnection::connect_with(&options).await?;
+        conn.close().await
+    })
+}
+
+/// One of the Sentinels answers for the primary, and the primary answers.
+fn probe_redis_sentinel(urls: &[String]) -> Result<(), String> {
+    let master = redis_sentinel_master();
+    probing(async {
+        let mut last = "no sentinel url".to_owned();
+        for url in urls {
+            let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+            let addr: Result<(String, u16), redis::RedisError> = async {
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&master)
+                    .query_async(&mut conn)
+                    .await
+            }
+            .await;
+            match addr {
+                Ok((host, port)) => {
+                    return probe_redis_async(&format!("redis://{host}:{port}"))
+                        .await
+                        .map_err(|e| e.to_string());
+                }
+                Err(e) => last = format!("{url}: {e}"),
+            }
+        }
+        Err(last)
+    })
+}
+
+async fn probe_redis_async(url: &str) -> Result<(), redis::RedisError> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    redis::cmd("PING").query_async::<String>(&mut conn).await?;
+    Ok(())
 }
 
 /// How a test's `async fn` runs: tokio's runtimes as `#[tokio::test]` builds them.

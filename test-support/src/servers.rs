@@ -225,3 +225,72 @@ impl Drop for RedisServer {
         self.kill();
     }
 }
+
+/// A PgBouncer of our own in front of a [`PgCluster`]: PgBouncer's defaults but `pool_mode =
+/// transaction` and `auth_type = trust` (the user `postgres` in its auth file), listening on a
+/// free port of 127.0.0.1. Its files are in the cluster's directory; it is killed on drop. As
+/// root it runs as the `postgres` system user (`-u postgres`), since PgBouncer refuses root.
+#[derive(Debug)]
+pub struct PgBouncer {
+    child: std::process::Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl PgBouncer {
+    /// Starts PgBouncer in front of `cluster`, and waits until it accepts connections.
+    pub fn start(cluster: &PgCluster) -> Result<PgBouncer, String> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let dir = cluster.dir.path();
+        let users = dir.join("pgbouncer-users.txt");
+        std::fs::write(&users, "\"postgres\" \"\"\n").map_err(|e| e.to_string())?;
+        let config = dir.join("pgbouncer.ini");
+        std::fs::write(
+            &config,
+            format!(
+                "[databases]\n* = host=127.0.0.1 port={}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\n\
+                 listen_port = {port}\nunix_socket_dir =\nauth_type = trust\nauth_file = {}\n\
+                 pool_mode = transaction\n",
+                cluster.port,
+                users.display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut cmd = std::process::Command::new("pgbouncer");
+        if is_root() {
+            cmd.args(["-u", "postgres"]);
+        }
+        let child = cmd
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("pgbouncer: {e}"))?;
+        let bouncer = PgBouncer { child, port };
+        // Waiting for the server to come up: at most 10 s.
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(bouncer);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Err(format!(
+            "pgbouncer did not listen on 127.0.0.1:{port} within 10 s"
+        ))
+    }
+
+    /// The URL of the cluster's `postgres` database through PgBouncer.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -43,6 +43,9 @@ pub async fn postgres_store(test: &str) -> PostgresStore {
     }
 }
 
+/// A PgBouncer of our own in front of a [`Cluster`]: see [`backstop_test_support::PgBouncer`].
+#[allow(unused_imports)]
+pub use backstop_test_support::PgBouncer;
 /// A throwaway Postgres cluster of our own: see [`backstop_test_support::PgCluster`].
 #[allow(unused_imports)]
 pub use backstop_test_support::PgCluster as Cluster;

@@ -23,7 +23,7 @@
 //! | feature | what | default |
 //! |---|---|---|
 //! | `sqlite` | `SqliteStore`: one file, bundled SQLite (rusqlite) | no |
-//! | `redis` | `RedisStore`: one Redis server or a Redis Cluster, shared by many instances (redis crate, tokio) | no |
+//! | `redis` | `RedisStore`: one Redis server, a Redis Cluster, or a primary found through Sentinel, shared by many instances (redis crate, tokio) | no |
 //! | `postgres` | `PostgresStore`: the team's Postgres, shared by many instances (sqlx, tokio; SQL migrations inside) | no |
 //! | `testing` | [`testing`]: the conformance suite, to prove a store of your own | no |
 //!
@@ -90,7 +90,7 @@ pub use self::query::{Change, Claim, Counts, Filter, FilterError};
 pub use self::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use self::redis::RedisStore;
+pub use self::redis::{OpenSentinel, RedisStore};
 pub use self::retention::{DEFAULT_MAX_AGE, DEFAULT_MAX_RECORDS, Pruned, Retention};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]

@@ -3,6 +3,7 @@
 mod error;
 mod notify;
 mod open;
+mod pooled;
 mod row;
 mod text;
 
@@ -20,6 +21,7 @@ use sqlx::postgres::PgPool;
 use self::error::pg_error;
 pub use self::open::{DEFAULT_SCHEMA, OpenPostgres};
 use self::open::{LOCK_CLASS, Opened, Source};
+use self::pooled::Mode;
 use self::row::{
     COLUMNS, Columns, PgQuery, count_of, decode_error, decode_row, encode_map, select_list,
 };
@@ -132,16 +134,21 @@ const DELETE_BATCH: i64 = 1_000;
 /// your own `Cargo.toml` (`sqlx = { version = "0.8", features = ["tls-rustls"] }`): Cargo builds
 /// one sqlx with both.
 ///
-/// Behind PgBouncer in transaction pooling mode: the migration lock is transaction-scoped, so it
-/// works there (a session-level `pg_advisory_lock` would not: the next statement may run on
-/// another server connection). The store uses no `LISTEN`/`NOTIFY` unless you turn on
-/// [`listen_for_due`](PostgresStore::listen_for_due), which transaction pooling does not carry:
-/// by default a scheduler sleeps until the next due time it reads from the store
-/// ([`next_due`](Store::next_due)), and looks again at least once a poll. sqlx prepares its statements by name, which needs
-/// PgBouncer 1.21 or later with `max_prepared_statements` set.
+/// Behind PgBouncer in transaction pooling mode (`pool_mode = transaction`, PgBouncer's other
+/// defaults): open the store with [`behind_pooler`](OpenPostgres::behind_pooler) (or the URL
+/// parameter `pooler=transaction`). The connections then send no startup parameter PgBouncer
+/// refuses, and every statement runs unnamed in a transaction of its own, so that it is parsed
+/// and executed on one server connection (two more round trips a call). The migration lock is
+/// transaction-scoped (`pg_advisory_xact_lock`), so migrations work there unchanged.
+/// [`listen_for_due`](PostgresStore::listen_for_due) cannot listen through a transaction
+/// pooler: it says so once and the schedulers poll, reading the next due time from the store
+/// ([`next_due`](Store::next_due)). A store opened without the option fails through such a
+/// pooler: PgBouncer refuses sqlx's `extra_float_digits` at login, and sqlx's prepared
+/// statements collide on the pooler's shared server connections.
 ///
 /// When the server restarts, calls fail with a [`StoreError`] until it is back, then work again
-/// with the same store (the pool tests each connection before use and opens new ones).
+/// with the same store (the pool tests each connection before use and opens new ones); behind
+/// PgBouncer too, whose connections to the server are opened again as the calls need them.
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
@@ -152,6 +159,8 @@ pub struct PostgresStore {
     url: Option<String>,
     /// The channel of due wake-ups, with [`listen_for_due`](PostgresStore::listen_for_due).
     due: Option<Arc<str>>,
+    /// How statements run: straight on the pool, or behind a transaction pooler.
+    mode: Mode,
 }
 
 /// `postgres {url} schema {schema}` (or `postgres pool schema {schema}` over a given pool), the
@@ -186,6 +195,7 @@ impl IntoFuture for OpenPostgres {
                 url,
                 schema,
                 quoted,
+                mode,
             } = self.open().await?;
             Ok(PostgresStore {
                 pool,
@@ -194,6 +204,7 @@ impl IntoFuture for OpenPostgres {
                 history_limit: DEFAULT_HISTORY_LIMIT,
                 url,
                 due: None,
+                mode,
             })
         })
     }
@@ -425,12 +436,25 @@ impl PostgresStore {
     /// (1 s by default), which is enough for most fleets.
     ///
     /// The cost: one more statement after each such write, and one connection per scheduler.
-    /// `LISTEN` needs a session of its own: behind PgBouncer in transaction pooling mode the
-    /// notifications do not reach the listener (a later statement may run on another server
-    /// connection), so leave this off there, or give the store a pool that connects past
-    /// PgBouncer or through a session-pooled port. A lost wake-up (the listening connection
-    /// dropped) costs at most one poll: the scheduler listens again within a second.
+    /// A lost wake-up (the listening connection dropped) costs at most one poll: the scheduler
+    /// listens again within a second.
+    ///
+    /// `LISTEN` needs a session of its own, which a transaction pooler does not keep (a later
+    /// statement may run on another server connection). On a store opened
+    /// [`behind_pooler`](OpenPostgres::behind_pooler) this logs one warning (`tracing`, level
+    /// WARN) and the schedulers over it poll as they do without this option; its writes still
+    /// send the `NOTIFY`, for schedulers of stores that connect to Postgres directly. To listen
+    /// from behind PgBouncer, give the store a pool that connects past PgBouncer or through a
+    /// session-pooled port.
     pub fn listen_for_due(mut self) -> Self {
+        if self.mode.pooled {
+            tracing::warn!(
+                schema = %self.schema,
+                "postgres dead-letter store behind a transaction pooler: LISTEN cannot be held \
+                 there, so the schedulers over this store poll for due records instead of \
+                 being woken (NOTIFY is still sent)"
+            );
+        }
         self.due = Some(notify::channel(&self.schema));
         self
     }
@@ -438,7 +462,12 @@ impl PostgresStore {
     /// Notifies the channel of due wake-ups, if this store has one.
     async fn wake(&self) {
         if let Some(channel) = &self.due {
-            notify::notify(&self.pool, channel).await;
+            // Best effort: the write it follows is done; a lost wake-up costs at most one poll
+            // of the schedulers.
+            let query = sqlx::query("SELECT pg_notify($1, '')").bind(&**channel);
+            if let Err(error) = self.execute(query).await {
+                tracing::debug!(%error, %channel, "due wake-up not sent; the schedulers' poll bounds the wait");
+            }
         }
     }
 
@@ -477,6 +506,10 @@ impl PostgresStore {
     ///
     /// [`StoreError`] when the statement fails (the transaction is then aborted, as for any
     /// failed statement in Postgres) or a record cannot be encoded; nothing is written.
+    ///
+    /// Behind a transaction pooler ([`behind_pooler`](OpenPostgres::behind_pooler)) the
+    /// statement is unnamed, and `conn` must be in a transaction (as above): outside one, the
+    /// pooler may run its parse and its execution on two server connections.
     pub async fn put_in(
         &self,
         conn: &mut sqlx::PgConnection,
@@ -486,6 +519,7 @@ impl PostgresStore {
             return Ok(());
         }
         self.put_query(&self.sql.put, records)?
+            .persistent(self.mode.persistent())
             .execute(conn)
             .await
             .map_err(pg_error("write records"))?;
@@ -511,8 +545,7 @@ impl PostgresStore {
         if records.is_empty() {
             return Ok(());
         }
-        self.put_query(&self.sql.put, records)?
-            .execute(&self.pool)
+        self.execute(self.put_query(&self.sql.put, records)?)
             .await
             .map_err(pg_error("write records"))?;
         Ok(())
@@ -521,10 +554,11 @@ impl PostgresStore {
     /// Merges `record` into its row only while `lease` holds ([`Store::put_claimed`]).
     async fn put_claimed_row(&self, lease: Lease, record: Record) -> Result<Claim, StoreError> {
         lease.check_id(&record)?;
-        let row = self
+        let query = self
             .put_query(&self.sql.put_claimed, vec![record])?
-            .bind(i64::from(lease.token))
-            .fetch_optional(&self.pool)
+            .bind(i64::from(lease.token));
+        let row = self
+            .fetch_optional(query)
             .await
             .map_err(pg_error("write record"))?;
         if let Some(row) = row {
@@ -540,9 +574,8 @@ impl PostgresStore {
     }
 
     async fn get_record(&self, id: &str) -> Result<Option<Record>, StoreError> {
-        let row = sqlx::query(&self.sql.get)
-            .bind(text::encode(id).into_owned())
-            .fetch_optional(&self.pool)
+        let row = self
+            .fetch_optional(sqlx::query(&self.sql.get).bind(text::encode(id).into_owned()))
             .await
             .map_err(pg_error("read record"))?;
         row.as_ref().map(decode_row).transpose()
@@ -553,12 +586,14 @@ impl PostgresStore {
     async fn reserve(&self, name: &str, now: i64, gap: i64) -> Result<SystemTime, StoreError> {
         let name = text::encode(name).into_owned();
         for first in [true, false] {
-            let slot = sqlx::query_scalar::<_, i64>(&self.sql.reserve_slot)
+            let query = sqlx::query(&self.sql.reserve_slot)
                 .bind(&name)
                 .bind(now)
-                .bind(gap)
-                .fetch_one(&self.pool)
-                .await;
+                .bind(gap);
+            let slot = match self.fetch_one(query).await {
+                Ok(row) => row.try_get::<i64, _>(0),
+                Err(e) => Err(e),
+            };
             match slot {
                 Ok(slot) => return Ok(from_micros(slot)),
                 Err(sqlx::Error::Database(e)) if first && e.code().as_deref() == Some("42P01") => {
@@ -579,10 +614,12 @@ impl PostgresStore {
         sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
             .bind(LOCK_CLASS)
             .bind(&self.schema)
+            .persistent(false)
             .execute(&mut *tx)
             .await
             .map_err(pg_error("take the migration lock"))?;
         sqlx::query(&self.sql.create_slots)
+            .persistent(false)
             .execute(&mut *tx)
             .await
             .map_err(pg_error("create the send schedules"))?;
@@ -635,7 +672,7 @@ impl PostgresStore {
         seen: Option<(Status, u32)>,
     ) -> Result<Claim, StoreError> {
         let args = ChangeArgs::of(change);
-        let row = sqlx::query(&self.sql.change)
+        let query = sqlx::query(&self.sql.change)
             .bind(text::encode(id).into_owned())
             .bind(args.status.as_str())
             .bind(args.retry_at)
@@ -644,8 +681,9 @@ impl PostgresStore {
             .bind(args.resolved_at)
             .bind(args.metadata)
             .bind(seen.map(|s| s.0.as_str()))
-            .bind(seen.map(|s| i64::from(s.1)))
-            .fetch_one(&self.pool)
+            .bind(seen.map(|s| i64::from(s.1)));
+        let row = self
+            .fetch_one(query)
             .await
             .map_err(pg_error("change record"))?;
         let changed: Option<String> = row.try_get(0).map_err(pg_error("change record"))?;
@@ -680,9 +718,8 @@ impl PostgresStore {
         let mut deleted = 0;
         loop {
             let (_, args) = where_clause(filter);
-            let done = bind_all(sqlx::query(&sql), args)
-                .bind(DELETE_BATCH)
-                .execute(&self.pool)
+            let done = self
+                .execute(bind_all(sqlx::query(&sql), args).bind(DELETE_BATCH))
                 .await
                 .map_err(pg_error("delete records"))?
                 .rows_affected();
@@ -694,9 +731,8 @@ impl PostgresStore {
     }
 
     async fn read_counts(&self, since: SystemTime) -> Result<Counts, StoreError> {
-        let rows = sqlx::query(&self.sql.counts)
-            .bind(to_millis(since))
-            .fetch_all(&self.pool)
+        let rows = self
+            .fetch_all(sqlx::query(&self.sql.counts).bind(to_millis(since)))
             .await
             .map_err(pg_error("count records"))?;
         let mut by_class = Vec::new();
@@ -731,10 +767,11 @@ impl PostgresStore {
         if page.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(&self.sql.audit)
+        let query = sqlx::query(&self.sql.audit)
             .bind(i64::try_from(page.len()).unwrap_or(i64::MAX))
-            .bind(i64::try_from(page.start).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
+            .bind(i64::try_from(page.start).unwrap_or(i64::MAX));
+        let rows = self
+            .fetch_all(query)
             .await
             .map_err(pg_error("read audit trail"))?;
         let get = pg_error("read audit trail");
@@ -801,10 +838,11 @@ impl Store for PostgresStore {
                 n + 1,
                 n + 2
             );
-            let rows = bind_all(sqlx::query(&sql), args)
+            let query = bind_all(sqlx::query(&sql), args)
                 .bind(i64::try_from(page.len()).unwrap_or(i64::MAX))
-                .bind(i64::try_from(page.start).unwrap_or(i64::MAX))
-                .fetch_all(&this.pool)
+                .bind(i64::try_from(page.start).unwrap_or(i64::MAX));
+            let rows = this
+                .fetch_all(query)
                 .await
                 .map_err(pg_error("search records"))?;
             rows.iter().map(decode_row).collect()
@@ -833,10 +871,11 @@ impl Store for PostgresStore {
                 n + 1,
                 n + 2
             );
-            let rows = bind_all(sqlx::query(&sql), args)
+            let query = bind_all(sqlx::query(&sql), args)
                 .bind(i64::try_from(page.len()).unwrap_or(i64::MAX))
-                .bind(i64::try_from(page.start).unwrap_or(i64::MAX))
-                .fetch_all(&this.pool)
+                .bind(i64::try_from(page.start).unwrap_or(i64::MAX));
+            let rows = this
+                .fetch_all(query)
                 .await
                 .map_err(pg_error("search waiting records"))?;
             rows.iter().map(decode_row).collect()
@@ -847,8 +886,8 @@ impl Store for PostgresStore {
         let (clause, args) = where_clause(filter);
         self.run(|this| async move {
             let sql = format!("SELECT count(*) FROM {} WHERE {clause}", this.sql.records);
-            let n: i64 = bind_all(sqlx::query(&sql), args)
-                .fetch_one(&this.pool)
+            let n: i64 = this
+                .fetch_one(bind_all(sqlx::query(&sql), args))
                 .await
                 .and_then(|row| row.try_get(0))
                 .map_err(pg_error("count records"))?;
@@ -886,11 +925,12 @@ impl Store for PostgresStore {
         lease: Duration,
     ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
         self.run(|this| async move {
-            let rows = sqlx::query(&this.sql.claim)
+            let query = sqlx::query(&this.sql.claim)
                 .bind(to_millis(now))
                 .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                .bind(to_millis(add_clamped(now, lease)))
-                .fetch_all(&this.pool)
+                .bind(to_millis(add_clamped(now, lease)));
+            let rows = this
+                .fetch_all(query)
                 .await
                 .map_err(pg_error("claim records"))?;
             rows.iter().map(decode_row).collect()
@@ -951,9 +991,10 @@ impl Store for PostgresStore {
 
     fn next_due(&self) -> BoxFuture<'static, Result<Option<SystemTime>, StoreError>> {
         self.run(|this| async move {
-            let ms: Option<i64> = sqlx::query_scalar(&this.sql.next_due)
-                .fetch_one(&this.pool)
+            let ms: Option<i64> = this
+                .fetch_one(sqlx::query(&this.sql.next_due))
                 .await
+                .and_then(|row| row.try_get(0))
                 .map_err(pg_error("read the next due time"))?;
             Ok(ms.map(from_millis))
         })
@@ -971,6 +1012,11 @@ impl Store for PostgresStore {
     }
 
     fn wake_ups(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        if self.mode.pooled {
+            // LISTEN needs a session of its own, which a transaction pooler does not keep
+            // (said once, by `listen_for_due`): the schedulers poll.
+            return None;
+        }
         let channel = self.due.clone()?;
         Some(notify::listen(self.pool.clone(), channel))
     }
@@ -978,15 +1024,15 @@ impl Store for PostgresStore {
     fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
         self.run(|this| async move {
             let owned = |s: &str| text::encode(s).into_owned();
-            sqlx::query(&this.sql.append_audit)
+            let query = sqlx::query(&this.sql.append_audit)
                 .bind(to_millis(entry.at))
                 .bind(owned(&entry.actor))
                 .bind(entry.action.as_str())
                 .bind(owned(&entry.filter))
                 .bind(entry.planned.map(|n| i64::try_from(n).unwrap_or(i64::MAX)))
                 .bind(i64::try_from(entry.sent).unwrap_or(i64::MAX))
-                .bind(owned(&entry.outcome))
-                .execute(&this.pool)
+                .bind(owned(&entry.outcome));
+            this.execute(query)
                 .await
                 .map_err(pg_error("write audit entry"))?;
             Ok(())
@@ -1000,10 +1046,10 @@ impl Store for PostgresStore {
     fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
         let id = text::encode(id).into_owned();
         self.run(|this| async move {
-            let n: Option<i64> = sqlx::query_scalar(&this.sql.budget)
-                .bind(id)
-                .fetch_optional(&this.pool)
+            let n: Option<i64> = this
+                .fetch_optional(sqlx::query(&this.sql.budget).bind(id))
                 .await
+                .and_then(|row| row.map(|row| row.try_get(0)).transpose())
                 .map_err(pg_error("read attempt budget"))?;
             Ok(n.map(count_of))
         })

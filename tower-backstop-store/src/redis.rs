@@ -15,9 +15,15 @@ use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_milli
 use super::schedule::{from_micros, gap_micros, to_micros};
 use super::{AuditEntry, BoxFuture, Lease, Store, StoreError, redact_url};
 
+mod sentinel;
+
+pub use self::sentinel::OpenSentinel;
+use self::sentinel::SentinelConnection;
+
 /// A dead-letter store in Redis, shared by many instances (feature `redis`): one server
-/// ([`connect`](RedisStore::connect)) or a Redis Cluster
-/// ([`connect_cluster`](RedisStore::connect_cluster)).
+/// ([`connect`](RedisStore::connect)), a Redis Cluster
+/// ([`connect_cluster`](RedisStore::connect_cluster)), or the primary that Redis Sentinel names
+/// ([`connect_sentinel`](RedisStore::connect_sentinel)), followed through failovers.
 ///
 /// Layout: every key starts with the key prefix (`backstop:dlq` by default) as a Redis hash tag,
 /// `{prefix}:`, so that every key of one store hashes to one Cluster slot and each script, which
@@ -63,8 +69,14 @@ use super::{AuditEntry, BoxFuture, Lease, Store, StoreError, redact_url};
 ///
 /// The connection to one server is the redis crate's `ConnectionManager`, re-established after
 /// Redis restarts; the connection to a Cluster is the redis crate's cluster client, which follows
-/// the Cluster's redirections and failovers. The scripts are loaded again when a server forgot
-/// them; calls made while Redis is down fail with a [`StoreError`].
+/// the Cluster's redirections and failovers; through Sentinel, one connection to the primary,
+/// asked of the Sentinels again after the primary fails. The scripts are loaded again when a
+/// server forgot them; calls made while Redis is down fail with a [`StoreError`].
+///
+/// A Redis without persistence that restarts comes back empty: run the store's Redis with
+/// `appendonly yes` (`appendfsync everysec` may still lose about the last second of writes in a
+/// crash). Replication is asynchronous: a write acknowledged by a primary that dies before a
+/// replica has it is lost in the failover.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Connection,
@@ -72,16 +84,19 @@ pub struct RedisStore {
     /// What every key starts with: the prefix as a hash tag (see [`keyspace`]).
     keyspace: String,
     history_limit: usize,
-    /// The server's URL, or the Cluster's URLs, as given (with credentials).
+    /// The server's URL, the Cluster's URLs, or the Sentinels' URLs, as given (with
+    /// credentials).
     urls: Vec<String>,
 }
 
-/// A connection to one Redis server or to a Redis Cluster; cheap to clone (each clone shares
+/// A connection to one Redis server, to a Redis Cluster, or to the primary Sentinel names; cheap
+/// to clone (each clone shares
 /// the connection).
 #[derive(Clone)]
 enum Connection {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConnection),
 }
 
 impl redis::aio::ConnectionLike for Connection {
@@ -89,6 +104,7 @@ impl redis::aio::ConnectionLike for Connection {
         match self {
             Connection::Single(c) => c.req_packed_command(cmd),
             Connection::Cluster(c) => c.req_packed_command(cmd),
+            Connection::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -101,6 +117,7 @@ impl redis::aio::ConnectionLike for Connection {
         match self {
             Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -108,6 +125,7 @@ impl redis::aio::ConnectionLike for Connection {
         match self {
             Connection::Single(c) => c.get_db(),
             Connection::Cluster(c) => c.get_db(),
+            Connection::Sentinel(c) => c.get_db(),
         }
     }
 }
@@ -136,20 +154,21 @@ fn has_hash_tag(key: &str) -> bool {
 }
 
 /// `redis {url} prefix {prefix}` for one server, `redis cluster {url},{url}… prefix {prefix}`
-/// for a Cluster, the URLs' credentials hidden ([`redact_url`]).
+/// for a Cluster, `redis sentinel {url},{url}… master {name} prefix {prefix}` through Sentinel,
+/// the URLs' credentials hidden ([`redact_url`]).
 impl std::fmt::Display for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let cluster = if matches!(self.conn, Connection::Cluster(_)) {
-            "cluster "
-        } else {
-            ""
-        };
-        write!(
-            f,
-            "redis {cluster}{} prefix {}",
-            self.shown_urls(),
-            self.prefix
-        )
+        let urls = self.shown_urls();
+        match &self.conn {
+            Connection::Single(_) => write!(f, "redis {urls} prefix {}", self.prefix),
+            Connection::Cluster(_) => write!(f, "redis cluster {urls} prefix {}", self.prefix),
+            Connection::Sentinel(c) => write!(
+                f,
+                "redis sentinel {urls} master {} prefix {}",
+                c.master(),
+                self.prefix
+            ),
+        }
     }
 }
 
@@ -158,6 +177,7 @@ impl std::fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("url", &self.shown_urls())
             .field("cluster", &matches!(self.conn, Connection::Cluster(_)))
+            .field("sentinel", &matches!(self.conn, Connection::Sentinel(_)))
             .field("prefix", &self.prefix)
             .field("history_limit", &self.history_limit)
             .finish_non_exhaustive()
@@ -461,6 +481,50 @@ impl RedisStore {
         RedisStore::opened(Connection::Cluster(conn), urls).await
     }
 
+    /// Opens the store on the primary that the Redis Sentinels at `sentinels` (each
+    /// `redis://host:26379`, `redis://:password@host:26379` for a Sentinel that asks for one)
+    /// name `master` (the name in their `sentinel monitor` line), following it through
+    /// failovers: set options on the returned [`OpenSentinel`], then `.await` it. By default the
+    /// key prefix `backstop:dlq`, a 2 s connection timeout and a 5 s response timeout, no login
+    /// to the primary, database 0.
+    ///
+    /// The store keeps one connection to the primary. When a call on it fails as a lost primary
+    /// would (the connection refused, dropped or timed out) or answers `READONLY` (a primary
+    /// demoted to a replica), that call fails with a [`StoreError`] and the next one asks the
+    /// Sentinels for the primary again, and checks with `ROLE` that it is one; calls fail until
+    /// the Sentinels have promoted a replica (their `down-after-milliseconds` and the failover),
+    /// then go to it. A call is never retried on the new primary by the store: whether a write
+    /// whose answer was lost landed is not known, so it is reported as failed.
+    ///
+    /// Replication is asynchronous: a write the old primary acknowledged but had not yet sent to
+    /// the replica that is promoted is lost in the failover. Redis's `WAIT numreplicas timeout`
+    /// after a write would bound that (it waits until that many replicas have the write); the
+    /// store does not send it.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_backstop_store::RedisStore;
+    ///
+    /// # async fn run() -> Result<(), tower_backstop_store::StoreError> {
+    /// let store = RedisStore::connect_sentinel(
+    ///     &["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .primary_auth(None, "secret")
+    /// .timeouts(Some(Duration::from_secs(1)), Some(Duration::from_secs(2)))
+    /// .await?
+    /// .with_prefix("mail:dlq");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`OpenSentinel`]: no Sentinel URL or a malformed one, no Sentinel that knows `master`,
+    /// a primary that cannot be reached or refuses the login, scripts that cannot be loaded.
+    pub fn connect_sentinel(sentinels: &[&str], master: &str) -> OpenSentinel {
+        OpenSentinel::new(sentinels, master)
+    }
+
     /// The store over `conn`, its scripts loaded, with the default prefix and history limit.
     async fn opened(mut conn: Connection, urls: Vec<String>) -> Result<Self, StoreError> {
         for script in SCRIPTS {
@@ -541,7 +605,8 @@ impl RedisStore {
         }
         let Connection::Single(conn) = &self.conn else {
             return Err(StoreError::new(
-                "redis dead-letter store: untagged keys are renamed on one server, not in a cluster",
+                "redis dead-letter store: untagged keys are renamed on one server (connect), not \
+                 in a cluster or through sentinel",
             ));
         };
         let mut conn = conn.clone();

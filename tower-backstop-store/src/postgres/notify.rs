@@ -27,18 +27,6 @@ pub(super) fn channel(schema: &str) -> Arc<str> {
     Arc::from(format!("backstop_due_{hash:016x}"))
 }
 
-/// Notifies `channel` (best effort: the write it follows is done; a lost wake-up costs at most
-/// one poll of the schedulers).
-pub(super) async fn notify(pool: &PgPool, channel: &str) {
-    let sent = sqlx::query("SELECT pg_notify($1, '')")
-        .bind(channel)
-        .execute(pool)
-        .await;
-    if let Err(error) = sent {
-        tracing::debug!(%error, channel, "due wake-up not sent; the schedulers' poll bounds the wait");
-    }
-}
-
 /// How long to wait before listening again after the listening connection failed.
 const RELISTEN_AFTER: Duration = Duration::from_secs(1);
 

@@ -8,6 +8,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection, Executor};
 
 use super::error::pg_error;
+use super::pooled::Mode;
 use crate::{StoreError, redact_url};
 
 /// The schema a store uses unless told otherwise ([`OpenPostgres::schema`]).
@@ -53,6 +54,7 @@ pub struct OpenPostgres {
     max_connections: Option<u32>,
     acquire_timeout: Option<Duration>,
     statement_timeout: Option<Duration>,
+    pooler: bool,
 }
 
 pub(super) enum Source {
@@ -72,6 +74,7 @@ impl std::fmt::Debug for OpenPostgres {
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
             .field("statement_timeout", &self.statement_timeout)
+            .field("pooler", &self.pooler)
             .finish()
     }
 }
@@ -84,6 +87,7 @@ impl OpenPostgres {
             max_connections: None,
             acquire_timeout: None,
             statement_timeout: None,
+            pooler: false,
         }
     }
 
@@ -111,17 +115,53 @@ impl OpenPostgres {
     }
 
     /// Cuts every statement of the store's connections at `timeout` (the server's
-    /// `statement_timeout`, set when each connection opens; default: the server's setting,
-    /// usually none). A statement cut short fails with a [`StoreError`] that says so, and writes
+    /// `statement_timeout`, set when each connection opens, or behind a pooler
+    /// ([`behind_pooler`](OpenPostgres::behind_pooler)) by `SET LOCAL` in each transaction;
+    /// default: the server's setting, usually none). A statement cut short fails with a [`StoreError`] that says so, and writes
     /// nothing. Only for [`connect`](crate::PostgresStore::connect).
     pub fn statement_timeout(mut self, timeout: Duration) -> Self {
         self.statement_timeout = Some(timeout);
         self
     }
 
+    /// The store connects through a **transaction pooler**: PgBouncer with `pool_mode =
+    /// transaction` (or any pooler that may give each transaction another server connection).
+    /// The same as the URL parameter `pooler=transaction`
+    /// (`postgres://app@pgbouncer:6432/app?pooler=transaction`), which the store reads and
+    /// removes before sqlx sees the URL. Off by default: the store cannot tell a pooler from a
+    /// server.
+    ///
+    /// What changes:
+    /// - The connections send no startup parameter PgBouncer refuses by default: not sqlx's
+    ///   `extra_float_digits` (the store reads no floating-point column), and not `options`:
+    ///   a [`statement_timeout`](OpenPostgres::statement_timeout) is set by `SET LOCAL` in each
+    ///   transaction instead (one more round trip per call).
+    /// - Every statement is unnamed (never prepared by name and kept: the next transaction may
+    ///   run on a server connection that lacks it, or has another one by that name) and runs in
+    ///   a transaction of its own, `BEGIN` … `COMMIT`, so that its parse and its execution reach
+    ///   the same server connection: two more round trips per call.
+    /// - The migration lock is transaction-scoped (`pg_advisory_xact_lock`) with or without this
+    ///   option, so migrations work through the pooler unchanged.
+    /// - [`PostgresStore::listen_for_due`](crate::PostgresStore::listen_for_due) cannot listen
+    ///   there: it logs one warning and the schedulers poll.
+    ///
+    /// Over a given pool ([`from_pool`](crate::PostgresStore::from_pool)), build the pool's
+    /// `PgConnectOptions` with `.extra_float_digits(None)` yourself (PgBouncer refuses the
+    /// connection otherwise); the store runs its own statements unnamed, in transactions.
+    /// [`PostgresStore::put_in`](crate::PostgresStore::put_in) behind a pooler needs a
+    /// transaction of yours (`&mut *tx`), not a bare connection.
+    pub fn behind_pooler(mut self) -> Self {
+        self.pooler = true;
+        self
+    }
+
     /// Connects (for a URL) and migrates the schema.
     pub(super) async fn open(self) -> Result<Opened, StoreError> {
         let schema = quote_schema(&self.schema)?;
+        let mut mode = Mode {
+            pooled: self.pooler,
+            set_timeout: None,
+        };
         let (pool, url) = match self.source {
             Source::Pool(pool) => {
                 let set = [
@@ -141,7 +181,9 @@ impl OpenPostgres {
                 (pool, None)
             }
             Source::Url(url) => {
-                let options = connect_options(&url, self.statement_timeout)?;
+                let (sqlx_url, pooler_in_url) = strip_pooler(&url)?;
+                mode.pooled |= pooler_in_url;
+                let options = connect_options(&sqlx_url, self.statement_timeout, &mut mode)?;
                 let acquire = self.acquire_timeout.unwrap_or(DEFAULT_ACQUIRE_TIMEOUT);
                 // One connection of our own first: a refused connection or a failed login is
                 // reported as such (the pool would retry it until its timeout, then say only
@@ -170,6 +212,7 @@ impl OpenPostgres {
             url,
             schema: self.schema,
             quoted: schema,
+            mode,
         })
     }
 }
@@ -181,12 +224,57 @@ pub(super) struct Opened {
     pub(super) url: Option<String>,
     pub(super) schema: String,
     pub(super) quoted: String,
+    pub(super) mode: Mode,
 }
 
-/// The connection options of `url`, with `statement_timeout` set on every connection.
+/// The URL parameter that says the store connects through a transaction pooler
+/// ([`OpenPostgres::behind_pooler`]).
+const POOLER_PARAMETER: &str = "pooler";
+
+/// `url` without its `pooler=transaction` parameter (sqlx would warn of a parameter it does not
+/// know), and whether it had one.
+fn strip_pooler(url: &str) -> Result<(String, bool), StoreError> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), false));
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (query, None),
+    };
+    let mut pooled = false;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some((POOLER_PARAMETER, "transaction")) => pooled = true,
+            Some((POOLER_PARAMETER, other)) => {
+                return Err(StoreError::new(format!(
+                    "postgres dead-letter store: bad url {:?}: {POOLER_PARAMETER}={other:?} is \
+                     not a pooler mode this store knows (only `transaction`)",
+                    redact(url)
+                )));
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let mut out = base.to_owned();
+    if !kept.is_empty() {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    Ok((out, pooled))
+}
+
+/// The connection options of `url`, with `statement_timeout` set on every connection: as the
+/// startup parameter `options`, or, behind a transaction pooler (`mode.pooled`), noted in
+/// `mode` to be set in each transaction, with no startup parameter PgBouncer refuses.
 fn connect_options(
     url: &str,
     statement_timeout: Option<Duration>,
+    mode: &mut Mode,
 ) -> Result<PgConnectOptions, StoreError> {
     let options = PgConnectOptions::from_str(url).map_err(|e| {
         StoreError::with_source(
@@ -194,8 +282,13 @@ fn connect_options(
             Redacted::of(&e, url),
         )
     })?;
-    Ok(match statement_timeout {
-        Some(t) => options.options([("statement_timeout", format!("{}", t.as_millis().max(1)))]),
+    let millis = statement_timeout.map(|t| t.as_millis().max(1));
+    if mode.pooled {
+        mode.set_timeout = millis.map(|ms| format!("SET LOCAL statement_timeout = {ms}"));
+        return Ok(options.extra_float_digits(None).statement_cache_capacity(0));
+    }
+    Ok(match millis {
+        Some(ms) => options.options([("statement_timeout", ms.to_string())]),
         None => options,
     })
 }
@@ -208,6 +301,10 @@ fn connect_error(url: &str, e: &sqlx::Error) -> StoreError {
         sqlx::Error::Tls(_) => {
             ": TLS failed (this build of sqlx has no TLS stack unless your \
                                  application enables one of sqlx's TLS features)"
+        }
+        sqlx::Error::Database(db) if db.message().contains("unsupported startup parameter") => {
+            ": refused a startup parameter, as PgBouncer does: behind a connection pooler, \
+             open the store with behind_pooler() or the URL parameter pooler=transaction"
         }
         _ => "",
     };
@@ -316,7 +413,9 @@ fn quote_schema(name: &str) -> Result<String, StoreError> {
     Ok(format!("\"{}\"", name.replace('"', "\"\"")))
 }
 
-/// Applies the migrations `schema` lacks, under the advisory lock, in one transaction.
+/// Applies the migrations `schema` lacks, under the advisory lock, in one transaction. Its
+/// statements are unnamed, so that behind a transaction pooler they leave no prepared statement
+/// on the server connection for the next client to collide with.
 async fn migrate(conn: &mut PgConnection, name: &str, schema: &str) -> Result<(), StoreError> {
     let create_schema = format!("CREATE SCHEMA {schema}");
     let create_table = format!(
@@ -332,12 +431,14 @@ async fn migrate(conn: &mut PgConnection, name: &str, schema: &str) -> Result<()
     sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
         .bind(LOCK_CLASS)
         .bind(name.to_owned())
+        .persistent(false)
         .execute(&mut *tx)
         .await
         .map_err(pg_error("take the migration lock"))?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
             .bind(name.to_owned())
+            .persistent(false)
             .fetch_one(&mut *tx)
             .await
             .map_err(pg_error("read schemas"))?;
@@ -350,6 +451,7 @@ async fn migrate(conn: &mut PgConnection, name: &str, schema: &str) -> Result<()
         .await
         .map_err(pg_error("create the migrations table"))?;
     let current: Option<i32> = sqlx::query_scalar(&read_version)
+        .persistent(false)
         .fetch_one(&mut *tx)
         .await
         .map_err(pg_error("read the schema version"))?;
@@ -375,6 +477,7 @@ async fn migrate(conn: &mut PgConnection, name: &str, schema: &str) -> Result<()
         sqlx::query(&note)
             .bind(version)
             .bind(migration)
+            .persistent(false)
             .execute(&mut *tx)
             .await
             .map_err(pg_error("note the migration"))?;
@@ -399,6 +502,27 @@ mod tests {
             "postgres://app:s%40cret@db",
         );
         assert_eq!(e.to_string(), "login as app:*** failed, ***");
+    }
+
+    #[test]
+    fn the_pooler_parameter_is_read_and_removed() {
+        let strip = |u: &str| strip_pooler(u).unwrap();
+        assert_eq!(
+            strip("postgres://db/x"),
+            ("postgres://db/x".to_owned(), false)
+        );
+        assert_eq!(
+            strip("postgres://db/x?pooler=transaction"),
+            ("postgres://db/x".to_owned(), true)
+        );
+        assert_eq!(
+            strip("postgres://db/x?sslmode=disable&pooler=transaction&application_name=a#f"),
+            (
+                "postgres://db/x?sslmode=disable&application_name=a#f".to_owned(),
+                true
+            )
+        );
+        assert!(strip_pooler("postgres://db/x?pooler=session").is_err());
     }
 
     #[test]

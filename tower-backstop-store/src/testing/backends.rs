@@ -86,15 +86,17 @@ impl Backend for SqliteBackend {
     }
 }
 
-/// [`RedisStore`](crate::RedisStore)s (feature `redis`) on one server or a Redis Cluster: a new
-/// key prefix per case (`backstop-test:{case}:{random}`), and a second connection with the same
-/// prefix as the second handle. Connected without timeouts (so that it works on a paused
-/// clock too).
+/// [`RedisStore`](crate::RedisStore)s (feature `redis`) on one server, a Redis Cluster or the
+/// primary Sentinel names: a new key prefix per case (`backstop-test:{case}:{random}`), and a
+/// second connection with the same prefix as the second handle. Connected without timeouts (so
+/// that it works on a paused clock too), but to a Cluster's nodes within 2 s.
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug)]
 pub struct RedisBackend {
     urls: Vec<String>,
     cluster: bool,
+    /// The primary's name, through the Sentinels at `urls`.
+    master: Option<String>,
 }
 
 #[cfg(feature = "redis")]
@@ -104,6 +106,17 @@ impl RedisBackend {
         RedisBackend {
             urls: vec![url.into()],
             cluster: false,
+            master: None,
+        }
+    }
+
+    /// Stores on the primary named `master` that the Redis Sentinels at `urls` watch
+    /// ([`RedisStore::connect_sentinel`](crate::RedisStore::connect_sentinel)).
+    pub fn sentinel(urls: impl IntoIterator<Item = impl Into<String>>, master: &str) -> Self {
+        RedisBackend {
+            urls: urls.into_iter().map(Into::into).collect(),
+            cluster: false,
+            master: Some(master.to_owned()),
         }
     }
 
@@ -113,11 +126,18 @@ impl RedisBackend {
         RedisBackend {
             urls: urls.into_iter().map(Into::into).collect(),
             cluster: true,
+            master: None,
         }
     }
 
     /// A new connection, with the default prefix.
     async fn connect(&self) -> Result<crate::RedisStore, StoreError> {
+        if let Some(master) = &self.master {
+            let urls: Vec<&str> = self.urls.iter().map(String::as_str).collect();
+            return crate::RedisStore::connect_sentinel(&urls, master)
+                .timeouts(None, None)
+                .await;
+        }
         if self.cluster {
             let urls: Vec<&str> = self.urls.iter().map(String::as_str).collect();
             crate::RedisStore::connect_cluster_with_timeouts(
@@ -162,6 +182,7 @@ impl Backend for RedisBackend {
 #[derive(Clone, Debug)]
 pub struct PostgresBackend {
     url: String,
+    pooler: bool,
 }
 
 #[cfg(feature = "postgres")]
@@ -169,7 +190,30 @@ impl PostgresBackend {
     /// Stores in the Postgres database at `url`
     /// ([`PostgresStore::connect`](crate::PostgresStore::connect)).
     pub fn new(url: impl Into<String>) -> Self {
-        PostgresBackend { url: url.into() }
+        PostgresBackend {
+            url: url.into(),
+            pooler: false,
+        }
+    }
+
+    /// Stores in the Postgres database behind the transaction pooler (PgBouncer with
+    /// `pool_mode = transaction`) at `url`, opened with
+    /// [`behind_pooler`](crate::OpenPostgres::behind_pooler).
+    pub fn behind_pooler(url: impl Into<String>) -> Self {
+        PostgresBackend {
+            url: url.into(),
+            pooler: true,
+        }
+    }
+
+    /// A store on `schema`.
+    async fn connect(&self, schema: &str) -> Result<crate::PostgresStore, StoreError> {
+        let open = crate::PostgresStore::connect(&self.url).schema(schema);
+        if self.pooler {
+            open.behind_pooler().await
+        } else {
+            open.await
+        }
     }
 }
 
@@ -182,12 +226,12 @@ impl Backend for PostgresBackend {
     ) -> BoxFuture<'a, Result<Opened, StoreError>> {
         Box::pin(async move {
             let schema = format!("bt_{}_{:016x}", name_part(test), fresh());
-            let store = crate::PostgresStore::connect(&self.url)
-                .schema(schema.clone())
+            let store = self
+                .connect(&schema)
                 .await?
                 .with_history_limit(history_limit);
-            let other = crate::PostgresStore::connect(&self.url)
-                .schema(schema)
+            let other = self
+                .connect(&schema)
                 .await?
                 .with_history_limit(history_limit);
             Ok(Opened::new(Arc::new(store), Arc::new(other)))

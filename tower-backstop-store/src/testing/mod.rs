@@ -5,7 +5,7 @@
 //! records, "as another process would open it". [`cases`] lists the cases, each with its name;
 //! [`run_all`] runs them all in one test and names each one that failed. The stores of this
 //! crate pass them through the backends here: [`MemoryBackend`], `SqliteBackend` (feature
-//! `sqlite`), `RedisBackend` (feature `redis`: one server or a Redis Cluster) and
+//! `sqlite`), `RedisBackend` (feature `redis`: one server, a Redis Cluster or through Sentinel) and
 //! `PostgresBackend` (feature `postgres`).
 //!
 //! The cases use only the [`Store`] trait and this crate's [`Retention`](crate::Retention) and
