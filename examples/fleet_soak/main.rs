@@ -10,8 +10,9 @@
 //! cargo run --example fleet_soak --features postgres,redis -- --store-outage   # the store down too
 //! ```
 //!
-//! `--store` takes `postgres` or `redis` (the URL from `BACKSTOP_POSTGRES_URL` or
-//! `BACKSTOP_REDIS_URL`), or a `postgres://` or `redis://` URL; without it, both stores run, one
+//! `--store` takes `postgres`, `pgbouncer` or `redis` (the URL from `BACKSTOP_POSTGRES_URL`,
+//! `BACKSTOP_PGBOUNCER_URL` with `pooler=transaction`, or `BACKSTOP_REDIS_URL`), or a
+//! `postgres://` or `redis://` URL; without it, both stores run, one
 //! after the other. Each run keeps its records in a Postgres schema or under a Redis key prefix of
 //! its own (`fleet_soak_<pid>_<time>`) and removes them at its end.
 //!
@@ -90,7 +91,8 @@
 //! The store fails in the middle of the provider's outage, when the callers' failures most need
 //! it: 15 s into the outage it is stopped hard for 30 s (`--small`: 3 s into a 14 s outage, for
 //! 8 s). The run then starts a store server of its own, which it can stop and start again (a
-//! Postgres cluster of its own stopped with `pg_ctl stop -m immediate`, as a crash; a
+//! Postgres cluster of its own stopped with `pg_ctl stop -m immediate`, as a crash, reached
+//! directly or through a PgBouncer of its own in transaction pooling that stays up; a
 //! `redis-server` with an append-only file fsync'd on every write, killed with SIGKILL), the URL
 //! given only choosing which kind; and each process keeps what the store does not take in a local
 //! spool of its own (`DeadLetterLayer::spool`; the killed and restarted child opens its
@@ -190,9 +192,14 @@ fn store_urls(args: &[String]) -> Result<Vec<String>, BoxError> {
             from_env("BACKSTOP_POSTGRES_URL")?,
             from_env("BACKSTOP_REDIS_URL")?,
         ]),
-        Some(None) => Err("--store needs a value: postgres, redis, or a URL".into()),
+        Some(None) => Err("--store needs a value: postgres, pgbouncer, redis, or a URL".into()),
         Some(Some(s)) if s == "postgres" => Ok(vec![from_env("BACKSTOP_POSTGRES_URL")?]),
         Some(Some(s)) if s == "redis" => Ok(vec![from_env("BACKSTOP_REDIS_URL")?]),
+        Some(Some(s)) if s == "pgbouncer" => {
+            let url = from_env("BACKSTOP_PGBOUNCER_URL")?;
+            let sep = if url.contains('?') { '&' } else { '?' };
+            Ok(vec![format!("{url}{sep}pooler=transaction")])
+        }
         Some(Some(url)) => {
             stores::Kind::of(url)?;
             Ok(vec![url.clone()])

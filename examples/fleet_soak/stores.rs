@@ -10,14 +10,21 @@ use tower_backstop::store::{PostgresStore, RedisStore, Status, Store};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Postgres,
+    /// Postgres through PgBouncer in transaction pooling (`?pooler=transaction`).
+    PgBouncer,
     Redis,
 }
 
 impl Kind {
-    /// The kind of `url`: `postgres://`, `postgresql://` or `redis://`.
+    /// The kind of `url`: `postgres://`, `postgresql://` (with `pooler=transaction`: through
+    /// PgBouncer) or `redis://`.
     pub fn of(url: &str) -> Result<Kind, BoxError> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok(Kind::Postgres)
+            Ok(if url.contains("pooler=transaction") {
+                Kind::PgBouncer
+            } else {
+                Kind::Postgres
+            })
         } else if url.starts_with("redis://") {
             Ok(Kind::Redis)
         } else {
@@ -32,6 +39,7 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Postgres => "Postgres",
+            Kind::PgBouncer => "Postgres through PgBouncer",
             Kind::Redis => "Redis",
         }
     }
@@ -41,6 +49,12 @@ impl Kind {
 /// (`initdb` in a temporary directory) or a `redis-server` with an append-only file.
 pub enum Server {
     Postgres(backstop_test_support::PgCluster),
+    /// A cluster and a PgBouncer in transaction pooling in front of it: the cluster goes down,
+    /// the pooler stays.
+    PgBouncer(
+        backstop_test_support::PgCluster,
+        backstop_test_support::PgBouncer,
+    ),
     Redis(backstop_test_support::RedisServer),
 }
 
@@ -48,6 +62,17 @@ impl Server {
     pub fn start(kind: Kind) -> Result<Server, BoxError> {
         Ok(match kind {
             Kind::Postgres => Server::Postgres(backstop_test_support::PgCluster::start()?),
+            Kind::PgBouncer => {
+                let cluster = backstop_test_support::PgCluster::start()?;
+                // PgBouncer waits `server_login_retry` (15 s by default) after a failed login
+                // before it tries the server again: 1 s, as the operations guide advises, so
+                // that the store is back for its clients soon after Postgres is.
+                let bouncer = backstop_test_support::PgBouncer::start_with(
+                    &cluster,
+                    &[("server_login_retry", "1")],
+                )?;
+                Server::PgBouncer(cluster, bouncer)
+            }
             Kind::Redis => Server::Redis(backstop_test_support::RedisServer::start()?),
         })
     }
@@ -55,6 +80,7 @@ impl Server {
     pub fn url(&self) -> String {
         match self {
             Server::Postgres(cluster) => cluster.url(),
+            Server::PgBouncer(_, bouncer) => format!("{}?pooler=transaction", bouncer.url()),
             Server::Redis(server) => server.url(),
         }
     }
@@ -62,7 +88,7 @@ impl Server {
     /// Stops it as a crash would: `pg_ctl stop -m immediate`, SIGKILL.
     pub fn stop(&mut self) {
         match self {
-            Server::Postgres(cluster) => cluster.crash(),
+            Server::Postgres(cluster) | Server::PgBouncer(cluster, _) => cluster.crash(),
             Server::Redis(server) => server.kill(),
         }
     }
@@ -70,7 +96,7 @@ impl Server {
     /// Starts it again on the same port and data.
     pub fn start_again(&mut self) -> Result<(), BoxError> {
         match self {
-            Server::Postgres(cluster) => cluster.resume()?,
+            Server::Postgres(cluster) | Server::PgBouncer(cluster, _) => cluster.resume()?,
             Server::Redis(server) => server.resume()?,
         }
         Ok(())
@@ -85,7 +111,8 @@ pub async fn open(
     connections: u32,
 ) -> Result<Arc<dyn Store>, BoxError> {
     Ok(match Kind::of(url)? {
-        Kind::Postgres => Arc::new(
+        // Through PgBouncer, the URL's `pooler=transaction` tells the store.
+        Kind::Postgres | Kind::PgBouncer => Arc::new(
             PostgresStore::connect(url)
                 .schema(namespace)
                 .max_connections(connections)
@@ -98,12 +125,14 @@ pub async fn open(
 /// Removes everything the run wrote: the schema, or every key under the prefix.
 pub async fn remove(url: &str, namespace: &str) -> Result<(), BoxError> {
     match Kind::of(url)? {
-        Kind::Postgres => {
+        Kind::Postgres | Kind::PgBouncer => {
             let store = PostgresStore::connect(url)
                 .schema(namespace)
                 .max_connections(1)
                 .await?;
+            // Unnamed: a named statement does not survive a transaction pooler.
             sqlx::query(&format!("DROP SCHEMA \"{namespace}\" CASCADE"))
+                .persistent(false)
                 .execute(store.pool())
                 .await?;
             store.close().await;

@@ -240,6 +240,16 @@ pub struct PgBouncer {
 impl PgBouncer {
     /// Starts PgBouncer in front of `cluster`, and waits until it accepts connections.
     pub fn start(cluster: &PgCluster) -> Result<PgBouncer, String> {
+        PgBouncer::start_with(cluster, &[])
+    }
+
+    /// Starts PgBouncer in front of `cluster` as [`start`](Self::start) does, with `settings`
+    /// (`name = value` lines of its `[pgbouncer]` section) added to its configuration.
+    pub fn start_with(cluster: &PgCluster, settings: &[(&str, &str)]) -> Result<PgBouncer, String> {
+        let extra: String = settings
+            .iter()
+            .map(|(name, value)| format!("{name} = {value}\n"))
+            .collect();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| e.to_string())?
@@ -253,7 +263,7 @@ impl PgBouncer {
             format!(
                 "[databases]\n* = host=127.0.0.1 port={}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\n\
                  listen_port = {port}\nunix_socket_dir =\nauth_type = trust\nauth_file = {}\n\
-                 pool_mode = transaction\n",
+                 pool_mode = transaction\n{extra}",
                 cluster.port,
                 users.display()
             ),
