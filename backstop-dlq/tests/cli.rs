@@ -169,10 +169,17 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
     let o = dlq_on(&db, &["show", "nope"]).await;
     assert!(!o.status.success());
 
-    // stats: the dashboard.
+    // stats: the dashboard, its window as written (24 hours read `24h`, not `1day`).
+    let o = dlq_on(&db, &["stats", "--window", "24h"]).await;
+    assert!(
+        stdout(&o).starts_with("dead letters, last 24h (at "),
+        "{}",
+        stdout(&o)
+    );
     let o = dlq_on(&db, &["stats", "--window", "1h"]).await;
     let out = stdout(&o);
     assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.starts_with("dead letters, last 1h (at "), "{out}");
     assert!(
         out.contains("top classes") && out.contains("top codes"),
         "{out}"

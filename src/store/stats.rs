@@ -127,12 +127,23 @@ fn table(
     Ok(())
 }
 
+/// A window as an operator writes it: whole hours under a week in hours (`24h`, `48h`, not
+/// `1day`), anything else as `humantime` prints it (`15m`, `7days`, `1h 5m`).
+fn span(d: std::time::Duration) -> String {
+    let secs = d.as_secs();
+    if d.subsec_nanos() == 0 && secs > 0 && secs.is_multiple_of(3600) && secs < 7 * 86_400 {
+        format!("{}h", secs / 3600)
+    } else {
+        humantime::format_duration(d).to_string()
+    }
+}
+
 impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
             "dead letters, last {} (at {})",
-            humantime::format_duration(self.window),
+            span(self.window),
             humantime::format_rfc3339_seconds(self.at)
         )?;
         writeln!(
@@ -140,7 +151,7 @@ impl fmt::Display for Stats {
             "dead {}   rate {:.1}/min over the last {}",
             self.counts.total,
             self.per_minute,
-            humantime::format_duration(self.rules.window)
+            span(self.rules.window)
         )?;
         writeln!(
             f,
@@ -156,7 +167,7 @@ impl fmt::Display for Stats {
             writeln!(
                 f,
                 "(no history before the last {}: the rate and new-code alerts wait for it)",
-                humantime::format_duration(self.rules.window + self.rules.baseline)
+                span(self.rules.window + self.rules.baseline)
             )?;
         }
         if self.alerts.is_empty() {
