@@ -13,6 +13,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower_service::Service;
 
+pub(crate) use self::health::Health;
+pub use self::health::StoreHealth;
 use crate::clock::Clock;
 use crate::failure::Failure;
 use crate::observe::{Hook, Listener};
@@ -278,9 +280,18 @@ pub struct SchedulerHandle {
     /// flight.
     stop: watch::Sender<Option<Duration>>,
     task: JoinHandle<()>,
+    health: Health,
 }
 
 impl SchedulerHandle {
+    /// What the scheduler knows of its store now: whether it fails, since when, and its last
+    /// error ([`StoreHealth`]). For a health or readiness route: a scheduler whose store fails
+    /// loses nothing (the records wait in the store, the outcome of each re-send is tried
+    /// again until written), but sends nothing new until the store is back.
+    pub fn store_health(&self) -> StoreHealth {
+        self.health.read()
+    }
+
     /// Shuts the scheduler down within [`DEFAULT_SHUTDOWN_WITHIN`] (10 s): see
     /// [`shutdown_within`](Self::shutdown_within).
     pub async fn shutdown(self) {
@@ -323,7 +334,8 @@ where
     /// Runs the scheduler on a tokio task until [`SchedulerHandle::shutdown`].
     pub fn spawn(self) -> SchedulerHandle {
         let (stop, stopped) = watch::channel(None);
-        let task = tokio::spawn(run::Run::new(self, stopped).run());
-        SchedulerHandle { stop, task }
+        let health = Health::new(self.listener.clone(), self.clock);
+        let task = tokio::spawn(run::Run::new(self, stopped, health.clone()).run());
+        SchedulerHandle { stop, task, health }
     }
 }
