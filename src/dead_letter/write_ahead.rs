@@ -70,7 +70,7 @@ pub(crate) async fn queued_record<Req: Describe>(
 ///
 /// The write waits at most the layer's store timeout, and no later than `deadline` (real time)
 /// when one is given (what is left of the caller's wait for the store after the attempt
-/// budget's read), at least 1 ms.
+/// budget's read); not at all when that deadline has passed.
 pub(crate) fn store<Req>(
     config: &Arc<Config>,
     copy: Req,
@@ -83,15 +83,17 @@ where
     let config = Arc::clone(config);
     Box::pin(async move {
         let bound = deadline.map_or(config.store_timeout, |deadline| {
-            deadline
-                .saturating_duration_since(std::time::Instant::now())
-                .max(Duration::from_millis(1))
+            deadline.saturating_duration_since(std::time::Instant::now())
         });
         let until = add_clamped(config.clock.now(), length);
         let message = "stored before its first attempt; in flight".to_owned();
         let record =
             queued_record(&config, copy, Status::InFlight, until, WRITE_AHEAD, message).await;
         let id = record.id.clone();
+        if bound.is_zero() {
+            // The budget's read used up the caller's wait for the store: not asked.
+            return Err((id, super::bounded::timed_out(config.store_timeout)));
+        }
         let written = async {
             config.store.put(record).await?;
             let lease = config.store.get(&id).await?.and_then(|r| r.lease());
