@@ -83,6 +83,21 @@ pub const DEFAULT_SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
 /// died ends after its lease, when another scheduler takes the record (so a record may be sent
 /// twice if a scheduler dies mid-call: keep the idempotency key, which re-sends keep).
 ///
+/// **Store outages.** The scheduler never stops, and never drops a record, because its store
+/// fails or does not answer: the records wait in the store. Each store call waits at most a
+/// third of the lease. Claims that fail back off: exponential from
+/// [`poll_every`](Scheduler::poll_every), doubling, capped at 5 s (or the poll, if longer),
+/// with "equal jitter" (Marc Brooker, "Exponential Backoff And Jitter", AWS Architecture Blog),
+/// instead of one claim a poll. The write that ends a claim is tried again while the store
+/// fails, backing off from 100 ms to at most 5 s: a delivery's resolution until it is written
+/// or the claim is known to have passed to another sender (past the lease's end too, so that a
+/// delivered record is not sent again), the others until the lease ends (the record is due again
+/// then, and looked at afresh). Renewals are tried again past the lease's end: a claim no one
+/// else took is renewed when the store is back. A claim that ended during the outage and that
+/// this scheduler takes again goes to the re-send still holding the record, which is not sent
+/// twice; one another scheduler took is never written over, and the log says so.
+/// [`SchedulerHandle::store_health`] says whether the store fails, since when and why.
+///
 /// **Shutdown.** [`SchedulerHandle::shutdown`] stops claiming, waits for the re-sends in flight
 /// at most [`DEFAULT_SHUTDOWN_WITHIN`] (or the bound given to
 /// [`shutdown_within`](SchedulerHandle::shutdown_within)), and gives the claims it still holds
@@ -239,7 +254,8 @@ impl<S, F> Scheduler<S, F> {
     /// ([`Event::Backlog`](crate::observe::Event::Backlog), every
     /// [`backlog_every`](Self::backlog_every)) and each store operation that failed
     /// ([`Event::StoreError`](crate::observe::Event::StoreError), operations `"claim"`,
-    /// `"next_due"`, `"count"`, `"update"`, `"slot"` and `"prune"`). See
+    /// `"next_due"`, `"count"`, `"update"` (a record's outcome, each try), `"renew"` (a claim's
+    /// renewal), `"slot"` and `"prune"`). See
     /// [`observe`](crate::observe).
     pub fn listener(mut self, listener: impl Listener) -> Self {
         self.listener = Hook::new(listener);
