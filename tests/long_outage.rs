@@ -9,12 +9,10 @@ mod redis_support;
 mod support;
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use backstop_test_support::Tests;
+use backstop_test_support::{Fault, FaultyStore, Op, Tests};
 use bytes::Bytes;
 use http_body_util::Full;
 use support::outage::{
@@ -23,10 +21,7 @@ use support::outage::{
 use tower_backstop::breaker::State;
 use tower_backstop::dead_letter::record_of;
 use tower_backstop::resend::{Scheduler, http_request};
-use tower_backstop::store::{
-    BoxFuture, Change, Claim, Counts, Filter, Lease, MemoryStore, Record, SqliteStore, Status,
-    Store, StoreError,
-};
+use tower_backstop::store::{Change, Filter, MemoryStore, Record, SqliteStore, Status, Store};
 use tower_backstop::{Class, Clock, Code, Envelope, Failure};
 
 async fn statuses(store: &dyn Store) -> HashMap<Status, usize> {
@@ -360,136 +355,14 @@ async fn assert_sent_once_after(store: &Arc<dyn Store>, provider: &Provider, dur
     assert!(per_key.values().all(|&n| n == 1), "{per_key:?}");
 }
 
-/// A store that fails every call while `failing` is set, and that lets someone else change a
-/// record (`meddle`) just before the next read of one.
-struct Flaky {
-    inner: MemoryStore,
-    failing: Arc<AtomicBool>,
-    meddle: std::sync::Mutex<Option<Change>>,
-    /// The id of the record `meddle` changed.
-    meddled: std::sync::Mutex<Option<String>>,
-}
-
-impl Flaky {
-    fn new(inner: MemoryStore) -> Self {
-        Flaky {
-            inner,
-            failing: Arc::default(),
-            meddle: std::sync::Mutex::new(None),
-            meddled: std::sync::Mutex::new(None),
-        }
-    }
-}
-
-impl Flaky {
-    fn check(&self) -> Result<(), StoreError> {
-        if self.failing.load(Ordering::SeqCst) {
-            Err(StoreError::new("the store is down"))
-        } else {
-            Ok(())
-        }
-    }
-
-    fn guarded<T: Send + 'static>(
-        &self,
-        f: BoxFuture<'static, Result<T, StoreError>>,
-    ) -> BoxFuture<'static, Result<T, StoreError>> {
-        match self.check() {
-            Ok(()) => f,
-            Err(e) => Box::pin(async move { Err(e) }),
-        }
-    }
-}
-
-impl Store for Flaky {
-    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.guarded(self.inner.put_many(records))
-    }
-    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
-        if let Some(change) = self.meddle.lock().unwrap().take() {
-            *self.meddled.lock().unwrap() = Some(id.to_owned());
-            let meddled = self.inner.update(id, change);
-            let read = self.inner.get(id);
-            return self.guarded(Box::pin(async move {
-                meddled.await?;
-                read.await
-            }));
-        }
-        self.guarded(self.inner.get(id))
-    }
-    fn search(
-        &self,
-        filter: &Filter,
-        page: Range<usize>,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        self.guarded(self.inner.search(filter, page))
-    }
-    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
-        self.guarded(self.inner.counts(since))
-    }
-    fn update(
-        &self,
-        id: &str,
-        change: Change,
-    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
-        self.guarded(self.inner.update(id, change))
-    }
-    fn claim_due(
-        &self,
-        now: SystemTime,
-        limit: usize,
-        lease: Duration,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        self.guarded(self.inner.claim_due(now, limit, lease))
-    }
-    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
-        self.guarded(self.inner.delete(filter))
-    }
-    fn append_audit(
-        &self,
-        entry: tower_backstop::store::AuditEntry,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.guarded(self.inner.append_audit(entry))
-    }
-    fn audit(
-        &self,
-        page: std::ops::Range<usize>,
-    ) -> BoxFuture<'static, Result<Vec<tower_backstop::store::AuditEntry>, StoreError>> {
-        self.guarded(self.inner.audit(page))
-    }
-    fn change_if_unchanged(
-        &self,
-        seen: &Record,
-        change: Change,
-    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        self.guarded(self.inner.change_if_unchanged(seen, change))
-    }
-    fn put_claimed(
-        &self,
-        lease: &Lease,
-        record: Record,
-    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        self.guarded(self.inner.put_claimed(lease, record))
-    }
-    fn reserve_slot(
-        &self,
-        schedule: &str,
-        gap: Duration,
-        now: SystemTime,
-    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
-        self.guarded(self.inner.reserve_slot(schedule, gap, now))
-    }
-}
-
 /// The store fails for 3 s in the middle of the drain: nothing is lost and every record ends
 /// resolved. A re-send whose outcome could not be written is sent again, with its idempotency
 /// key, when its claim ends: at most the re-sends in flight when the store failed.
 async fn a_store_that_fails_during_the_drain_loses_nothing() {
     let clock = Clock::tokio();
     let inner = MemoryStore::new();
-    let flaky = Flaky::new(inner.clone());
-    let failing = Arc::clone(&flaky.failing);
-    let store: Arc<dyn Store> = Arc::new(flaky);
+    let flaky = FaultyStore::new(Arc::new(inner.clone()));
+    let store: Arc<dyn Store> = Arc::new(flaky.clone());
     let provider = Provider::default();
     provider.down(true);
     let (svc, _) = stack(&store, &provider, clock);
@@ -508,9 +381,9 @@ async fn a_store_that_fails_during_the_drain_loses_nothing() {
         resolved_before.is_some_and(|n| n > 0 && n < 40),
         "mid-drain: {resolved_before:?}"
     );
-    failing.store(true, Ordering::SeqCst);
+    flaky.set(Fault::Fail);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    failing.store(false, Ordering::SeqCst);
+    flaky.set(Fault::Answer);
     tokio::time::sleep(Duration::from_secs(60)).await;
     scheduler.shutdown().await;
     let after = statuses(&inner).await;
@@ -672,15 +545,24 @@ async fn a_rejected_re_send_never_undoes_someone_elses_change() {
 /// record as it ends, and the provider.
 async fn rejected_while(change: Change) -> (Record, Provider) {
     let clock = Clock::tokio();
-    let flaky = Arc::new(Flaky::new(MemoryStore::new()));
-    let store: Arc<dyn Store> = flaky.clone();
+    let flaky = FaultyStore::new(Arc::new(MemoryStore::new()));
+    let store: Arc<dyn Store> = Arc::new(flaky.clone());
     let provider = Provider::default();
     let (svc, breaker) = stack(&store, &provider, clock);
     provider.down(true);
     send_all(&svc, 5).await;
     provider.down(false);
     breaker.force_open();
-    *flaky.meddle.lock().unwrap() = Some(change);
+    // Someone else changes a record just before the next read of one.
+    let meddled = Arc::new(std::sync::Mutex::new(None::<String>));
+    let (inner, noted) = (Arc::clone(flaky.inner()), Arc::clone(&meddled));
+    flaky.before_next(Op::Get, move |id| {
+        *noted.lock().unwrap() = Some(id.to_owned());
+        let meddling = inner.update(id, change);
+        Box::pin(async move {
+            meddling.await.unwrap();
+        })
+    });
     let scheduler = Scheduler::new(Arc::clone(&store), svc, as_string_request)
         .poll_every(Duration::from_millis(100))
         .clock(clock)
@@ -689,8 +571,7 @@ async fn rejected_while(change: Change) -> (Record, Provider) {
     breaker.reset();
     tokio::time::sleep(Duration::from_secs(3)).await;
     scheduler.shutdown().await;
-    let id = flaky
-        .meddled
+    let id = meddled
         .lock()
         .unwrap()
         .clone()

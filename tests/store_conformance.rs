@@ -453,111 +453,6 @@ async fn a_redrive_that_matches_nothing_sends_nothing(b: &dyn Backend) {
 /// What a case runs, against stores opened by a backend.
 type CaseFn = for<'a> fn(&'a dyn Backend) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
 
-/// A store whose every operation waits while the test holds it frozen: a process that stalls
-/// (a long pause, a store it cannot reach) with its renewals stuck on the way.
-struct Frozen {
-    inner: Arc<dyn Store>,
-    frozen: tokio::sync::watch::Receiver<bool>,
-}
-
-impl Frozen {
-    /// Runs `op` on the inner store once it is not frozen (the operation is only made then: a
-    /// store may do its work when the call is made, before the future is polled).
-    fn gate<T: Send + 'static>(
-        &self,
-        op: impl FnOnce(&dyn Store) -> BoxFuture<'static, Result<T, StoreError>> + Send + 'static,
-    ) -> BoxFuture<'static, Result<T, StoreError>> {
-        let (inner, mut frozen) = (Arc::clone(&self.inner), self.frozen.clone());
-        Box::pin(async move {
-            let _ = frozen.wait_for(|f| !*f).await;
-            op(&*inner).await
-        })
-    }
-}
-
-impl Store for Frozen {
-    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.gate(move |s| s.put_many(records))
-    }
-    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
-        let id = id.to_owned();
-        self.gate(move |s| s.get(&id))
-    }
-    fn search(
-        &self,
-        filter: &Filter,
-        page: Range<usize>,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        let filter = filter.clone();
-        self.gate(move |s| s.search(&filter, page))
-    }
-    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
-        self.gate(move |s| s.counts(since))
-    }
-    fn update(
-        &self,
-        id: &str,
-        change: Change,
-    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
-        let id = id.to_owned();
-        self.gate(move |s| s.update(&id, change))
-    }
-    fn claim_due(
-        &self,
-        now: SystemTime,
-        limit: usize,
-        lease: Duration,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        self.gate(move |s| s.claim_due(now, limit, lease))
-    }
-    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
-        let filter = filter.clone();
-        self.gate(move |s| s.delete(&filter))
-    }
-    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.gate(move |s| s.append_audit(entry))
-    }
-    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
-        self.gate(move |s| s.audit(page))
-    }
-    fn change_if_unchanged(
-        &self,
-        seen: &Record,
-        change: Change,
-    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        let seen = seen.clone();
-        self.gate(move |s| s.change_if_unchanged(&seen, change))
-    }
-    fn change_claimed(
-        &self,
-        lease: &Lease,
-        change: Change,
-    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        let lease = lease.clone();
-        self.gate(move |s| s.change_claimed(&lease, change))
-    }
-    fn put_claimed(
-        &self,
-        lease: &Lease,
-        record: Record,
-    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        let lease = lease.clone();
-        self.gate(move |s| s.put_claimed(&lease, record))
-    }
-    fn next_due(&self) -> BoxFuture<'static, Result<Option<SystemTime>, StoreError>> {
-        self.gate(|s| s.next_due())
-    }
-    fn reserve_slot(
-        &self,
-        schedule: &str,
-        gap: Duration,
-        now: SystemTime,
-    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
-        let schedule = schedule.to_owned();
-        self.gate(move |s| s.reserve_slot(&schedule, gap, now))
-    }
-}
-
 /// A provider that notes the idempotency key of each request it gets.
 fn keyed_provider(
     keys: Arc<std::sync::Mutex<Vec<String>>>,
@@ -635,11 +530,10 @@ async fn a_late_sender_past_its_lease_changes_nothing(b: &dyn Backend) {
         .put(due_keyed("m-1", SystemTime::now()))
         .await
         .unwrap();
-    let (freeze, frozen) = tokio::sync::watch::channel(false);
-    let a_store: Arc<dyn Store> = Arc::new(Frozen {
-        inner: Arc::clone(&o.store),
-        frozen,
-    });
+    // A's store: every operation waits while the test holds it frozen (a process that
+    // stalls, a store it cannot reach), with its renewals stuck on the way.
+    let frozen = backstop_test_support::FaultyStore::new(Arc::clone(&o.store));
+    let a_store: Arc<dyn Store> = Arc::new(frozen.clone());
     // A's connection stalls with the request, then breaks before the provider saw it.
     let (started, release) = (
         Arc::new(tokio::sync::Semaphore::new(0)),
@@ -668,7 +562,7 @@ async fn a_late_sender_past_its_lease_changes_nothing(b: &dyn Backend) {
     .poll_every(Duration::from_millis(50))
     .spawn();
     started.acquire().await.unwrap().forget();
-    freeze.send(true).unwrap();
+    frozen.set(backstop_test_support::Fault::Hang);
 
     let (keys, signal) = (Arc::default(), Arc::new(tokio::sync::Notify::new()));
     let b_scheduler = Scheduler::new(
@@ -684,7 +578,7 @@ async fn a_late_sender_past_its_lease_changes_nothing(b: &dyn Backend) {
     assert_eq!(delivered.resends, 2, "the second claim delivered it");
 
     // A wakes: its re-send fails, and its dead-letter layer writes the failure under A's claim.
-    freeze.send(false).unwrap();
+    frozen.set(backstop_test_support::Fault::Answer);
     release.notify_one();
     a.shutdown_within(Duration::from_secs(10)).await;
     let after = o.store.get("m-1").await.unwrap().unwrap();

@@ -589,6 +589,105 @@ async fn postgres_behind_pgbouncer_restarted_keeps_working() {
     drop(bouncer);
 }
 
+/// A scheduler draining 40 deferred records over our own Postgres cluster, stopped after the
+/// first 10 re-sends for longer than the claims' lease (3 s, a lease of 2 s) and started again:
+/// every record is delivered exactly once (counted at the provider) and ends resolved. The
+/// outcomes of the re-sends in flight when it stopped are tried again until written, and a
+/// claim that ended meanwhile and that the scheduler took again is not sent a second time.
+#[cfg(feature = "postgres")]
+async fn postgres_stopped_past_the_lease_mid_drain_delivers_each_record_once() {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use std::time::SystemTime;
+
+    use tower_backstop::dead_letter::record_of;
+    use tower_backstop::resend::{Scheduler, http_request};
+    use tower_backstop::store::{PostgresStore, Record, Status};
+    use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
+
+    let cluster = postgres_support::Cluster::start()
+        .unwrap_or_else(|e| panic!("a postgres cluster of our own: {e}"));
+    let store: Arc<dyn Store> = Arc::new(
+        PostgresStore::connect(&cluster.url())
+            .acquire_timeout(Duration::from_millis(300))
+            .await
+            .unwrap(),
+    );
+    let now = SystemTime::now();
+    let ids: Vec<String> = (0..40).map(|i| format!("o-{i:02}")).collect();
+    let records = ids.iter().map(|id| {
+        let f: Failure = Failure::new(
+            Class::TRANSIENT,
+            Code::Http(http::StatusCode::SERVICE_UNAVAILABLE),
+        );
+        let mut r = record_of(
+            id.clone(),
+            Envelope::new("{}")
+                .with_metadata("method", "POST")
+                .with_metadata("uri", "http://mail.test/v1/messages"),
+            &f,
+        );
+        r.status = Status::Deferred;
+        r.retry_at = Some(now - Duration::from_secs(1));
+        r
+    });
+    store.put_many(records.collect()).await.unwrap();
+
+    // The provider takes 100 ms: re-sends are in flight when the store stops.
+    let sent: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
+    let provider = {
+        let sent = Arc::clone(&sent);
+        tower::service_fn(
+            move |req: http::Request<http_body_util::Full<bytes::Bytes>>| {
+                let id = req.extensions().get::<MessageId>().unwrap().0.clone();
+                *sent.lock().unwrap().entry(id).or_default() += 1;
+                async {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok::<_, BoxError>(http::Response::new(()))
+                }
+            },
+        )
+    };
+    let scheduler = Scheduler::new(Arc::clone(&store), provider, |r: &Record| {
+        http_request(r, None)
+    })
+    .rate(20)
+    .concurrency(4)
+    .lease(Duration::from_secs(2))
+    .poll_every(Duration::from_millis(100))
+    .spawn();
+    let wait_for = |n: usize| {
+        let sent = Arc::clone(&sent);
+        async move {
+            let give_up = std::time::Instant::now() + Duration::from_secs(60);
+            while sent.lock().unwrap().len() < n {
+                assert!(std::time::Instant::now() < give_up, "{:?}", sent.lock());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_for(10).await;
+    cluster.stop();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(scheduler.store_health().failures > 0);
+    cluster.resume().unwrap();
+    wait_for(40).await;
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let all = store.search(&Filter::new(), 0..100).await.unwrap();
+        if all.len() == 40 && all.iter().all(|r| r.status == Status::Resolved) {
+            break;
+        }
+        assert!(std::time::Instant::now() < give_up, "{all:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!scheduler.store_health().is_failing());
+    scheduler.shutdown().await;
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent.keys().cloned().collect::<Vec<_>>(), ids);
+    assert!(sent.values().all(|&n| n == 1), "sent twice: {sent:?}");
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests.current(
@@ -628,6 +727,13 @@ fn main() {
         .current(
             "postgres_stopped_mid_drain_the_scheduler_resumes_and_says_so_once",
             postgres_stopped_mid_drain_the_scheduler_resumes_and_says_so_once,
+        );
+    #[cfg(feature = "postgres")]
+    tests
+        .needs(backstop_test_support::Service::PostgresBinaries)
+        .multi_thread(
+            "postgres_stopped_past_the_lease_mid_drain_delivers_each_record_once",
+            postgres_stopped_past_the_lease_mid_drain_delivers_each_record_once,
         );
     #[cfg(feature = "postgres")]
     tests

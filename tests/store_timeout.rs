@@ -6,107 +6,17 @@
 
 mod support;
 
-use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
+use backstop_test_support::{Fault, FaultyStore, Op};
 use std::time::Instant;
 use support::{Scripted, post_with_key, status, status_with};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
 use tower_backstop::dead_letter::{DEFAULT_STORE_TIMEOUT, DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::retry::{Attempts, GiveUp, RetryPolicy};
-use tower_backstop::store::{
-    AuditEntry, BoxFuture, Change, Claim, Counts, Filter, Lease, MemoryStore, Record, Store,
-    StoreError,
-};
-
-/// A memory store whose writes never answer while `hung` is set.
-#[derive(Clone, Default)]
-struct Hung {
-    inner: MemoryStore,
-    hung: Arc<AtomicBool>,
-}
-
-impl Hung {
-    /// `write`, or, while hung, a future that never answers (and `write` is never made).
-    fn hang<T: Send + 'static>(
-        &self,
-        write: impl FnOnce() -> BoxFuture<'static, Result<T, StoreError>>,
-    ) -> BoxFuture<'static, Result<T, StoreError>> {
-        if self.hung.load(Ordering::SeqCst) {
-            Box::pin(std::future::pending())
-        } else {
-            write()
-        }
-    }
-}
-
-impl Store for Hung {
-    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.hang(|| self.inner.put_many(records))
-    }
-    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
-        self.inner.get(id)
-    }
-    fn search(
-        &self,
-        filter: &Filter,
-        page: Range<usize>,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        self.inner.search(filter, page)
-    }
-    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
-        self.inner.counts(since)
-    }
-    fn update(
-        &self,
-        id: &str,
-        change: Change,
-    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
-        self.hang(|| self.inner.update(id, change))
-    }
-    fn claim_due(
-        &self,
-        now: SystemTime,
-        limit: usize,
-        lease: Duration,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        self.inner.claim_due(now, limit, lease)
-    }
-    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
-        self.inner.delete(filter)
-    }
-    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.inner.append_audit(entry)
-    }
-    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
-        self.inner.audit(page)
-    }
-    fn change_if_unchanged(
-        &self,
-        seen: &Record,
-        change: Change,
-    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        self.hang(|| self.inner.change_if_unchanged(seen, change))
-    }
-    fn put_claimed(
-        &self,
-        lease: &Lease,
-        record: Record,
-    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        self.hang(|| self.inner.put_claimed(lease, record))
-    }
-    fn reserve_slot(
-        &self,
-        schedule: &str,
-        gap: Duration,
-        now: SystemTime,
-    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
-        self.inner.reserve_slot(schedule, gap, now)
-    }
-}
+use tower_backstop::store::{MemoryStore, Store};
 
 /// The call's failure when the store hangs, and how long the caller waited for it: the bound
 /// is real time (measured on the system's clock even under tokio's paused clock, so that a real
@@ -114,9 +24,14 @@ impl Store for Hung {
 async fn through_a_hung_store(
     layer: impl FnOnce(DeadLetterLayer) -> DeadLetterLayer,
     upstream: Scripted,
-) -> (tower_backstop::Failure<http::Response<()>>, Duration, Hung) {
-    let store = Hung::default();
-    store.hung.store(true, Ordering::SeqCst);
+) -> (
+    tower_backstop::Failure<http::Response<()>>,
+    Duration,
+    FaultyStore,
+) {
+    // A memory store whose writes never answer (and are never made) while hung.
+    let store = FaultyStore::new(Arc::new(MemoryStore::new()));
+    store.set_for_each(Op::WRITES, Fault::Hang);
     let svc = ServiceBuilder::new()
         .layer(layer(DeadLetterLayer::new(store.clone())))
         .layer(RetryPolicy::new().max_attempts(2).build().unwrap())
@@ -153,7 +68,7 @@ async fn a_hung_store_costs_the_caller_its_timeout_and_says_not_stored() {
     assert!(!text.contains("deferred until"), "{text}");
     assert!(text.contains("could not be written"), "{text}");
     // Once the store answers again, nothing of it was written halfway.
-    store.hung.store(false, Ordering::SeqCst);
+    store.set(Fault::Answer);
     assert_eq!(store.get("m-1").await.unwrap(), None);
 }
 

@@ -2,11 +2,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::bounded::{bounded, timed_out};
 use super::budget::refusal;
 use super::layer::Config;
 use super::note::DeadLetterStatus;
@@ -100,15 +100,24 @@ impl Before {
     {
         let check = match (config.budget, req.message_id()) {
             (Some(budget), Some(id)) => Some(Check {
-                read: config.store.budget_spent(id),
+                // Bounded: a store that does not answer is a budget not known.
+                read: Box::pin(super::bounded::bounded_call(
+                    config.store_timeout,
+                    config.store.budget_spent(id),
+                )),
                 id: id.to_owned(),
                 budget,
             }),
             _ => None,
         };
+        // The budget's read and the write-ahead write share one store timeout: a hung store
+        // costs the caller that much before the call, not twice.
+        let deadline = check
+            .as_ref()
+            .map(|_| std::time::Instant::now() + config.store_timeout);
         let ahead = match (config.write_ahead, req.replay()) {
             (Some(length), Some(copy)) => Some(WriteAhead::Storing(super::write_ahead::store(
-                config, copy, length,
+                config, copy, length, deadline,
             ))),
             (Some(_), None) => {
                 tracing::warn!("request body cannot be copied: sent without write-ahead");
@@ -287,12 +296,9 @@ where
             }
         };
         // Bounded: a store that does not answer costs the caller its timeout, no more.
-        let written = bounded(bound, write).await.unwrap_or_else(|| {
-            Err(StoreError::new(format!(
-                "dead-letter store did not answer within {}",
-                humantime::format_duration(bound)
-            )))
-        });
+        let written = bounded(bound, write)
+            .await
+            .unwrap_or_else(|| Err(timed_out(bound)));
         let spooled = match (&written, spare) {
             (Err(_), Some(spare)) => {
                 let left = config.store_timeout.saturating_sub(started.elapsed());
@@ -302,39 +308,6 @@ where
         };
         (id, status, written, spooled)
     })
-}
-
-/// Runs `write` for at most `bound` of real time: `None` when it has not answered by then.
-/// tokio's timer wakes it, and the bound is read on the system's clock: a paused tokio clock (a
-/// test's) that jumps ahead while a real store answers over the network or from a blocking
-/// thread does not cut the write short; the real time left is waited instead.
-pub(crate) async fn bounded<T>(bound: Duration, write: impl Future<Output = T>) -> Option<T> {
-    let started = std::time::Instant::now();
-    let mut write = std::pin::pin!(write);
-    if let Ok(done) = tokio::time::timeout(bound, write.as_mut()).await {
-        return Some(done);
-    }
-    let left = bound.saturating_sub(started.elapsed());
-    if left.is_zero() {
-        return None;
-    }
-    // tokio's clock ran ahead of the real one: it is paused, and auto-advanced. A thread waits
-    // the real time left, woken at once when the write answers first (its sender dropped).
-    let (answered, wait) = std::sync::mpsc::channel::<()>();
-    let mut real = tokio::task::spawn_blocking(move || {
-        let _ = wait.recv_timeout(left);
-    });
-    let _answered = answered;
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(done) = write.as_mut().poll(cx) {
-            return Poll::Ready(Some(done));
-        }
-        match Pin::new(&mut real).poll(cx) {
-            Poll::Ready(_) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    })
-    .await
 }
 
 /// Whether `failure` is a call refused before it left (an open breaker's rejection, a send

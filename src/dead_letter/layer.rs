@@ -276,10 +276,30 @@ impl DeadLetterLayer {
         self
     }
 
-    /// The longest the caller waits for its failure's record to be written
-    /// ([`DEFAULT_STORE_TIMEOUT`], 1 s, by default). A store that fails or does not answer
-    /// within it (a database restarting, a pool waiting for a connection, a hung network)
-    /// costs the caller at most this much: its failure comes back with
+    /// The longest the caller waits for each store call the layer makes on its way
+    /// ([`DEFAULT_STORE_TIMEOUT`], 1 s, by default): its failure's record write, and with
+    /// [`attempt_budget`](Self::attempt_budget) or [`write_ahead`](Self::write_ahead) the
+    /// reads and writes before the call (the budget's read and the write-ahead write share one
+    /// such wait) and the write-ahead record's resolution after a success; an
+    /// [`Outbox`](super::Outbox)'s write too. What each does when the store does not answer
+    /// in time (or fails):
+    ///
+    /// - the attempt budget's read: the call goes out as if the budget were not spent (the
+    ///   budget is not known), said at WARN and as an
+    ///   [`Event::StoreError`](crate::observe::Event::StoreError) (operation `"read"`);
+    /// - the write-ahead write: the call goes out without write-ahead, said at WARN and as an
+    ///   event (operation `"write_ahead"`); a failure is then written as without write-ahead.
+    ///   A write that timed out may still land when a slow store answers: its record is then
+    ///   sent again by a scheduler after its lease, with its idempotency key;
+    /// - a renewal of the write-ahead claim while the call is out: tried again, as today;
+    /// - the resolution after a success: the caller has its response after one try; the
+    ///   resolution is tried again on a task of its own, backing off, until the claim ends (a
+    ///   record still not resolved is sent again by a scheduler after its lease, said at WARN);
+    /// - the failure's record write: as follows.
+    ///
+    /// A store that fails or does not answer within it (a database restarting, a pool waiting
+    /// for a connection, a hung network) costs the caller at most this much for its failure's
+    /// record: its failure comes back with
     /// [`DeadLetterStatus::NotStored`](super::DeadLetterStatus::NotStored) and the store's
     /// error (`dead-letter store did not answer within 1s`), and a request that was to be
     /// deferred says [`GiveUp::NotStored`](crate::retry::GiveUp::NotStored), not deferred. A

@@ -138,6 +138,7 @@ use crate::failure::Failure;
 use crate::request::{Describe, Replay};
 use crate::store::Store;
 
+pub(crate) mod bounded;
 mod budget;
 pub(crate) mod claim;
 mod future;

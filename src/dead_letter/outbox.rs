@@ -85,8 +85,11 @@ impl Outbox {
     ///
     /// # Errors
     ///
-    /// As [`record`](Outbox::record), and a [`StoreError`] when the store cannot be written;
-    /// nothing is written then.
+    /// As [`record`](Outbox::record), and a [`StoreError`] when the store cannot be written
+    /// (nothing is written then) or does not answer within the layer's
+    /// [`store_timeout`](super::DeadLetterLayer::store_timeout) (1 s by default: `dead-letter
+    /// store did not answer within 1s`; a slow store may still write it: call again, the
+    /// record of the same id is merged, never doubled).
     pub async fn send_later<Req: Describe>(
         &self,
         request: Req,
@@ -94,7 +97,8 @@ impl Outbox {
     ) -> Result<String, StoreError> {
         let record = self.record(request, at).await?;
         let id = record.id.clone();
-        self.config.store.put(record).await?;
+        let put = self.config.store.put(record);
+        super::bounded::bounded_call(self.config.store_timeout, put).await?;
         Ok(id)
     }
 

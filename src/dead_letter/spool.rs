@@ -58,7 +58,7 @@ pub(crate) async fn put(
 ) -> Result<(), String> {
     #[cfg(feature = "sqlite")]
     if let Some(spool) = &config.spool {
-        let written = super::future::bounded(left, spool.put(spare.record, spare.lease)).await;
+        let written = super::bounded::bounded(left, spool.put(spare.record, spare.lease)).await;
         let result = match written {
             Some(Ok(())) => Ok(()),
             Some(Err(e)) => Err(e.to_string()),

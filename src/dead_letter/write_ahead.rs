@@ -67,17 +67,33 @@ pub(crate) async fn queued_record<Req: Describe>(
 
 /// Stores `copy` (of the request about to be sent) as a claim of `length`, and reads the claim
 /// back: the merge with a record of the same id already there decides its fencing token.
-pub(crate) fn store<Req>(config: &Arc<Config>, copy: Req, length: Duration) -> Storing
+///
+/// The write waits at most the layer's store timeout, and no later than `deadline` (real time)
+/// when one is given (what is left of the caller's wait for the store after the attempt
+/// budget's read); not at all when that deadline has passed.
+pub(crate) fn store<Req>(
+    config: &Arc<Config>,
+    copy: Req,
+    length: Duration,
+    deadline: Option<std::time::Instant>,
+) -> Storing
 where
     Req: Describe + Send + 'static,
 {
     let config = Arc::clone(config);
     Box::pin(async move {
+        let bound = deadline.map_or(config.store_timeout, |deadline| {
+            deadline.saturating_duration_since(std::time::Instant::now())
+        });
         let until = add_clamped(config.clock.now(), length);
         let message = "stored before its first attempt; in flight".to_owned();
         let record =
             queued_record(&config, copy, Status::InFlight, until, WRITE_AHEAD, message).await;
         let id = record.id.clone();
+        if bound.is_zero() {
+            // The budget's read used up the caller's wait for the store: not asked.
+            return Err((id, super::bounded::timed_out(config.store_timeout)));
+        }
         let written = async {
             config.store.put(record).await?;
             let lease = config.store.get(&id).await?.and_then(|r| r.lease());
@@ -87,7 +103,11 @@ where
                 ))
             })
         };
-        written.await.map_err(|e| (id, e))
+        // Bounded: a store that does not answer costs the caller its timeout, and the call
+        // goes out without write-ahead.
+        super::bounded::bounded_call(bound, written)
+            .await
+            .map_err(|e| (id, e))
     })
 }
 
@@ -120,6 +140,7 @@ impl WriteAhead {
                 lease,
                 length,
                 config.clock,
+                config.store_timeout,
             )),
             Err((id, error)) => {
                 config.listener.emit_ref(&Event::StoreError {
@@ -127,7 +148,7 @@ impl WriteAhead {
                     id: Some(&id),
                     error: &error,
                 });
-                tracing::error!(
+                tracing::warn!(
                     id = %id,
                     error = %error,
                     "write-ahead record could not be written; the request is sent without it \
@@ -145,6 +166,10 @@ pub(crate) struct Renewal {
     lease: Lease,
     length: Duration,
     clock: crate::clock::Clock,
+    /// The bound on each store call ([`DeadLetterLayer::store_timeout`]).
+    ///
+    /// [`DeadLetterLayer::store_timeout`]: super::DeadLetterLayer::store_timeout
+    timeout: Duration,
     sleep: Pin<Box<Sleep>>,
     renewing: Option<BoxFuture<'static, Result<Claim, StoreError>>>,
     lost: bool,
@@ -156,12 +181,14 @@ impl Renewal {
         lease: Lease,
         length: Duration,
         clock: crate::clock::Clock,
+        timeout: Duration,
     ) -> Self {
         Renewal {
             store,
             lease,
             length,
             clock,
+            timeout,
             sleep: Box::pin(tokio::time::sleep(length / 3)),
             renewing: None,
             lost: false,
@@ -188,10 +215,14 @@ impl Renewal {
                 return;
             }
             let until = add_clamped(self.clock.now(), self.length);
-            self.renewing = Some(
-                self.store
-                    .change_claimed(&self.lease, Change::Renewed { until }),
-            );
+            let renewal = self
+                .store
+                .change_claimed(&self.lease, Change::Renewed { until });
+            // Bounded: a renewal that hangs is tried again, as one that fails.
+            self.renewing = Some(Box::pin(super::bounded::bounded_call(
+                self.timeout,
+                renewal,
+            )));
         }
     }
 
@@ -224,30 +255,75 @@ impl Renewal {
         self.sleep.as_mut().reset(Instant::now() + next);
     }
 
-    /// Resolves the record of a call that succeeded, while the claim holds.
+    /// Resolves the record of a call that succeeded, while the claim holds: one try, bounded
+    /// by the store timeout, on the caller's time. A try that fails or does not answer is
+    /// tried again on a task of its own, backing off, until the claim ends (the caller has its
+    /// response meanwhile); a record still not resolved then is sent again by a scheduler after
+    /// its lease, said at WARN.
     pub(crate) fn resolve(self) -> BoxFuture<'static, ()> {
         let Renewal {
             store,
             lease,
             clock,
+            timeout,
             ..
         } = self;
         Box::pin(async move {
             let at = clock.now();
-            match store.change_claimed(&lease, Change::Resolved { at }).await {
-                Ok(Claim::Claimed(_)) => {}
-                Ok(_) => tracing::info!(
-                    id = %lease.id,
-                    "delivered after the write-ahead claim had passed to another sender; the \
-                     record is left as they wrote it"
-                ),
-                Err(e) => tracing::warn!(
-                    id = %lease.id,
-                    error = %e,
-                    "delivered, but the write-ahead record could not be resolved: a scheduler \
-                     sends it again after its lease (its idempotency key lets the provider tell)"
-                ),
+            let resolving = store.change_claimed(&lease, Change::Resolved { at });
+            let first = super::bounded::bounded_call(timeout, resolving).await;
+            if let Err(error) = resolved(&lease, first) {
+                tracing::debug!(id = %lease.id, error = %error, "cannot resolve a write-ahead record yet; trying again");
+                tokio::spawn(resolve_later(store, lease, at, timeout, clock));
             }
         })
     }
+}
+
+/// How a resolution of the write-ahead record `lease` ended: `Err` when the store failed.
+fn resolved(lease: &Lease, resolution: Result<Claim, StoreError>) -> Result<(), StoreError> {
+    match resolution? {
+        Claim::Claimed(_) => {}
+        Claim::ClaimedElsewhere { .. } | Claim::Missing => tracing::info!(
+            id = %lease.id,
+            "delivered after the write-ahead claim had passed to another sender; the record is \
+             left as they wrote it"
+        ),
+    }
+    Ok(())
+}
+
+/// Tries the resolution of the write-ahead record `lease` (delivered at `at`) again, backing
+/// off, each try bounded by `timeout`, until it is written or the claim ends.
+async fn resolve_later(
+    store: Arc<dyn Store>,
+    lease: Lease,
+    at: SystemTime,
+    timeout: Duration,
+    clock: crate::clock::Clock,
+) {
+    let mut failed = 1;
+    loop {
+        let wait = super::bounded::store_retry(failed, Duration::from_millis(100), timeout * 2);
+        if add_clamped(clock.now(), wait) >= lease.until {
+            break;
+        }
+        tokio::time::sleep(wait).await;
+        let resolving = store.change_claimed(&lease, Change::Resolved { at });
+        match resolved(
+            &lease,
+            super::bounded::bounded_call(timeout, resolving).await,
+        ) {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::debug!(id = %lease.id, error = %e, "cannot resolve a write-ahead record yet")
+            }
+        }
+        failed += 1;
+    }
+    tracing::warn!(
+        id = %lease.id,
+        "delivered, but the write-ahead record could not be resolved before its claim ended: a \
+         scheduler sends it again after its lease (its idempotency key lets the provider tell)"
+    );
 }

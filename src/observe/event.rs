@@ -217,7 +217,8 @@ pub enum Event<'a> {
         /// request before its first attempt; the call goes out without it), `"claim"` (the
         /// scheduler's claim of due records), `"next_due"` (the scheduler reading when the next
         /// record is due), `"count"` (the scheduler counting its backlog), `"update"` (the
-        /// scheduler writing a record's new state), `"slot"` (the scheduler's turn of a fleet
+        /// scheduler writing a record's new state, tried again while it fails), `"renew"` (the
+        /// scheduler renewing a claim), `"slot"` (the scheduler's turn of a fleet
         /// rate), `"prune"` (retention deleting old records), `"audit"` (writing an operator's
         /// audit entry).
         operation: &'static str,

@@ -75,4 +75,6 @@ pub use self::rebuild::reqwest_request;
 pub use self::rebuild::{http_request, http_request_restoring};
 pub use self::reconciler::{ReconcileReport, Reconciler};
 pub use self::redrive::{ALREADY_DELIVERED, Outcome, Redrive, RedriveReport};
-pub use self::scheduler::{DEFAULT_LEASE, DEFAULT_SHUTDOWN_WITHIN, Scheduler, SchedulerHandle};
+pub use self::scheduler::{
+    DEFAULT_LEASE, DEFAULT_SHUTDOWN_WITHIN, Scheduler, SchedulerHandle, StoreHealth,
+};

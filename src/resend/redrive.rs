@@ -414,7 +414,7 @@ impl Redrive {
             Ok(lease) => {
                 let claimed = tokio::time::Instant::now();
                 let mut held = Held::new(store, lease, self.lease, claimed, self.clock);
-                resend(store, service, record, request, &mut held, &self.clock)
+                resend(service, record, request, &mut held, &self.clock)
                     .await
                     .0
             }
@@ -503,7 +503,6 @@ async fn claim_for_redrive(
 /// out changes nothing. The second value says when an open breaker rejected the re-send
 /// locally.
 pub(crate) async fn resend<S, Req>(
-    store: &dyn Store,
     service: &mut S,
     record: &Record,
     request: Req,
@@ -537,54 +536,82 @@ where
     };
     match result {
         Ok(_) => {
-            delivered(store, record, held.lease(), clock).await;
+            delivered(record, held, clock).await;
             let resolved = Outcome::Resolved {
                 id: record.id.clone(),
                 class: record.class.clone(),
             };
             (resolved, None)
         }
-        Err(e) => failed_again(store, record, held.lease(), e.into()).await,
+        Err(e) => failed_again(record, held, clock, e.into()).await,
     }
 }
 
-/// A re-send succeeded: the record becomes resolved, if its claim still holds.
-async fn delivered(store: &dyn Store, record: &Record, lease: &Lease, clock: &Clock) {
+/// A re-send succeeded: the record becomes resolved, if its claim still holds. A store that
+/// fails is tried again (see [`Held::settle`]): a record left in flight would be sent again.
+async fn delivered(record: &Record, held: &mut Held<'_>, clock: &Clock) {
     let at = clock.now();
-    match store.change_claimed(lease, Change::Resolved { at }).await {
+    let change = Change::Resolved { at };
+    let written = held
+        .settle(Some(change), true, |store, lease| {
+            store.change_claimed(lease, change)
+        })
+        .await;
+    match written {
         Ok(Claim::Claimed(_)) => {}
-        Ok(Claim::ClaimedElsewhere { status, resends }) => tracing::info!(
+        Ok(Claim::ClaimedElsewhere { status, resends }) => tracing::warn!(
             id = %record.id,
             status = %status,
             resends,
-            "re-sent and delivered after the claim had passed to another sender; the record is \
-             left as they wrote it"
+            "re-sent and delivered, but its claim had passed to another sender before the \
+             outcome could be written; the record is left as they wrote it (if they send it \
+             again, its idempotency key lets the provider tell)"
         ),
         Ok(Claim::Missing) => {
             tracing::info!(id = %record.id, "re-sent and delivered; the record was deleted meanwhile")
         }
         Err(e) => {
-            tracing::error!(id = %record.id, error = %e, "re-sent, but the outcome could not be written")
+            tracing::error!(id = %record.id, error = %e, "re-sent, but the outcome could not be written before the claim ended")
         }
     }
 }
 
 /// A re-send failed again: its outcome, with the new failure written by the stack's dead-letter
-/// layer, or here when the stack has none (in both cases only while the claim holds).
+/// layer, or here when the stack has none (in both cases only while the claim holds). When the
+/// layer could not write it (the store failed), the claim is given back here, due again a lease
+/// later, its re-send counted ([`Change::Released`]), tried again while the store fails.
 async fn failed_again<R>(
-    store: &dyn Store,
     record: &Record,
-    lease: &Lease,
+    held: &mut Held<'_>,
+    clock: &Clock,
     failure: Failure<R>,
 ) -> (Outcome, Option<Rejected>) {
     let written = match failure.note::<DeadLetterStatus>() {
         Some(DeadLetterStatus::Stored { .. }) => true,
+        Some(DeadLetterStatus::NotStored { .. }) => {
+            let retry_at = add_clamped(clock.now(), held.length());
+            let change = Change::Released { retry_at };
+            let released = held
+                .settle(Some(change), false, |store, lease| {
+                    store.change_claimed(lease, change)
+                })
+                .await;
+            if let Err(e) = released {
+                tracing::error!(id = %record.id, error = %e, "re-sent and failed again; neither the failure nor the claim's end could be written: due again at its lease's end");
+            }
+            false
+        }
         Some(_) => false,
         None => {
             // No dead-letter layer in the stack: write the new failure here.
             let mut new = record_of(record.id.clone(), envelope_of(record), &failure);
             new.redacted_headers = record.redacted_headers.clone();
-            match store.put_claimed(lease, new).await {
+            let put = held
+                .settle(None, false, |store, lease| {
+                    store.put_claimed(lease, new.clone())
+                })
+                .await;
+            match put {
                 Ok(Claim::Claimed(_)) => true,
                 Ok(_) => {
                     tracing::info!(id = %record.id, "re-sent and failed again after the claim had passed to another sender; the failure is not written over theirs");

@@ -1,5 +1,6 @@
 //! The workspace's harness for test binaries whose tests need a server: Redis, a Redis Cluster,
-//! Postgres (a running server, or the binaries to start one), or a browser.
+//! Postgres (a running server, or the binaries to start one), or a browser; and
+//! [`FaultyStore`], a store over any other that fails, hangs or answers slowly on command.
 //!
 //! libtest decides whether a test is ignored when it is compiled, so a test that finds its
 //! server missing could only pass or fail. These binaries (`harness = false`) list their tests
@@ -29,6 +30,10 @@
 //! ```
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![forbid(unsafe_code)]
+
+mod faulty;
+
+pub use faulty::{Fault, FaultyStore, Op};
 
 use std::collections::HashMap;
 use std::future::Future;

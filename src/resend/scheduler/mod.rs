@@ -13,6 +13,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower_service::Service;
 
+pub(crate) use self::health::Health;
+pub use self::health::StoreHealth;
 use crate::clock::Clock;
 use crate::failure::Failure;
 use crate::observe::{Hook, Listener};
@@ -80,6 +82,21 @@ pub const DEFAULT_SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
 /// Nothing is lost on a restart: records wait in the store, and a claim held by a scheduler that
 /// died ends after its lease, when another scheduler takes the record (so a record may be sent
 /// twice if a scheduler dies mid-call: keep the idempotency key, which re-sends keep).
+///
+/// **Store outages.** The scheduler never stops, and never drops a record, because its store
+/// fails or does not answer: the records wait in the store. Each store call waits at most a
+/// third of the lease. Claims that fail back off: exponential from
+/// [`poll_every`](Scheduler::poll_every), doubling, capped at 5 s (or the poll, if longer),
+/// with "equal jitter" (Marc Brooker, "Exponential Backoff And Jitter", AWS Architecture Blog),
+/// instead of one claim a poll. The write that ends a claim is tried again while the store
+/// fails, backing off from 100 ms to at most 5 s: a delivery's resolution until it is written
+/// or the claim is known to have passed to another sender (past the lease's end too, so that a
+/// delivered record is not sent again), the others until the lease ends (the record is due again
+/// then, and looked at afresh). Renewals are tried again past the lease's end: a claim no one
+/// else took is renewed when the store is back. A claim that ended during the outage and that
+/// this scheduler takes again goes to the re-send still holding the record, which is not sent
+/// twice; one another scheduler took is never written over, and the log says so.
+/// [`SchedulerHandle::store_health`] says whether the store fails, since when and why.
 ///
 /// **Shutdown.** [`SchedulerHandle::shutdown`] stops claiming, waits for the re-sends in flight
 /// at most [`DEFAULT_SHUTDOWN_WITHIN`] (or the bound given to
@@ -237,7 +254,8 @@ impl<S, F> Scheduler<S, F> {
     /// ([`Event::Backlog`](crate::observe::Event::Backlog), every
     /// [`backlog_every`](Self::backlog_every)) and each store operation that failed
     /// ([`Event::StoreError`](crate::observe::Event::StoreError), operations `"claim"`,
-    /// `"next_due"`, `"count"`, `"update"`, `"slot"` and `"prune"`). See
+    /// `"next_due"`, `"count"`, `"update"` (a record's outcome, each try), `"renew"` (a claim's
+    /// renewal), `"slot"` and `"prune"`). See
     /// [`observe`](crate::observe).
     pub fn listener(mut self, listener: impl Listener) -> Self {
         self.listener = Hook::new(listener);
@@ -278,9 +296,18 @@ pub struct SchedulerHandle {
     /// flight.
     stop: watch::Sender<Option<Duration>>,
     task: JoinHandle<()>,
+    health: Health,
 }
 
 impl SchedulerHandle {
+    /// What the scheduler knows of its store now: whether it fails, since when, and its last
+    /// error ([`StoreHealth`]). For a health or readiness route: a scheduler whose store fails
+    /// loses nothing (the records wait in the store, the outcome of each re-send is tried
+    /// again until written), but sends nothing new until the store is back.
+    pub fn store_health(&self) -> StoreHealth {
+        self.health.read()
+    }
+
     /// Shuts the scheduler down within [`DEFAULT_SHUTDOWN_WITHIN`] (10 s): see
     /// [`shutdown_within`](Self::shutdown_within).
     pub async fn shutdown(self) {
@@ -323,7 +350,8 @@ where
     /// Runs the scheduler on a tokio task until [`SchedulerHandle::shutdown`].
     pub fn spawn(self) -> SchedulerHandle {
         let (stop, stopped) = watch::channel(None);
-        let task = tokio::spawn(run::Run::new(self, stopped).run());
-        SchedulerHandle { stop, task }
+        let health = Health::new(self.listener.clone(), self.clock);
+        let task = tokio::spawn(run::Run::new(self, stopped, health.clone()).run());
+        SchedulerHandle { stop, task, health }
     }
 }

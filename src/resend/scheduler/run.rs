@@ -18,15 +18,20 @@ use super::Scheduler;
 use super::health::Health;
 use super::holds::{Holds, Report};
 use super::pace::Pace;
+use crate::dead_letter::bounded::{bounded_call, store_retry};
 use crate::failure::Failure;
 use crate::observe::{Event, Hook};
 use crate::resend::redrive::{Outcome, resend};
-use crate::resend::renew::Held;
-use crate::store::{Change, Claim, Lease, Record, Status, Store, add_clamped};
+use crate::resend::renew::{Claims, Held};
+use crate::store::{Change, Claim, Lease, Record, Status, Store, StoreError, add_clamped};
 
 /// The shortest sleep after a look at the store that found a due time already past but claimed
 /// nothing (another scheduler took it in between): no busy loop on a store that says "now".
 const MIN_SLEEP: Duration = Duration::from_millis(10);
+
+/// The longest wait between two claims while the store fails (unless the poll is longer): 5 s,
+/// so that a store that comes back is seen within that.
+const CLAIM_BACKOFF_CAP: Duration = Duration::from_secs(5);
 
 /// What a look at the store found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +64,10 @@ pub(super) struct Run<S, F> {
     pruned_at: Option<Instant>,
     /// The store's wake-ups ([`Store::wake_ups`]), if it pushes any.
     wake_ups: Option<watch::Receiver<u64>>,
+    /// The claims of the re-sends under way, by record id.
+    claims: Arc<Claims>,
+    /// Claims that failed in a row, for the backoff.
+    claims_failed: u32,
 }
 
 impl<S, F, Req, E> Run<S, F>
@@ -71,11 +80,15 @@ where
     E: fmt::Display + 'static,
     Req: Send + 'static,
 {
-    pub(super) fn new(scheduler: Scheduler<S, F>, stop: watch::Receiver<Option<Duration>>) -> Self {
+    pub(super) fn new(
+        scheduler: Scheduler<S, F>,
+        stop: watch::Receiver<Option<Duration>>,
+        health: Health,
+    ) -> Self {
         let (report, reports) = mpsc::unbounded_channel();
         Run {
             pace: Pace::new(scheduler.rate, scheduler.fleet_rate),
-            health: Health::new(scheduler.listener.clone()),
+            health,
             scheduler,
             stop,
             in_flight: JoinSet::new(),
@@ -87,7 +100,14 @@ where
             backlog_at: None,
             pruned_at: None,
             wake_ups: None,
+            claims: Arc::default(),
+            claims_failed: 0,
         }
+    }
+
+    /// How long each store call of the loop may take: a third of the lease.
+    fn timeout(&self) -> Duration {
+        (self.scheduler.lease / 3).max(Duration::from_millis(1))
     }
 
     pub(super) async fn run(mut self) {
@@ -145,7 +165,8 @@ where
                 .is_none_or(|at| at.elapsed() >= self.scheduler.backlog_every)
         {
             self.backlog_at = Some(Instant::now());
-            match store.counts(std::time::UNIX_EPOCH).await {
+            let timeout = (self.scheduler.lease / 3).max(Duration::from_millis(1));
+            match bounded_call(timeout, store.counts(std::time::UNIX_EPOCH)).await {
                 Ok(counts) => {
                     self.health.ok();
                     listener.emit(|| Event::Backlog {
@@ -155,6 +176,21 @@ where
                 Err(e) => self.health.failed("count", &e),
             }
         }
+    }
+
+    /// When a prune or a count of the backlog is due next, if either is kept.
+    fn housekeeping_at(&self) -> Option<Instant> {
+        let s = &self.scheduler;
+        let prune = s
+            .retention
+            .as_ref()
+            .and_then(|(_, every)| self.pruned_at.map(|at| at + *every));
+        let count = s
+            .listener
+            .is_set()
+            .then(|| self.backlog_at.map(|at| at + s.backlog_every))
+            .flatten();
+        prune.into_iter().chain(count).min()
     }
 
     /// Takes in what the re-sends in flight reported.
@@ -178,10 +214,19 @@ where
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let in_a_third = (rate * s.lease.as_secs_f64() / 3.0).ceil().max(1.0) as usize;
         let limit = free.min(in_a_third);
-        match s.store.claim_due(s.clock.now(), limit, s.lease).await {
+        let (store, clock, lease) = (Arc::clone(&s.store), s.clock, s.lease);
+        let (claims, timeout) = (Arc::clone(&self.claims), self.timeout());
+        // A claim and the look at the claims under way are one step for the re-sends that
+        // look for a newer claim of their record (one this scheduler took again).
+        let claiming = claims.claiming().await;
+        let due = bounded_call(timeout, store.claim_due(clock.now(), limit, lease));
+        match due.await {
             Ok(due) => {
                 self.health.ok();
+                self.claims_failed = 0;
                 let full = due.len() >= limit;
+                let due = self.claims.take_over(due);
+                drop(claiming);
                 let claimed = Instant::now();
                 self.pending.extend(due.into_iter().map(|r| (r, claimed)));
                 // A full batch: more may be due now, even when all of it is held (another
@@ -190,6 +235,7 @@ where
             }
             Err(e) => {
                 self.health.failed("claim", &e);
+                self.claims_failed = self.claims_failed.saturating_add(1);
                 Round::Failed
             }
         }
@@ -205,7 +251,9 @@ where
             self.learn();
             let now = self.scheduler.clock.now();
             if let Some(until) = self.holds.hold(&record, now, self.scheduler.poll) {
-                hold(&*self.scheduler.store, &record, until).await;
+                let s = &self.scheduler;
+                let write = Writes::new(&*s.store, &self.health, &s.clock, self.timeout());
+                hold(&write, &record, until).await;
                 continue;
             }
             let at = self
@@ -237,10 +285,19 @@ where
         if round == Round::Full && self.pending.is_empty() {
             return now;
         }
+        if round == Round::Failed {
+            // Backing off while the store fails, instead of a claim every poll.
+            // No later than the next prune or count, which go on meanwhile.
+            let cap = self.scheduler.poll.max(CLAIM_BACKOFF_CAP);
+            let backoff = now + store_retry(self.claims_failed, self.scheduler.poll, cap);
+            return self
+                .housekeeping_at()
+                .map_or(backoff, |at| at.max(now).min(backoff));
+        }
         if round != Round::Partial {
             return poll;
         }
-        match self.scheduler.store.next_due().await {
+        match bounded_call(self.timeout(), self.scheduler.store.next_due()).await {
             Ok(next) => {
                 self.health.ok();
                 let Some(next) = next else {
@@ -275,10 +332,14 @@ where
     fn forget(&mut self, done: Result<(Id, ()), JoinError>) {
         match done {
             Ok((id, ())) => {
+                // The re-send let its claim go itself.
                 self.leases.remove(&id);
             }
             Err(e) => {
                 let lease = self.leases.remove(&e.id());
+                if let Some(lease) = &lease {
+                    self.claims.release(&lease.id);
+                }
                 if !e.is_cancelled() {
                     let id = lease.map(|l| l.id);
                     tracing::error!(error = %e, id = ?id, "dead-letter re-send task failed; its claim ends at its lease");
@@ -301,13 +362,8 @@ where
                 "re-sent as often as allowed; dead-lettered"
             );
             let s = &self.scheduler;
-            dead(
-                &*s.store,
-                &s.listener,
-                &lease,
-                "re-sent as often as allowed",
-            )
-            .await;
+            let write = Writes::new(&*s.store, &self.health, &s.clock, self.timeout());
+            dead(&write, &lease, "re-sent as often as allowed").await;
             return false;
         }
         let rebuilt = (self.scheduler.rebuild)(&record).map_err(|e| e.to_string());
@@ -316,7 +372,8 @@ where
             Err(e) => {
                 tracing::error!(id = %record.id, error = %e, "cannot rebuild the request; dead-lettered");
                 let s = &self.scheduler;
-                dead(&*s.store, &s.listener, &lease, "cannot rebuild the request").await;
+                let write = Writes::new(&*s.store, &self.health, &s.clock, self.timeout());
+                dead(&write, &lease, "cannot rebuild the request").await;
                 return false;
             }
         };
@@ -331,7 +388,10 @@ where
             recheck: self.scheduler.poll.saturating_mul(10),
             listener: self.scheduler.listener.clone(),
             report: self.report.clone(),
+            claims: Arc::clone(&self.claims),
+            health: self.health.clone(),
         };
+        self.claims.hold(&lease);
         let handle = self.in_flight.spawn(task.run(request));
         self.leases.insert(handle.id(), lease);
         true
@@ -343,16 +403,13 @@ where
         let bound = (*self.stop.borrow()).unwrap_or(super::DEFAULT_SHUTDOWN_WITHIN);
         let store = Arc::clone(&self.scheduler.store);
         let clock = self.scheduler.clock;
+        let health = self.health.clone();
+        // One try each: a store that fails ends these claims at their lease.
+        let write = Writes::new(&*store, &health, &clock, self.timeout()).once();
         for (record, _) in std::mem::take(&mut self.pending) {
             if let Some(lease) = record.lease() {
-                give_back(
-                    &*store,
-                    &lease,
-                    Change::Held {
-                        retry_at: clock.now(),
-                    },
-                )
-                .await;
+                let retry_at = clock.now();
+                give_back(&write, &lease, Change::Held { retry_at }).await;
             }
         }
         let deadline = Instant::now() + bound;
@@ -379,8 +436,17 @@ where
             if let Some(lease) = self.leases.remove(&id)
                 && done.is_err()
             {
-                let retry_at = clock.now();
-                give_back(&*store, &lease, Change::Released { retry_at }).await;
+                // The newest claim of the record, and the outcome its re-send was writing: a
+                // re-send delivered is resolved, not given back to be sent again.
+                let (lease, outcome) = self.claims.current(&lease.id).unwrap_or((lease, None));
+                self.claims.release(&lease.id);
+                let change = match outcome {
+                    Some(change @ (Change::Resolved { .. } | Change::Dead)) => change,
+                    _ => Change::Released {
+                        retry_at: clock.now(),
+                    },
+                };
+                give_back(&write, &lease, change).await;
             }
         }
     }
@@ -400,6 +466,9 @@ struct ReSend<S> {
     recheck: Duration,
     listener: Hook,
     report: mpsc::UnboundedSender<Report>,
+    /// The scheduler's claims under way.
+    claims: Arc<Claims>,
+    health: Health,
 }
 
 impl<S> ReSend<S> {
@@ -410,16 +479,13 @@ impl<S> ReSend<S> {
     {
         let store = &*self.store;
         let (id, clock) = (self.record.id.clone(), self.clock);
-        let mut held = Held::new(store, self.lease, self.length, self.claimed, clock);
-        let (outcome, rejected) = resend(
-            store,
-            &mut self.service,
-            &self.record,
-            request,
-            &mut held,
-            &clock,
-        )
-        .await;
+        let mut held = Held::new(store, self.lease, self.length, self.claimed, clock)
+            .of_scheduler(Arc::clone(&self.claims), self.health.clone());
+        let (outcome, rejected) =
+            resend(&mut self.service, &self.record, request, &mut held, &clock).await;
+        let timeout = (self.length / 3).max(Duration::from_millis(1));
+        let write = Writes::new(store, &self.health, &clock, timeout).until(held.lease().until);
+        let lease = held.lease().clone();
         let breaker = self.record.breaker.clone();
         let resent = |outcome| Event::Resent { id: &id, outcome };
         let report = match (&outcome, rejected) {
@@ -432,7 +498,7 @@ impl<S> ReSend<S> {
                 let outcome = if rejected.reached { "failed" } else { "held" };
                 self.listener.emit_ref(&resent(outcome));
                 if rejected.written {
-                    put_back(store, &self.record, until).await;
+                    put_back(&write, &self.record, &lease, until).await;
                 }
                 Report::NotSent { breaker }
             }
@@ -450,7 +516,7 @@ impl<S> ReSend<S> {
                 let outcome = if rejected.reached { "failed" } else { "held" };
                 self.listener.emit_ref(&resent(outcome));
                 if rejected.written {
-                    put_back(store, &self.record, until).await;
+                    put_back(&write, &self.record, &lease, until).await;
                 }
                 Report::Open {
                     breaker: rejected.breaker,
@@ -474,68 +540,141 @@ impl<S> ReSend<S> {
                 Report::Failed { breaker }
             }
         };
+        self.claims.release(&id);
         let _ = self.report.send(report);
     }
 }
 
+/// How the loop and the re-sends write what ends a claim: each try bounded, and tried again
+/// while the store fails, backing off (100 ms, doubling, at most 5 s, equal jitter), until the
+/// claim's lease ends (after which the record is due again anyway, and looked at afresh), or
+/// once.
+struct Writes<'a> {
+    store: &'a dyn Store,
+    health: &'a Health,
+    clock: &'a crate::clock::Clock,
+    /// The bound on each try.
+    timeout: Duration,
+    /// Tried until then instead of the lease's end.
+    until: Option<SystemTime>,
+    once: bool,
+}
+
+impl<'a> Writes<'a> {
+    fn new(
+        store: &'a dyn Store,
+        health: &'a Health,
+        clock: &'a crate::clock::Clock,
+        timeout: Duration,
+    ) -> Self {
+        Writes {
+            store,
+            health,
+            clock,
+            timeout,
+            until: None,
+            once: false,
+        }
+    }
+
+    /// Tried until `until`.
+    fn until(mut self, until: SystemTime) -> Self {
+        self.until = Some(until);
+        self
+    }
+
+    /// Tried once.
+    fn once(mut self) -> Self {
+        self.once = true;
+        self
+    }
+
+    /// `write` on the record of `lease`, tried again while the store fails.
+    async fn write<T, W: Future<Output = Result<T, StoreError>>>(
+        &self,
+        lease: &Lease,
+        mut write: impl FnMut(&'a dyn Store) -> W,
+    ) -> Result<T, StoreError> {
+        let until = self.until.unwrap_or(lease.until);
+        let mut failed = 0;
+        loop {
+            match bounded_call(self.timeout, write(self.store)).await {
+                Ok(done) => {
+                    self.health.ok();
+                    return Ok(done);
+                }
+                Err(e) => {
+                    self.health.failed_on("update", Some(&lease.id), &e);
+                    failed += 1;
+                    let wait = store_retry(failed, Duration::from_millis(100), CLAIM_BACKOFF_CAP);
+                    if self.once || add_clamped(self.clock.now(), wait) >= until {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+}
+
 /// Dead-letters a claimed record the scheduler will not send, if the claim still holds.
-async fn dead(store: &dyn Store, listener: &Hook, lease: &Lease, why: &str) {
-    match store.change_claimed(lease, Change::Dead).await {
+async fn dead(write: &Writes<'_>, lease: &Lease, why: &str) {
+    match write
+        .write(lease, |s| s.change_claimed(lease, Change::Dead))
+        .await
+    {
         Ok(Claim::Claimed(_)) => {}
         Ok(_) => {
             tracing::info!(id = %lease.id, why, "claim ended before the record was dead-lettered; left as it is")
         }
         Err(e) => {
-            listener.emit_ref(&Event::StoreError {
-                operation: "update",
-                id: Some(&lease.id),
-                error: &e,
-            });
-            tracing::error!(id = %lease.id, error = %e, "cannot dead-letter the record");
+            tracing::error!(id = %lease.id, error = %e, "cannot dead-letter the record: its claim ends at its lease, and it is looked at again");
         }
     }
 }
 
 /// Puts a claimed record back, unsent, deferred to `until` ([`Change::Held`]), if the claim
 /// still holds.
-async fn hold(store: &dyn Store, claimed: &Record, until: SystemTime) {
+async fn hold(write: &Writes<'_>, claimed: &Record, until: SystemTime) {
     tracing::debug!(id = %claimed.id, breaker = ?claimed.breaker, until = %humantime::format_rfc3339_millis(until), "breaker open; record held");
     match claimed.lease() {
-        Some(lease) => give_back(store, &lease, Change::Held { retry_at: until }).await,
+        Some(lease) => give_back(write, &lease, Change::Held { retry_at: until }).await,
         None => tracing::error!(id = %claimed.id, "a claimed record is not in flight; not held"),
     }
 }
 
 /// Gives the claim `lease` back with `change`, if it still holds.
-async fn give_back(store: &dyn Store, lease: &Lease, change: Change) {
-    match store.change_claimed(lease, change).await {
-        Ok(_) => {}
-        Err(e) => {
-            // The claim ends at its lease, when the record is due again.
-            tracing::error!(id = %lease.id, error = %e, "cannot give a claim back");
-        }
+async fn give_back(write: &Writes<'_>, lease: &Lease, change: Change) {
+    let given = write
+        .write(lease, |s| s.change_claimed(lease, change))
+        .await;
+    if let Err(e) = given {
+        // The claim ends at its lease, when the record is due again.
+        tracing::error!(id = %lease.id, error = %e, "cannot give a claim back: it ends at its lease");
     }
 }
 
 /// After a local rejection of a claimed record, written under its claim: gives the claim's
 /// re-send back, deferred to `until`, whatever the stack's dead-letter layer wrote (deferred, or
 /// dead when the breaker was forced open), as long as no one else changed it since.
-async fn put_back(store: &dyn Store, claimed: &Record, until: SystemTime) {
-    match store.get(&claimed.id).await {
-        Ok(Some(current))
-            if current.resends == claimed.resends && current.status != Status::Resolved =>
-        {
-            let held = store
-                .change_if_unchanged(&current, Change::Held { retry_at: until })
-                .await;
-            if let Err(e) = held {
-                tracing::error!(id = %claimed.id, error = %e, "cannot put a held record back");
+async fn put_back(write: &Writes<'_>, claimed: &Record, lease: &Lease, until: SystemTime) {
+    let put = write
+        .write(lease, |store| async move {
+            match store.get(&claimed.id).await? {
+                Some(current)
+                    if current.resends == claimed.resends && current.status != Status::Resolved =>
+                {
+                    store
+                        .change_if_unchanged(&current, Change::Held { retry_at: until })
+                        .await
+                        .map(Some)
+                }
+                _ => Ok(None),
             }
-        }
-        Ok(_) => {}
-        Err(e) => {
-            tracing::error!(id = %claimed.id, error = %e, "cannot read a locally rejected record back");
-        }
+        })
+        .await;
+    if let Err(e) = put {
+        tracing::error!(id = %claimed.id, error = %e, "cannot put a held record back");
     }
 }
 
