@@ -10,11 +10,11 @@
 
 mod support;
 
-use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use backstop_test_support::{Fault, FaultyStore, Op};
 use support::{Scripted, post_with_key, status, status_with};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_backstop::classify::ClassifyLayer;
@@ -22,130 +22,38 @@ use tower_backstop::dead_letter::{DeadLetterLayer, DeadLetterStatus};
 use tower_backstop::observe::Event;
 use tower_backstop::retry::{Attempts, RetryPolicy};
 use tower_backstop::store::{
-    AuditEntry, BoxFuture, Change, Claim, Counts, ErrorEntry, Filter, Lease, MemoryStore, Record,
-    Spool, SpoolError, Status, Store, StoreError,
+    Change, ErrorEntry, Filter, Lease, MemoryStore, Record, Spool, SpoolError, Status, Store,
 };
 
-/// How the store answers its writes and reads of records.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Mode {
-    Up,
-    /// Every call fails at once (a refused connection).
-    Down,
-    /// Every write never answers.
-    Hung,
-    /// Every write lands, after this long (real time).
-    Slow(Duration),
-}
-
-/// A memory store whose record writes and reads follow a [`Mode`] set from outside.
+/// A memory store behind a [`FaultyStore`]: `up`, `down` (every call fails at once), `hung`
+/// (its writes never answer), `late` (its writes land at once and answer after this long).
 #[derive(Clone)]
-struct Switch {
-    inner: MemoryStore,
-    mode: Arc<Mutex<Mode>>,
-}
+struct Switch(FaultyStore);
 
 impl Switch {
     fn new() -> Self {
-        Switch {
-            inner: MemoryStore::new(),
-            mode: Arc::new(Mutex::new(Mode::Up)),
-        }
+        Switch(FaultyStore::new(Arc::new(MemoryStore::new())))
     }
 
-    fn set(&self, mode: Mode) {
-        *self.mode.lock().unwrap() = mode;
+    fn up(&self) {
+        self.0.set(Fault::Answer);
     }
 
-    fn call<T: Send + 'static>(
-        &self,
-        write: bool,
-        call: impl FnOnce() -> BoxFuture<'static, Result<T, StoreError>>,
-    ) -> BoxFuture<'static, Result<T, StoreError>> {
-        match *self.mode.lock().unwrap() {
-            Mode::Up => call(),
-            Mode::Down => Box::pin(async { Err(StoreError::new("connection refused")) }),
-            Mode::Hung if write => Box::pin(std::future::pending()),
-            Mode::Slow(by) if write => {
-                let call = call();
-                Box::pin(async move {
-                    // Real time: the write lands after the caller gave up on it.
-                    tokio::task::spawn_blocking(move || std::thread::sleep(by))
-                        .await
-                        .unwrap();
-                    call.await
-                })
-            }
-            Mode::Hung | Mode::Slow(_) => call(),
-        }
+    fn down(&self) {
+        self.0.set(Fault::Fail);
     }
-}
 
-impl Store for Switch {
-    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
-        let inner = self.inner.clone();
-        self.call(true, move || inner.put_many(records))
+    fn hung(&self) {
+        self.0.set_for_each(Op::WRITES, Fault::Hang);
     }
-    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
-        let (inner, id) = (self.inner.clone(), id.to_owned());
-        self.call(false, move || inner.get(&id))
+
+    fn late(&self, by: Duration) {
+        self.0.set_for_each(Op::WRITES, Fault::Late(by));
     }
-    fn search(
-        &self,
-        filter: &Filter,
-        page: Range<usize>,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        self.inner.search(filter, page)
-    }
-    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
-        self.inner.counts(since)
-    }
-    fn update(
-        &self,
-        id: &str,
-        change: Change,
-    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
-        self.inner.update(id, change)
-    }
-    fn claim_due(
-        &self,
-        now: SystemTime,
-        limit: usize,
-        lease: Duration,
-    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
-        self.inner.claim_due(now, limit, lease)
-    }
-    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
-        self.inner.delete(filter)
-    }
-    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.inner.append_audit(entry)
-    }
-    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
-        self.inner.audit(page)
-    }
-    fn change_if_unchanged(
-        &self,
-        seen: &Record,
-        change: Change,
-    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        self.inner.change_if_unchanged(seen, change)
-    }
-    fn put_claimed(
-        &self,
-        lease: &Lease,
-        record: Record,
-    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        let (inner, lease) = (self.inner.clone(), lease.clone());
-        self.call(true, move || inner.put_claimed(&lease, record))
-    }
-    fn reserve_slot(
-        &self,
-        schedule: &str,
-        gap: Duration,
-        now: SystemTime,
-    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
-        self.inner.reserve_slot(schedule, gap, now)
+
+    /// The store behind the faults.
+    fn inner(&self) -> &dyn Store {
+        &**self.0.inner()
     }
 }
 
@@ -178,7 +86,7 @@ async fn call(
 ) -> tower_backstop::Failure<http::Response<()>> {
     let svc = ServiceBuilder::new()
         .layer(
-            DeadLetterLayer::new(store.clone())
+            DeadLetterLayer::new(store.0.clone())
                 .spool(spool.clone())
                 .listener(told.clone()),
         )
@@ -216,7 +124,7 @@ fn record(id: &str, at: SystemTime) -> Record {
 async fn a_store_that_is_down_spools_and_the_record_is_forwarded_once_it_answers() {
     let dir = tempfile::tempdir().unwrap();
     let (store, spool, told) = (Switch::new(), open(dir.path()), Told::default());
-    store.set(Mode::Down);
+    store.down();
     // A 503 that asks for two minutes: deferred. And a 400: a dead letter.
     let deferred = call(
         &store,
@@ -235,7 +143,7 @@ async fn a_store_that_is_down_spools_and_the_record_is_forwarded_once_it_answers
         };
         assert_eq!(
             (noted.as_str(), error.to_string().as_str()),
-            (id, "connection refused")
+            (id, "the store is down")
         );
         assert!(failure.to_string().contains("spooled locally"), "{failure}");
     }
@@ -244,7 +152,7 @@ async fn a_store_that_is_down_spools_and_the_record_is_forwarded_once_it_answers
     assert!(attempts.is_deferred());
     let retry_at = attempts.retry_at().unwrap();
     assert_eq!(spool.state().records, 2);
-    assert!(store.inner.get("m-1").await.unwrap().is_none());
+    assert!(store.inner().get("m-1").await.unwrap().is_none());
     // The forwarder keeps trying while the store is down, and says so.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(spool.state().records, 2);
@@ -254,16 +162,16 @@ async fn a_store_that_is_down_spools_and_the_record_is_forwarded_once_it_answers
         "{:?}",
         told.outcomes()
     );
-    store.set(Mode::Up);
+    store.up();
     drained(&spool).await;
-    let m1 = store.inner.get("m-1").await.unwrap().unwrap();
+    let m1 = store.inner().get("m-1").await.unwrap().unwrap();
     assert_eq!(m1.status, Status::Deferred);
     assert_eq!(m1.retry_at, Some(tower_backstop::store::truncate(retry_at)));
     // One attempt: the retry layer does not wait two minutes; the second tier does.
     assert_eq!(m1.attempts, 1);
     assert_eq!(m1.payload, b"{\"to\":\"a@b\"}");
     assert_eq!(
-        store.inner.get("m-2").await.unwrap().unwrap().status,
+        store.inner().get("m-2").await.unwrap().unwrap().status,
         Status::Dead
     );
     assert!(spool.state().store_up);
@@ -284,7 +192,7 @@ async fn a_store_that_is_down_spools_and_the_record_is_forwarded_once_it_answers
 async fn a_hung_store_spools_within_the_store_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let (store, spool, told) = (Switch::new(), open(dir.path()), Told::default());
-    store.set(Mode::Hung);
+    store.hung();
     let failure = call(&store, &spool, &told, "m-1", Scripted::always(status(400))).await;
     let Some(DeadLetterStatus::Spooled { error, .. }) = failure.note::<DeadLetterStatus>() else {
         panic!("{failure:?}");
@@ -304,17 +212,15 @@ async fn a_slow_write_that_lands_late_is_not_forwarded_twice() {
     let dir = tempfile::tempdir().unwrap();
     let (store, spool, told) = (Switch::new(), open(dir.path()), Told::default());
     // Lands after 1.5 s of real time: past the 1 s bound, so the caller is told it spooled.
-    store.set(Mode::Slow(Duration::from_millis(1_500)));
+    store.late(Duration::from_millis(1_500));
     let failure = call(&store, &spool, &told, "m-1", Scripted::always(status(400))).await;
     assert!(matches!(
         failure.note::<DeadLetterStatus>(),
         Some(DeadLetterStatus::Spooled { .. })
     ));
-    // The forwarder's own writes are slow too, until the store is itself again.
-    std::thread::sleep(Duration::from_millis(1_600));
-    store.set(Mode::Up);
+    store.up();
     drained(&spool).await;
-    let record = store.inner.get("m-1").await.unwrap().unwrap();
+    let record = store.inner().get("m-1").await.unwrap().unwrap();
     // One failure (one attempt: a 400 is not retried), not the same one merged twice.
     assert_eq!((record.attempts, record.history.len()), (1, 1));
     assert!(
@@ -330,7 +236,7 @@ async fn a_full_spool_refuses_with_both_errors_and_the_caller_is_told_not_stored
     let store = Switch::new();
     let spool = open(dir.path()).with_max_bytes(100);
     let told = Told::default();
-    store.set(Mode::Down);
+    store.down();
     let failure = call(
         &store,
         &spool,
@@ -343,7 +249,7 @@ async fn a_full_spool_refuses_with_both_errors_and_the_caller_is_told_not_stored
         panic!("{failure:?}");
     };
     let text = error.to_string();
-    assert!(text.starts_with("connection refused; the local spool did not take it either: spool full: it holds 0 bytes of records, its cap is 100"), "{text}");
+    assert!(text.starts_with("the store is down; the local spool did not take it either: spool full: it holds 0 bytes of records, its cap is 100"), "{text}");
     // Not deferred: nothing will send it again.
     assert!(!failure.note::<Attempts>().unwrap().is_deferred());
     assert_eq!(told.outcomes(), ["refused"]);
@@ -431,7 +337,6 @@ async fn a_record_past_the_age_cap_is_quarantined_not_forwarded() {
         .put(record("old", SystemTime::now()), None)
         .await
         .unwrap();
-    std::thread::sleep(Duration::from_millis(5));
     let store = MemoryStore::new();
     let done = spool
         .forward_once(&store, Duration::from_secs(1))
@@ -533,7 +438,7 @@ async fn forwarding_never_undoes_a_claim_or_a_resolution_that_reached_the_store_
 fn a_process_restarted_during_the_outage_forwards_what_its_spool_holds() {
     let dir = tempfile::tempdir().unwrap();
     let store = Switch::new();
-    store.set(Mode::Down);
+    store.down();
     let paused = || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -549,18 +454,18 @@ fn a_process_restarted_during_the_outage_forwards_what_its_spool_holds() {
         }
         assert_eq!(spool.state().records, 3);
     });
-    store.set(Mode::Up);
+    store.up();
     // A new process: the spool opened on the same file, a layer made inside its runtime.
     paused().block_on(async {
         let spool = open(dir.path());
         assert_eq!(spool.state().records, 3);
         let _svc = ServiceBuilder::new()
-            .layer(DeadLetterLayer::new(store.clone()).spool(spool.clone()))
+            .layer(DeadLetterLayer::new(store.0.clone()).spool(spool.clone()))
             .service(Scripted::always(status(200)));
         drained(&spool).await;
         for key in ["m-1", "m-2", "m-3"] {
             assert_eq!(
-                store.inner.get(key).await.unwrap().unwrap().status,
+                store.inner().get(key).await.unwrap().unwrap().status,
                 Status::Dead
             );
         }
@@ -594,7 +499,7 @@ async fn a_spool_on_a_read_only_disk_refuses_and_the_caller_is_told_not_stored()
             std::fs::set_permissions(file, perms).unwrap();
         }
     }
-    store.set(Mode::Down);
+    store.down();
     let failure = call(&store, &spool, &told, "m-1", Scripted::always(status(400))).await;
     let _ = std::process::Command::new("chattr")
         .arg("-i")
@@ -605,7 +510,7 @@ async fn a_spool_on_a_read_only_disk_refuses_and_the_caller_is_told_not_stored()
     };
     let text = error.to_string();
     assert!(
-        text.starts_with("connection refused; the local spool did not take it either: spool "),
+        text.starts_with("the store is down; the local spool did not take it either: spool "),
         "{text}"
     );
     assert_eq!(told.outcomes(), ["refused"]);
@@ -663,13 +568,13 @@ fn the_spool_metrics_agree_with_its_file_and_the_store() {
                 let metrics = tower_backstop::observe::Metrics::new();
                 let svc = ServiceBuilder::new()
                     .layer(
-                        DeadLetterLayer::new(store.clone())
+                        DeadLetterLayer::new(store.0.clone())
                             .spool(spool.clone())
                             .listener(metrics),
                     )
                     .layer(ClassifyLayer::http())
                     .service(Scripted::always(status(400)));
-                store.set(Mode::Down);
+                store.down();
                 // Until the spool is full: the cap holds a few records of this size.
                 let mut refused = 0.0;
                 for n in 0..20 {
@@ -701,10 +606,10 @@ fn the_spool_metrics_agree_with_its_file_and_the_store() {
                 assert!(bytes > 0.0 && bytes <= 3_000.0, "{bytes}");
                 assert_eq!(m["backstop_spool_records_total{outcome=spooled}"], held);
                 assert_eq!(m["backstop_spool_records_total{outcome=refused}"], refused);
-                store.set(Mode::Up);
+                store.up();
                 drained(&spool).await;
                 let in_store = store
-                    .inner
+                    .inner()
                     .search(&Filter::new(), 0..usize::MAX)
                     .await
                     .unwrap()
@@ -725,12 +630,12 @@ async fn the_presets_health_reports_its_spool() {
     let dir = tempfile::tempdir().unwrap();
     let (store, spool) = (Switch::new(), open(dir.path()));
     let backstop = tower_backstop::BackstopLayer::http(Duration::from_secs(2))
-        .dead_letters(DeadLetterLayer::new(store.clone()).spool(spool.clone()));
+        .dead_letters(DeadLetterLayer::new(store.0.clone()).spool(spool.clone()));
     let health = backstop.health();
     let svc = ServiceBuilder::new()
         .layer(backstop)
         .service(Scripted::always(status(400)));
-    store.set(Mode::Down);
+    store.down();
     let _ = svc
         .oneshot(post_with_key("http://mail.test/", "{}", "m-1"))
         .await;
@@ -740,7 +645,7 @@ async fn the_presets_health_reports_its_spool() {
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["spool"]["records"], 1);
     assert!(report.healthy);
-    store.set(Mode::Up);
+    store.up();
     drained(&spool).await;
     let spooled = health.report().spool.unwrap();
     assert_eq!(

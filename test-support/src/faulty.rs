@@ -26,6 +26,9 @@ pub enum Fault {
     /// After this long on tokio's clock (a paused test clock advances through it), then as
     /// [`Answer`](Fault::Answer): the operation is passed on only after the wait.
     Slow(Duration),
+    /// Passed on at once, on a task of its own, and answered only after this long on tokio's
+    /// clock: a slow store whose write lands although the caller gave up waiting for it.
+    Late(Duration),
 }
 
 /// The operations of [`Store`], each of which a [`FaultyStore`] can fault on its own.
@@ -216,6 +219,13 @@ impl FaultyStore {
                     Fault::Slow(wait) => {
                         tokio::time::sleep(wait).await;
                         return call(&*inner).await;
+                    }
+                    Fault::Late(wait) => {
+                        let landing = tokio::spawn(call(&*inner));
+                        tokio::time::sleep(wait).await;
+                        return landing.await.unwrap_or_else(|e| {
+                            Err(StoreError::with_source("the store's write panicked", e))
+                        });
                     }
                     Fault::Hang => {
                         if faults.changed().await.is_err() {
