@@ -283,6 +283,25 @@ async fn a_hung_store_on_every_request_path_call_costs_at_most_the_store_timeout
     assert!(took <= TIMEOUT, "{took:?}");
     assert_eq!(faulty.calls(Op::Put), 0, "no time was left for write-ahead");
 
+    // Everything hung, a call that fails: the failure's record write shares that timeout too
+    // (it gets what the calls before the call left of it: nothing), so the caller waits the
+    // timeout once, not twice; the failure says not stored.
+    let (_, faulty, store) = over_memory();
+    faulty.set(Fault::Hang);
+    let layer = DeadLetterLayer::from_arc(Arc::clone(&store))
+        .attempt_budget(3)
+        .write_ahead();
+    let (took, result) = timed_call(layer, Scripted::always(status(400)), "m-0").await;
+    assert!(took <= TIMEOUT, "{took:?}");
+    let failure = result.unwrap_err();
+    let Some(DeadLetterStatus::NotStored { error, .. }) = failure.note::<DeadLetterStatus>() else {
+        panic!("{failure:?}");
+    };
+    assert_eq!(
+        error.to_string(),
+        "dead-letter store did not answer within 50ms"
+    );
+
     // Only the budget's read hangs: it costs the timeout; the write-ahead write is not made.
     let (_, faulty, store) = over_memory();
     faulty.set_for(Op::BudgetSpent, Fault::Hang);

@@ -2,6 +2,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -87,6 +88,11 @@ pub(crate) struct Before {
     check: Option<Check>,
     /// Write-ahead: the record's write, then the claim the call holds.
     ahead: Option<WriteAhead>,
+    /// When the store calls before the call began.
+    started: std::time::Instant,
+    /// How long they took, once done: the failure's record write gets what is left of the
+    /// store timeout.
+    spent: Option<Duration>,
 }
 
 impl Before {
@@ -102,7 +108,7 @@ impl Before {
             (Some(budget), Some(id)) => Some(Check {
                 // Bounded: a store that does not answer is a budget not known.
                 read: Box::pin(super::bounded::bounded_call(
-                    config.store_timeout,
+                    super::spool::store_bound(config),
                     config.store.budget_spent(id),
                 )),
                 id: id.to_owned(),
@@ -110,11 +116,11 @@ impl Before {
             }),
             _ => None,
         };
-        // The budget's read and the write-ahead write share one store timeout: a hung store
-        // costs the caller that much before the call, not twice.
-        let deadline = check
-            .as_ref()
-            .map(|_| std::time::Instant::now() + config.store_timeout);
+        // The budget's read and the write-ahead write share one store timeout (less the spool's
+        // share, with a spool): a hung store costs the caller that much before the call, and
+        // the failure's record write only what is left of it.
+        let started = std::time::Instant::now();
+        let deadline = Some(started + super::spool::store_bound(config));
         let ahead = match (config.write_ahead, req.replay()) {
             (Some(length), Some(copy)) => Some(WriteAhead::Storing(super::write_ahead::store(
                 config, copy, length, deadline,
@@ -128,7 +134,12 @@ impl Before {
         if check.is_none() && ahead.is_none() {
             return None;
         }
-        Some(Box::new(Before { check, ahead }))
+        Some(Box::new(Before {
+            check,
+            ahead,
+            started,
+            spent: None,
+        }))
     }
 }
 
@@ -219,6 +230,7 @@ fn start_write<Req, R>(
     config: &Arc<Config>,
     failure: &mut Failure<R>,
     ahead: Option<Lease>,
+    spent: Duration,
 ) -> Write
 where
     Req: Replay + Describe + Send + 'static,
@@ -283,7 +295,9 @@ where
         let lease = claim.filter(|lease| lease.id == id);
         let spare = super::spool::copy(&config, &record, lease.as_ref());
         let started = std::time::Instant::now();
-        let bound = super::spool::store_bound(&config);
+        // What is left of the store timeout after the store calls before the call.
+        let total = super::spool::store_bound(&config);
+        let bound = total.saturating_sub(spent);
         let write = async {
             match lease {
                 // A re-send of a claimed record: its failure ends the claim, if it still holds.
@@ -298,10 +312,12 @@ where
         // Bounded: a store that does not answer costs the caller its timeout, no more.
         let written = bounded(bound, write)
             .await
-            .unwrap_or_else(|| Err(timed_out(bound)));
+            .unwrap_or_else(|| Err(timed_out(total)));
         let spooled = match (&written, spare) {
             (Err(_), Some(spare)) => {
-                let left = config.store_timeout.saturating_sub(started.elapsed());
+                let left = config
+                    .store_timeout
+                    .saturating_sub(spent + started.elapsed());
                 Some(super::spool::put(&config, spare, left).await)
             }
             _ => None,
@@ -433,11 +449,16 @@ where
                         }
                         Err(e) => e.into(),
                     };
+                    let spent = this
+                        .before
+                        .as_deref()
+                        .and_then(|b| b.spent)
+                        .unwrap_or_default();
                     let lease = held(this.before).map(|renewal| renewal.lease().clone());
                     if lease.is_none() && unkept_refusal(this.kept, &failure) {
                         return Poll::Ready(Err(failure));
                     }
-                    let write = start_write(this.kept, this.config, &mut failure, lease);
+                    let write = start_write(this.kept, this.config, &mut failure, lease, spent);
                     this.state.set(State::Writing {
                         write,
                         failure: Some(failure),
@@ -529,7 +550,7 @@ where
         if spent >= budget {
             // The inner service was never called: drop it, record the refusal.
             let mut failure = refusal(id, spent, budget);
-            let write = start_write(kept, config, &mut failure, None);
+            let write = start_write(kept, config, &mut failure, None, before.started.elapsed());
             state.set(State::Writing {
                 write,
                 failure: Some(failure),
@@ -537,7 +558,9 @@ where
             before.ahead = None;
         }
     }
-    poll_ahead(&mut before.ahead, cx, config)
+    ready!(poll_ahead(&mut before.ahead, cx, config));
+    before.spent.get_or_insert_with(|| before.started.elapsed());
+    Poll::Ready(())
 }
 
 /// Polls the write-ahead write, if it is on its way: ready once the call may go out (written,

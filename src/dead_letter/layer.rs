@@ -279,8 +279,9 @@ impl DeadLetterLayer {
     /// The longest the caller waits for each store call the layer makes on its way
     /// ([`DEFAULT_STORE_TIMEOUT`], 1 s, by default): its failure's record write, and with
     /// [`attempt_budget`](Self::attempt_budget) or [`write_ahead`](Self::write_ahead) the
-    /// reads and writes before the call (the budget's read and the write-ahead write share one
-    /// such wait) and the write-ahead record's resolution after a success; an
+    /// reads and writes before the call (the budget's read, the write-ahead write and the
+    /// failure's record write share one such wait: the failure's write gets what the calls
+    /// before the call left of it) and the write-ahead record's resolution after a success; an
     /// [`Outbox`](super::Outbox)'s write too. What each does when the store does not answer
     /// in time (or fails):
     ///
