@@ -11,8 +11,8 @@
 //! ```
 //!
 //! `--store` takes `postgres`, `pgbouncer` or `redis` (the URL from `BACKSTOP_POSTGRES_URL`,
-//! `BACKSTOP_PGBOUNCER_URL` with `pooler=transaction`, or `BACKSTOP_REDIS_URL`), or a
-//! `postgres://` or `redis://` URL; without it, both stores run, one
+//! `BACKSTOP_PGBOUNCER_URL` with `pooler=transaction`, or `BACKSTOP_REDIS_URL`), `sentinel`
+//! (with `--store-outage` only), or a `postgres://` or `redis://` URL; without it, both stores run, one
 //! after the other. Each run keeps its records in a Postgres schema or under a Redis key prefix of
 //! its own (`fleet_soak_<pid>_<time>`) and removes them at its end.
 //!
@@ -93,7 +93,9 @@
 //! 8 s). The run then starts a store server of its own, which it can stop and start again (a
 //! Postgres cluster of its own stopped with `pg_ctl stop -m immediate`, as a crash, reached
 //! directly or through a PgBouncer of its own in transaction pooling that stays up; a
-//! `redis-server` with an append-only file fsync'd on every write, killed with SIGKILL), the URL
+//! `redis-server` with an append-only file fsync'd on every write, killed with SIGKILL; with
+//! `--store sentinel`, a Redis primary, replica and Sentinel, the primary killed with SIGKILL and
+//! not started again while the Sentinel promotes the replica), the URL
 //! given only choosing which kind; and each process keeps what the store does not take in a local
 //! spool of its own (`DeadLetterLayer::spool`; the killed and restarted child opens its
 //! predecessor's). The targets are the same, and every spool must be empty at the end, drained
@@ -195,6 +197,8 @@ fn store_urls(args: &[String]) -> Result<Vec<String>, BoxError> {
         Some(None) => Err("--store needs a value: postgres, pgbouncer, redis, or a URL".into()),
         Some(Some(s)) if s == "postgres" => Ok(vec![from_env("BACKSTOP_POSTGRES_URL")?]),
         Some(Some(s)) if s == "redis" => Ok(vec![from_env("BACKSTOP_REDIS_URL")?]),
+        // A Sentinel of the run's own: with --store-outage only.
+        Some(Some(s)) if s == "sentinel" => Ok(vec!["redis+sentinel://own/backstop".to_owned()]),
         Some(Some(s)) if s == "pgbouncer" => {
             let url = from_env("BACKSTOP_PGBOUNCER_URL")?;
             let sep = if url.contains('?') { '&' } else { '?' };

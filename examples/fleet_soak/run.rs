@@ -302,7 +302,17 @@ impl Fleet {
 /// a store outage, over a server of the same kind of its own instead.
 pub async fn run(url: &str, plan: Plan) -> Result<Outcome, BoxError> {
     let kind = Kind::of(url)?;
-    if plan.store_outage.is_some() {
+    if kind == Kind::Sentinel && plan.store_outage.is_none() {
+        return Err("--store sentinel starts a primary, a replica and a Sentinel of its own: run it with --store-outage".into());
+    }
+    if let Some((after, _)) = plan.store_outage {
+        let mut plan = plan;
+        if kind == Kind::Sentinel {
+            // The primary is killed and not started again: the store is back when the
+            // Sentinel has promoted the replica (one second after the primary stopped
+            // answering, then the failover), which the run waits for from 1 s on.
+            plan.store_outage = Some((after, Duration::from_secs(1)));
+        }
         let mut server = stores::Server::start(kind)?;
         let url = server.url();
         let spools = tempfile::tempdir()?;
@@ -390,7 +400,11 @@ async fn drive(
                 "{r} a second"
             )),
     );
-    if let Some((after, length)) = plan.store_outage {
+    if let (Some((after, _)), Kind::Sentinel) = (plan.store_outage, kind) {
+        println!(
+            "   the Redis primary (of this run's own, beside a replica and a Sentinel) killed {after:?} into the provider's outage and not started again: the Sentinel promotes the replica; each process spools what the store does not take"
+        );
+    } else if let Some((after, length)) = plan.store_outage {
         println!(
             "   the store ({}, a server of this run's own) stopped hard {after:?} into the provider's outage, for {length:?}; each process spools what it does not take",
             kind.name()

@@ -13,6 +13,9 @@ pub enum Kind {
     /// Postgres through PgBouncer in transaction pooling (`?pooler=transaction`).
     PgBouncer,
     Redis,
+    /// Redis through a Sentinel (`redis+sentinel://host:port/primary-name`, this soak's own
+    /// form), a replica taking over when the primary dies.
+    Sentinel,
 }
 
 impl Kind {
@@ -27,6 +30,8 @@ impl Kind {
             })
         } else if url.starts_with("redis://") {
             Ok(Kind::Redis)
+        } else if url.starts_with("redis+sentinel://") {
+            Ok(Kind::Sentinel)
         } else {
             Err(format!(
                 "--store {}: expected a postgres:// or redis:// URL",
@@ -41,6 +46,7 @@ impl Kind {
             Kind::Postgres => "Postgres",
             Kind::PgBouncer => "Postgres through PgBouncer",
             Kind::Redis => "Redis",
+            Kind::Sentinel => "Redis through Sentinel",
         }
     }
 }
@@ -56,6 +62,8 @@ pub enum Server {
         backstop_test_support::PgBouncer,
     ),
     Redis(backstop_test_support::RedisServer),
+    /// A primary, a replica and a Sentinel: the primary is killed, the replica takes over.
+    Sentinel(backstop_test_support::RedisSentinelSet),
 }
 
 impl Server {
@@ -74,6 +82,7 @@ impl Server {
                 Server::PgBouncer(cluster, bouncer)
             }
             Kind::Redis => Server::Redis(backstop_test_support::RedisServer::start()?),
+            Kind::Sentinel => Server::Sentinel(backstop_test_support::RedisSentinelSet::start()?),
         })
     }
 
@@ -82,6 +91,9 @@ impl Server {
             Server::Postgres(cluster) => cluster.url(),
             Server::PgBouncer(_, bouncer) => format!("{}?pooler=transaction", bouncer.url()),
             Server::Redis(server) => server.url(),
+            Server::Sentinel(set) => {
+                format!("redis+sentinel://127.0.0.1:{}/backstop", set.sentinel)
+            }
         }
     }
 
@@ -90,6 +102,7 @@ impl Server {
         match self {
             Server::Postgres(cluster) | Server::PgBouncer(cluster, _) => cluster.crash(),
             Server::Redis(server) => server.kill(),
+            Server::Sentinel(set) => set.kill_primary(),
         }
     }
 
@@ -98,6 +111,8 @@ impl Server {
         match self {
             Server::Postgres(cluster) | Server::PgBouncer(cluster, _) => cluster.resume()?,
             Server::Redis(server) => server.resume()?,
+            // Not started again: the replica the Sentinel promotes takes over.
+            Server::Sentinel(set) => set.wait_promoted()?,
         }
         Ok(())
     }
@@ -119,7 +134,24 @@ pub async fn open(
                 .await?,
         ),
         Kind::Redis => Arc::new(RedisStore::connect(url).await?.with_prefix(namespace)),
+        Kind::Sentinel => {
+            let (sentinel, name) = sentinel_of(url)?;
+            Arc::new(
+                RedisStore::connect_sentinel(&[sentinel.as_str()], name)
+                    .await?
+                    .with_prefix(namespace),
+            )
+        }
     })
+}
+
+/// The Sentinel's `redis://` URL and the primary's name in `redis+sentinel://host:port/name`.
+fn sentinel_of(url: &str) -> Result<(String, &str), BoxError> {
+    let rest = url.trim_start_matches("redis+sentinel://");
+    let (host, name) = rest
+        .split_once('/')
+        .ok_or("a redis+sentinel:// URL needs the primary's name as its path")?;
+    Ok((format!("redis://{host}"), name))
 }
 
 /// Removes everything the run wrote: the schema, or every key under the prefix.
@@ -137,6 +169,8 @@ pub async fn remove(url: &str, namespace: &str) -> Result<(), BoxError> {
                 .await?;
             store.close().await;
         }
+        // The servers of a Sentinel run are the run's own, gone with it.
+        Kind::Sentinel => {}
         Kind::Redis => {
             let client = redis::Client::open(url)?;
             let mut conn = client.get_multiplexed_async_connection().await?;

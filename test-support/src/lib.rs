@@ -44,7 +44,7 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 mod servers;
 
-pub use servers::{PgBouncer, PgCluster, RedisServer};
+pub use servers::{PgBouncer, PgCluster, RedisSentinelSet, RedisServer};
 
 /// How long a probe waits for a server before it counts as missing.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);

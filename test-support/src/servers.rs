@@ -304,3 +304,139 @@ impl Drop for PgBouncer {
         let _ = self.child.wait();
     }
 }
+
+/// A Redis primary, one replica and one Sentinel of our own on free ports of 127.0.0.1 (no
+/// persistence; files in a temporary directory; the primary named `backstop`, failed over one
+/// second after it stops answering), killed on drop: for a primary killed under load. Uses the
+/// `redis-server`, `redis-sentinel` and `redis-cli` binaries.
+#[derive(Debug)]
+pub struct RedisSentinelSet {
+    dir: tempfile::TempDir,
+    /// The first primary's port.
+    pub primary: u16,
+    /// The replica's port (the primary after a failover).
+    pub replica: u16,
+    /// The Sentinel's port.
+    pub sentinel: u16,
+    children: Vec<Child>,
+    first: Option<Child>,
+}
+
+impl RedisSentinelSet {
+    /// The three started, the replica in sync and known to the Sentinel (at most 30 s).
+    pub fn start() -> Result<RedisSentinelSet, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .map_err(|e| e.to_string())
+        };
+        let (primary, replica, sentinel) = (port()?, port()?, port()?);
+        let root = dir.path().to_path_buf();
+        let server = move |port: u16, of: Option<u16>| -> Result<Child, String> {
+            let data = root.join(port.to_string());
+            std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
+            let mut cmd = Command::new("redis-server");
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--dir"])
+                .arg(&data);
+            if let Some(of) = of {
+                cmd.args(["--replicaof", "127.0.0.1", &of.to_string()]);
+            }
+            cmd.stdout(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("redis-server: {e}"))
+        };
+        let first = server(primary, None)?;
+        let mut set = RedisSentinelSet {
+            primary,
+            replica,
+            sentinel,
+            children: Vec::new(),
+            first: Some(first),
+            dir,
+        };
+        set.children.push(server(replica, Some(primary))?);
+        set.wait(replica, &["INFO", "replication"], "master_link_status:up")?;
+        let conf = set.dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {sentinel}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor backstop 127.0.0.1 {primary} 1\n\
+                 sentinel down-after-milliseconds backstop 1000\n\
+                 sentinel failover-timeout backstop 10000\n",
+                set.dir.path().display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        set.children.push(
+            Command::new("redis-sentinel")
+                .arg(&conf)
+                .stdout(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("redis-sentinel: {e}"))?,
+        );
+        set.wait(
+            sentinel,
+            &["SENTINEL", "REPLICAS", "backstop"],
+            &replica.to_string(),
+        )?;
+        Ok(set)
+    }
+
+    /// The Sentinel's URL (`redis://127.0.0.1:PORT`).
+    pub fn sentinel_url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.sentinel)
+    }
+
+    /// Kills the first primary with SIGKILL, as a crash would.
+    pub fn kill_primary(&mut self) {
+        if let Some(mut child) = self.first.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits until the Sentinel names the replica as the primary (at most 30 s).
+    pub fn wait_promoted(&self) -> Result<(), String> {
+        self.wait(
+            self.sentinel,
+            &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "backstop"],
+            &self.replica.to_string(),
+        )?;
+        self.wait(self.replica, &["ROLE"], "master")
+    }
+
+    /// Waits until `redis-cli -p port args…` prints something that holds `want`.
+    fn wait(&self, port: u16, args: &[&str], want: &str) -> Result<(), String> {
+        let give_up = Instant::now() + Duration::from_secs(30);
+        let mut last = String::new();
+        while Instant::now() < give_up {
+            let out = Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+                .args(args)
+                .output()
+                .map_err(|e| format!("redis-cli: {e}"))?;
+            last = String::from_utf8_lossy(&out.stdout).into_owned();
+            if last.contains(want) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(format!(
+            "{args:?} on {port} never held {want:?}; last: {last}"
+        ))
+    }
+}
+
+impl Drop for RedisSentinelSet {
+    fn drop(&mut self) {
+        self.kill_primary();
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
