@@ -223,6 +223,28 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
     }
 }
 
+/// A call that failed: the store write of its record, or (`Err`) the failure as it is, for a
+/// refusal of which no copy was kept. Out of the poll's way: the success path stays small.
+#[cold]
+#[inline(never)]
+fn on_failure<Req, R>(
+    before: &mut Option<Box<Before>>,
+    kept: &mut Kept<Req>,
+    config: &Arc<Config>,
+    mut failure: Failure<R>,
+) -> Result<(Write, Failure<R>), Failure<R>>
+where
+    Req: Replay + Describe + Send + 'static,
+{
+    let spent = before.as_deref().and_then(|b| b.spent).unwrap_or_default();
+    let lease = held(before).map(|renewal| renewal.lease().clone());
+    if lease.is_none() && unkept_refusal(kept, &failure) {
+        return Err(failure);
+    }
+    let write = start_write(kept, config, &mut failure, lease, spent);
+    Ok((write, failure))
+}
+
 /// The one store write for `failure`: its record, built from the request kept (or handed back
 /// on the failure), described on the failure path only.
 fn start_write<Req, R>(
@@ -433,7 +455,7 @@ where
                             return Poll::Pending;
                         }
                     };
-                    let mut failure: Failure<S::Response> = match result {
+                    let failure: Failure<S::Response> = match result {
                         // Without write-ahead: the response, at once.
                         Ok(response) if this.before.is_none() => {
                             return Poll::Ready(Ok(response));
@@ -449,20 +471,13 @@ where
                         }
                         Err(e) => e.into(),
                     };
-                    let spent = this
-                        .before
-                        .as_deref()
-                        .and_then(|b| b.spent)
-                        .unwrap_or_default();
-                    let lease = held(this.before).map(|renewal| renewal.lease().clone());
-                    if lease.is_none() && unkept_refusal(this.kept, &failure) {
-                        return Poll::Ready(Err(failure));
+                    match on_failure(this.before, this.kept, this.config, failure) {
+                        Ok((write, failure)) => this.state.set(State::Writing {
+                            write,
+                            failure: Some(failure),
+                        }),
+                        Err(failure) => return Poll::Ready(Err(failure)),
                     }
-                    let write = start_write(this.kept, this.config, &mut failure, lease, spent);
-                    this.state.set(State::Writing {
-                        write,
-                        failure: Some(failure),
-                    });
                 }
                 StateProj::Writing { write, failure } => {
                     let (id, status, result, spooled) = ready!(write.as_mut().poll(cx));
