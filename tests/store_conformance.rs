@@ -22,8 +22,8 @@ use http_body_util::Full;
 use tower_backstop::dead_letter::record_of;
 use tower_backstop::resend::{Outcome, Redrive, Scheduler, http_request};
 use tower_backstop::store::{
-    AuditAction, AuditEntry, BoxFuture, Change, Claim, Counts, Filter, Lease, Record, Retention,
-    Status, Store, StoreError, purge,
+    AuditAction, AuditEntry, BoxFuture, Change, Claim, Counts, Filter, FleetNote, Lease, Record,
+    Retention, Status, Store, StoreError, purge,
 };
 use tower_backstop::{BoxError, Class, Code, Envelope, Failure, MessageId};
 use tower_backstop_store::testing::{Backend, MemoryBackend, Opened, SqliteBackend};
@@ -163,6 +163,14 @@ impl Store for Gated {
         now: SystemTime,
     ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
         self.inner.reserve_slot(schedule, gap, now)
+    }
+
+    fn put_note(&self, note: FleetNote) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.put_note(note)
+    }
+
+    fn notes(&self, now: SystemTime) -> BoxFuture<'static, Result<Vec<FleetNote>, StoreError>> {
+        self.inner.notes(now)
     }
 }
 

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tower_backstop::store::{
-    AuditEntry, BoxFuture, Change, Claim, Counts, Filter, Lease, Record, Store, StoreError,
+    AuditEntry, BoxFuture, Change, Claim, Counts, Filter, FleetNote, Lease, Record, Store,
+    StoreError,
 };
 
 /// The shared store, with its claims told on stdout.
@@ -110,6 +111,14 @@ impl Store for Tap {
 
     fn wake_ups(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         self.0.wake_ups()
+    }
+
+    fn put_note(&self, note: FleetNote) -> Answer<()> {
+        self.0.put_note(note)
+    }
+
+    fn notes(&self, now: SystemTime) -> Answer<Vec<FleetNote>> {
+        self.0.notes(now)
     }
 
     fn append_audit(&self, entry: AuditEntry) -> Answer<()> {

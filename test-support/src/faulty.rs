@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tower_backstop_store::{
-    AuditEntry, BoxFuture, Change, Claim, Counts, Filter, Lease, Record, Store, StoreError,
+    AuditEntry, BoxFuture, Change, Claim, Counts, Filter, FleetNote, Lease, Record, Store,
+    StoreError,
 };
 
 /// How a [`FaultyStore`] answers an operation.
@@ -56,6 +57,8 @@ pub enum Op {
     AppendAudit,
     Audit,
     BudgetSpent,
+    PutNote,
+    Notes,
 }
 
 impl Op {
@@ -355,6 +358,12 @@ impl Store for FaultyStore {
     }
     fn wake_ups(&self) -> Option<watch::Receiver<u64>> {
         self.inner.wake_ups()
+    }
+    fn put_note(&self, note: FleetNote) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.run(Op::PutNote, "", move |s| s.put_note(note))
+    }
+    fn notes(&self, now: SystemTime) -> BoxFuture<'static, Result<Vec<FleetNote>, StoreError>> {
+        self.run(Op::Notes, "", move |s| s.notes(now))
     }
     fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
         self.run(Op::AppendAudit, "", move |s| s.append_audit(entry))

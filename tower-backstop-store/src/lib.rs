@@ -63,6 +63,7 @@ mod audit;
 mod lease;
 mod listing;
 mod memory;
+mod note;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod query;
@@ -83,6 +84,7 @@ pub use self::audit::{AuditAction, AuditEntry, purge};
 pub use self::lease::Lease;
 pub use self::listing::{Listing, list_order, list_page};
 pub use self::memory::MemoryStore;
+pub use self::note::FleetNote;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use self::postgres::{DEFAULT_SCHEMA, OpenPostgres, PostgresStore};
@@ -570,6 +572,35 @@ pub trait Store: Send + Sync + 'static {
     /// may be lost (the listening connection dropped), never the record.
     fn wake_ups(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         None
+    }
+
+    /// Keeps `note` for the fleet, in place of the note of the same
+    /// [`topic`](FleetNote::topic) and [`author`](FleetNote::author) if there is one: what the
+    /// processes sharing this store tell each other of their breakers, and an operator's
+    /// override for all of them. A store may drop notes past their
+    /// [`expires_at`](FleetNote::expires_at) meanwhile.
+    ///
+    /// The default keeps none: it fails, and a fleet on such a store acts process by process.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed, keeps no notes, or the write fails.
+    fn put_note(&self, note: FleetNote) -> BoxFuture<'static, Result<(), StoreError>> {
+        drop(note);
+        Box::pin(std::future::ready(Err(note::no_notes())))
+    }
+
+    /// Every note whose [`expires_at`](FleetNote::expires_at) is after `now`, in no order: a
+    /// fleet has a note per process and breaker, so this is small (tens to a few thousand).
+    ///
+    /// The default keeps none: it fails.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed, keeps no notes, or the read fails.
+    fn notes(&self, now: SystemTime) -> BoxFuture<'static, Result<Vec<FleetNote>, StoreError>> {
+        let _ = now;
+        Box::pin(std::future::ready(Err(note::no_notes())))
     }
 
     /// Appends `entry` to the audit trail, which the store keeps apart from the records (no

@@ -11,7 +11,7 @@ use super::query::{
 };
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status};
 use super::schedule::{from_micros, gap_micros, reserve, to_micros};
-use super::{AuditEntry, BoxFuture, Lease, Store, StoreError, list_order};
+use super::{AuditEntry, BoxFuture, FleetNote, Lease, Store, StoreError, list_order};
 
 /// A store in memory, for tests and short-lived tools. Clones share the records.
 #[derive(Clone, Debug)]
@@ -29,6 +29,8 @@ struct Memory {
     audit: Vec<AuditEntry>,
     /// The send schedules: each one's next free time, in microseconds.
     schedules: HashMap<String, i64>,
+    /// The fleet's notes, by topic and author.
+    notes: HashMap<(String, String), FleetNote>,
 }
 
 impl Memory {
@@ -276,6 +278,27 @@ impl Store for MemoryStore {
     fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
         let id = id.to_owned();
         self.with(move |memory| memory.records.get(&id).map(|r| r.budget_spent))
+    }
+
+    fn put_note(&self, note: FleetNote) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.with(move |memory| {
+            let now = note.written_at;
+            memory.notes.retain(|_, n| n.expires_at > now);
+            memory
+                .notes
+                .insert((note.topic.clone(), note.author.clone()), note);
+        })
+    }
+
+    fn notes(&self, now: SystemTime) -> BoxFuture<'static, Result<Vec<FleetNote>, StoreError>> {
+        self.with(move |memory| {
+            memory
+                .notes
+                .values()
+                .filter(|n| n.expires_at > now)
+                .cloned()
+                .collect()
+        })
     }
 
     fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {

@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use super::{Backend, Opened, open};
 use crate::{
-    AuditAction, AuditEntry, Change, Claim, ErrorEntry, Filter, Record, Retention, Status, Store,
-    list_page, purge,
+    AuditAction, AuditEntry, Change, Claim, ErrorEntry, Filter, FleetNote, Record, Retention,
+    Status, Store, list_page, purge,
 };
 
 const BASE: u64 = 1_780_000_000_000; // ms since the epoch, in 2026
@@ -1590,4 +1590,61 @@ async fn paged_list_is_the_same_list(o: &Opened, want: &[&str; 8]) {
     let resolved = page(Filter::new().status(Status::Resolved), false, 0..100).await;
     assert_eq!(ids(&resolved.records), ["r-0", "r-1"]);
     assert_eq!(resolved.by_status, [(Status::Resolved, 2)]);
+}
+
+/// A fleet's notes: one per topic and author (a newer one replaces it), read by every handle
+/// on the store, gone from the reads once expired; a big body and awkward names round-trip.
+pub(super) async fn fleet_notes_are_one_per_topic_and_author_until_they_expire(b: &dyn Backend) {
+    let o = open(b, "notes", 10).await;
+    let ttl = Duration::from_secs(5);
+    let sorted = |mut notes: Vec<FleetNote>| {
+        notes.sort_by(|a, b| (&a.topic, &a.author).cmp(&(&b.topic, &b.author)));
+        notes
+    };
+    let a = FleetNote::new(
+        "breaker:mail.test:443",
+        "p-1",
+        "{\"state\":\"open\"}",
+        at(0),
+        ttl,
+    );
+    let b2 = FleetNote::new(
+        "breaker:mail.test:443",
+        "p-2",
+        "{\"state\":\"closed\"}",
+        at(0),
+        ttl,
+    );
+    let c = FleetNote::new("breaker:sms.test:443", "p-1", "{}", at(0), ttl);
+    for note in [&a, &b2, &c] {
+        o.store.put_note(note.clone()).await.unwrap();
+    }
+    let read = sorted(o.other.notes(at(1_000)).await.unwrap());
+    assert_eq!(
+        read,
+        vec![a.clone(), b2.clone(), c.clone()],
+        "every note, from the other handle"
+    );
+    // A newer note of the same author on the same topic replaces the older one.
+    let a2 = FleetNote::new(
+        "breaker:mail.test:443",
+        "p-1",
+        "{\"state\":\"closed\"}",
+        at(2_000),
+        ttl,
+    );
+    o.other.put_note(a2.clone()).await.unwrap();
+    let read = sorted(o.store.notes(at(2_500)).await.unwrap());
+    assert_eq!(read, vec![a2.clone(), b2.clone(), c.clone()]);
+    // Expired notes are not read: `b2` and `c` end at 5 s, `a2` at 7 s.
+    assert_eq!(o.store.notes(at(5_000)).await.unwrap(), vec![a2.clone()]);
+    assert_eq!(
+        o.store.notes(at(7_000)).await.unwrap(),
+        Vec::<FleetNote>::new()
+    );
+    // A big body, an author and a topic with characters a key or a query could trip on.
+    let body = format!("{{\"cause\":\"{}\"}}", "é\\\"'%_*:{}".repeat(2_000));
+    let odd = FleetNote::new("override:a b:c*{x}", "operator'; --", body, at(8_000), ttl);
+    o.store.put_note(odd.clone()).await.unwrap();
+    assert_eq!(o.other.notes(at(8_001)).await.unwrap(), vec![odd]);
 }
