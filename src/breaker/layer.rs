@@ -50,15 +50,19 @@ pub struct BreakerLayer<K = ()> {
 #[cfg(feature = "dead-letter")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
 impl<K> BreakerLayer<K> {
-    /// Learns from `store` which providers were failing when a process last ran: each
+    /// Learns from `store` which providers were failing when a process last ran, or are now
+    /// for the other processes of a fleet that [`share`](Self::share) their breakers: each
     /// [`Deferred`](Status::Deferred) record rejected by an open breaker carries that breaker's
     /// name ([`Record::breaker`](crate::store::Record::breaker): a keyed breaker's key, such as
     /// `api.mail.test:443`) and its half-open time ([`Record::retry_at`](crate::store::Record::retry_at)).
     /// This layer's breaker of that name, if closed, opens until the latest such time, so that
     /// a new process does not spend fresh attempts on a provider known to be down; a time
     /// already past half-opens it at its next call. A keyed layer makes the breaker of each key
-    /// it reads; an unkeyed one learns only the records of its own name. Call it once at
-    /// start-up, before the first request, with the store the dead-letter layer writes to.
+    /// it reads; an unkeyed one learns only the records of its own name. When the store holds
+    /// the fleet's notes on a breaker, they win over the records: a breaker a running process
+    /// has closed is not opened, and one they all have open opens until the earliest of their
+    /// half-open times (not a stale time from the records). Call it once at start-up, before
+    /// the first request, with the store the dead-letter layer writes to.
     ///
     /// Returns the number of breakers opened.
     ///
@@ -66,6 +70,40 @@ impl<K> BreakerLayer<K> {
     ///
     /// The store's [`StoreError`] when the deferred records cannot be read.
     pub async fn learn_from<St>(&self, store: &St) -> Result<usize, StoreError>
+    where
+        St: Store + ?Sized,
+    {
+        self.learn_from_records(store).await
+    }
+
+    /// Shares this layer's breakers with the other processes of a fleet through `store` (the
+    /// one their dead-letter layers share), as [`Fleet`](super::Fleet) describes: a task on the
+    /// current tokio runtime publishes each breaker's state, opens a breaker a quorum of the
+    /// fleet found failing, closes one a peer's probe closed, and applies an operator's
+    /// [`FleetOverride`](super::FleetOverride). Call it once the layer is complete (after the
+    /// settings that build its breakers afresh), and keep the handle: dropping it stops the
+    /// sharing. Nothing changes on a call's path.
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError`](crate::BuildError) naming a [`Fleet`](super::Fleet) setting out of
+    /// range, or when called outside a tokio runtime.
+    pub fn share(
+        &self,
+        store: Arc<dyn Store>,
+        fleet: super::Fleet,
+    ) -> Result<super::FleetHandle, crate::BuildError>
+    where
+        K: Send + Sync + 'static,
+    {
+        let breakers = Arc::new(super::fleet::LayerBreakers {
+            unkeyed: Arc::clone(&self.shared),
+            keys: self.keys.clone(),
+        });
+        super::fleet::start(breakers, store, fleet)
+    }
+
+    async fn learn_from_records<St>(&self, store: &St) -> Result<usize, StoreError>
     where
         St: Store + ?Sized,
     {
@@ -81,8 +119,16 @@ impl<K> BreakerLayer<K> {
             }
         }
         let (now, wall) = (Instant::now(), SystemTime::now());
+        // A fleet that shares its breakers knows better than the records: the processes that
+        // run now say whether the provider is down, and until when.
+        let notes = store.notes(wall).await.unwrap_or_default();
         let mut opened = 0;
-        for (name, evidence) in until {
+        for (name, mut evidence) in until {
+            match super::fleet::fleet_says(&notes, &name) {
+                Some(super::fleet::Said::Closed) => continue,
+                Some(super::fleet::Said::OpenUntil(at)) => evidence.until = at,
+                None => {}
+            }
             let shared = match &self.keys {
                 None if name == *self.shared.name => Arc::clone(&self.shared),
                 None => continue,

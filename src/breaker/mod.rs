@@ -135,6 +135,8 @@ mod admission;
 mod builder;
 #[cfg(feature = "serde")]
 pub(crate) mod config;
+#[cfg(feature = "dead-letter")]
+mod fleet;
 mod future;
 mod handle;
 pub(crate) mod keyed;
@@ -148,6 +150,9 @@ mod window;
 
 pub(crate) use self::admission::{Admission, Ticket};
 pub use self::builder::Builder;
+#[cfg(feature = "dead-letter")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dead-letter")))]
+pub use self::fleet::{Fleet, FleetHandle, FleetOverride, FleetStatus, OverrideAction};
 pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;
 pub use self::keyed::{Authority, KeyOf, PerKey};

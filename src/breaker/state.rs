@@ -330,6 +330,12 @@ pub(crate) struct Shared {
     /// When the first failure since the breaker last closed came, in nanoseconds since `base`
     /// plus one (0: none yet).
     first_failure: AtomicU64,
+    /// When the breaker last opened (not forced), in nanoseconds since `base` plus one (0:
+    /// never): what a fleet compares a peer's successful probe with.
+    opened_at: AtomicU64,
+    /// When probes last closed it, in nanoseconds since `base` plus one (0: never): what it
+    /// tells a fleet.
+    closed_at: AtomicU64,
     /// The provider's last real failure while the breaker is not closed, shared with
     /// `open_errors`.
     cause: Arc<CauseSlot>,
@@ -397,6 +403,8 @@ impl Shared {
             failed: AtomicU64::new(0),
             failed_at_close: AtomicU64::new(0),
             first_failure: AtomicU64::new(0),
+            opened_at: AtomicU64::new(0),
+            closed_at: AtomicU64::new(0),
             cause,
             me,
         }
@@ -859,6 +867,8 @@ impl Shared {
         }
         self.trips.fetch_add(1, Ordering::Relaxed);
         self.opened.fetch_add(1, Ordering::Relaxed);
+        self.opened_at
+            .store(self.now().saturating_add(1), Ordering::Relaxed);
         self.failures.store(0, Ordering::Relaxed);
         if let Some(w) = &self.window {
             w.clear();
@@ -1025,6 +1035,8 @@ impl Shared {
                         self.trips.store(0, Ordering::Relaxed);
                         self.forget_outage();
                         self.closed.fetch_add(1, Ordering::Relaxed);
+                        self.closed_at
+                            .store(self.now().saturating_add(1), Ordering::Relaxed);
                         self.transitioned(word, to, "probes succeeded");
                         return;
                     }
@@ -1076,6 +1088,17 @@ impl Shared {
     /// fails or the breaker closes.
     #[cfg(feature = "dead-letter")]
     pub(crate) fn open_until(&self, until: Instant, learned: String) -> bool {
+        self.open_learned(until, learned, "learned from the store")
+    }
+
+    /// [`open_until`](Self::open_until), with the transition's `reason`.
+    #[cfg(feature = "dead-letter")]
+    pub(crate) fn open_learned(
+        &self,
+        until: Instant,
+        learned: String,
+        reason: &'static str,
+    ) -> bool {
         let from = self.word.load(Ordering::Acquire);
         if state_of(from) != CLOSED {
             return false;
@@ -1099,9 +1122,65 @@ impl Shared {
         )));
         self.trips.fetch_add(1, Ordering::Relaxed);
         self.opened.fetch_add(1, Ordering::Relaxed);
-        self.transitioned(from, to, "learned from the store");
+        self.opened_at
+            .store(self.now().saturating_add(1), Ordering::Relaxed);
+        self.transitioned(from, to, reason);
         self.watch_open(to);
         true
+    }
+
+    /// When it last opened and when probes last closed it, on the breaker's clock (see
+    /// [`now_nanos`](Self::now_nanos)), for a fleet.
+    #[cfg(feature = "dead-letter")]
+    pub(crate) fn opened_and_closed_at(&self) -> (Option<u64>, Option<u64>) {
+        let at = |a: &AtomicU64| a.load(Ordering::Relaxed).checked_sub(1);
+        (at(&self.opened_at), at(&self.closed_at))
+    }
+
+    /// When an open breaker half-opens, on the breaker's clock; `None` when not open.
+    #[cfg(feature = "dead-letter")]
+    pub(crate) fn half_opens_at(&self) -> Option<u64> {
+        (state_of(self.word.load(Ordering::Acquire)) == OPEN)
+            .then(|| self.open_until.load(Ordering::Acquire))
+    }
+
+    /// Keeps an open breaker open until `until` at least (a fleet's probe is due first);
+    /// whether it did. Any other state is left alone.
+    #[cfg(feature = "dead-letter")]
+    pub(crate) fn stay_open_until(&self, until: Instant) -> bool {
+        if state_of(self.word.load(Ordering::Acquire)) != OPEN {
+            return false;
+        }
+        let until = saturating_nanos(until.saturating_duration_since(self.base));
+        self.open_until.fetch_max(until, Ordering::AcqRel) < until
+    }
+
+    /// Closes an open or half-open breaker because a probe succeeded in another process of its
+    /// fleet; whether it did (a closed, forced or disabled breaker is left alone).
+    #[cfg(feature = "dead-letter")]
+    pub(crate) fn close_for_fleet(&self) -> bool {
+        let mut word = self.word.load(Ordering::Acquire);
+        while matches!(state_of(word), OPEN | HALF_OPEN) {
+            self.failures.store(0, Ordering::Relaxed);
+            if let Some(w) = &self.window {
+                w.clear();
+            }
+            let to = next(word, CLOSED);
+            match self
+                .word
+                .compare_exchange(word, to, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.trips.store(0, Ordering::Relaxed);
+                    self.forget_outage();
+                    self.closed.fetch_add(1, Ordering::Relaxed);
+                    self.transitioned(word, to, "a probe succeeded in another process");
+                    return true;
+                }
+                Err(actual) => word = actual,
+            }
+        }
+        false
     }
 
     /// Moves to `state` from whatever state the breaker is in, for an operator.

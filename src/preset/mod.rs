@@ -241,6 +241,36 @@ impl<C, K> BackstopLayer<C, BreakerLayer<K>> {
             None => Ok(0),
         }
     }
+
+    /// Shares this stack's breakers with the other processes of the fleet through the
+    /// dead-letter store they share: see [`Fleet`](crate::breaker::Fleet) and
+    /// [`BreakerLayer::share`]. Call it inside a tokio runtime, after
+    /// [`dead_letters`](Self::dead_letters), [`breaker`](Self::breaker) and
+    /// [`listener`](Self::listener) (each builds the breakers afresh), and keep the handle as
+    /// long as the services serve: dropping it stops the sharing.
+    ///
+    /// # Errors
+    ///
+    /// A [`BuildError`](crate::BuildError) when the stack has no dead-letter store, a
+    /// [`Fleet`](crate::breaker::Fleet) setting is out of range, or there is no tokio runtime.
+    pub fn share_breakers(
+        &self,
+        fleet: crate::breaker::Fleet,
+    ) -> Result<crate::breaker::FleetHandle, crate::BuildError>
+    where
+        K: Send + Sync + 'static,
+    {
+        match &self.dead_letters {
+            Some(layer) => self
+                .breaker
+                .share(std::sync::Arc::clone(layer.store()), fleet),
+            None => Err(crate::BuildError::new(
+                "share_breakers",
+                "no dead-letter store",
+                "give the stack a store with dead_letters first: the fleet shares it",
+            )),
+        }
+    }
 }
 
 impl<C, K: Clone> BackstopLayer<C, BreakerLayer<K>> {

@@ -19,23 +19,32 @@ pub enum AuditAction {
     Purge,
     /// Records removed by a [`Retention`](super::Retention).
     Prune,
+    /// A breaker forced open, disabled or reset for the whole fleet by an operator (its name
+    /// in `filter` as `breaker=<name>`, what was done and why in `outcome`).
+    Breaker,
 }
 
 impl AuditAction {
-    /// The action as stored and shown: `redrive`, `purge`, `prune`.
+    /// The action as stored and shown: `redrive`, `purge`, `prune`, `breaker`.
     pub const fn as_str(self) -> &'static str {
         match self {
             AuditAction::Redrive => "redrive",
             AuditAction::Purge => "purge",
             AuditAction::Prune => "prune",
+            AuditAction::Breaker => "breaker",
         }
     }
 
     /// The action named by [`as_str`](Self::as_str), if any.
     pub fn parse(s: &str) -> Option<Self> {
-        [AuditAction::Redrive, AuditAction::Purge, AuditAction::Prune]
-            .into_iter()
-            .find(|a| a.as_str() == s)
+        [
+            AuditAction::Redrive,
+            AuditAction::Purge,
+            AuditAction::Prune,
+            AuditAction::Breaker,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == s)
     }
 }
 

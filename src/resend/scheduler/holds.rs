@@ -97,6 +97,23 @@ impl Holds {
         }
     }
 
+    /// The breakers shown open that hold records.
+    pub(super) fn holding(&self) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(_, h)| h.open && !h.held.is_empty())
+            .map(|(name, _)| name.as_str())
+            .collect()
+    }
+
+    /// Forgets the breaker `name` (it closed) and returns the records held for it.
+    pub(super) fn release(&mut self, name: &str) -> Vec<String> {
+        self.0
+            .remove(name)
+            .map(|h| h.held.into_iter().collect())
+            .unwrap_or_default()
+    }
+
     /// A record chosen as a probe was not sent after all (dead-lettered instead).
     pub(super) fn not_sent(&mut self, breaker: Option<&str>) {
         if let Some(hold) = breaker.and_then(|b| self.0.get_mut(b)) {

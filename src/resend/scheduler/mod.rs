@@ -141,6 +141,8 @@ pub struct Scheduler<S, F> {
     listener: Hook,
     backlog_every: Duration,
     retention: Option<(Retention, Duration)>,
+    /// The stack's breakers, watched to release the records held for one that closed.
+    breakers: Option<crate::observe::Health>,
 }
 
 impl<S, F> fmt::Debug for Scheduler<S, F> {
@@ -183,7 +185,24 @@ impl<S, F> Scheduler<S, F> {
             listener: Hook::default(),
             backlog_every: Duration::from_secs(15),
             retention: None,
+            breakers: None,
         }
+    }
+
+    /// Watches the breakers of the stack the scheduler sends through (the reader of
+    /// [`BackstopLayer::health`](crate::preset::BackstopLayer::health) or
+    /// [`BreakerLayer::health`](crate::breaker::BreakerLayer::health)), so that the records it
+    /// held for an open breaker are released as soon as that breaker closes, whoever closed it:
+    /// a live request's probe, an operator's reset, or another process of the fleet whose
+    /// probe succeeded ([`Fleet`](crate::breaker::Fleet)). Without it, a held record waits
+    /// for the half-open time the breaker had when it was held.
+    ///
+    /// While it holds records, the scheduler looks at the breakers every 250 ms; it makes a
+    /// released record due now (one read and one compare-and-set write per record, each
+    /// bounded by a third of the lease; a record changed meanwhile is left as it is).
+    pub fn watch_breakers(mut self, breakers: crate::observe::Health) -> Self {
+        self.breakers = Some(breakers);
+        self
     }
 
     /// The longest the scheduler sleeps between two looks at the store, at least 1 ms. Default

@@ -23,6 +23,7 @@ use crate::failure::Failure;
 use crate::observe::{Event, Hook};
 use crate::resend::redrive::{Outcome, resend};
 use crate::resend::renew::{Claims, Held};
+use crate::status::State;
 use crate::store::{Change, Claim, Lease, Record, Status, Store, StoreError, add_clamped};
 
 /// The shortest sleep after a look at the store that found a due time already past but claimed
@@ -32,6 +33,17 @@ const MIN_SLEEP: Duration = Duration::from_millis(10);
 /// The longest wait between two claims while the store fails (unless the poll is longer): 5 s,
 /// so that a store that comes back is seen within that.
 const CLAIM_BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// How often the breakers are looked at while records are held for one.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+/// How many held records are released at once (their reads and writes in flight together).
+const RELEASE_AT_ONCE: usize = 32;
+
+/// Whether `record` is held for `breaker`: deferred for it to a time after `now`.
+fn is_held(record: &Record, breaker: &str, now: SystemTime) -> bool {
+    record.status == Status::Deferred
+        && record.breaker.as_deref() == Some(breaker)
+        && record.retry_at.is_some_and(|at| at > now)
+}
 
 /// What a look at the store found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +80,8 @@ pub(super) struct Run<S, F> {
     claims: Arc<Claims>,
     /// Claims that failed in a row, for the backoff.
     claims_failed: u32,
+    /// When the breakers were last looked at for held records to release.
+    watched_at: Option<Instant>,
 }
 
 impl<S, F, Req, E> Run<S, F>
@@ -102,6 +116,7 @@ where
             wake_ups: None,
             claims: Arc::default(),
             claims_failed: 0,
+            watched_at: None,
         }
     }
 
@@ -118,6 +133,7 @@ where
             }
             self.housekeeping().await;
             self.learn();
+            self.release_closed().await;
             let round = if self.pending.is_empty() {
                 self.claim().await
             } else {
@@ -191,6 +207,74 @@ where
             .then(|| self.backlog_at.map(|at| at + s.backlog_every))
             .flatten();
         prune.into_iter().chain(count).min()
+    }
+
+    /// Releases the records held for a breaker that closed (see
+    /// [`Scheduler::watch_breakers`]): each is made due now, unless it changed meanwhile.
+    async fn release_closed(&mut self) {
+        let Some(breakers) = &self.scheduler.breakers else {
+            return;
+        };
+        if self.holds.holding().is_empty()
+            || self.watched_at.is_some_and(|at| at.elapsed() < WATCH_EVERY)
+        {
+            return;
+        }
+        self.watched_at = Some(Instant::now());
+        let report = breakers.report();
+        let closed: Vec<String> =
+            self.holds
+                .holding()
+                .into_iter()
+                .filter(|name| {
+                    report.breakers.iter().any(|b| {
+                        b.name == *name && matches!(b.state, State::Closed | State::Disabled)
+                    })
+                })
+                .map(str::to_owned)
+                .collect();
+        for name in closed {
+            let ids = self.holds.release(&name);
+            let (store, now) = (
+                Arc::clone(&self.scheduler.store),
+                self.scheduler.clock.now(),
+            );
+            let timeout = self.timeout();
+            let mut released = 0usize;
+            for chunk in ids.chunks(RELEASE_AT_ONCE) {
+                let mut each = JoinSet::new();
+                for id in chunk {
+                    let (store, name, id) = (Arc::clone(&store), name.clone(), id.clone());
+                    each.spawn(async move {
+                        let record = bounded_call(timeout, store.get(&id)).await?;
+                        match record {
+                            Some(r) if is_held(&r, &name, now) => {
+                                let change = Change::Released { retry_at: now };
+                                let claim =
+                                    bounded_call(timeout, store.change_if_unchanged(&r, change))
+                                        .await?;
+                                Ok::<bool, StoreError>(matches!(claim, Claim::Claimed(_)))
+                            }
+                            _ => Ok(false),
+                        }
+                    });
+                }
+                while let Some(result) = each.join_next().await {
+                    match result {
+                        Ok(Ok(true)) => released += 1,
+                        Ok(Ok(false)) => {}
+                        Ok(Err(e)) => {
+                            self.health.failed("release", &e);
+                            tracing::warn!(breaker = %name, error = %e, "cannot release a held record: it waits for its half-open time");
+                        }
+                        Err(e) => {
+                            tracing::error!(breaker = %name, error = %e, "a release task failed")
+                        }
+                    }
+                }
+            }
+            tracing::info!(breaker = %name, held = ids.len(), released, "breaker closed: its held records are due now");
+        }
     }
 
     /// Takes in what the re-sends in flight reported.
@@ -294,6 +378,12 @@ where
                 .housekeeping_at()
                 .map_or(backoff, |at| at.max(now).min(backoff));
         }
+        // While records are held for a breaker that may close, look again soon.
+        let poll = if self.scheduler.breakers.is_some() && !self.holds.holding().is_empty() {
+            poll.min(now + WATCH_EVERY)
+        } else {
+            poll
+        };
         if round != Round::Partial {
             return poll;
         }
