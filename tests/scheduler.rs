@@ -871,6 +871,70 @@ async fn shutdown_within_gives_back_what_is_unfinished() {
     }
 }
 
+/// A scheduler that watches its stack's breakers releases what an open breaker held as soon as
+/// it closes (here an operator's reset, 2 s into a 30 s open period; a peer's probe in a fleet
+/// closes it the same way): the deferred rejections are re-sent within a second, not at the
+/// half-open time they were deferred to. A scheduler that does not watch waits for that time.
+async fn records_held_for_a_breaker_are_released_when_it_closes() {
+    use tower::ServiceExt;
+    use tower_backstop::breaker::BreakerLayer;
+    use tower_backstop::retry::RetryPolicy;
+
+    for watch in [true, false] {
+        let clock = Clock::tokio();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let upstream = Scripted::new([status(503)], status(202));
+        let breaker = BreakerLayer::consecutive_failures(1)
+            .open_for(Duration::from_secs(30))
+            .name("mail.test");
+        let (handle, health) = (breaker.handle(), breaker.health());
+        let stack = ServiceBuilder::new()
+            .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
+            .layer(RetryPolicy::new().max_attempts(5).build().unwrap())
+            .layer(breaker)
+            .layer(ClassifyLayer::http())
+            .service(upstream.clone());
+        for key in ["k-1", "k-2", "k-3"] {
+            let post = support::post_with_key("http://mail.test/v1/messages", "{}", key);
+            let f = stack.clone().oneshot(post).await.unwrap_err();
+            assert_eq!(f.class(), Class::CIRCUIT_OPEN);
+        }
+        assert_eq!(upstream.calls(), 1);
+        let mut scheduler = Scheduler::new(Arc::clone(&store), stack.clone(), as_string_request)
+            .poll_every(Duration::from_millis(100))
+            .clock(clock);
+        if watch {
+            scheduler = scheduler.watch_breakers(health);
+        }
+        let scheduler = scheduler.spawn();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(upstream.calls(), 1, "nothing is re-sent while it is open");
+        handle.reset();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let resolved = store
+            .search(&Filter::new().status(Status::Resolved), 0..10)
+            .await
+            .unwrap()
+            .len();
+        if watch {
+            assert_eq!(resolved, 3, "released and re-sent within a second");
+            assert_eq!(upstream.calls(), 4);
+        } else {
+            assert_eq!(resolved, 0, "held until the half-open time");
+            tokio::time::sleep(Duration::from_secs(28)).await;
+            assert_eq!(
+                store
+                    .search(&Filter::new().status(Status::Resolved), 0..10)
+                    .await
+                    .unwrap()
+                    .len(),
+                3
+            );
+        }
+        scheduler.shutdown().await;
+    }
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests.paused(
@@ -935,6 +999,10 @@ fn main() {
     tests.paused(
         "shutdown_within_gives_back_what_is_unfinished",
         shutdown_within_gives_back_what_is_unfinished,
+    );
+    tests.paused(
+        "records_held_for_a_breaker_are_released_when_it_closes",
+        records_held_for_a_breaker_are_released_when_it_closes,
     );
     tests.run();
 }

@@ -191,15 +191,18 @@ impl<S, F> Scheduler<S, F> {
 
     /// Watches the breakers of the stack the scheduler sends through (the reader of
     /// [`BackstopLayer::health`](crate::preset::BackstopLayer::health) or
-    /// [`BreakerLayer::health`](crate::breaker::BreakerLayer::health)), so that the records it
+    /// [`BreakerLayer::health`](crate::breaker::BreakerLayer::health)), so that the records
     /// held for an open breaker are released as soon as that breaker closes, whoever closed it:
     /// a live request's probe, an operator's reset, or another process of the fleet whose
-    /// probe succeeded ([`Fleet`](crate::breaker::Fleet)). Without it, a held record waits
-    /// for the half-open time the breaker had when it was held.
+    /// probe succeeded ([`Fleet`](crate::breaker::Fleet)). Held records are those this
+    /// scheduler put back unsent, and those the stack's dead-letter layer deferred to the
+    /// breaker's half-open time when it rejected a call (class `circuit_open`, naming the
+    /// breaker; at most 100,000 of those are read). Without it, a held record waits for the
+    /// half-open time the breaker had when it was held.
     ///
-    /// While it holds records, the scheduler looks at the breakers every 250 ms; it makes a
-    /// released record due now (one read and one compare-and-set write per record, each
-    /// bounded by a third of the lease; a record changed meanwhile is left as it is).
+    /// While a breaker is not closed, the scheduler looks at the breakers every 250 ms; it
+    /// makes a released record due now (one read and one compare-and-set write per record,
+    /// each bounded by a third of the lease; a record changed meanwhile is left as it is).
     pub fn watch_breakers(mut self, breakers: crate::observe::Health) -> Self {
         self.breakers = Some(breakers);
         self

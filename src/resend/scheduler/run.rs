@@ -24,7 +24,7 @@ use crate::observe::{Event, Hook};
 use crate::resend::redrive::{Outcome, resend};
 use crate::resend::renew::{Claims, Held};
 use crate::status::State;
-use crate::store::{Change, Claim, Lease, Record, Status, Store, StoreError, add_clamped};
+use crate::store::{Change, Claim, Filter, Lease, Record, Status, Store, StoreError, add_clamped};
 
 /// The shortest sleep after a look at the store that found a due time already past but claimed
 /// nothing (another scheduler took it in between): no busy loop on a store that says "now".
@@ -37,6 +37,8 @@ const CLAIM_BACKOFF_CAP: Duration = Duration::from_secs(5);
 const WATCH_EVERY: Duration = Duration::from_millis(250);
 /// How many held records are released at once (their reads and writes in flight together).
 const RELEASE_AT_ONCE: usize = 32;
+/// The most deferred rejections read to find those of a breaker that closed.
+const RELEASE_SCAN: usize = 100_000;
 
 /// Whether `record` is held for `breaker`: deferred for it to a time after `now`.
 fn is_held(record: &Record, breaker: &str, now: SystemTime) -> bool {
@@ -82,6 +84,8 @@ pub(super) struct Run<S, F> {
     claims_failed: u32,
     /// When the breakers were last looked at for held records to release.
     watched_at: Option<Instant>,
+    /// Each watched breaker's state when last looked at.
+    breaker_states: HashMap<String, State>,
 }
 
 impl<S, F, Req, E> Run<S, F>
@@ -117,6 +121,7 @@ where
             claims: Arc::default(),
             claims_failed: 0,
             watched_at: None,
+            breaker_states: HashMap::new(),
         }
     }
 
@@ -210,36 +215,48 @@ where
     }
 
     /// Releases the records held for a breaker that closed (see
-    /// [`Scheduler::watch_breakers`]): each is made due now, unless it changed meanwhile.
+    /// [`Scheduler::watch_breakers`]): those this scheduler put back, and those the stack's
+    /// dead-letter layers deferred to its half-open time (class `circuit_open`, naming it); each
+    /// is made due now, unless it changed meanwhile.
     async fn release_closed(&mut self) {
         let Some(breakers) = &self.scheduler.breakers else {
             return;
         };
-        if self.holds.holding().is_empty()
-            || self.watched_at.is_some_and(|at| at.elapsed() < WATCH_EVERY)
-        {
+        if self.watched_at.is_some_and(|at| at.elapsed() < WATCH_EVERY) {
             return;
         }
         self.watched_at = Some(Instant::now());
         let report = breakers.report();
-        let closed: Vec<String> =
-            self.holds
-                .holding()
-                .into_iter()
-                .filter(|name| {
-                    report.breakers.iter().any(|b| {
-                        b.name == *name && matches!(b.state, State::Closed | State::Disabled)
-                    })
-                })
-                .map(str::to_owned)
-                .collect();
+        let mut closed: Vec<String> = Vec::new();
+        for b in &report.breakers {
+            let shut = matches!(b.state, State::Closed | State::Disabled);
+            let was = self.breaker_states.insert(b.name.clone(), b.state);
+            let reopened = was.is_some_and(|w| !matches!(w, State::Closed | State::Disabled));
+            if shut && (reopened || self.holds.holding().contains(&b.name.as_str())) {
+                closed.push(b.name.clone());
+            }
+        }
         for name in closed {
-            let ids = self.holds.release(&name);
+            let mut ids = self.holds.release(&name);
             let (store, now) = (
                 Arc::clone(&self.scheduler.store),
                 self.scheduler.clock.now(),
             );
             let timeout = self.timeout();
+            let rejected = Filter::new()
+                .status(Status::Deferred)
+                .class(crate::Class::CIRCUIT_OPEN.name());
+            match bounded_call(timeout, store.search(&rejected, 0..RELEASE_SCAN)).await {
+                Ok(records) => ids.extend(
+                    records
+                        .into_iter()
+                        .filter(|r| is_held(r, &name, now))
+                        .map(|r| r.id),
+                ),
+                Err(e) => self.health.failed("release", &e),
+            }
+            ids.sort_unstable();
+            ids.dedup();
             let mut released = 0usize;
             for chunk in ids.chunks(RELEASE_AT_ONCE) {
                 let mut each = JoinSet::new();
@@ -273,7 +290,9 @@ where
                     }
                 }
             }
-            tracing::info!(breaker = %name, held = ids.len(), released, "breaker closed: its held records are due now");
+            if released > 0 {
+                tracing::info!(breaker = %name, released, "breaker closed: the records held for it are due now");
+            }
         }
     }
 
@@ -379,7 +398,10 @@ where
                 .map_or(backoff, |at| at.max(now).min(backoff));
         }
         // While records are held for a breaker that may close, look again soon.
-        let poll = if self.scheduler.breakers.is_some() && !self.holds.holding().is_empty() {
+        let watching = self.breaker_states.values().any(|s| *s != State::Closed);
+        let poll = if self.scheduler.breakers.is_some()
+            && (watching || !self.holds.holding().is_empty())
+        {
             poll.min(now + WATCH_EVERY)
         } else {
             poll
