@@ -15,6 +15,9 @@
 //! backstop-dlq --store dead_letters.db serve --bind 127.0.0.1:8080
 //! backstop-dlq --store dead_letters.db serve --allow-actions --actor alice \
 //!     --target http://127.0.0.1:8080
+//! backstop-dlq --store postgres://app@db.internal/app breaker force-open api.mail.test:443 \
+//!     --for 2h --reason "provider maintenance" --actor alice
+//! backstop-dlq --store postgres://app@db.internal/app breaker list
 //! backstop-dlq --store dead_letters.db reconcile --status-url 'http://provider/v1/messages/{id}' \
 //!     --id-from-json id
 //! ```
@@ -31,7 +34,7 @@
 //! with a host looks at the newest [`GROUP_LIMIT`](crate::GROUP_LIMIT) records that match the
 //! rest of it.
 //!
-//! Who acts, for the audit trail of `redrive`, `purge`, `prune` and the board of `serve
+//! Who acts, for the audit trail of `redrive`, `purge`, `prune`, `breaker` and the board of `serve
 //! --allow-actions`: `--actor NAME`, else `$USER`, else `$LOGNAME`; with none of them those
 //! commands refuse to act (exit status 2) rather than record an unknown actor.
 //!
@@ -57,6 +60,7 @@ use tower_backstop::BoxError;
 mod out;
 mod actor;
 mod args;
+mod breaker;
 mod read;
 mod reconcile;
 mod redrive;
@@ -116,6 +120,10 @@ enum Command {
     Audit(read::Audit),
     /// Delete the dead letters that match a filter.
     Purge(remove::Purge),
+    /// The fleet's breakers (processes that share them through this store), and an
+    /// operator's override of one for every process: `force-open`, `disable` (each until
+    /// `--for` has passed) or `reset`, with a `--reason`, audited with the actor.
+    Breaker(breaker::BreakerArgs),
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
@@ -131,6 +139,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
         Command::Prune(a) => remove::prune(g, a, now).await,
         Command::Audit(a) => read::audit(g, a).await,
         Command::Purge(a) => remove::purge(g, a, now).await,
+        Command::Breaker(a) => breaker::breaker(g, a, now).await,
     }
 }
 
