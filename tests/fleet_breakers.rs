@@ -247,7 +247,16 @@ async fn an_operators_override_applies_everywhere_and_ends_by_itself() {
     pass(Duration::from_millis(1_000)).await;
     assert_eq!(states(&fleet), [State::ForcedOpen; 3]);
     for p in &fleet {
-        assert!(p.call().await.is_err());
+        let rejected = p.call().await.unwrap_err();
+        let cause = std::error::Error::source(&rejected)
+            .and_then(|s| s.downcast_ref::<tower_backstop::breaker::OpenError>())
+            .and_then(|e| e.cause())
+            .unwrap();
+        assert!(
+            cause.contains("operator's override for the fleet by alice: force_open until ")
+                && cause.ends_with(": planned maintenance"),
+            "{cause}"
+        );
         assert_eq!(
             p.calls.load(Ordering::SeqCst),
             usize::from(p.fleet.status().process == "p1")

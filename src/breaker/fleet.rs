@@ -677,7 +677,14 @@ impl Task {
             }
             tracing::warn!(process = %self.fleet.process, breaker = %name, actor = %o.actor, "operator's override for the fleet: {}", o.describe());
             match o.action {
-                OverrideAction::ForceOpen => shared.force_open(),
+                OverrideAction::ForceOpen => {
+                    shared.force_open();
+                    shared.overridden(format!(
+                        "operator's override for the fleet by {}: {}",
+                        o.actor,
+                        o.describe()
+                    ));
+                }
                 OverrideAction::Disable => shared.disable(),
                 OverrideAction::Reset => shared.reset(),
             }

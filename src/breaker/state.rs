@@ -1137,6 +1137,16 @@ impl Shared {
         (at(&self.opened_at), at(&self.closed_at))
     }
 
+    /// Keeps `text` as the cause of a breaker an operator's override forced open, for its
+    /// rejections and its health report.
+    #[cfg(feature = "dead-letter")]
+    pub(crate) fn overridden(&self, text: String) {
+        self.cause.set(Some(Cause::learned(
+            text,
+            self.base + Duration::from_nanos(self.now()),
+        )));
+    }
+
     /// When an open breaker half-opens, on the breaker's clock; `None` when not open.
     #[cfg(feature = "dead-letter")]
     pub(crate) fn half_opens_at(&self) -> Option<u64> {
