@@ -486,3 +486,112 @@ fn sharing_outside_a_runtime_is_an_error() {
         .unwrap_err();
     assert!(err.to_string().contains("tokio runtime"), "{err}");
 }
+
+/// Per-host breakers are shared by their `host:port`: a process that never called a host
+/// learns the fleet's open breaker for it, and its first call there is rejected without
+/// reaching the provider; another host is not touched.
+#[tokio::test(start_paused = true)]
+async fn per_host_breakers_are_shared_by_host_even_with_a_process_that_never_called() {
+    let store = MemoryStore::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut procs = Vec::new();
+    for i in 1..=3 {
+        let layer = BreakerLayer::consecutive_failures(3)
+            .open_for(Duration::from_secs(10))
+            .per_host();
+        let fleet = layer
+            .share(
+                Arc::new(store.clone()),
+                Fleet::new().process(format!("p{i}")).clock(Clock::tokio()),
+            )
+            .unwrap();
+        let c = Arc::clone(&calls);
+        let provider = tower::service_fn(move |req: http::Request<String>| {
+            c.fetch_add(1, Ordering::SeqCst);
+            let code = if req.uri().host() == Some("down.test") {
+                503
+            } else {
+                200
+            };
+            async move {
+                Ok::<_, Infallible>(
+                    http::Response::builder()
+                        .status(code)
+                        .body(String::new())
+                        .unwrap(),
+                )
+            }
+        });
+        let svc = ServiceBuilder::new()
+            .layer(layer.clone())
+            .layer(ClassifyLayer::http())
+            .service(provider);
+        procs.push((layer, svc, fleet));
+    }
+    let get = |uri: &str| http::Request::get(uri).body(String::new()).unwrap();
+    for (_, svc, _) in &procs[..2] {
+        for _ in 0..3 {
+            let _ = svc.clone().oneshot(get("http://down.test/")).await;
+        }
+    }
+    pass(Duration::from_secs(1)).await;
+    let (layer, svc, fleet) = &procs[2];
+    assert_eq!(
+        layer.handle_for("down.test:80").map(|h| h.state()),
+        Some(State::Open)
+    );
+    assert_eq!(fleet.status().opened_by_fleet, 1);
+    let before = calls.load(Ordering::SeqCst);
+    assert!(svc.clone().oneshot(get("http://down.test/")).await.is_err());
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        before,
+        "rejected before the provider"
+    );
+    assert!(svc.clone().oneshot(get("http://up.test/")).await.is_ok());
+    assert_eq!(
+        layer.handle_for("up.test:80").unwrap().state(),
+        State::Closed
+    );
+}
+
+/// The preset shares its breakers through its dead-letter store: a breaker it made is in the
+/// store's notes, under this process's id; without a store it says what is missing.
+#[tokio::test(start_paused = true)]
+async fn the_preset_shares_through_its_dead_letter_store_and_needs_one() {
+    use tower_backstop::BackstopLayer;
+    use tower_backstop::dead_letter::DeadLetterLayer;
+    let err = BackstopLayer::http(Duration::from_secs(2))
+        .share_breakers(Fleet::new())
+        .unwrap_err();
+    assert_eq!(err.setting(), "share_breakers");
+    assert!(err.to_string().contains("dead_letters"), "{err}");
+
+    let store = MemoryStore::new();
+    let preset = BackstopLayer::http(Duration::from_secs(2))
+        .dead_letters(DeadLetterLayer::new(store.clone()).clock(Clock::tokio()));
+    let fleet = preset
+        .share_breakers(Fleet::new().process("web-1").clock(Clock::tokio()))
+        .unwrap();
+    let provider = tower::service_fn(|_req: http::Request<String>| async {
+        Ok::<_, Infallible>(http::Response::new(String::new()))
+    });
+    let svc = ServiceBuilder::new().layer(preset).service(provider);
+    let request = http::Request::get("http://mail.test/")
+        .body(String::new())
+        .unwrap();
+    svc.oneshot(request).await.unwrap();
+    pass(Duration::from_millis(600)).await;
+    let notes = store.notes(Clock::tokio().now()).await.unwrap();
+    let topics: Vec<(&str, &str)> = notes
+        .iter()
+        .map(|n| (n.topic.as_str(), n.author.as_str()))
+        .collect();
+    assert_eq!(topics, [("breaker:mail.test:80", "web-1")]);
+    assert!(
+        notes[0].body.contains(r#""state":"closed""#),
+        "{}",
+        notes[0].body
+    );
+    assert!(fleet.status().store_up);
+}
