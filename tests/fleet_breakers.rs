@@ -595,3 +595,46 @@ async fn the_preset_shares_through_its_dead_letter_store_and_needs_one() {
     );
     assert!(fleet.status().store_up);
 }
+
+/// The provider goes down for every process at once, each sending a little: the failing
+/// processes' failures together meet the rule (3 in a row, counted across two of them), so the
+/// whole fleet opens after about one process's worth of failures, not one per process.
+#[tokio::test(start_paused = true)]
+async fn the_fleet_pays_about_one_processs_failures_to_open() {
+    let store = MemoryStore::new();
+    let fleet = fleet(&store, 4);
+    pass(Duration::from_millis(600)).await;
+    for p in &fleet {
+        p.up.store(false, Ordering::SeqCst);
+    }
+    // Two failures each in two processes: neither trips alone (3 in a row), together they
+    // are 4.
+    fleet[0].calls(2).await;
+    fleet[1].calls(2).await;
+    pass(Duration::from_secs(1)).await;
+    assert_eq!(states(&fleet), [State::Open; 4]);
+    let sent: usize = fleet.iter().map(|p| p.calls.load(Ordering::SeqCst)).sum();
+    assert_eq!(sent, 4, "one process alone would have sent 3");
+    let rejected = fleet[3].call().await.unwrap_err();
+    let cause = std::error::Error::source(&rejected)
+        .and_then(|s| s.downcast_ref::<tower_backstop::breaker::OpenError>())
+        .and_then(|e| e.cause())
+        .unwrap();
+    assert!(
+        cause.starts_with(
+            "opened by the fleet: 2 of 4 processes failing, 4 of their 4 calls failed"
+        ),
+        "{cause}"
+    );
+    // One failing process alone is never enough, however many calls it fails.
+    let store = MemoryStore::new();
+    let fleet = fleet_of(&store, 3);
+    fleet[0].up.store(false, Ordering::SeqCst);
+    fleet[0].calls(2).await;
+    pass(Duration::from_secs(1)).await;
+    assert_eq!(states(&fleet), [State::Closed; 3]);
+}
+
+fn fleet_of(store: &MemoryStore, n: usize) -> Vec<Process> {
+    fleet(store, n)
+}

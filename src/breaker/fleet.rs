@@ -43,10 +43,13 @@ const MAX_AHEAD: Duration = Duration::from_secs(7 * 24 * 3600);
 ///   provider fails opens only its own breaker: the others open only on the word of a second
 ///   one, as Envoy's outlier detection ejects no more than `max_ejection_percent` of the hosts
 ///   on outliers' evidence. A breaker opened so does not count towards a quorum itself;
-/// - **probes once for the fleet**: an open breaker stays open until the earliest half-open
-///   time among the processes that opened on their own failures, plus
-///   [`probe_grace`](Self::probe_grace) (1 s): the first of them probes, and when its probe
-///   succeeds the others close without probing;
+///   It also opens when the failing processes together meet its own rule: at least as many as
+///   a quorum, each failing over the rule's rate, their calls together over its minimum and
+///   its rate (or their failures in a row together at its count), so that a fleet pays about
+///   one process's failures to learn that a provider is down, not one per process;
+/// - **probes once for the fleet**: an open breaker whose half-open time comes after another
+///   process's stays open until that time plus [`probe_grace`](Self::probe_grace) (1 s): the
+///   first to half-open probes, and when its probe succeeds the others close without probing;
 /// - **closes** an open or half-open breaker when another process's probes closed it after it
 ///   opened here (within [`every`](Self::every) twice, plus the store's round trips);
 /// - **applies an operator's override** ([`FleetOverride`]): force open or disable until its
@@ -374,6 +377,12 @@ struct Word {
     closed_at: Option<u64>,
     #[serde(default)]
     cause: Option<String>,
+    /// While closed and failing: the calls and failures it counts now (its window's, or its
+    /// failures in a row for both); zeros while nothing fails.
+    #[serde(default)]
+    calls: u64,
+    #[serde(default)]
+    failures: u64,
 }
 
 fn ms(t: SystemTime) -> u64 {
@@ -721,8 +730,10 @@ impl Task {
             .iter()
             .filter(|p| p.word.own && matches!(p.word.state.as_str(), "open" | "half_open"))
             .collect();
-        let first_half_open = own_open
+        // The first process to half-open probes for the fleet, whoever opened it.
+        let first_half_open = peers
             .iter()
+            .filter(|p| p.word.state == "open")
             .filter_map(|p| p.word.half_opens_at)
             .min()
             .map(from_ms);
@@ -737,22 +748,30 @@ impl Task {
                     .fleet
                     .quorum
                     .max((knowing as f64 * self.fleet.share).ceil() as usize);
-                if own_open.len() < needed {
+                let learned = if own_open.len() >= needed {
+                    let causes: Vec<&str> = own_open
+                        .iter()
+                        .filter_map(|p| p.word.cause.as_deref())
+                        .collect();
+                    format!(
+                        "opened by the fleet: {} of {} processes found it open (first: {}); {}",
+                        own_open.len(),
+                        knowing,
+                        own_open[0].author,
+                        causes.first().copied().unwrap_or("cause unknown")
+                    )
+                } else if let Some((n, calls, failures)) = fleet_fails(shared, peers, needed) {
+                    format!(
+                        "opened by the fleet: {n} of {knowing} processes failing, {failures} of \
+                         their {calls} calls failed"
+                    )
+                } else {
                     return;
-                }
-                let until = first_half_open.unwrap_or(now).max(now);
-                let until = crate::store::add_clamped(until, self.fleet.grace);
-                let causes: Vec<&str> = own_open
-                    .iter()
-                    .filter_map(|p| p.word.cause.as_deref())
-                    .collect();
-                let learned = format!(
-                    "opened by the fleet: {} of {} processes found it open (first: {}); {}",
-                    own_open.len(),
-                    knowing,
-                    own_open[0].author,
-                    causes.first().copied().unwrap_or("cause unknown")
-                );
+                };
+                let until = match first_half_open {
+                    Some(first) => crate::store::add_clamped(first.max(now), self.fleet.grace),
+                    None => crate::store::add_clamped(now, shared.next_open_duration()),
+                };
                 if shared.open_learned(
                     wall_to_instant(until),
                     learned,
@@ -785,7 +804,7 @@ impl Task {
                     && let (Some(first), Some(mine)) = (first_half_open, shared.half_opens_at())
                 {
                     let mine = self.wall_of(shared, mine, now);
-                    if first < mine || self.by_fleet.contains(name) {
+                    if first < mine {
                         let until = crate::store::add_clamped(first.max(now), self.fleet.grace);
                         if until > mine {
                             shared.stay_open_until(wall_to_instant(until));
@@ -856,7 +875,17 @@ impl Task {
         let (opened, closed) = shared.opened_and_closed_at();
         let wall = |n: u64| ms(self.wall_of(shared, n, now));
         let open = matches!(state, State::Open | State::HalfOpen);
+        // A breaker opened on the fleet's word keeps the failures it had counted: they are
+        // still evidence for the processes that have not opened yet.
+        let by_fleet = self.by_fleet.contains(&*shared.name);
+        let (calls, failures) = if state == State::Closed || (open && by_fleet) {
+            failing(shared)
+        } else {
+            (0, 0)
+        };
         Word {
+            calls,
+            failures,
             v: VERSION,
             state: state.as_str().to_owned(),
             own: open && !self.by_fleet.contains(&*shared.name),
@@ -866,6 +895,61 @@ impl Task {
             cause: open.then(|| shared.snapshot().cause).flatten(),
         }
     }
+}
+
+/// The calls and failures a closed breaker counts now, as the fleet weighs them: its window's
+/// under a rate rule, while its failures are over the rule's rate; its failures in a row under
+/// the consecutive rule; zeros otherwise (so that the note of a healthy breaker, or of one
+/// with a few failures now and then, does not change with each call).
+fn failing(shared: &Shared) -> (u64, u64) {
+    let stats = shared.stats();
+    match shared.rule() {
+        (_, Some((rate, _)))
+            if stats.window_failures > 0
+                && stats.window_failures as f64 >= rate * stats.window_calls as f64 =>
+        {
+            (stats.window_calls, stats.window_failures)
+        }
+        (Some(_), _) if stats.consecutive_failures > 0 => {
+            let n = u64::from(stats.consecutive_failures);
+            (n, n)
+        }
+        _ => (0, 0),
+    }
+}
+
+/// Whether the fleet's failing processes, together, meet `shared`'s own rule: at least
+/// `needed` of them (this one included when it fails) each over the rule's rate, and their
+/// calls together over its minimum and its rate (or their failures in a row together at its
+/// count). One failing process is never enough.
+fn fleet_fails(shared: &Shared, peers: &[Peer], needed: usize) -> Option<(usize, u64, u64)> {
+    let mine = failing(shared);
+    let (consecutive, rate) = shared.rule();
+    let over = |(calls, failures): (u64, u64)| {
+        calls > 0
+            && match rate {
+                Some((rate, _)) => failures as f64 >= rate * calls as f64,
+                None => failures == calls,
+            }
+    };
+    let failing: Vec<(u64, u64)> = peers
+        .iter()
+        .filter(|p| p.word.state == "closed" || !p.word.own)
+        .map(|p| (p.word.calls, p.word.failures))
+        .chain(std::iter::once(mine))
+        .filter(|w| over(*w))
+        .collect();
+    if failing.len() < needed {
+        return None;
+    }
+    let calls: u64 = failing.iter().map(|w| w.0).sum();
+    let failures: u64 = failing.iter().map(|w| w.1).sum();
+    let met = match (rate, consecutive) {
+        (Some((rate, minimum)), _) => calls >= minimum && failures as f64 >= rate * calls as f64,
+        (None, Some(n)) => failures >= u64::from(n),
+        (None, None) => false,
+    };
+    met.then_some((failing.len(), calls, failures))
 }
 
 /// What a fleet's notes say of one breaker, for a process that starts.

@@ -1147,6 +1147,22 @@ impl Shared {
         )));
     }
 
+    /// The rule that opens it, for a fleet's evidence: failures in a row, and the failure rate
+    /// with its minimum of calls.
+    #[cfg(feature = "dead-letter")]
+    pub(crate) fn rule(&self) -> (Option<u32>, Option<(f64, u64)>) {
+        (
+            self.consecutive,
+            self.failure_rate.map(|rate| (rate, self.minimum_calls)),
+        )
+    }
+
+    /// How long it would stay open if it tripped now.
+    #[cfg(feature = "dead-letter")]
+    pub(crate) fn next_open_duration(&self) -> Duration {
+        self.open.pick(self.trips.load(Ordering::Relaxed))
+    }
+
     /// When an open breaker half-opens, on the breaker's clock; `None` when not open.
     #[cfg(feature = "dead-letter")]
     pub(crate) fn half_opens_at(&self) -> Option<u64> {
