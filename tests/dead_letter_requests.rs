@@ -293,7 +293,7 @@ async fn a_version_3_sqlite_store_is_upgraded_in_place() {
         .unwrap()
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .unwrap();
-    assert_eq!(version, 5, "upgraded to the current schema");
+    assert_eq!(version, 6, "upgraded to the current schema");
     let provider = Provider::default();
     let svc = ServiceBuilder::new()
         .layer(DeadLetterLayer::new(store.clone()))
@@ -305,7 +305,7 @@ async fn a_version_3_sqlite_store_is_upgraded_in_place() {
 }
 
 /// A store written by schema version 4 (no audit trail) opens with an empty trail, and keeps
-/// one from then on; the file is at version 5 after.
+/// one from then on; the file is at the current version (6) after.
 #[tokio::test]
 async fn a_version_4_sqlite_store_gains_an_audit_trail() {
     use tower_backstop::store::{AuditAction, AuditEntry, Filter, Store};
@@ -340,5 +340,5 @@ async fn a_version_4_sqlite_store_gains_an_audit_trail() {
         .unwrap()
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
 }

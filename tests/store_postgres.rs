@@ -1,5 +1,6 @@
 //! What only the Postgres store has, against a real server (see `tests/postgres_support`):
-//! its migrations under the advisory lock, the schema version check, the claim's plan, its
+//! its migrations under the advisory lock (a schema of version 1 upgraded in place), the schema
+//! version check, the claim's plan, its
 //! batched deletes, and its errors for bad input and exhausted resources.
 //!
 //! The behaviour every store shares is in `tower_backstop_store::testing`, run against this
@@ -13,7 +14,7 @@ use backstop_test_support::{Service, Tests};
 use postgres_support::{fresh_schema, postgres_url};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool, Row};
-use tower_backstop::store::{Change, Filter, PostgresStore, Record, Status, Store};
+use tower_backstop::store::{Change, Filter, FleetNote, PostgresStore, Record, Status, Store};
 
 /// A pool of our own on the test server.
 async fn admin(test: &str) -> PgPool {
@@ -67,7 +68,11 @@ async fn ten_instances_opening_a_new_schema_at_once_migrate_it_once() {
     .fetch_all(&admin)
     .await
     .unwrap();
-    assert_eq!(rows, [(1, "records".to_owned())], "one migration row");
+    assert_eq!(
+        rows,
+        [(1, "records".to_owned()), (2, "notes".to_owned())],
+        "one row per migration"
+    );
     // Every instance works on the one schema.
     stores[3]
         .put(record("m-1", Status::Dead, None))
@@ -86,7 +91,43 @@ async fn ten_instances_opening_a_new_schema_at_once_migrate_it_once() {
     .fetch_one(&admin)
     .await
     .unwrap();
-    assert_eq!(n, 1);
+    assert_eq!(n, 2);
+}
+
+/// A schema of version 1 (no fleet notes) gains the notes' table when a store opens it, its
+/// records kept.
+async fn a_schema_of_version_1_gains_the_notes_table_at_open() {
+    let admin = admin("version_1").await;
+    let schema = fresh_schema("version_1");
+    let store = PostgresStore::connect(&postgres_url())
+        .schema(&schema)
+        .await
+        .unwrap();
+    store.put(record("kept", Status::Dead, None)).await.unwrap();
+    store.close().await;
+    admin
+        .execute(sqlx::raw_sql(&format!(
+            "DROP TABLE \"{schema}\".notes;
+             DELETE FROM \"{schema}\".schema_migrations WHERE version = 2;"
+        )))
+        .await
+        .unwrap();
+    let store = PostgresStore::connect(&postgres_url())
+        .schema(&schema)
+        .await
+        .unwrap();
+    let versions: Vec<i32> = sqlx::query_scalar(&format!(
+        "SELECT version FROM \"{schema}\".schema_migrations ORDER BY version"
+    ))
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert_eq!(versions, [1, 2]);
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+    let note = FleetNote::new("breaker:a", "p-1", "{}", now, Duration::from_secs(5));
+    store.put_note(note.clone()).await.unwrap();
+    assert_eq!(store.notes(now).await.unwrap(), [note]);
+    assert!(store.get("kept").await.unwrap().is_some());
 }
 
 async fn a_schema_of_a_newer_version_fails_at_open_and_names_the_fix() {
@@ -98,7 +139,7 @@ async fn a_schema_of_a_newer_version_fails_at_open_and_names_the_fix() {
         .unwrap();
     store.put(record("kept", Status::Dead, None)).await.unwrap();
     sqlx::query(&format!(
-        "INSERT INTO \"{schema}\".schema_migrations (version, name) VALUES (2, 'from the future')"
+        "INSERT INTO \"{schema}\".schema_migrations (version, name) VALUES (3, 'from the future')"
     ))
     .execute(&admin)
     .await
@@ -114,8 +155,8 @@ async fn a_schema_of_a_newer_version_fails_at_open_and_names_the_fix() {
             .unwrap_err(),
     ] {
         let text = err.to_string();
-        assert!(text.contains("has version 2"), "{text}");
-        assert!(text.contains("knows versions up to 1"), "{text}");
+        assert!(text.contains("has version 3"), "{text}");
+        assert!(text.contains("knows versions up to 2"), "{text}");
         assert!(text.contains("upgrade tower-backstop"), "{text}");
     }
     // Nothing was changed: the record is there, the version row too.
@@ -386,7 +427,7 @@ async fn behind_pgbouncer_instances_opening_a_new_schema_at_once_migrate_it_once
         .await
         .unwrap()
         .get(0);
-    assert_eq!(n, 1, "one migration row: migrated once");
+    assert_eq!(n, 2, "one row per migration: migrated once");
     stores[1]
         .put(record("m-1", Status::Dead, None))
         .await
@@ -543,6 +584,10 @@ fn main() {
     tests.needs(Service::Postgres).current(
         "ten_instances_opening_a_new_schema_at_once_migrate_it_once",
         ten_instances_opening_a_new_schema_at_once_migrate_it_once,
+    );
+    tests.needs(Service::Postgres).current(
+        "a_schema_of_version_1_gains_the_notes_table_at_open",
+        a_schema_of_version_1_gains_the_notes_table_at_open,
     );
     tests.needs(Service::Postgres).current(
         "a_schema_of_a_newer_version_fails_at_open_and_names_the_fix",

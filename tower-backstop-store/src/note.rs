@@ -7,7 +7,7 @@ use super::StoreError;
 
 /// One note a process (or an operator) keeps in the store for the rest of the fleet: the
 /// latest word of `author` on `topic`. A store keeps one note per `(topic, author)`: a newer
-/// [`put_note`](Store::put_note) replaces the older one. A note is no longer read once its
+/// [`put_note`](super::Store::put_note) replaces the older one. A note is no longer read once its
 /// [`expires_at`](Self::expires_at) passed, so the word of a process that died ends by itself.
 ///
 /// The store does not read [`body`](Self::body): its format is the writer's (the breakers of

@@ -28,11 +28,15 @@ use self::row::{
 use super::query::{Change, Claim, Counts, Filter, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, add_clamped, from_millis, to_millis};
 use super::schedule::{from_micros, gap_micros, to_micros};
-use super::{AuditAction, AuditEntry, BoxFuture, Lease, Store, StoreError};
+use super::{AuditAction, AuditEntry, BoxFuture, FleetNote, Lease, Store, StoreError};
 
 /// How many rows one statement of a [`delete`](Store::delete) removes at most: a purge or a
 /// prune of a million records is a thousand short transactions, not one long one.
 const DELETE_BATCH: i64 = 1_000;
+
+/// How many expired notes one [`put_note`](Store::put_note) deletes at most: the notes of the
+/// processes that stopped go a few with each write, and a write stays one short statement.
+const NOTES_PRUNED: i64 = 100;
 
 /// A dead-letter store in Postgres, shared by many instances (feature `postgres`, through sqlx).
 ///
@@ -69,6 +73,7 @@ const DELETE_BATCH: i64 = 1_000;
 /// | `records` | one row per record: its fields as columns (times in milliseconds since the Unix epoch, `bigint`), the history, headers and root cause as `json`, tags and metadata as `jsonb`, the payload as `bytea` |
 /// | `codes` | each code's first sighting (the "new code" alert) |
 /// | `audit` | the audit trail |
+/// | `notes` | the fleet's notes of [`put_note`](Store::put_note): one row per topic and author, times in milliseconds, indexed by expiry time |
 /// | `slots` | the shared send schedules of [`reserve_slot`](Store::reserve_slot): a name and the next free time in microseconds (made on first use, under the migration lock) |
 /// | `schema_migrations` | one row per migration applied: version, name, time |
 ///
@@ -111,6 +116,9 @@ const DELETE_BATCH: i64 = 1_000;
 /// - [`next_due`](Store::next_due) is `min(retry_at_ms)` off the partial index `records_due`;
 ///   [`reserve_slot`](Store::reserve_slot) one `INSERT … ON CONFLICT DO UPDATE … RETURNING` on
 ///   the schedule's row.
+/// - [`put_note`](Store::put_note) is one `INSERT … ON CONFLICT (topic, author) DO UPDATE`
+///   that also deletes up to 100 expired notes (`FOR UPDATE SKIP LOCKED`: never the rows
+///   another write is deleting); [`notes`](Store::notes) one `SELECT … WHERE expires_at_ms > $1`.
 /// - [`delete`](Store::delete) removes at most 1,000 rows a statement, each its own short
 ///   transaction, until none match: retention over a large store never holds one long
 ///   transaction or a lock on the whole excess.
@@ -228,6 +236,8 @@ struct Sql {
     budget: String,
     append_audit: String,
     audit: String,
+    put_note: String,
+    notes: String,
 }
 
 impl Sql {
@@ -277,6 +287,25 @@ impl Sql {
             audit: format!(
                 "SELECT at_ms, actor, action, filter, planned, sent, outcome FROM {schema}.audit \
                  ORDER BY seq DESC LIMIT $1 OFFSET $2"
+            ),
+            // At most `NOTES_PRUNED` expired notes go with each write, those other writes hold
+            // skipped (`SKIP LOCKED`: a write never waits for another's deletes, so two never
+            // wait for each other), and never the note written (one statement must not change
+            // one row twice).
+            put_note: format!(
+                "WITH expired AS (
+                     DELETE FROM {schema}.notes WHERE (topic, author) IN (
+                         SELECT topic, author FROM {schema}.notes
+                         WHERE expires_at_ms <= $4 AND (topic, author) <> ($1, $2)
+                         LIMIT {NOTES_PRUNED} FOR UPDATE SKIP LOCKED))
+                 INSERT INTO {schema}.notes (topic, author, body, written_at_ms, expires_at_ms)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (topic, author) DO UPDATE SET body = excluded.body,
+                     written_at_ms = excluded.written_at_ms, expires_at_ms = excluded.expires_at_ms"
+            ),
+            notes: format!(
+                "SELECT topic, author, body, written_at_ms, expires_at_ms FROM {schema}.notes \
+                 WHERE expires_at_ms > $1"
             ),
         }
     }
@@ -763,6 +792,41 @@ impl PostgresStore {
         })
     }
 
+    async fn write_note(&self, note: FleetNote) -> Result<(), StoreError> {
+        let owned = |s: &str| text::encode(s).into_owned();
+        let query = sqlx::query(&self.sql.put_note)
+            .bind(owned(&note.topic))
+            .bind(owned(&note.author))
+            .bind(owned(&note.body))
+            .bind(to_millis(note.written_at))
+            .bind(to_millis(note.expires_at));
+        self.execute(query).await.map_err(pg_error("write note"))?;
+        Ok(())
+    }
+
+    async fn read_notes(&self, now: SystemTime) -> Result<Vec<FleetNote>, StoreError> {
+        let rows = self
+            .fetch_all(sqlx::query(&self.sql.notes).bind(to_millis(now)))
+            .await
+            .map_err(pg_error("read notes"))?;
+        let get = pg_error("read notes");
+        rows.iter()
+            .map(|row| {
+                let text_at = |i: usize| -> Result<String, StoreError> {
+                    let s: String = row.try_get(i).map_err(&get)?;
+                    text::decode(s).map_err(|e| decode_error("note", e))
+                };
+                Ok(FleetNote {
+                    topic: text_at(0)?,
+                    author: text_at(1)?,
+                    body: text_at(2)?,
+                    written_at: from_millis(row.try_get(3).map_err(&get)?),
+                    expires_at: from_millis(row.try_get(4).map_err(&get)?),
+                })
+            })
+            .collect()
+    }
+
     async fn read_audit(&self, page: Range<usize>) -> Result<Vec<AuditEntry>, StoreError> {
         if page.is_empty() {
             return Ok(Vec::new());
@@ -1019,6 +1083,14 @@ impl Store for PostgresStore {
         }
         let channel = self.due.clone()?;
         Some(notify::listen(self.pool.clone(), channel))
+    }
+
+    fn put_note(&self, note: FleetNote) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.run(|this| async move { this.write_note(note).await })
+    }
+
+    fn notes(&self, now: SystemTime) -> BoxFuture<'static, Result<Vec<FleetNote>, StoreError>> {
+        self.run(|this| async move { this.read_notes(now).await })
     }
 
     fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {

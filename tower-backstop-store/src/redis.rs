@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::time::{Duration, SystemTime};
@@ -13,7 +14,7 @@ use super::query::{
 };
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
 use super::schedule::{from_micros, gap_micros, to_micros};
-use super::{AuditEntry, BoxFuture, Lease, Store, StoreError, redact_url};
+use super::{AuditEntry, BoxFuture, FleetNote, Lease, Store, StoreError, redact_url};
 
 mod sentinel;
 
@@ -43,6 +44,7 @@ use self::sentinel::SentinelConnection;
 /// | `{prefix}:classes` | set | every class name written (what [`counts`](Store::counts) walks) |
 /// | `{prefix}:audit` | list | the audit trail, newest first |
 /// | `{prefix}:slot:{schedule}` | string | a send schedule's next free time (µs), for [`reserve_slot`](Store::reserve_slot); expires a minute after it |
+/// | `{prefix}:notes` | hash | the fleet's notes ([`put_note`](Store::put_note)): field = the topic's length in bytes, `:`, the topic and the author; value = the note as JSON (times in ms) |
 ///
 /// Versions before the hash tag named the keys `prefix:…` (no braces); such a store looks empty
 /// to this version until its keys are renamed once, with
@@ -66,6 +68,9 @@ use self::sentinel::SentinelConnection;
 /// other instances) that read the same version, exactly one writes, and the other reads the
 /// claim it lost to.
 /// [`put_many`](Store::put_many) sends a batch in one pipeline.
+/// [`put_note`](Store::put_note) is one `HSET`, [`notes`](Store::notes) one `HGETALL`
+/// filtered by expiry time; a read that finds expired notes deletes them (a script that deletes
+/// each only if it is still the note read, so a newer one just written stays).
 ///
 /// The connection to one server is the redis crate's `ConnectionManager`, re-established after
 /// Redis restarts; the connection to a Cluster is the redis crate's cluster client, which follows
@@ -259,8 +264,24 @@ redis.call('SET', KEYS[1], string.format('%.0f', after), 'PX', ttl)
 return slot
 ";
 
+/// Deletes the expired fleet notes a reader saw ([`Store::notes`]), each only if it is still
+/// the note the reader saw (a writer may have put a new one since). KEYS: the notes' hash.
+/// ARGV: field, value, field, value… Returns how many it deleted.
+const PRUNE_NOTES: &str = r"
+local n = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    n = n + redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+end
+return n
+";
+
+/// How many expired notes one read deletes at most.
+const NOTES_PRUNED: usize = 100;
+
 /// The scripts the store loads, and loads again when the server forgot them.
-const SCRIPTS: [&str; 2] = [WRITE, RESERVE];
+const SCRIPTS: [&str; 3] = [WRITE, RESERVE, PRUNE_NOTES];
 
 /// How many times a write is tried again when another writer changed the record in between.
 const CAS_TRIES: usize = 64;
@@ -322,6 +343,48 @@ fn glob_escape(text: &str) -> String {
         out.push(c);
     }
     out
+}
+
+/// A fleet note as the notes' hash keeps it: the field (topic and author, the topic's length in
+/// bytes first, so that no pair of them makes another's field) and the value, JSON.
+fn note_entry(note: &FleetNote) -> Result<(String, String), StoreError> {
+    let field = format!("{}:{}{}", note.topic.len(), note.topic, note.author);
+    let value = serde_json::to_string(&StoredNote {
+        topic: Cow::Borrowed(&note.topic),
+        author: Cow::Borrowed(&note.author),
+        body: Cow::Borrowed(&note.body),
+        written_at_ms: to_millis(note.written_at),
+        expires_at_ms: to_millis(note.expires_at),
+    })
+    .map_err(|e| StoreError::with_source("redis dead-letter store: encode note", e))?;
+    Ok((field, value))
+}
+
+/// Decodes a note of the notes' hash: any bytes give a note or an error, never a panic.
+fn decode_note(json: &str) -> Result<FleetNote, StoreError> {
+    let note: StoredNote<'_> = serde_json::from_str(json)
+        .map_err(|e| StoreError::with_source("redis dead-letter store: decode note", e))?;
+    Ok(FleetNote {
+        topic: note.topic.into_owned(),
+        author: note.author.into_owned(),
+        body: note.body.into_owned(),
+        written_at: from_millis(note.written_at_ms),
+        expires_at: from_millis(note.expires_at_ms),
+    })
+}
+
+/// The JSON of a fleet note in the notes' hash (its topic and author too: the field is only
+/// what makes it one per topic and author).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredNote<'a> {
+    #[serde(borrow)]
+    topic: Cow<'a, str>,
+    #[serde(borrow)]
+    author: Cow<'a, str>,
+    #[serde(borrow)]
+    body: Cow<'a, str>,
+    written_at_ms: i64,
+    expires_at_ms: i64,
 }
 
 fn redis_error(what: &str) -> impl FnOnce(redis::RedisError) -> StoreError + '_ {
@@ -1532,6 +1595,63 @@ impl Store for RedisStore {
                 None if json_len > 0 => Ok(this.read(&id).await?.0.map(|r| r.budget_spent)),
                 None => Ok(None),
             }
+        })
+    }
+
+    fn put_note(&self, note: FleetNote) -> BoxFuture<'static, Result<(), StoreError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let (field, value) = note_entry(&note)?;
+            let mut conn = this.conn.clone();
+            redis::cmd("HSET")
+                .arg(this.key("notes"))
+                .arg(field)
+                .arg(value)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(redis_error("write note"))
+        })
+    }
+
+    fn notes(&self, now: SystemTime) -> BoxFuture<'static, Result<Vec<FleetNote>, StoreError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let key = this.key("notes");
+            let mut conn = this.conn.clone();
+            let entries: HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .map_err(redis_error("read notes"))?;
+            let mut notes = Vec::with_capacity(entries.len());
+            let mut expired = Vec::new();
+            for (field, value) in entries {
+                let note = decode_note(&value)?;
+                if note.expires_at > now {
+                    notes.push(note);
+                } else {
+                    expired.push((field, value));
+                }
+            }
+            if !expired.is_empty() {
+                // Whoever reads them first deletes them (at most `NOTES_PRUNED` a read): one
+                // more round trip, only then. The notes read stand whether it works or not.
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(Script::new(PRUNE_NOTES).get_hash())
+                    .arg(1)
+                    .arg(&key);
+                for (field, value) in expired.iter().take(NOTES_PRUNED) {
+                    cmd.arg(field).arg(value);
+                }
+                if let Err(e) = this.eval::<u64>(&cmd).await {
+                    tracing::warn!(
+                        error = %e,
+                        "redis dead-letter store: cannot delete expired notes; they are kept, \
+                         unread, until a later read deletes them"
+                    );
+                }
+            }
+            Ok(notes)
         })
     }
 

@@ -12,7 +12,7 @@ use rusqlite::{
 use super::query::{Change, Claim, Counts, Filter, change_if_unchanged, claim, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status, from_millis, to_millis};
 use super::schedule::{from_micros, gap_micros, reserve, to_micros};
-use super::{AuditAction, AuditEntry, BoxFuture, Lease, Store, StoreError};
+use super::{AuditAction, AuditEntry, BoxFuture, FleetNote, Lease, Store, StoreError};
 
 /// A durable dead-letter store in one SQLite file (embedded, bundled SQLite; feature `sqlite`).
 ///
@@ -62,7 +62,11 @@ use super::{AuditAction, AuditEntry, BoxFuture, Lease, Store, StoreError};
 /// `dead_letter_codes` (each code's first sighting), `dead_letter_audit` (the audit trail) and
 /// `dead_letter_slots` (the shared send schedules of [`reserve_slot`](Store::reserve_slot):
 /// a name and the next free time in microseconds; created on first use in a file written by an
-/// earlier version).
+/// earlier version) and `dead_letter_notes` (the fleet's notes of [`put_note`](Store::put_note):
+/// one row per topic and author, times in milliseconds, indexed by expiry time; added to a file
+/// of an earlier version when it is opened for writing). [`put_note`](Store::put_note) is one
+/// transaction that deletes the expired notes and writes the note in place of the older one;
+/// [`notes`](Store::notes) one `SELECT` of the notes not expired.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Link>>,
@@ -142,7 +146,7 @@ impl Optimize {
 }
 
 /// The schema version written to `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 5;
+const SCHEMA_VERSION: i64 = 6;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -201,6 +205,15 @@ CREATE TABLE IF NOT EXISTS dead_letter_audit (
     sent    INTEGER NOT NULL,
     outcome TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS dead_letter_notes (
+    topic         TEXT NOT NULL,
+    author        TEXT NOT NULL,
+    body          TEXT NOT NULL,
+    written_at_ms INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (topic, author)
+);
+CREATE INDEX IF NOT EXISTS dead_letter_notes_by_expiry ON dead_letter_notes (expires_at_ms);
 ";
 
 /// The records a scheduler may claim, in claim order: the waiting ones (deferred, or in flight
@@ -274,6 +287,14 @@ fn file_id(path: &Path) -> Option<(u64, u64)> {
     }
 }
 
+/// Whether the file has the table `name`.
+fn has_table(conn: &Connection, name: &str) -> Result<bool, StoreError> {
+    conn.prepare_cached("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?1")
+        .and_then(|mut stmt| stmt.query_row(params![name], |row| row.get::<_, i64>(0)))
+        .map(|n| n > 0)
+        .map_err(sql_error("read schema"))
+}
+
 /// Opens `path` for reading and writing, creating it and its schema when needed.
 fn connect(path: &Path, tuning: Tuning) -> Result<Connection, StoreError> {
     let conn = Connection::open(path).map_err(|e| {
@@ -290,13 +311,7 @@ fn connect(path: &Path, tuning: Tuning) -> Result<Connection, StoreError> {
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .map_err(sql_error("read schema version"))?;
-    let has_table: bool = conn
-        .query_row(
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'dead_letters'",
-            [],
-            |row| row.get::<_, i64>(0).map(|n| n > 0),
-        )
-        .map_err(sql_error("read schema"))?;
+    let has_table = has_table(&conn, "dead_letters")?;
     if has_table && (version == 2 || version == 3) {
         // Version 2 had no headers, version 3 no root cause and no breaker: add them, empty, in
         // one transaction.
@@ -320,8 +335,9 @@ fn connect(path: &Path, tuning: Tuning) -> Result<Connection, StoreError> {
                 e,
             )
         })?;
-    } else if has_table && version != SCHEMA_VERSION && version != 4 {
-        // Version 4 had no audit trail: the schema below adds its table.
+    } else if has_table && !matches!(version, 4 | 5 | SCHEMA_VERSION) {
+        // Version 4 had no audit trail and version 5 no fleet notes: the schema below adds
+        // their tables.
         return Err(StoreError::new(format!(
             "sqlite dead-letter store {} has schema version {version}, this version of \
              tower-backstop reads version {SCHEMA_VERSION}",
@@ -1130,6 +1146,61 @@ impl Store for SqliteStore {
         })
     }
 
+    fn put_note(&self, note: FleetNote) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.write(move |tx| {
+            // The notes expired by the writer's clock go first: off the index by expiry time,
+            // usually none.
+            tx.prepare_cached("DELETE FROM dead_letter_notes WHERE expires_at_ms <= ?1")
+                .map_err(sql_error("delete expired notes"))?
+                .execute(params![to_millis(note.written_at)])
+                .map_err(sql_error("delete expired notes"))?;
+            tx.prepare_cached(
+                "INSERT INTO dead_letter_notes (topic, author, body, written_at_ms, expires_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (topic, author) DO UPDATE SET body = excluded.body,
+                     written_at_ms = excluded.written_at_ms,
+                     expires_at_ms = excluded.expires_at_ms",
+            )
+            .map_err(sql_error("write note"))?
+            .execute(params![
+                note.topic,
+                note.author,
+                note.body,
+                to_millis(note.written_at),
+                to_millis(note.expires_at),
+            ])
+            .map_err(sql_error("write note"))?;
+            Ok(())
+        })
+    }
+
+    fn notes(&self, now: SystemTime) -> BoxFuture<'static, Result<Vec<FleetNote>, StoreError>> {
+        self.run(move |conn| {
+            let mut stmt = match conn.prepare_cached(
+                "SELECT topic, author, body, written_at_ms, expires_at_ms
+                 FROM dead_letter_notes WHERE expires_at_ms > ?1",
+            ) {
+                Ok(stmt) => stmt,
+                // A file of an earlier version opened read-only has no notes yet.
+                Err(_) if !has_table(conn, "dead_letter_notes")? => return Ok(Vec::new()),
+                Err(e) => return Err(sql_error("read notes")(e)),
+            };
+            let rows = stmt
+                .query_map(params![to_millis(now)], |row| {
+                    Ok(FleetNote {
+                        topic: row.get(0)?,
+                        author: row.get(1)?,
+                        body: row.get(2)?,
+                        written_at: from_millis(row.get(3)?),
+                        expires_at: from_millis(row.get(4)?),
+                    })
+                })
+                .map_err(sql_error("read notes"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(sql_error("decode note"))
+        })
+    }
+
     fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
         self.write(move |tx| {
             tx.prepare_cached(
@@ -1154,14 +1225,7 @@ impl Store for SqliteStore {
     fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
         self.run(move |conn| {
             // A file of an earlier version opened read-only has no trail yet.
-            let has_table: bool = conn
-                .query_row(
-                    "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'dead_letter_audit'",
-                    [],
-                    |row| row.get::<_, i64>(0).map(|n| n > 0),
-                )
-                .map_err(sql_error("read audit trail"))?;
-            if !has_table || page.is_empty() {
+            if page.is_empty() || !has_table(conn, "dead_letter_audit")? {
                 return Ok(Vec::new());
             }
             let mut stmt = conn
@@ -1425,5 +1489,36 @@ mod tests {
         assert_eq!(store.conn.lock().unwrap().tuning.cache_size, 8 << 20);
         let read_only = SqliteStore::open_read_only(&path).unwrap();
         assert_eq!(cache_size(&read_only), -65_536);
+    }
+
+    /// A file of schema version 5 (no fleet notes) reads no notes when opened read-only, and
+    /// gains the notes' table, and version 6, when opened for writing; its records stay.
+    #[tokio::test]
+    async fn a_version_5_file_gets_the_notes_table_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v5.db");
+        let store = SqliteStore::open(&path).unwrap();
+        store.put_many(backlog(3)).await.unwrap();
+        store.close();
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(
+                "DROP TABLE dead_letter_notes;
+                 PRAGMA user_version = 5;",
+            )
+            .unwrap();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+        let read_only = SqliteStore::open_read_only(&path).unwrap();
+        assert_eq!(read_only.notes(now).await.unwrap(), []);
+        let store = SqliteStore::open(&path).unwrap();
+        let version: i64 = Connection::open(&path)
+            .unwrap()
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let note = FleetNote::new("breaker:a", "p-1", "{}", now, Duration::from_secs(5));
+        store.put_note(note.clone()).await.unwrap();
+        assert_eq!(store.notes(now).await.unwrap(), [note]);
+        assert_eq!(store.count(&Filter::new()).await.unwrap(), 9);
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use backstop_test_support::{Service, Tests, redis_cluster_urls, redis_url};
 use redis::cluster_routing::Slot;
 use tower_backstop_store::{
-    AuditAction, AuditEntry, ErrorEntry, Filter, Record, RedisStore, Status, Store,
+    AuditAction, AuditEntry, ErrorEntry, Filter, FleetNote, Record, RedisStore, Status, Store,
 };
 
 fn record(id: &str, tag: &str) -> Record {
@@ -50,6 +50,13 @@ async fn fill(store: &RedisStore) {
         .append_audit(AuditEntry::new(AuditAction::Purge, "ops", &Filter::new()))
         .await
         .unwrap();
+}
+
+/// Puts a fleet note whose topic and author have braces: the notes' key.
+async fn note(store: &RedisStore) {
+    let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+    let note = FleetNote::new("breaker:{a}", "p-{1}", "{}", t, Duration::from_secs(5));
+    store.put_note(note).await.unwrap();
 }
 
 /// The keys matching `pattern` on the server behind `conn`.
@@ -107,6 +114,7 @@ async fn every_key_of_a_store_is_under_its_hash_tag() {
             .unwrap()
             .with_prefix(prefix.as_str());
         fill(&store).await;
+        note(&store).await;
         let tagged = keys(&mut conn, &format!("{{{prefix}}}:*")).await;
         // 5 records, the time, retry and status indexes, the class, code, tag and dead ones,
         // the codes, the classes and the audit trail.
@@ -122,6 +130,10 @@ async fn every_key_of_a_store_is_under_its_hash_tag() {
         assert!(
             tagged.iter().any(|k| k.ends_with(b":rec:d-2 {odd}")),
             "a record key, whose id has braces, under the tag"
+        );
+        assert!(
+            tagged.iter().any(|k| k.ends_with(b":notes")),
+            "the notes' key under the tag"
         );
         assert!(keys(&mut conn, &format!("{prefix}:*")).await.is_empty());
     }
@@ -276,10 +288,12 @@ async fn each_store_of_a_cluster_is_on_the_node_of_its_slot() {
             .unwrap()
             .with_prefix(prefix.as_str());
         fill(&store).await;
+        note(&store).await;
         // Every record, the resolved one too (`list` shows the outstanding ones only).
         assert_eq!(store.search(&Filter::new(), 0..10).await.unwrap().len(), 5);
         let here = keys(&mut conn, &format!("{{{prefix}}}:*")).await;
         assert!(here.len() >= 20, "{node}: {} keys", here.len());
+        assert!(here.iter().any(|k| k.ends_with(b":notes")), "{node}: notes");
         for other in ranges.keys().filter(|n| *n != node) {
             let mut conn = connection(other).await;
             assert!(keys(&mut conn, &format!("{{{prefix}}}:*")).await.is_empty());

@@ -15,8 +15,10 @@ use crate::{StoreError, redact_url};
 pub const DEFAULT_SCHEMA: &str = "backstop";
 
 /// The migrations shipped with this version, in order: (version, name, SQL).
-const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "records", include_str!("migrations/0001_records.sql"))];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "records", include_str!("migrations/0001_records.sql")),
+    (2, "notes", include_str!("migrations/0002_notes.sql")),
+];
 
 /// The schema version this version of the crate writes and reads: the last migration's.
 const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
