@@ -1116,6 +1116,126 @@ async fn serve_acts_as_the_named_actor() {
     assert_eq!((audit[0].actor.as_str(), audit[0].sent), ("carol", 3));
 }
 
+/// An operator's override for the fleet: `breaker force-open` writes the note every process
+/// reads and the audit entry with the actor; `breaker list` shows it beside what a process
+/// says; an override without an actor, or longer than 7 days, is refused and writes nothing.
+async fn breaker_overrides_are_written_for_the_fleet_and_audited() {
+    use std::time::Duration;
+    use tower_backstop::breaker::{FleetOverride, OverrideAction};
+    use tower_backstop::store::{AuditAction, FleetNote};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let db = path.to_str().unwrap().to_owned();
+    let now = std::time::SystemTime::now();
+    store
+        .put_note(FleetNote::new(
+            "breaker:api.mail.test:443",
+            "web-1",
+            r#"{"v":1,"state":"open","own":true}"#,
+            now,
+            Duration::from_secs(60),
+        ))
+        .await
+        .unwrap();
+
+    let o = dlq_on(
+        &db,
+        &[
+            "--actor",
+            "alice",
+            "breaker",
+            "force-open",
+            "api.mail.test:443",
+            "--for",
+            "2h",
+            "--reason",
+            "provider maintenance",
+        ],
+    )
+    .await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("api.mail.test:443 for the fleet"),
+        "{}",
+        stdout(&o)
+    );
+    let notes = store.notes(std::time::SystemTime::now()).await.unwrap();
+    let over = notes
+        .iter()
+        .find_map(FleetOverride::from_note)
+        .expect("an override note");
+    assert_eq!(over.action, OverrideAction::ForceOpen);
+    assert_eq!(
+        (over.actor.as_str(), over.reason.as_str()),
+        ("alice", "provider maintenance")
+    );
+    let lasts = over.until.duration_since(over.at).unwrap();
+    assert_eq!(lasts, Duration::from_secs(7_200));
+    let audit = store.audit(0..10).await.unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(
+        (
+            audit[0].action,
+            audit[0].actor.as_str(),
+            audit[0].filter.as_str()
+        ),
+        (AuditAction::Breaker, "alice", "breaker=api.mail.test:443")
+    );
+    assert!(
+        audit[0].outcome.contains("force_open until"),
+        "{}",
+        audit[0].outcome
+    );
+
+    let o = dlq_on(&db, &["breaker", "list"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("api.mail.test:443  override by alice: force_open until"),
+        "{out}"
+    );
+    assert!(out.contains("api.mail.test:443  web-1: "), "{out}");
+
+    // Refused, nothing written: no actor; too long; no reason.
+    let path_s = db.clone();
+    let o = tokio::task::spawn_blocking(move || {
+        dlq_env(
+            &[
+                "--store", &path_s, "breaker", "disable", "x:1", "--reason", "r",
+            ],
+            &[("USER", None), ("LOGNAME", None)],
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = dlq_on(
+        &db,
+        &[
+            "breaker", "disable", "x:1", "--for", "8days", "--reason", "r",
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("at most 7 days"), "{}", stderr(&o));
+    let o = dlq_on(&db, &["breaker", "reset", "x:1"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(
+        store.audit(0..10).await.unwrap().len(),
+        1,
+        "nothing more written"
+    );
+    let overrides = store
+        .notes(std::time::SystemTime::now())
+        .await
+        .unwrap()
+        .iter()
+        .filter(|n| n.topic.starts_with("override:"))
+        .count();
+    assert_eq!(overrides, 1);
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests.multi_thread(
@@ -1154,6 +1274,10 @@ fn main() {
     tests.multi_thread(
         "list_and_show_name_the_host_and_filter_by_it",
         list_and_show_name_the_host_and_filter_by_it,
+    );
+    tests.multi_thread(
+        "breaker_overrides_are_written_for_the_fleet_and_audited",
+        breaker_overrides_are_written_for_the_fleet_and_audited,
     );
     tests.multi_thread(
         "serve_acts_as_the_named_actor",
