@@ -41,12 +41,13 @@ fn layer() -> BreakerLayer {
 }
 
 fn process(store: &MemoryStore, id: &str) -> Process {
+    process_on(Arc::new(store.clone()), id)
+}
+
+fn process_on(store: Arc<dyn Store>, id: &str) -> Process {
     let layer = layer();
     let fleet = layer
-        .share(
-            Arc::new(store.clone()),
-            Fleet::new().process(id).clock(Clock::tokio()),
-        )
+        .share(store, Fleet::new().process(id).clock(Clock::tokio()))
         .unwrap();
     let (calls, up) = (
         Arc::new(AtomicUsize::new(0)),
@@ -637,4 +638,39 @@ async fn the_fleet_pays_about_one_processs_failures_to_open() {
 
 fn fleet_of(store: &MemoryStore, n: usize) -> Vec<Process> {
     fleet(store, n)
+}
+
+/// A store that hangs on the fleet's notes: each round gives up after `Fleet::timeout`, every
+/// process acts on its own breakers (one process's failures open no other), and the calls
+/// never wait on the store. Once the store answers again, the fleet acts together again.
+#[tokio::test(start_paused = true)]
+async fn a_store_that_hangs_bounds_each_round_and_leaves_each_process_on_its_own() {
+    use backstop_test_support::{Fault, FaultyStore, Op};
+    let memory = MemoryStore::new();
+    let faulty = Arc::new(FaultyStore::new(Arc::new(memory.clone())));
+    let procs: Vec<Process> = (1..=3)
+        .map(|i| process_on(Arc::clone(&faulty) as Arc<dyn Store>, &format!("p{i}")))
+        .collect();
+    faulty.set_for_each(&[Op::Notes, Op::PutNote], Fault::Hang);
+    // Two processes open on their own failures while the store hangs: the third stays closed.
+    for p in &procs[..2] {
+        p.up.store(false, Ordering::SeqCst);
+        p.calls(3).await;
+    }
+    pass(Duration::from_secs(3)).await;
+    assert_eq!(states(&procs), [State::Open, State::Open, State::Closed]);
+    let status = procs[2].fleet.status();
+    assert!(!status.store_up);
+    assert_eq!(status.error.as_deref(), Some("read: timed out"));
+    // Each round gave up at its bound: about one read every `every + timeout`.
+    let reads = faulty.calls(Op::Notes);
+    assert!(reads >= 3 * 3, "{reads} reads in 3 s by 3 processes");
+    faulty.set_for_each(&[Op::Notes, Op::PutNote], Fault::Answer);
+    pass(Duration::from_secs(1)).await;
+    assert!(procs[2].fleet.status().store_up);
+    assert_eq!(
+        states(&procs),
+        [State::Open; 3],
+        "the fleet acts together again"
+    );
 }
