@@ -935,6 +935,69 @@ async fn records_held_for_a_breaker_are_released_when_it_closes() {
     }
 }
 
+/// Over a store that applies a batch in one step (SQLite), the scheduler's resolutions go in
+/// batches (a change that comes while one is written goes with the next): a backlog of 300
+/// due records drains with fewer writes than records and none one by one, each record sent
+/// once and resolved.
+async fn resolutions_go_to_a_batching_store_in_batches() {
+    use backstop_test_support::{FaultyStore, Op};
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path().join("d.db")).unwrap());
+    let faulty = Arc::new(FaultyStore::new(Arc::clone(&sqlite)));
+    let store: Arc<dyn Store> = faulty.clone();
+    let clock = Clock::tokio();
+    let records: Vec<Record> = (0..300)
+        .map(|i| deferred(&format!("m-{i:03}"), clock.now() - Duration::from_secs(1)))
+        .collect();
+    store.put_many(records).await.unwrap();
+    let calls: Calls = Arc::default();
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
+        .layer(ClassifyLayer::http())
+        .service(recording_provider(Arc::clone(&calls)));
+    let scheduler = Scheduler::new(Arc::clone(&store), stack, as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .concurrency(100)
+        .rate(100_000)
+        .clock(clock)
+        .spawn();
+    for _ in 0..600 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let resolved = sqlite
+            .count(&Filter::new().status(Status::Resolved))
+            .await
+            .unwrap();
+        if resolved == 300 {
+            break;
+        }
+    }
+    scheduler.shutdown().await;
+    let resolved = sqlite
+        .count(&Filter::new().status(Status::Resolved))
+        .await
+        .unwrap();
+    assert_eq!(resolved, 300);
+    let mut sent: Vec<String> = calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, id)| id.clone())
+        .collect();
+    sent.sort();
+    sent.dedup();
+    assert_eq!(
+        (sent.len(), calls.lock().unwrap().len()),
+        (300, 300),
+        "each sent once"
+    );
+    assert_eq!(faulty.calls(Op::ChangeClaimed), 0, "no write one by one");
+    let batches = faulty.calls(Op::ChangeClaimedMany);
+    assert!(
+        (3..300).contains(&batches),
+        "{batches} batches for 300 resolutions"
+    );
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests.paused(
@@ -1003,6 +1066,10 @@ fn main() {
     tests.paused(
         "records_held_for_a_breaker_are_released_when_it_closes",
         records_held_for_a_breaker_are_released_when_it_closes,
+    );
+    tests.paused(
+        "resolutions_go_to_a_batching_store_in_batches",
+        resolutions_go_to_a_batching_store_in_batches,
     );
     tests.run();
 }

@@ -51,6 +51,7 @@ pub enum Op {
     Claim,
     ChangeIfUnchanged,
     ChangeClaimed,
+    ChangeClaimedMany,
     PutClaimed,
     NextDue,
     ReserveSlot,
@@ -70,6 +71,7 @@ impl Op {
         Op::Claim,
         Op::ChangeIfUnchanged,
         Op::ChangeClaimed,
+        Op::ChangeClaimedMany,
         Op::PutClaimed,
     ];
 }
@@ -331,6 +333,17 @@ impl Store for FaultyStore {
         self.run(Op::ChangeClaimed, &lease.id.clone(), move |s| {
             s.change_claimed(&lease, change)
         })
+    }
+    fn change_claimed_many(
+        &self,
+        changes: Vec<(Lease, Change)>,
+    ) -> BoxFuture<'static, Result<Vec<Claim>, StoreError>> {
+        self.run(Op::ChangeClaimedMany, "", move |s| {
+            s.change_claimed_many(changes)
+        })
+    }
+    fn applies_batches(&self) -> bool {
+        self.inner.applies_batches()
     }
     fn put_claimed(
         &self,

@@ -496,6 +496,14 @@ pub trait Store: Send + Sync + 'static {
         })
     }
 
+    /// Whether [`change_claimed_many`](Store::change_claimed_many) applies a batch in one step
+    /// (one transaction, one round trip) rather than one change after the other: a scheduler
+    /// gathers its writes under a claim into batches only for a store that does. `false` by
+    /// default; `true` for SQLite.
+    fn applies_batches(&self) -> bool {
+        false
+    }
+
     /// Merges `record`, a new failure of the claimed message (a re-send that failed again),
     /// into the record `lease` names, as [`put`](Store::put) merges
     /// ([`Record::merge_bounded`]), only while that claim holds (as for

@@ -1043,6 +1043,10 @@ impl Store for SqliteStore {
         })
     }
 
+    fn applies_batches(&self) -> bool {
+        true
+    }
+
     fn change_claimed_many(
         &self,
         changes: Vec<(Lease, Change)>,

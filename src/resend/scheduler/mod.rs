@@ -1,5 +1,6 @@
 //! The retry schedule: a task that re-sends deferred records when their retry-at time is due.
 
+mod acks;
 mod health;
 mod holds;
 mod pace;
@@ -370,7 +371,12 @@ where
     Req: Send + 'static,
 {
     /// Runs the scheduler on a tokio task until [`SchedulerHandle::shutdown`].
-    pub fn spawn(self) -> SchedulerHandle {
+    pub fn spawn(mut self) -> SchedulerHandle {
+        // Its writes under a claim go in batches (see `acks`), where the store applies a batch
+        // in one step.
+        if self.store.applies_batches() {
+            self.store = Arc::new(acks::Batched::new(self.store));
+        }
         let (stop, stopped) = watch::channel(None);
         let health = Health::new(self.listener.clone(), self.clock);
         let task = tokio::spawn(run::Run::new(self, stopped, health.clone()).run());
