@@ -161,6 +161,9 @@ pub use self::failure::{BoxError, Class, Code, Failure, Note, Notes, Sent};
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub use self::integration::tonic::{DEFAULT_GRPC_BUFFER, Grpc, GrpcFuture, GrpcLayer, GrpcRequest};
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub use self::preset::Reload;
 pub use self::preset::{Backstop, BackstopLayer};
 pub use self::request::{Describe, Envelope, MessageId, Replay, TimeLeft};
 

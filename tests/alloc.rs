@@ -955,6 +955,46 @@ fn preset_allocates_nothing_with_a_cheap_request() {
     );
 }
 
+// A reloadable preset adds nothing either, before a reload and after one (each service takes
+// the new policy once, at its first call after the reload: a counted reference, no allocation).
+
+#[cfg(feature = "serde")]
+#[test]
+fn reloadable_preset_allocates_nothing_with_a_cheap_request() {
+    use tower_backstop::config::BackstopConfig;
+
+    // One breaker (the HTTP default keys by host, which a `&str` has not), with the preset's
+    // rule, over which a configuration applies.
+    let breaker = BreakerLayer::builder()
+        .failure_rate(0.5)
+        .count_window(100)
+        .minimum_calls(20)
+        .open_doubling(Duration::from_secs(1), Duration::from_secs(30))
+        .open_jitter(0.5)
+        .build()
+        .expect("a valid rule");
+    let (layer, reload) = tower_backstop::BackstopLayer::http(Duration::from_secs(30))
+        .breaker(breaker)
+        .reloadable();
+    let mut config = BackstopConfig::new(Duration::from_secs(30));
+    assert_adds_nothing(
+        "BackstopLayer::http, reloadable (no store)",
+        bare_http(),
+        layer.layer(bare_http()),
+    );
+    config.retry.max_attempts = Some(4);
+    config.breaker.consecutive_failures = Some(9);
+    reload.apply(&config).expect("a valid configuration");
+    assert_adds_nothing(
+        "BackstopLayer::http, reloadable, after a reload (MemoryStore)",
+        bare_http(),
+        layer
+            .clone()
+            .dead_letters(DeadLetterLayer::new(MemoryStore::new()))
+            .layer(bare_http()),
+    );
+}
+
 #[test]
 fn preset_copies_an_http_request_once() {
     use tower_backstop::BackstopLayer;

@@ -53,6 +53,17 @@ pub struct Builder<K = ()> {
     pub(crate) keys: K,
 }
 
+impl<K> Builder<K> {
+    /// The same settings, without keys.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    pub(crate) fn without_keys(self) -> Builder {
+        Builder {
+            settings: self.settings,
+            keys: (),
+        }
+    }
+}
+
 impl<K: fmt::Debug> fmt::Debug for Builder<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Builder")

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::Ipv6Addr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use super::state::{Settings, Shared};
@@ -277,8 +277,10 @@ struct Entry {
 /// one template.
 pub(crate) struct Registry<K> {
     keys: K,
-    max_keys: usize,
-    template: Settings,
+    /// The bound, changed by a reload (see [`retune`](Self::retune)).
+    max_keys: AtomicUsize,
+    /// What a new key's breaker is built from, changed by a reload.
+    template: RwLock<Settings>,
     breakers: RwLock<HashMap<Box<str>, Entry>>,
     /// Advanced each time a key is added: a coarse clock for "least recently used" that the hot
     /// path only reads.
@@ -291,9 +293,9 @@ pub(crate) struct Registry<K> {
 impl<F> Registry<PerKey<F>> {
     pub(crate) fn new(keys: PerKey<F>, template: Settings) -> Self {
         Registry {
-            max_keys: keys.max_keys.max(1),
+            max_keys: AtomicUsize::new(keys.max_keys.max(1)),
             keys,
-            template,
+            template: RwLock::new(template),
             breakers: RwLock::default(),
             epoch: AtomicU64::new(0),
             keyless: AtomicBool::new(false),
@@ -311,23 +313,46 @@ impl<K: Clone> Registry<K> {
     pub(crate) fn with_template(&self, template: Settings) -> Self {
         Registry {
             keys: self.keys.clone(),
-            max_keys: self.max_keys,
-            template,
+            max_keys: AtomicUsize::new(self.max_keys()),
+            template: RwLock::new(template),
             breakers: RwLock::default(),
             epoch: AtomicU64::new(0),
             keyless: AtomicBool::new(false),
         }
     }
-
-    /// The settings every key's breaker is built from.
-    pub(crate) fn template(&self) -> &Settings {
-        &self.template
-    }
 }
 
 impl<K> Registry<K> {
+    /// The settings every new key's breaker is built from.
+    pub(crate) fn template(&self) -> Settings {
+        self.template
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     pub(crate) fn max_keys(&self) -> usize {
-        self.max_keys
+        self.max_keys.load(Ordering::Relaxed)
+    }
+
+    /// Takes the thresholds of `template` (of the same shape as the current one) for every
+    /// key's breaker, kept and new, each keeping its state, and `max_keys` as the bound: a
+    /// lower bound evicts idle breakers as new keys come, never a breaker in use.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    pub(crate) fn retune(&self, template: &Settings, max_keys: usize) {
+        // Under the map's write lock, so that no key is made from the old template after it.
+        let map = self
+            .breakers
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        *self
+            .template
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = template.clone();
+        self.max_keys.store(max_keys.max(1), Ordering::Relaxed);
+        for entry in map.values() {
+            entry.shared.retune(template);
+        }
     }
 
     /// A request without a key is going through the `unkeyed` breaker.
@@ -396,8 +421,10 @@ impl<K> Registry<K> {
             return Arc::clone(&entry.shared);
         }
         let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
-        let shared = Shared::new(&self.template.named(key));
-        if map.len() >= self.max_keys {
+        let shared = Shared::new(&self.template().named(key));
+        let max_keys = self.max_keys();
+        // A loop: after a reload lowered the bound, each new key evicts down to it.
+        while map.len() >= max_keys {
             // Evict an idle breaker (no call in flight, no handle held): a closed one first,
             // then the least recently used. Its state goes with it, and the key starts afresh
             // if it comes back; an open breaker, which is what protects a failing host, goes
@@ -422,7 +449,7 @@ impl<K> Registry<K> {
                     // kept nowhere, rather than another key's.
                     tracing::debug!(
                         key,
-                        max_keys = self.max_keys,
+                        max_keys,
                         "every keyed breaker is in use; this call's breaker is not kept"
                     );
                     return shared;

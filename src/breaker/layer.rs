@@ -280,7 +280,7 @@ impl BreakerLayer {
     /// The configuration this layer was built from, to derive another breaker from it.
     pub fn to_builder(&self) -> Builder {
         Builder {
-            settings: self.shared.settings.clone(),
+            settings: self.shared.settings(),
             keys: (),
         }
     }
@@ -434,6 +434,45 @@ impl<K> BreakerLayer<K> {
     }
 }
 
+// Used by a reload (feature `serde`).
+#[cfg_attr(not(feature = "serde"), allow(dead_code))]
+impl<K> BreakerLayer<K> {
+    /// Whether this layer keeps one breaker per key.
+    pub(crate) fn is_keyed(&self) -> bool {
+        self.keys.is_some()
+    }
+
+    /// The settings its breakers are built from now (a keyed layer's template).
+    fn current(&self) -> Settings {
+        match &self.keys {
+            Some(keys) => keys.template(),
+            None => self.shared.settings(),
+        }
+    }
+
+    /// The first setting of `builder` that these breakers cannot take while they run, by its
+    /// method's name (see [`Settings::shape_change`]); `None` when [`retune`](Self::retune)
+    /// can take it.
+    pub(crate) fn cannot_take<K2>(&self, builder: &Builder<K2>) -> Option<&'static str> {
+        self.current().shape_change(&builder.settings)
+    }
+
+    /// Takes the thresholds of `builder` (checked, and of the same shape: see
+    /// [`cannot_take`](Self::cannot_take)) in every breaker of this layer, each keeping its
+    /// state, and `max_keys` as a keyed layer's bound. The listener stays this layer's.
+    pub(crate) fn retune<K2>(&self, builder: &Builder<K2>, max_keys: Option<usize>) {
+        let mut settings = builder.settings.clone();
+        settings.listener = self.shared.settings().listener;
+        match &self.keys {
+            Some(keys) => {
+                keys.retune(&settings, max_keys.unwrap_or_else(|| keys.max_keys()));
+                self.shared.retune(&settings.named("unkeyed"));
+            }
+            None => self.shared.retune(&settings),
+        }
+    }
+}
+
 impl<K: Clone> BreakerLayer<K> {
     /// Fresh breakers with the same settings and `hook` as their listener, for the preset.
     pub(crate) fn with_hook(&self, hook: &Hook) -> Self {
@@ -447,12 +486,12 @@ impl<K: Clone> BreakerLayer<K> {
 
     /// Fresh breakers with the same settings, changed by `change`.
     fn rebuilt(&self, change: impl Fn(&mut Settings)) -> Self {
-        let mut settings = self.shared.settings.clone();
+        let mut settings = self.shared.settings();
         change(&mut settings);
         BreakerLayer {
             shared: Shared::new(&settings),
             keys: self.keys.as_ref().map(|keys| {
-                let mut template = keys.template().clone();
+                let mut template = keys.template();
                 change(&mut template);
                 Arc::new(keys.with_template(template))
             }),

@@ -146,6 +146,7 @@ mod rate;
 mod slot;
 mod state;
 mod sync;
+mod tunable;
 mod window;
 
 pub(crate) use self::admission::{Admission, Ticket};

@@ -55,6 +55,11 @@ impl OpenDuration {
         self.jitter
     }
 
+    /// Its base, cap, whether it grows, and its jitter.
+    pub(crate) const fn parts(&self) -> (Duration, Duration, bool, f64) {
+        (self.base, self.cap, self.growing, self.jitter)
+    }
+
     /// The duration after the trip numbered `n` (0 for the first of a series), before jitter.
     pub(crate) fn nth(&self, n: u32) -> Duration {
         if !self.growing {

@@ -171,7 +171,6 @@ const MIN_MEASURE_NANOS: u64 = 1_000_000_000;
 
 /// One breaker's pacer: not limited (one atomic load per call) until the provider throttles.
 pub(crate) struct Pacer {
-    settings: AdaptiveRate,
     limited: AtomicBool,
     /// Successful calls, counted with a plain load and store, not an atomic add: an estimate
     /// that two threads may undercount by a call, at the cost of a load and a store on the
@@ -188,6 +187,8 @@ pub(crate) struct Pacer {
 /// What a limited pacer keeps, behind its lock. Times are nanoseconds on the breaker's clock.
 #[derive(Debug, Default)]
 struct Paced {
+    /// The settings (behind the lock: a reload changes them, the state kept).
+    settings: AdaptiveRate,
     /// CUBIC's `W_max`: the rate at the last cut, requests a second.
     w_max: f64,
     /// CUBIC's `K`, in seconds.
@@ -256,11 +257,11 @@ pub(crate) enum Admit {
 impl Pacer {
     pub(crate) fn new(settings: AdaptiveRate, now: u64) -> Self {
         Pacer {
-            settings,
             limited: AtomicBool::new(false),
             successes: AtomicU64::new(0),
             first_ok: AtomicU64::new(0),
             state: Mutex::new(Paced {
+                settings,
                 counting_since: now,
                 ..Paced::default()
             }),
@@ -269,6 +270,14 @@ impl Pacer {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Paced> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes `settings` from now on, the rate and the queue as they are: a lower floor or a
+    /// gentler decrease acts from the next throttled answer, a shorter lift time at the next
+    /// look.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    pub(crate) fn retune(&self, settings: AdaptiveRate) {
+        self.lock().settings = settings;
     }
 
     /// Whether calls are paced now.
@@ -296,8 +305,8 @@ impl Pacer {
     /// The rate now, requests a second, for a limited pacer: CUBIC's curve.
     fn rate_at(&self, p: &Paced, now: u64) -> f64 {
         let t = now.saturating_sub(p.last_decrease) as f64 / 1e9;
-        let w = self.settings.cubic_c * (t - p.k).powi(3) + p.w_max;
-        w.clamp(self.settings.floor, MAX_RATE)
+        let w = p.settings.cubic_c * (t - p.k).powi(3) + p.w_max;
+        w.clamp(p.settings.floor, MAX_RATE)
     }
 
     /// Cuts the rate from `from` to β of it at `now`, with CUBIC's fast convergence (RFC 9438
@@ -306,18 +315,18 @@ impl Pacer {
     fn cut(&self, p: &mut Paced, from: f64, now: u64) {
         // The turns due so far, at the rate before the cut.
         self.advance(p, now);
-        let beta = self.settings.decrease;
-        let from = from.max(self.settings.floor);
+        let beta = p.settings.decrease;
+        let from = from.max(p.settings.floor);
         p.w_max = if from < p.w_max {
             from * (1.0 + beta) / 2.0
         } else {
             from
         };
-        let start = (from * beta).max(self.settings.floor);
-        p.k = ((p.w_max - start).max(0.0) / self.settings.cubic_c).cbrt();
+        let start = (from * beta).max(p.settings.floor);
+        p.k = ((p.w_max - start).max(0.0) / p.settings.cubic_c).cbrt();
         p.last_decrease = now;
         // The answers to calls let through before this cut are no news.
-        p.calm_until = now.saturating_add(nanos(self.settings.min_decrease_interval));
+        p.calm_until = now.saturating_add(nanos(p.settings.min_decrease_interval));
     }
 
     /// Gives the turns due since `served_at`, at the rate now (a turn ahead at most).
@@ -352,7 +361,7 @@ impl Pacer {
             let window = now.saturating_sub(start).max(MIN_MEASURE_NANOS);
             let ok = self.ok();
             let measured = ok.saturating_sub(p.ok_at_start) as f64 / (window as f64 / 1e9);
-            let from = measured.clamp(self.settings.floor, MAX_RATE);
+            let from = measured.clamp(p.settings.floor, MAX_RATE);
             p.peak = from;
             p.below_half = false;
             p.credits = 0;
@@ -406,9 +415,7 @@ impl Pacer {
         if !self.is_limited() || p.epoch != epoch {
             return Tick::Stop;
         }
-        let quiet_at = p
-            .last_throttle
-            .saturating_add(nanos(self.settings.lift_after));
+        let quiet_at = p.last_throttle.saturating_add(nanos(p.settings.lift_after));
         if now >= quiet_at {
             return Tick::Lifted(self.lift(&mut p, now));
         }
@@ -463,7 +470,7 @@ impl Pacer {
         if !self.is_limited() {
             return (Admit::Go, None);
         }
-        if now.saturating_sub(p.last_throttle) >= nanos(self.settings.lift_after) {
+        if now.saturating_sub(p.last_throttle) >= nanos(p.settings.lift_after) {
             return (Admit::Go, Some(self.lift(&mut p, now)));
         }
         let change = (now.saturating_sub(p.last_report) >= 1_000_000_000).then(|| {
@@ -533,7 +540,7 @@ impl Pacer {
         }
         let p = self.lock();
         // Quiet for the lift time: lifted at the next call, and not limited for a reader now.
-        if now.saturating_sub(p.last_throttle) >= nanos(self.settings.lift_after) {
+        if now.saturating_sub(p.last_throttle) >= nanos(p.settings.lift_after) {
             return None;
         }
         Some((self.rate_at(&p, now), p.peak))
@@ -543,7 +550,7 @@ impl Pacer {
 impl fmt::Debug for Pacer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pacer")
-            .field("settings", &self.settings)
+            .field("settings", &self.lock().settings)
             .field("limited", &self.is_limited())
             .finish_non_exhaustive()
     }

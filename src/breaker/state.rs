@@ -13,7 +13,7 @@
 //! end): no lock, no clock read, and no write.
 
 use std::fmt;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use super::open::{Cause, CauseSlot, OpenDuration, OpenError, describe};
 use super::rate::{AdaptiveRate, Admit, Change, Pacer, Tick, Ticket};
 use super::sync::{AtomicU32, AtomicU64, Ordering};
+use super::tunable::{Rule, Tunable, saturating_nanos};
 use super::window::{Counts, FAILED, SLOW, Window, WindowKind};
 use crate::failure::{Class, Code};
 use crate::observe::{Event, Listener, deliver};
@@ -81,6 +82,42 @@ impl Settings {
             WindowKind::Count(n) => n,
             WindowKind::Time { .. } => 100,
         })
+    }
+
+    /// The first setting of `new` that a breaker built from these settings cannot take while it
+    /// runs (see [`Shared::retune`]), by its builder's method: what decides the breaker's
+    /// window (a rate rule, the slow-call rule, the window's kind and size), the classes it
+    /// counts, whether it paces, and its name. `None`: every difference is a threshold.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    pub(crate) fn shape_change(&self, new: &Settings) -> Option<&'static str> {
+        if self.has_rates() != new.has_rates() {
+            return Some(
+                if self.failure_rate.is_some() != new.failure_rate.is_some() {
+                    "failure_rate"
+                } else {
+                    "slow_calls"
+                },
+            );
+        }
+        if self.slow.is_some() != new.slow.is_some() {
+            return Some("slow_calls");
+        }
+        if self.has_rates() && self.window != new.window {
+            return Some(match new.window {
+                WindowKind::Count(_) => "count_window",
+                WindowKind::Time { .. } => "time_window",
+            });
+        }
+        if self.classes != new.classes {
+            return Some("failure_classes");
+        }
+        if self.rate.is_some() != new.rate.is_some() {
+            return Some("adaptive_rate");
+        }
+        if self.name != new.name {
+            return Some("name");
+        }
+        None
     }
 
     /// The same settings under another name (a keyed breaker is named after its key).
@@ -167,10 +204,6 @@ fn successes(word: u64) -> u64 {
 /// The word of the next period: generation + 1, bookkeeping cleared.
 fn next(word: u64, state: u64) -> u64 {
     (gen_of(word).wrapping_add(1) << GEN_SHIFT) | state
-}
-
-fn saturating_nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A call admitted by [`Shared::admit`]. It records nothing by itself: hand it back to
@@ -277,6 +310,25 @@ impl Decision {
     }
 }
 
+/// Whether the window's `counts` cross a rate of `rule`: the reason, if so.
+fn rate_exceeded(rule: &Rule, counts: Counts) -> Option<&'static str> {
+    if counts.calls < rule.minimum_calls {
+        return None;
+    }
+    let calls = counts.calls as f64;
+    if let Some(rate) = rule.failure_rate
+        && counts.failures as f64 >= rate * calls
+    {
+        return Some("failure rate");
+    }
+    if let Some((_, rate)) = rule.slow
+        && counts.slow as f64 >= rate * calls
+    {
+        return Some("slow-call rate");
+    }
+    None
+}
+
 /// How one call ended, as the breaker counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
@@ -292,15 +344,11 @@ pub(crate) struct Shared {
     /// What its rejections say: open, forced open (shared, so a rejection allocates only its
     /// failure).
     pub(crate) open_errors: [Arc<OpenError>; 2],
-    pub(crate) settings: Settings,
-    consecutive: Option<u32>,
-    failure_rate: Option<f64>,
-    slow: Option<(u64, f64)>,
-    minimum_calls: u64,
-    open: OpenDuration,
-    probes: u64,
-    close_after: u64,
-    max_half_open: Option<u64>,
+    /// The settings it was built from, its thresholds as last changed (see
+    /// [`retune`](Self::retune)).
+    settings: RwLock<Settings>,
+    /// The thresholds, read at each decision.
+    rule: Tunable,
     classes: Arc<[Class]>,
     listener: Option<Arc<dyn Listener>>,
     window: Option<Window>,
@@ -359,36 +407,23 @@ impl Shared {
     }
 
     fn with(config: &Settings, me: Weak<Shared>) -> Self {
-        let consecutive = match (config.consecutive, config.has_rates()) {
-            (Some(n), _) => Some(n.max(1)),
-            (None, false) => Some(5),
-            (None, true) => None,
-        };
         let window = config.has_rates().then(|| match config.window {
             WindowKind::Count(n) => Window::count(n),
             WindowKind::Time { width, buckets } => {
                 Window::time(saturating_nanos(width).max(1), buckets)
             }
         });
-        let slow = config.slow.map(|(d, r)| (saturating_nanos(d), r));
         let cause = Arc::new(CauseSlot::default());
         Shared {
             name: config.name.clone(),
             open_errors: OpenError::pair(&config.name, &cause),
-            settings: config.clone(),
-            consecutive,
-            failure_rate: config.failure_rate,
-            slow,
-            minimum_calls: u64::from(config.minimum().max(1)),
-            open: config.open,
-            probes: u64::from(config.probes.clamp(1, MAX_PROBES)),
-            close_after: u64::from(config.close_after.clamp(1, MAX_PROBES)),
-            max_half_open: config.max_half_open.map(saturating_nanos),
+            settings: RwLock::new(config.clone()),
+            rule: Tunable::new(Rule::of(config)),
             classes: config.classes.clone(),
             listener: config.listener.clone(),
             window,
             pacer: config.rate.map(|rate| Pacer::new(rate, 0)),
-            needs_start: slow.is_some(),
+            needs_start: config.slow.is_some(),
             word: AtomicU64::new(CLOSED),
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
@@ -630,7 +665,7 @@ impl Shared {
         let stats = self.stats();
         let state = self.state();
         let retry_after = self.retry_after();
-        let failure_rate = (self.settings.failure_rate.is_some() && stats.window_calls > 0)
+        let failure_rate = (self.rule.get().failure_rate.is_some() && stats.window_calls > 0)
             .then(|| stats.window_failures as f64 / stats.window_calls as f64);
         let cause = match state {
             State::Closed | State::Disabled => None,
@@ -662,7 +697,7 @@ impl Shared {
                     .load(Ordering::Acquire)
                     .saturating_sub(self.now()),
             )),
-            HALF_OPEN => Some(self.open.nth(self.trips.load(Ordering::Relaxed))),
+            HALF_OPEN => Some(self.rule.get().open.nth(self.trips.load(Ordering::Relaxed))),
             _ => None,
         }
     }
@@ -740,10 +775,11 @@ impl Shared {
 
     #[cold]
     fn admit_slow(&self, mut word: u64) -> Result<Permit, Rejection> {
+        let rule = self.rule.get();
         loop {
             match state_of(word) {
                 CLOSED => {
-                    let start = if self.slow.is_some() { self.now() } else { 0 };
+                    let start = if self.needs_start { self.now() } else { 0 };
                     return Ok(Permit { word, start });
                 }
                 DISABLED => {
@@ -762,7 +798,7 @@ impl Shared {
                 }
                 _ => {
                     // Half-open.
-                    if let Some(max) = self.max_half_open {
+                    if let Some(max) = rule.max_half_open {
                         let now = self.now();
                         let since = self.half_open_at.load(Ordering::Acquire);
                         if now.saturating_sub(since) >= max {
@@ -771,10 +807,10 @@ impl Shared {
                             continue;
                         }
                     }
-                    if in_flight(word) >= self.probes {
+                    if in_flight(word) >= rule.probes {
                         // Every permit is taken. If a probe fails, the breaker opens for the
                         // next open duration: the longest a caller may have to wait.
-                        let wait = self.open.nth(self.trips.load(Ordering::Relaxed));
+                        let wait = rule.open.nth(self.trips.load(Ordering::Relaxed));
                         return Err(self.reject(word, Some(wait)));
                     }
                     match self.word.compare_exchange(
@@ -794,7 +830,7 @@ impl Shared {
                                 Ordering::Relaxed,
                             );
                             tracing::debug!(breaker = &*self.name, "probe admitted");
-                            let start = if self.slow.is_some() { self.now() } else { 0 };
+                            let start = if self.needs_start { self.now() } else { 0 };
                             return Ok(Permit { word, start });
                         }
                         Err(actual) => word = actual,
@@ -851,7 +887,7 @@ impl Shared {
             return false;
         }
         let trips = self.trips.load(Ordering::Relaxed);
-        let duration = self.open.pick(trips);
+        let duration = self.rule.get().open.pick(trips);
         // Written before the swap: whoever sees the open word sees its end.
         self.open_until.store(
             self.now().saturating_add(saturating_nanos(duration)),
@@ -877,6 +913,39 @@ impl Shared {
         tracing::debug!(breaker = &*self.name, open_for = ?duration, "open duration");
         self.watch_open(to);
         true
+    }
+
+    /// The settings it was built from, with its thresholds as last changed.
+    pub(crate) fn settings(&self) -> Settings {
+        self.settings
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Takes the thresholds of `settings` (checked by their builder, and of the same shape as
+    /// this breaker's: see [`Settings::same_shape`]): its next decision reads them. Its state
+    /// is kept: an open breaker stays open until the end of the period it opened for (the
+    /// new open duration applies from its next opening), a closed one keeps its window's
+    /// counts and its failures in a row, a half-open one its probes. The adaptive send rate's
+    /// settings change too, its current rate kept.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    pub(crate) fn retune(&self, settings: &Settings) {
+        self.rule.set(&Rule::of(settings));
+        if let (Some(pacer), Some(rate)) = (&self.pacer, settings.rate) {
+            pacer.retune(rate);
+        }
+        let mut kept = self
+            .settings
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let name = kept.name.clone();
+        let listener = kept.listener.clone();
+        *kept = Settings {
+            name,
+            listener,
+            ..settings.clone()
+        };
     }
 
     /// Records how an admitted call ended.
@@ -920,9 +989,10 @@ impl Shared {
     }
 
     fn record_closed(&self, permit: Permit, failed: bool) {
+        let rule = self.rule.get();
         let mut now = None;
         let mut clock = || *now.get_or_insert_with(|| self.now());
-        let slow = match (self.slow, permit.start) {
+        let slow = match (rule.slow, permit.start) {
             (Some((threshold, _)), start) => clock().saturating_sub(start) > threshold,
             _ => false,
         };
@@ -938,7 +1008,7 @@ impl Shared {
             return;
         }
         let mut trip = None;
-        if let Some(n) = self.consecutive {
+        if let Some(n) = rule.consecutive {
             if failed {
                 let count = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
                 if count >= n {
@@ -952,7 +1022,7 @@ impl Shared {
             let bits = if failed { FAILED } else { 0 } | if slow { SLOW } else { 0 };
             window.record(bits, &mut clock);
             if trip.is_none() {
-                trip = self.rate_exceeded(window.counts(&mut clock));
+                trip = rate_exceeded(&rule, window.counts(&mut clock));
             }
         }
         if let Some(reason) = trip {
@@ -960,28 +1030,10 @@ impl Shared {
         }
     }
 
-    fn rate_exceeded(&self, counts: Counts) -> Option<&'static str> {
-        if counts.calls < self.minimum_calls {
-            return None;
-        }
-        let calls = counts.calls as f64;
-        if let Some(rate) = self.failure_rate
-            && counts.failures as f64 >= rate * calls
-        {
-            return Some("failure rate");
-        }
-        if let Some((_, rate)) = self.slow
-            && counts.slow as f64 >= rate * calls
-        {
-            return Some("slow-call rate");
-        }
-        None
-    }
-
     fn complete_probe(&self, permit: Permit, outcome: Outcome) {
         let counted = match outcome {
             Outcome::Success => {
-                let slow = match (self.slow, permit.start) {
+                let slow = match (self.rule.get().slow, permit.start) {
                     (Some((threshold, _)), start) => self.now().saturating_sub(start) > threshold,
                     _ => false,
                 };
@@ -1020,7 +1072,7 @@ impl Shared {
         let mut word = self.word.load(Ordering::Acquire);
         while gen_of(word) == gen_of(permit.word) && state_of(word) == HALF_OPEN {
             let done = successes(word) + 1;
-            if done >= self.close_after {
+            if done >= self.rule.get().close_after {
                 let to = next(word, CLOSED);
                 // Cleared before the swap: the closed period starts from an empty window.
                 self.failures.store(0, Ordering::Relaxed);

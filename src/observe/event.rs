@@ -227,12 +227,33 @@ pub enum Event<'a> {
         /// The store's error.
         error: &'a (dyn Error + 'static),
     },
+    /// A [`Reload`](crate::Reload) applied new settings to a running stack (feature `serde`).
+    SettingsReloaded {
+        /// Where they came from: the watched file's path, or `handle` for
+        /// [`Reload::apply`](crate::Reload::apply).
+        source: &'a str,
+        /// The reloads applied so far, this one included
+        /// ([`Reload::version`](crate::Reload::version)).
+        version: u64,
+    },
+    /// A [`Reload`](crate::Reload) refused new settings; the stack keeps the ones it had
+    /// (feature `serde`).
+    SettingsRefused {
+        /// Where they came from: the watched file's path, or `handle`.
+        source: &'a str,
+        /// The field at fault, by its path (`breaker.failure_rate`); empty when the text did
+        /// not read (the problem then is the parser's, with its line when it gives one).
+        field: &'a str,
+        /// What is wrong.
+        problem: &'a str,
+    },
 }
 
 impl Event<'_> {
     /// The event's name in snake case (`attempt_ended`, `retry_scheduled`, `retried`,
     /// `hedge_sent`, `gave_up`, `timed_out`, `breaker_transition`, `breaker_rejected`, `send_rate`,
-    /// `dead_letter_stored`, `resent`, `redriven`, `backlog`, `spool`, `store_error`), for a log field
+    /// `dead_letter_stored`, `resent`, `redriven`, `backlog`, `spool`, `store_error`,
+    /// `settings_reloaded`, `settings_refused`), for a log field
     /// or a metric label.
     pub const fn name(&self) -> &'static str {
         match self {
@@ -251,6 +272,8 @@ impl Event<'_> {
             Event::Backlog { .. } => "backlog",
             Event::Spool { .. } => "spool",
             Event::StoreError { .. } => "store_error",
+            Event::SettingsReloaded { .. } => "settings_reloaded",
+            Event::SettingsRefused { .. } => "settings_refused",
         }
     }
 }
@@ -320,7 +343,7 @@ impl Hook {
 
     /// As [`emit`](Self::emit), for an event that borrows.
     #[inline]
-    #[cfg(feature = "dead-letter")]
+    #[cfg(any(feature = "dead-letter", feature = "serde"))]
     pub(crate) fn emit_ref(&self, event: &Event<'_>) {
         if let Some(listener) = &self.0 {
             deliver(&**listener, event);

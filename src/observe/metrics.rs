@@ -621,6 +621,8 @@ impl Inner {
                 bytes,
                 store_up,
             } => self.spool(outcome, count, records, bytes, store_up),
+            // Rare, and read from the log line and `Reload::version`: no metric.
+            Event::SettingsReloaded { .. } | Event::SettingsRefused { .. } => {}
             Event::StoreError { operation, .. } => count(
                 &self.store_errors,
                 operation,

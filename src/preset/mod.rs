@@ -26,6 +26,11 @@ use crate::timeout::{Timeout, TimeoutLayer};
 
 #[cfg(feature = "serde")]
 pub(crate) mod config;
+#[cfg(feature = "serde")]
+mod reload;
+
+#[cfg(feature = "serde")]
+pub use self::reload::Reload;
 
 /// The breaker rule of the presets and the README: open when at least half of the last 100 calls
 /// failed, once 20 were seen (resilience4j's defaults: a 50 % failure-rate threshold over a
@@ -105,6 +110,11 @@ pub struct BackstopLayer<C = HttpClassifier, B = BreakerLayer<PerKey>> {
     classify: ClassifyLayer<C>,
     attempt_timeout: Duration,
     listener: Hook,
+    /// Whether the retry policy's base is [`RetryPolicy::grpc`] (a reload builds over it).
+    grpc: bool,
+    /// The retry policies of a reloadable stack (see [`reloadable`](Self::reloadable)).
+    #[cfg(feature = "serde")]
+    reload: Option<std::sync::Arc<crate::retry::PolicyCell>>,
 }
 
 impl BackstopLayer<HttpClassifier> {
@@ -135,13 +145,14 @@ impl<C> BackstopLayer<C> {
         BackstopLayer {
             #[cfg(feature = "dead-letter")]
             dead_letters: None,
-            retry: RetryLayer {
-                policy: RetryPolicy::default().with_attempt_bound(attempt_timeout),
-            },
+            retry: RetryLayer::of(RetryPolicy::default().with_attempt_bound(attempt_timeout)),
             breaker: per_host,
             classify: ClassifyLayer::new(classifier),
             attempt_timeout,
             listener: Hook::default(),
+            grpc: false,
+            #[cfg(feature = "serde")]
+            reload: None,
         }
     }
 }
@@ -175,13 +186,15 @@ impl<C, B> BackstopLayer<C, B> {
     pub fn retry(mut self, retry: RetryLayer) -> Self {
         // The time left written into each attempt is never above the per-attempt timeout.
         let policy = retry.policy.with_attempt_bound(self.attempt_timeout);
-        self.retry = RetryLayer {
-            policy: if self.listener.is_set() {
-                policy.with_hook(&self.listener)
-            } else {
-                policy
-            },
-        };
+        self.retry = RetryLayer::of(if self.listener.is_set() {
+            policy.with_hook(&self.listener)
+        } else {
+            policy
+        });
+        #[cfg(feature = "serde")]
+        {
+            self.reload = None;
+        }
         self
     }
 
@@ -198,6 +211,9 @@ impl<C, B> BackstopLayer<C, B> {
             classify: self.classify,
             attempt_timeout: self.attempt_timeout,
             listener: self.listener,
+            grpc: self.grpc,
+            #[cfg(feature = "serde")]
+            reload: None,
         }
     }
 }
@@ -283,6 +299,10 @@ impl<C, K: Clone> BackstopLayer<C, BreakerLayer<K>> {
     /// breaker to [`breaker`](Self::breaker) for a breaker that opens on them).
     pub fn without_adaptive_rate(mut self) -> Self {
         self.breaker = self.breaker.without_rate();
+        #[cfg(feature = "serde")]
+        {
+            self.reload = None;
+        }
         self
     }
 
@@ -300,9 +320,11 @@ impl<C, K: Clone> BackstopLayer<C, BreakerLayer<K>> {
     pub fn listener(mut self, listener: impl Listener) -> Self {
         let hook = Hook::new(listener);
         self.breaker = self.breaker.with_hook(&hook);
-        self.retry = RetryLayer {
-            policy: self.retry.policy.with_hook(&hook),
-        };
+        self.retry = RetryLayer::of(self.retry.policy.with_hook(&hook));
+        #[cfg(feature = "serde")]
+        {
+            self.reload = None;
+        }
         #[cfg(feature = "dead-letter")]
         {
             self.dead_letters = self.dead_letters.map(|layer| layer.with_hook(&hook));
@@ -327,6 +349,12 @@ impl BackstopLayer<GrpcClassifier, BreakerLayer> {
                     .expect("the gRPC retry policy is valid (checked by a unit test)"),
             )
             .breaker(BreakerLayer::single(&client_rule()))
+            .grpc_base()
+    }
+
+    fn grpc_base(mut self) -> Self {
+        self.grpc = true;
+        self
     }
 }
 
@@ -470,10 +498,7 @@ where
         #[cfg(not(feature = "dead-letter"))]
         return Backstop {
             // No store: nothing can be deferred (see below).
-            inner: RetryLayer {
-                policy: self.retry.policy.clone().give_up_long_delays(),
-            }
-            .layer(guarded),
+            inner: self.retry_layer(NO_STORE).layer(guarded),
         };
         #[cfg(feature = "dead-letter")]
         match &self.dead_letters {
@@ -481,12 +506,7 @@ where
                 // With a store, a server's wait longer than one attempt is the store's job.
                 // The bound is a preset's, not the user's: it is not checked against
                 // `max_delay`, which bounds it anyway.
-                let policy = self
-                    .retry
-                    .policy
-                    .clone()
-                    .max_hint_delay_unless_chosen(self.attempt_timeout);
-                let retry = RetryLayer { policy };
+                let retry = self.retry_layer(WITH_STORE);
                 let inner = if dead_letters.needs_own_copy() {
                     Either::Right(Either::Left(dead_letters.layer(retry.layer(guarded))))
                 } else {
@@ -499,14 +519,49 @@ where
             None => {
                 // Without a store, nothing can be deferred: a wait above the in-process bound
                 // gives the request up, and the caller's failure never says "deferred".
-                let retry = RetryLayer {
-                    policy: self.retry.policy.clone().give_up_long_delays(),
-                };
+                let retry = self.retry_layer(NO_STORE);
                 Backstop {
                     inner: Either::Right(Either::Right(retry.layer(guarded))),
                 }
             }
         }
+    }
+}
+
+/// The preset's retry policy without a store (index of [`BackstopLayer::policies`]).
+const NO_STORE: usize = 0;
+/// The preset's retry policy with a store.
+#[cfg(feature = "dead-letter")]
+const WITH_STORE: usize = 1;
+
+/// The retry policy as the stack uses it: without a store ([`NO_STORE`]), and with one
+/// ([`WITH_STORE`]).
+#[cfg_attr(not(feature = "dead-letter"), allow(unused_variables))]
+fn policies(policy: &RetryPolicy, attempt_timeout: Duration) -> Vec<RetryPolicy> {
+    // Without a store, nothing can be deferred: a wait above the in-process bound gives the
+    // request up, and the caller's failure never says "deferred".
+    #[cfg_attr(not(feature = "dead-letter"), allow(unused_mut))]
+    let mut policies = vec![policy.clone().give_up_long_delays()];
+    // With a store, a server's wait longer than one attempt is the store's job. The bound is a
+    // preset's, not the user's: it is not checked against `max_delay`, which bounds it anyway.
+    #[cfg(feature = "dead-letter")]
+    policies.push(policy.clone().max_hint_delay_unless_chosen(attempt_timeout));
+    policies
+}
+
+impl<C, B> BackstopLayer<C, B> {
+    /// The retry layer of the stack, without a store or with one (`variant`): a reloadable
+    /// stack's takes its policy from the reload's cell.
+    fn retry_layer(&self, variant: usize) -> RetryLayer {
+        #[cfg(feature = "serde")]
+        if let Some(cell) = &self.reload {
+            let (live, policy) = crate::retry::LivePolicy::new(cell.clone(), variant);
+            return RetryLayer {
+                policy,
+                live: Some(live),
+            };
+        }
+        RetryLayer::of(policies(&self.retry.policy, self.attempt_timeout).swap_remove(variant))
     }
 }
 

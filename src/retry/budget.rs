@@ -240,6 +240,28 @@ impl RatioBudget {
     }
 }
 
+#[cfg(feature = "serde")]
+impl Budget {
+    /// Whether `other` was built with the same settings (its state aside): a reload that keeps
+    /// the settings keeps the budget, and its tokens.
+    pub(crate) fn same_settings(&self, other: &Budget) -> bool {
+        match (&*self.kind, &*other.kind) {
+            (
+                Kind::TokenBucket { max, ratio, .. },
+                Kind::TokenBucket {
+                    max: max2,
+                    ratio: ratio2,
+                    ..
+                },
+            ) => max == max2 && ratio == ratio2,
+            (Kind::Ratio(a), Kind::Ratio(b)) => {
+                a.ratio == b.ratio && a.reserve == b.reserve && a.slot_nanos == b.slot_nanos
+            }
+            _ => false,
+        }
+    }
+}
+
 impl fmt::Debug for Budget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &*self.kind {

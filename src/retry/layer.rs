@@ -1,5 +1,7 @@
 use tower_layer::Layer;
 
+#[cfg(feature = "serde")]
+use super::LivePolicy;
 use super::{Retry, RetryPolicy};
 use crate::build_error::BuildError;
 
@@ -10,6 +12,20 @@ use crate::build_error::BuildError;
 #[derive(Clone, Debug, Default)]
 pub struct RetryLayer {
     pub(crate) policy: RetryPolicy,
+    /// A reloadable stack's policy (see `BackstopLayer::reloadable`).
+    #[cfg(feature = "serde")]
+    pub(crate) live: Option<LivePolicy>,
+}
+
+impl RetryLayer {
+    /// The layer retrying by `policy` (checked).
+    pub(crate) fn of(policy: RetryPolicy) -> Self {
+        RetryLayer {
+            policy,
+            #[cfg(feature = "serde")]
+            live: None,
+        }
+    }
 }
 
 impl RetryPolicy {
@@ -44,7 +60,7 @@ impl RetryPolicy {
     /// ```
     pub fn build(self) -> Result<RetryLayer, BuildError> {
         self.validate()?;
-        Ok(RetryLayer { policy: self })
+        Ok(RetryLayer::of(self))
     }
 }
 
@@ -53,7 +69,14 @@ impl<S> Layer<S> for RetryLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         crate::order::check::<S>(crate::order::Role::Retry);
-        Retry::new(inner, self.policy.clone())
+        #[cfg_attr(not(feature = "serde"), allow(unused_mut))]
+        let mut retry = Retry::new(inner, self.policy.clone());
+        // A reloadable stack's: the policy taken again at the first call after a reload.
+        #[cfg(feature = "serde")]
+        {
+            retry.live = self.live.clone();
+        }
+        retry
     }
 }
 

@@ -120,6 +120,8 @@ pub(crate) mod config;
 mod future;
 mod hedge;
 mod layer;
+#[cfg(feature = "serde")]
+mod live;
 mod note;
 mod policy;
 mod reconcile;
@@ -131,6 +133,8 @@ pub use self::backoff::{Backoff, Jitter};
 pub use self::budget::Budget;
 pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
+#[cfg(feature = "serde")]
+pub(crate) use self::live::{LivePolicy, PolicyCell};
 pub use self::note::Attempts;
 #[cfg(feature = "dead-letter")]
 pub(crate) use self::policy::retry_at;
@@ -147,12 +151,20 @@ pub use crate::status::{DelaySource, GiveUp};
 pub struct Retry<S> {
     inner: S,
     policy: RetryPolicy,
+    /// Where a reloadable stack's policy comes from: `policy` is then the one last taken.
+    #[cfg(feature = "serde")]
+    live: Option<LivePolicy>,
 }
 
 impl<S> Retry<S> {
     /// Wraps `inner`, retrying by `policy` (checked by [`RetryPolicy::build`]).
     pub(crate) fn new(inner: S, policy: RetryPolicy) -> Self {
-        Retry { inner, policy }
+        Retry {
+            inner,
+            policy,
+            #[cfg(feature = "serde")]
+            live: None,
+        }
     }
 
     /// The policy.
@@ -210,6 +222,10 @@ impl<S> Retry<S> {
         S::Error: Into<Failure<S::Response>>,
         Req: Replay,
     {
+        #[cfg(feature = "serde")]
+        if let Some(live) = &mut self.live {
+            live.refresh(&mut self.policy);
+        }
         let policy = &self.policy;
         if let Some(budget) = policy.budget_ref() {
             budget.first_attempt();
