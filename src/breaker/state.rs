@@ -1203,16 +1203,20 @@ impl Shared {
     /// with its minimum of calls.
     #[cfg(feature = "dead-letter")]
     pub(crate) fn rule(&self) -> (Option<u32>, Option<(f64, u64)>) {
+        let rule = self.rule.get();
         (
-            self.consecutive,
-            self.failure_rate.map(|rate| (rate, self.minimum_calls)),
+            rule.consecutive,
+            rule.failure_rate.map(|rate| (rate, rule.minimum_calls)),
         )
     }
 
     /// How long it would stay open if it tripped now.
     #[cfg(feature = "dead-letter")]
     pub(crate) fn next_open_duration(&self) -> Duration {
-        self.open.pick(self.trips.load(Ordering::Relaxed))
+        self.rule
+            .get()
+            .open
+            .pick(self.trips.load(Ordering::Relaxed))
     }
 
     /// When an open breaker half-opens, on the breaker's clock; `None` when not open.
