@@ -1,5 +1,6 @@
 //! The actions: re-drive and purge, each a preview and then a confirmed run, each a `POST` with
-//! the board's CSRF token, for an actor the authorisation hook named.
+//! the board's CSRF token, for an actor the authorisation hook named (the fleet's breaker
+//! overrides, in `fleet`, check the same).
 
 use axum::Form;
 use axum::extract::State;
@@ -80,8 +81,9 @@ pub(super) fn record_forms(ctx: &Ctx, s: &Shared, r: &Record) -> Markup {
     action_forms(ctx, s, &pairs, "this record")
 }
 
-/// What every action checks first: an actor, the CSRF token, a filter that says something.
-fn guard(ctx: &Ctx, fields: Vec<(String, String)>) -> Result<(String, Scope), PageError> {
+/// What every action checks first: an actor, and the board's CSRF token in the form. The
+/// actor's name when both are there.
+pub(super) fn authorised(ctx: &Ctx, fields: &[(String, String)]) -> Result<String, PageError> {
     let Some(actor) = ctx.actor.clone() else {
         return Err(PageError::forbidden(
             "this board is read-only: actions need an authorisation hook that names you",
@@ -97,6 +99,13 @@ fn guard(ctx: &Ctx, fields: Vec<(String, String)>) -> Result<(String, Scope), Pa
             "the form's CSRF token is missing or wrong: reload the page and try again",
         ));
     }
+    Ok(actor)
+}
+
+/// What a re-drive or a purge checks first: an actor, the CSRF token, a filter that says
+/// something.
+fn guard(ctx: &Ctx, fields: Vec<(String, String)>) -> Result<(String, Scope), PageError> {
+    let actor = authorised(ctx, &fields)?;
     let scope = Scope::read(fields, std::time::SystemTime::now())?;
     if scope.is_everything() {
         return Err(PageError::bad_request(

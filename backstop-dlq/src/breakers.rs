@@ -1,8 +1,8 @@
 //! Breakers as the board and the command line see them: what the store knows (the records an
 //! open breaker rejected and deferred, of class `circuit_open`, carry its key and their
 //! retry-at), what the live breakers of
-//! the app say ([`Board::breakers`](super::Board::breakers)), the overview's panel, and the
-//! warning of a re-drive into an open breaker.
+//! the app say ([`Board::breakers`](super::Board::breakers)), the overview's panel (with what
+//! the fleet's notes say, from `fleet`), and the warning of a re-drive into an open breaker.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -13,9 +13,10 @@ use tower_backstop::breaker::State;
 use tower_backstop::observe::{BreakerHealth, Health};
 use tower_backstop::store::{Filter, Record, Status, Store, StoreError};
 
-use super::BREAKER_SCAN;
+use super::fleet::{self, Notes};
 use super::host;
-use super::html::{cut, time};
+use super::html::{Ctx, cut, time};
+use super::{BREAKER_SCAN, FLEET_PROCESSES};
 
 /// What the store says of one breaker: the deferred records it rejected, which carry its key.
 #[derive(Clone, Debug, Default)]
@@ -111,7 +112,7 @@ impl Breaker {
 }
 
 /// `d` to the second (rounded up), in words (`25s`, `1m 5s`).
-fn seconds(d: Duration) -> String {
+pub(crate) fn seconds(d: Duration) -> String {
     let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
     humantime::format_duration(Duration::from_secs(secs)).to_string()
 }
@@ -276,17 +277,26 @@ pub(crate) fn warnings(
 }
 
 /// The overview's panel: every breaker, its state, until when, why, its send rate while a
-/// throttling provider limits it, and the records it holds.
-pub(crate) fn panel(breakers: &Breakers, now: SystemTime) -> Markup {
+/// throttling provider limits it, the records it holds, what each process of the fleet says of
+/// it and the operator's override in force; with an actor, the override forms.
+pub(crate) fn panel(ctx: &Ctx, breakers: &Breakers, fleet: &Notes, now: SystemTime) -> Markup {
+    let said = fleet.by_breaker.as_ref().ok();
+    // The breakers only the fleet's notes name, after the others.
+    let fleet_only: Vec<&String> = said
+        .map(|m| m.keys().filter(|n| breakers.get(n).is_none()).collect())
+        .unwrap_or_default();
+    let forms = ctx.actor.is_some() && said.is_some();
+    let of = |name: &str| said.and_then(|m| m.get(name));
     html! {
         h2 { "Breakers" }
-        @if breakers.list.is_empty() {
+        @if breakers.list.is_empty() && fleet_only.is_empty() {
             p.note #no-breakers { "No breaker is known to be open or holding records." }
         } @else {
             table #breakers {
                 thead { tr {
                     th { "breaker" } th { "state" } th { "until" } th { "cause" } th { "send rate" }
-                    th { "deferred records" }
+                    th { "deferred records" } th { "the fleet" } th { "override" }
+                    @if forms { th {} }
                 } }
                 tbody {
                     @for b in &breakers.list {
@@ -298,10 +308,28 @@ pub(crate) fn panel(breakers: &Breakers, now: SystemTime) -> Markup {
                             td { (b.cause().map(|c| cut(c, 200)).unwrap_or_default()) }
                             td.rate { (b.pace().unwrap_or_default()) }
                             td.n { (b.stored.as_ref().map_or(0, |s| s.deferred)) }
+                            td.fleet { (fleet::processes_cell(of(&b.name), now)) }
+                            td { (fleet::override_cell(of(&b.name))) }
+                            @if forms { td { (fleet::form(ctx, Some(b.name.as_str()))) } }
+                        }
+                    }
+                    @for name in &fleet_only {
+                        tr data-breaker=(name) data-state="-" {
+                            td { code { (name) } }
+                            td.note { "not here" }
+                            td {} td {} td {} td.n { "0" }
+                            td.fleet { (fleet::processes_cell(of(name), now)) }
+                            td { (fleet::override_cell(of(name))) }
+                            @if forms { td { (fleet::form(ctx, Some(name.as_str()))) } }
                         }
                     }
                 }
             }
+        }
+        @if let Err(e) = &fleet.by_breaker {
+            p.note #fleet-unavailable { "The fleet: its notes cannot be read (" (cut(e, 200)) "): no process's word and no override is shown." }
+        } @else if forms {
+            (fleet::form(ctx, None))
         }
         p.note {
             @if breakers.live {
@@ -313,7 +341,10 @@ pub(crate) fn panel(breakers: &Breakers, now: SystemTime) -> Markup {
              stays closed and sends at most that many requests a second, against the rate the \
              provider took before it throttled (its peak). "
             "The store: the records an open breaker rejected and deferred, with their retry-at ("
-            (breakers.read) " of " (breakers.deferred) " read)."
+            (breakers.read) " of " (breakers.deferred) " read). "
+            "The fleet: what each process that shares its breakers through this store said in \
+             its last seconds (at most " (FLEET_PROCESSES) " shown a breaker), and an operator's \
+             override in force; an override applies to every such process within a second."
         }
     }
 }

@@ -29,6 +29,9 @@ pre{background:#fff;border:1px solid #e0e0e0;padding:.5em;overflow:auto;max-heig
 .actions{background:#fff3e0;border:1px solid #ffe0b2;padding:.5em;margin:.5em 0}
 .warning{background:#ffebee;border:1px solid #ef9a9a;padding:.25em .75em;margin:.5em 0}
 .kv th{width:12em}
+ul.processes{margin:.25em 0;padding-left:1.2em}
+details.override-form summary{cursor:pointer;color:#37474f}
+form.override{display:flex;flex-wrap:wrap;gap:.25em .5em;align-items:center;background:#fff3e0;border:1px solid #ffe0b2;padding:.4em;margin:.25em 0}
 button{cursor:pointer}
 ";
 

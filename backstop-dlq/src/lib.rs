@@ -21,20 +21,22 @@
 //!
 //! | route | page |
 //! |---|---|
-//! | `GET /` | the overview: outstanding dead letters and deferred records, the breakers (live ones from [`Board::breakers`], with their adaptive send rate while a throttling provider limits it, and those the store's newest [`BREAKER_SCAN`] records an open breaker deferred name, with their retry-at), the top classes and codes over `?window=24h`, the dead-letter rate over that window, the alert rules' state |
+//! | `GET /` | the overview: outstanding dead letters and deferred records, the breakers (live ones from [`Board::breakers`], with their adaptive send rate while a throttling provider limits it; those the store's newest [`BREAKER_SCAN`] records an open breaker deferred name, with their retry-at; and what the fleet's notes say, [`Store::notes`] read once: each process's state, at most [`FLEET_PROCESSES`] a breaker, and an operator's [`FleetOverride`](tower_backstop::breaker::FleetOverride) in force), the top classes and codes over `?window=24h`, the dead-letter rate over that window, the alert rules' state |
 //! | `GET /records` | the list, with each record's host, filtered by the `key=value` vocabulary of [`Filter::from_pairs`](tower_backstop::store::Filter::from_pairs) (`class`, `code`, `status`, `tag` as `NAME=value` or `tag.NAME`, `since`, `until`, `id`) and `host` (`api.mail.test:443`, or a name for any port: read off the records, so among the newest [`GROUP_LIMIT`] that match the rest), outstanding first, [`PAGE_SIZE`] a page (`?page=N`) |
 //! | `GET /groups` | the records grouped by fingerprint (host, class, code, and the message with numbers, ids, addresses and emails masked: two hosts failing alike are two groups), over the newest [`GROUP_LIMIT`] that match |
 //! | `GET /records/{id}` | one record: status, times, tags, headers (redacted ones by name only), payload as text, JSON or hex, history and root cause |
-//! | `GET /audit` | the audit trail, newest first |
+//! | `GET /audit` | the audit trail (re-drives, purges, prunes, breaker overrides), newest first |
 //! | `POST /redrive/preview`, `POST /redrive/run` | a re-drive's dry run (with a warning, and how many records it concerns, when they go to a host whose breaker is open, live or by the store's retry-at, and another when some were already delivered), then the run |
 //! | `POST /purge/preview`, `POST /purge/run` | a purge's count, then the purge |
+//! | `POST /breaker/override` | an operator's override of one breaker for every process that shares its breakers through the store: `breaker` (its name), `action` (`force_open` or `disable` for `for`, a duration such as `30m` or `2h`, at most 7 days; or `reset`) and `reason`, all required; written with [`FleetOverride::publish`](tower_backstop::breaker::FleetOverride::publish) as the hook's actor (the note and the audit entry); each process applies it within a second |
 //!
 //! # Safe by default
 //!
 //! A board is read-only: it shows no action form and answers every `POST` with 403, until
 //! [`Board::authorize`] gives it a hook that names the actor of a request (from its
 //! [`Parts`]: a header your authentication middleware sets, an extension). The hook runs for
-//! every request; `None` makes that request read-only. Each action form carries a random
+//! every request; `None` makes that request read-only. The overview's breaker override forms
+//! show only to an actor, and only while the store's notes can be read. Each action form carries a random
 //! per-board token that the `POST` must send back (compared in constant time), so another site
 //! cannot make an operator's browser act. Actions never apply to everything: an empty filter is
 //! refused (400). Re-drives need a service to send through ([`Board::redrive_through`]).
@@ -123,6 +125,7 @@ mod breakers;
 pub mod cli;
 mod filter;
 mod fingerprint;
+mod fleet;
 mod headers;
 mod host;
 mod html;
@@ -148,6 +151,10 @@ pub const GROUP_LIMIT: usize = 5_000;
 /// this many of the records an open breaker deferred (deferred, of class `circuit_open`) for the
 /// breakers they name and their retry-at: 500. The panel says how many of how many it read.
 pub const BREAKER_SCAN: usize = 500;
+
+/// The overview's breaker panel lists at most this many processes of the fleet for each
+/// breaker, by id (it counts them all): 20.
+pub const FLEET_PROCESSES: usize = 20;
 
 /// The record page shows at most this many bytes of a payload (64 KiB), with a note when the
 /// payload is longer; the hex view shows a quarter of that.
@@ -209,7 +216,7 @@ impl Board {
         }
     }
 
-    /// Allows actions (re-drive, purge) for the requests `hook` names an actor for: it gets the
+    /// Allows actions (re-drive, purge, a breaker's override for the fleet) for the requests `hook` names an actor for: it gets the
     /// request's [`Parts`] (headers, extensions, URI) and returns the actor's name, recorded in
     /// the audit trail, or `None` to keep that request read-only. Without a hook the board is
     /// read-only for everyone.
@@ -289,6 +296,7 @@ impl Board {
             .route("/redrive/run", post(actions::redrive_run))
             .route("/purge/preview", post(actions::purge_preview))
             .route("/purge/run", post(actions::purge_run))
+            .route("/breaker/override", post(fleet::override_breaker))
             .fallback(headers::not_found)
             .layer(axum::middleware::from_fn(headers::secure))
             .with_state(shared)

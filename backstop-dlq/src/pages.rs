@@ -9,10 +9,11 @@ use maud::{Markup, html};
 use super::breakers::{self, Breakers};
 use super::filter::{Scope, narrowed_page};
 use super::fingerprint::Fingerprint;
+use super::fleet::Notes;
 use super::html::{Ctx, PageError, PageResult, bar, cut, page, query, records_table, time};
 use super::narrow;
 use super::{BoardState, GROUP_LIMIT, PAGE_SIZE};
-use tower_backstop::store::{Alert, Filter, Listing, Stats, Status, list_page};
+use tower_backstop::store::{Alert, AuditAction, Filter, Listing, Stats, Status, list_page};
 
 type Pairs = Query<Vec<(String, String)>>;
 
@@ -86,6 +87,8 @@ async fn overview_body(
     let in_flight = store.count(&Filter::new().status(Status::InFlight)).await?;
     let stats = Stats::gather(store, now, window, s.board.rules).await?;
     let breakers = Breakers::read(store, s.board.health.as_ref()).await?;
+    // The fleet's notes, once: a store that keeps none (or fails) only leaves them out.
+    let fleet = Notes::read(store, now).await;
     // The rate: dead letters by their last failure, per bucket of the window.
     let start = now.checked_sub(window).unwrap_or(SystemTime::UNIX_EPOCH);
     let step = window / BUCKETS;
@@ -106,7 +109,7 @@ async fn overview_body(
                 tr { th { "deferred (waiting for the scheduler)" } td #deferred { (deferred) } }
                 tr { th { "in flight (being re-sent)" } td #in-flight { (in_flight) } }
             }
-            (breakers::panel(&breakers, now))
+            (breakers::panel(ctx, &breakers, &fleet, now))
             form method="get" action=(ctx.link("/")) {
                 label { "window " input name="window" value=(window_text) size="6"; }
                 " " button type="submit" { "show" }
@@ -429,7 +432,8 @@ fn group_link(ctx: &Ctx, scope: &Scope, key: &str) -> String {
     ctx.link(&format!("/records?{}", query(&pairs)))
 }
 
-/// `GET /audit`: the audit trail, newest first, [`PAGE_SIZE`] a page.
+/// `GET /audit`: the audit trail (re-drives, purges, prunes, breaker overrides), newest
+/// first, [`PAGE_SIZE`] a page.
 pub(super) async fn audit(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs) -> PageResult {
     let scope = Scope::read(
         q.into_iter().filter(|(k, _)| k == "page").collect(),
@@ -453,7 +457,7 @@ pub(super) async fn audit(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs
         @if entries.is_empty() && page_no > 1 {
             p #past-end { "Page " (page_no) " is past the end of the audit trail." }
         } @else if entries.is_empty() {
-            p #empty { "Nothing has been re-driven, purged or pruned yet." }
+            p #empty { "Nothing has been re-driven, purged, pruned or overridden yet." }
         }
         table #audit {
             thead { tr {
@@ -468,7 +472,9 @@ pub(super) async fn audit(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs
                         td { (e.action.as_str()) }
                         td { code { (cut(&e.filter, 300)) } }
                         td.n { @if let Some(p) = e.planned { (p) } @else { "-" } }
-                        td.n { (e.sent) }
+                        // A breaker's override sends and removes nothing: its filter names
+                        // the breaker, its outcome what was done and why.
+                        td.n { @if e.action == AuditAction::Breaker { "-" } @else { (e.sent) } }
                         td { (e.outcome) }
                     }
                 }

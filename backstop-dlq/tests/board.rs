@@ -1521,6 +1521,7 @@ async fn every_response_forbids_framing_and_sniffing_and_names_its_charset() {
         ("/redrive/run", form(&[("rate", "1000")]), Some("gina"), 200),
         ("/purge/run", form(&[]), Some("gina"), 200),
         ("/purge/run", form(&[]), None, 403),
+        ("/breaker/override", form(&[]), Some("gina"), 400),
     ] {
         let body = fields
             .iter()
@@ -1653,4 +1654,370 @@ async fn the_overview_shows_the_apps_spool_and_still_does_while_the_store_is_dow
     let (_, html) = get(&url).await;
     assert_eq!(text_of(&html, "spool-records").as_deref(), Some("0"));
     assert_eq!(text_of(&html, "store-state").as_deref(), Some("takes them"));
+}
+
+// ---- the fleet's breakers ----
+
+/// A process's note on the breaker `name`, as the breakers of a fleet write it.
+fn process_note(
+    name: &str,
+    process: &str,
+    state: &str,
+    half_opens_at: Option<SystemTime>,
+) -> tower_backstop::store::FleetNote {
+    let ms = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    };
+    let now = SystemTime::now();
+    let body = serde_json::json!({
+        "v": 1,
+        "state": state,
+        "own": state == "open",
+        "opened_at": (state == "open").then(|| ms(now)),
+        "half_opens_at": half_opens_at.map(ms),
+        "cause": (state == "open").then_some("503 Service Unavailable"),
+    });
+    tower_backstop::store::FleetNote::new(
+        format!("breaker:{name}"),
+        process,
+        body.to_string(),
+        now,
+        Duration::from_secs(60),
+    )
+}
+
+/// The row of the breaker `name` in the overview's panel.
+fn breaker_row(html: &str, name: &str) -> String {
+    let panel = element(html, "breakers");
+    let i = panel
+        .find(&format!("data-breaker=\"{name}\""))
+        .unwrap_or_else(|| panic!("no row of {name}: {panel}"));
+    panel[i..i + panel[i..].find("</tr>").unwrap()].to_owned()
+}
+
+/// The override in force of `name`, as the store's notes hold it.
+async fn override_of(
+    store: &Arc<dyn Store>,
+    name: &str,
+) -> Option<tower_backstop::breaker::FleetOverride> {
+    store
+        .notes(SystemTime::now())
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(tower_backstop::breaker::FleetOverride::from_note)
+        .find(|o| o.breaker == name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_shows_what_each_process_says_and_the_override_in_force() {
+    use tower_backstop::breaker::{FleetOverride, OverrideAction};
+
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    // A record an open breaker deferred: the store knows `b.test:80`.
+    let f: Failure = Failure::new(Class::CIRCUIT_OPEN, Code::CircuitOpen);
+    let mut deferred = record_of(
+        "def-1".to_owned(),
+        Envelope::new("{}").with_metadata("uri", "http://b.test/v1"),
+        &f,
+    );
+    deferred.status = Status::Deferred;
+    deferred.breaker = Some("b.test:80".into());
+    deferred.retry_at = Some(at(0) + Duration::from_secs(600));
+    store.put(deferred).await.unwrap();
+    // Two processes of the fleet: one has `b.test:80` open (half-opens in two minutes), the
+    // other closed; a third tells of `api.mail.test:443`, which an operator forced open.
+    let half_opens = SystemTime::now() + Duration::from_secs(120);
+    for note in [
+        process_note("b.test:80", "proc-a", "open", Some(half_opens)),
+        process_note("b.test:80", "proc-b", "closed", None),
+        process_note("api.mail.test:443", "proc-a", "forced_open", None),
+    ] {
+        store.put_note(note).await.unwrap();
+    }
+    let over = FleetOverride::new(
+        "api.mail.test:443",
+        OverrideAction::ForceOpen,
+        Duration::from_secs(7200),
+        "provider maintenance",
+        "carol",
+        SystemTime::now(),
+    )
+    .unwrap();
+    over.publish(&*store).await.unwrap();
+
+    let board = serve_board(Board::new(Arc::clone(&store))).await;
+    let (status, html) = get(&board).await;
+    assert_eq!(status, 200, "{html}");
+    // The store's breaker, with what each process says of it.
+    let row = breaker_row(&html, "b.test:80");
+    assert!(row.contains("data-state=\"open\""), "{row}");
+    let said = text(&row);
+    assert!(said.contains("2 processes: 1 closed, 1 open"), "{said}");
+    assert!(
+        row.contains("data-process=\"proc-a\" data-state=\"open\""),
+        "{row}"
+    );
+    assert!(said.contains("proc-a: open, half-opens in 2m"), "{said}");
+    assert!(said.contains("proc-b: closed"), "{said}");
+    // The breaker only the fleet knows, with the override: action, until, actor, reason.
+    let row = breaker_row(&html, "api.mail.test:443");
+    let said = text(&row);
+    assert!(said.contains("1 process: 1 forced_open"), "{said}");
+    assert!(row.contains("data-action=\"force_open\""), "{row}");
+    assert!(
+        said.contains(&format!(
+            "force_open until {} by carol: provider maintenance",
+            board_time(over.until)
+        )),
+        "{said}"
+    );
+    // Read-only: no override form.
+    assert!(!html.contains("breaker/override"), "{html}");
+
+    // A store that keeps no notes: the panel says so in one line, the rest of the page shows.
+    let (_dir, sqlite) = sqlite(vec![throttled(1)]).await;
+    let board = serve_board(Board::new(sqlite).authorize(|_| Some("carol".to_owned()))).await;
+    let (status, html) = get(&board).await;
+    assert_eq!(status, 200, "{html}");
+    let line = text(element(&html, "fleet-unavailable"));
+    assert!(line.contains("keeps no fleet notes"), "{line}");
+    assert_eq!(text(element(&html, "dead")), "1");
+    assert!(
+        !html.contains("breaker/override"),
+        "no form to write what cannot be kept"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_override_is_written_for_the_fleet_with_the_actor_and_audited() {
+    use tower_backstop::breaker::OverrideAction;
+
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    store
+        .put_note(process_note("api.mail.test:443", "proc-a", "closed", None))
+        .await
+        .unwrap();
+    let (target, _) = provider(|_| None).await;
+    let board = serve_board(acting_board(&store, &target)).await;
+
+    // The overview offers a form on the breaker's row, and one to name another breaker.
+    let (_, html) = get_as(&board, "alice").await;
+    let row = breaker_row(&html, "api.mail.test:443");
+    assert!(
+        row.contains("name=\"breaker\" value=\"api.mail.test:443\""),
+        "{row}"
+    );
+    assert!(html.contains("override another breaker"), "{html}");
+    let token = csrf(&html);
+
+    let before = SystemTime::now();
+    let (status, done) = post(
+        &format!("{board}/breaker/override"),
+        Some("alice"),
+        &[
+            ("csrf", &token),
+            ("breaker", "api.mail.test:443"),
+            ("for", "2h"),
+            ("reason", "provider maintenance"),
+            ("action", "force_open"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    let result = text(element(&done, "result"));
+    assert!(
+        result.starts_with("Written for the fleet: api.mail.test:443 force_open until"),
+        "{result}"
+    );
+    assert!(
+        result.ends_with(": provider maintenance, by alice."),
+        "{result}"
+    );
+    assert!(done.contains("applies it within a second"), "{done}");
+    // The note, by the hook's actor, for two hours.
+    let over = override_of(&store, "api.mail.test:443")
+        .await
+        .expect("the note");
+    assert_eq!(over.action, OverrideAction::ForceOpen);
+    assert_eq!(over.actor, "alice");
+    assert_eq!(over.reason, "provider maintenance");
+    let lasts = over.until.duration_since(before).unwrap();
+    assert!(
+        lasts >= Duration::from_secs(7199) && lasts <= Duration::from_secs(7201),
+        "{lasts:?}"
+    );
+    // The audit entry.
+    let audit = store.audit(0..10).await.unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(audit[0].action, AuditAction::Breaker);
+    assert_eq!(audit[0].actor, "alice");
+    assert_eq!(audit[0].filter, "breaker=api.mail.test:443");
+    assert_eq!(audit[0].outcome, over.describe());
+    // The overview shows it; so does the audit page.
+    let (_, html) = get(&board).await;
+    let row = breaker_row(&html, "api.mail.test:443");
+    assert!(
+        text(&row).contains("force_open until") && text(&row).contains("by alice"),
+        "{row}"
+    );
+    let (_, page) = get(&format!("{board}/audit")).await;
+    let table = element(&page, "audit");
+    assert!(table.contains("data-action=\"breaker\""), "{table}");
+    let said = text(table);
+    assert!(
+        said.contains("alice")
+            && said.contains("breaker=api.mail.test:443")
+            && said.contains("provider maintenance"),
+        "{said}"
+    );
+
+    // A breaker the overview does not list, named in the form; then a reset of the first,
+    // which replaces its override (the later wins).
+    let (status, done) = post(
+        &format!("{board}/breaker/override"),
+        Some("bob"),
+        &[
+            ("csrf", &token),
+            ("breaker", " sms.test:443 "),
+            ("for", "30m"),
+            ("reason", "wrong signal"),
+            ("action", "disable"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    let disabled = override_of(&store, "sms.test:443").await.expect("the note");
+    assert_eq!(
+        (disabled.action, disabled.actor.as_str()),
+        (OverrideAction::Disable, "bob")
+    );
+    let (status, done) = post(
+        &format!("{board}/breaker/override"),
+        Some("alice"),
+        &[
+            ("csrf", &token),
+            ("breaker", "api.mail.test:443"),
+            ("for", ""),
+            ("reason", "maintenance over"),
+            ("action", "reset"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    let reset = override_of(&store, "api.mail.test:443").await.unwrap();
+    assert_eq!(reset.action, OverrideAction::Reset);
+    assert_eq!(store.audit(0..10).await.unwrap().len(), 3);
+    let (_, html) = get(&board).await;
+    assert!(
+        breaker_row(&html, "sms.test:443").contains("data-action=\"disable\""),
+        "{html}"
+    );
+    assert!(
+        text(&breaker_row(&html, "api.mail.test:443")).contains("reset at"),
+        "{html}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_override_is_refused_without_an_actor_a_token_or_good_input() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    store
+        .put_note(process_note("api.mail.test:443", "proc-a", "closed", None))
+        .await
+        .unwrap();
+    let good = |token: &str| {
+        vec![
+            ("csrf".to_owned(), token.to_owned()),
+            ("breaker".to_owned(), "api.mail.test:443".to_owned()),
+            ("for".to_owned(), "2h".to_owned()),
+            ("reason".to_owned(), "maintenance".to_owned()),
+            ("action".to_owned(), "force_open".to_owned()),
+        ]
+    };
+    let send = |url: String, who: Option<&'static str>, fields: Vec<(String, String)>| async move {
+        let fields: Vec<(&str, &str)> = fields
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        post(&url, who, &fields).await
+    };
+
+    // A read-only board: no form, and the POST is refused, whoever asks.
+    let read_only = serve_board(Board::new(Arc::clone(&store))).await;
+    let (_, html) = get_as(&read_only, "alice").await;
+    assert!(!html.contains("breaker/override") && !html.contains("name=\"csrf\""));
+    let (status, html) = send(
+        format!("{read_only}/breaker/override"),
+        Some("alice"),
+        good("0"),
+    )
+    .await;
+    assert_eq!(status, 403);
+    assert!(
+        text(element(&html, "error")).contains("read-only"),
+        "{html}"
+    );
+
+    let (target, _) = provider(|_| None).await;
+    let board = serve_board(acting_board(&store, &target)).await;
+    let url = format!("{board}/breaker/override");
+    let (_, html) = get_as(&board, "alice").await;
+    let token = csrf(&html);
+    // No actor for this request: read-only, even with the token.
+    let (status, _) = send(url.clone(), None, good(&token)).await;
+    assert_eq!(status, 403);
+    // The CSRF token missing, forged or cut.
+    let forged = "0".repeat(token.len());
+    for csrf in [None, Some(forged.as_str()), Some(&token[..10])] {
+        let mut fields = good(&token);
+        fields.remove(0);
+        if let Some(csrf) = csrf {
+            fields.push(("csrf".to_owned(), csrf.to_owned()));
+        }
+        let (status, html) = send(url.clone(), Some("alice"), fields).await;
+        assert_eq!(status, 403, "{csrf:?}");
+        assert!(text(element(&html, "error")).contains("CSRF"), "{html}");
+    }
+    // Bad input: a clear 400 that names the field.
+    for (field, value, says) in [
+        ("breaker", "", "breaker: name the breaker"),
+        ("breaker", "   ", "breaker: name the breaker"),
+        ("reason", "", "reason: say why"),
+        ("for", "", "for: \"\" is not a duration"),
+        ("for", "soon", "for: \"soon\" is not a duration"),
+        ("for", "8days", "out of range"),
+        ("for", "0s", "out of range"),
+        ("action", "close", "action: \"close\" is none of"),
+    ] {
+        let mut fields = good(&token);
+        fields.retain(|(k, _)| k != field);
+        fields.push((field.to_owned(), value.to_owned()));
+        let (status, html) = send(url.clone(), Some("alice"), fields).await;
+        assert_eq!(status, 400, "{field}={value:?}: {html}");
+        let error = text(element(&html, "error")).replace("&quot;", "\"");
+        assert!(error.contains(says), "{field}={value:?}: {error}");
+    }
+    // Nothing was written.
+    assert!(override_of(&store, "api.mail.test:443").await.is_none());
+    assert_eq!(store.notes(SystemTime::now()).await.unwrap().len(), 1);
+    assert!(store.audit(0..10).await.unwrap().is_empty());
+
+    // A store that keeps no notes: the override cannot be written, and says so.
+    let (_dir, sqlite) = sqlite(vec![throttled(1)]).await;
+    let board = serve_board(acting_board(&sqlite, &target)).await;
+    let (status, html) = send(format!("{board}/breaker/override"), Some("alice"), {
+        let (_, page) = get_as(&format!("{board}/records?class=throttled"), "alice").await;
+        good(&csrf(&page))
+    })
+    .await;
+    assert_eq!(status, 500, "{html}");
+    let error = text(element(&html, "error"));
+    assert!(
+        error.contains("was not written") && error.contains("keeps no fleet notes"),
+        "{error}"
+    );
+    assert!(sqlite.audit(0..10).await.unwrap().is_empty());
 }

@@ -668,6 +668,96 @@ async fn an_operator_sees_the_apps_spool_while_the_store_is_down() {
     c.close().await.unwrap();
 }
 
+/// An operator forces a host's breaker open for the fleet from the overview's form (a duration
+/// and a reason), and the overview then shows the override with its actor; the store holds the
+/// fleet's note and the audit entry.
+async fn an_operator_forces_a_breaker_open_for_the_fleet() {
+    use tower_backstop::breaker::{FleetOverride, OverrideAction};
+    use tower_backstop::store::{AuditAction, FleetNote, MemoryStore};
+
+    let driver = driver().await;
+    let dir = tempfile::tempdir().unwrap();
+    // A store that keeps the fleet's notes, and one process's word on the host's breaker.
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let name = "api.mail.test:443";
+    store
+        .put_note(FleetNote::new(
+            format!("breaker:{name}"),
+            "proc-a",
+            r#"{"v":1,"state":"closed","own":false}"#,
+            SystemTime::now(),
+            Duration::from_secs(600),
+        ))
+        .await
+        .unwrap();
+    let board = Board::new(Arc::clone(&store)).authorize(|_| Some("alice".to_owned()));
+    let addr = serve(axum::Router::new().nest("/dead-letters", board.router())).await;
+    let base = format!("http://{addr}/dead-letters");
+    let c = browser(&driver, &dir.path().join("profile")).await;
+
+    c.goto(&base).await.unwrap();
+    let row = format!("#breakers tr[data-breaker='{name}']");
+    assert!(text(&c, &row).await.contains("proc-a: closed"));
+    // The row's override form: opened, filled in, sent with "force open".
+    c.find(Locator::Css(&format!("{row} details summary")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let form = c
+        .form(Locator::Css(&format!("{row} form.override")))
+        .await
+        .unwrap();
+    form.set_by_name("for", "2h").await.unwrap();
+    form.set_by_name("reason", "provider maintenance")
+        .await
+        .unwrap();
+    snap(&c, "breaker-override-form").await;
+    c.find(Locator::Css(&format!("{row} button[value='force_open']")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let result = text(&c, "#result").await;
+    assert!(
+        result.contains(&format!("Written for the fleet: {name} force_open until")),
+        "{result}"
+    );
+    assert!(result.contains("by alice"), "{result}");
+    snap(&c, "breaker-override-written").await;
+
+    // The overview shows the override in force, with its actor and reason.
+    c.goto(&base).await.unwrap();
+    let shown = text(&c, &format!("{row} .override")).await;
+    assert!(
+        shown.contains("force_open until")
+            && shown.contains("by alice")
+            && shown.contains("provider maintenance"),
+        "{shown}"
+    );
+    snap(&c, "breaker-override").await;
+    let over = store
+        .notes(SystemTime::now())
+        .await
+        .unwrap()
+        .iter()
+        .find_map(FleetOverride::from_note)
+        .expect("the override's note");
+    assert_eq!(
+        (over.breaker.as_str(), over.action, over.actor.as_str()),
+        (name, OverrideAction::ForceOpen, "alice")
+    );
+    let audit = store.audit(0..10).await.unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(
+        (audit[0].action, audit[0].actor.as_str()),
+        (AuditAction::Breaker, "alice")
+    );
+    c.close().await.unwrap();
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests
@@ -699,6 +789,12 @@ fn main() {
         .multi_thread(
             "an_operator_sees_a_throttled_providers_send_rate",
             an_operator_sees_a_throttled_providers_send_rate,
+        );
+    tests
+        .needs(backstop_test_support::Service::Browser)
+        .multi_thread(
+            "an_operator_forces_a_breaker_open_for_the_fleet",
+            an_operator_forces_a_breaker_open_for_the_fleet,
         );
     tests.run();
 }
