@@ -1779,6 +1779,7 @@ async fn the_overview_shows_what_each_process_says_and_the_override_in_force() {
 
     // A store that keeps no notes: the panel says so in one line, the rest of the page shows.
     let (_dir, sqlite) = sqlite(vec![throttled(1)]).await;
+    let sqlite: Arc<dyn Store> = Arc::new(backstop_test_support::KeepsNoNotes(sqlite));
     let board = serve_board(Board::new(sqlite).authorize(|_| Some("carol".to_owned()))).await;
     let (status, html) = get(&board).await;
     assert_eq!(status, 200, "{html}");
@@ -2007,6 +2008,7 @@ async fn a_breaker_override_is_refused_without_an_actor_a_token_or_good_input() 
 
     // A store that keeps no notes: the override cannot be written, and says so.
     let (_dir, sqlite) = sqlite(vec![throttled(1)]).await;
+    let sqlite: Arc<dyn Store> = Arc::new(backstop_test_support::KeepsNoNotes(sqlite));
     let board = serve_board(acting_board(&sqlite, &target)).await;
     let (status, html) = send(format!("{board}/breaker/override"), Some("alice"), {
         let (_, page) = get_as(&format!("{board}/records?class=throttled"), "alice").await;

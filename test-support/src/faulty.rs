@@ -389,3 +389,109 @@ impl Store for FaultyStore {
         self.run(Op::BudgetSpent, id, move |s| s.budget_spent(&owned))
     }
 }
+
+/// A store that keeps no fleet notes (the trait's defaults for [`Store::put_note`] and
+/// [`Store::notes`], which fail), the rest of it `inner`'s: what a store of another crate
+/// that predates the notes looks like.
+#[derive(Clone)]
+pub struct KeepsNoNotes(pub Arc<dyn Store>);
+
+impl std::fmt::Debug for KeepsNoNotes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeepsNoNotes")
+    }
+}
+
+impl Store for KeepsNoNotes {
+    fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.0.put_many(records)
+    }
+    fn get(&self, id: &str) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        self.0.get(id)
+    }
+    fn search(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.0.search(filter, page)
+    }
+    fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        self.0.count(filter)
+    }
+    fn search_waiting(
+        &self,
+        filter: &Filter,
+        page: Range<usize>,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.0.search_waiting(filter, page)
+    }
+    fn list(&self, limit: usize) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.0.list(limit)
+    }
+    fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
+        self.0.counts(since)
+    }
+    fn count_by_class(&self) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>> {
+        self.0.count_by_class()
+    }
+    fn update(
+        &self,
+        id: &str,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Option<Record>, StoreError>> {
+        self.0.update(id, change)
+    }
+    fn claim_due(
+        &self,
+        now: SystemTime,
+        limit: usize,
+        lease: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.0.claim_due(now, limit, lease)
+    }
+    fn delete(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        self.0.delete(filter)
+    }
+    fn change_if_unchanged(
+        &self,
+        seen: &Record,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.0.change_if_unchanged(seen, change)
+    }
+    fn change_claimed(
+        &self,
+        lease: &Lease,
+        change: Change,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.0.change_claimed(lease, change)
+    }
+    fn put_claimed(
+        &self,
+        lease: &Lease,
+        record: Record,
+    ) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.0.put_claimed(lease, record)
+    }
+    fn next_due(&self) -> BoxFuture<'static, Result<Option<SystemTime>, StoreError>> {
+        self.0.next_due()
+    }
+    fn reserve_slot(
+        &self,
+        schedule: &str,
+        gap: Duration,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<SystemTime, StoreError>> {
+        self.0.reserve_slot(schedule, gap, now)
+    }
+    fn append_audit(&self, entry: AuditEntry) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.0.append_audit(entry)
+    }
+    fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
+        self.0.audit(page)
+    }
+    fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
+        self.0.budget_spent(id)
+    }
+}

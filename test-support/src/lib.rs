@@ -33,7 +33,7 @@
 
 mod faulty;
 
-pub use faulty::{Fault, FaultyStore, Op};
+pub use faulty::{Fault, FaultyStore, KeepsNoNotes, Op};
 
 use std::collections::HashMap;
 use std::future::Future;
