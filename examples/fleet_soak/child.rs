@@ -4,7 +4,7 @@
 //! It talks to the parent by lines. On stdout: `ready` (store open, scheduler running), `ack
 //! <key> <outcome>` when a caller's call ended (delivered, or failed and in the store: the
 //! message is then the store's to finish), `done` when its share is all acknowledged, `bye` when
-//! its scheduler has shut down, `claimed <n>` and `ended` for its scheduler's claims
+//! its scheduler has shut down, `claim <token> <id>` for each claim its scheduler wins
 //! (`tap.rs`), and `spool <n>` when its local spool (if it has one) holds another number of
 //! records. On stdin: `go <unix ms>`, the start of the window; the end of
 //! stdin asks it to shut down.

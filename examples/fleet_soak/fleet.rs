@@ -6,6 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{ChildStdin, Command, Stdio};
 use std::time::Duration;
 
+use rustix::process::{Pid, Signal, kill_process};
 use tokio::sync::mpsc;
 use tower::BoxError;
 
@@ -21,10 +22,13 @@ pub enum Line {
     },
     Done,
     Bye,
-    /// Its scheduler claimed this many records.
-    Claimed(usize),
-    /// A claim of its ended.
-    Ended,
+    /// It claimed (or renewed its claim of) the record `id`: the claim's fencing token and its
+    /// end, in Unix milliseconds.
+    Claim {
+        token: u32,
+        until_ms: u64,
+        id: String,
+    },
     /// Its local spool holds this many records now.
     Spool(u64),
     Other(String),
@@ -46,8 +50,18 @@ fn parse(line: String) -> Line {
         (Some("ready"), None, _) => Line::Ready,
         (Some("done"), None, _) => Line::Done,
         (Some("bye"), None, _) => Line::Bye,
-        (Some("ended"), None, _) => Line::Ended,
-        (Some("claimed"), Some(n), None) => n.parse().map_or(Line::Other(line), Line::Claimed),
+        (Some("claim"), Some(token), Some(until)) => {
+            // The id is the rest of the line, whatever it holds.
+            let id = line.splitn(4, ' ').nth(3).unwrap_or_default().to_owned();
+            match (token.parse(), until.parse()) {
+                (Ok(token), Ok(until_ms)) if !id.is_empty() => Line::Claim {
+                    token,
+                    until_ms,
+                    id,
+                },
+                _ => Line::Other(line),
+            }
+        }
         (Some("spool"), Some(n), None) => n.parse().map_or(Line::Other(line), Line::Spool),
         (Some("ack"), Some(key), Some(outcome)) => Line::Ack {
             key: key.to_owned(),
@@ -123,6 +137,42 @@ impl Child {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.process.id()
+    }
+
+    /// SIGSTOP: every thread of it stops where it is, its claims with it, until
+    /// [`resume`](Child::resume) or [`kill`](Child::kill). Waits until Linux shows it stopped
+    /// (at most 1 s; where there is no `/proc`, not at all).
+    pub fn pause(&mut self) -> Result<(), BoxError> {
+        self.signal(Signal::STOP)?;
+        let stat = format!("/proc/{}/stat", self.pid());
+        for _ in 0..1000 {
+            // The state is the field after the command's name, which ends at the last `)`.
+            let Ok(text) = std::fs::read_to_string(&stat) else {
+                break;
+            };
+            let state = text
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next());
+            if matches!(state, Some('T' | 't')) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// SIGCONT: a paused child goes on.
+    pub fn resume(&mut self) -> Result<(), BoxError> {
+        self.signal(Signal::CONT)
+    }
+
+    fn signal(&self, signal: Signal) -> Result<(), BoxError> {
+        let pid = i32::try_from(self.pid())
+            .ok()
+            .and_then(Pid::from_raw)
+            .ok_or("the child's pid is not a process id")?;
+        kill_process(pid, signal)?;
+        Ok(())
     }
 
     /// SIGKILL, and waits until it is gone.

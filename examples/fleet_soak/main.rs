@@ -43,14 +43,18 @@
 //!
 //! The window: healthy 5 s, down 60 s, healthy 15 s. Once the provider is back and the
 //! schedulers are draining (200 re-sends have reached the provider since the recovery), the
-//! parent SIGKILLs a child while it holds claims: each child's store is the shared one behind a
-//! tap that tells the parent each claim and each claim's end (`tap.rs`), and the parent kills
-//! the one that holds the most, once it holds at least 4 at two looks 10 ms apart (a batch it
-//! is sending, not claims it gives back at once; at least 1 after 3 s of waiting). It reads
-//! which records are in flight at that moment, with their fencing tokens and the ends of their
-//! claims, and starts the child again. A claim was the killed process's when the store shows it
-//! claimed again (a higher token) or changed only after its end; one renewed or finished before
-//! its end had a live holder.
+//! parent SIGKILLs a child while it holds claims. Each child's store is the shared one behind a
+//! tap that tells the parent each claim the child wins or renews, with its fencing token and
+//! its end (`tap.rs`); a record the store shows in flight under the last claim a child told of
+//! it is that child's. Looking every 10 ms, the parent chooses the child that holds the most,
+//! once it holds at least 4 (a batch it is sending; at least 1 after 3 s of waiting), stops it
+//! at once (SIGSTOP), gives the store writes it had sent 100 ms to land, and reads which records
+//! are in flight, with their fencing tokens and the ends of their claims: when the stopped
+//! child holds at least one of them, it kills it (SIGKILL) and starts it again; when it holds
+//! none (a batch sent, or given back, in the meantime), it lets it go on (SIGCONT) and chooses
+//! again (at most 20 times). A claim was the killed process's when the store shows it claimed
+//! again (a higher token) or changed only after its end; one renewed or finished before its end
+//! had a live holder.
 //!
 //! **The new process resumes the share**: the parent plays the queue the messages came from,
 //! and hands the new process every message of the share that the killed one had not

@@ -223,11 +223,12 @@ fn print_kill(o: &Outcome, k: &Kill) {
         .iter()
         .fold((f64::MAX, 0f64), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
     println!(
-        "kill: child {} after {} re-sends since the recovery, {} records outstanding; {} records in flight then: {} of them the killed process's, taken over after {:.1} to {:.1} s, {} finished by their live holders, {} never taken over",
+        "kill: child {} after {} re-sends since the recovery, {} records outstanding; {} records in flight then ({} held by it, as its tap's claims tell): {} of them the killed process's, taken over after {:.1} to {:.1} s, {} finished by their live holders, {} never taken over",
         k.index,
         k.resends_before,
         k.backlog,
         k.in_flight,
+        k.held,
         k.taken_over.len(),
         if times.is_empty() { 0.0 } else { min },
         max,
@@ -253,6 +254,12 @@ pub fn print(o: &Outcome) -> Vec<String> {
     let d = drain(o);
     print_messages(o, &t);
     print_drain(o, d.as_ref());
+    if !o.spared.is_empty() {
+        println!(
+            "children chosen to be killed but holding no claim once stopped, let go on: {:?}",
+            o.spared
+        );
+    }
     if let Some(k) = &o.kill {
         print_kill(o, k);
     }

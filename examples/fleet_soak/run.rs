@@ -40,6 +40,9 @@ pub struct Outcome {
     pub unexpected_exits: Vec<String>,
     /// With `--store-outage`: what the store's outage and the spools did.
     pub store_outage: Option<StoreOutage>,
+    /// Children chosen to be killed but found holding no claim once stopped, and let go on
+    /// (by index), before the kill.
+    pub spared: Vec<usize>,
 }
 
 /// The store's outage: when, and what the processes' spools held and when they drained.
@@ -61,12 +64,17 @@ pub struct StoreOutage {
 /// The kill mid-drain and what followed.
 pub struct Kill {
     pub index: usize,
+    /// When it was stopped (SIGSTOP) before the kill: its claims stood still from then on.
     pub at: Instant,
     /// Outstanding records and re-sends since the recovery, at the kill.
     pub backlog: u64,
     pub resends_before: usize,
     /// Records in flight at the kill (any process's).
     pub in_flight: usize,
+    /// Of those, the ones the parent saw the killed process hold while it was stopped, before
+    /// the kill: in flight under the last claim its tap told of them (claims whose answer was
+    /// still on its way to it are not among them).
+    pub held: usize,
     /// Those not yet seen changed: each with its fencing token and the end of its claim.
     pending: Vec<Claimed>,
     /// Deferred records due no later than the latest end of a claim in flight at the kill:
@@ -132,6 +140,28 @@ fn unix_ms(t: SystemTime) -> u128 {
     t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis()
 }
 
+/// Who took a claim: the child, its start, and the claim's fencing token and end (Unix
+/// milliseconds).
+#[derive(Clone, Copy)]
+struct Taker {
+    index: usize,
+    generation: u32,
+    token: u32,
+    until_ms: u64,
+}
+
+impl Taker {
+    /// Whether `record` is in flight under this claim: its token, and its end (to the
+    /// millisecond, as the stores keep it). A later claim of a record given back carries the
+    /// same token, but ends later.
+    fn holds(&self, record: &Record) -> bool {
+        record.lease().is_some_and(|lease| {
+            let until = unix_ms(lease.until);
+            lease.token == self.token && until.abs_diff(u128::from(self.until_ms)) <= 1
+        })
+    }
+}
+
 /// The children and what they said.
 struct Fleet {
     settings: Vec<Settings>,
@@ -140,8 +170,9 @@ struct Fleet {
     sender: mpsc::UnboundedSender<Event>,
     ready: Vec<bool>,
     done: Vec<bool>,
-    /// Claims each child's current process holds, as its lines tell.
-    held: Vec<i64>,
+    /// The last claim of each record the children's lines told: the record's id, who took it
+    /// (index and start) and the claim.
+    claims: HashMap<String, Taker>,
     /// Records in each child's spool, as its lines tell.
     spooled: Vec<u64>,
     /// `(index, generation)` of the processes whose stdout closed.
@@ -171,7 +202,7 @@ impl Fleet {
             sender,
             ready: vec![false; n],
             done: vec![false; n],
-            held: vec![0; n],
+            claims: HashMap::new(),
             spooled: vec![0; n],
             closed: HashSet::new(),
             acks: vec![HashMap::new(); n],
@@ -205,8 +236,19 @@ impl Fleet {
                     }
                 }
                 Line::Done if current => self.done[index] = true,
-                Line::Claimed(n) if current => self.held[index] += n as i64,
-                Line::Ended if current => self.held[index] -= 1,
+                Line::Claim {
+                    token,
+                    until_ms,
+                    id,
+                } => {
+                    let taker = Taker {
+                        index,
+                        generation,
+                        token,
+                        until_ms,
+                    };
+                    self.claims.insert(id, taker);
+                }
                 Line::Spool(n) if current => self.spooled[index] = n,
                 Line::Closed => {
                     self.closed.insert((index, generation));
@@ -239,17 +281,35 @@ impl Fleet {
         self.children.iter_mut().try_for_each(|c| c.go(start_ms))
     }
 
-    /// The child holding the most claims, when it holds at least 4 (a batch being sent), or
-    /// at least 1 once `waited` passed 3 s.
-    fn holder(&self, waited: Duration) -> Option<usize> {
+    /// How many of `in_flight` (the records the store shows in flight) each child's current
+    /// process holds: those in flight under the last claim its tap told of them. A claim the
+    /// store shows but no tap told yet (its answer on its way) is no one's here.
+    fn held(&self, in_flight: &[Record]) -> Vec<usize> {
+        let mut held = vec![0; self.children.len()];
+        for record in in_flight {
+            let Some(taker) = self.claims.get(&record.id) else {
+                continue;
+            };
+            let current = self.children[taker.index].generation == taker.generation;
+            if current && taker.holds(record) {
+                held[taker.index] += 1;
+            }
+        }
+        held
+    }
+
+    /// The child holding the most of `in_flight`, when it holds at least 4 (a batch being
+    /// sent), or at least 1 once `waited` passed 3 s.
+    fn holder(&self, in_flight: &[Record], waited: Duration) -> Option<usize> {
         let least = if waited > Duration::from_secs(3) {
             1
         } else {
             4
         };
-        (0..self.held.len())
-            .max_by_key(|i| self.held[*i])
-            .filter(|i| self.held[*i] >= least)
+        let held = self.held(in_flight);
+        (0..held.len())
+            .max_by_key(|i| held[*i])
+            .filter(|i| held[*i] >= least)
     }
 
     fn all_done(&self) -> bool {
@@ -281,7 +341,6 @@ impl Fleet {
         settings.skip = acked;
         self.ready[index] = false;
         self.done[index] = false;
-        self.held[index] = 0;
         self.restarted_at = Some(Instant::now());
         self.children[index] = Child::spawn(settings, generation + 1, &self.sender)?;
         Ok(unacked)
@@ -437,6 +496,7 @@ async fn drive(
         stopped_cleanly: 0,
         unexpected_exits: Vec::new(),
         store_outage: plan.store_outage.map(|_| StoreOutage::default()),
+        spared: Vec::new(),
     };
     let (store_down_at, store_up_at) = plan
         .store_outage
@@ -444,9 +504,6 @@ async fn drive(
         .unzip();
     let (mut went_down, mut armed) = (false, None);
     let mut backlog = 0;
-    // The holder seen at the last look: a child is killed only when it is seen holding claims
-    // at two looks in a row, so that claims held back at once (an open breaker) do not count.
-    let mut last_holder = None;
     loop {
         // Closer looks while waiting for the moment to kill: claims come and go in batches.
         let tick = if armed.is_some() { 10 } else { 100 };
@@ -488,15 +545,28 @@ async fn drive(
         }
         if let (Some(recovered), None) = (outcome.recovered_at, &outcome.kill) {
             let resends = resends_since(&provider, recovered);
-            if resends >= plan.kill_after_resends && backlog > 0 {
+            let tries_left = outcome.spared.len() < MAX_SPARED;
+            if resends >= plan.kill_after_resends && backlog > 0 && tries_left {
                 let since: &mut Instant = armed.get_or_insert(now);
-                let holder = fleet.holder(now.duration_since(*since));
-                if let Some(index) = holder.filter(|i| last_holder == Some(*i)) {
-                    let kill = kill(&mut fleet, index, &*store, backlog, resends).await?;
-                    outcome.kill = Some(kill);
-                    armed = None;
+                let waited = now.duration_since(*since);
+                // Whose claims the records in flight are, from the store and the taps.
+                let holder = match in_flight(&*store).await {
+                    Ok(in_flight) => {
+                        fleet.absorb()?;
+                        fleet.holder(&in_flight, waited)
+                    }
+                    Err(_) if store_down || store_back => None,
+                    Err(e) => return Err(e),
+                };
+                if let Some(index) = holder {
+                    match kill(&mut fleet, index, &*store, backlog, resends).await? {
+                        Some(kill) => {
+                            outcome.kill = Some(kill);
+                            armed = None;
+                        }
+                        None => outcome.spared.push(index),
+                    }
                 }
-                last_holder = holder;
             }
         }
         if let Some(kill) = outcome.kill.as_mut() {
@@ -548,25 +618,60 @@ fn store_outage_step(
     Ok(())
 }
 
-/// Kills child `index` mid-drain, reads the claims in flight, and restarts it.
+/// The records in flight in the store (any process's claims).
+async fn in_flight(store: &dyn Store) -> Result<Vec<Record>, BoxError> {
+    let filter = Filter::new().status(Status::InFlight);
+    Ok(store.search(&filter, 0..usize::MAX).await?)
+}
+
+/// How long a stopped child's store writes already sent are given to land before the parent
+/// reads the store: on loopback, a write takes a few milliseconds.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// How many chosen children may be found holding no claim once stopped (each let go on)
+/// before the parent stops choosing: the drain is then over, or nearly.
+const MAX_SPARED: usize = 20;
+
+/// Kills child `index` mid-drain while it holds claims, and restarts it. It is first stopped
+/// (SIGSTOP), so that its claims stay as they are while the parent looks: once the store
+/// writes it had sent have landed, the parent reads the records in flight, whose claims the
+/// stopped process holds among them, and kills it (SIGKILL) only when it holds at least one;
+/// otherwise it lets it go on (SIGCONT) and returns `None`, to choose again.
 async fn kill(
     fleet: &mut Fleet,
     index: usize,
     store: &dyn Store,
     backlog: u64,
     resends_before: usize,
-) -> Result<Kill, BoxError> {
+) -> Result<Option<Kill>, BoxError> {
     let at = Instant::now();
+    let pid = fleet.children[index].pid();
+    tokio::task::block_in_place(|| fleet.children[index].pause())?;
+    tokio::time::sleep(SETTLE).await;
+    // The killed process's claims, beside those of the live ones.
+    let claims = match in_flight(store).await {
+        Ok(claims) => claims,
+        Err(e) => {
+            fleet.children[index].resume()?;
+            return Err(e);
+        }
+    };
+    fleet.absorb()?;
+    let held = fleet.held(&claims)[index];
+    if held == 0 {
+        fleet.children[index].resume()?;
+        println!(
+            "child {index} (pid {pid}), chosen to be killed, held no claim once stopped ({} records in flight): let go on, choosing again",
+            claims.len()
+        );
+        return Ok(None);
+    }
     println!(
-        "killing child {index} (pid {}) with SIGKILL while it holds {} claims: {resends_before} re-sends since the recovery, {backlog} records outstanding",
-        fleet.children[index].pid(),
-        fleet.held[index]
+        "killing child {index} (pid {pid}) with SIGKILL while it holds {held} claims (stopped with SIGSTOP {} ms before, {} records in flight): {resends_before} re-sends since the recovery, {backlog} records outstanding",
+        at.elapsed().as_millis(),
+        claims.len()
     );
     fleet.kill(index)?;
-    // Read at once: the killed process's claims, beside those of the live ones.
-    let claims = store
-        .search(&Filter::new().status(Status::InFlight), 0..usize::MAX)
-        .await?;
     let unacked = fleet.restart(index).await?;
     // A claimed record's retry-at is the end of its claim.
     let lease_end = claims.iter().filter_map(|r| r.retry_at).max();
@@ -577,12 +682,13 @@ async fn kill(
         .iter()
         .filter(|r| r.retry_at.zip(lease_end).is_some_and(|(at, end)| at <= end))
         .count();
-    Ok(Kill {
+    Ok(Some(Kill {
         index,
         at,
         backlog,
         resends_before,
         in_flight: claims.len(),
+        held,
         pending: claims
             .into_iter()
             .filter_map(|r| {
@@ -599,7 +705,7 @@ async fn kill(
         finished_by_holder: 0,
         unacked,
         restart_ready_after: None,
-    })
+    }))
 }
 
 async fn finish(

@@ -1,11 +1,18 @@
-//! A store that tells the parent about its claims: every call goes to the shared store; a claim
-//! of due records writes `claimed <n>` on stdout, and each write that ends a claim (delivered,
-//! failed again, held, given back: anything but a renewal) writes `ended`. The parent counts
-//! what each child holds, so that it kills one while it holds claims.
+//! A store that tells the parent about its claims: every call goes to the shared store, and
+//! each claim this process wins (of due records, or of one record) or renews writes
+//! `claim <token> <until> <id>` on stdout: the claim's fencing token, its end (Unix
+//! milliseconds) and its record's id. The parent holds these against the records the store
+//! shows in flight: a record in flight with the token and the end this process last told of it
+//! is this process's claim. (The token alone is not enough: a claim given back lowers the
+//! record's resend count again, so the next claim of the record, by any process, carries the
+//! same token.) Nothing is told of a claim's end: the store says which claims still hold,
+//! where a count of lines drifts (a write retried, a claim given back through another call, a
+//! claim taken again by its own holder).
 
+use std::io::Write;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tower_backstop::store::{
     AuditEntry, BoxFuture, Change, Claim, Counts, Filter, FleetNote, Lease, Record, Store,
@@ -17,13 +24,31 @@ pub struct Tap(pub Arc<dyn Store>);
 
 type Answer<T> = BoxFuture<'static, Result<T, StoreError>>;
 
-/// Writes `ended` once `answer` is in, whatever it says: the claim is no longer this
-/// process's to end.
-fn ended<T: Send + 'static>(answer: Answer<T>) -> Answer<T> {
+/// Writes `claim <token> <until> <id>` for each claimed record in `records` (as the store
+/// returned it), in one write of stdout.
+fn tell_claims<'a>(records: impl IntoIterator<Item = &'a Record>) {
+    let mut out = std::io::stdout().lock();
+    for lease in records.into_iter().filter_map(Record::lease) {
+        let until = lease.until.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "claim {} {} {}",
+            lease.token,
+            until.as_millis(),
+            lease.id
+        );
+    }
+    let _ = out.flush();
+}
+
+/// Tells the claim `answer` returns, if it is one (a claim won, or renewed).
+fn tell_claim(answer: Answer<Claim>) -> Answer<Claim> {
     Box::pin(async move {
-        let answer = answer.await;
-        println!("ended");
-        answer
+        let claim = answer.await?;
+        if let Claim::Claimed(record) = &claim {
+            tell_claims([&**record]);
+        }
+        Ok(claim)
     })
 }
 
@@ -72,9 +97,7 @@ impl Store for Tap {
         let claimed = self.0.claim_due(now, limit, lease);
         Box::pin(async move {
             let claimed = claimed.await?;
-            if !claimed.is_empty() {
-                println!("claimed {}", claimed.len());
-            }
+            tell_claims(&claimed);
             Ok(claimed)
         })
     }
@@ -84,21 +107,47 @@ impl Store for Tap {
     }
 
     fn claim(&self, seen: &Record, until: SystemTime) -> Answer<Claim> {
-        self.0.claim(seen, until)
+        tell_claim(self.0.claim(seen, until))
     }
 
     fn change_if_unchanged(&self, seen: &Record, change: Change) -> Answer<Claim> {
-        self.0.change_if_unchanged(seen, change)
+        // `Redriving` claims the record (what `claim` does).
+        let claim = matches!(change, Change::Redriving { .. });
+        let answer = self.0.change_if_unchanged(seen, change);
+        if claim { tell_claim(answer) } else { answer }
     }
 
     fn change_claimed(&self, lease: &Lease, change: Change) -> Answer<Claim> {
+        // A renewal moves the claim's end: told like a claim. Any other change ends the claim
+        // (the store shows it).
         let renewal = matches!(change, Change::Renewed { .. });
         let answer = self.0.change_claimed(lease, change);
-        if renewal { answer } else { ended(answer) }
+        if renewal { tell_claim(answer) } else { answer }
+    }
+
+    fn change_claimed_many(&self, changes: Vec<(Lease, Change)>) -> Answer<Vec<Claim>> {
+        // The renewals among them, to be told.
+        let renewals: Vec<bool> = changes
+            .iter()
+            .map(|(_, c)| matches!(c, Change::Renewed { .. }))
+            .collect();
+        let answer = self.0.change_claimed_many(changes);
+        Box::pin(async move {
+            let claims = answer.await?;
+            let renewed = claims
+                .iter()
+                .zip(renewals)
+                .filter_map(|(c, renewal)| match c {
+                    Claim::Claimed(record) if renewal => Some(&**record),
+                    _ => None,
+                });
+            tell_claims(renewed);
+            Ok(claims)
+        })
     }
 
     fn put_claimed(&self, lease: &Lease, record: Record) -> Answer<Claim> {
-        ended(self.0.put_claimed(lease, record))
+        self.0.put_claimed(lease, record)
     }
 
     fn next_due(&self) -> Answer<Option<SystemTime>> {
