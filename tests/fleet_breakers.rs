@@ -45,7 +45,10 @@ fn process(store: &MemoryStore, id: &str) -> Process {
 }
 
 fn process_on(store: Arc<dyn Store>, id: &str) -> Process {
-    let layer = layer();
+    process_with(store, id, layer())
+}
+
+fn process_with(store: Arc<dyn Store>, id: &str, layer: BreakerLayer) -> Process {
     let fleet = layer
         .share(store, Fleet::new().process(id).clock(Clock::tokio()))
         .unwrap();
@@ -673,4 +676,82 @@ async fn a_store_that_hangs_bounds_each_round_and_leaves_each_process_on_its_own
         [State::Open; 3],
         "the fleet acts together again"
     );
+}
+
+/// The preset's rule (half of 100 calls, 20 at least; open 1 s doubling to 30 s, jittered) over
+/// a 12 s outage with live traffic in every process: each breaker opens, probes fail and
+/// re-open it several times; after the recovery the first successful probe closes every
+/// process within a second.
+#[tokio::test(start_paused = true)]
+async fn after_a_long_outage_one_probe_closes_every_process() {
+    let store = MemoryStore::new();
+    let fleet: Vec<Process> = (1..=4)
+        .map(|i| {
+            let layer = BreakerLayer::builder()
+                .name("provider")
+                .failure_rate(0.5)
+                .count_window(100)
+                .minimum_calls(20)
+                .open_doubling(Duration::from_secs(1), Duration::from_secs(30))
+                .open_jitter(0.5)
+                .build()
+                .unwrap();
+            process_with(Arc::new(store.clone()), &format!("p{i}"), layer)
+        })
+        .collect();
+    pass(Duration::from_secs(1)).await;
+    for p in &fleet {
+        p.up.store(false, Ordering::SeqCst);
+    }
+    for _ in 0..120 {
+        for p in &fleet {
+            p.calls(1).await;
+        }
+        pass(Duration::from_millis(100)).await;
+    }
+    assert!(
+        fleet.iter().all(|p| p.breaker.state() != State::Closed),
+        "{:?}",
+        states(&fleet)
+    );
+    for p in &fleet {
+        p.up.store(true, Ordering::SeqCst);
+    }
+    let opened_before: Vec<u64> = fleet
+        .iter()
+        .map(|p| p.fleet.status().opened_by_fleet)
+        .collect();
+    let mut first = None;
+    for tick in 0..400 {
+        for p in &fleet {
+            p.calls(1).await;
+        }
+        pass(Duration::from_millis(50)).await;
+        let closed = fleet
+            .iter()
+            .filter(|p| p.breaker.state() == State::Closed)
+            .count();
+        if closed > 0 && first.is_none() {
+            first = Some(tick);
+        }
+        if closed == 4 {
+            let within = (tick - first.unwrap()) as f64 * 0.05;
+            assert!(within <= 1.0, "all closed {within} s after the first");
+            // And they stay closed: a peer's opening from before the recovery opens nothing.
+            for _ in 0..60 {
+                for p in &fleet {
+                    p.calls(1).await;
+                }
+                pass(Duration::from_millis(50)).await;
+                assert_eq!(states(&fleet), [State::Closed; 4]);
+            }
+            let opened_after: Vec<u64> = fleet
+                .iter()
+                .map(|p| p.fleet.status().opened_by_fleet)
+                .collect();
+            assert_eq!(opened_after, opened_before, "no opening on stale evidence");
+            return;
+        }
+    }
+    panic!("not every process closed: {:?}", states(&fleet));
 }

@@ -6,13 +6,15 @@
 //! message is then the store's to finish), `done` when its share is all acknowledged, `bye` when
 //! its scheduler has shut down, `claim <token> <id>` for each claim its scheduler wins
 //! (`tap.rs`), and `spool <n>` when its local spool (if it has one) holds another number of
-//! records. On stdin: `go <unix ms>`, the start of the window; the end of
+//! records, `breaker <state> <unix ms>` at each change of its breaker's state and `attempts <n>
+//! <unix ms>`, the running count of requests it put on the wire (`breakers.rs`). On stdin: `go <unix ms>`, the start of the window; the end of
 //! stdin asks it to shut down.
 
 use std::collections::HashSet;
 use std::io::BufRead;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -22,6 +24,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower_backstop::breaker::Fleet;
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::resend::{Scheduler, http_request};
 use tower_backstop::retry::RetryPolicy;
@@ -50,6 +53,8 @@ pub struct Settings {
     pub skip: HashSet<String>,
     /// Its local spool's file, when the run takes the store down.
     pub spool: Option<std::path::PathBuf>,
+    /// Whether it shares its breakers with the fleet (`--share-breakers`).
+    pub share_breakers: bool,
 }
 
 /// Lines from the parent: `go <unix ms>`, then the end of stdin.
@@ -83,7 +88,22 @@ pub async fn run(settings: Settings) -> Result<(), BoxError> {
         .dead_letters(dead_letters);
     // At start-up: the hosts the store knows were down start with their breakers open.
     backstop.learn_from_store().await?;
+    let _fleet = if settings.share_breakers {
+        let id = format!("child{}-{}", settings.index, std::process::id());
+        Some(backstop.share_breakers(Fleet::new().process(id))?)
+    } else {
+        None
+    };
+    let health = backstop.health();
+    tokio::spawn(super::breakers::tell_states(health.clone()));
+    // Every request put on the wire, counted.
+    let sent = Arc::new(AtomicU64::new(0));
+    tokio::spawn(super::breakers::tell_attempts(Arc::clone(&sent)));
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let client = tower::service_fn(move |req: Req| {
+        sent.fetch_add(1, Ordering::Relaxed);
+        client.request(req)
+    });
     let stack = ServiceBuilder::new().layer(backstop).service(client);
     let index = settings.index;
     let mut scheduler = Scheduler::new(Arc::clone(&store), stack.clone(), move |r: &Record| {
@@ -95,6 +115,9 @@ pub async fn run(settings: Settings) -> Result<(), BoxError> {
     });
     if let Some(rate) = settings.fleet_rate {
         scheduler = scheduler.fleet_rate(rate);
+    }
+    if settings.share_breakers {
+        scheduler = scheduler.watch_breakers(health);
     }
     let scheduler = scheduler.spawn();
     println!("ready");

@@ -31,6 +31,10 @@ pub enum Line {
     },
     /// Its local spool holds this many records now.
     Spool(u64),
+    /// Its breaker's state changed, at a unix time in ms.
+    Breaker(String, u128),
+    /// Requests it put on the wire so far, at a unix time in ms.
+    Attempts(u64, u128),
     Other(String),
     /// Its stdout closed: it exited or was killed.
     Closed,
@@ -63,6 +67,14 @@ fn parse(line: String) -> Line {
             }
         }
         (Some("spool"), Some(n), None) => n.parse().map_or(Line::Other(line), Line::Spool),
+        (Some("breaker"), Some(state), Some(ms)) => match ms.parse() {
+            Ok(ms) => Line::Breaker(state.to_owned(), ms),
+            Err(_) => Line::Other(line),
+        },
+        (Some("attempts"), Some(n), Some(ms)) => match (n.parse(), ms.parse()) {
+            (Ok(n), Ok(ms)) => Line::Attempts(n, ms),
+            _ => Line::Other(line),
+        },
         (Some("ack"), Some(key), Some(outcome)) => Line::Ack {
             key: key.to_owned(),
             outcome: outcome.to_owned(),
@@ -232,6 +244,9 @@ fn arguments(s: &Settings) -> Vec<String> {
     if let Some(path) = &s.spool {
         args.extend(["--spool".to_owned(), path.display().to_string()]);
     }
+    if s.share_breakers {
+        args.push("--share-breakers".to_owned());
+    }
     args
 }
 
@@ -260,6 +275,7 @@ pub fn settings_from(args: &[String]) -> Result<Settings, BoxError> {
         window: Duration::from_millis(value("--window-ms")?.parse()?),
         fleet_rate: value("--fleet-rate").ok().map(str::parse).transpose()?,
         spool: value("--spool").ok().map(std::path::PathBuf::from),
+        share_breakers: args.iter().any(|a| a == "--share-breakers"),
         skip,
     })
 }

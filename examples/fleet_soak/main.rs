@@ -106,6 +106,7 @@
 //! within 5 s of the store's return. `--no-spool` runs the same without the spools, to see what
 //! the outage costs without them (its targets are then missed).
 
+mod breakers;
 mod child;
 mod fleet;
 mod provider;
@@ -149,6 +150,8 @@ pub struct Plan {
     /// With a store outage: whether the processes have a local spool (`--no-spool`: not, to
     /// see what the outage costs without one).
     spool: bool,
+    /// Whether the processes share their breakers through the store (`--share-breakers`).
+    share_breakers: bool,
 }
 
 impl Plan {
@@ -163,6 +166,7 @@ impl Plan {
             fleet_rate: None,
             store_outage: None,
             spool: true,
+            share_breakers: false,
         }
     }
 
@@ -177,6 +181,7 @@ impl Plan {
             fleet_rate: None,
             store_outage: None,
             spool: true,
+            share_breakers: false,
         }
     }
 
@@ -234,6 +239,7 @@ fn plan_from(args: &[String]) -> Result<Plan, BoxError> {
         plan.fleet_rate = Some(rate);
     }
     plan.spool = !args.iter().any(|a| a == "--no-spool");
+    plan.share_breakers = args.iter().any(|a| a == "--share-breakers");
     if args.iter().any(|a| a == "--store-outage") {
         // Full: the store down 30 s from 15 s into the provider's 60 s outage. Small: 8 s from
         // 3 s into a 14 s outage.
@@ -268,6 +274,14 @@ fn main() -> ExitCode {
         }
     };
     if args.first().is_some_and(|a| a == "child") {
+        // A child's log, on its stderr, when `FLEET_SOAK_LOG` names what to show
+        // (`tower_backstop=info`); none otherwise.
+        if let Ok(filter) = std::env::var("FLEET_SOAK_LOG") {
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .init();
+        }
         let result = fleet::settings_from(&args[1..]);
         return match result.map(|s| runtime.block_on(child::run(s))) {
             Ok(Ok(())) => ExitCode::SUCCESS,

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tower_backstop::resend::DEFAULT_LEASE;
 use tower_backstop::store::{Record, Status};
 
+use super::breakers::Measured;
 use super::run::{Kill, Outcome, StoreOutage};
 use super::{ATTEMPT_TIMEOUT, key_of};
 
@@ -254,6 +255,7 @@ pub fn print(o: &Outcome) -> Vec<String> {
     let d = drain(o);
     print_messages(o, &t);
     print_drain(o, d.as_ref());
+    print_breakers(o);
     if !o.spared.is_empty() {
         println!(
             "children chosen to be killed but holding no claim once stopped, let go on: {:?}",
@@ -272,7 +274,8 @@ pub fn print(o: &Outcome) -> Vec<String> {
         super::CHILDREN,
         o.unexpected_exits
     );
-    let misses = misses(o, &t);
+    let mut misses = misses(o, &t);
+    misses.extend(breaker_misses(o));
     for miss in &misses {
         println!("MISSED ({}): {miss}", o.kind.name());
     }
@@ -280,6 +283,101 @@ pub fn print(o: &Outcome) -> Vec<String> {
         println!("{}: every target met", o.kind.name());
     }
     misses
+}
+
+/// With shared breakers: each process's breaker open within this of the first, closed within
+/// this of the first after the recovery.
+const BREAKERS_TOGETHER: f64 = 1.0;
+/// With shared breakers: the backlog (but the killed process's claims) drained within this
+/// after the recovery.
+const DRAINED_WITHIN: f64 = 10.0;
+/// With shared breakers: what the fleet's requests to the down provider are aimed at, as a
+/// multiple of the most one process sent (reported, not enforced: see `print_breakers`).
+const FLEET_OVER_ONE: f64 = 1.25;
+
+/// Seconds from the recovery until the re-sends after it had covered everything but the
+/// killed process's claims (which wait for their lease).
+fn drained_after(o: &Outcome) -> Option<f64> {
+    let recovered = o.recovered_at?.into_std();
+    let after: Vec<_> = o.resends.iter().filter(|r| r.at >= recovered).collect();
+    let victims = o
+        .kill
+        .as_ref()
+        .map_or(0, |k| k.taken_over.len() + k.still_held().len());
+    let last = after.len().saturating_sub(victims).checked_sub(1)?;
+    Some(after[last].at.duration_since(recovered).as_secs_f64())
+}
+
+fn print_breakers(o: &Outcome) {
+    let m = o
+        .breakers
+        .measure(super::CHILDREN, o.down_ms, o.recovered_ms);
+    let secs = |v: &[Option<f64>]| {
+        v.iter()
+            .map(|t| t.map_or("-".to_owned(), |t| format!("{t:.2}")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "breakers {}: opened [{}] s into the outage (spread {}); closed [{}] s after the recovery (spread {})",
+        if o.plan.share_breakers {
+            "shared through the store"
+        } else {
+            "each process's own"
+        },
+        secs(&m.opened),
+        Measured::spread(&m.opened).map_or("-".to_owned(), |s| format!("{s:.2} s")),
+        secs(&m.closed),
+        Measured::spread(&m.closed).map_or("-".to_owned(), |s| format!("{s:.2} s")),
+    );
+    // Reported, not enforced: each process trips on its own failures within about half a
+    // second of the outage, before the fleet's notes (a quarter of a second to write, as
+    // much to read) could tell it, so the fleet pays about one trip per process.
+    let ratio = m.fleet_over_one();
+    println!(
+        "requests that met the down provider: {} ({:?} by child; {} times the most of one process{})",
+        m.attempts_down.iter().sum::<u64>(),
+        m.attempts_down,
+        ratio.map_or("-".to_owned(), |r| format!("{r:.2}")),
+        match ratio {
+            Some(r) if o.plan.share_breakers && r > FLEET_OVER_ONE =>
+                format!("; above the {FLEET_OVER_ONE} aimed at, reported, not enforced"),
+            _ => String::new(),
+        }
+    );
+    if let Some(d) = drained_after(o) {
+        println!("drained (all but the killed process's claims) {d:.1} s after the recovery");
+    }
+}
+
+/// The targets of shared breakers, missed.
+fn breaker_misses(o: &Outcome) -> Vec<String> {
+    let mut m = Vec::new();
+    if !o.plan.share_breakers {
+        return m;
+    }
+    let measured = o
+        .breakers
+        .measure(super::CHILDREN, o.down_ms, o.recovered_ms);
+    match Measured::spread(&measured.opened) {
+        Some(s) if s <= BREAKERS_TOGETHER => {}
+        s => m.push(format!(
+            "the processes' breakers opened {s:?} s apart, above {BREAKERS_TOGETHER} s (or not all)"
+        )),
+    }
+    match Measured::spread(&measured.closed) {
+        Some(s) if s <= BREAKERS_TOGETHER => {}
+        s => m.push(format!(
+            "the processes' breakers closed {s:?} s apart after the recovery, above {BREAKERS_TOGETHER} s (or not all)"
+        )),
+    }
+    match drained_after(o) {
+        Some(d) if d <= DRAINED_WITHIN => {}
+        d => m.push(format!(
+            "the backlog drained {d:?} s after the recovery, above {DRAINED_WITHIN} s"
+        )),
+    }
+    m
 }
 
 /// How long after the store's return the spools were empty.

@@ -43,6 +43,11 @@ pub struct Outcome {
     /// Children chosen to be killed but found holding no claim once stopped, and let go on
     /// (by index), before the kill.
     pub spared: Vec<usize>,
+    /// The breakers and the requests on the wire, as the children told them.
+    pub breakers: super::breakers::Log,
+    /// When the provider went down and came back, in unix ms.
+    pub down_ms: u128,
+    pub recovered_ms: Option<u128>,
 }
 
 /// The store's outage: when, and what the processes' spools held and when they drained.
@@ -175,6 +180,8 @@ struct Fleet {
     claims: HashMap<String, Taker>,
     /// Records in each child's spool, as its lines tell.
     spooled: Vec<u64>,
+    /// The children's breakers and requests on the wire, as their lines tell.
+    breakers: super::breakers::Log,
     /// `(index, generation)` of the processes whose stdout closed.
     closed: HashSet<(usize, u32)>,
     acks: Vec<HashMap<String, String>>,
@@ -204,6 +211,7 @@ impl Fleet {
             done: vec![false; n],
             claims: HashMap::new(),
             spooled: vec![0; n],
+            breakers: super::breakers::Log::default(),
             closed: HashSet::new(),
             acks: vec![HashMap::new(); n],
             start_ms: None,
@@ -250,6 +258,10 @@ impl Fleet {
                     self.claims.insert(id, taker);
                 }
                 Line::Spool(n) if current => self.spooled[index] = n,
+                Line::Breaker(state, ms) => {
+                    self.breakers.states.push((index, generation, state, ms))
+                }
+                Line::Attempts(n, ms) => self.breakers.attempts.push((index, generation, n, ms)),
                 Line::Closed => {
                     self.closed.insert((index, generation));
                     if !self.stopping && !self.killed.contains(&(index, generation)) {
@@ -422,6 +434,7 @@ fn settings(
             window: plan.window(),
             fleet_rate: plan.fleet_rate,
             skip: HashSet::new(),
+            share_breakers: plan.share_breakers,
             spool: spools
                 .filter(|_| plan.spool)
                 .map(|dir| dir.join(format!("spool-{index}.db"))),
@@ -497,6 +510,9 @@ async fn drive(
         unexpected_exits: Vec::new(),
         store_outage: plan.store_outage.map(|_| StoreOutage::default()),
         spared: Vec::new(),
+        breakers: super::breakers::Log::default(),
+        down_ms: 0,
+        recovered_ms: None,
     };
     let (store_down_at, store_up_at) = plan
         .store_outage
@@ -512,6 +528,7 @@ async fn drive(
         let now = Instant::now();
         if !went_down && now >= down_at {
             provider.set_up(false);
+            outcome.down_ms = super::breakers::unix_ms();
             went_down = true;
         }
         if let (Some(server), Some(so)) = (server.as_deref_mut(), outcome.store_outage.as_mut()) {
@@ -540,6 +557,7 @@ async fn drive(
         outcome.peak_backlog = outcome.peak_backlog.max(backlog);
         if went_down && outcome.recovered_at.is_none() && now >= up_at {
             provider.set_up(true);
+            outcome.recovered_ms = Some(super::breakers::unix_ms());
             outcome.recovered_at = Some(now);
             outcome.backlog_at_recovery = backlog;
         }
@@ -720,6 +738,7 @@ async fn finish(
         so.left = fleet.spooled.iter().sum();
     }
     outcome.unexpected_exits = std::mem::take(&mut fleet.unexpected_exits);
+    outcome.breakers = std::mem::take(&mut fleet.breakers);
     outcome.acks = fleet.acks.into_iter().flatten().collect();
     outcome.keys = provider.keys();
     outcome.resends = provider.resends();

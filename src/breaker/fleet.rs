@@ -514,6 +514,7 @@ pub(crate) fn start(
         by_fleet: HashSet::new(),
         applied: HashMap::new(),
         warned: HashSet::new(),
+        closed_here: HashMap::new(),
         down_said: false,
     };
     let task = runtime.spawn(task.run());
@@ -539,6 +540,8 @@ struct Task {
     applied: HashMap<String, (OverrideAction, SystemTime)>,
     /// The peers whose ignored note was logged.
     warned: HashSet<String>,
+    /// When this process last closed each breaker on a peer's word.
+    closed_here: HashMap<String, SystemTime>,
     /// Whether the store's failure was logged.
     down_said: bool,
 }
@@ -726,9 +729,26 @@ impl Task {
         if state == State::Closed {
             self.by_fleet.remove(name);
         }
+        // A peer's opening older than this breaker's last close (its own probe's, or the
+        // fleet's) is no evidence: the provider answered here since.
+        let (_, closed) = shared.opened_and_closed_at();
+        let closed = closed
+            .map(|at| self.wall_of(shared, at, now))
+            .max(self.closed_here.get(name).copied());
+        let fresh =
+            |p: &Peer| closed.is_none_or(|c| p.word.opened_at.is_some_and(|o| from_ms(o) > c));
         let own_open: Vec<&Peer> = peers
             .iter()
             .filter(|p| p.word.own && matches!(p.word.state.as_str(), "open" | "half_open"))
+            .filter(|p| fresh(p))
+            .collect();
+        let evidence: Vec<Peer> = peers
+            .iter()
+            .filter(|p| p.word.state == "closed" || fresh(p))
+            .map(|p| Peer {
+                author: p.author.clone(),
+                word: p.word.clone(),
+            })
             .collect();
         // The first process to half-open probes for the fleet, whoever opened it.
         let first_half_open = peers
@@ -760,7 +780,7 @@ impl Task {
                         own_open[0].author,
                         causes.first().copied().unwrap_or("cause unknown")
                     )
-                } else if let Some((n, calls, failures)) = fleet_fails(shared, peers, needed) {
+                } else if let Some((n, calls, failures)) = fleet_fails(shared, &evidence, needed) {
                     format!(
                         "opened by the fleet: {n} of {knowing} processes failing, {failures} of \
                          their {calls} calls failed"
@@ -792,6 +812,7 @@ impl Task {
                 });
                 if let Some(peer) = closed_after {
                     if shared.close_for_fleet() {
+                        self.closed_here.insert(name.to_owned(), now);
                         tracing::info!(process = %self.fleet.process, breaker = %name, by = %peer.author, "breaker closed: a probe succeeded in another process");
                         self.by_fleet.remove(name);
                         self.status(|s| s.closed_by_fleet += 1);
