@@ -47,9 +47,13 @@ const MAX_AHEAD: Duration = Duration::from_secs(7 * 24 * 3600);
 ///   a quorum, each failing over the rule's rate, their calls together over its minimum and
 ///   its rate (or their failures in a row together at its count), so that a fleet pays about
 ///   one process's failures to learn that a provider is down, not one per process;
-/// - **probes once for the fleet**: an open breaker whose half-open time comes after another
-///   process's stays open until that time plus [`probe_grace`](Self::probe_grace) (1 s): the
-///   first to half-open probes, and when its probe succeeds the others close without probing;
+/// - **probes once for the fleet**: one process probes, the one that opened last on its own
+///   failures (its probe failed most recently; ties by process id); every other open breaker
+///   stays open until the prober's half-open time plus [`probe_grace`](Self::probe_grace)
+///   (1 s), and closes without a probe of its own when the prober's succeeds. The prober probes
+///   at least every [`probe_every`](Self::probe_every) (5 s), whatever its open duration grew
+///   to. With no such process (every breaker opened on the fleet's word), the first to
+///   half-open probes;
 /// - **closes** an open or half-open breaker when another process's probes closed it after it
 ///   opened here (within [`every`](Self::every) twice, plus the store's round trips);
 /// - **applies an operator's override** ([`FleetOverride`]): force open or disable until its
@@ -72,6 +76,7 @@ pub struct Fleet {
     pub(crate) quorum: usize,
     pub(crate) share: f64,
     pub(crate) grace: Duration,
+    pub(crate) probe_every: Duration,
     pub(crate) timeout: Duration,
     pub(crate) clock: Clock,
 }
@@ -90,6 +95,7 @@ impl Default for Fleet {
             quorum: 2,
             share: 0.5,
             grace: Duration::from_secs(1),
+            probe_every: Duration::from_secs(5),
             timeout: Duration::from_millis(500),
             clock: Clock::system(),
         }
@@ -143,6 +149,16 @@ impl Fleet {
     /// half-opens itself, if no process's probe closed it by then (1 s).
     pub fn probe_grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
+        self
+    }
+
+    /// The longest the fleet goes without a probe of an open breaker (5 s; above zero): the
+    /// prober's open period is cut to it, whatever the breaker's own open duration grew to,
+    /// so that a recovery is found that soon. One prober for the fleet at this period sends
+    /// fewer probes than each process at its own doubling period would, over an outage of a
+    /// few minutes or less.
+    pub fn probe_every(mut self, every: Duration) -> Self {
+        self.probe_every = every;
         self
     }
 
@@ -819,16 +835,44 @@ impl Task {
                     }
                     return;
                 }
-                // Probe once for the fleet: wait for the first prober of the processes that
-                // opened on their own failures, when it half-opens before this one.
+                // Probe once for the fleet: one prober, the process that opened last on its own
+                // failures (its probe failed most recently; ties by id), and the others wait for
+                // its probe, a grace after its half-open time. With none such, the process that
+                // half-opens first probes.
                 if state == State::Open
-                    && let (Some(first), Some(mine)) = (first_half_open, shared.half_opens_at())
+                    && let Some(mine) = shared.half_opens_at()
                 {
                     let mine = self.wall_of(shared, mine, now);
-                    if first < mine {
-                        let until = crate::store::add_clamped(first.max(now), self.fleet.grace);
+                    let me_own = !self.by_fleet.contains(name);
+                    let my_open = opened_wall.map(ms).unwrap_or(0);
+                    let prober = peers
+                        .iter()
+                        .filter(|p| p.word.own && p.word.state == "open")
+                        .filter_map(|p| {
+                            Some((p.word.opened_at?, p.author.as_str(), p.word.half_opens_at?))
+                        })
+                        .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+                    let wait = match prober {
+                        Some((opened, author, half))
+                            if !me_own
+                                || (opened, author) > (my_open, self.fleet.process.as_str()) =>
+                        {
+                            Some(from_ms(half))
+                        }
+                        Some(_) => None,
+                        None => first_half_open.filter(|first| *first < mine),
+                    };
+                    if let Some(wait) = wait {
+                        let until = crate::store::add_clamped(wait.max(now), self.fleet.grace);
                         if until > mine {
                             shared.stay_open_until(wall_to_instant(until));
+                        }
+                    } else if let Some(opened) = opened_wall {
+                        // The prober probes at least every `probe_every`, whatever its own
+                        // open duration grew to: the fleet learns of a recovery that soon.
+                        let latest = crate::store::add_clamped(opened, self.fleet.probe_every);
+                        if latest < mine {
+                            shared.open_at_most_until(wall_to_instant(latest.max(now)));
                         }
                     }
                 }

@@ -1237,6 +1237,23 @@ impl Shared {
         self.open_until.fetch_max(until, Ordering::AcqRel) < until
     }
 
+    /// Brings an open breaker's half-open time forward to `until` at the latest (the fleet's
+    /// prober probes at least that often); whether it did. Any other state is left alone.
+    #[cfg(feature = "dead-letter")]
+    pub(crate) fn open_at_most_until(&self, until: Instant) -> bool {
+        let word = self.word.load(Ordering::Acquire);
+        if state_of(word) != OPEN {
+            return false;
+        }
+        let until = saturating_nanos(until.saturating_duration_since(self.base));
+        let shortened = self.open_until.fetch_min(until, Ordering::AcqRel) > until;
+        if shortened {
+            // Its watch sleeps until the old end: one more watches the new one.
+            self.watch_open(word);
+        }
+        shortened
+    }
+
     /// Closes an open or half-open breaker because a probe succeeded in another process of its
     /// fleet; whether it did (a closed, forced or disabled breaker is left alone).
     #[cfg(feature = "dead-letter")]
