@@ -92,21 +92,21 @@
 //! rate through the store (`Scheduler::fleet_rate`) instead of 50 a second each.
 //!
 //! # Shared breakers (`--share-breakers`)
-
-Each process shares its breakers through the store (`BackstopLayer::share_breakers`) and its
-scheduler watches them (`Scheduler::watch_breakers`). Each child tells the parent its breaker's
-state at each change and the running count of the requests it put on the wire; the report says
-when each process's breaker opened after the provider went down and closed after it came back,
-how many requests met the down provider (per process, and the fleet's over the most one process
-sent), and how long after the recovery the backlog was re-sent, all but the killed process's
-claims (which wait for their lease). Targets with `--share-breakers`: the processes' breakers
-open within 1 s of each other and close within 1 s of each other, and the backlog is drained
-within 10 s of the recovery. The fleet's requests to the down provider are reported against
-1.25 times one process's, not enforced: each process trips on its own failures within about
-half a second of the outage, before the fleet's notes reach it. Without the flag the same
-figures are printed, for comparison.
-
-# The store down too (`--store-outage`)
+//!
+//! Each process shares its breakers through the store (`BackstopLayer::share_breakers`) and its
+//! scheduler watches them (`Scheduler::watch_breakers`). Each child tells the parent its breaker's
+//! state at each change and the running count of the requests it put on the wire; the report says
+//! when each process's breaker opened after the provider went down and closed after it came back,
+//! how many requests met the down provider (per process, and the fleet's over the most one process
+//! sent), and how long after the recovery the backlog was re-sent, all but the killed process's
+//! claims (which wait for their lease). Targets with `--share-breakers`: the processes' breakers
+//! open within 1 s of each other and close within 1 s of each other, and the backlog is drained
+//! within 10 s of the recovery. The fleet's requests to the down provider are reported against
+//! 1.25 times one process's, not enforced: each process trips on its own failures within about
+//! half a second of the outage, before the fleet's notes reach it. Without the flag the same
+//! figures are printed, for comparison.
+//!
+//! # The store down too (`--store-outage`)
 //!
 //! The store fails in the middle of the provider's outage, when the callers' failures most need
 //! it: 15 s into the outage it is stopped hard for 30 s (`--small`: 3 s into a 14 s outage, for
