@@ -738,7 +738,10 @@ async fn after_a_long_outage_one_probe_closes_every_process() {
         }
         if closed == 4 {
             let first_close = first.unwrap() as f64 * 0.05;
-            assert!(first_close <= 5.5, "the first closed {first_close} s after the recovery");
+            assert!(
+                first_close <= 5.5,
+                "the first closed {first_close} s after the recovery"
+            );
             let within = (tick - first.unwrap()) as f64 * 0.05;
             assert!(within <= 1.0, "all closed {within} s after the first");
             // And they stay closed: a peer's opening from before the recovery opens nothing.

@@ -169,6 +169,14 @@ impl Store for Gated {
         self.inner.put_note(note)
     }
 
+    fn release_held(
+        &self,
+        breaker: &str,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
+        self.inner.release_held(breaker, now)
+    }
+
     fn notes(&self, now: SystemTime) -> BoxFuture<'static, Result<Vec<FleetNote>, StoreError>> {
         self.inner.notes(now)
     }

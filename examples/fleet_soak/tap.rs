@@ -162,6 +162,10 @@ impl Store for Tap {
         self.0.wake_ups()
     }
 
+    fn release_held(&self, breaker: &str, now: SystemTime) -> Answer<Option<u64>> {
+        self.0.release_held(breaker, now)
+    }
+
     fn put_note(&self, note: FleetNote) -> Answer<()> {
         self.0.put_note(note)
     }

@@ -60,6 +60,7 @@ pub enum Op {
     BudgetSpent,
     PutNote,
     Notes,
+    ReleaseHeld,
 }
 
 impl Op {
@@ -73,6 +74,7 @@ impl Op {
         Op::ChangeClaimed,
         Op::ChangeClaimedMany,
         Op::PutClaimed,
+        Op::ReleaseHeld,
     ];
 }
 
@@ -345,6 +347,14 @@ impl Store for FaultyStore {
     fn applies_batches(&self) -> bool {
         self.inner.applies_batches()
     }
+    fn release_held(
+        &self,
+        breaker: &str,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
+        let breaker = breaker.to_owned();
+        self.run(Op::ReleaseHeld, "", move |s| s.release_held(&breaker, now))
+    }
     fn put_claimed(
         &self,
         lease: &Lease,
@@ -491,6 +501,14 @@ impl Store for KeepsNoNotes {
     fn audit(&self, page: Range<usize>) -> BoxFuture<'static, Result<Vec<AuditEntry>, StoreError>> {
         self.0.audit(page)
     }
+    fn release_held(
+        &self,
+        breaker: &str,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
+        self.0.release_held(breaker, now)
+    }
+
     fn budget_spent(&self, id: &str) -> BoxFuture<'static, Result<Option<u32>, StoreError>> {
         self.0.budget_spent(id)
     }

@@ -496,6 +496,26 @@ pub trait Store: Send + Sync + 'static {
         })
     }
 
+    /// Makes due at `now` every [`Deferred`](Status::Deferred) record that names `breaker`
+    /// ([`Record::breaker`]) and is due after `now`: what a scheduler does when that breaker
+    /// closes, so that the records held for it are sent at once rather than at the half-open
+    /// time they were deferred to. Returns how many were released, or `None` when the store has
+    /// no such single step (the default): the scheduler then releases them one at a time.
+    ///
+    /// One statement in SQLite and Postgres; one lock in memory.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or the write fails; nothing is released.
+    fn release_held(
+        &self,
+        breaker: &str,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
+        let _ = (breaker, now);
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
     /// Whether [`change_claimed_many`](Store::change_claimed_many) applies a batch in one step
     /// (one transaction, one round trip) rather than one change after the other: a scheduler
     /// gathers its writes under a claim into batches only for a store that does. `false` by

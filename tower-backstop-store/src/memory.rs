@@ -186,6 +186,27 @@ impl Store for MemoryStore {
         })
     }
 
+    fn release_held(
+        &self,
+        breaker: &str,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
+        let breaker = breaker.to_owned();
+        self.with(move |memory| {
+            let mut released = 0;
+            for record in memory.records.values_mut() {
+                if record.status == Status::Deferred
+                    && record.breaker.as_deref() == Some(breaker.as_str())
+                    && record.retry_at.is_some_and(|at| at > now)
+                {
+                    record.retry_at = Some(super::record::truncate(now));
+                    released += 1;
+                }
+            }
+            Some(released)
+        })
+    }
+
     fn claim_due(
         &self,
         now: SystemTime,

@@ -1006,6 +1006,28 @@ impl Store for PostgresStore {
         self.run(|this| async move { this.delete_matching(&filter).await })
     }
 
+    fn release_held(
+        &self,
+        breaker: &str,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
+        let breaker = breaker.to_owned();
+        let now = to_millis(now);
+        self.run(|this| async move {
+            let sql = format!(
+                "UPDATE {} SET retry_at_ms = $1 WHERE status = 'deferred' AND breaker = $2 \
+                 AND retry_at_ms > $1",
+                this.sql.records
+            );
+            let released = this
+                .execute(sqlx::query(&sql).bind(now).bind(breaker))
+                .await
+                .map_err(pg_error("release held records"))?
+                .rows_affected();
+            Ok(Some(released))
+        })
+    }
+
     fn change_if_unchanged(
         &self,
         seen: &Record,

@@ -1047,6 +1047,25 @@ impl Store for SqliteStore {
         true
     }
 
+    fn release_held(
+        &self,
+        breaker: &str,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
+        let breaker = breaker.to_owned();
+        self.write(move |tx| {
+            let released = tx
+                .prepare_cached(
+                    "UPDATE dead_letters SET retry_at_ms = ?1 WHERE status = 'deferred' \
+                     AND breaker = ?2 AND retry_at_ms > ?1",
+                )
+                .map_err(sql_error("release held records"))?
+                .execute(params![to_millis(now), breaker])
+                .map_err(sql_error("release held records"))?;
+            Ok(Some(released as u64))
+        })
+    }
+
     fn change_claimed_many(
         &self,
         changes: Vec<(Lease, Change)>,

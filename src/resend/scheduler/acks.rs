@@ -105,6 +105,14 @@ impl Store for Batched {
         self.inner.change_claimed_many(changes)
     }
 
+    fn release_held(
+        &self,
+        breaker: &str,
+        now: SystemTime,
+    ) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
+        self.inner.release_held(breaker, now)
+    }
+
     fn applies_batches(&self) -> bool {
         self.inner.applies_batches()
     }

@@ -40,6 +40,93 @@ const RELEASE_AT_ONCE: usize = 32;
 /// The most deferred rejections read to find those of a breaker that closed.
 const RELEASE_SCAN: usize = 100_000;
 
+/// Makes due at `now` the records held for `breaker`, which closed: those of `held` (put back
+/// by this scheduler) and the deferred rejections that name it (class `circuit_open`; at most
+/// [`RELEASE_SCAN`] read), each unless it changed meanwhile, [`RELEASE_AT_ONCE`] at a time.
+async fn release(
+    store: Arc<dyn Store>,
+    breaker: String,
+    held: Vec<String>,
+    now: SystemTime,
+    timeout: Duration,
+    health: Health,
+) {
+    // One step, where the store has it.
+    match bounded_call(timeout, store.release_held(&breaker, now)).await {
+        Ok(Some(released)) => {
+            if released > 0 {
+                tracing::info!(breaker = %breaker, released, "breaker closed: the records held for it are due now");
+            }
+            return;
+        }
+        Ok(None) => {}
+        Err(e) => {
+            health.failed("release", &e);
+            tracing::warn!(breaker = %breaker, error = %e, "cannot release the records held for a breaker that closed: they wait for their half-open time");
+            return;
+        }
+    }
+    let rejected = Filter::new()
+        .status(Status::Deferred)
+        .class(crate::Class::CIRCUIT_OPEN.name());
+    // The rejections as read (no second read before each change), then the scheduler's own
+    // put-backs the search did not return.
+    let mut records: Vec<Record> = Vec::new();
+    match bounded_call(timeout, store.search(&rejected, 0..RELEASE_SCAN)).await {
+        Ok(found) => records.extend(found.into_iter().filter(|r| is_held(r, &breaker, now))),
+        Err(e) => health.failed("release", &e),
+    }
+    let mut ids: Vec<String> = held
+        .into_iter()
+        .filter(|id| !records.iter().any(|r| &r.id == id))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut released = 0usize;
+    let mut each = JoinSet::new();
+    let mut work: Vec<(Option<Record>, String)> = records
+        .into_iter()
+        .map(|r| (Some(r), String::new()))
+        .chain(ids.into_iter().map(|id| (None, id)))
+        .collect();
+    while !work.is_empty() || !each.is_empty() {
+        while each.len() < RELEASE_AT_ONCE
+            && let Some((record, id)) = work.pop()
+        {
+            let (store, breaker) = (Arc::clone(&store), breaker.clone());
+            each.spawn(async move {
+                let record = match record {
+                    Some(record) => Some(record),
+                    None => bounded_call(timeout, store.get(&id)).await?,
+                };
+                match record {
+                    Some(r) if is_held(&r, &breaker, now) => {
+                        let change = Change::Released { retry_at: now };
+                        let claim =
+                            bounded_call(timeout, store.change_if_unchanged(&r, change)).await?;
+                        Ok::<bool, StoreError>(matches!(claim, Claim::Claimed(_)))
+                    }
+                    _ => Ok(false),
+                }
+            });
+        }
+        match each.join_next().await {
+            Some(Ok(Ok(true))) => released += 1,
+            Some(Ok(Ok(false))) | None => {}
+            Some(Ok(Err(e))) => {
+                health.failed("release", &e);
+                tracing::warn!(breaker = %breaker, error = %e, "cannot release a held record: it waits for its half-open time");
+            }
+            Some(Err(e)) => {
+                tracing::error!(breaker = %breaker, error = %e, "a release task failed")
+            }
+        }
+    }
+    if released > 0 {
+        tracing::info!(breaker = %breaker, released, "breaker closed: the records held for it are due now");
+    }
+}
+
 /// Whether `record` is held for `breaker`: deferred for it to a time after `now`.
 fn is_held(record: &Record, breaker: &str, now: SystemTime) -> bool {
     record.status == Status::Deferred
@@ -237,62 +324,14 @@ where
             }
         }
         for name in closed {
-            let mut ids = self.holds.release(&name);
+            let held = self.holds.release(&name);
             let (store, now) = (
                 Arc::clone(&self.scheduler.store),
                 self.scheduler.clock.now(),
             );
-            let timeout = self.timeout();
-            let rejected = Filter::new()
-                .status(Status::Deferred)
-                .class(crate::Class::CIRCUIT_OPEN.name());
-            match bounded_call(timeout, store.search(&rejected, 0..RELEASE_SCAN)).await {
-                Ok(records) => ids.extend(
-                    records
-                        .into_iter()
-                        .filter(|r| is_held(r, &name, now))
-                        .map(|r| r.id),
-                ),
-                Err(e) => self.health.failed("release", &e),
-            }
-            ids.sort_unstable();
-            ids.dedup();
-            let mut released = 0usize;
-            for chunk in ids.chunks(RELEASE_AT_ONCE) {
-                let mut each = JoinSet::new();
-                for id in chunk {
-                    let (store, name, id) = (Arc::clone(&store), name.clone(), id.clone());
-                    each.spawn(async move {
-                        let record = bounded_call(timeout, store.get(&id)).await?;
-                        match record {
-                            Some(r) if is_held(&r, &name, now) => {
-                                let change = Change::Released { retry_at: now };
-                                let claim =
-                                    bounded_call(timeout, store.change_if_unchanged(&r, change))
-                                        .await?;
-                                Ok::<bool, StoreError>(matches!(claim, Claim::Claimed(_)))
-                            }
-                            _ => Ok(false),
-                        }
-                    });
-                }
-                while let Some(result) = each.join_next().await {
-                    match result {
-                        Ok(Ok(true)) => released += 1,
-                        Ok(Ok(false)) => {}
-                        Ok(Err(e)) => {
-                            self.health.failed("release", &e);
-                            tracing::warn!(breaker = %name, error = %e, "cannot release a held record: it waits for its half-open time");
-                        }
-                        Err(e) => {
-                            tracing::error!(breaker = %name, error = %e, "a release task failed")
-                        }
-                    }
-                }
-            }
-            if released > 0 {
-                tracing::info!(breaker = %name, released, "breaker closed: the records held for it are due now");
-            }
+            // On a task of its own: the loop goes on claiming (what is released comes due).
+            let (timeout, health) = (self.timeout(), self.health.clone());
+            tokio::spawn(release(store, name, held, now, timeout, health));
         }
     }
 

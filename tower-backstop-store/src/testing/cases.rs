@@ -1648,3 +1648,62 @@ pub(super) async fn fleet_notes_are_one_per_topic_and_author_until_they_expire(b
     o.store.put_note(odd.clone()).await.unwrap();
     assert_eq!(o.other.notes(at(8_001)).await.unwrap(), vec![odd]);
 }
+
+/// A breaker closed: its deferred records due later are made due now, in one step where the
+/// store has one; records of another breaker, already due, dead, resolved or in flight are
+/// left as they are. A store without the step says so (`None`) and changes nothing.
+pub(super) async fn release_held_makes_a_breakers_deferred_records_due(b: &dyn Backend) {
+    let o = open(b, "release", 10).await;
+    let now = at(60_000);
+    let with = |id: &str, breaker: &str, status: Status, retry_at: SystemTime| {
+        let mut r = deferred(rec(id, "circuit_open", "circuit open", at(0)), retry_at);
+        r.status = status;
+        r.breaker = Some(breaker.to_owned());
+        r
+    };
+    let records = vec![
+        with("held-1", "mail.test:443", Status::Deferred, at(90_000)),
+        with("held-2", "mail.test:443", Status::Deferred, at(600_000)),
+        with("due", "mail.test:443", Status::Deferred, at(30_000)),
+        with("other", "sms.test:443", Status::Deferred, at(90_000)),
+        with("dead", "mail.test:443", Status::Dead, at(90_000)),
+        with("flying", "mail.test:443", Status::InFlight, at(90_000)),
+    ];
+    o.store.put_many(records.clone()).await.unwrap();
+    let released = o.other.release_held("mail.test:443", now).await.unwrap();
+    let Some(released) = released else {
+        for r in records {
+            assert_eq!(
+                o.store.get(&r.id).await.unwrap().unwrap().retry_at,
+                r.retry_at
+            );
+        }
+        return;
+    };
+    assert_eq!(released, 2);
+    for (id, retry_at) in [
+        ("held-1", now),
+        ("held-2", now),
+        ("due", at(30_000)),
+        ("other", at(90_000)),
+        ("dead", at(90_000)),
+        ("flying", at(90_000)),
+    ] {
+        let r = o.store.get(id).await.unwrap().unwrap();
+        assert_eq!(r.retry_at, Some(retry_at), "{id}");
+    }
+    // Claimed in due order with the rest, and released again: nothing left to release.
+    assert_eq!(
+        o.store.release_held("mail.test:443", now).await.unwrap(),
+        Some(0)
+    );
+    let due: Vec<String> = o
+        .store
+        .claim_due(now, 10, std::time::Duration::from_secs(10))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(due, ["due", "held-1", "held-2"]);
+}

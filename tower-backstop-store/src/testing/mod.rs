@@ -230,6 +230,7 @@ cases!(
     an_in_flight_record_put_is_a_claim,
     list_is_the_outstanding_records_in_list_order,
     fleet_notes_are_one_per_topic_and_author_until_they_expire,
+    release_held_makes_a_breakers_deferred_records_due,
 );
 
 /// The case named `name`, if there is one.
