@@ -1,13 +1,14 @@
 //! loom model checks of the breaker's atomics. Built only with `--cfg tower_backstop_loom`:
 //!
 //! ```text
-//! LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg tower_backstop_loom" cargo test --release --test loom
+//! LOOM_MAX_PREEMPTIONS=3 RUSTFLAGS="--cfg tower_backstop_loom" CARGO_TARGET_DIR=target/loom \
+//!     cargo test --profile loom -p tower-backstop --no-default-features --features dead-letter --test loom
 //! ```
 //!
 //! Under this cfg the breaker's state word, counters and windows are loom's atomics, so loom
 //! explores every interleaving of the threads below (up to the preemption bound). The cfg is not
 //! the usual `--cfg loom` because tokio reads that one too and leaves out `tokio::net`, which our
-//! dev-dependencies need. Each model uses `open_for(0)`, so that the open → half-open transition does not depend on the
+//! dev-dependencies need (in every other build: under this cfg there are none, see `Cargo.toml`). Each model uses `open_for(0)`, so that the open → half-open transition does not depend on the
 //! clock, and drives services by hand with a no-op waker.
 #![cfg(tower_backstop_loom)]
 
