@@ -100,11 +100,13 @@
 //! how many requests met the down provider (per process, and the fleet's over the most one process
 //! sent), and how long after the recovery the backlog was re-sent, all but the killed process's
 //! claims (which wait for their lease). Targets with `--share-breakers`: the processes' breakers
-//! open within 1 s of each other and close within 1 s of each other, and the backlog is drained
-//! within 10 s of the recovery. The fleet's requests to the down provider are reported against
-//! 1.25 times one process's, not enforced: each process trips on its own failures within about
-//! half a second of the outage, before the fleet's notes reach it. Without the flag the same
-//! figures are printed, for comparison.
+//! open within 1 s of each other and close within 1 s of each other, and the drain starts within
+//! 1 s of the last close. Reported, not enforced: the drain against 10 s after the recovery (it
+//! starts at the prober's first probe after the recovery, within 5 s, and goes at the
+//! schedulers' rate), and the fleet's requests to the down provider against 1.25 times one
+//! process's (each process trips on its own failures within about half a second of the outage,
+//! before the fleet's notes reach it). Without the flag the same figures are printed, for
+//! comparison.
 //!
 //! # The store down too (`--store-outage`)
 //!

