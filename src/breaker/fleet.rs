@@ -740,13 +740,42 @@ impl Task {
 
     /// Acts on the peers' words on one breaker.
     fn apply(&mut self, shared: &Shared, peers: &[Peer], now: SystemTime) {
-        let name = &*shared.name;
         let state = shared.state();
         if state == State::Closed {
-            self.by_fleet.remove(name);
+            self.by_fleet.remove(&*shared.name);
         }
-        // A peer's opening older than this breaker's last close (its own probe's, or the
-        // fleet's) is no evidence: the provider answered here since.
+        // The first process to half-open, whoever opened it.
+        let first_half_open = peers
+            .iter()
+            .filter(|p| p.word.state == "open")
+            .filter_map(|p| p.word.half_opens_at)
+            .min()
+            .map(from_ms);
+        match state {
+            State::Closed => self.open_on_evidence(shared, peers, first_half_open, now),
+            State::Open | State::HalfOpen => {
+                let (opened, _) = shared.opened_and_closed_at();
+                let opened = opened.map(|at| self.wall_of(shared, at, now));
+                if !self.close_on_probe(shared, peers, opened, now) && state == State::Open {
+                    self.wait_for_prober(shared, peers, opened, first_half_open, now);
+                }
+            }
+            State::ForcedOpen | State::Disabled => {}
+        }
+    }
+
+    /// A closed breaker: opens it when a quorum of the peers opened it on their own failures,
+    /// or the failing processes' failures together meet its rule. A peer's opening older than
+    /// this breaker's last close (its own probe's, or the fleet's) is no evidence: the provider
+    /// answered here since.
+    fn open_on_evidence(
+        &mut self,
+        shared: &Shared,
+        peers: &[Peer],
+        first_half_open: Option<SystemTime>,
+        now: SystemTime,
+    ) {
+        let name = &*shared.name;
         let (_, closed) = shared.opened_and_closed_at();
         let closed = closed
             .map(|at| self.wall_of(shared, at, now))
@@ -758,126 +787,117 @@ impl Task {
             .filter(|p| p.word.own && matches!(p.word.state.as_str(), "open" | "half_open"))
             .filter(|p| fresh(p))
             .collect();
-        let evidence: Vec<Peer> = peers
-            .iter()
-            .filter(|p| p.word.state == "closed" || fresh(p))
-            .map(|p| Peer {
-                author: p.author.clone(),
-                word: p.word.clone(),
-            })
-            .collect();
-        // The first process to half-open probes for the fleet, whoever opened it.
-        let first_half_open = peers
-            .iter()
-            .filter(|p| p.word.state == "open")
-            .filter_map(|p| p.word.half_opens_at)
-            .min()
-            .map(from_ms);
-        let wall_to_instant = |t: SystemTime| {
-            let left = t.duration_since(now).unwrap_or_default();
-            Instant::now() + left
+        let knowing = peers.len() + 1;
+        let needed = self
+            .fleet
+            .quorum
+            .max((knowing as f64 * self.fleet.share).ceil() as usize);
+        let learned = if own_open.len() >= needed {
+            let cause = own_open.iter().find_map(|p| p.word.cause.as_deref());
+            format!(
+                "opened by the fleet: {} of {knowing} processes found it open (first: {}); {}",
+                own_open.len(),
+                own_open[0].author,
+                cause.unwrap_or("cause unknown")
+            )
+        } else {
+            let evidence: Vec<&Peer> = peers
+                .iter()
+                .filter(|p| p.word.state == "closed" || fresh(p))
+                .collect();
+            let Some((n, calls, failures)) = fleet_fails(shared, &evidence, needed) else {
+                return;
+            };
+            format!(
+                "opened by the fleet: {n} of {knowing} processes failing, {failures} of their \
+                 {calls} calls failed"
+            )
         };
-        match state {
-            State::Closed => {
-                let knowing = peers.len() + 1;
-                let needed = self
-                    .fleet
-                    .quorum
-                    .max((knowing as f64 * self.fleet.share).ceil() as usize);
-                let learned = if own_open.len() >= needed {
-                    let causes: Vec<&str> = own_open
-                        .iter()
-                        .filter_map(|p| p.word.cause.as_deref())
-                        .collect();
-                    format!(
-                        "opened by the fleet: {} of {} processes found it open (first: {}); {}",
-                        own_open.len(),
-                        knowing,
-                        own_open[0].author,
-                        causes.first().copied().unwrap_or("cause unknown")
-                    )
-                } else if let Some((n, calls, failures)) = fleet_fails(shared, &evidence, needed) {
-                    format!(
-                        "opened by the fleet: {n} of {knowing} processes failing, {failures} of \
-                         their {calls} calls failed"
-                    )
-                } else {
-                    return;
-                };
-                let until = match first_half_open {
-                    Some(first) => crate::store::add_clamped(first.max(now), self.fleet.grace),
-                    None => crate::store::add_clamped(now, shared.next_open_duration()),
-                };
-                if shared.open_learned(
-                    wall_to_instant(until),
-                    learned,
-                    "opened on the fleet's word",
-                ) {
-                    self.by_fleet.insert(name.to_owned());
-                    self.status(|s| s.opened_by_fleet += 1);
-                }
+        let until = match first_half_open {
+            Some(first) => crate::store::add_clamped(first.max(now), self.fleet.grace),
+            None => crate::store::add_clamped(now, shared.next_open_duration()),
+        };
+        if shared.open_learned(
+            instant_of(until, now),
+            learned,
+            "opened on the fleet's word",
+        ) {
+            self.by_fleet.insert(name.to_owned());
+            self.status(|s| s.opened_by_fleet += 1);
+        }
+    }
+
+    /// An open or half-open breaker that opened at `opened`: closes it when a peer's probes
+    /// closed theirs since; whether a peer did.
+    fn close_on_probe(
+        &mut self,
+        shared: &Shared,
+        peers: &[Peer],
+        opened: Option<SystemTime>,
+        now: SystemTime,
+    ) -> bool {
+        let name = &*shared.name;
+        let closed_after = peers.iter().find(|p| {
+            p.word.state == "closed"
+                && p.word
+                    .closed_at
+                    .is_some_and(|c| opened.is_none_or(|o| from_ms(c) > o))
+        });
+        let Some(peer) = closed_after else {
+            return false;
+        };
+        if shared.close_for_fleet() {
+            self.closed_here.insert(name.to_owned(), now);
+            tracing::info!(process = %self.fleet.process, breaker = %name, by = %peer.author, "breaker closed: a probe succeeded in another process");
+            self.by_fleet.remove(name);
+            self.status(|s| s.closed_by_fleet += 1);
+        }
+        true
+    }
+
+    /// Probe once for the fleet: one prober, the process that opened last on its own failures
+    /// (its probe failed most recently; ties by id), and the others wait for its probe, a grace
+    /// after its half-open time; with none such, the process that half-opens first probes. The
+    /// prober probes at least every `probe_every`, whatever its own open duration grew to.
+    fn wait_for_prober(
+        &self,
+        shared: &Shared,
+        peers: &[Peer],
+        opened: Option<SystemTime>,
+        first_half_open: Option<SystemTime>,
+        now: SystemTime,
+    ) {
+        let Some(mine) = shared.half_opens_at() else {
+            return;
+        };
+        let mine = self.wall_of(shared, mine, now);
+        let me_own = !self.by_fleet.contains(&*shared.name);
+        let my_open = opened.map(ms).unwrap_or(0);
+        let prober = peers
+            .iter()
+            .filter(|p| p.word.own && p.word.state == "open")
+            .filter_map(|p| Some((p.word.opened_at?, p.author.as_str(), p.word.half_opens_at?)))
+            .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let wait = match prober {
+            Some((at, author, half))
+                if !me_own || (at, author) > (my_open, self.fleet.process.as_str()) =>
+            {
+                Some(from_ms(half))
             }
-            State::Open | State::HalfOpen => {
-                let (opened, _) = shared.opened_and_closed_at();
-                let opened_wall = opened.map(|at| self.wall_of(shared, at, now));
-                let closed_after = peers.iter().find(|p| {
-                    p.word.state == "closed"
-                        && p.word
-                            .closed_at
-                            .is_some_and(|c| opened_wall.is_none_or(|o| from_ms(c) > o))
-                });
-                if let Some(peer) = closed_after {
-                    if shared.close_for_fleet() {
-                        self.closed_here.insert(name.to_owned(), now);
-                        tracing::info!(process = %self.fleet.process, breaker = %name, by = %peer.author, "breaker closed: a probe succeeded in another process");
-                        self.by_fleet.remove(name);
-                        self.status(|s| s.closed_by_fleet += 1);
-                    }
-                    return;
-                }
-                // Probe once for the fleet: one prober, the process that opened last on its own
-                // failures (its probe failed most recently; ties by id), and the others wait for
-                // its probe, a grace after its half-open time. With none such, the process that
-                // half-opens first probes.
-                if state == State::Open
-                    && let Some(mine) = shared.half_opens_at()
-                {
-                    let mine = self.wall_of(shared, mine, now);
-                    let me_own = !self.by_fleet.contains(name);
-                    let my_open = opened_wall.map(ms).unwrap_or(0);
-                    let prober = peers
-                        .iter()
-                        .filter(|p| p.word.own && p.word.state == "open")
-                        .filter_map(|p| {
-                            Some((p.word.opened_at?, p.author.as_str(), p.word.half_opens_at?))
-                        })
-                        .max_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-                    let wait = match prober {
-                        Some((opened, author, half))
-                            if !me_own
-                                || (opened, author) > (my_open, self.fleet.process.as_str()) =>
-                        {
-                            Some(from_ms(half))
-                        }
-                        Some(_) => None,
-                        None => first_half_open.filter(|first| *first < mine),
-                    };
-                    if let Some(wait) = wait {
-                        let until = crate::store::add_clamped(wait.max(now), self.fleet.grace);
-                        if until > mine {
-                            shared.stay_open_until(wall_to_instant(until));
-                        }
-                    } else if let Some(opened) = opened_wall {
-                        // The prober probes at least every `probe_every`, whatever its own
-                        // open duration grew to: the fleet learns of a recovery that soon.
-                        let latest = crate::store::add_clamped(opened, self.fleet.probe_every);
-                        if latest < mine {
-                            shared.open_at_most_until(wall_to_instant(latest.max(now)));
-                        }
-                    }
-                }
+            Some(_) => None,
+            None => first_half_open.filter(|first| *first < mine),
+        };
+        if let Some(wait) = wait {
+            let until = crate::store::add_clamped(wait.max(now), self.fleet.grace);
+            if until > mine {
+                shared.stay_open_until(instant_of(until, now));
             }
-            State::ForcedOpen | State::Disabled => {}
+        } else if let Some(opened) = opened {
+            // This process is the prober: the fleet learns of a recovery that soon.
+            let latest = crate::store::add_clamped(opened, self.fleet.probe_every);
+            if latest < mine {
+                shared.open_at_most_until(instant_of(latest.max(now), now));
+            }
         }
     }
 
@@ -987,7 +1007,7 @@ fn failing(shared: &Shared) -> (u64, u64) {
 /// `needed` of them (this one included when it fails) each over the rule's rate, and their
 /// calls together over its minimum and its rate (or their failures in a row together at its
 /// count). One failing process is never enough.
-fn fleet_fails(shared: &Shared, peers: &[Peer], needed: usize) -> Option<(usize, u64, u64)> {
+fn fleet_fails(shared: &Shared, peers: &[&Peer], needed: usize) -> Option<(usize, u64, u64)> {
     let mine = failing(shared);
     let (consecutive, rate) = shared.rule();
     let over = |(calls, failures): (u64, u64)| {
@@ -1015,6 +1035,11 @@ fn fleet_fails(shared: &Shared, peers: &[Peer], needed: usize) -> Option<(usize,
         (None, None) => false,
     };
     met.then_some((failing.len(), calls, failures))
+}
+
+/// The tokio instant of the wall time `t`, `now` being the wall time now.
+fn instant_of(t: SystemTime, now: SystemTime) -> Instant {
+    Instant::now() + t.duration_since(now).unwrap_or_default()
 }
 
 /// What a fleet's notes say of one breaker, for a process that starts.
