@@ -27,9 +27,10 @@
 //! 1 s doubling up to 30 s. Broken and slow recipients fail every attempt, but they are a small
 //! share of the traffic, so the breaker should stay closed; if it opens, the calls it rejects
 //! come back at once, are not attempts, and are stored as deferred records with the half-open
-//! instant as their retry-at time. The breaker also paces the host: each 429 of the busy
-//! recipients lowers its send rate, and a call above that rate waits for its turn (a wait, not
-//! an attempt), within the same 2 s bound as a server's hint, or is stored deferred to its
+//! instant as their retry-at time. The breaker also paces the host: the first 429 of the busy
+//! recipients begins a send-rate limit (a second's measure of what the host admits, then that
+//! rate), later ones lower it, and a call above that rate waits for its turn (a wait, not an
+//! attempt), within the same 2 s bound as a server's hint, or is stored deferred to its
 //! turn. The dead-letter scheduler then sends the deferred records again, when due, through the
 //! same stack (a last step of the example): each re-send is a call of its own, with its own
 //! attempts, so a record deferred after failed attempts counts the attempts of both.
@@ -440,6 +441,9 @@ struct Tally {
     /// Waits for a turn of the send rate, and their time in all.
     paced: u64,
     paced_for: Duration,
+    /// Send-rate limits the breaker set on the host after throttled answers (each ends a
+    /// second's measure of what the host admitted).
+    rate_limits: u64,
     /// Calls an open breaker rejected.
     rejected: u64,
     /// The scheduler's re-sends, per outcome (`delivered`, `failed`, `held`).
@@ -477,6 +481,10 @@ impl Tally {
                 entry.1 += u64::from(source == DelaySource::ServerHint);
             }
             Event::Resent { outcome, .. } => *self.resent.entry(outcome).or_default() += 1,
+            Event::SendRate {
+                reason: "throttled",
+                ..
+            } => self.rate_limits += 1,
             _ => {}
         }
     }
@@ -495,6 +503,7 @@ impl Tally {
         }
         sum.paced += other.paced;
         sum.paced_for += other.paced_for;
+        sum.rate_limits += other.rate_limits;
         sum.rejected += other.rejected;
         for (outcome, n) in &other.resent {
             *sum.resent.entry(outcome).or_default() += n;
@@ -661,6 +670,17 @@ impl<S> Sender for S where
 {
 }
 
+/// A listener that counts each event in `tally`.
+fn counting(tally: &SharedTally) -> impl Fn(&Event<'_>) + Send + Sync + 'static {
+    let tally = Arc::clone(tally);
+    move |event: &Event<'_>| {
+        tally
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .see(event)
+    }
+}
+
 /// The stack every message goes through, counting the attempts that reached the client in
 /// `attempts` and telling the retry layer's events to `tally`; and the breaker, to read its
 /// counts at the end.
@@ -673,21 +693,14 @@ fn stack(
         .max_attempts(MAX_ATTEMPTS)
         .backoff(Backoff::exponential(BACKOFF_BASE, BACKOFF_CAP))
         .max_delay(MAX_DELAY)
-        .listener({
-            let tally = Arc::clone(tally);
-            move |event: &Event<'_>| {
-                tally
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .see(event)
-            }
-        });
+        .listener(counting(tally));
     let breaker = BreakerLayer::builder()
         .failure_rate(BREAKER_FAILURE_RATE)
         .count_window(BREAKER_WINDOW)
         .minimum_calls(BREAKER_MINIMUM_CALLS)
         .open_doubling(BREAKER_OPEN_FOR, BREAKER_OPEN_CAP)
         .open_jitter(0.5)
+        .listener(counting(tally))
         .per_host()
         .build()?;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
@@ -857,15 +870,7 @@ async fn scheduler_pass<S: Sender>(
     let scheduler = Scheduler::new(Arc::clone(&store), svc, rebuild)
         .poll_every(Duration::from_millis(100))
         .concurrency(CONCURRENCY)
-        .listener({
-            let tally = Arc::clone(tally);
-            move |event: &Event<'_>| {
-                tally
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .see(event)
-            }
-        })
+        .listener(counting(tally))
         .spawn();
     settle::until_settled(&*store, Duration::from_secs(60)).await?;
     scheduler.shutdown().await;
@@ -1521,8 +1526,8 @@ mod tests {
         let retries: u64 = log.sends.values().map(|s| u64::from(s.requests - 1)).sum();
         assert_eq!(s.events.retries, retries, "{printed}");
         assert!(
-            s.events.paced > 0,
-            "the busy recipients' 429s pace the host: {printed}"
+            s.events.rate_limits > 0,
+            "the busy recipients' 429s limit the host's send rate: {printed}"
         );
         let scheduled: u64 = s.events.retries_scheduled.values().map(|(n, _)| n).sum();
         assert!(scheduled >= s.events.retries, "{printed}");

@@ -1236,12 +1236,14 @@ async fn the_overview_shows_a_throttled_breakers_send_rate_while_limited() {
     assert_eq!(rate_cell(&html), "", "{html}");
     assert!(!html.contains("paced at"), "{html}");
 
-    // A 429: the breaker stays closed and the rate is limited (cut to 0.7 of the 50/s measured).
+    // A 429: the breaker stays closed and, once the limit's first measure (a second) ended, the
+    // rate is limited (0.9 of the 50/s taken before).
     answer.store(429, Ordering::SeqCst);
     let failure = call().await.unwrap_err();
     assert_eq!(failure.class(), Class::THROTTLED);
     assert_eq!(handle.state(), State::Closed);
-    // A second into CUBIC's growth back towards the peak.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // A second more on CUBIC's curve, with no call waiting: it stays where it started.
     tokio::time::advance(Duration::from_secs(1)).await;
     let rate = handle.send_rate().expect("limited");
     let peak = handle.send_rate_peak().expect("limited");

@@ -121,11 +121,18 @@ config_of! {
     #[serde(deny_unknown_fields)]
     #[non_exhaustive]
     pub struct AdaptiveRateConfig {
-        /// [`AdaptiveRate::decrease`]: the share of the rate kept at each throttled answer,
-        /// within (0, 1).
+        /// [`AdaptiveRate::measure_window`]: from 10 ms to 60 s.
+        #[serde(with = "humane")]
+        measure_window: Option<Duration> => r.measure_window(measure_window),
+        /// [`AdaptiveRate::measured_decrease`]: the share of the measured admitted rate a cut
+        /// restarts from, within (0, 1].
+        measured_decrease: Option<f64> => r.measured_decrease(measured_decrease),
+        /// [`AdaptiveRate::decrease`]: the share of the rate kept at a throttled answer when
+        /// nothing was measured, within (0, 1).
         decrease: Option<f64> => r.decrease(decrease),
-        /// [`AdaptiveRate::cubic_c`]: CUBIC's constant, above 0.
-        cubic_c: Option<f64> => r.cubic_c(cubic_c),
+        /// [`AdaptiveRate::regrowth`]: from 10 ms to 60 s.
+        #[serde(with = "humane")]
+        regrowth: Option<Duration> => r.regrowth(regrowth),
         /// [`AdaptiveRate::floor`]: the lowest rate in requests a second, above 0.
         floor: Option<f64> => r.floor(floor),
         /// [`AdaptiveRate::min_decrease_interval`].

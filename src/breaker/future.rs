@@ -93,6 +93,21 @@ impl Guard {
 }
 
 impl Guard {
+    /// After a throttled answer from the provider, with the send rate limited: a place at the
+    /// front of its queue, as a [`SendSlot`] on the failure, for the retry that waits its turn
+    /// after the server's hint.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn keep_place<R>(&self, failure: &mut Failure<R>) {
+        if let Some(ticket) = self.shared.pacer().and_then(|p| p.front_ticket()) {
+            failure.notes_mut().insert(SendSlot {
+                shared: Arc::clone(&self.shared),
+                ticket,
+                redeemed: false,
+            });
+        }
+    }
+
     /// Gives the permit back with nothing counted: the call was dropped, or never left this
     /// process (a load-shed rejection below the breaker).
     #[inline]
@@ -185,7 +200,7 @@ where
                     Poll::Ready(Ok(response))
                 }
                 Err(e) => {
-                    let failure: Failure<R> = e.into();
+                    let mut failure: Failure<R> = e.into();
                     if failure.code() == Code::Overloaded {
                         // Refused in this process (tower's `LoadShed` below): the provider was
                         // never asked, so it is neither its failure nor its success.
@@ -194,6 +209,9 @@ where
                     }
                     guard.finish_with(Outcome::Failure(failure.class()));
                     guard.note_failure(&failure);
+                    if failure.class() == Class::THROTTLED {
+                        guard.keep_place(&mut failure);
+                    }
                     Poll::Ready(Err(failure))
                 }
             },

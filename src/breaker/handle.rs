@@ -72,8 +72,9 @@ impl BreakerHandle {
         self.shared.send_rate().map(|(rate, _)| rate)
     }
 
-    /// While limited: the rate the provider took before it first throttled (the limit's
-    /// peak), in requests a second.
+    /// While limited: the rate the provider took when the limit began (before its first
+    /// throttled answer or over the limit's first measure, the larger): its peak, in requests a
+    /// second.
     pub fn send_rate_peak(&self) -> Option<f64> {
         self.shared.send_rate().map(|(_, peak)| peak)
     }

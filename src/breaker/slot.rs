@@ -25,7 +25,7 @@ impl SendSlot {
     /// else the time until it comes, at the rate now.
     pub(crate) fn ready(&mut self) -> Option<Duration> {
         let pacer = self.shared.pacer()?;
-        match pacer.redeem(self.ticket, self.shared.now_nanos()) {
+        match pacer.redeem(&mut self.ticket, self.shared.now_nanos()) {
             Ok(()) => {
                 self.redeemed = true;
                 None

@@ -503,24 +503,31 @@ impl Shared {
         self.pacer.as_ref()
     }
 
-    /// Asks the pacer for a turn, when the rate is limited: `Ok` to send now, `Err` with the
-    /// wait until the call's turn (and its place in the queue, and the rate).
+    /// Asks the pacer for a turn, when the rate is limited: `Ok` to send now (the permit then
+    /// carries its send time, so that a throttled answer to it is known as news or not), `Err`
+    /// with the wait until the call's turn (and its place in the queue, and the rate).
     #[inline]
-    pub(crate) fn pace(&self) -> Result<(), (Duration, Ticket, f64)> {
+    pub(crate) fn pace(&self, permit: &mut Permit) -> Result<(), (Duration, Ticket, f64)> {
         match &self.pacer {
-            Some(pacer) if pacer.is_limited() => self.pace_slow(pacer),
+            Some(pacer) if pacer.is_limited() => self.pace_slow(pacer, permit),
             _ => Ok(()),
         }
     }
 
     #[cold]
-    fn pace_slow(&self, pacer: &Pacer) -> Result<(), (Duration, Ticket, f64)> {
-        let (admit, change) = pacer.admit(self.now());
+    fn pace_slow(&self, pacer: &Pacer, permit: &mut Permit) -> Result<(), (Duration, Ticket, f64)> {
+        let now = self.now();
+        let (admit, change) = pacer.admit(now);
         if let Some(change) = change {
             self.rate_changed(change);
         }
         match admit {
-            Admit::Go => Ok(()),
+            Admit::Go => {
+                if permit.start == 0 {
+                    permit.start = now.max(1);
+                }
+                Ok(())
+            }
             Admit::Wait { wait, ticket, rate } => Err((wait, ticket, rate)),
         }
     }
@@ -528,8 +535,8 @@ impl Shared {
     /// A throttled answer: the pacer lowers the rate, and a new limit gets a task that watches
     /// it ([`watch_rate`](Self::watch_rate)).
     #[cold]
-    fn throttled(&self, pacer: &Pacer) {
-        let (change, watch) = pacer.throttled(self.now());
+    fn throttled(&self, pacer: &Pacer, sent_at: u64) {
+        let (change, watch) = pacer.throttled(self.now(), sent_at);
         if let Some(change) = change {
             self.rate_changed(change);
         }
@@ -954,7 +961,7 @@ impl Shared {
         if let Some(pacer) = &self.pacer {
             match outcome {
                 Outcome::Success => pacer.success(|| self.now()),
-                Outcome::Failure(Class::THROTTLED) => self.throttled(pacer),
+                Outcome::Failure(Class::THROTTLED) => self.throttled(pacer, permit.start),
                 Outcome::Failure(_) => {}
             }
         }

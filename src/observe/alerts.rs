@@ -124,7 +124,8 @@ pub enum Alert {
         breaker: String,
         /// The send rate when the alert was raised, in requests a second.
         rate: f64,
-        /// The rate the provider took before it first throttled, in requests a second.
+        /// The rate the provider took when the limit began (the limit's peak), in requests a
+        /// second.
         peak: f64,
     },
     /// The deferred backlog grew and stayed up (in-process alerts only): its lowest count of

@@ -125,8 +125,8 @@ pub enum Event<'a> {
         breaker: &'a str,
         /// The send rate now, in requests a second; `None` once no longer limited.
         rate: Option<f64>,
-        /// The rate the provider took before it first throttled (this limit's peak), in
-        /// requests a second.
+        /// The rate the provider took when this limit began (before its first throttled
+        /// answer or over the limit's first measure, the larger): its peak, in requests a second.
         peak: f64,
         /// Why, in one snake-case word: `throttled`, `below_half`, `rising`, `recovered`,
         /// `lifted`.

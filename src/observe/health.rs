@@ -327,8 +327,8 @@ pub struct BreakerHealth {
     /// limited, or without an adaptive rate. A limited rate does not make the report
     /// unhealthy: the provider is up and asks for less.
     pub send_rate: Option<f64>,
-    /// While limited: the rate the provider took before it first throttled, in requests a
-    /// second.
+    /// While limited: the rate the provider took when the limit began (before its first
+    /// throttled answer or over the limit's first measure, the larger), in requests a second.
     pub send_rate_peak: Option<f64>,
 }
 

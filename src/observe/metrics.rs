@@ -55,7 +55,7 @@ const OTHER: &str = "other";
 /// | `backstop_breaker_transitions_total` | counter | `breaker`, `from`, `to` | each transition |
 /// | `backstop_breaker_rejections_total` | counter | `breaker` | each call a breaker rejected (nothing sent) |
 /// | `backstop_send_rate` | gauge | `breaker` | the breaker's adaptive send rate in requests a second while a throttling provider limits it ([`AdaptiveRate`](crate::breaker::AdaptiveRate)), NaN once the limit is lifted (on time, with or without calls); set at each change told, and once a second while limited |
-/// | `backstop_send_rate_peak` | gauge | `breaker` | the rate the provider took before it first throttled, in requests a second: the limit's peak |
+/// | `backstop_send_rate_peak` | gauge | `breaker` | the rate the provider took when the limit began (measured before its first throttled answer and over the limit's first measure, the larger), in requests a second: the limit's peak |
 /// | `backstop_timeouts_total` | counter | `layer` = `timeout` (the per-attempt timeout), `retry` (the retry deadline) | each attempt that ran out of time |
 /// | `backstop_dead_letters_total` | counter | `class`, `status` = `dead`, `deferred` | each message that entered that status: written by the dead-letter layer with it, once (a record deferred again by a re-send, or re-driven and dead again, is not counted again) |
 /// | `backstop_deferred_backlog` | gauge | — | records waiting to be re-sent (deferred, or claimed and in flight), as the scheduler last counted them |
@@ -219,7 +219,7 @@ fn describe() {
     );
     describe_gauge!(
         "backstop_send_rate_peak",
-        "The rate a provider took before it first throttled (the send rate limit's peak), in requests a second."
+        "The rate a provider took when the send rate limit began (its peak), in requests a second."
     );
     describe_counter!(
         "backstop_retries_skipped_total",

@@ -129,6 +129,9 @@ impl<S, F, R> Retrying<S, F, R> {
             history.retry = PendingRetry::Scheduled(delay, source);
             return;
         }
+        // Answered throttled while the send rate is limited: its place at the front of the
+        // queue, for after the delay.
+        history.slot = failure.notes_mut().remove::<SendSlot>();
         history.last = Some(failure);
         history.previous_delay = Some(delay);
         history.retry = PendingRetry::Scheduled(delay, source);
