@@ -281,8 +281,8 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let decision = self.decision.take().unwrap_or_else(|| self.shared.admit());
         match decision {
-            Ok(mut permit) => {
-                if let Err(slot) = self.shared.pace(&mut permit) {
+            Ok(permit) => {
+                if let Err(slot) = self.shared.pace() {
                     return ResponseFuture::paced(future::held_back(&self.shared, permit, slot));
                 }
                 ResponseFuture::called(self.inner.call(req), Guard::new(&self.shared, permit))
@@ -321,8 +321,8 @@ where
             None => Arc::clone(&self.shared),
         };
         match shared.admit() {
-            Ok(mut permit) => {
-                if let Err(slot) = shared.pace(&mut permit) {
+            Ok(permit) => {
+                if let Err(slot) = shared.pace() {
                     return ResponseFuture::paced(future::held_back(&shared, permit, slot));
                 }
                 ResponseFuture::called(self.inner.call(req), Guard::owned(shared, permit))

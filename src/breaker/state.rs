@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::open::{Cause, CauseSlot, OpenDuration, OpenError, describe};
 use super::rate::{AdaptiveRate, Admit, Change, Pacer, Tick, Ticket};
-use super::sync::{AtomicU32, AtomicU64, Ordering};
+use super::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use super::tunable::{Rule, Tunable, saturating_nanos};
 use super::window::{Counts, FAILED, SLOW, Window, WindowKind};
 use crate::failure::{Class, Code};
@@ -355,7 +355,10 @@ pub(crate) struct Shared {
     /// The adaptive send rate's pacer, when on.
     pacer: Option<Pacer>,
     /// Whether a call's start time is needed (the slow-call rule).
-    needs_start: bool,
+    needs_start: AtomicBool,
+    /// Whether the slow-call rule needs each call's start: `needs_start` goes back to it when a
+    /// send-rate limit (which also reads the send times) is lifted.
+    slow_needs_start: bool,
 
     word: AtomicU64,
     failures: AtomicU32,
@@ -423,7 +426,8 @@ impl Shared {
             listener: config.listener.clone(),
             window,
             pacer: config.rate.map(|rate| Pacer::new(rate, 0)),
-            needs_start: config.slow.is_some(),
+            needs_start: AtomicBool::new(config.slow.is_some()),
+            slow_needs_start: config.slow.is_some(),
             word: AtomicU64::new(CLOSED),
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
@@ -503,31 +507,24 @@ impl Shared {
         self.pacer.as_ref()
     }
 
-    /// Asks the pacer for a turn, when the rate is limited: `Ok` to send now (the permit then
-    /// carries its send time, so that a throttled answer to it is known as news or not), `Err`
-    /// with the wait until the call's turn (and its place in the queue, and the rate).
+    /// Asks the pacer for a turn, when the rate is limited: `Ok` to send now, `Err` with the
+    /// wait until the call's turn (and its place in the queue, and the rate).
     #[inline]
-    pub(crate) fn pace(&self, permit: &mut Permit) -> Result<(), (Duration, Ticket, f64)> {
+    pub(crate) fn pace(&self) -> Result<(), (Duration, Ticket, f64)> {
         match &self.pacer {
-            Some(pacer) if pacer.is_limited() => self.pace_slow(pacer, permit),
+            Some(pacer) if pacer.is_limited() => self.pace_slow(pacer),
             _ => Ok(()),
         }
     }
 
     #[cold]
-    fn pace_slow(&self, pacer: &Pacer, permit: &mut Permit) -> Result<(), (Duration, Ticket, f64)> {
-        let now = self.now();
-        let (admit, change) = pacer.admit(now);
+    fn pace_slow(&self, pacer: &Pacer) -> Result<(), (Duration, Ticket, f64)> {
+        let (admit, change) = pacer.admit(self.now());
         if let Some(change) = change {
             self.rate_changed(change);
         }
         match admit {
-            Admit::Go => {
-                if permit.start == 0 {
-                    permit.start = now.max(1);
-                }
-                Ok(())
-            }
+            Admit::Go => Ok(()),
             Admit::Wait { wait, ticket, rate } => Err((wait, ticket, rate)),
         }
     }
@@ -537,6 +534,11 @@ impl Shared {
     #[cold]
     fn throttled(&self, pacer: &Pacer, sent_at: u64) {
         let (change, watch) = pacer.throttled(self.now(), sent_at);
+        if pacer.is_limited() {
+            // While limited, each call's start is kept: a throttled answer to a call sent
+            // before the last cut is no news.
+            self.needs_start.store(true, Ordering::Relaxed);
+        }
         if let Some(change) = change {
             self.rate_changed(change);
         }
@@ -607,6 +609,11 @@ impl Shared {
     /// Tells the listener of a rate change, and logs the ones an operator acts on: the first
     /// limit, a fall below half the peak, a recovery, the limit lifted.
     fn rate_changed(&self, change: Change) {
+        if change.rate.is_none() {
+            // Lifted: back to reading the time only for the slow-call rule.
+            self.needs_start
+                .store(self.slow_needs_start, Ordering::Relaxed);
+        }
         let name = &*self.name;
         match (change.reason, change.rate) {
             ("below_half", Some(rate)) => tracing::warn!(
@@ -774,7 +781,11 @@ impl Shared {
     pub(crate) fn admit(&self) -> Result<Permit, Rejection> {
         let word = self.word.load(Ordering::Acquire);
         if state_of(word) == CLOSED {
-            let start = if self.needs_start { self.now() } else { 0 };
+            let start = if self.needs_start.load(Ordering::Relaxed) {
+                self.now()
+            } else {
+                0
+            };
             return Ok(Permit { word, start });
         }
         self.admit_slow(word)
@@ -786,7 +797,11 @@ impl Shared {
         loop {
             match state_of(word) {
                 CLOSED => {
-                    let start = if self.needs_start { self.now() } else { 0 };
+                    let start = if self.needs_start.load(Ordering::Relaxed) {
+                        self.now()
+                    } else {
+                        0
+                    };
                     return Ok(Permit { word, start });
                 }
                 DISABLED => {
@@ -837,7 +852,11 @@ impl Shared {
                                 Ordering::Relaxed,
                             );
                             tracing::debug!(breaker = &*self.name, "probe admitted");
-                            let start = if self.needs_start { self.now() } else { 0 };
+                            let start = if self.needs_start.load(Ordering::Relaxed) {
+                                self.now()
+                            } else {
+                                0
+                            };
                             return Ok(Permit { word, start });
                         }
                         Err(actual) => word = actual,

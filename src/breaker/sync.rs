@@ -2,6 +2,10 @@
 //! (tests/loom.rs).
 
 #[cfg(tower_backstop_loom)]
-pub(crate) use loom::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering, fence};
+pub(crate) use loom::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering, fence,
+};
 #[cfg(not(tower_backstop_loom))]
-pub(crate) use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering, fence};
+pub(crate) use std::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicU8, AtomicU32, AtomicU64, Ordering, fence,
+};
