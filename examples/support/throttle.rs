@@ -1,8 +1,8 @@
-//! The load and the stacks of `examples/throttled.rs`, in a module of their own so that other
-//! examples can drive the same stacks: the message every stack is given, the load of callers
-//! sending one message after another, and the three kinds of stack measured against a
-//! throttling provider (tower's `Retry`, tower-resilience's adaptive limiter in front of its
-//! retry, the backstop preset), each as a `Service<Message, Response = (), Error = Failed>`.
+//! What `examples/throttled.rs` and `examples/throttle_sweep` share: the message every stack
+//! is given, the load of callers sending one message after another, and the three kinds of
+//! stack measured against a throttling provider (tower's `Retry`, tower-resilience's adaptive
+//! limiter in front of its retry, the backstop preset), each as a
+//! `Service<Message, Response = (), Error = Failed>`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
