@@ -314,7 +314,7 @@ fn header(settings: &Settings, cells: usize, stacks: &[Stack]) -> String {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!(
         "Throttling sweep, {}: {cells} cells × {} stacks ({}); {} s of load a cell (a `change` \
-         cell three thirds of {} s), every call's deadline {} s, each attempt's {} s. \
+         cell: three thirds of {} s each), every call's deadline {} s, each attempt's {} s. \
          {cores} cores ({cpu}), load average at the start {}.\n",
         httpdate::fmt_http_date(std::time::SystemTime::now()),
         stacks.len(),
