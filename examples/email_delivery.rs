@@ -46,8 +46,8 @@
 //! - the attempts (requests that reached the provider) and the retries among them (attempts
 //!   sent again after a failed one, in the same call), by the class of the failure that asked
 //!   for them;
-//! - the paced calls: waits for a turn of the send rate, counted apart (neither attempts nor
-//!   retries);
+//! - the paced calls: waits for a turn of the send rate or of the concurrency limit, counted
+//!   apart (neither attempts nor retries);
 //! - the messages deferred to the scheduler, by cause: the breaker open, a send-rate wait longer
 //!   than the bound, or their attempts used up (the second tier of retries, which this example
 //!   leaves off); and the scheduler's re-sends;
@@ -396,7 +396,7 @@ impl DeferCause {
     fn describe(self) -> &'static str {
         match self {
             DeferCause::BreakerOpen => "breaker open",
-            DeferCause::SendRate => "send-rate wait",
+            DeferCause::SendRate => "send-rate or concurrency-limit wait",
             DeferCause::AttemptsUsedUp => "attempts used up (second tier)",
             DeferCause::LongHint => "server's delay above the bound",
         }
@@ -438,7 +438,7 @@ struct Tally {
     /// Retries scheduled after a failure (not a send-rate wait), per class of that failure,
     /// and how many of them waited for the server's hint (`Retry-After`).
     retries_scheduled: BTreeMap<&'static str, (u64, u64)>,
-    /// Waits for a turn of the send rate, and their time in all.
+    /// Waits for a turn of the send rate or the concurrency limit, and their time in all.
     paced: u64,
     paced_for: Duration,
     /// Send-rate limits the breaker set on the host after throttled answers (each ends a
@@ -468,7 +468,7 @@ impl Tally {
                 }
             },
             Event::RetryScheduled {
-                source: DelaySource::SendRate,
+                source: DelaySource::SendRate | DelaySource::ConcurrencyLimit,
                 delay,
                 ..
             } => {
@@ -1283,8 +1283,8 @@ impl Report {
             "paced",
             e.paced,
             &format!(
-                "waits for a turn of the send rate ({:.1?} waited in all): not attempts, not \
-                 retries",
+                "waits for a turn of the send rate or the concurrency limit ({:.1?} waited in \
+                 all): not attempts, not retries",
                 e.paced_for
             ),
         )?;

@@ -55,7 +55,8 @@
 //! layer's builder, and gathered here.
 
 pub use crate::breaker::config::{
-    AdaptiveRateConfig, AdaptiveRateSetting, BreakerConfig, OpenDoubling, SlowCalls, TimeWindow,
+    AdaptiveConcurrencyConfig, AdaptiveConcurrencySetting, AdaptiveRateConfig, AdaptiveRateSetting,
+    BreakerConfig, OpenDoubling, SlowCalls, TimeWindow,
 };
 pub use crate::preset::config::BackstopConfig;
 pub use crate::retry::config::{

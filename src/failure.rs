@@ -107,9 +107,13 @@ pub enum Code {
     /// The circuit breaker was open and did not call the inner service.
     CircuitOpen,
     /// The breaker's adaptive send rate held the call back: the provider answered throttled,
-    /// and the call came before its slot ([`AdaptiveRate`](crate::breaker::AdaptiveRate)). Not
-    /// sent; the failure's [`retry_after`](Failure::retry_after) is the wait until the slot
-    /// reserved for it.
+    /// and the call came before its slot ([`AdaptiveRate`](crate::breaker::AdaptiveRate)); or
+    /// its adaptive concurrency limit did: the provider signalled overload, and the calls in
+    /// flight to it were at the limit
+    /// ([`AdaptiveConcurrency`](crate::breaker::AdaptiveConcurrency)). Not sent; the
+    /// failure's [`retry_after`](Failure::retry_after) is the wait until the turn kept for it,
+    /// and its source says which held it ([`PacedError`](crate::breaker::PacedError) or
+    /// [`LimitedError`](crate::breaker::LimitedError)).
     Paced,
     /// The inner service's future panicked.
     Panic,
@@ -159,8 +163,8 @@ fn http2_error_name(code: u32) -> &'static str {
 
 impl Code {
     /// Whether a layer of this process refused the call before it was sent, so that it is
-    /// not an attempt: an open breaker ([`Code::CircuitOpen`]) or its send rate
-    /// ([`Code::Paced`]).
+    /// not an attempt: an open breaker ([`Code::CircuitOpen`]) or its send rate or concurrency
+    /// limit ([`Code::Paced`]).
     #[inline]
     pub(crate) const fn not_an_attempt(self) -> bool {
         matches!(self, Code::CircuitOpen | Code::Paced)

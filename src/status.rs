@@ -94,6 +94,10 @@ pub enum DelaySource {
     /// ([`AdaptiveRate`](crate::breaker::AdaptiveRate)): the provider answered throttled, and
     /// calls to it are spaced.
     SendRate,
+    /// The wait until the call's turn in the queue of the breaker's adaptive concurrency limit
+    /// ([`AdaptiveConcurrency`](crate::breaker::AdaptiveConcurrency)): the provider signalled
+    /// overload, and the calls in flight to it are bounded.
+    ConcurrencyLimit,
 }
 
 impl DelaySource {
@@ -104,6 +108,7 @@ impl DelaySource {
             DelaySource::Backoff => "backoff",
             DelaySource::Breaker => "breaker half-opens",
             DelaySource::SendRate => "send rate",
+            DelaySource::ConcurrencyLimit => "concurrency limit",
         }
     }
 }
@@ -177,4 +182,6 @@ pub(crate) struct BreakerSnapshot<'a> {
     pub(crate) rejected: u64,
     /// The adaptive send rate and its peak, requests a second, while limited.
     pub(crate) send_rate: Option<(f64, f64)>,
+    /// The adaptive concurrency limit, in calls in flight at once, while limited.
+    pub(crate) concurrency_limit: Option<u32>,
 }

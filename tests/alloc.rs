@@ -16,7 +16,7 @@ use std::pin::pin;
 use std::time::Duration;
 
 use tower::{Layer, Service, ServiceBuilder, service_fn};
-use tower_backstop::breaker::{BreakerLayer, State};
+use tower_backstop::breaker::{AdaptiveConcurrency, BreakerLayer, State};
 use tower_backstop::classify::{ClassifyLayer, HttpClassifier, Verdict};
 use tower_backstop::dead_letter::DeadLetterLayer;
 use tower_backstop::failover::FailoverLayer;
@@ -329,6 +329,49 @@ fn breaker_alone() {
     let svc = layer.layer(bare());
     assert_adds_nothing("BreakerLayer", bare(), svc);
     assert_eq!(handle.state(), State::Closed);
+}
+
+#[test]
+fn breaker_with_its_concurrency_limit_off_or_on_allocates_nothing() {
+    // Off until the provider signals overload: one atomic load a call, nothing counted.
+    let layer = BreakerLayer::builder()
+        .adaptive_concurrency(AdaptiveConcurrency::new())
+        .build()
+        .expect("a valid configuration");
+    let handle = layer.handle();
+    assert_adds_nothing(
+        "BreakerLayer (concurrency limit off)",
+        bare(),
+        layer.layer(bare()),
+    );
+    assert_eq!(handle.concurrency_limit(), None);
+    assert_eq!(handle.in_flight(), None);
+
+    // On, after one throttled answer: each call is counted in flight, and still allocates
+    // nothing (the calls here stay within the limit).
+    let layer = BreakerLayer::builder()
+        .without_adaptive_rate()
+        .build()
+        .expect("a valid configuration");
+    let handle = layer.handle();
+    runtime().block_on(async {
+        let mut throttled = layer.layer(service_fn(|_: Req| {
+            ready(Err::<Req, _>(Failure::<Req>::new(
+                Class::THROTTLED,
+                Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
+            )))
+        }));
+        let failure = call_once(&mut throttled).await.expect_err("throttled");
+        assert_eq!(failure.class(), Class::THROTTLED);
+    });
+    assert_adds_nothing(
+        "BreakerLayer (concurrency limit on)",
+        bare(),
+        layer.layer(bare()),
+    );
+    // Measured at 1 (one call in flight), grown to 3 (calls that use half of it grow it).
+    assert_eq!(handle.concurrency_limit(), Some(3));
+    assert_eq!(handle.in_flight(), Some(0));
 }
 
 #[test]

@@ -397,6 +397,26 @@ fn errors_of_meaning_name_the_field() {
             "breaker.adaptive_rate.lift_after",
             "the quiet time before the limit is lifted must be above zero",
         ),
+        (
+            "[breaker.adaptive_concurrency]\nmax = 0",
+            "breaker.adaptive_concurrency.max",
+            "the highest limit must be at least 1 call",
+        ),
+        (
+            "[breaker.adaptive_concurrency]\ndecrease = 0.2",
+            "breaker.adaptive_concurrency.decrease",
+            "the share kept must be within [0.5, 1.0)",
+        ),
+        (
+            "[breaker.adaptive_concurrency]\nlatency_tolerance = 1.0",
+            "breaker.adaptive_concurrency.latency_tolerance",
+            "the latency tolerance must be above 1.0",
+        ),
+        (
+            "[breaker.adaptive_concurrency]\nlift_after = \"0s\"",
+            "breaker.adaptive_concurrency.lift_after",
+            "the quiet time before the limit is lifted must be above zero",
+        ),
     ];
     for (body, path, problem) in cases {
         let err = build_err(&format!("attempt_timeout = \"1s\"\n{body}"));

@@ -300,6 +300,7 @@ fn serialises_states_as_words_and_durations_as_milliseconds_rounded_up() {
                 "rejected": 0,
                 "send_rate": null,
                 "send_rate_peak": null,
+                "concurrency_limit": null,
             }]
         })
     );

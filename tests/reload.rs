@@ -215,6 +215,13 @@ async fn what_a_running_stack_cannot_take_is_refused_by_name() {
         ))
         .unwrap_err();
     assert_eq!(err.path(), "breaker.adaptive_rate");
+    let err = reload
+        .apply(&with(
+            "open_for = \"30s\"",
+            "open_for = \"30s\"\nadaptive_concurrency = false",
+        ))
+        .unwrap_err();
+    assert_eq!(err.path(), "breaker.adaptive_concurrency");
     assert_eq!(reload.version(), 0);
 }
 

@@ -109,6 +109,14 @@ impl Breaker {
             None => format!("paced at {rate:.1}/s"),
         })
     }
+
+    /// The live breaker's adaptive concurrency limit while a provider that signalled overload
+    /// is limited, in words (`at most 8 in flight`); `None` while not limited or without the
+    /// live breaker.
+    pub(crate) fn limit(&self) -> Option<String> {
+        let limit = self.live.as_ref()?.concurrency_limit?;
+        Some(format!("at most {limit} in flight"))
+    }
 }
 
 /// `d` to the second (rounded up), in words (`25s`, `1m 5s`).
@@ -277,7 +285,8 @@ pub(crate) fn warnings(
 }
 
 /// The overview's panel: every breaker, its state, until when, why, its send rate while a
-/// throttling provider limits it, the records it holds, what each process of the fleet says of
+/// throttling provider limits it, its concurrency limit while an overloaded one limits it, the
+/// records it holds, what each process of the fleet says of
 /// it and the operator's override in force; with an actor, the override forms.
 pub(crate) fn panel(ctx: &Ctx, breakers: &Breakers, fleet: &Notes, now: SystemTime) -> Markup {
     let said = fleet.by_breaker.as_ref().ok();
@@ -295,7 +304,7 @@ pub(crate) fn panel(ctx: &Ctx, breakers: &Breakers, fleet: &Notes, now: SystemTi
             table #breakers {
                 thead { tr {
                     th { "breaker" } th { "state" } th { "until" } th { "cause" } th { "send rate" }
-                    th { "deferred records" } th { "the fleet" } th { "override" }
+                    th { "concurrency limit" } th { "deferred records" } th { "the fleet" } th { "override" }
                     @if forms { th {} }
                 } }
                 tbody {
@@ -307,6 +316,7 @@ pub(crate) fn panel(ctx: &Ctx, breakers: &Breakers, fleet: &Notes, now: SystemTi
                             td { (b.until(now)) }
                             td { (b.cause().map(|c| cut(c, 200)).unwrap_or_default()) }
                             td.rate { (b.pace().unwrap_or_default()) }
+                            td.limit { (b.limit().unwrap_or_default()) }
                             td.n { (b.stored.as_ref().map_or(0, |s| s.deferred)) }
                             td.fleet { (fleet::processes_cell(of(&b.name), now)) }
                             td { (fleet::override_cell(of(&b.name))) }
@@ -317,7 +327,7 @@ pub(crate) fn panel(ctx: &Ctx, breakers: &Breakers, fleet: &Notes, now: SystemTi
                         tr data-breaker=(name) data-state="-" {
                             td { code { (name) } }
                             td.note { "not here" }
-                            td {} td {} td {} td.n { "0" }
+                            td {} td {} td {} td {} td.n { "0" }
                             td.fleet { (fleet::processes_cell(of(name), now)) }
                             td { (fleet::override_cell(of(name))) }
                             @if forms { td { (fleet::form(ctx, Some(name.as_str()))) } }
@@ -340,6 +350,8 @@ pub(crate) fn panel(ctx: &Ctx, breakers: &Breakers, fleet: &Notes, now: SystemTi
             "A send rate shows while a provider's throttled answers (429) limit it: the breaker \
              stays closed and sends at most that many requests a second, against the rate the \
              provider took before it throttled (its peak). "
+            "A concurrency limit shows while a provider's overload answers (429, 503) limit it: \
+             the breaker sends at most that many requests at once, learnt from its answers. "
             "The store: the records an open breaker rejected and deferred, with their retry-at ("
             (breakers.read) " of " (breakers.deferred) " read). "
             "The fleet: what each process that shares its breakers through this store said in \

@@ -1267,6 +1267,81 @@ async fn the_overview_shows_a_throttled_breakers_send_rate_while_limited() {
     assert_eq!(rate_cell(&html), "", "{html}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_overview_shows_a_breakers_concurrency_limit_while_limited() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    use tower::ServiceExt as _;
+    use tower_backstop::breaker::{BreakerLayer, State};
+
+    // An in-process provider: 200 after 100 ms until told otherwise, then 503.
+    let answer = Arc::new(AtomicU16::new(200));
+    let said = Arc::clone(&answer);
+    let provider = tower::service_fn(move |_: http::Request<()>| {
+        let status = said.load(Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder().status(status).body(()).unwrap(),
+            )
+        }
+    });
+    let breaker = BreakerLayer::builder()
+        .without_adaptive_rate()
+        .build()
+        .unwrap();
+    let app = ServiceBuilder::new()
+        .layer(breaker.clone())
+        .layer(ClassifyLayer::http())
+        .service(provider);
+    let call = || app.clone().oneshot(http::Request::new(()));
+    let board = Board::new(Arc::new(MemoryStore::new()))
+        .breakers(breaker.health())
+        .router();
+    let handle = breaker.handle();
+    let limit_cell = |html: &str| {
+        let panel = element(html, "breakers").to_owned();
+        let i = panel
+            .find("<td class=\"limit\">")
+            .expect("a concurrency limit cell");
+        text(&panel[i..i + panel[i..].find("</td>").unwrap()])
+    };
+
+    // Calls answered: not limited, no limit shown.
+    for _ in 0..5 {
+        assert!(call().await.is_ok());
+    }
+    let html = overview_in_process(&board).await;
+    assert_eq!(limit_cell(&html), "", "{html}");
+    assert!(
+        element(&html, "breakers").contains("<th>concurrency limit</th>"),
+        "{html}"
+    );
+
+    // A 503 turns the limit on; 10 calls at once, then the first answer measures it: 0.9 of
+    // the 10 in flight.
+    answer.store(503, Ordering::SeqCst);
+    assert_eq!(
+        call().await.unwrap_err().code(),
+        Code::Http(http::StatusCode::SERVICE_UNAVAILABLE)
+    );
+    answer.store(200, Ordering::SeqCst);
+    let calls: Vec<_> = (0..10).map(|_| tokio::spawn(call())).collect();
+    for c in calls {
+        assert!(c.await.unwrap().is_ok());
+    }
+    assert_eq!(handle.state(), State::Closed);
+    let limit = handle.concurrency_limit().expect("limited");
+    assert_eq!(limit, 9);
+    let html = overview_in_process(&board).await;
+    assert_eq!(limit_cell(&html), "at most 9 in flight", "{html}");
+
+    // Quiet for the lift time (30 s) with no call: lifted, no limit shown.
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(handle.concurrency_limit(), None);
+    let html = overview_in_process(&board).await;
+    assert_eq!(limit_cell(&html), "", "{html}");
+}
+
 /// `method path` through the board's router in process, as `who` (no actor: `None`), with a
 /// form body for a `POST`: the status and the page.
 async fn in_process(

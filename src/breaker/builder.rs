@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::keyed::{Authority, PerKey};
+use super::limit::AdaptiveConcurrency;
 use super::open::OpenDuration;
 use super::rate::AdaptiveRate;
 use super::state::{MAX_PROBES, Settings};
@@ -42,6 +43,7 @@ pub(crate) const DEFAULT_CLASSES: [Class; 2] = [Class::TRANSIENT, Class::UNKNOWN
 /// | [`max_half_open`](Self::max_half_open) | none | longest time in half-open before it re-opens |
 /// | [`failure_classes`](Self::failure_classes) | transient, unknown | classes that count as failures (a throttled answer lowers the send rate instead) |
 /// | [`adaptive_rate`](Self::adaptive_rate) / [`without_adaptive_rate`](Self::without_adaptive_rate) | on, [`AdaptiveRate::new`] | the send rate lowered on throttled answers |
+/// | [`adaptive_concurrency`](Self::adaptive_concurrency) / [`without_adaptive_concurrency`](Self::without_adaptive_concurrency) | on, [`AdaptiveConcurrency::new`] | the calls in flight bounded, and the bound learnt, once the provider signals overload |
 /// | [`per_host`](Self::per_host) / [`keyed_by`](Self::keyed_by) | one breaker | one breaker per host, or per key of yours |
 /// | [`max_keys`](Builder::max_keys) | 64 | the most keys with a breaker kept for them |
 ///
@@ -90,6 +92,7 @@ impl Default for Builder {
                 classes: Arc::from(DEFAULT_CLASSES),
                 listener: None,
                 rate: Some(AdaptiveRate::new()),
+                concurrency: Some(AdaptiveConcurrency::new()),
             },
             keys: (),
         }
@@ -260,6 +263,21 @@ impl<K> Builder<K> {
         self
     }
 
+    /// How the breaker bounds the calls in flight to a provider that signals overload
+    /// ([`AdaptiveConcurrency`]; on by default with [`AdaptiveConcurrency::new`]). Its
+    /// settings are checked by `build`.
+    pub fn adaptive_concurrency(mut self, concurrency: AdaptiveConcurrency) -> Self {
+        self.settings.concurrency = Some(concurrency);
+        self
+    }
+
+    /// No adaptive concurrency limit: the calls in flight are never counted nor bounded by the
+    /// breaker, whatever the provider answers.
+    pub fn without_adaptive_concurrency(mut self) -> Self {
+        self.settings.concurrency = None;
+        self
+    }
+
     /// A name for the breaker's events (the provider or host it guards).
     pub fn name(mut self, name: &str) -> Self {
         self.settings.name = Arc::from(name);
@@ -279,6 +297,9 @@ impl<K> Builder<K> {
         let s = &self.settings;
         if let Some(rate) = &s.rate {
             rate.check()?;
+        }
+        if let Some(concurrency) = &s.concurrency {
+            concurrency.check()?;
         }
         let rate_ok = |r: f64| r > 0.0 && r <= 1.0;
         if let Some(n @ 0) = s.consecutive {

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::builder::Builder;
 use super::keyed::PerKey;
 use super::layer::BreakerLayer;
+use super::limit::AdaptiveConcurrency;
 use super::rate::AdaptiveRate;
 use crate::failure::Class;
 use crate::settings::{ConfigError, class_named, config_of, humane, join};
@@ -84,6 +85,20 @@ config_of! {
                 b.adaptive_rate(rate.set_fields(&at, AdaptiveRate::new())?)
             }
         },
+        /// [`Builder::adaptive_concurrency`]: `false` turns it off
+        /// ([`Builder::without_adaptive_concurrency`]); `true`, or a table of
+        /// [`AdaptiveConcurrencyConfig`]'s fields (each optional, over the defaults), turns it
+        /// on.
+        adaptive_concurrency: Option<AdaptiveConcurrencySetting> => match adaptive_concurrency {
+            AdaptiveConcurrencySetting::On(false) => b.without_adaptive_concurrency(),
+            AdaptiveConcurrencySetting::On(true) => {
+                b.adaptive_concurrency(AdaptiveConcurrency::new())
+            }
+            AdaptiveConcurrencySetting::Settings(limit) => {
+                let at = join(at, "adaptive_concurrency");
+                b.adaptive_concurrency(limit.set_fields(&at, AdaptiveConcurrency::new())?)
+            }
+        },
         /// [`Builder::max_keys`]: the most hosts with a breaker (a per-host breaker only).
         max_keys: Option<usize> => {
             keys(b, max_keys).map_err(|problem| ConfigError::new(join(at, "max_keys"), problem))?
@@ -143,6 +158,43 @@ config_of! {
         lift_after: Option<Duration> => r.lift_after(lift_after),
     }
     fn set_fields(&self, _at, r: AdaptiveRate);
+}
+
+/// The breaker's adaptive concurrency limit in a configuration: on or off, or its settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum AdaptiveConcurrencySetting {
+    /// `true`: on with the defaults of [`AdaptiveConcurrency::new`]; `false`: off.
+    On(bool),
+    /// On, with these settings over the defaults.
+    Settings(AdaptiveConcurrencyConfig),
+}
+
+config_of! {
+    /// The settings of an [`AdaptiveConcurrency`] as data, each optional (left out: its
+    /// default). Each field is the method of the same name; durations are written `"30s"`.
+    ///
+    /// ```toml
+    /// [breaker.adaptive_concurrency]
+    /// max = 200
+    /// lift_after = "1m"
+    /// ```
+    #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[non_exhaustive]
+    pub struct AdaptiveConcurrencyConfig {
+        /// [`AdaptiveConcurrency::decrease`]: the share of the limit kept at each decrease,
+        /// within [0.5, 1).
+        decrease: Option<f64> => r.decrease(decrease),
+        /// [`AdaptiveConcurrency::max`]: the highest limit in calls in flight, at least 1.
+        max: Option<u32> => r.max(max),
+        /// [`AdaptiveConcurrency::latency_tolerance`]: above 1 (`inf` turns the rule off).
+        latency_tolerance: Option<f64> => r.latency_tolerance(latency_tolerance),
+        /// [`AdaptiveConcurrency::lift_after`]: above zero.
+        #[serde(with = "humane")]
+        lift_after: Option<Duration> => r.lift_after(lift_after),
+    }
+    fn set_fields(&self, _at, r: AdaptiveConcurrency);
 }
 
 /// The slow-call rule: a call slower than `threshold` is slow; the breaker opens when the share

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
+use super::limit::{Answer, Flight};
 use super::open::OpenError;
 use super::rate::{PacedError, Ticket};
-use super::slot::SendSlot;
+use super::slot::{Queue, SendSlot};
 use super::state::{Outcome, Permit, Rejection, Shared};
 use crate::failure::{Class, Code, Failure, Sent};
 
@@ -57,6 +58,9 @@ pub(crate) struct Guard {
     shared: Arc<Shared>,
     // A plain permit, not an `Option`: `Permit::DONE` once the outcome is recorded.
     permit: Permit,
+    /// The call among those the concurrency limit counts in flight (`Flight::NONE` while the
+    /// limit is off): given back when the call ends.
+    flight: Flight,
 }
 
 impl Guard {
@@ -65,6 +69,7 @@ impl Guard {
         Guard {
             shared: Arc::clone(shared),
             permit,
+            flight: Flight::NONE,
         }
     }
 
@@ -72,23 +77,40 @@ impl Guard {
     /// otherwise clone it only to drop its own).
     #[inline]
     pub(crate) fn owned(shared: Arc<Shared>, permit: Permit) -> Self {
-        Guard { shared, permit }
+        Guard {
+            shared,
+            permit,
+            flight: Flight::NONE,
+        }
     }
 
-    /// Records how a finished call ended.
+    /// The same guard, holding the call's `flight` of the concurrency limit too.
+    #[inline]
+    pub(crate) fn with_flight(mut self, flight: Flight) -> Self {
+        self.flight = flight;
+        self
+    }
+
+    /// Records how a finished call ended (a failure's flight waits for
+    /// [`note_failure`](Self::note_failure), which knows its code).
     #[inline]
     pub(crate) fn finish_with(&mut self, outcome: Outcome) {
         if let Some(permit) = self.permit.take() {
             self.shared.complete(permit, outcome);
         }
+        if self.flight.is_counted() && outcome == Outcome::Success {
+            self.shared.landed(self.flight.take(), Answer::Success);
+        }
     }
 
     /// After [`finish_with`](Self::finish_with) a failure: keeps it as the breaker's cause when
-    /// it opened the breaker (or failed a probe).
+    /// it opened the breaker (or failed a probe), and tells the concurrency limit.
     #[inline]
-    pub(crate) fn note_failure<R>(&self, failure: &Failure<R>) {
+    pub(crate) fn note_failure<R>(&mut self, failure: &Failure<R>) {
         self.shared
             .note_failure(failure.class(), failure.code(), || failure.message());
+        self.shared
+            .limit_failure(self.flight.take(), failure.class(), failure.code());
     }
 }
 
@@ -102,7 +124,7 @@ impl Guard {
         if let Some(ticket) = self.shared.pacer().and_then(|p| p.front_ticket()) {
             failure.notes_mut().insert(SendSlot {
                 shared: Arc::clone(&self.shared),
-                ticket,
+                ticket: Queue::Rate(ticket),
                 redeemed: false,
             });
         }
@@ -114,6 +136,9 @@ impl Guard {
     pub(crate) fn release(&mut self) {
         if let Some(permit) = self.permit.take() {
             self.shared.cancel(permit);
+        }
+        if self.flight.is_counted() {
+            self.shared.landed(self.flight.take(), Answer::Dropped);
         }
     }
 }
@@ -175,7 +200,7 @@ pub(crate) fn held_back<R>(
             .with_source(PacedError::new(Arc::clone(&shared.name), rate, wait));
         failure.notes_mut().insert(SendSlot {
             shared: Arc::clone(shared),
-            ticket,
+            ticket: Queue::Rate(ticket),
             redeemed: false,
         });
         Box::new(failure)

@@ -79,6 +79,22 @@ impl BreakerHandle {
         self.shared.send_rate().map(|(_, peak)| peak)
     }
 
+    /// The adaptive concurrency limit now, in calls in flight at once, while the provider's
+    /// overload answers limit it; `None` while not limited (and during the first round trip
+    /// after the first overload answer, which measures it), or without an adaptive
+    /// concurrency limit ([`AdaptiveConcurrency`](super::AdaptiveConcurrency)).
+    pub fn concurrency_limit(&self) -> Option<u32> {
+        self.shared.concurrency_limit().map(|(limit, _)| limit)
+    }
+
+    /// While the concurrency is limited: the calls counted in flight now (sent since the limit
+    /// turned on, and not yet answered).
+    pub fn in_flight(&self) -> Option<u32> {
+        self.shared
+            .concurrency_limit()
+            .map(|(_, in_flight)| in_flight)
+    }
+
     /// Opens the breaker until [`reset`](Self::reset): every call is rejected, with no
     /// `retry_after`. Outcomes of calls already in flight are ignored.
     pub fn force_open(&self) {

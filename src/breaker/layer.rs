@@ -484,6 +484,12 @@ impl<K: Clone> BreakerLayer<K> {
         self.rebuilt(|settings| settings.rate = None)
     }
 
+    /// Fresh breakers with the same settings and no adaptive concurrency limit, for the
+    /// preset.
+    pub(crate) fn without_concurrency(&self) -> Self {
+        self.rebuilt(|settings| settings.concurrency = None)
+    }
+
     /// Fresh breakers with the same settings, changed by `change`.
     fn rebuilt(&self, change: impl Fn(&mut Settings)) -> Self {
         let mut settings = self.shared.settings();

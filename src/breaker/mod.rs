@@ -28,6 +28,13 @@
 //! fails at once, like tower's `load_shed`. The rejection's source is an [`OpenError`] naming the
 //! breaker and the time left until it half-opens.
 //!
+//! A provider that is up but overloaded is not failing: while the breaker stays closed, a
+//! throttled answer lowers its adaptive send rate ([`AdaptiveRate`]), and a throttled answer or
+//! a 503 turns on its adaptive concurrency limit ([`AdaptiveConcurrency`]), which bounds the
+//! calls in flight to what the provider takes. Both are on by default, cost one atomic load a
+//! call until the provider first says so, and hold a call over them back without sending it
+//! ([`Code::Paced`](crate::Code::Paced)), keeping its place in line for a retry layer above.
+//!
 //! Around it: [`BreakerHandle`] for operators (read, force open, disable, reset: an axum admin
 //! route is shown on [`BreakerHandle`]), [`Health`] for a health route listing every breaker,
 //! [`Listener`](crate::observe::Listener) for metrics,
@@ -141,6 +148,7 @@ mod future;
 mod handle;
 pub(crate) mod keyed;
 mod layer;
+mod limit;
 pub(crate) mod open;
 mod rate;
 mod slot;
@@ -158,6 +166,8 @@ pub use self::future::ResponseFuture;
 pub use self::handle::BreakerHandle;
 pub use self::keyed::{Authority, KeyOf, PerKey};
 pub use self::layer::BreakerLayer;
+pub(crate) use self::limit::held_by;
+pub use self::limit::{AdaptiveConcurrency, LimitedError};
 pub use self::open::OpenError;
 pub use self::rate::{AdaptiveRate, PacedError};
 pub(crate) use self::slot::SendSlot;
@@ -285,7 +295,14 @@ where
                 if let Err(slot) = self.shared.pace() {
                     return ResponseFuture::paced(future::held_back(&self.shared, permit, slot));
                 }
-                ResponseFuture::called(self.inner.call(req), Guard::new(&self.shared, permit))
+                let flight = match self.shared.fly() {
+                    Ok(flight) => flight,
+                    Err(held) => {
+                        return ResponseFuture::paced(limit::held_back(&self.shared, permit, held));
+                    }
+                };
+                let guard = Guard::new(&self.shared, permit).with_flight(flight);
+                ResponseFuture::called(self.inner.call(req), guard)
             }
             Err(r) => ResponseFuture::rejected(r, &self.shared.open_errors),
         }
@@ -325,7 +342,14 @@ where
                 if let Err(slot) = shared.pace() {
                     return ResponseFuture::paced(future::held_back(&shared, permit, slot));
                 }
-                ResponseFuture::called(self.inner.call(req), Guard::owned(shared, permit))
+                let flight = match shared.fly() {
+                    Ok(flight) => flight,
+                    Err(held) => {
+                        return ResponseFuture::paced(limit::held_back(&shared, permit, held));
+                    }
+                };
+                let guard = Guard::owned(shared, permit).with_flight(flight);
+                ResponseFuture::called(self.inner.call(req), guard)
             }
             Err(r) => ResponseFuture::rejected(r, &shared.open_errors),
         }

@@ -1,10 +1,12 @@
 //! [`SendSlot`]: the place in its breaker's queue that a call held back by the adaptive send
-//! rate carries up on its failure, for a retry layer to wait its turn with.
+//! rate (or the adaptive concurrency limit) carries up on its failure, for a retry layer to
+//! wait its turn with.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::limit;
 use super::rate::Ticket;
 use super::state::Shared;
 use crate::failure::Note;
@@ -16,16 +18,29 @@ use crate::failure::Note;
 /// line.
 pub(crate) struct SendSlot {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) ticket: Ticket,
+    pub(crate) ticket: Queue,
     pub(crate) redeemed: bool,
+}
+
+/// Which queue of its breaker a slot is in, with its place there.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Queue {
+    /// The adaptive send rate's.
+    Rate(Ticket),
+    /// The adaptive concurrency limit's.
+    Limit(limit::Ticket),
 }
 
 impl SendSlot {
     /// `None` when the turn came (the caller sends now, and the breaker lets it through);
-    /// else the time until it comes, at the rate now.
+    /// else the time until it comes, at the rate (or the limit) now.
     pub(crate) fn ready(&mut self) -> Option<Duration> {
-        let pacer = self.shared.pacer()?;
-        match pacer.redeem(&mut self.ticket, self.shared.now_nanos()) {
+        let now = self.shared.now_nanos();
+        let turn = match &mut self.ticket {
+            Queue::Rate(ticket) => self.shared.pacer()?.redeem(ticket, now),
+            Queue::Limit(ticket) => self.shared.limiter()?.redeem(*ticket, now),
+        };
+        match turn {
             Ok(()) => {
                 self.redeemed = true;
                 None
@@ -37,10 +52,21 @@ impl SendSlot {
 
 impl Drop for SendSlot {
     fn drop(&mut self) {
-        if !self.redeemed
-            && let Some(pacer) = self.shared.pacer()
-        {
-            pacer.give_back(self.ticket, self.shared.now_nanos());
+        if self.redeemed {
+            return;
+        }
+        let now = self.shared.now_nanos();
+        match self.ticket {
+            Queue::Rate(ticket) => {
+                if let Some(pacer) = self.shared.pacer() {
+                    pacer.give_back(ticket, now);
+                }
+            }
+            Queue::Limit(ticket) => {
+                if let Some(limiter) = self.shared.limiter() {
+                    limiter.give_back(ticket, now);
+                }
+            }
         }
     }
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::limit::{AdaptiveConcurrency, Limiter};
 use super::open::{Cause, CauseSlot, OpenDuration, OpenError, describe};
 use super::rate::{AdaptiveRate, Admit, Change, Pacer, Tick, Ticket};
 use super::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -48,6 +49,8 @@ pub(crate) struct Settings {
     pub(crate) listener: Option<Arc<dyn Listener>>,
     /// The adaptive send rate, when on.
     pub(crate) rate: Option<AdaptiveRate>,
+    /// The adaptive concurrency limit, when on.
+    pub(crate) concurrency: Option<AdaptiveConcurrency>,
 }
 
 impl fmt::Debug for Settings {
@@ -66,6 +69,7 @@ impl fmt::Debug for Settings {
             .field("classes", &self.classes)
             .field("listener", &self.listener.is_some())
             .field("rate", &self.rate)
+            .field("concurrency", &self.concurrency)
             .finish()
     }
 }
@@ -87,7 +91,7 @@ impl Settings {
     /// The first setting of `new` that a breaker built from these settings cannot take while it
     /// runs (see [`Shared::retune`]), by its builder's method: what decides the breaker's
     /// window (a rate rule, the slow-call rule, the window's kind and size), the classes it
-    /// counts, whether it paces, and its name. `None`: every difference is a threshold.
+    /// counts, whether it paces, whether it limits concurrency, and its name. `None`: every difference is a threshold.
     #[cfg_attr(not(feature = "serde"), allow(dead_code))]
     pub(crate) fn shape_change(&self, new: &Settings) -> Option<&'static str> {
         if self.has_rates() != new.has_rates() {
@@ -113,6 +117,9 @@ impl Settings {
         }
         if self.rate.is_some() != new.rate.is_some() {
             return Some("adaptive_rate");
+        }
+        if self.concurrency.is_some() != new.concurrency.is_some() {
+            return Some("adaptive_concurrency");
         }
         if self.name != new.name {
             return Some("name");
@@ -354,6 +361,8 @@ pub(crate) struct Shared {
     window: Option<Window>,
     /// The adaptive send rate's pacer, when on.
     pacer: Option<Pacer>,
+    /// The adaptive concurrency limiter, when on (see `limit.rs`).
+    pub(super) limiter: Option<Limiter>,
     /// Whether a call's start time is needed (the slow-call rule).
     needs_start: AtomicBool,
     /// Whether the slow-call rule needs each call's start: `needs_start` goes back to it when a
@@ -426,6 +435,7 @@ impl Shared {
             listener: config.listener.clone(),
             window,
             pacer: config.rate.map(|rate| Pacer::new(rate, 0)),
+            limiter: config.concurrency.map(Limiter::new),
             needs_start: AtomicBool::new(config.slow.is_some()),
             slow_needs_start: config.slow.is_some(),
             word: AtomicU64::new(CLOSED),
@@ -580,7 +590,10 @@ impl Shared {
     /// every call's path: after each look it sleeps the time `look` returned, and it ends when
     /// `look` returns `None` or the breaker is dropped (the task holds it weakly). `false`
     /// when there is no runtime to run it on.
-    fn watch(&self, mut look: impl FnMut(&Shared) -> Option<Duration> + Send + 'static) -> bool {
+    pub(super) fn watch(
+        &self,
+        mut look: impl FnMut(&Shared) -> Option<Duration> + Send + 'static,
+    ) -> bool {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return false;
         };
@@ -699,6 +712,7 @@ impl Shared {
             opened: stats.opened,
             rejected: stats.rejected,
             send_rate: self.send_rate(),
+            concurrency_limit: self.concurrency_limit().map(|(limit, _)| limit),
         }
     }
 
@@ -716,7 +730,7 @@ impl Shared {
         }
     }
 
-    fn emit(&self, event: Event<'_>) {
+    pub(super) fn emit(&self, event: Event<'_>) {
         if let Some(listener) = &self.listener {
             deliver(&**listener, &event);
         }
@@ -762,6 +776,10 @@ impl Shared {
             to,
             reason,
         });
+        if matches!(to, State::Open | State::ForcedOpen) {
+            // An outage is the breaker's to handle, not a load to limit.
+            self.limit_outage();
+        }
     }
 
     fn reject(&self, word: u64, retry_after: Option<Duration>) -> Rejection {
@@ -954,12 +972,16 @@ impl Shared {
     /// is kept: an open breaker stays open until the end of the period it opened for (the
     /// new open duration applies from its next opening), a closed one keeps its window's
     /// counts and its failures in a row, a half-open one its probes. The adaptive send rate's
-    /// settings change too, its current rate kept.
+    /// settings change too, its current rate kept, and so do the adaptive concurrency limit's,
+    /// its current limit kept.
     #[cfg_attr(not(feature = "serde"), allow(dead_code))]
     pub(crate) fn retune(&self, settings: &Settings) {
         self.rule.set(&Rule::of(settings));
         if let (Some(pacer), Some(rate)) = (&self.pacer, settings.rate) {
             pacer.retune(rate);
+        }
+        if let (Some(limiter), Some(concurrency)) = (&self.limiter, settings.concurrency) {
+            limiter.retune(concurrency);
         }
         let mut kept = self
             .settings

@@ -132,6 +132,23 @@ pub enum Event<'a> {
         /// `lifted`.
         reason: &'static str,
     },
+    /// A breaker's adaptive concurrency limit changed
+    /// ([`AdaptiveConcurrency`](crate::breaker::AdaptiveConcurrency)): set from the calls in
+    /// flight measured over the round trip after the provider's first overload answer
+    /// (`reason` `"measured"`), lowered on an overload answer (`"overloaded"`) or on a rise of
+    /// latency (`"latency"`), told as it is once a second while limited (`"current"`, grown or
+    /// not), or lifted after a quiet time (`"lifted"`, `limit` `None`).
+    ConcurrencyLimit {
+        /// The breaker's name (a keyed breaker's key, such as `api.mail.test:443`).
+        breaker: &'a str,
+        /// The limit now, in calls in flight at once; `None` once no longer limited.
+        limit: Option<u32>,
+        /// The calls counted in flight now (0 once lifted).
+        in_flight: u32,
+        /// Why, in one snake-case word: `measured`, `overloaded`, `latency`, `current`,
+        /// `lifted`.
+        reason: &'static str,
+    },
     /// A failed request became a dead letter or a deferred record: the dead-letter layer wrote
     /// it to its store with that status.
     ///
@@ -252,7 +269,7 @@ pub enum Event<'a> {
 impl Event<'_> {
     /// The event's name in snake case (`attempt_ended`, `retry_scheduled`, `retried`,
     /// `hedge_sent`, `gave_up`, `timed_out`, `breaker_transition`, `breaker_rejected`, `send_rate`,
-    /// `dead_letter_stored`, `resent`, `redriven`, `backlog`, `spool`, `store_error`,
+    /// `concurrency_limit`, `dead_letter_stored`, `resent`, `redriven`, `backlog`, `spool`, `store_error`,
     /// `settings_reloaded`, `settings_refused`), for a log field
     /// or a metric label.
     pub const fn name(&self) -> &'static str {
@@ -266,6 +283,7 @@ impl Event<'_> {
             Event::BreakerTransition { .. } => "breaker_transition",
             Event::BreakerRejected { .. } => "breaker_rejected",
             Event::SendRate { .. } => "send_rate",
+            Event::ConcurrencyLimit { .. } => "concurrency_limit",
             Event::DeadLetterStored { .. } => "dead_letter_stored",
             Event::Resent { .. } => "resent",
             Event::Redriven { .. } => "redriven",

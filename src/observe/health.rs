@@ -208,6 +208,7 @@ impl Health {
             rejected: snapshot.rejected,
             send_rate: snapshot.send_rate.map(|(rate, _)| rate),
             send_rate_peak: snapshot.send_rate.map(|(_, peak)| peak),
+            concurrency_limit: snapshot.concurrency_limit,
         }
     }
 }
@@ -330,6 +331,11 @@ pub struct BreakerHealth {
     /// While limited: the rate the provider took when the limit began (before its first
     /// throttled answer or over the limit's first measure, the larger), in requests a second.
     pub send_rate_peak: Option<f64>,
+    /// While the provider's overload answers limit it: the adaptive concurrency limit now, in
+    /// calls in flight at once ([`AdaptiveConcurrency`](crate::breaker::AdaptiveConcurrency)).
+    /// `None` while not limited, or without an adaptive concurrency limit. A limit does not
+    /// make the report unhealthy: the provider is up and takes fewer calls at once.
+    pub concurrency_limit: Option<u32>,
 }
 
 impl BreakerHealth {

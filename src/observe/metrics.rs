@@ -48,7 +48,7 @@ const OTHER: &str = "other";
 /// | `backstop_attempts_total` | counter | `class` (the failure's class, or `success`), `processed` = `no` (certainly not processed: a refused connection, 408, 425, 429, 503), `maybe` (a timeout or a reset after the request left), `yes` (the provider answered, or nothing says it did not) | each attempt that left the process; a breaker's rejection, or a call its send rate held back, is not one |
 /// | `backstop_attempt_duration_seconds` | histogram | `class` | each attempt, from its call to its answer; not a rejection |
 /// | `backstop_call_retries` | histogram | — | retries of each call that retried (attempts − 1, at least 1), when it ends; a call with no retry records nothing, as gRFC A96's `grpc.client.call.retries` (count those calls from `backstop_calls_total`) |
-/// | `backstop_retry_delay_seconds` | histogram | `source` = `backoff`, `server_hint`, `breaker`, `send_rate` (the wait for a slot of the adaptive send rate) | the delay before each retry that went out; a retry given up during its delay or rejected by an open breaker records nothing; a retry that slept a server's hint and then waited its turn of the send rate records each wait under its source |
+/// | `backstop_retry_delay_seconds` | histogram | `source` = `backoff`, `server_hint`, `breaker`, `send_rate` (the wait for a slot of the adaptive send rate), `concurrency_limit` (the wait for a turn of the adaptive concurrency limit) | the delay before each retry that went out; a retry given up during its delay or rejected by an open breaker records nothing; a retry that slept a server's hint and then waited its turn of the send rate records each wait under its source |
 /// | `backstop_retries_skipped_total` | counter | `reason` = `not_replayable` (no copy: a streaming body, or one over the replay buffer), `not_idempotent` (outcome unknown, no key) | each call whose failure was not retried for want of a safe copy |
 /// | `backstop_hedges_total` | counter | — | each copy sent while an earlier attempt was still out (hedging) |
 /// | `backstop_breaker_state` | gauge | `breaker`, `state` = `closed`, `open`, `half_open`, `forced_open`, `disabled` | 1 for the breaker's state, 0 for the one it left; set at its first transition |
@@ -56,6 +56,7 @@ const OTHER: &str = "other";
 /// | `backstop_breaker_rejections_total` | counter | `breaker` | each call a breaker rejected (nothing sent) |
 /// | `backstop_send_rate` | gauge | `breaker` | the breaker's adaptive send rate in requests a second while a throttling provider limits it ([`AdaptiveRate`](crate::breaker::AdaptiveRate)), NaN once the limit is lifted (on time, with or without calls); set at each change told, and once a second while limited |
 /// | `backstop_send_rate_peak` | gauge | `breaker` | the rate the provider took when the limit began (measured before its first throttled answer and over the limit's first measure, the larger), in requests a second: the limit's peak |
+/// | `backstop_concurrency_limit` | gauge | `breaker` | the breaker's adaptive concurrency limit in calls in flight at once while a provider that signalled overload is limited ([`AdaptiveConcurrency`](crate::breaker::AdaptiveConcurrency)), NaN once the limit is lifted (on time, with or without calls); set at each change told, and once a second while limited |
 /// | `backstop_timeouts_total` | counter | `layer` = `timeout` (the per-attempt timeout), `retry` (the retry deadline) | each attempt that ran out of time |
 /// | `backstop_dead_letters_total` | counter | `class`, `status` = `dead`, `deferred` | each message that entered that status: written by the dead-letter layer with it, once (a record deferred again by a re-send, or re-driven and dead again, is not counted again) |
 /// | `backstop_deferred_backlog` | gauge | — | records waiting to be re-sent (deferred, or claimed and in flight), as the scheduler last counted them |
@@ -198,29 +199,7 @@ fn describe() {
         Unit::Count,
         "Copies sent while an earlier attempt was still out (hedging)."
     );
-    describe_gauge!(
-        "backstop_breaker_state",
-        Unit::Count,
-        "1 for a breaker's current state, 0 for the states it left."
-    );
-    describe_counter!(
-        "backstop_breaker_transitions_total",
-        Unit::Count,
-        "Breaker transitions."
-    );
-    describe_counter!(
-        "backstop_breaker_rejections_total",
-        Unit::Count,
-        "Calls rejected by a breaker."
-    );
-    describe_gauge!(
-        "backstop_send_rate",
-        "A breaker's adaptive send rate in requests a second while a throttling provider limits it; NaN once lifted."
-    );
-    describe_gauge!(
-        "backstop_send_rate_peak",
-        "The rate a provider took when the send rate limit began (its peak), in requests a second."
-    );
+    describe_breakers();
     describe_counter!(
         "backstop_retries_skipped_total",
         Unit::Count,
@@ -284,6 +263,39 @@ fn describe() {
         "backstop_listener_panics_total",
         Unit::Count,
         "Panics of an event listener, caught."
+    );
+}
+
+/// The breakers' metrics, described.
+fn describe_breakers() {
+    use ::metrics::{describe_counter, describe_gauge};
+    describe_gauge!(
+        "backstop_breaker_state",
+        Unit::Count,
+        "1 for a breaker's current state, 0 for the states it left."
+    );
+    describe_counter!(
+        "backstop_breaker_transitions_total",
+        Unit::Count,
+        "Breaker transitions."
+    );
+    describe_counter!(
+        "backstop_breaker_rejections_total",
+        Unit::Count,
+        "Calls rejected by a breaker."
+    );
+    describe_gauge!(
+        "backstop_send_rate",
+        "A breaker's adaptive send rate in requests a second while a throttling provider limits it; NaN once lifted."
+    );
+    describe_gauge!(
+        "backstop_send_rate_peak",
+        "The rate a provider took when the send rate limit began (its peak), in requests a second."
+    );
+    describe_gauge!(
+        "backstop_concurrency_limit",
+        Unit::Count,
+        "A breaker's adaptive concurrency limit in calls in flight while a provider that signalled overload is limited; NaN once lifted."
     );
 }
 
@@ -371,7 +383,7 @@ struct Inner {
     success: OnceLock<ClassHandles>,
     /// Per failure class.
     attempts: Family<Name, Arc<ClassHandles>>,
-    delays: Fixed<Histogram, 4>,
+    delays: Fixed<Histogram, 5>,
     breakers: Family<String, Arc<BreakerHandles>>,
     timeouts: Fixed<Counter, 2>,
     /// Per reason: not replayable, not idempotent.
@@ -417,6 +429,8 @@ struct BreakerHandles {
     rejections: OnceLock<Counter>,
     /// The adaptive send rate and its peak.
     send_rate: OnceLock<[Gauge; 2]>,
+    /// The adaptive concurrency limit.
+    concurrency_limit: OnceLock<Gauge>,
 }
 
 const OUTCOMES: [&str; 5] = [
@@ -428,7 +442,13 @@ const OUTCOMES: [&str; 5] = [
 ];
 /// The `processed` label of [`Sent`]'s values: `Sent::No` is "certainly not processed".
 const PROCESSED: [&str; 3] = ["no", "maybe", "yes"];
-const SOURCES: [&str; 4] = ["backoff", "server_hint", "breaker", "send_rate"];
+const SOURCES: [&str; 5] = [
+    "backoff",
+    "server_hint",
+    "breaker",
+    "send_rate",
+    "concurrency_limit",
+];
 const STATES: [State; 5] = [
     State::Closed,
     State::Open,
@@ -488,6 +508,7 @@ impl Inner {
                     transitions: Fixed::new(),
                     rejections: OnceLock::new(),
                     send_rate: OnceLock::new(),
+                    concurrency_limit: OnceLock::new(),
                 })
             },
         )
@@ -543,6 +564,7 @@ impl Inner {
                     DelaySource::ServerHint => 1,
                     DelaySource::Breaker => 2,
                     DelaySource::SendRate => 3,
+                    DelaySource::ConcurrencyLimit => 4,
                 };
                 self.delays
                     .get(i, || {
@@ -576,23 +598,7 @@ impl Inner {
                     })
                     .increment(1);
             }
-            Event::SendRate {
-                breaker,
-                rate,
-                peak,
-                ..
-            } => {
-                let handles = self.breaker(breaker);
-                let [now, top] = handles.send_rate.get_or_init(|| {
-                    let name = handles.name.clone();
-                    [
-                        ::metrics::gauge!("backstop_send_rate", "breaker" => name.clone()),
-                        ::metrics::gauge!("backstop_send_rate_peak", "breaker" => name),
-                    ]
-                });
-                now.set(rate.unwrap_or(f64::NAN));
-                top.set(peak);
-            }
+            Event::SendRate { .. } | Event::ConcurrencyLimit { .. } => self.breaker_limit(event),
             Event::DeadLetterStored {
                 class, deferred, ..
             } => self.dead_letter_stored(class, deferred),
@@ -628,6 +634,37 @@ impl Inner {
                 operation,
                 |name| ::metrics::counter!("backstop_store_errors_total", "operation" => name),
             ),
+        }
+    }
+
+    /// A breaker's adaptive send rate or concurrency limit changed: its gauges.
+    fn breaker_limit(&self, event: &Event<'_>) {
+        match *event {
+            Event::SendRate {
+                breaker,
+                rate,
+                peak,
+                ..
+            } => {
+                let handles = self.breaker(breaker);
+                let [now, top] = handles.send_rate.get_or_init(|| {
+                    let name = handles.name.clone();
+                    [
+                        ::metrics::gauge!("backstop_send_rate", "breaker" => name.clone()),
+                        ::metrics::gauge!("backstop_send_rate_peak", "breaker" => name),
+                    ]
+                });
+                now.set(rate.unwrap_or(f64::NAN));
+                top.set(peak);
+            }
+            Event::ConcurrencyLimit { breaker, limit, .. } => {
+                let handles = self.breaker(breaker);
+                let gauge = handles.concurrency_limit.get_or_init(|| {
+                    ::metrics::gauge!("backstop_concurrency_limit", "breaker" => handles.name.clone())
+                });
+                gauge.set(limit.map_or(f64::NAN, f64::from));
+            }
+            _ => {}
         }
     }
 

@@ -58,7 +58,11 @@ pub(crate) fn client_rule() -> Builder {
 /// jitter, and each pacing its host with an adaptive send rate once the host answers throttled
 /// (a `429` lowers the rate instead of opening the breaker: see
 /// [`AdaptiveRate`](crate::breaker::AdaptiveRate); [`without_adaptive_rate`](Self::without_adaptive_rate)
-/// turns it off); no dead-letter store (a final failure is returned to the caller, not recorded,
+/// turns it off) and bounding the calls in flight to it with a limit learnt from its answers
+/// once it signals overload (a `429` or a `503`: see
+/// [`AdaptiveConcurrency`](crate::breaker::AdaptiveConcurrency);
+/// [`without_adaptive_concurrency`](Self::without_adaptive_concurrency) turns it off); no
+/// dead-letter store (a final failure is returned to the caller, not recorded,
 /// and nothing is deferred: a wait above the retry layer's in-process bound gives the request
 /// up with [`GiveUp::HintTooLong`](crate::retry::GiveUp::HintTooLong)). The
 /// per-attempt timeout has no default: it depends on the provider, so it is the one required
@@ -299,6 +303,20 @@ impl<C, K: Clone> BackstopLayer<C, BreakerLayer<K>> {
     /// breaker to [`breaker`](Self::breaker) for a breaker that opens on them).
     pub fn without_adaptive_rate(mut self) -> Self {
         self.breaker = self.breaker.without_rate();
+        #[cfg(feature = "serde")]
+        {
+            self.reload = None;
+        }
+        self
+    }
+
+    /// Turns the breakers' adaptive concurrency limit off
+    /// ([`AdaptiveConcurrency`](crate::breaker::AdaptiveConcurrency), on by default): the calls
+    /// in flight to a provider that signals overload are no longer counted nor bounded. The
+    /// breakers are built afresh without it (call it before taking a
+    /// [`health`](Self::health) reader).
+    pub fn without_adaptive_concurrency(mut self) -> Self {
+        self.breaker = self.breaker.without_concurrency();
         #[cfg(feature = "serde")]
         {
             self.reload = None;

@@ -15,8 +15,8 @@ use crate::settings::{ConfigError, join};
 
 /// A handle that changes the settings of a running [`BackstopLayer`] and of every service it
 /// built: the retry policy (attempts, backoff, delays, deadline, budget, hedging, per-class
-/// rules) and the breakers' thresholds, rates, open durations, probes, adaptive send rate and
-/// per-host bound. Take it with [`BackstopLayer::reloadable`]; clones share one stack.
+/// rules) and the breakers' thresholds, rates, open durations, probes, adaptive send rate,
+/// adaptive concurrency limit and per-host bound. Take it with [`BackstopLayer::reloadable`]; clones share one stack.
 ///
 /// A change is checked whole before anything changes ([`apply`](Self::apply)): a
 /// configuration that does not build, or that changes a setting a running stack cannot take,
@@ -33,11 +33,13 @@ use crate::settings::{ConfigError, join};
 ///   its next opening), a closed one keeps its window's counts and its failures in a row, a
 ///   half-open one its probes. The new thresholds judge the next outcome recorded, of a call
 ///   in flight too. The adaptive send rate keeps its current rate; its new settings act from
-///   the next throttled answer. A lower `max_keys` evicts idle breakers as new hosts come.
+///   the next throttled answer. The adaptive concurrency limit keeps its current limit and
+///   queue; its new settings act from its next change. A lower `max_keys` evicts idle breakers as new hosts come.
 /// - **Refused while running** (build a new stack to change them): `attempt_timeout`, and
 ///   what a breaker's window is built for: turning a rate rule or the slow-call rule on or
 ///   off, the window's kind or size (`breaker.count_window`, `breaker.time_window`),
-///   `breaker.failure_classes`, turning `breaker.adaptive_rate` on or off, `breaker.name`.
+///   `breaker.failure_classes`, turning `breaker.adaptive_rate` or
+///   `breaker.adaptive_concurrency` on or off, `breaker.name`.
 ///
 /// The configuration is applied over the preset's defaults, as
 /// [`BackstopConfig::http`] and [`BackstopConfig::grpc`] apply it: a field left out of the
@@ -155,7 +157,7 @@ impl Reload {
     /// A [`ConfigError`] naming the field, and nothing changed, when `config` does not build
     /// (the checks of [`BackstopConfig::http`] and [`BackstopConfig::grpc`]), or changes what
     /// a running stack cannot take (`attempt_timeout`, a breaker's window, counted classes,
-    /// adaptive rate on or off, name: see [`Reload`]).
+    /// adaptive rate or concurrency limit on or off, name: see [`Reload`]).
     pub fn apply(&self, config: &BackstopConfig) -> Result<(), ConfigError> {
         self.apply_from(config, "handle")
     }

@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use super::rebuild::envelope_of;
 use super::renew::Held;
-use crate::breaker::{OpenError, PacedError};
+use crate::breaker::{LimitedError, OpenError, PacedError};
 use crate::build_error::BuildError;
 use crate::clock::Clock;
 use crate::dead_letter::{DeadLetterStatus, claim, record_of, resending};
@@ -460,8 +460,8 @@ pub(crate) struct Rejected {
     /// Whether the rejection was written under the re-send's claim (else the claim had passed
     /// to another sender, or the store failed, and the record is not the re-send's to give back).
     pub(crate) written: bool,
-    /// Held back by the breaker's adaptive send rate (its slot is `half_opens_in` away), not
-    /// rejected by an open breaker.
+    /// Held back by the breaker's adaptive send rate or concurrency limit (its turn is
+    /// `half_opens_in` away), not rejected by an open breaker.
     pub(crate) paced: bool,
 }
 
@@ -646,7 +646,17 @@ async fn failed_again<R>(
             written,
             paced: true,
         }),
-        (None, None) => None,
+        // Held back by the concurrency limit: as by the send rate.
+        (None, None) => source
+            .and_then(|s| s.downcast_ref::<LimitedError>())
+            .map(|limited| Rejected {
+                breaker: limited.breaker().to_owned(),
+                half_opens_in: Some(limited.wait()),
+                cause: None,
+                reached,
+                written,
+                paced: true,
+            }),
     };
     let failed = Outcome::Failed {
         id: record.id.clone(),

@@ -619,9 +619,9 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
         Next::Retry(delay, source)
     }
 
-    /// A call the breaker's adaptive send rate held back until its slot: not an attempt, not
-    /// the provider's failure, and no budget spent; the wait is slept like a server's hint, or
-    /// the request deferred or given up like one.
+    /// A call the breaker's adaptive send rate or concurrency limit held back until its slot:
+    /// not an attempt, not the provider's failure, and no budget spent; the wait is slept like
+    /// a server's hint, or the request deferred or given up like one.
     #[cold]
     fn decide_paced(&mut self, failure: &Failure<R>) -> Next {
         let Mode::Retrying(r) = &mut self.mode else {
@@ -630,7 +630,11 @@ impl<S, Req, F, R> Call<S, Req, F, R> {
         r.paced();
         let deadline = self.deadline.at();
         let wait = failure.retry_after().unwrap_or_default();
-        match r.policy.decide_paced(wait, r.paced_for(), r.spare_state) {
+        let source = crate::breaker::held_by(failure);
+        match r
+            .policy
+            .decide_paced(wait, r.paced_for(), r.spare_state, source)
+        {
             Decision::Stop(reason) => Next::End(End::GiveUp(reason)),
             Decision::Defer(at, delay) => Next::End(End::Defer(at, Some(delay))),
             Decision::Retry(..) if past_deadline(deadline, wait) => {

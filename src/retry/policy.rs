@@ -852,12 +852,18 @@ impl RetryPolicy {
         Decision::Retry(delay, source)
     }
 
-    /// A call the breaker's adaptive send rate held back until its slot, `wait` from now, after
-    /// `waited` already waited for slots: waited in process like a server's hint while the
-    /// waits in all stay within the same bound, else deferred or given up like one. Not an
-    /// attempt, so neither attempt cap applies; a request that cannot be sent again stops as
-    /// for any failure.
-    pub(crate) fn decide_paced(&self, wait: Duration, waited: Duration, spare: Spare) -> Decision {
+    /// A call the breaker's adaptive send rate (or concurrency limit: `source`) held back until
+    /// its slot, `wait` from now, after `waited` already waited for slots: waited in process
+    /// like a server's hint while the waits in all stay within the same bound, else deferred or
+    /// given up like one. Not an attempt, so neither attempt cap applies; a request that cannot
+    /// be sent again stops as for any failure.
+    pub(crate) fn decide_paced(
+        &self,
+        wait: Duration,
+        waited: Duration,
+        spare: Spare,
+        source: DelaySource,
+    ) -> Decision {
         match spare {
             Spare::Ready => {}
             // Held back in this process: certainly not sent.
@@ -872,7 +878,7 @@ impl RetryPolicy {
                 Decision::Defer(retry_at(SystemTime::now(), wait), wait)
             };
         }
-        Decision::Retry(wait, DelaySource::SendRate)
+        Decision::Retry(wait, source)
     }
 
     /// The longest a call waits in process for send slots, in all: the bound on server hints.

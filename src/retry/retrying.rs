@@ -121,7 +121,10 @@ impl<S, F, R> Retrying<S, F, R> {
         source: DelaySource,
     ) {
         let history = self.history();
-        if source == DelaySource::SendRate {
+        if matches!(
+            source,
+            DelaySource::SendRate | DelaySource::ConcurrencyLimit
+        ) {
             // Held back until a slot: the slot is kept for the next attempt, and the last
             // real failure, if any, stays the last one; the wait is no backoff step.
             history.slot = failure.notes_mut().remove::<SendSlot>();
