@@ -91,7 +91,8 @@ impl Settings {
     /// The first setting of `new` that a breaker built from these settings cannot take while it
     /// runs (see [`Shared::retune`]), by its builder's method: what decides the breaker's
     /// window (a rate rule, the slow-call rule, the window's kind and size), the classes it
-    /// counts, whether it paces, whether it limits concurrency, and its name. `None`: every difference is a threshold.
+    /// counts, whether it paces, whether it limits concurrency, and its name. `None`: every
+    /// difference is a threshold.
     #[cfg_attr(not(feature = "serde"), allow(dead_code))]
     pub(crate) fn shape_change(&self, new: &Settings) -> Option<&'static str> {
         if self.has_rates() != new.has_rates() {
