@@ -351,6 +351,7 @@ fn breaker_with_its_concurrency_limit_off_or_on_allocates_nothing() {
     // nothing (the calls here stay within the limit).
     let layer = BreakerLayer::builder()
         .without_adaptive_rate()
+        .adaptive_concurrency(AdaptiveConcurrency::new())
         .build()
         .expect("a valid configuration");
     let handle = layer.handle();

@@ -216,6 +216,7 @@ async fn sample(read: impl Fn() -> Option<u32>, start: Instant, seconds: u64) ->
 async fn a_provider_limited_by_concurrency_is_sent_about_what_it_takes() {
     let provider = Slots::new(10, ms(100), Over::TooMany);
     let breaker = BreakerLayer::builder()
+        .adaptive_concurrency(AdaptiveConcurrency::new())
         .without_adaptive_rate()
         .build()
         .unwrap();
@@ -250,7 +251,8 @@ async fn a_provider_limited_by_concurrency_is_sent_about_what_it_takes() {
 #[tokio::test(start_paused = true)]
 async fn the_preset_gets_a_provider_limited_by_concurrency_its_rate_too() {
     let provider = Slots::new(10, ms(100), Over::TooMany);
-    let layer = BackstopLayer::http(Duration::from_secs(2));
+    let layer = BackstopLayer::http(Duration::from_secs(2))
+        .adaptive_concurrency(AdaptiveConcurrency::new());
     let health = layer.health();
     let svc = ServiceBuilder::new().layer(layer).service(provider.clone());
     let start = Instant::now();
@@ -286,6 +288,7 @@ async fn a_provider_that_never_signals_overload_is_never_counted() {
     let provider = Slots::new(1_000, ms(100), Over::TooMany);
     let told = Told::default();
     let breaker = BreakerLayer::builder()
+        .adaptive_concurrency(AdaptiveConcurrency::new())
         .listener(told.clone())
         .build()
         .unwrap();
@@ -312,6 +315,7 @@ async fn a_503_lowers_the_limit_with_or_without_retry_after() {
         let provider = Slots::new(5, ms(100), over);
         let told = Told::default();
         let breaker = BreakerLayer::builder()
+            .adaptive_concurrency(AdaptiveConcurrency::new())
             .without_adaptive_rate()
             // 503s count as failures: a breaker that does not open on the few of an overload.
             .consecutive_failures(1_000)
@@ -354,6 +358,7 @@ async fn latency_rising_lowers_the_limit() {
         provider.refuse_nth = 20;
         let told = Told::default();
         let breaker = BreakerLayer::builder()
+            .adaptive_concurrency(AdaptiveConcurrency::new())
             .without_adaptive_rate()
             .adaptive_concurrency(AdaptiveConcurrency::new().latency_tolerance(tolerance))
             .listener(told.clone())
@@ -390,6 +395,7 @@ async fn the_limit_grows_back_on_clean_answers_and_is_lifted_after_a_quiet_time(
     let provider = Slots::new(5, ms(100), Over::TooMany);
     let told = Told::default();
     let breaker = BreakerLayer::builder()
+        .adaptive_concurrency(AdaptiveConcurrency::new())
         .without_adaptive_rate()
         .listener(told.clone())
         .build()
@@ -494,6 +500,7 @@ async fn limited(
 #[tokio::test(start_paused = true)]
 async fn held_calls_are_not_sent_and_every_permit_comes_back() {
     let breaker = BreakerLayer::builder()
+        .adaptive_concurrency(AdaptiveConcurrency::new())
         .without_adaptive_rate()
         .name("api")
         .build()
@@ -544,6 +551,7 @@ async fn held_callers_are_served_first_in_first_out() {
     // One permit at most: turns are given one at a time, so the order of the queue is the
     // order the provider sees (turns given at once are taken as their callers wake).
     let breaker = BreakerLayer::builder()
+        .adaptive_concurrency(AdaptiveConcurrency::new())
         .without_adaptive_rate()
         .adaptive_concurrency(AdaptiveConcurrency::new().max(1))
         .build()
@@ -603,6 +611,7 @@ async fn held_callers_are_served_first_in_first_out() {
 #[tokio::test(start_paused = true)]
 async fn without_the_limit_an_overload_answer_changes_nothing() {
     let breaker = BreakerLayer::builder()
+        .adaptive_concurrency(AdaptiveConcurrency::new())
         .without_adaptive_rate()
         .without_adaptive_concurrency()
         .build()
@@ -712,6 +721,7 @@ fn the_gauge_follows_the_limit_and_reads_nan_once_lifted() {
             .unwrap()
             .block_on(async {
                 let breaker = BreakerLayer::builder()
+                    .adaptive_concurrency(AdaptiveConcurrency::new())
                     .without_adaptive_rate()
                     .name("api")
                     .listener(Metrics::new())

@@ -218,7 +218,7 @@ async fn what_a_running_stack_cannot_take_is_refused_by_name() {
     let err = reload
         .apply(&with(
             "open_for = \"30s\"",
-            "open_for = \"30s\"\nadaptive_concurrency = false",
+            "open_for = \"30s\"\nadaptive_concurrency = true",
         ))
         .unwrap_err();
     assert_eq!(err.path(), "breaker.adaptive_concurrency");

@@ -1271,7 +1271,7 @@ async fn the_overview_shows_a_throttled_breakers_send_rate_while_limited() {
 async fn the_overview_shows_a_breakers_concurrency_limit_while_limited() {
     use std::sync::atomic::{AtomicU16, Ordering};
     use tower::ServiceExt as _;
-    use tower_backstop::breaker::{BreakerLayer, State};
+    use tower_backstop::breaker::{AdaptiveConcurrency, BreakerLayer, State};
 
     // An in-process provider: 200 after 100 ms until told otherwise, then 503.
     let answer = Arc::new(AtomicU16::new(200));
@@ -1286,6 +1286,7 @@ async fn the_overview_shows_a_breakers_concurrency_limit_while_limited() {
         }
     });
     let breaker = BreakerLayer::builder()
+        .adaptive_concurrency(AdaptiveConcurrency::new())
         .without_adaptive_rate()
         .build()
         .unwrap();

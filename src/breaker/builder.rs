@@ -43,7 +43,7 @@ pub(crate) const DEFAULT_CLASSES: [Class; 2] = [Class::TRANSIENT, Class::UNKNOWN
 /// | [`max_half_open`](Self::max_half_open) | none | longest time in half-open before it re-opens |
 /// | [`failure_classes`](Self::failure_classes) | transient, unknown | classes that count as failures (a throttled answer lowers the send rate instead) |
 /// | [`adaptive_rate`](Self::adaptive_rate) / [`without_adaptive_rate`](Self::without_adaptive_rate) | on, [`AdaptiveRate::new`] | the send rate lowered on throttled answers |
-/// | [`adaptive_concurrency`](Self::adaptive_concurrency) / [`without_adaptive_concurrency`](Self::without_adaptive_concurrency) | on, [`AdaptiveConcurrency::new`] | the calls in flight bounded, and the bound learnt, once the provider signals overload |
+/// | [`adaptive_concurrency`](Self::adaptive_concurrency) / [`without_adaptive_concurrency`](Self::without_adaptive_concurrency) | off ([`AdaptiveConcurrency::new`] once turned on: a limit that learns from per-request failures as from overload cuts the calls in flight of a provider that fails one request in five to a few) | the calls in flight bounded, and the bound learnt, once the provider signals overload |
 /// | [`per_host`](Self::per_host) / [`keyed_by`](Self::keyed_by) | one breaker | one breaker per host, or per key of yours |
 /// | [`max_keys`](Builder::max_keys) | 64 | the most keys with a breaker kept for them |
 ///
@@ -92,7 +92,7 @@ impl Default for Builder {
                 classes: Arc::from(DEFAULT_CLASSES),
                 listener: None,
                 rate: Some(AdaptiveRate::new()),
-                concurrency: Some(AdaptiveConcurrency::new()),
+                concurrency: None,
             },
             keys: (),
         }
@@ -264,8 +264,8 @@ impl<K> Builder<K> {
     }
 
     /// How the breaker bounds the calls in flight to a provider that signals overload
-    /// ([`AdaptiveConcurrency`]; on by default with [`AdaptiveConcurrency::new`]). Its
-    /// settings are checked by `build`.
+    /// ([`AdaptiveConcurrency`]; off by default: it cannot tell an overload from failures of
+    /// single requests). Its settings are checked by `build`.
     pub fn adaptive_concurrency(mut self, concurrency: AdaptiveConcurrency) -> Self {
         self.settings.concurrency = Some(concurrency);
         self

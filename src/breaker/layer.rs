@@ -490,6 +490,15 @@ impl<K: Clone> BreakerLayer<K> {
         self.rebuilt(|settings| settings.concurrency = None)
     }
 
+    /// Fresh breakers with the same settings and this adaptive concurrency limit, for the
+    /// preset.
+    pub(crate) fn with_concurrency(
+        &self,
+        concurrency: crate::breaker::AdaptiveConcurrency,
+    ) -> Self {
+        self.rebuilt(|settings| settings.concurrency = Some(concurrency))
+    }
+
     /// Fresh breakers with the same settings, changed by `change`.
     fn rebuilt(&self, change: impl Fn(&mut Settings)) -> Self {
         let mut settings = self.shared.settings();

@@ -24,7 +24,13 @@ use crate::status::DelaySource;
 /// requests a second, the limit one that throttles by requests at once, or answers overload by
 /// slowing down.
 ///
-/// Until the provider signals overload, nothing is counted: a call costs one atomic load more,
+/// Off by default ([`Builder::adaptive_concurrency`](super::Builder::adaptive_concurrency),
+/// [`BackstopLayer::adaptive_concurrency`](crate::BackstopLayer::adaptive_concurrency) turn it
+/// on): it cannot tell an overload from failures of single requests, so against a provider that
+/// answers one request in five `429` or `503` whatever the load it cuts the calls in flight to a
+/// few. Turn it on for a provider that limits the calls in flight.
+///
+/// Once on, until the provider signals overload, nothing is counted: a call costs one atomic load more,
 /// and allocates nothing. The first overload answer turns the limit on: an answer of class
 /// [`Class::THROTTLED`] (HTTP 429, gRPC `RESOURCE_EXHAUSTED`, SMTP 421) or an HTTP 503, with or
 /// without `Retry-After`, while the breaker is closed (the failures of an outage are the
@@ -85,8 +91,11 @@ use crate::status::DelaySource;
 /// use std::time::Duration;
 /// use tower_backstop::breaker::{AdaptiveConcurrency, BreakerLayer};
 ///
-/// // On by default, with the defaults below.
-/// let _default = BreakerLayer::new();
+/// // Off by default; on, with the defaults below.
+/// let _on = BreakerLayer::builder()
+///     .adaptive_concurrency(AdaptiveConcurrency::new())
+///     .build()
+///     .expect("a valid configuration");
 ///
 /// // Customised: at most 200 calls at once, lifted after a minute without overload.
 /// let layer = BreakerLayer::builder()

@@ -58,10 +58,8 @@ pub(crate) fn client_rule() -> Builder {
 /// jitter, and each pacing its host with an adaptive send rate once the host answers throttled
 /// (a `429` lowers the rate instead of opening the breaker: see
 /// [`AdaptiveRate`](crate::breaker::AdaptiveRate); [`without_adaptive_rate`](Self::without_adaptive_rate)
-/// turns it off) and bounding the calls in flight to it with a limit learnt from its answers
-/// once it signals overload (a `429` or a `503`: see
-/// [`AdaptiveConcurrency`](crate::breaker::AdaptiveConcurrency);
-/// [`without_adaptive_concurrency`](Self::without_adaptive_concurrency) turns it off); no
+/// turns it off), with an adaptive concurrency limit to turn on for a provider that limits the
+/// calls in flight ([`adaptive_concurrency`](Self::adaptive_concurrency); off by default); no
 /// dead-letter store (a final failure is returned to the caller, not recorded,
 /// and nothing is deferred: a wait above the retry layer's in-process bound gives the request
 /// up with [`GiveUp::HintTooLong`](crate::retry::GiveUp::HintTooLong)). The
@@ -310,11 +308,30 @@ impl<C, K: Clone> BackstopLayer<C, BreakerLayer<K>> {
         self
     }
 
-    /// Turns the breakers' adaptive concurrency limit off
-    /// ([`AdaptiveConcurrency`](crate::breaker::AdaptiveConcurrency), on by default): the calls
-    /// in flight to a provider that signals overload are no longer counted nor bounded. The
-    /// breakers are built afresh without it (call it before taking a
-    /// [`health`](Self::health) reader).
+    /// Turns the breakers' adaptive concurrency limit on
+    /// ([`AdaptiveConcurrency`](crate::breaker::AdaptiveConcurrency), off by default): once a
+    /// provider signals overload (a `429` or a `503`), the calls in flight to it are counted and
+    /// bounded by a limit learnt from its answers. Off by default because it cannot tell an
+    /// overload from failures of single requests: a provider that answers one request in five
+    /// `429` or `503` whatever the load would see its calls in flight cut to a few. Turn it on
+    /// for a provider that limits the calls in flight. The breakers are built afresh with it
+    /// (call it before taking a [`health`](Self::health) reader).
+    pub fn adaptive_concurrency(
+        mut self,
+        concurrency: crate::breaker::AdaptiveConcurrency,
+    ) -> Self {
+        self.breaker = self.breaker.with_concurrency(concurrency);
+        #[cfg(feature = "serde")]
+        {
+            self.reload = None;
+        }
+        self
+    }
+
+    /// Turns the breakers' adaptive concurrency limit off again
+    /// ([`AdaptiveConcurrency`](crate::breaker::AdaptiveConcurrency), off by default; see
+    /// [`adaptive_concurrency`](Self::adaptive_concurrency)). The breakers are built afresh
+    /// without it (call it before taking a [`health`](Self::health) reader).
     pub fn without_adaptive_concurrency(mut self) -> Self {
         self.breaker = self.breaker.without_concurrency();
         #[cfg(feature = "serde")]
