@@ -568,7 +568,13 @@ async fn an_operator_sees_a_throttled_providers_send_rate() {
     let addr = serve(board.router()).await;
     let c = browser(&driver, &dir.path().join("profile")).await;
 
-    let before = handle.send_rate().expect("limited");
+    // The limit's first measure runs a second after the 429 (three when it cannot read a rate):
+    // no rate is reported until it ends. Wait for it, ten seconds at most.
+    let limited_by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while handle.send_rate().is_none() && std::time::Instant::now() < limited_by {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let before = handle.send_rate().expect("limited once its first measure ended");
     c.goto(&format!("http://{addr}/")).await.unwrap();
     let row = text(&c, &format!("#breakers tr[data-breaker='{busy}']")).await;
     let after = handle.send_rate().expect("still limited");
