@@ -1,7 +1,10 @@
 //! The four dead-letter stores side by side, in one run: records appended per second (one `put`
 //! a record, and `put_many` of 1,000), claim-and-ack per second (`claim_due` of one due record,
 //! then `change_if_unchanged` to resolved: what a scheduler does per re-send), and over a store
-//! of 100,000 dead records, a page of 50 of one class and the counts of all time.
+//! of 100,000 dead records, a page of 50 of one class and the counts of all time. Then, group
+//! `stores_backlog_<records>`, SQLite, Redis and Postgres over a backlog of waiting records
+//! (`BACKSTOP_BENCH_BACKLOG`, 100,000 unless set): claim-and-ack by 1 and 4 claimers, each
+//! record acknowledged on its own or the claimed batch at once, and `next_due`.
 //!
 //! Redis needs a server at `BACKSTOP_REDIS_URL` (default `redis://127.0.0.1:6379`) and the
 //! `redis` feature; Postgres one at `BACKSTOP_POSTGRES_URL` (default
@@ -190,7 +193,10 @@ fn stores(c: &mut Criterion) {
     });
     redis(c, &rt);
     postgres(c, &rt);
-    backlog(c, &rt, dir.path());
+    let path = dir.path().join("backlog.db");
+    backlog(c, &rt, "sqlite", || {
+        Arc::new(SqliteStore::open(&path).unwrap())
+    });
 }
 
 /// Records claimed at a time by each claimer of the backlog.
@@ -228,7 +234,7 @@ fn waiting(n: u64, retry_at: SystemTime) -> Record {
 
 /// Writes `count` records of the backlog, numbered from `from`: every tenth due `due_by`
 /// (spread over the minute before it), the others over the next day.
-async fn seed(store: &SqliteStore, from: u64, count: u64, due_by: SystemTime) {
+async fn seed(store: &dyn Store, from: u64, count: u64, due_by: SystemTime) {
     let mut n = from;
     while n < from + count {
         let batch = (n..(n + BATCH as u64).min(from + count))
@@ -246,8 +252,10 @@ async fn seed(store: &SqliteStore, from: u64, count: u64, due_by: SystemTime) {
     }
 }
 
-/// Claims batches and acknowledges each record, as the scheduler does, until `left` is spent.
-async fn claim_and_ack(store: SqliteStore, left: Arc<AtomicUsize>) {
+/// Claims batches and acknowledges them, as the scheduler does, until `left` is spent: each
+/// record with its own `change_claimed`, or, `batched`, the claimed batch with one
+/// `change_claimed_many` (what the scheduler does on a store that applies batches).
+async fn claim_and_ack(store: Arc<dyn Store>, left: Arc<AtomicUsize>, batched: bool) {
     loop {
         let take = left
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
@@ -260,52 +268,64 @@ async fn claim_and_ack(store: SqliteStore, left: Arc<AtomicUsize>) {
         let now = SystemTime::now();
         let claimed = store.claim_due(now, take, LEASE).await.unwrap();
         assert_eq!(claimed.len(), take, "the backlog ran dry");
-        for record in claimed {
-            let lease = record.lease().expect("a claimed record is in flight");
-            let acked = store
-                .change_claimed(&lease, Change::Resolved { at: now })
-                .await
-                .unwrap();
+        let leases = claimed
+            .iter()
+            .map(|r| r.lease().expect("a claimed record is in flight"));
+        let acks = if batched {
+            let changes = leases.map(|l| (l, Change::Resolved { at: now })).collect();
+            store.change_claimed_many(changes).await.unwrap()
+        } else {
+            let mut acks = Vec::with_capacity(take);
+            for lease in leases {
+                let change = Change::Resolved { at: now };
+                acks.push(store.change_claimed(&lease, change).await.unwrap());
+            }
+            acks
+        };
+        for acked in acks {
             assert!(matches!(acked, Claim::Claimed(_)), "{acked:?}");
         }
     }
 }
 
-/// SQLite over a backlog: claim-and-ack by 1 and 4 claimers, and `next_due`.
-fn backlog(c: &mut Criterion, rt: &Runtime, dir: &std::path::Path) {
+/// A store over a backlog (`BACKSTOP_BENCH_BACKLOG` records, 100,000 unless set): claim-and-ack
+/// by 1 and 4 claimers (each a store of its own from `open`, as 4 processes), acknowledged per
+/// record and in batches, and `next_due`.
+fn backlog(c: &mut Criterion, rt: &Runtime, name: &str, open: impl Fn() -> Arc<dyn Store>) {
     let records: u64 = std::env::var("BACKSTOP_BENCH_BACKLOG")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(SCALE as u64);
-    let path = dir.join("backlog.db");
-    let store = SqliteStore::open(&path).unwrap();
+    let store = open();
     let seeded = Instant::now();
-    rt.block_on(seed(&store, 0, records, SystemTime::now()));
+    rt.block_on(seed(&*store, 0, records, SystemTime::now()));
     eprintln!(
-        "sqlite: seeded the backlog of {records} records in {:.1} s",
+        "{name}: seeded the backlog of {records} records in {:.1} s",
         seeded.elapsed().as_secs_f64()
     );
     let next = AtomicU64::new(records);
     let mut group = c.benchmark_group(format!("stores_backlog_{records}"));
     group.sample_size(10);
-    for claimers in [1, 4] {
-        let stores: Vec<SqliteStore> = (0..claimers)
-            .map(|_| SqliteStore::open(&path).unwrap())
-            .collect();
+    for (claimers, batched) in [(1, false), (4, false), (1, true), (4, true)] {
+        let stores: Vec<Arc<dyn Store>> = (0..claimers).map(|_| open()).collect();
         group.throughput(Throughput::Elements(CLAIM_BATCH as u64));
-        group.bench_function(format!("sqlite/claim_and_ack_{claimers}"), |b| {
+        let ack = if batched { "_batched" } else { "" };
+        group.bench_function(format!("{name}/claim_and_ack{ack}_{claimers}"), |b| {
             b.iter_custom(|iters| {
                 rt.block_on(async {
                     // As many new due records as this sample claims, written outside the
                     // timed part, so that the due part of the backlog stays as it was (the
                     // store grows by the records resolved).
                     let count = iters * CLAIM_BATCH as u64;
-                    seed_due(&store, next.fetch_add(count, Ordering::Relaxed), count).await;
+                    seed_due(&*store, next.fetch_add(count, Ordering::Relaxed), count).await;
                     let left = Arc::new(AtomicUsize::new(count as usize));
                     let start = Instant::now();
                     let tasks: Vec<_> = stores
                         .iter()
-                        .map(|s| tokio::spawn(claim_and_ack(s.clone(), Arc::clone(&left))))
+                        .map(|s| {
+                            let (s, left) = (Arc::clone(s), Arc::clone(&left));
+                            tokio::spawn(claim_and_ack(s, left, batched))
+                        })
                         .collect();
                     for task in tasks {
                         task.await.unwrap();
@@ -316,7 +336,7 @@ fn backlog(c: &mut Criterion, rt: &Runtime, dir: &std::path::Path) {
         });
     }
     group.throughput(Throughput::Elements(1));
-    group.bench_function("sqlite/next_due", |b| {
+    group.bench_function(format!("{name}/next_due"), |b| {
         b.iter(|| {
             let next = rt.block_on(store.next_due()).unwrap();
             assert!(next.is_some());
@@ -326,7 +346,7 @@ fn backlog(c: &mut Criterion, rt: &Runtime, dir: &std::path::Path) {
 }
 
 /// Writes `count` records due now, numbered from `from`.
-async fn seed_due(store: &SqliteStore, from: u64, count: u64) {
+async fn seed_due(store: &dyn Store, from: u64, count: u64) {
     let now = SystemTime::now();
     for start in (from..from + count).step_by(BATCH) {
         let batch = (start..(start + BATCH as u64).min(from + count))
@@ -349,8 +369,12 @@ fn redis(c: &mut Criterion, rt: &Runtime) {
     all(c, rt, "redis", |part| {
         store.clone().with_prefix(prefix(part))
     });
+    backlog(c, rt, "redis", || {
+        let store = rt.block_on(RedisStore::connect(&url)).unwrap();
+        Arc::new(store.with_prefix(prefix("backlog")))
+    });
     // Leave no bench keys behind.
-    for part in ["append", "claim", "pages"] {
+    for part in ["append", "claim", "pages", "backlog"] {
         let store = store.clone().with_prefix(prefix(part));
         for status in [Status::Dead, Status::Resolved, Status::Deferred] {
             let _ = rt.block_on(store.delete(&Filter::new().status(status)));
@@ -386,9 +410,10 @@ fn postgres(c: &mut Criterion, rt: &Runtime) {
         .unwrap()
     };
     all(c, rt, "postgres", open);
+    backlog(c, rt, "postgres", || Arc::new(open("backlog")));
     // Leave no bench schema behind.
     let store = open("probe");
-    for part in ["probe", "append", "claim", "pages"] {
+    for part in ["probe", "append", "claim", "pages", "backlog"] {
         let drop = format!("DROP SCHEMA \"{}\" CASCADE", schema(part));
         if let Err(e) = rt.block_on(sqlx::query(&drop).execute(store.pool())) {
             eprintln!("could not drop the bench schema {}: {e}", schema(part));

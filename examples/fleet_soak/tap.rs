@@ -125,6 +125,10 @@ impl Store for Tap {
         if renewal { tell_claim(answer) } else { answer }
     }
 
+    fn applies_batches(&self) -> bool {
+        self.0.applies_batches()
+    }
+
     fn change_claimed_many(&self, changes: Vec<(Lease, Change)>) -> Answer<Vec<Claim>> {
         // The renewals among them, to be told.
         let renewals: Vec<bool> = changes

@@ -477,6 +477,15 @@ impl Store for KeepsNoNotes {
     ) -> BoxFuture<'static, Result<Claim, StoreError>> {
         self.0.change_claimed(lease, change)
     }
+    fn change_claimed_many(
+        &self,
+        changes: Vec<(Lease, Change)>,
+    ) -> BoxFuture<'static, Result<Vec<Claim>, StoreError>> {
+        self.0.change_claimed_many(changes)
+    }
+    fn applies_batches(&self) -> bool {
+        self.0.applies_batches()
+    }
     fn put_claimed(
         &self,
         lease: &Lease,

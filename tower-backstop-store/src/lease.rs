@@ -115,3 +115,52 @@ impl Record {
         }
     }
 }
+
+/// Splits a batch of changes under claims into rounds in which no record appears twice: round
+/// `k` holds the `k`-th change of each record, each with its position in `changes`. Applying
+/// the rounds one after the other applies each record's changes in the batch's order (a
+/// renewal, then the resolution of the same claim), while the changes of one round may go
+/// together (one statement, one pipeline). A batch without a repeated record is one round.
+pub(crate) fn rounds<C>(changes: Vec<(Lease, C)>) -> Vec<Vec<(usize, Lease, C)>> {
+    let mut rounds: Vec<Vec<(usize, Lease, C)>> = Vec::new();
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (i, (lease, change)) in changes.into_iter().enumerate() {
+        let times = seen.entry(lease.id.clone()).or_insert(0);
+        if rounds.len() <= *times {
+            rounds.push(Vec::new());
+        }
+        rounds[*times].push((i, lease, change));
+        *times += 1;
+    }
+    rounds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_splits_into_rounds_without_a_repeated_record() {
+        let lease = |id: &str| Lease::new(id, 1, UNIX_EPOCH);
+        let batch = vec![
+            (lease("a"), "renew a"),
+            (lease("b"), "resolve b"),
+            (lease("a"), "resolve a"),
+            (lease("c"), "resolve c"),
+            (lease("a"), "again a"),
+        ];
+        let rounds: Vec<Vec<(usize, &str)>> = rounds(batch)
+            .into_iter()
+            .map(|round| round.into_iter().map(|(i, _, c)| (i, c)).collect())
+            .collect();
+        assert_eq!(
+            rounds,
+            [
+                vec![(0, "renew a"), (1, "resolve b"), (3, "resolve c")],
+                vec![(2, "resolve a")],
+                vec![(4, "again a")],
+            ]
+        );
+        assert!(super::rounds::<()>(Vec::new()).is_empty());
+    }
+}

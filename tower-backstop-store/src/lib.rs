@@ -470,15 +470,24 @@ pub trait Store: Send + Sync + 'static {
     /// instead of one per record. A claim that ended (another claimer took its record) is
     /// [`Claim::ClaimedElsewhere`] in its place and changes nothing, and the others still apply.
     ///
+    /// A batch may name one claim more than once (a renewal, then its resolution): each
+    /// record's changes apply in the batch's order.
+    ///
     /// SQLite applies the batch in one `BEGIN IMMEDIATE` transaction (one commit, one fsync,
-    /// instead of one per record). The default, and the other stores of this crate, apply the
-    /// changes one after the other ([`change_claimed`](Store::change_claimed) each).
+    /// instead of one per record). Postgres applies it in one statement (an `UPDATE … FROM
+    /// unnest(…)`: one round trip and one commit; a record named `k` times takes `k`
+    /// statements). Redis sends the batch's versioned writes together over its multiplexed
+    /// connection (each write atomic on its own, as in [`change_claimed`](Store::change_claimed);
+    /// round trips overlap instead of following each other). The default, and the memory
+    /// store, apply the changes one after the other ([`change_claimed`](Store::change_claimed)
+    /// each).
     ///
     /// # Errors
     ///
     /// [`StoreError`] when the store is closed or the read or write fails. SQLite then writes
-    /// nothing of the batch; the default may have applied the changes before the failing one
-    /// (each is atomic on its own, and applying one again finds its claim ended).
+    /// nothing of the batch, and a Postgres batch of distinct records nothing either; Redis
+    /// and the default may have applied some of the changes (each is atomic on its own, and
+    /// applying one again finds its claim ended).
     fn change_claimed_many(
         &self,
         changes: Vec<(Lease, Change)>,
@@ -519,7 +528,7 @@ pub trait Store: Send + Sync + 'static {
     /// Whether [`change_claimed_many`](Store::change_claimed_many) applies a batch in one step
     /// (one transaction, one round trip) rather than one change after the other: a scheduler
     /// gathers its writes under a claim into batches only for a store that does. `false` by
-    /// default; `true` for SQLite.
+    /// default; `true` for SQLite, Postgres and Redis.
     fn applies_batches(&self) -> bool {
         false
     }

@@ -25,6 +25,7 @@ use self::pooled::Mode;
 use self::row::{
     COLUMNS, Columns, PgQuery, count_of, decode_error, decode_row, encode_map, select_list,
 };
+use super::lease::rounds;
 use super::query::{Change, Claim, Counts, Filter, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, add_clamped, from_millis, to_millis};
 use super::schedule::{from_micros, gap_micros, to_micros};
@@ -232,6 +233,8 @@ struct Sql {
     reserve_slot: String,
     create_slots: String,
     change: String,
+    /// `change` for a batch of changes under claims, one statement.
+    change_many: String,
     counts: String,
     budget: String,
     append_audit: String,
@@ -278,6 +281,7 @@ impl Sql {
                  name text COLLATE \"C\" PRIMARY KEY, next_us bigint NOT NULL)"
             ),
             change: fill(include_str!("postgres/change.sql")),
+            change_many: fill(include_str!("postgres/change_many.sql")),
             counts: fill(include_str!("postgres/counts.sql")),
             budget: format!("SELECT budget_spent FROM {schema}.records WHERE id = $1"),
             append_audit: format!(
@@ -734,6 +738,96 @@ impl PostgresStore {
         }
     }
 
+    /// Applies one round of a batch of changes under claims (no record twice) in one
+    /// statement ([`Store::change_claimed_many`]): each change's position in the batch and its
+    /// [`Claim`].
+    async fn change_round(
+        &self,
+        round: Vec<(usize, Lease, Change)>,
+    ) -> Result<Vec<(usize, Claim)>, StoreError> {
+        let n = round.len();
+        let mut ids = Vec::with_capacity(n);
+        let (mut statuses, mut retry_ats) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut resends, mut resets) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut resolved_ats, mut metadata) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut tokens, mut at) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut leases = HashMap::with_capacity(n);
+        for (i, lease, change) in round {
+            let args = ChangeArgs::of(change);
+            ids.push(text::encode(&lease.id).into_owned());
+            statuses.push(args.status.as_str());
+            retry_ats.push(args.retry_at);
+            resends.push(args.resends);
+            resets.push(args.reset_budget);
+            resolved_ats.push(args.resolved_at);
+            metadata.push(args.metadata);
+            tokens.push(i64::from(lease.token));
+            at.push(i64::try_from(i).unwrap_or(i64::MAX));
+            leases.insert(i, lease);
+        }
+        let query = sqlx::query(&self.sql.change_many)
+            .bind(ids)
+            .bind(statuses)
+            .bind(retry_ats)
+            .bind(resends)
+            .bind(resets)
+            .bind(resolved_ats)
+            .bind(metadata)
+            .bind(tokens)
+            .bind(at)
+            .bind(Status::InFlight.as_str());
+        let rows = self
+            .fetch_all(query)
+            .await
+            .map_err(pg_error("change records"))?;
+        let failed = |e| pg_error("change records")(e);
+        let mut claims = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let i: i64 = row.try_get(COLUMNS.len() + 1).map_err(failed)?;
+            let i = usize::try_from(i).unwrap_or(usize::MAX);
+            let changed: Option<String> = row.try_get(0).map_err(failed)?;
+            if changed.is_some() {
+                claims.push((i, Claim::Claimed(Box::new(decode_row(row)?))));
+                continue;
+            }
+            let now: Option<String> = row.try_get(COLUMNS.len() + 2).map_err(failed)?;
+            let count: Option<i64> = row.try_get(COLUMNS.len() + 3).map_err(failed)?;
+            let claim = match (now, count) {
+                (Some(status), Some(count)) => {
+                    let (status, count) = (status.parse()?, count_of(count));
+                    let lease = leases.get(&i).ok_or_else(|| {
+                        StoreError::new("postgres dead-letter store: a change not asked for")
+                    })?;
+                    if (status, count) == (Status::InFlight, lease.token) {
+                        // Read as of the statement's start, while a change committed since
+                        // made the claim end: read it again.
+                        match self.get_record(&lease.id).await? {
+                            Some(r) => Claim::ClaimedElsewhere {
+                                status: r.status,
+                                resends: r.resends,
+                            },
+                            None => Claim::Missing,
+                        }
+                    } else {
+                        Claim::ClaimedElsewhere {
+                            status,
+                            resends: count,
+                        }
+                    }
+                }
+                _ => Claim::Missing,
+            };
+            claims.push((i, claim));
+        }
+        if claims.len() != n {
+            return Err(StoreError::new(format!(
+                "postgres dead-letter store: change records: {} answers to a batch of {n}",
+                claims.len()
+            )));
+        }
+        Ok(claims)
+    }
+
     async fn delete_matching(&self, filter: &Filter) -> Result<u64, StoreError> {
         let (clause, args) = where_clause(filter);
         let n = args.len() + 1;
@@ -1058,6 +1152,34 @@ impl Store for PostgresStore {
                 other => Ok(other),
             }
         })
+    }
+
+    fn change_claimed_many(
+        &self,
+        changes: Vec<(Lease, Change)>,
+    ) -> BoxFuture<'static, Result<Vec<Claim>, StoreError>> {
+        self.run(|this| async move {
+            let mut claims: Vec<Option<Claim>> = (0..changes.len()).map(|_| None).collect();
+            for round in rounds(changes) {
+                for (i, claim) in this.change_round(round).await? {
+                    if let Some(slot) = claims.get_mut(i) {
+                        *slot = Some(claim);
+                    }
+                }
+            }
+            let claims: Vec<Claim> = claims.into_iter().flatten().collect();
+            if claims
+                .iter()
+                .any(|c| matches!(c, Claim::Claimed(r) if r.status == Status::Deferred))
+            {
+                this.wake().await;
+            }
+            Ok(claims)
+        })
+    }
+
+    fn applies_batches(&self) -> bool {
+        true
     }
 
     fn put_claimed(

@@ -8,6 +8,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, Value};
 
+use super::lease::rounds;
 use super::query::newest_first;
 use super::query::{
     Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable, top_first,
@@ -1438,17 +1439,19 @@ impl Store for RedisStore {
                     .query_async(&mut conn)
                     .await
                     .map_err(redis_error("claim records"))?;
-                let mut progress = false;
-                for id in ids {
-                    let record = this
-                        .read_modify_write(&id, false, |old| {
-                            old.filter(|r| claimable(r, now)).map(|mut r| {
-                                claim(&mut r, now, lease);
-                                r
-                            })
+                // The claims of a round go out together over the multiplexed connection: a
+                // round trip for the round, not one per record.
+                let claims = ids.iter().map(|id| {
+                    this.read_modify_write(id, false, |old| {
+                        old.filter(|r| claimable(r, now)).map(|mut r| {
+                            claim(&mut r, now, lease);
+                            r
                         })
-                        .await?;
-                    if let Some(record) = record {
+                    })
+                });
+                let mut progress = false;
+                for record in futures_util::future::join_all(claims).await {
+                    if let Some(record) = record? {
                         progress = true;
                         claimed.push(record);
                     }
@@ -1490,6 +1493,35 @@ impl Store for RedisStore {
                 seen.id
             )))
         })
+    }
+
+    fn change_claimed_many(
+        &self,
+        changes: Vec<(Lease, Change)>,
+    ) -> BoxFuture<'static, Result<Vec<Claim>, StoreError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let mut claims: Vec<Option<Claim>> = (0..changes.len()).map(|_| None).collect();
+            for round in rounds(changes) {
+                // The changes of a round (no record twice) go out together over the
+                // multiplexed connection, each its own versioned write.
+                let (at, writes): (Vec<usize>, Vec<_>) = round
+                    .into_iter()
+                    .map(|(i, lease, change)| (i, this.change_claimed(&lease, change)))
+                    .unzip();
+                let answers = futures_util::future::join_all(writes).await;
+                for (i, claim) in at.into_iter().zip(answers) {
+                    if let Some(slot) = claims.get_mut(i) {
+                        *slot = Some(claim?);
+                    }
+                }
+            }
+            Ok(claims.into_iter().flatten().collect())
+        })
+    }
+
+    fn applies_batches(&self) -> bool {
+        true
     }
 
     fn put_claimed(

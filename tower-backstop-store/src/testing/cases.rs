@@ -1034,6 +1034,84 @@ pub(super) async fn a_batch_of_claimed_changes_skips_a_lost_claim(b: &dyn Backen
     );
 }
 
+/// A batch that names one claim twice applies its changes in the batch's order (a renewal,
+/// then the claim given back), and a change to a record deleted meanwhile is
+/// [`Claim::Missing`], the rest of the batch applying.
+pub(super) async fn a_batch_applies_each_records_changes_in_order(b: &dyn Backend) {
+    let o = open(b, "claimed_in_order", 10).await;
+    let records: Vec<Record> = (0..3)
+        .map(|i| {
+            deferred(
+                rec(&format!("n-{i}"), "throttled", "http 429", at(0)),
+                at(100),
+            )
+        })
+        .collect();
+    o.store.put_many(records).await.unwrap();
+    let claimed = o
+        .store
+        .claim_due(at(100), 10, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let lease = |id: &str| {
+        claimed
+            .iter()
+            .find(|r| r.id == id)
+            .and_then(Record::lease)
+            .unwrap_or_else(|| panic!("{id} claimed"))
+    };
+    let (n0, n1, n2) = (lease("n-0"), lease("n-1"), lease("n-2"));
+    assert_eq!(n0.token, 1);
+    o.store.delete(&Filter::new().id("n-2")).await.unwrap();
+    let changes = vec![
+        (n0.clone(), Change::Renewed { until: at(9_000) }),
+        (n1.clone(), Change::Resolved { at: at(200) }),
+        (
+            n0.clone(),
+            Change::Held {
+                retry_at: at(5_000),
+            },
+        ),
+        (n2, Change::Resolved { at: at(200) }),
+        // The claim was given back just before: it no longer holds.
+        (n0, Change::Resolved { at: at(200) }),
+    ];
+    let claims = o.store.change_claimed_many(changes).await.unwrap();
+    assert_eq!(claims.len(), 5);
+    let mut claims = claims.into_iter();
+    match claims.next().unwrap() {
+        Claim::Claimed(r) => {
+            assert_eq!((r.status, r.retry_at), (Status::InFlight, Some(at(9_000))));
+        }
+        other => panic!("the renewal: {other:?}"),
+    }
+    match claims.next().unwrap() {
+        Claim::Claimed(r) => assert_eq!((r.id.as_str(), r.status), ("n-1", Status::Resolved)),
+        other => panic!("n-1's resolution: {other:?}"),
+    }
+    match claims.next().unwrap() {
+        Claim::Claimed(r) => {
+            assert_eq!(
+                (r.status, r.retry_at, r.resends),
+                (Status::Deferred, Some(at(5_000)), 0)
+            );
+        }
+        other => panic!("the claim given back after its renewal: {other:?}"),
+    }
+    assert!(matches!(claims.next().unwrap(), Claim::Missing));
+    match claims.next().unwrap() {
+        Claim::ClaimedElsewhere { status, resends } => {
+            assert_eq!((status, resends), (Status::Deferred, 0));
+        }
+        other => panic!("a change after the claim was given back: {other:?}"),
+    }
+    let n0 = o.store.get("n-0").await.unwrap().unwrap();
+    assert_eq!(
+        (n0.status, n0.retry_at),
+        (Status::Deferred, Some(at(5_000)))
+    );
+}
+
 pub(super) async fn a_claim_is_fenced_by_its_token(b: &dyn Backend) {
     let o = open(b, "fenced", 10).await;
     o.store

@@ -224,6 +224,7 @@ cases!(
     audit_trail_records_purges_and_prunes,
     a_claim_is_fenced_by_its_token,
     a_batch_of_claimed_changes_skips_a_lost_claim,
+    a_batch_applies_each_records_changes_in_order,
     a_failure_under_its_claim_ends_it,
     next_due_is_the_earliest_waiting_time,
     send_slots_are_shared,
