@@ -194,9 +194,24 @@ fn stores(c: &mut Criterion) {
     redis(c, &rt);
     postgres(c, &rt);
     let path = dir.path().join("backlog.db");
-    backlog(c, &rt, "sqlite", || {
-        Arc::new(SqliteStore::open(&path).unwrap())
-    });
+    // The file, its write-ahead log (checkpointed into it at times) and shared memory.
+    let on_disk = || {
+        ["", "-wal", "-shm"]
+            .iter()
+            .filter_map(|end| {
+                let mut file = path.clone().into_os_string();
+                file.push(end);
+                std::fs::metadata(file).ok().map(|m| m.len())
+            })
+            .sum()
+    };
+    backlog(
+        c,
+        &rt,
+        "sqlite",
+        || Arc::new(SqliteStore::open(&path).unwrap()),
+        on_disk,
+    );
 }
 
 /// Records claimed at a time by each claimer of the backlog.
@@ -291,17 +306,31 @@ async fn claim_and_ack(store: Arc<dyn Store>, left: Arc<AtomicUsize>, batched: b
 /// A store over a backlog (`BACKSTOP_BENCH_BACKLOG` records, 100,000 unless set): claim-and-ack
 /// by 1 and 4 claimers (each a store of its own from `open`, as 4 processes), acknowledged per
 /// record and in batches, and `next_due`.
-fn backlog(c: &mut Criterion, rt: &Runtime, name: &str, open: impl Fn() -> Arc<dyn Store>) {
+///
+/// `footprint` reads what the store holds, in bytes (on disk, or in RAM for Redis): read before
+/// and after seeding, its growth per record is printed.
+fn backlog(
+    c: &mut Criterion,
+    rt: &Runtime,
+    name: &str,
+    open: impl Fn() -> Arc<dyn Store>,
+    footprint: impl Fn() -> u64,
+) {
     let records: u64 = std::env::var("BACKSTOP_BENCH_BACKLOG")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(SCALE as u64);
     let store = open();
+    let before = footprint();
     let seeded = Instant::now();
     rt.block_on(seed(&*store, 0, records, SystemTime::now()));
+    let held = footprint().saturating_sub(before);
     eprintln!(
-        "{name}: seeded the backlog of {records} records in {:.1} s",
-        seeded.elapsed().as_secs_f64()
+        "{name}: seeded the backlog of {records} records in {:.1} s; it holds {} bytes, {} a \
+         record",
+        seeded.elapsed().as_secs_f64(),
+        held,
+        held / records.max(1)
     );
     let next = AtomicU64::new(records);
     let mut group = c.benchmark_group(format!("stores_backlog_{records}"));
@@ -369,10 +398,33 @@ fn redis(c: &mut Criterion, rt: &Runtime) {
     all(c, rt, "redis", |part| {
         store.clone().with_prefix(prefix(part))
     });
-    backlog(c, rt, "redis", || {
-        let store = rt.block_on(RedisStore::connect(&url)).unwrap();
-        Arc::new(store.with_prefix(prefix("backlog")))
-    });
+    // The server's memory in use (`INFO memory`, `used_memory`): what the backlog's keys add
+    // on an otherwise quiet server.
+    let used_memory = || -> u64 {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let info: String = rt.block_on(async {
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            redis::cmd("INFO")
+                .arg("memory")
+                .query_async(&mut conn)
+                .await
+                .unwrap()
+        });
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    backlog(
+        c,
+        rt,
+        "redis",
+        || {
+            let store = rt.block_on(RedisStore::connect(&url)).unwrap();
+            Arc::new(store.with_prefix(prefix("backlog")))
+        },
+        used_memory,
+    );
     // Leave no bench keys behind.
     for part in ["append", "claim", "pages", "backlog"] {
         let store = store.clone().with_prefix(prefix(part));
@@ -410,7 +462,19 @@ fn postgres(c: &mut Criterion, rt: &Runtime) {
         .unwrap()
     };
     all(c, rt, "postgres", open);
-    backlog(c, rt, "postgres", || Arc::new(open("backlog")));
+    // The records' table with its indexes and TOAST (`pg_total_relation_size`).
+    let on_disk = || -> u64 {
+        let store = open("backlog");
+        let sql = format!(
+            "SELECT pg_total_relation_size('\"{}\".records')",
+            schema("backlog")
+        );
+        let size: i64 = rt
+            .block_on(sqlx::query_scalar(&sql).fetch_one(store.pool()))
+            .unwrap();
+        u64::try_from(size).unwrap_or(0)
+    };
+    backlog(c, rt, "postgres", || Arc::new(open("backlog")), on_disk);
     // Leave no bench schema behind.
     let store = open("probe");
     for part in ["probe", "append", "claim", "pages", "backlog"] {

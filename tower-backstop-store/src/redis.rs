@@ -13,7 +13,7 @@ use super::query::newest_first;
 use super::query::{
     Change, Claim, Counts, Filter, change_if_unchanged, claim, claimable, top_first,
 };
-use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, from_millis, to_millis};
+use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, add_clamped, from_millis, to_millis};
 use super::schedule::{from_micros, gap_micros, to_micros};
 use super::{AuditEntry, BoxFuture, FleetNote, Lease, Store, StoreError, redact_url};
 
@@ -278,11 +278,38 @@ end
 return n
 ";
 
+/// Reserves the due records for a claim ([`Store::claim_due`]), atomically: the ids of the
+/// retry index due at `now`, the earliest first, at most `limit`, each one's score moved to the
+/// claim's end (so that no other claimer reads it while this one writes its claim), returned
+/// with the record's JSON and version. KEYS: the retry index. ARGV: now and the claim's end in
+/// milliseconds, the limit, the prefix of the records' keys (which share the index's hash
+/// tag, so they live on its node of a Redis Cluster). Returns id, json, version, id, …
+const RESERVE_DUE: &str = r"
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {}
+for _, id in ipairs(ids) do
+  local rec = redis.call('HMGET', ARGV[4] .. id, 'json', 'v')
+  if rec[1] then
+    redis.call('ZADD', KEYS[1], ARGV[2], id)
+    out[#out + 1] = id
+    out[#out + 1] = rec[1]
+    out[#out + 1] = rec[2] or ''
+  else
+    redis.call('ZREM', KEYS[1], id)
+  end
+end
+return out
+";
+
 /// How many expired notes one read deletes at most.
 const NOTES_PRUNED: usize = 100;
 
 /// The scripts the store loads, and loads again when the server forgot them.
-const SCRIPTS: [&str; 3] = [WRITE, RESERVE, PRUNE_NOTES];
+const SCRIPTS: [&str; 4] = [WRITE, RESERVE, PRUNE_NOTES, RESERVE_DUE];
+
+/// The most rounds of one claim ([`Store::claim_due`]): each reserves what is due and writes
+/// the claims.
+const CLAIM_ROUNDS: usize = 8;
 
 /// How many times a write is tried again when another writer changed the record in between.
 const CAS_TRIES: usize = 64;
@@ -839,6 +866,40 @@ impl RedisStore {
             }
             other => other,
         }
+    }
+
+    /// Reserves up to `limit` records due at `now` for a claim until `now + lease`
+    /// ([`RESERVE_DUE`]): each with its version.
+    async fn reserve_due(
+        &self,
+        now: SystemTime,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<(Record, String)>, StoreError> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(Script::new(RESERVE_DUE).get_hash())
+            .arg(1)
+            .arg(self.key("retry"))
+            .arg(to_millis(now))
+            .arg(to_millis(add_clamped(now, lease)))
+            .arg(limit)
+            .arg(self.record_key(""));
+        let reply: Vec<Vec<u8>> = self
+            .eval(&cmd)
+            .await
+            .map_err(redis_error("claim records"))?;
+        reply
+            .chunks_exact(3)
+            .map(|r| {
+                let version = String::from_utf8(r[2].clone()).map_err(|e| {
+                    StoreError::with_source(
+                        "redis dead-letter store: record version is not text",
+                        e,
+                    )
+                })?;
+                Ok((decode(&r[1])?, version))
+            })
+            .collect()
     }
 
     /// Reads the record with `id` and its version.
@@ -1424,40 +1485,37 @@ impl Store for RedisStore {
         let this = self.clone();
         Box::pin(async move {
             let mut claimed = Vec::new();
-            // Each round reads the due ids, then claims each with a versioned write if it is
-            // still due; a claim lost to another scheduler moves the id's score past `now`, so
-            // the next round reads the next ones. A round that claims nothing ends it.
-            while claimed.len() < limit {
-                let mut conn = this.conn.clone();
-                let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-                    .arg(this.key("retry"))
-                    .arg("-inf")
-                    .arg(to_millis(now))
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(limit - claimed.len())
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(redis_error("claim records"))?;
-                // The claims of a round go out together over the multiplexed connection: a
-                // round trip for the round, not one per record.
-                let claims = ids.iter().map(|id| {
-                    this.read_modify_write(id, false, |old| {
-                        old.filter(|r| claimable(r, now)).map(|mut r| {
-                            claim(&mut r, now, lease);
-                            r
-                        })
+            // Each round reserves the due ids in one script (their scores moved to the claim's
+            // end, so that the other claimers read the next ones), then writes each claim
+            // with a versioned write, together over the multiplexed connection. A record
+            // changed in between keeps the other writer's change (its write set its index
+            // entry again) and is not claimed. A round that reserves nothing ends it.
+            for _ in 0..CLAIM_ROUNDS {
+                if claimed.len() >= limit {
+                    break;
+                }
+                let reserved = this.reserve_due(now, limit - claimed.len(), lease).await?;
+                if reserved.is_empty() {
+                    break;
+                }
+                let writes = reserved.into_iter().filter_map(|(mut record, version)| {
+                    let old = record.clone();
+                    if !claimable(&record, now) {
+                        return None;
+                    }
+                    claim(&mut record, now, lease);
+                    let cmd = this.write_cmd(&record, Some(&old), &version, false);
+                    let this = this.clone();
+                    Some(async move {
+                        let written: i64 = this
+                            .eval(&cmd?)
+                            .await
+                            .map_err(redis_error("claim records"))?;
+                        Ok::<_, StoreError>((written == 1).then_some(record))
                     })
                 });
-                let mut progress = false;
-                for record in futures_util::future::join_all(claims).await {
-                    if let Some(record) = record? {
-                        progress = true;
-                        claimed.push(record);
-                    }
-                }
-                if !progress {
-                    break;
+                for record in futures_util::future::join_all(writes).await {
+                    claimed.extend(record?);
                 }
             }
             Ok(claimed)

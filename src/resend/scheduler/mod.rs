@@ -218,7 +218,9 @@ impl<S, F> Scheduler<S, F> {
         self
     }
 
-    /// Re-sends in flight at once, at least 1. Default 8.
+    /// Re-sends in flight at once, at least 1. Default 8. The scheduler claims from the store
+    /// when nothing is in flight or at least half of this is free, as many records as are
+    /// free: one claim per half of it under a steady drain, not one per re-send.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
         self

@@ -342,15 +342,24 @@ where
         }
     }
 
+    /// Whether there is room to claim: nothing in flight, or at least half the concurrency
+    /// free. A busy scheduler claims a batch each time half its re-sends ended, not a record
+    /// each time one ends (a store round trip per re-send).
+    fn room_to_claim(&self) -> bool {
+        let (in_flight, concurrency) = (self.in_flight.len(), self.scheduler.concurrency);
+        in_flight == 0 || concurrency.saturating_sub(in_flight) >= concurrency.div_ceil(2)
+    }
+
     /// Claims as many due records as there is room for: at most the free concurrency, and at
     /// most what the rate sends in a third of the lease, so that no claim waits out its lease
-    /// for its turn.
+    /// for its turn; nothing while less than half the concurrency is free
+    /// ([`room_to_claim`](Self::room_to_claim)).
     async fn claim(&mut self) -> Round {
-        let s = &self.scheduler;
-        let free = s.concurrency.saturating_sub(self.in_flight.len());
-        if free == 0 {
+        if !self.room_to_claim() {
             return Round::Busy;
         }
+        let s = &self.scheduler;
+        let free = s.concurrency.saturating_sub(self.in_flight.len());
         let rate = f64::from(s.fleet_rate.unwrap_or(s.rate));
         // At least one; `as` saturates a float that does not fit.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -468,8 +477,7 @@ where
     /// Sleeps until `wake`, or until a re-send ends while the scheduler waits for room;
     /// `false` when asked to stop meanwhile.
     async fn idle_until(&mut self, wake: Instant) -> bool {
-        let waiting_for_room =
-            !self.pending.is_empty() || self.in_flight.len() >= self.scheduler.concurrency;
+        let waiting_for_room = !self.pending.is_empty() || !self.room_to_claim();
         let in_flight = waiting_for_room.then_some(&mut self.in_flight);
         let woken = self.wake_ups.as_mut();
         let (going, done) = until_or_stop_or_done(&mut self.stop, wake, in_flight, woken).await;
