@@ -28,7 +28,7 @@
 //!
 //! It exits with status 1 when a target is missed: every key delivered, each exactly once (no
 //! record claimed twice); nothing left deferred or in flight; and, with `--within SECONDS`,
-//! the drain done within that time. `--small` drains 20,000 records and sets no time target
+//! the drain done within that time. `--small` drains 10,000 records and sets no time target
 //! (a debug build on a shared machine says nothing of the rate).
 
 use std::io::{BufRead, Write};
@@ -103,7 +103,7 @@ fn plan_from(args: &[String]) -> Result<Plan, BoxError> {
         return Err("--store: a postgres:// or redis:// URL (no pooler, no Sentinel)".into());
     }
     let small = args.iter().any(|a| a == "--small");
-    let records = number(args, "--records", if small { 20_000 } else { 1_000_000 })?;
+    let records = number(args, "--records", if small { 10_000 } else { 1_000_000 })?;
     let within: Option<u64> = value(args, "--within").map(str::parse).transpose()?;
     Ok(Plan {
         url,
