@@ -824,8 +824,16 @@ impl RedisStore {
         version: &str,
         note_code: bool,
     ) -> Result<redis::Cmd, StoreError> {
-        let leave = old.map(|o| self.index_keys(o)).unwrap_or_default();
-        let join = self.index_keys(record);
+        let mut leave = old.map(|o| self.index_keys(o)).unwrap_or_default();
+        let mut join = self.index_keys(record);
+        // Every index entry's score is the record's last failure: while it did not move, the
+        // entries the old and the new record share stay as they are (a claim or its
+        // acknowledgement changes the status's entries alone).
+        if old.is_some_and(|o| o.last_failed_at == record.last_failed_at) {
+            let shared: Vec<String> = leave.iter().filter(|k| join.contains(k)).cloned().collect();
+            leave.retain(|k| !shared.contains(k));
+            join.retain(|k| !shared.contains(k));
+        }
         let retry = match (record.status, record.retry_at) {
             (Status::Deferred | Status::InFlight, Some(t)) => to_millis(t).to_string(),
             _ => String::new(),
