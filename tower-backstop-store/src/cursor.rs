@@ -77,7 +77,7 @@ impl Part {
 /// key of the last record shown ([`SortKey`]), and a fingerprint of the filter it was made for.
 ///
 /// As text ([`Display`](fmt::Display), [`FromStr`]) it is URL-safe base64 without padding
-/// (`A-Z a-z 0-9 - _`), about 60 characters for an id of 20 bytes: it goes in a query string or
+/// (`A-Z a-z 0-9 - _`), about 70 characters for an id of 20 bytes: it goes in a query string or
 /// a command line as it is. The token carries a checksum, so a token cut short or with a
 /// character changed is refused ([`CursorError`]) rather than read as another position. It is
 /// not signed: whoever can list can make a cursor for any position, which shows them nothing

@@ -333,10 +333,12 @@ pub trait Store: Send + Sync + 'static {
     /// after it.
     ///
     /// SQLite and Postgres read the page off their index by status and failure time (or by
-    /// class, code or time) from the key on. Redis reads it off the filter's sorted set by
-    /// failure time from the key on; a filter that one set does not answer alone (a status
-    /// with a tag, two of class, code and tags, ids) reads that set on from the key, a few
-    /// pages at a time, until the page is full. The default reads every matching record with
+    /// class, code or time, SQLite then putting the records of one failure time in id order)
+    /// from the key on. Redis reads it off the filter's sorted set by
+    /// failure time from the key on; a filter that one set does not answer alone (a tag with a
+    /// status, two of class, code and tags) reads the narrowest set on from the key, a few
+    /// pages at a time, until the page is full, and a filter of ids reads those records. The
+    /// default reads every matching record with
     /// [`search`](Store::search) and skips to the key: override it in a store that can seek.
     ///
     /// # Errors
