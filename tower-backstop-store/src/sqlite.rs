@@ -886,6 +886,20 @@ fn soonest_after(filter: &Filter, after: Option<&SortKey>, limit: usize) -> (Str
     (sql, values)
 }
 
+/// The waiting records `sql` selects off the due index, which it names (`INDEXED BY`, for the
+/// reason given at [`CLAIM_DUE`]). A file this version could not give that index (read-only
+/// since before it) is read with the same query unnamed, which SQLite may sort.
+fn read_due(conn: &Connection, sql: &str, values: Vec<Value>) -> Result<Vec<Record>, StoreError> {
+    let what = "search waiting records";
+    match read_records(conn, sql, values.clone(), what) {
+        Err(e) if format!("{e:?}").contains("no such index") => {
+            let unnamed = sql.replace(" INDEXED BY dead_letters_due", "");
+            read_records(conn, &unnamed, values, what)
+        }
+        read => read,
+    }
+}
+
 /// The records `sql` selects (its columns [`COLUMNS`]) with `values`; `what` names the read in
 /// its errors.
 fn read_records(
@@ -988,23 +1002,13 @@ impl Store for SqliteStore {
             i64::try_from(page.start).unwrap_or(i64::MAX),
         ));
         let n = values.len();
-        self.run(move |conn| {
-            // On the index by retry-at: only waiting records have one.
-            let mut stmt = conn
-                .prepare(&format!(
-                    "SELECT {COLUMNS} FROM dead_letters
-                     WHERE retry_at_ms IS NOT NULL AND status IN ('deferred', 'in_flight')
-                       AND {clause}
-                     ORDER BY retry_at_ms, id LIMIT ?{} OFFSET ?{n}",
-                    n - 1
-                ))
-                .map_err(sql_error("search waiting records"))?;
-            let rows = stmt
-                .query_map(rusqlite::params_from_iter(values), row_to_record)
-                .map_err(sql_error("search waiting records"))?;
-            rows.collect::<Result<Vec<_>, _>>()
-                .map_err(sql_error("decode record"))
-        })
+        let sql = format!(
+            "SELECT {COLUMNS} FROM dead_letters INDEXED BY dead_letters_due
+             WHERE status IN ('deferred', 'in_flight') AND retry_at_ms IS NOT NULL AND {clause}
+             ORDER BY retry_at_ms, id LIMIT ?{} OFFSET ?{n}",
+            n - 1
+        );
+        self.run(move |conn| read_due(conn, &sql, values))
     }
 
     fn search_after(
@@ -1027,18 +1031,7 @@ impl Store for SqliteStore {
             return Box::pin(std::future::ready(Ok(Vec::new())));
         }
         let (sql, values) = soonest_after(filter, after, limit);
-        self.run(move |conn| {
-            let what = "search waiting records";
-            match read_records(conn, &sql, values.clone(), what) {
-                // A file this version could not give the due index (read-only since before
-                // it): the same read, unnamed, which SQLite may sort.
-                Err(e) if format!("{e:?}").contains("no such index") => {
-                    let unnamed = sql.replace(" INDEXED BY dead_letters_due", "");
-                    read_records(conn, &unnamed, values, what)
-                }
-                read => read,
-            }
-        })
+        self.run(move |conn| read_due(conn, &sql, values))
     }
 
     fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
@@ -1601,6 +1594,38 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A file without the due index, opened read-only (so it cannot get it): the waiting
+    /// records still read, by position and after a key, in due order.
+    #[tokio::test]
+    async fn waiting_records_read_without_the_due_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("no-due.db");
+        let store = SqliteStore::open(&path).unwrap();
+        store.put_many(backlog(30)).await.unwrap();
+        let want = store
+            .search_waiting(&Filter::new(), 0..usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(want.len(), 30);
+        store.close();
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("DROP INDEX dead_letters_due")
+            .unwrap();
+        let read_only = SqliteStore::open_read_only(&path).unwrap();
+        let page = read_only
+            .search_waiting(&Filter::new(), 5..10)
+            .await
+            .unwrap();
+        assert_eq!(page, want[5..10]);
+        let key = SortKey::new(want[4].retry_at.unwrap(), want[4].id.clone());
+        let after = read_only
+            .search_waiting_after(&Filter::new(), Some(&key), 5)
+            .await
+            .unwrap();
+        assert_eq!(after, want[5..10]);
     }
 
     fn indexes(path: &Path) -> Vec<String> {
