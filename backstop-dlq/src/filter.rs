@@ -10,6 +10,7 @@ use tower_backstop::store::{Filter, Listing, Record, Status, Store, StoreError, 
 /// The keys of a query string or form that are the board's own, not a filter's.
 const BOARD_KEYS: &[&str] = &[
     "page",
+    "after",
     "resolved",
     "group",
     "window",

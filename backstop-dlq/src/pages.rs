@@ -13,7 +13,9 @@ use super::fleet::Notes;
 use super::html::{Ctx, PageError, PageResult, bar, cut, page, query, records_table, time};
 use super::narrow;
 use super::{BoardState, GROUP_LIMIT, PAGE_SIZE};
-use tower_backstop::store::{Alert, AuditAction, Filter, Listing, Stats, Status, list_page};
+use tower_backstop::store::{
+    Alert, AuditAction, Cursor, Filter, Listing, Stats, Status, Store, list_after, list_page,
+};
 
 type Pairs = Query<Vec<(String, String)>>;
 
@@ -292,20 +294,22 @@ pub(super) fn filter_form(
     }
 }
 
-/// `GET /records`: the list, outstanding first, a page at a time.
+/// `GET /records`: the list, outstanding first, a page at a time: after a cursor (`?after=`,
+/// the "next" links; the first page when there is neither), or by number (`?page=N`, and any
+/// list narrowed to a host or a group).
 pub(super) async fn list(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs) -> PageResult {
     let store = &*s.board.store;
     let scope = Scope::read(q, SystemTime::now())?;
-    let page_no = scope.number("page", 1)?;
-    if page_no == 0 {
-        return Err(PageError::bad_request("page: pages are counted from 1"));
-    }
     let resolved = scope.flag("resolved");
-    let range = (page_no - 1).saturating_mul(PAGE_SIZE)..page_no.saturating_mul(PAGE_SIZE);
-    let listing = if scope.narrow.is_empty() {
-        list_page(store, &scope.filter, resolved, range).await?
+    let after = match scope.get("after") {
+        None | Some("") => None,
+        Some(token) => Some(cursor_for(token, &scope, resolved)?),
+    };
+    let by_number = scope.get("page").is_some() || !scope.narrow.is_empty();
+    let (listing, nav) = if by_number && after.is_none() {
+        numbered_page(store, &ctx, &scope, resolved).await?
     } else {
-        narrowed_page(store, &scope.filter, &scope.narrow, resolved, range).await?
+        cursor_page(store, &ctx, &scope, resolved, after.as_ref()).await?
     };
     let Listing {
         records,
@@ -313,16 +317,6 @@ pub(super) async fn list(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs)
         by_status,
         ..
     } = listing;
-    let pages = (total as usize).div_ceil(PAGE_SIZE).max(1);
-    let mut link_pairs = scope.link_pairs();
-    if resolved {
-        link_pairs.push(("resolved".to_owned(), "1".to_owned()));
-    }
-    let page_link = |n: usize| {
-        let mut p = link_pairs.clone();
-        p.push(("page".to_owned(), n.to_string()));
-        ctx.link(&format!("/records?{}", query(&p)))
-    };
     let body = html! {
         (filter_form(&ctx, "/records", &scope, Some(resolved)))
         @if let Some(g) = &scope.narrow.group {
@@ -336,20 +330,114 @@ pub(super) async fn list(State(s): State<BoardState>, ctx: Ctx, Query(q): Pairs)
             @for (st, n) in &by_status { ", " (st) " " (n) }
             @if !resolved && scope.filter.status.is_none() { " (resolved records only when asked)" }
         }
-        @if records.is_empty() && page_no > 1 {
-            p #past-end { "Page " (page_no) " is past the end: the list has " (total) " records on " (pages) " page(s)." }
+        @if let (true, Some(past_end)) = (records.is_empty(), &nav.past_end) {
+            p #past-end { (past_end) }
         } @else if records.is_empty() {
             p #empty { "No records match." }
         }
         (records_table(&ctx, "records", &records))
+        (nav.links)
+        (super::actions::forms(&ctx, &s, &scope))
+    };
+    Ok(page(&ctx, "Records", body))
+}
+
+/// The cursor `token` of a link, if it is one made for this list.
+fn cursor_for(token: &str, scope: &Scope, resolved: bool) -> Result<Cursor, PageError> {
+    if !scope.narrow.is_empty() {
+        return Err(PageError::bad_request(
+            "after: a list narrowed to a host or a group pages by number (page=N)",
+        ));
+    }
+    if scope.get("page").is_some() {
+        return Err(PageError::bad_request(
+            "after: a page after a cursor has no number; leave out page=",
+        ));
+    }
+    let cursor: Cursor = token
+        .parse()
+        .map_err(|e| PageError::bad_request(format!("after: {e}")))?;
+    cursor
+        .check(&scope.filter, resolved)
+        .map_err(|e| PageError::bad_request(format!("after: {e}")))?;
+    Ok(cursor)
+}
+
+/// The links under a page of the list, and what to say when it is past the end.
+struct Nav {
+    links: Markup,
+    past_end: Option<String>,
+}
+
+/// The link to the list of `scope` with the board keys `extra`.
+fn list_link(ctx: &Ctx, scope: &Scope, resolved: bool, extra: &[(&str, String)]) -> String {
+    let mut pairs = scope.link_pairs();
+    if resolved {
+        pairs.push(("resolved".to_owned(), "1".to_owned()));
+    }
+    pairs.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+    ctx.link(&format!("/records?{}", query(&pairs)))
+}
+
+/// The page of the list after `after` (from its start for `None`), [`PAGE_SIZE`] records:
+/// the keyset read, whatever its depth, and the counts.
+async fn cursor_page(
+    store: &dyn Store,
+    ctx: &Ctx,
+    scope: &Scope,
+    resolved: bool,
+    after: Option<&Cursor>,
+) -> Result<(Listing, Nav), PageError> {
+    let page = list_after(store, &scope.filter, resolved, after, PAGE_SIZE).await?;
+    // The counts alone: an empty range reads no record.
+    let mut listing = list_page(store, &scope.filter, resolved, 0..0).await?;
+    listing.records = page.records;
+    let first = list_link(ctx, scope, resolved, &[]);
+    let next = page
+        .next
+        .map(|c| list_link(ctx, scope, resolved, &[("after", c.to_string())]));
+    let links = html! {
+        p #pages {
+            @if after.is_some() { a rel="first" href=(first) { "← first page" } " " }
+            @if let Some(next) = &next { a rel="next" href=(next) { "next →" } }
+        }
+    };
+    let past_end = after.map(|_| "No records after this point: the list has ended.".to_owned());
+    Ok((listing, Nav { links, past_end }))
+}
+
+/// The page `?page=N` of the list (counted from 1), by position: a page deep in a long list
+/// reads every record before it.
+async fn numbered_page(
+    store: &dyn Store,
+    ctx: &Ctx,
+    scope: &Scope,
+    resolved: bool,
+) -> Result<(Listing, Nav), PageError> {
+    let page_no = scope.number("page", 1)?;
+    if page_no == 0 {
+        return Err(PageError::bad_request("page: pages are counted from 1"));
+    }
+    let range = (page_no - 1).saturating_mul(PAGE_SIZE)..page_no.saturating_mul(PAGE_SIZE);
+    let listing = if scope.narrow.is_empty() {
+        list_page(store, &scope.filter, resolved, range).await?
+    } else {
+        narrowed_page(store, &scope.filter, &scope.narrow, resolved, range).await?
+    };
+    let total = listing.total;
+    let pages = (total as usize).div_ceil(PAGE_SIZE).max(1);
+    let page_link = |n: usize| list_link(ctx, scope, resolved, &[("page", n.to_string())]);
+    let links = html! {
         p #pages {
             @if page_no > 1 { a rel="prev" href=(page_link(page_no - 1)) { "← previous" } " " }
             "page " (page_no) " of " (pages)
             @if page_no < pages { " " a rel="next" href=(page_link(page_no + 1)) { "next →" } }
         }
-        (super::actions::forms(&ctx, &s, &scope))
     };
-    Ok(page(&ctx, "Records", body))
+    let past_end = (page_no > 1).then(|| {
+        format!("Page {page_no} is past the end: the list has {total} records on {pages} page(s).")
+    });
+    Ok((listing, Nav { links, past_end }))
 }
 
 /// One group of the groups page.

@@ -217,6 +217,13 @@ fn text(html: &str) -> String {
 }
 
 /// The ids of the records a table links to, in order.
+/// The target of the page's `rel="next"` link, unescaped, if there is one.
+fn next_link(html: &str) -> Option<String> {
+    let at = html.find("rel=\"next\" href=\"")? + "rel=\"next\" href=\"".len();
+    let href = &html[at..at + html[at..].find('"')?];
+    Some(href.replace("&amp;", "&"))
+}
+
 fn linked_ids(table: &str) -> Vec<String> {
     table
         .split("href=\"/dead-letters/records/")
@@ -381,6 +388,34 @@ async fn the_list_pages_outstanding_first_by_counts() {
     let unique: std::collections::BTreeSet<_> = all.iter().collect();
     assert_eq!(all.len(), unique.len());
     assert_eq!(all.len() as u64, n_dead + 5);
+    // And following the "next" links from the first page (cursors) is the same list.
+    let mut by_cursor = Vec::new();
+    // Links are absolute paths (the board's mount point first): after the origin.
+    let origin = &board[..board[8..].find('/').map_or(board.len(), |i| i + 8)];
+    let mut url = format!("{board}/records?class=throttled");
+    for _ in 0..10 {
+        let (status, html) = get(&url).await;
+        assert_eq!(status, 200, "{url}");
+        by_cursor.extend(linked_ids(element(&html, "records")));
+        assert!(text(element(&html, "total")).starts_with(&format!("{} records", n_dead + 5)));
+        match next_link(&html) {
+            Some(next) => {
+                assert!(
+                    next.contains("after=") && next.contains("class=throttled"),
+                    "{next}"
+                );
+                url = format!("{origin}{next}");
+            }
+            None => break,
+        }
+    }
+    assert_eq!(
+        by_cursor, all,
+        "the pages by cursor are the pages by number"
+    );
+    let (status, html) = get(&format!("{board}/records?class=throttled&after=garbled")).await;
+    assert_eq!(status, 400);
+    assert!(html.contains("invalid cursor"), "{html}");
 
     // Past the end: an empty page that says so.
     let (status, html) = get(&format!("{board}/records?class=throttled&page=9")).await;
@@ -415,6 +450,12 @@ async fn bad_input_has_a_defined_page() {
         ("/records?tag=campaign", 400, "NAME=value"),
         ("/records?page=0", 400, "page"),
         ("/records?page=two", 400, "two"),
+        ("/records?after=%2F%2F", 400, "not a cursor token"),
+        (
+            "/records?after=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+            400,
+            "damaged",
+        ),
         ("/groups?colour=red", 400, "colour"),
         ("?window=soon", 400, "window"),
         ("/records/no-such-id", 404, "no-such-id"),

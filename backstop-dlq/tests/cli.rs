@@ -87,6 +87,92 @@ fn sample() -> Vec<Record> {
     v
 }
 
+/// The cursor of `(more: --after TOKEN)` in `stderr`, if there is one.
+fn after_token(stderr: &str) -> Option<String> {
+    let rest = stderr.split("(more: --after ").nth(1)?;
+    Some(rest.split(')').next()?.to_owned())
+}
+
+/// `list --after`: the whole list a page at a time through the cursor each page prints, the
+/// same as one page of all; a cursor that is not one, or was made for another filter, is a
+/// usage error that says so.
+async fn list_pages_by_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let mut records = sample();
+    records.extend((0..20).map(|i| {
+        record(
+            &format!("more-{i:02}"),
+            "throttled",
+            Code::Http(http::StatusCode::TOO_MANY_REQUESTS),
+            "autumn",
+        )
+    }));
+    store.put_many(records).await.unwrap();
+    let db = path.to_str().unwrap().to_owned();
+    let ids = |o: &Output| -> Vec<String> {
+        stdout(o)
+            .lines()
+            .map(|l| serde_json::from_str::<Record>(l).unwrap().id)
+            .collect()
+    };
+
+    let all = dlq_on(&db, &["list", "--json", "-f", "class=throttled"]).await;
+    let want = ids(&all);
+    assert_eq!(want.len(), 25);
+    assert!(after_token(&stderr(&all)).is_none(), "{}", stderr(&all));
+    let mut got = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..10 {
+        let mut args = vec!["list", "--json", "-f", "class=throttled", "--limit", "7"];
+        if let Some(token) = &after {
+            args.extend(["--after", token.as_str()]);
+        }
+        let o = dlq_on(&db, &args).await;
+        assert!(o.status.success(), "{}", stderr(&o));
+        got.extend(ids(&o));
+        after = after_token(&stderr(&o));
+        if after.is_none() {
+            break;
+        }
+    }
+    assert_eq!(got, want, "the pages by cursor are the list");
+
+    // A cursor of the throttled list, then used wrongly.
+    let o = dlq_on(&db, &["list", "-f", "class=throttled", "--limit", "7"]).await;
+    let token = after_token(&stderr(&o)).unwrap();
+    let damaged = format!("{}x", &token[..token.len() - 1]);
+    for (args, says) in [
+        (vec!["--after", "not-a-cursor!"], "not a cursor token"),
+        (vec!["--after", damaged.as_str()], "invalid cursor"),
+        (vec!["--after", &token[..10]], "damaged"),
+        (
+            vec!["--after", token.as_str(), "-f", "class=permanent"],
+            "made for another list",
+        ),
+        (
+            vec![
+                "--after",
+                token.as_str(),
+                "-f",
+                "class=throttled",
+                "--resolved",
+            ],
+            "made for another list",
+        ),
+        (
+            vec!["--after", token.as_str(), "--offset", "7"],
+            "cannot be used with",
+        ),
+    ] {
+        let o = dlq_on(&db, &[&["list"][..], &args[..]].concat()).await;
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty(), "{args:?}: no page");
+    }
+}
+
 async fn list_show_stats_redrive_purge_over_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("d.db");
@@ -135,7 +221,25 @@ async fn list_show_stats_redrive_purge_over_sqlite() {
         lines[1].starts_with("perm-") && lines[1].contains("http 400"),
         "{out}"
     );
-    assert!(stderr(&o).contains("--offset 2"));
+    // Where the next page starts: a cursor, which reads the third and last.
+    let more = stderr(&o);
+    let token = after_token(&more).unwrap_or_else(|| panic!("no cursor: {more}"));
+    let o = dlq_on(
+        &db,
+        &[
+            "list",
+            "-f",
+            "tag.campaign=summer",
+            "--limit",
+            "2",
+            "--after",
+            &token,
+        ],
+    )
+    .await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 2, "{}", stdout(&o));
+    assert!(after_token(&stderr(&o)).is_none(), "the last page");
 
     // A bad filter is a usage error that says why.
     let o = dlq_on(&db, &["list", "-f", "colour=red"]).await;
@@ -1242,6 +1346,7 @@ fn main() {
         "list_show_stats_redrive_purge_over_sqlite",
         list_show_stats_redrive_purge_over_sqlite,
     );
+    tests.multi_thread("list_pages_by_cursor", list_pages_by_cursor);
     #[cfg(feature = "redis")]
     tests
         .needs(backstop_test_support::Service::Redis)

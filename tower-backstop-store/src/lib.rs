@@ -5,7 +5,8 @@
 //! One trait, one behaviour, whatever the backend: [`MemoryStore`] for tests,
 //! `SqliteStore` (feature `sqlite`) for one machine, `RedisStore` (feature `redis`) and
 //! `PostgresStore` (feature `postgres`) for a fleet of instances that share one store: the Redis
-//! or the Postgres the team already runs. Writes merge by id, searches take a [`Filter`] and a range of positions, [`Counts`]
+//! or the Postgres the team already runs. Writes merge by id, searches take a [`Filter`] and a
+//! range of positions or a key to read on from (keyset pages, [`list_after`]), [`Counts`]
 //! come over a window, and claims of due records are atomic. This crate knows no tower and no
 //! failure type: it keeps plain [`Record`]s. Most users reach it through `tower-backstop`'s
 //! default features, as `tower_backstop::store`; depend on it directly to implement a store of
@@ -60,6 +61,7 @@ use std::ops::Range;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 mod audit;
+mod cursor;
 mod lease;
 mod listing;
 mod memory;
@@ -81,8 +83,9 @@ mod sqlite;
 pub mod testing;
 
 pub use self::audit::{AuditAction, AuditEntry, purge};
+pub use self::cursor::{Cursor, CursorError, SortKey};
 pub use self::lease::Lease;
-pub use self::listing::{Listing, list_order, list_page};
+pub use self::listing::{Listing, Page, list_after, list_order, list_page};
 pub use self::memory::MemoryStore;
 pub use self::note::FleetNote;
 #[cfg(feature = "postgres")]
@@ -153,6 +156,13 @@ impl fmt::Display for StoreError {
             write!(f, ": {source}")?;
         }
         Ok(())
+    }
+}
+
+/// A cursor that cannot be used, as a store error with the same message.
+impl From<CursorError> for StoreError {
+    fn from(e: CursorError) -> Self {
+        StoreError::new(e.to_string())
     }
 }
 
@@ -310,6 +320,86 @@ pub trait Store: Send + Sync + 'static {
                 .into_iter()
                 .skip(page.start)
                 .take(page.len())
+                .collect())
+        })
+    }
+
+    /// Up to `limit` records that match `filter`, in the order of [`search`](Store::search)
+    /// (the most recently failed first, ties by id), strictly after `after`: those that failed
+    /// before `after.at`, or at that time with an id greater than `after.id`. From the start
+    /// when `after` is `None`. The keyset read behind [`list_after`]: a page after a key costs
+    /// what the first page does, where a [`search`](Store::search) page costs more the further
+    /// it is, and a key whose record was deleted or changed since still gives the records
+    /// after it.
+    ///
+    /// SQLite and Postgres read the page off their index by status and failure time (or by
+    /// class, code or time, SQLite then putting the records of one failure time in id order)
+    /// from the key on. Redis reads it off the filter's sorted set by
+    /// failure time from the key on; a filter that one set does not answer alone (a tag with a
+    /// status, two of class, code and tags) reads the narrowest set on from the key, a few
+    /// pages at a time, until the page is full, and a filter of ids reads those records. The
+    /// default reads every matching record with
+    /// [`search`](Store::search) and skips to the key: override it in a store that can seek.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn search_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let all = self.search(filter, 0..usize::MAX);
+        let after = after.cloned();
+        Box::pin(async move {
+            Ok(all
+                .await?
+                .into_iter()
+                .filter(|r| {
+                    after
+                        .as_ref()
+                        .is_none_or(|k| k.precedes_newest_first(r.last_failed_at, &r.id))
+                })
+                .take(limit)
+                .collect())
+        })
+    }
+
+    /// Up to `limit` records waiting for the scheduler that match `filter`, in the order of
+    /// [`search_waiting`](Store::search_waiting) (the soonest due first, ties by id), strictly
+    /// after `after`: those due after `after.at`, or at that time with an id greater than
+    /// `after.id`. From the start when `after` is `None`. The keyset read behind
+    /// [`list_after`], as [`search_after`](Store::search_after) is for the dead letters.
+    ///
+    /// SQLite and Postgres read the page off their index of due records from the key on,
+    /// whatever the filter. Redis reads its sorted set of due records from the key on: the
+    /// page alone for the empty filter; for any other, a few pages at a time until the page is
+    /// full, so a filter that few waiting records match reads many to fill one. The default
+    /// reads every matching waiting record with [`search_waiting`](Store::search_waiting) and
+    /// skips to the key.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is closed or cannot be read.
+    fn search_waiting_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let all = self.search_waiting(filter, 0..usize::MAX);
+        let after = after.cloned();
+        Box::pin(async move {
+            Ok(all
+                .await?
+                .into_iter()
+                .filter(|r| match (&after, r.retry_at) {
+                    (None, _) => true,
+                    (Some(k), Some(at)) => k.precedes_soonest_first(at, &r.id),
+                    (Some(_), None) => false,
+                })
+                .take(limit)
                 .collect())
         })
     }

@@ -29,7 +29,7 @@ use super::lease::rounds;
 use super::query::{Change, Claim, Counts, Filter, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, add_clamped, from_millis, to_millis};
 use super::schedule::{from_micros, gap_micros, to_micros};
-use super::{AuditAction, AuditEntry, BoxFuture, FleetNote, Lease, Store, StoreError};
+use super::{AuditAction, AuditEntry, BoxFuture, FleetNote, Lease, SortKey, Store, StoreError};
 
 /// How many rows one statement of a [`delete`](Store::delete) removes at most: a purge or a
 /// prune of a million records is a thousand short transactions, not one long one.
@@ -1032,6 +1032,81 @@ impl Store for PostgresStore {
             let query = bind_all(sqlx::query(&sql), args)
                 .bind(i64::try_from(page.len()).unwrap_or(i64::MAX))
                 .bind(i64::try_from(page.start).unwrap_or(i64::MAX));
+            let rows = this
+                .fetch_all(query)
+                .await
+                .map_err(pg_error("search waiting records"))?;
+            rows.iter().map(decode_row).collect()
+        })
+    }
+
+    fn search_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let (mut clause, mut args) = where_clause(filter);
+        if let Some(key) = after {
+            // Newest first, then by id: not one direction, so not a row comparison. The `<=`
+            // bounds the index range (`records_by_status` and the others: time descending,
+            // id); the rest skips the ties up to the key's id.
+            args.push(Arg::Int(to_millis(key.at)));
+            args.push(Arg::Text(text::encode(&key.id).into_owned()));
+            let (t, id) = (args.len() - 1, args.len());
+            clause.push_str(&format!(
+                " AND last_failed_at_ms <= ${t} AND (last_failed_at_ms < ${t} OR id > ${id})"
+            ));
+        }
+        self.run(|this| async move {
+            if limit == 0 {
+                return Ok(Vec::new());
+            }
+            let sql = format!(
+                "SELECT {} FROM {} WHERE {clause} ORDER BY last_failed_at_ms DESC, id LIMIT ${}",
+                select_list(""),
+                this.sql.records,
+                args.len() + 1
+            );
+            let query =
+                bind_all(sqlx::query(&sql), args).bind(i64::try_from(limit).unwrap_or(i64::MAX));
+            let rows = this
+                .fetch_all(query)
+                .await
+                .map_err(pg_error("search records"))?;
+            rows.iter().map(decode_row).collect()
+        })
+    }
+
+    fn search_waiting_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let (mut clause, mut args) = where_clause(filter);
+        if let Some(key) = after {
+            args.push(Arg::Int(to_millis(key.at)));
+            args.push(Arg::Text(text::encode(&key.id).into_owned()));
+            let (t, id) = (args.len() - 1, args.len());
+            clause.push_str(&format!(" AND (retry_at_ms, id) > (${t}, ${id})"));
+        }
+        let other_status = matches!(filter.status, Some(Status::Dead | Status::Resolved));
+        self.run(|this| async move {
+            if limit == 0 || other_status {
+                return Ok(Vec::new());
+            }
+            // On the index of due records (`records_due`: retry-at, id; waiting rows only),
+            // from the key on.
+            let sql = format!(
+                "SELECT {} FROM {} WHERE status IN ('deferred', 'in_flight') \
+                 AND retry_at_ms IS NOT NULL AND {clause} ORDER BY retry_at_ms, id LIMIT ${}",
+                select_list(""),
+                this.sql.records,
+                args.len() + 1
+            );
+            let query =
+                bind_all(sqlx::query(&sql), args).bind(i64::try_from(limit).unwrap_or(i64::MAX));
             let rows = this
                 .fetch_all(query)
                 .await

@@ -15,8 +15,9 @@ use super::query::{
 };
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, add_clamped, from_millis, to_millis};
 use super::schedule::{from_micros, gap_micros, to_micros};
-use super::{AuditEntry, BoxFuture, FleetNote, Lease, Store, StoreError, redact_url};
+use super::{AuditEntry, BoxFuture, FleetNote, Lease, SortKey, Store, StoreError, redact_url};
 
+mod keyset;
 mod sentinel;
 
 pub use self::sentinel::OpenSentinel;
@@ -57,7 +58,20 @@ use self::sentinel::SentinelConnection;
 /// perhaps a time range, and no status or ids, read one page straight off that index
 /// (`ZREVRANGEBYSCORE … LIMIT`, with the ties at the page's edges read whole so that the order,
 /// newest first then by id, is exact): their cost grows with the page, not with the store. Other
-/// filters read the narrowest index whole and filter the records. [`counts`](Store::counts) and
+/// filters read the narrowest index whole and filter the records.
+///
+/// Keyset pages ([`search_after`](Store::search_after),
+/// [`search_waiting_after`](Store::search_waiting_after), behind `list_after`) read a sorted set
+/// from their key on (`ZREVRANGEBYSCORE`/`ZRANGEBYSCORE … LIMIT`, the ties of a score read whole
+/// and put in id order). Their cost grows with the page, not with how deep it is, when the set
+/// holds exactly what the filter matches: the dead records (all, of one class, of one code), the
+/// resolved ones, or a class, a code or one tag without a status, and for the waiting records
+/// only the empty filter. Any other filter (a tag with a status, a class with a code, a status
+/// of the waiting records, a class of them) reads the narrowest set from the key on, a round of
+/// at least 64 ids at a time, until the page is full: a page costs as many records as the set
+/// holds between two matches, and a filter that few records match reads many.
+///
+/// [`counts`](Store::counts) and
 /// [`count_by_class`](Store::count_by_class) count the index sets (`ZCOUNT`, `ZCARD`) per class and
 /// per code and read no record.
 ///
@@ -1424,6 +1438,28 @@ impl Store for RedisStore {
         let this = self.clone();
         let filter = filter.clone();
         Box::pin(async move { this.waiting_page(&filter, page).await })
+    }
+
+    fn search_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let this = self.clone();
+        let (filter, after) = (filter.clone(), after.cloned());
+        Box::pin(async move { this.newest_after(&filter, after.as_ref(), limit).await })
+    }
+
+    fn search_waiting_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let this = self.clone();
+        let (filter, after) = (filter.clone(), after.cloned());
+        Box::pin(async move { this.soonest_after(&filter, after.as_ref(), limit).await })
     }
 
     fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {

@@ -12,7 +12,7 @@ use rusqlite::{
 use super::query::{Change, Claim, Counts, Filter, change_if_unchanged, claim, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status, from_millis, to_millis};
 use super::schedule::{from_micros, gap_micros, reserve, to_micros};
-use super::{AuditAction, AuditEntry, BoxFuture, FleetNote, Lease, Store, StoreError};
+use super::{AuditAction, AuditEntry, BoxFuture, FleetNote, Lease, SortKey, Store, StoreError};
 
 /// A durable dead-letter store in one SQLite file (embedded, bundled SQLite; feature `sqlite`).
 ///
@@ -45,7 +45,12 @@ use super::{AuditAction, AuditEntry, BoxFuture, FleetNote, Lease, Store, StoreEr
 /// Claims and the next due time read one partial index, `dead_letters_due`: the waiting records
 /// (deferred, or in flight until their lease ends) by retry-at time and id, so that a claim reads
 /// its batch in order and the time it takes does not grow with the backlog; an older file gets
-/// the index when it is opened for writing. Each connection keeps a page cache of
+/// the index when it is opened for writing. Keyset pages ([`search_after`](Store::search_after),
+/// [`search_waiting_after`](Store::search_waiting_after), behind
+/// [`list_after`](crate::list_after)) read the same index for the waiting records, and
+/// `dead_letters_listed` (status, last failure time descending, id) for the others, from their
+/// key on: a page deep in the list costs what the first one does. A search by position
+/// ([`search`](Store::search)) reads and skips every record before its page. Each connection keeps a page cache of
 /// [`DEFAULT_CACHE_SIZE`](SqliteStore::DEFAULT_CACHE_SIZE) (64 MiB;
 /// [`with_cache_size`](SqliteStore::with_cache_size)), and keeps the query planner's statistics
 /// up to date as SQLite recommends for long-lived connections: `PRAGMA optimize` when it opens
@@ -224,6 +229,12 @@ const DUE_INDEX: &str = "CREATE INDEX IF NOT EXISTS dead_letters_due ON dead_let
                          (retry_at_ms, id) WHERE status IN ('deferred', 'in_flight') \
                          AND retry_at_ms IS NOT NULL";
 
+/// The records of each status in the order lists show them, the most recently failed first,
+/// ties by id: what keyset pages of the dead and the resolved records
+/// ([`Store::search_after`]) read from their key on, with no sort.
+const LIST_INDEX: &str = "CREATE INDEX IF NOT EXISTS dead_letters_listed ON dead_letters \
+                          (status, last_failed_at_ms DESC, id)";
+
 /// The index by retry-at time of earlier versions, of every status: the due index replaced it.
 const OLD_RETRY_INDEX: &str = "DROP INDEX IF EXISTS dead_letters_by_retry";
 
@@ -260,6 +271,24 @@ fn ensure_due_index(conn: &Connection, path: &Path) {
             error = %e,
             "sqlite dead-letter store: cannot create the due index or update the planner's \
              statistics; claims fail until the file is writable"
+        );
+    }
+}
+
+/// Makes the list index ([`LIST_INDEX`]) in a file of any version (idempotent: nothing is
+/// written when it is there); before [`ensure_due_index`], whose statistics then cover it.
+/// Best effort, as that one: on a file that is read-only at the moment, keyset pages read
+/// another index and sort.
+fn ensure_list_index(conn: &Connection, path: &Path) {
+    if let Err(e) = conn
+        .execute_batch(LIST_INDEX)
+        .map_err(sql_error("create the list index"))
+    {
+        tracing::warn!(
+            path = %path.display(),
+            error = %e,
+            "sqlite dead-letter store: cannot create the list index; pages by cursor sort \
+             their records until the file is writable"
         );
     }
 }
@@ -352,6 +381,7 @@ fn connect(path: &Path, tuning: Tuning) -> Result<Connection, StoreError> {
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(sql_error("write schema version"))?;
     }
+    ensure_list_index(&conn, path);
     ensure_due_index(&conn, path);
     Ok(conn)
 }
@@ -810,6 +840,82 @@ fn where_clause(filter: &Filter) -> (String, Vec<Value>) {
     }
 }
 
+/// The keyset read of [`Store::search_after`]: the records of `filter` the most recently failed
+/// first, ties by id, after `after`, at most `limit`; its SQL and parameters. With a status, it
+/// reads the list index ([`LIST_INDEX`]) from the key on.
+fn newest_after(filter: &Filter, after: Option<&SortKey>, limit: usize) -> (String, Vec<Value>) {
+    let (mut clause, mut values) = where_clause(filter);
+    if let Some(key) = after {
+        // Newest first, then by id: not one direction, so not a row-value comparison. The
+        // `<=` bounds the index range; the rest skips the ties up to the key's id.
+        values.push(Value::Integer(to_millis(key.at)));
+        values.push(Value::Text(key.id.clone()));
+        let (t, id) = (values.len() - 1, values.len());
+        clause.push_str(&format!(
+            " AND last_failed_at_ms <= ?{t} AND (last_failed_at_ms < ?{t} OR id > ?{id})"
+        ));
+    }
+    values.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
+    let sql = format!(
+        "SELECT {COLUMNS} FROM dead_letters WHERE {clause}
+         ORDER BY last_failed_at_ms DESC, id LIMIT ?{}",
+        values.len()
+    );
+    (sql, values)
+}
+
+/// The keyset read of [`Store::search_waiting_after`]: the waiting records of `filter` the
+/// soonest due first, ties by id, after `after`, at most `limit`; its SQL and parameters. It
+/// reads the due index from the key on, named (`INDEXED BY`, for the reason given at
+/// [`CLAIM_DUE`]), with its terms word for word (see [`DUE_INDEX`]).
+fn soonest_after(filter: &Filter, after: Option<&SortKey>, limit: usize) -> (String, Vec<Value>) {
+    let (mut clause, mut values) = where_clause(filter);
+    if let Some(key) = after {
+        values.push(Value::Integer(to_millis(key.at)));
+        values.push(Value::Text(key.id.clone()));
+        let (t, id) = (values.len() - 1, values.len());
+        clause.push_str(&format!(" AND (retry_at_ms, id) > (?{t}, ?{id})"));
+    }
+    values.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
+    let sql = format!(
+        "SELECT {COLUMNS} FROM dead_letters INDEXED BY dead_letters_due
+         WHERE status IN ('deferred', 'in_flight') AND retry_at_ms IS NOT NULL AND {clause}
+         ORDER BY retry_at_ms, id LIMIT ?{}",
+        values.len()
+    );
+    (sql, values)
+}
+
+/// The waiting records `sql` selects off the due index, which it names (`INDEXED BY`, for the
+/// reason given at [`CLAIM_DUE`]). A file this version could not give that index (read-only
+/// since before it) is read with the same query unnamed, which SQLite may sort.
+fn read_due(conn: &Connection, sql: &str, values: Vec<Value>) -> Result<Vec<Record>, StoreError> {
+    let what = "search waiting records";
+    match read_records(conn, sql, values.clone(), what) {
+        Err(e) if format!("{e:?}").contains("no such index") => {
+            let unnamed = sql.replace(" INDEXED BY dead_letters_due", "");
+            read_records(conn, &unnamed, values, what)
+        }
+        read => read,
+    }
+}
+
+/// The records `sql` selects (its columns [`COLUMNS`]) with `values`; `what` names the read in
+/// its errors.
+fn read_records(
+    conn: &Connection,
+    sql: &str,
+    values: Vec<Value>,
+    what: &'static str,
+) -> Result<Vec<Record>, StoreError> {
+    let mut stmt = conn.prepare(sql).map_err(sql_error(what))?;
+    let rows = stmt
+        .query_map(rusqlite::params_from_iter(values), row_to_record)
+        .map_err(sql_error(what))?;
+    rows.collect::<Result<Vec<_>, _>>()
+        .map_err(sql_error("decode record"))
+}
+
 fn count_pairs(conn: &Connection, sql: &str, since: i64) -> Result<Vec<(String, u64)>, StoreError> {
     let mut stmt = conn
         .prepare_cached(sql)
@@ -896,23 +1002,36 @@ impl Store for SqliteStore {
             i64::try_from(page.start).unwrap_or(i64::MAX),
         ));
         let n = values.len();
-        self.run(move |conn| {
-            // On the index by retry-at: only waiting records have one.
-            let mut stmt = conn
-                .prepare(&format!(
-                    "SELECT {COLUMNS} FROM dead_letters
-                     WHERE retry_at_ms IS NOT NULL AND status IN ('deferred', 'in_flight')
-                       AND {clause}
-                     ORDER BY retry_at_ms, id LIMIT ?{} OFFSET ?{n}",
-                    n - 1
-                ))
-                .map_err(sql_error("search waiting records"))?;
-            let rows = stmt
-                .query_map(rusqlite::params_from_iter(values), row_to_record)
-                .map_err(sql_error("search waiting records"))?;
-            rows.collect::<Result<Vec<_>, _>>()
-                .map_err(sql_error("decode record"))
-        })
+        let sql = format!(
+            "SELECT {COLUMNS} FROM dead_letters INDEXED BY dead_letters_due
+             WHERE status IN ('deferred', 'in_flight') AND retry_at_ms IS NOT NULL AND {clause}
+             ORDER BY retry_at_ms, id LIMIT ?{} OFFSET ?{n}",
+            n - 1
+        );
+        self.run(move |conn| read_due(conn, &sql, values))
+    }
+
+    fn search_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let (sql, values) = newest_after(filter, after, limit);
+        self.run(move |conn| read_records(conn, &sql, values, "search records"))
+    }
+
+    fn search_waiting_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        if matches!(filter.status, Some(Status::Dead | Status::Resolved)) || limit == 0 {
+            return Box::pin(std::future::ready(Ok(Vec::new())));
+        }
+        let (sql, values) = soonest_after(filter, after, limit);
+        self.run(move |conn| read_due(conn, &sql, values))
     }
 
     fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
@@ -1401,6 +1520,114 @@ mod tests {
         );
     }
 
+    /// The lines of `EXPLAIN QUERY PLAN` of `sql` with `values`.
+    fn plan_with(conn: &Connection, sql: &str, values: Vec<Value>) -> Vec<String> {
+        conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap()
+            .query_map(rusqlite::params_from_iter(values), |row| {
+                row.get::<_, String>(3)
+            })
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    /// Keyset pages read an index from their key on, in the list's order, and sort nothing:
+    /// the dead and the resolved records off the list index, the waiting ones off the due index,
+    /// with a class or not, whether the planner has statistics or not.
+    #[tokio::test]
+    async fn keyset_pages_read_an_index_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keyset.db");
+        let store = SqliteStore::open(&path).unwrap();
+        for chunk in backlog(10_000).chunks(1_000) {
+            store.put_many(chunk.to_vec()).await.unwrap();
+        }
+        let conn = Connection::open(&path).unwrap();
+        let key = SortKey::new(SystemTime::now(), "d-005000");
+        for analyzed in [false, true] {
+            if analyzed {
+                conn.execute_batch("ANALYZE").unwrap();
+            }
+            for status in [Status::Dead, Status::Resolved] {
+                // A status alone: the list index, in its order.
+                let filter = Filter::new().status(status);
+                let (sql, values) = newest_after(&filter, Some(&key), 50);
+                let lines = plan_with(&conn, &sql, values);
+                assert!(
+                    lines.len() == 1 && lines[0].contains("USING INDEX dead_letters_listed ("),
+                    "analyzed: {analyzed}, {filter}: {lines:?}"
+                );
+                // With a class: the list index, or the class's index by time whose ties of
+                // one time SQLite puts in id order ("LAST TERM"); never a sort of all.
+                let filter = filter.class("a");
+                let (sql, values) = newest_after(&filter, Some(&key), 50);
+                let lines = plan_with(&conn, &sql, values);
+                assert!(
+                    lines
+                        .iter()
+                        .any(|l| l.contains("USING INDEX dead_letters_listed (")
+                            || l.contains("USING INDEX dead_letters_by_class (")),
+                    "analyzed: {analyzed}, {filter}: {lines:?}"
+                );
+                assert!(
+                    !lines.iter().any(|l| l.contains("TEMP B-TREE FOR ORDER BY")),
+                    "analyzed: {analyzed}, {filter}: {lines:?}"
+                );
+            }
+            for filter in [
+                Filter::new(),
+                Filter::new().status(Status::Deferred),
+                Filter::new().class("a"),
+            ] {
+                let (sql, values) = soonest_after(&filter, Some(&key), 50);
+                let lines = plan_with(&conn, &sql, values);
+                assert!(
+                    lines
+                        .iter()
+                        .any(|l| l.contains("USING INDEX dead_letters_due (")),
+                    "analyzed: {analyzed}, {filter}: {lines:?}"
+                );
+                assert!(
+                    !lines.iter().any(|l| l.contains("TEMP B-TREE")),
+                    "analyzed: {analyzed}, {filter}: {lines:?}"
+                );
+            }
+        }
+    }
+
+    /// A file without the due index, opened read-only (so it cannot get it): the waiting
+    /// records still read, by position and after a key, in due order.
+    #[tokio::test]
+    async fn waiting_records_read_without_the_due_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("no-due.db");
+        let store = SqliteStore::open(&path).unwrap();
+        store.put_many(backlog(30)).await.unwrap();
+        let want = store
+            .search_waiting(&Filter::new(), 0..usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(want.len(), 30);
+        store.close();
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("DROP INDEX dead_letters_due")
+            .unwrap();
+        let read_only = SqliteStore::open_read_only(&path).unwrap();
+        let page = read_only
+            .search_waiting(&Filter::new(), 5..10)
+            .await
+            .unwrap();
+        assert_eq!(page, want[5..10]);
+        let key = SortKey::new(want[4].retry_at.unwrap(), want[4].id.clone());
+        let after = read_only
+            .search_waiting_after(&Filter::new(), Some(&key), 5)
+            .await
+            .unwrap();
+        assert_eq!(after, want[5..10]);
+    }
+
     fn indexes(path: &Path) -> Vec<String> {
         Connection::open(path)
             .unwrap()
@@ -1438,6 +1665,7 @@ mod tests {
             "dead_letters_by_status",
             "dead_letters_by_time",
             "dead_letters_due",
+            "dead_letters_listed",
         ];
         for _ in 0..2 {
             let store = SqliteStore::open(&path).unwrap();

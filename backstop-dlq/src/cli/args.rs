@@ -34,7 +34,9 @@ pub(crate) struct PageArgs {
     /// Records (or entries) per page.
     #[arg(long, default_value_t = 50)]
     pub(crate) limit: usize,
-    /// Records (or entries) to skip (paging).
+    /// Records (or entries) to skip (paging by position). Every record skipped is read: a page
+    /// 100,000 records deep takes about half a second in SQLite or Postgres. Page `list` with
+    /// `--after` instead, which costs the same at any depth.
     #[arg(long, default_value_t = 0)]
     pub(crate) offset: usize,
     /// One JSON line per record (or entry) instead of a table.

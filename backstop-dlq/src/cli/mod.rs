@@ -4,6 +4,7 @@
 //! ```text
 //! backstop-dlq --store dead_letters.db list --filter class=throttled --filter tag.campaign=spring
 //! backstop-dlq --store dead_letters.db list --filter host=api.mail.test:443
+//! backstop-dlq --store dead_letters.db list --limit 100 --after AQAAAAAY…
 //! backstop-dlq --store dead_letters.db show msg-0042
 //! backstop-dlq --store redis://127.0.0.1:6379 stats --window 1h
 //! backstop-dlq --store postgres://app@db.internal/app --schema backstop stats
@@ -87,7 +88,8 @@ struct Cli {
 enum Command {
     /// List what is outstanding: dead letters first (the most recently failed first), then
     /// deferred and in-flight records (the soonest due first). Resolved records only with
-    /// `--resolved` or `--filter status=resolved`.
+    /// `--resolved` or `--filter status=resolved`. When more follow, the command to read them
+    /// is printed to stderr: `(more: --after TOKEN)`.
     List(read::List),
     /// Show one dead letter in full: host, history, metadata, payload.
     Show(read::Show),

@@ -5,9 +5,11 @@ use std::time::{Duration, SystemTime};
 
 use clap::Args;
 use tower_backstop::BoxError;
-use tower_backstop::store::{AlertRules, Filter, Record, Stats, Store, list_order, list_page};
+use tower_backstop::store::{
+    AlertRules, Cursor, Filter, Record, Stats, Store, list_after, list_order, list_page,
+};
 
-use super::args::{FilterArgs, Global, PageArgs, parse_duration};
+use super::args::{BadCommandLine, FilterArgs, Global, PageArgs, parse_duration};
 use super::out::{print_record, print_table};
 use super::store::open;
 use crate::breakers::Breakers;
@@ -23,6 +25,11 @@ pub(crate) struct List {
     resolved: bool,
     #[command(flatten)]
     page: PageArgs,
+    /// The page after this cursor: the token a page printed to stderr, `(more: --after
+    /// TOKEN)`, with the same filters and `--resolved`. Pages by cursor cost the same at any
+    /// depth, and a cursor stays good while the store changes.
+    #[arg(long, value_name = "CURSOR", conflicts_with = "offset")]
+    after: Option<Cursor>,
 }
 
 /// `show`'s arguments.
@@ -50,23 +57,44 @@ pub(crate) struct Audit {
     page: PageArgs,
 }
 
-/// `list`: a page of the outstanding records, as a table or JSON lines.
+/// `list`: a page of the outstanding records, as a table or JSON lines; where the next page
+/// starts on stderr.
 pub(crate) async fn list(g: &Global, a: &List, now: SystemTime) -> Result<ExitCode, BoxError> {
     let (filter, narrow) = a.filter.build(now)?;
+    if let Some(after) = &a.after {
+        if !narrow.is_empty() {
+            return Err(BadCommandLine(
+                "--after does not combine with a host filter (host=…): page it with --offset"
+                    .to_owned(),
+            )
+            .into());
+        }
+        after
+            .check(&filter, a.resolved)
+            .map_err(|e| BadCommandLine(format!("--after: {e}")))?;
+    }
     let store = open(g, false).await?;
-    let records = outstanding_first(&*store, &filter, &narrow, a.resolved, a.page.range()).await?;
+    let (records, more) = if narrow.is_empty() && a.page.offset == 0 {
+        let page = list_after(&*store, &filter, a.resolved, a.after.as_ref(), a.page.limit).await?;
+        let more = page.next.map(|next| format!("(more: --after {next})"));
+        (page.records, more)
+    } else {
+        let records =
+            outstanding_first(&*store, &filter, &narrow, a.resolved, a.page.range()).await?;
+        let more = (records.len() == a.page.limit).then(|| {
+            format!(
+                "(more may follow: --offset {})",
+                a.page.offset.saturating_add(a.page.limit)
+            )
+        });
+        (records, more)
+    };
     if a.page.json {
         for r in &records {
             out!("{}", serde_json::to_string(r)?);
         }
     } else {
         print_table(&records);
-        if records.len() == a.page.limit {
-            eprintln!(
-                "(more may follow: --offset {})",
-                a.page.offset.saturating_add(a.page.limit)
-            );
-        }
         if narrow.host.is_some() {
             eprintln!(
                 "(a host is read off the records: the newest {} that match the rest of the \
@@ -74,6 +102,9 @@ pub(crate) async fn list(g: &Global, a: &List, now: SystemTime) -> Result<ExitCo
                 crate::GROUP_LIMIT
             );
         }
+    }
+    if let Some(more) = more {
+        eprintln!("{more}");
     }
     Ok(ExitCode::SUCCESS)
 }

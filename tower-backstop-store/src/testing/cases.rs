@@ -12,6 +12,12 @@ use crate::{
     Status, Store, list_page, purge,
 };
 
+mod paging;
+
+pub(super) use self::paging::{
+    a_stale_cursor_gives_the_next_page, bad_cursors_are_refused, pages_by_cursor_are_the_list,
+};
+
 const BASE: u64 = 1_780_000_000_000; // ms since the epoch, in 2026
 
 fn at(ms_after_base: u64) -> SystemTime {

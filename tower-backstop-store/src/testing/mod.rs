@@ -13,8 +13,10 @@
 //! and their pages (ties included), counts over a window and by status, batches, updates,
 //! claims (due, concurrent, compare-and-set, held and given back, an in-flight record written by
 //! `put` as a write-ahead does), deletes, odd ids and a
-//! 10 MiB payload, retention, the audit trail, and what `list` lists (outstanding records
-//! only, in the order of every list). Every case panics on the first assertion
+//! 10 MiB payload, retention, the audit trail, what `list` lists (outstanding records
+//! only, in the order of every list), and keyset pages by cursor (the whole list with no
+//! duplicate and no gap, cursors refused with a clear error, a stale cursor resumed after its
+//! key). Every case panics on the first assertion
 //! that fails, with a message naming what differed.
 //!
 //! # Example: one test for every case
@@ -232,6 +234,9 @@ cases!(
     list_is_the_outstanding_records_in_list_order,
     fleet_notes_are_one_per_topic_and_author_until_they_expire,
     release_held_makes_a_breakers_deferred_records_due,
+    pages_by_cursor_are_the_list,
+    bad_cursors_are_refused,
+    a_stale_cursor_gives_the_next_page,
 );
 
 /// The case named `name`, if there is one.
