@@ -174,12 +174,25 @@ pub async fn remove(url: &str, namespace: &str) -> Result<(), BoxError> {
         Kind::Redis => {
             let client = redis::Client::open(url)?;
             let mut conn = client.get_multiplexed_async_connection().await?;
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg(format!("{{{namespace}}}*"))
-                .query_async(&mut conn)
-                .await?;
-            if !keys.is_empty() {
-                let () = redis::cmd("DEL").arg(keys).query_async(&mut conn).await?;
+            // SCAN by pages rather than one KEYS: a large run's keys would take longer than
+            // the connection waits for an answer.
+            let mut cursor = 0u64;
+            loop {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(format!("{{{namespace}}}*"))
+                    .arg("COUNT")
+                    .arg(10_000)
+                    .query_async(&mut conn)
+                    .await?;
+                if !keys.is_empty() {
+                    let () = redis::cmd("DEL").arg(keys).query_async(&mut conn).await?;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
         }
     }
