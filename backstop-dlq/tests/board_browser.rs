@@ -574,7 +574,9 @@ async fn an_operator_sees_a_throttled_providers_send_rate() {
     while handle.send_rate().is_none() && std::time::Instant::now() < limited_by {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    let before = handle.send_rate().expect("limited once its first measure ended");
+    let before = handle
+        .send_rate()
+        .expect("limited once its first measure ended");
     c.goto(&format!("http://{addr}/")).await.unwrap();
     let row = text(&c, &format!("#breakers tr[data-breaker='{busy}']")).await;
     let after = handle.send_rate().expect("still limited");
