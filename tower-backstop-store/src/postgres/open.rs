@@ -18,6 +18,7 @@ pub const DEFAULT_SCHEMA: &str = "backstop";
 const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "records", include_str!("migrations/0001_records.sql")),
     (2, "notes", include_str!("migrations/0002_notes.sql")),
+    (3, "counts", include_str!("migrations/0003_counts.sql")),
 ];
 
 /// The schema version this version of the crate writes and reads: the last migration's.

@@ -231,6 +231,7 @@ cases!(
     list_is_the_outstanding_records_in_list_order,
     fleet_notes_are_one_per_topic_and_author_until_they_expire,
     release_held_makes_a_breakers_deferred_records_due,
+    counts_agree_with_the_records_after_every_write,
 );
 
 /// The case named `name`, if there is one.
