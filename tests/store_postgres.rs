@@ -222,7 +222,7 @@ async fn a_counter_changed_by_hand_is_reported_and_repaired() {
     let drifts: Vec<_> = found
         .drifts
         .iter()
-        .map(|d| (d.status, d.class.as_str(), d.expected, d.found))
+        .map(|d| (d.status, d.class.as_deref().unwrap(), d.expected, d.found))
         .collect();
     assert_eq!(
         drifts,

@@ -5,23 +5,28 @@ use std::collections::BTreeMap;
 
 use super::record::Status;
 
-/// One key of a store's counters: the records of one status, class and original code.
-pub(crate) type CountKey = (Status, String, String);
+/// One key of a store's counters: the records of one status, class and original code (`None`:
+/// of every class, of every code).
+pub(crate) type CountKey = (Status, Option<String>, Option<String>);
 
 /// A counter that disagreed with a recount of the records: the records of one
 /// [`status`](CountDrift::status), [`class`](CountDrift::class) and original
 /// [`code`](CountDrift::code), how many there are ([`expected`](CountDrift::expected)) and
 /// what the counter said ([`found`](CountDrift::found)). A counter the store lacks for records
 /// it holds is found at 0.
+///
+/// SQLite and Postgres count by status, class and code together: both are set. Redis keeps its
+/// counters (index sets) by status and class, by status and code, and by status alone, apart:
+/// a drift of one of those names the class alone, the code alone, or neither.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CountDrift {
     /// The status of the records counted.
     pub status: Status,
-    /// Their class name.
-    pub class: String,
-    /// Their original code as displayed (`http 503`).
-    pub code: String,
+    /// Their class name; `None`: a counter of every class.
+    pub class: Option<String>,
+    /// Their original code as displayed (`http 503`); `None`: a counter of every code.
+    pub code: Option<String>,
     /// How many records of that status, class and code the store holds: the recount.
     pub expected: u64,
     /// What the counter said: never negative (the stores never let a counter go below 0; one
@@ -89,7 +94,7 @@ mod tests {
 
     #[test]
     fn keys_of_either_side_are_compared_and_negatives_read_as_zero() {
-        let key = |s, c: &str| (s, c.to_owned(), "http 503".to_owned());
+        let key = |s, c: &str| (s, Some(c.to_owned()), Some("http 503".to_owned()));
         let expected = BTreeMap::from([(key(Status::Dead, "a"), 3), (key(Status::Dead, "b"), 1)]);
         let found = BTreeMap::from([
             (key(Status::Dead, "a"), 3),

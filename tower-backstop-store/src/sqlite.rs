@@ -1695,8 +1695,8 @@ mod tests {
         assert!(!found.repaired);
         let dead = &found.drifts[0];
         assert_eq!(
-            (dead.status, dead.code.as_str()),
-            (Status::Dead, "http 500")
+            (dead.status, dead.code.as_deref()),
+            (Status::Dead, Some("http 500"))
         );
         assert_eq!(dead.found, dead.expected + 7);
         let resolved = &found.drifts[1];

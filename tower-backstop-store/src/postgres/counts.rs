@@ -89,7 +89,7 @@ fn slotted(row: &PgRow) -> Result<Slotted, StoreError> {
     let code = text::decode(get(2)?).map_err(|e| decode_error("code", e))?;
     let slot: i16 = row.try_get(3).map_err(pg_error("check counts"))?;
     let n: i64 = row.try_get(4).map_err(pg_error("check counts"))?;
-    Ok(((status, class, code), slot, n))
+    Ok(((status, Some(class), Some(code)), slot, n))
 }
 
 impl PostgresStore {
@@ -209,8 +209,8 @@ impl PostgresStore {
                 let key = (d.status, d.class.clone(), d.code.clone());
                 let (s, n) = slots.remove(&key).unwrap_or_default();
                 let (class, code) = (
-                    text::encode(&d.class).into_owned(),
-                    text::encode(&d.code).into_owned(),
+                    text::encode(d.class.as_deref().unwrap_or_default()).into_owned(),
+                    text::encode(d.code.as_deref().unwrap_or_default()).into_owned(),
                 );
                 for (stmt, with_slots) in [(&sql.clear, false), (&sql.set, true)] {
                     let mut q = sqlx::query(stmt)

@@ -201,7 +201,7 @@ fn read_keyed(conn: &Connection, sql: &str) -> Result<BTreeMap<CountKey, i64>, S
     for row in rows {
         let (status, class, code, n) = row.map_err(sql_error("check counts"))?;
         let status: Status = status.parse()?;
-        *out.entry((status, class, code)).or_insert(0) += n;
+        *out.entry((status, Some(class), Some(code))).or_insert(0) += n;
     }
     Ok(out)
 }
