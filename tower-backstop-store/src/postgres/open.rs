@@ -467,6 +467,7 @@ async fn migrate(conn: &mut PgConnection, name: &str, schema: &str) -> Result<()
         )));
     }
     for &(version, migration, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        let sql = sql.replace("{schema}", schema);
         let script = format!("SET LOCAL search_path TO {schema};\n{sql}");
         tx.execute(script.as_str()).await.map_err(|e| {
             StoreError::with_source(

@@ -1,7 +1,8 @@
 -- tower-backstop's Postgres dead-letter store, schema version 3: the counts.
 --
 -- Applied as version 1 is (one transaction under the store's advisory lock, `search_path` set
--- to the store's schema).
+-- to the store's schema). `{schema}` is the store's schema, quoted: the function's statements
+-- name their table in full, whatever the `search_path` of the session that writes.
 
 -- How many records there are of each status, class and code, spread over 8 slots per key (a
 -- record counts in the slot `hashtext(id) & 7`): the schedulers that finish their claims at
@@ -22,15 +23,15 @@ CREATE TABLE counts (
 -- the rows they share in the same order and never wait for each other in a cycle. A statement
 -- that changes no status, class or code (a renewal) changes no count.
 CREATE FUNCTION count_records() RETURNS trigger
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql AS $count$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO counts AS c (status, class, code, slot, n)
+        INSERT INTO {schema}.counts AS c (status, class, code, slot, n)
         SELECT status, class, code, (hashtext(id) & 7)::smallint, count(*)
         FROM new_rows GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
         ON CONFLICT (status, class, code, slot) DO UPDATE SET n = c.n + excluded.n;
     ELSIF TG_OP = 'UPDATE' THEN
-        INSERT INTO counts AS c (status, class, code, slot, n)
+        INSERT INTO {schema}.counts AS c (status, class, code, slot, n)
         SELECT d.status, d.class, d.code, d.slot, d.n
         FROM (
             SELECT status, class, code, slot, sum(n) AS n
@@ -44,26 +45,26 @@ BEGIN
             HAVING sum(n) <> 0
         ) AS d
         WHERE d.n > 0 OR EXISTS (
-            SELECT 1 FROM counts AS x
+            SELECT 1 FROM {schema}.counts AS x
             WHERE (x.status, x.class, x.code, x.slot) = (d.status, d.class, d.code, d.slot))
         ORDER BY 1, 2, 3, 4
         ON CONFLICT (status, class, code, slot) DO UPDATE SET n = greatest(c.n + excluded.n, 0);
     ELSE
-        INSERT INTO counts AS c (status, class, code, slot, n)
+        INSERT INTO {schema}.counts AS c (status, class, code, slot, n)
         SELECT d.status, d.class, d.code, d.slot, d.n
         FROM (
             SELECT status, class, code, (hashtext(id) & 7)::smallint AS slot, -count(*) AS n
             FROM old_rows GROUP BY 1, 2, 3, 4
         ) AS d
         WHERE EXISTS (
-            SELECT 1 FROM counts AS x
+            SELECT 1 FROM {schema}.counts AS x
             WHERE (x.status, x.class, x.code, x.slot) = (d.status, d.class, d.code, d.slot))
         ORDER BY 1, 2, 3, 4
         ON CONFLICT (status, class, code, slot) DO UPDATE SET n = greatest(c.n + excluded.n, 0);
     END IF;
     RETURN NULL;
 END
-$$;
+$count$;
 
 -- Creating a trigger locks `records` against writes until the migration commits: no write
 -- comes between the triggers and the fill below, and none is counted twice.
