@@ -83,8 +83,10 @@ mod counts;
 ///
 /// A file made by an earlier version gets the table and its triggers the first time it is
 /// opened for writing, filled from its records in the same `BEGIN IMMEDIATE` transaction:
-/// about a second per million records, during which other processes' writes wait (up to their
-/// busy timeout). A file opened read-only before that counts by reading its records.
+/// about 3 s per million records, during which other processes' writes wait, up to their busy
+/// timeout (5 s by default: above about 1.5 million records, a write of another process may
+/// fail with "database is locked" meanwhile, and its caller retries or defers). A file opened
+/// read-only before that counts by reading its records.
 /// [`check_counts`](Store::check_counts) recounts the records and repairs the table.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {

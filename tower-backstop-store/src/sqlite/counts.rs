@@ -65,7 +65,7 @@ const TABLE: &str = "dead_letter_counts";
 
 /// Makes the counts table and its triggers in a file that lacks them, and fills it from the
 /// records, in one `BEGIN IMMEDIATE` transaction (writers of other processes wait for it: about
-/// a second per million records). Nothing is written when the table is there. Best effort: a
+/// 3 s per million records). Nothing is written when the table is there. Best effort: a
 /// file that is read-only at the moment opens without it, and its counts read the records.
 pub(super) fn ensure_table(conn: &mut Connection, path: &Path) {
     let done = (|| {
