@@ -10,10 +10,11 @@
 //!
 //! The cases use only the [`Store`] trait and this crate's [`Retention`](crate::Retention) and
 //! [`purge`](crate::purge): a record's round trip and merge by id, the bounded history, searches
-//! and their pages (ties included), counts over a window and by status, batches, updates,
-//! claims (due, concurrent, compare-and-set, held and given back, an in-flight record written by
-//! `put` as a write-ahead does), deletes, odd ids and a
-//! 10 MiB payload, retention, the audit trail, and what `list` lists (outstanding records
+//! and their pages (ties included), counts over a window and by status, counts that agree with
+//! a recount of the records after every kind of write (and [`Store::check_counts`] finding no
+//! drift), batches, updates, claims (due, concurrent, compare-and-set, held and given back, an
+//! in-flight record written by `put` as a write-ahead does), deletes, odd ids and a 10 MiB
+//! payload, retention, the audit trail, and what `list` lists (outstanding records
 //! only, in the order of every list). Every case panics on the first assertion
 //! that fails, with a message naming what differed.
 //!
