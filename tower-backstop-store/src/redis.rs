@@ -905,6 +905,10 @@ impl RedisStore {
     }
 
     async fn put_batch(&self, records: Vec<Record>) -> Result<(), StoreError> {
+        if records.is_empty() {
+            // Nothing to write: an empty pipeline is an error to the redis crate.
+            return Ok(());
+        }
         let limit = self.history_limit;
         // Fold repeated ids within the batch first, in order.
         let mut batch: Vec<Record> = Vec::with_capacity(records.len());

@@ -1773,6 +1773,7 @@ async fn counts_agree_with_a_recount(store: &dyn Store, step: &str) {
 pub(super) async fn counts_agree_with_the_records_after_every_write(b: &dyn Backend) {
     let o = open(b, "counts_recount", 10).await;
     let s = &*o.store;
+    s.put_many(Vec::new()).await.unwrap();
     counts_agree_with_a_recount(s, "empty").await;
     s.put(rec("a", "transient", "http 503", at(0)))
         .await
