@@ -68,6 +68,10 @@ const TABLE: &str = "dead_letter_counts";
 /// 3 s per million records). Nothing is written when the table is there. Best effort: a
 /// file that is read-only at the moment opens without it, and its counts read the records.
 pub(super) fn ensure_table(conn: &mut Connection, path: &Path) {
+    if has_counts(conn).unwrap_or(false) {
+        // The usual case: no write lock taken at open.
+        return;
+    }
     let done = (|| {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
