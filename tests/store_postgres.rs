@@ -70,7 +70,11 @@ async fn ten_instances_opening_a_new_schema_at_once_migrate_it_once() {
     .unwrap();
     assert_eq!(
         rows,
-        [(1, "records".to_owned()), (2, "notes".to_owned())],
+        [
+            (1, "records".to_owned()),
+            (2, "notes".to_owned()),
+            (3, "counts".to_owned())
+        ],
         "one row per migration"
     );
     // Every instance works on the one schema.
@@ -91,11 +95,156 @@ async fn ten_instances_opening_a_new_schema_at_once_migrate_it_once() {
     .fetch_one(&admin)
     .await
     .unwrap();
-    assert_eq!(n, 2);
+    assert_eq!(n, 3);
 }
 
 /// A schema of version 1 (no fleet notes) gains the notes' table when a store opens it, its
 /// records kept.
+/// What the counts say and what a scan of the records says, for a check after each step.
+async fn counts_and_scan(store: &PostgresStore) -> [(Vec<(String, u64)>, u64); 2] {
+    let all = store.counts(SystemTime::UNIX_EPOCH).await.unwrap();
+    let mut scanned = Vec::new();
+    for class in ["transient", "poison"] {
+        let filter = Filter::new()
+            .status(Status::Dead)
+            .class(class)
+            .since(SystemTime::UNIX_EPOCH);
+        let n = store.count(&filter).await.unwrap();
+        if n > 0 {
+            scanned.push((class.to_owned(), n));
+        }
+    }
+    scanned.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let mut waiting = 0;
+    for status in [Status::Deferred, Status::InFlight] {
+        let filter = Filter::new().status(status).since(SystemTime::UNIX_EPOCH);
+        waiting += store.count(&filter).await.unwrap();
+    }
+    [(all.by_class, all.deferred), (scanned, waiting)]
+}
+
+/// Records of two classes and three statuses: `n` of each.
+fn mixed(n: usize) -> Vec<Record> {
+    let later = SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+    let mut records = Vec::new();
+    for i in 0..n {
+        records.push(record(&format!("dead-{i}"), Status::Dead, None));
+        let mut poison = record(&format!("poison-{i}"), Status::Dead, None);
+        poison.class = "poison".into();
+        records.push(poison);
+        records.push(record(&format!("wait-{i}"), Status::Deferred, Some(later)));
+        records.push(record(&format!("done-{i}"), Status::Resolved, None));
+    }
+    records
+}
+
+/// A schema of version 2 (before the counts table) with records in it, some written since by
+/// hand (no trigger counted them), gains the counts table, its triggers and its rows, filled
+/// from the records, when a store opens it.
+async fn a_schema_of_version_2_gains_the_counts_filled_from_its_records() {
+    let admin = admin("version_2").await;
+    let schema = fresh_schema("version_2");
+    let store = PostgresStore::connect(&postgres_url())
+        .schema(&schema)
+        .await
+        .unwrap();
+    store.put_many(mixed(40)).await.unwrap();
+    store.close().await;
+    admin
+        .execute(sqlx::raw_sql(&format!(
+            "DROP TABLE \"{schema}\".counts;
+             DROP FUNCTION \"{schema}\".count_records() CASCADE;
+             DELETE FROM \"{schema}\".schema_migrations WHERE version = 3;
+             UPDATE \"{schema}\".records SET status = 'dead', retry_at_ms = NULL
+             WHERE id IN ('wait-1', 'wait-2', 'wait-3');"
+        )))
+        .await
+        .unwrap();
+    let store = PostgresStore::connect(&postgres_url())
+        .schema(&schema)
+        .await
+        .unwrap();
+    let [counted, scanned] = counts_and_scan(&store).await;
+    assert_eq!(counted, scanned);
+    assert_eq!(
+        counted.0,
+        [("transient".to_owned(), 43), ("poison".to_owned(), 40)]
+    );
+    assert_eq!(counted.1, 37);
+    assert!(store.check_counts(false).await.unwrap().is_clean());
+    assert_eq!(
+        store
+            .count(&Filter::new().status(Status::Resolved))
+            .await
+            .unwrap(),
+        40
+    );
+}
+
+/// A counter changed by hand (too high, too low, negative) is a drift the check reports,
+/// with what it expected and what it found (never below 0), and repairs when asked; a
+/// deletion never takes a counter below 0.
+async fn a_counter_changed_by_hand_is_reported_and_repaired() {
+    let admin = admin("counts_drift").await;
+    let schema = fresh_schema("counts_drift");
+    let store = PostgresStore::connect(&postgres_url())
+        .schema(&schema)
+        .await
+        .unwrap();
+    store.put_many(mixed(40)).await.unwrap();
+    let [want, _] = counts_and_scan(&store).await;
+    admin
+        .execute(sqlx::raw_sql(&format!(
+            "UPDATE \"{schema}\".counts SET n = n + 7
+             WHERE status = 'dead' AND class = 'poison' AND slot = 0;
+             UPDATE \"{schema}\".counts SET n = 0 WHERE status = 'resolved';
+             UPDATE \"{schema}\".counts SET n = -5 WHERE status = 'deferred';"
+        )))
+        .await
+        .unwrap();
+    // Deleting resolved records whose counters are at 0 leaves them at 0.
+    assert_eq!(
+        store
+            .delete(&Filter::new().status(Status::Resolved).id("done-1"))
+            .await
+            .unwrap(),
+        1
+    );
+    let lowest: i64 = sqlx::query_scalar(&format!(
+        "SELECT min(n) FROM \"{schema}\".counts WHERE status = 'resolved'"
+    ))
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    assert_eq!(lowest, 0);
+    let found = store.check_counts(false).await.unwrap();
+    assert!(!found.repaired);
+    let drifts: Vec<_> = found
+        .drifts
+        .iter()
+        .map(|d| (d.status, d.class.as_deref().unwrap(), d.expected, d.found))
+        .collect();
+    assert_eq!(
+        drifts,
+        [
+            (Status::Dead, "poison", 40, 47),
+            (Status::Deferred, "transient", 40, 0),
+            (Status::Resolved, "transient", 39, 0),
+        ]
+    );
+    assert_eq!(
+        store.check_counts(false).await.unwrap().drifts,
+        found.drifts
+    );
+    let repaired = store.check_counts(true).await.unwrap();
+    assert!(repaired.repaired);
+    assert_eq!(repaired.drifts, found.drifts);
+    assert!(store.check_counts(false).await.unwrap().is_clean());
+    let [counted, scanned] = counts_and_scan(&store).await;
+    assert_eq!(counted, want);
+    assert_eq!(counted, scanned);
+}
+
 async fn a_schema_of_version_1_gains_the_notes_table_at_open() {
     let admin = admin("version_1").await;
     let schema = fresh_schema("version_1");
@@ -108,7 +257,9 @@ async fn a_schema_of_version_1_gains_the_notes_table_at_open() {
     admin
         .execute(sqlx::raw_sql(&format!(
             "DROP TABLE \"{schema}\".notes;
-             DELETE FROM \"{schema}\".schema_migrations WHERE version = 2;"
+             DROP TABLE \"{schema}\".counts;
+             DROP FUNCTION \"{schema}\".count_records() CASCADE;
+             DELETE FROM \"{schema}\".schema_migrations WHERE version >= 2;"
         )))
         .await
         .unwrap();
@@ -122,7 +273,7 @@ async fn a_schema_of_version_1_gains_the_notes_table_at_open() {
     .fetch_all(&admin)
     .await
     .unwrap();
-    assert_eq!(versions, [1, 2]);
+    assert_eq!(versions, [1, 2, 3]);
     let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
     let note = FleetNote::new("breaker:a", "p-1", "{}", now, Duration::from_secs(5));
     store.put_note(note.clone()).await.unwrap();
@@ -139,7 +290,7 @@ async fn a_schema_of_a_newer_version_fails_at_open_and_names_the_fix() {
         .unwrap();
     store.put(record("kept", Status::Dead, None)).await.unwrap();
     sqlx::query(&format!(
-        "INSERT INTO \"{schema}\".schema_migrations (version, name) VALUES (3, 'from the future')"
+        "INSERT INTO \"{schema}\".schema_migrations (version, name) VALUES (4, 'from the future')"
     ))
     .execute(&admin)
     .await
@@ -155,8 +306,8 @@ async fn a_schema_of_a_newer_version_fails_at_open_and_names_the_fix() {
             .unwrap_err(),
     ] {
         let text = err.to_string();
-        assert!(text.contains("has version 3"), "{text}");
-        assert!(text.contains("knows versions up to 2"), "{text}");
+        assert!(text.contains("has version 4"), "{text}");
+        assert!(text.contains("knows versions up to 3"), "{text}");
         assert!(text.contains("upgrade tower-backstop"), "{text}");
     }
     // Nothing was changed: the record is there, the version row too.
@@ -427,7 +578,7 @@ async fn behind_pgbouncer_instances_opening_a_new_schema_at_once_migrate_it_once
         .await
         .unwrap()
         .get(0);
-    assert_eq!(n, 2, "one row per migration: migrated once");
+    assert_eq!(n, 3, "one row per migration: migrated once");
     stores[1]
         .put(record("m-1", Status::Dead, None))
         .await
@@ -588,6 +739,14 @@ fn main() {
     tests.needs(Service::Postgres).current(
         "a_schema_of_version_1_gains_the_notes_table_at_open",
         a_schema_of_version_1_gains_the_notes_table_at_open,
+    );
+    tests.needs(Service::Postgres).current(
+        "a_schema_of_version_2_gains_the_counts_filled_from_its_records",
+        a_schema_of_version_2_gains_the_counts_filled_from_its_records,
+    );
+    tests.needs(Service::Postgres).current(
+        "a_counter_changed_by_hand_is_reported_and_repaired",
+        a_counter_changed_by_hand_is_reported_and_repaired,
     );
     tests.needs(Service::Postgres).current(
         "a_schema_of_a_newer_version_fails_at_open_and_names_the_fix",

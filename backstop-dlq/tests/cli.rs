@@ -1340,6 +1340,65 @@ async fn breaker_overrides_are_written_for_the_fleet_and_audited() {
     assert_eq!(overrides, 1);
 }
 
+/// `check-counts` over a SQLite file: clean (status 0); a counter changed by hand is printed
+/// with what was expected and found (status 3, nothing changed); `--repair` sets it (status 0),
+/// and the next check is clean.
+async fn check_counts_reports_and_repairs_a_drifted_counter() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    let store = SqliteStore::open(&path).unwrap();
+    store.put_many(sample()).await.unwrap();
+    store.close();
+    let db = path.to_str().unwrap().to_owned();
+    let o = dlq_on(&db, &["check-counts"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("counts agree with the records"),
+        "{}",
+        stdout(&o)
+    );
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "UPDATE dead_letter_counts SET n = n + 4 WHERE status = 'dead' AND class = 'throttled'",
+        )
+        .unwrap();
+    for _ in 0..2 {
+        let o = dlq_on(&db, &["check-counts"]).await;
+        assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+        let out = stdout(&o);
+        let line = out
+            .lines()
+            .find(|l| l.contains("throttled"))
+            .unwrap_or_else(|| panic!("no drift printed: {out}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words.first(), Some(&"dead"), "{line}");
+        assert_eq!(
+            words[words.len() - 2..],
+            ["5", "9"],
+            "expected, found: {line}"
+        );
+        assert!(out.contains("1 drifted counters"), "{out}");
+        assert!(out.contains("--repair"), "{out}");
+    }
+    let o = dlq_on(&db, &["check-counts", "--repair"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("1 drifted counters repaired"),
+        "{}",
+        stdout(&o)
+    );
+    let o = dlq_on(&db, &["check-counts"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = dlq_on(&db, &["stats"]).await;
+    assert!(stdout(&o).contains("throttled"), "{}", stdout(&o));
+    let reopened = SqliteStore::open(&path).unwrap();
+    assert_eq!(
+        reopened.count_by_class().await.unwrap(),
+        [("throttled".to_owned(), 5), ("permanent".to_owned(), 3)]
+    );
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests.multi_thread(
@@ -1383,6 +1442,10 @@ fn main() {
     tests.multi_thread(
         "breaker_overrides_are_written_for_the_fleet_and_audited",
         breaker_overrides_are_written_for_the_fleet_and_audited,
+    );
+    tests.multi_thread(
+        "check_counts_reports_and_repairs_a_drifted_counter",
+        check_counts_reports_and_repairs_a_drifted_counter,
     );
     tests.multi_thread(
         "serve_acts_as_the_named_actor",

@@ -1,5 +1,6 @@
 //! [`PostgresStore`]: dead letters in a Postgres database, shared by many instances.
 
+mod counts;
 mod error;
 mod notify;
 mod open;
@@ -18,6 +19,7 @@ use std::time::{Duration, SystemTime};
 use sqlx::Row;
 use sqlx::postgres::PgPool;
 
+use self::counts::{CountsSql, counted_by_table};
 use self::error::pg_error;
 pub use self::open::{DEFAULT_SCHEMA, OpenPostgres};
 use self::open::{LOCK_CLASS, Opened, Source};
@@ -26,10 +28,12 @@ use self::row::{
     COLUMNS, Columns, PgQuery, count_of, decode_error, decode_row, encode_map, select_list,
 };
 use super::lease::rounds;
-use super::query::{Change, Claim, Counts, Filter, top_first};
+use super::query::{Change, Claim, Counts, Filter};
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, add_clamped, from_millis, to_millis};
 use super::schedule::{from_micros, gap_micros, to_micros};
-use super::{AuditAction, AuditEntry, BoxFuture, FleetNote, Lease, SortKey, Store, StoreError};
+use super::{
+    AuditAction, AuditEntry, BoxFuture, CountsCheck, FleetNote, Lease, SortKey, Store, StoreError,
+};
 
 /// How many rows one statement of a [`delete`](Store::delete) removes at most: a purge or a
 /// prune of a million records is a thousand short transactions, not one long one.
@@ -73,6 +77,7 @@ const NOTES_PRUNED: i64 = 100;
 /// |---|---|
 /// | `records` | one row per record: its fields as columns (times in milliseconds since the Unix epoch, `bigint`), the history, headers and root cause as `json`, tags and metadata as `jsonb`, the payload as `bytea` |
 /// | `codes` | each code's first sighting (the "new code" alert) |
+/// | `counts` | how many records there are of each status, class and code, over 8 slots per key (see [Counts](#counts)) |
 /// | `audit` | the audit trail |
 /// | `notes` | the fleet's notes of [`put_note`](Store::put_note): one row per topic and author, times in milliseconds, indexed by expiry time |
 /// | `slots` | the shared send schedules of [`reserve_slot`](Store::reserve_slot): a name and the next free time in microseconds (made on first use, under the migration lock) |
@@ -123,7 +128,36 @@ const NOTES_PRUNED: i64 = 100;
 /// - [`delete`](Store::delete) removes at most 1,000 rows a statement, each its own short
 ///   transaction, until none match: retention over a large store never holds one long
 ///   transaction or a lock on the whole excess.
-/// - [`counts`](Store::counts) is one round trip.
+/// - [`counts`](Store::counts) is two round trips: the oldest record's last failure time (off
+///   the index by time), then the counts (see [Counts](#counts)).
+///
+/// # Counts
+///
+/// The table `counts` holds how many records there are of each status, class and code. Three
+/// statement-level triggers on `records` (after `INSERT`, `UPDATE`, `DELETE`, with their
+/// transition tables) change it at the end of every statement that writes records, in that
+/// statement's transaction: a put, a change of status, a claim, a deletion, and any statement
+/// of your own on the table. Each key is spread over 8 rows (slot `hashtext(id) & 7`), so that
+/// schedulers that acknowledge their claims at once change different rows rather than wait on
+/// one; a statement changes its rows in key order, so two never wait on each other in a cycle.
+/// A statement that changes no status, class or code (a renewal of a claim) changes no count. A
+/// row never goes below 0.
+///
+/// So the all-time counts read a few rows, whatever the number of records:
+/// [`count_by_class`](Store::count_by_class), [`count`](Store::count) with a filter of a status,
+/// a class and a code at most, and [`counts`](Store::counts) from a time at or before the
+/// oldest record's last failure (`UNIX_EPOCH`). The counts of a shorter window stay exact: they
+/// read the index by status and last failure time (`counts.sql`), as many entries as records in
+/// the window.
+///
+/// Migration 3 adds the table and its triggers to a schema of an earlier version and fills it
+/// from the records, in the migration's transaction: creating the triggers locks `records`
+/// against writes (`SHARE ROW EXCLUSIVE`; reads go on) until the fill commits, about a second per
+/// million records, so that no write is lost or counted twice. A fleet that upgrades keeps
+/// writing once it is done; instances of an earlier version refuse to open the schema
+/// afterwards (its version is newer than theirs). [`check_counts`](Store::check_counts)
+/// recounts the records (one `REPEATABLE READ` snapshot, no lock) and, when repairing, locks
+/// `records` in `SHARE` mode (writes wait) while it recounts and sets the drifted keys.
 ///
 /// # Text
 ///
@@ -236,6 +270,8 @@ struct Sql {
     /// `change` for a batch of changes under claims, one statement.
     change_many: String,
     counts: String,
+    /// The statements of the counts table.
+    counts_sql: CountsSql,
     budget: String,
     append_audit: String,
     audit: String,
@@ -283,6 +319,7 @@ impl Sql {
             change: fill(include_str!("postgres/change.sql")),
             change_many: fill(include_str!("postgres/change_many.sql")),
             counts: fill(include_str!("postgres/counts.sql")),
+            counts_sql: CountsSql::new(schema),
             budget: format!("SELECT budget_spent FROM {schema}.records WHERE id = $1"),
             append_audit: format!(
                 "INSERT INTO {schema}.audit (at_ms, actor, action, filter, planned, sent, outcome) \
@@ -853,39 +890,6 @@ impl PostgresStore {
         }
     }
 
-    async fn read_counts(&self, since: SystemTime) -> Result<Counts, StoreError> {
-        let rows = self
-            .fetch_all(sqlx::query(&self.sql.counts).bind(to_millis(since)))
-            .await
-            .map_err(pg_error("count records"))?;
-        let mut by_class = Vec::new();
-        let mut by_code = Vec::new();
-        let mut new_codes = Vec::new();
-        let mut deferred = 0;
-        for row in rows {
-            let kind: String = row.try_get(0).map_err(pg_error("count records"))?;
-            let name: String = row.try_get(1).map_err(pg_error("count records"))?;
-            let n: i64 = row.try_get(2).map_err(pg_error("count records"))?;
-            let name = text::decode(name).map_err(|e| decode_error("class or code", e))?;
-            let count = u64::try_from(n).unwrap_or(0);
-            match kind.as_str() {
-                "class" => by_class.push((name, count)),
-                "code" => by_code.push((name, count)),
-                "new" => new_codes.push((name, from_millis(n))),
-                _ => deferred = count,
-            }
-        }
-        new_codes.sort_by(|a: &(String, SystemTime), b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
-        let by_class = top_first(by_class);
-        Ok(Counts {
-            total: by_class.iter().map(|(_, n)| n).sum(),
-            by_class,
-            by_code: top_first(by_code),
-            new_codes,
-            deferred,
-        })
-    }
-
     async fn write_note(&self, note: FleetNote) -> Result<(), StoreError> {
         let owned = |s: &str| text::encode(s).into_owned();
         let query = sqlx::query(&self.sql.put_note)
@@ -1116,6 +1120,10 @@ impl Store for PostgresStore {
     }
 
     fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
+        if counted_by_table(filter) {
+            let filter = filter.clone();
+            return self.run(|this| async move { this.count_from_table(&filter).await });
+        }
         let (clause, args) = where_clause(filter);
         self.run(|this| async move {
             let sql = format!("SELECT count(*) FROM {} WHERE {clause}", this.sql.records);
@@ -1130,6 +1138,10 @@ impl Store for PostgresStore {
 
     fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
         self.run(|this| async move { this.read_counts(since).await })
+    }
+
+    fn check_counts(&self, repair: bool) -> BoxFuture<'static, Result<CountsCheck, StoreError>> {
+        self.run(move |this| async move { this.check_counts_table(repair).await })
     }
 
     fn update(

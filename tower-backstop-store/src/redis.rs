@@ -15,8 +15,11 @@ use super::query::{
 };
 use super::record::{DEFAULT_HISTORY_LIMIT, Record, Status, add_clamped, from_millis, to_millis};
 use super::schedule::{from_micros, gap_micros, to_micros};
-use super::{AuditEntry, BoxFuture, FleetNote, Lease, SortKey, Store, StoreError, redact_url};
+use super::{
+    AuditEntry, BoxFuture, CountsCheck, FleetNote, Lease, SortKey, Store, StoreError, redact_url,
+};
 
+mod counts;
 mod keyset;
 mod sentinel;
 
@@ -41,7 +44,8 @@ use self::sentinel::SentinelConnection;
 /// | `{prefix}:retry` | sorted set | ids of deferred and in-flight records, scored by retry-at (ms) |
 /// | `{prefix}:time` | sorted set | every id, scored by last failure time (ms) |
 /// | `{prefix}:class:{class}`, `{prefix}:code:{code}`, `{prefix}:tag:{key}={value}` | sorted sets | the indexes, scored by last failure time |
-/// | `{prefix}:dead:time`, `{prefix}:dead:class:{class}`, `{prefix}:dead:code:{code}`, `{prefix}:waiting:time`, `{prefix}:deferred:time`, `{prefix}:in_flight:time`, `{prefix}:resolved:time` | sorted sets | the indexes by status, for the counts |
+/// | `{prefix}:{status}:time`, `{prefix}:{status}:class:{class}`, `{prefix}:{status}:code:{code}` (`{status}`: `dead`, `deferred`, `in_flight`, `resolved`), `{prefix}:waiting:time` (deferred and in flight) | sorted sets | the indexes by status, alone, by class and by code, scored by last failure time: the counts |
+/// | `{prefix}:counted` | string | present when every record is in the indexes by status and class or code (see below) |
 /// | `{prefix}:codes` | hash | each code's first sighting (ms) |
 /// | `{prefix}:classes` | set | every class name written (what [`counts`](Store::counts) walks) |
 /// | `{prefix}:audit` | list | the audit trail, newest first |
@@ -72,8 +76,20 @@ use self::sentinel::SentinelConnection;
 /// holds between two matches, and a filter that few records match reads many.
 ///
 /// [`counts`](Store::counts) and
-/// [`count_by_class`](Store::count_by_class) count the index sets (`ZCOUNT`, `ZCARD`) per class and
-/// per code and read no record.
+/// [`count_by_class`](Store::count_by_class) count the index sets (`ZCOUNT`) per class and
+/// per code and read no record; so does [`count`](Store::count) for a filter of a status, a
+/// class or a code, or a status with a class or a code (the deferred records of the class
+/// `circuit_open`), with a time range or not.
+///
+/// The write script keeps the indexes by status with the record, in the same script. A store
+/// whose first record this version wrote is marked `counted`; one written by an earlier
+/// version (whose records are not in the sets of the deferred, in-flight and resolved records
+/// by class and code) counts those filters by reading the records until
+/// [`check_counts`](Store::check_counts) with `repair` has written the sets again from the
+/// records and marked it. The check reads every record (a few seconds per million), then the
+/// size of each set (`ZCARD`); the two are not one snapshot, so a drift it reports while
+/// writes go on may be a write made in between: check again. Its repair writes each drifted
+/// set again in one `MULTI`.
 ///
 /// Every write of a record is one Lua script that checks the record's version and writes the
 /// record with its indexes, so a record, its attempt counts and its indexes change together, and
@@ -81,7 +97,9 @@ use self::sentinel::SentinelConnection;
 /// Claims ([`claim`](Store::claim), [`claim_due`](Store::claim_due)) are such versioned writes
 /// too, made only if the record read is still claimable: of two claimers (re-drives, schedulers on
 /// other instances) that read the same version, exactly one writes, and the other reads the
-/// claim it lost to.
+/// claim it lost to. A claim of due records first reserves them in one script, which moves each
+/// one's entry in the retry index to the claim's end (so that the next claimer reads the next
+/// records), then writes the claims together over the multiplexed connection.
 /// [`put_many`](Store::put_many) sends a batch in one pipeline.
 /// [`put_note`](Store::put_note) is one `HSET`, [`notes`](Store::notes) one `HGETALL`
 /// filtered by expiry time; a read that finds expired notes deletes them (a script that deletes
@@ -240,7 +258,9 @@ fn password(url: &str) -> Option<&str> {
 }
 
 /// Writes a record if its version is still the one read. KEYS: record, time index, retry index,
-/// codes, classes, then `ARGV[7]` index keys to leave, then index keys to join. ARGV: expected version
+/// codes, classes, the mark of complete counts, then `ARGV[7]` index keys to leave, then index
+/// keys to join. A write into an empty store (an empty time index) marks its counts complete:
+/// every record it will hold is in the index sets by status and class or code. ARGV: expected version
 /// (`''`: no record yet), id, json, last failure ms, retry-at ms (`''`: none), code (`''`: do
 /// not note), count of index keys to leave, the code's first sighting ms, the budget spent, the
 /// class.
@@ -250,10 +270,11 @@ if not v then v = '' end
 if v ~= ARGV[1] then return 0 end
 local nv = 1
 if v ~= '' then nv = tonumber(v) + 1 end
+if redis.call('ZCARD', KEYS[2]) == 0 then redis.call('SET', KEYS[6], '1') end
 redis.call('HSET', KEYS[1], 'json', ARGV[3], 'v', nv, 'b', ARGV[9])
 local leave = tonumber(ARGV[7])
-for i = 6, 5 + leave do redis.call('ZREM', KEYS[i], ARGV[2]) end
-for i = 6 + leave, #KEYS do redis.call('ZADD', KEYS[i], ARGV[4], ARGV[2]) end
+for i = 7, 6 + leave do redis.call('ZREM', KEYS[i], ARGV[2]) end
+for i = 7 + leave, #KEYS do redis.call('ZADD', KEYS[i], ARGV[4], ARGV[2]) end
 redis.call('SADD', KEYS[5], ARGV[10])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
 if ARGV[5] ~= '' then
@@ -325,6 +346,11 @@ const SCRIPTS: [&str; 4] = [WRITE, RESERVE, PRUNE_NOTES, RESERVE_DUE];
 /// the claims.
 const CLAIM_ROUNDS: usize = 8;
 
+/// The key (under the store's hash tag) that marks the index sets by status and class or code
+/// complete: present when every record of the store is in them (a store whose first record
+/// this version wrote, or one that [`Store::check_counts`] repaired).
+const COUNTED: &str = "counted";
+
 /// How many times a write is tried again when another writer changed the record in between.
 const CAS_TRIES: usize = 64;
 
@@ -360,17 +386,24 @@ fn score_range(filter: &Filter) -> (String, String) {
 
 /// Whether `rest`, what follows `prefix:` in a key, is a key of the store's layout.
 fn untagged_layout(rest: &[u8]) -> bool {
-    const FAMILIES: [&[u8]; 5] = [b"rec:", b"class:", b"code:", b"tag:", b"dead:"];
-    const NAMES: [&[u8]; 9] = [
+    const FAMILIES: [&[u8]; 8] = [
+        b"rec:",
+        b"class:",
+        b"code:",
+        b"tag:",
+        b"dead:",
+        b"deferred:",
+        b"in_flight:",
+        b"resolved:",
+    ];
+    const NAMES: [&[u8]; 7] = [
         b"time",
         b"retry",
         b"codes",
         b"classes",
         b"audit",
         b"waiting:time",
-        b"deferred:time",
-        b"in_flight:time",
-        b"resolved:time",
+        b"counted",
     ];
     FAMILIES.iter().any(|f| rest.starts_with(f)) || NAMES.contains(&rest)
 }
@@ -810,22 +843,14 @@ impl RedisStore {
         for (k, v) in &record.tags {
             keys.push(self.key(&format!("tag:{k}={v}")));
         }
-        // By status, for the counts: dead letters by class and code, the rest by status alone.
-        match record.status {
-            Status::Dead => {
-                keys.push(self.key("dead:time"));
-                keys.push(self.key(&format!("dead:class:{}", record.class)));
-                keys.push(self.key(&format!("dead:code:{}", record.code)));
-            }
-            Status::Deferred => {
-                keys.push(self.key("waiting:time"));
-                keys.push(self.key("deferred:time"));
-            }
-            Status::InFlight => {
-                keys.push(self.key("waiting:time"));
-                keys.push(self.key("in_flight:time"));
-            }
-            Status::Resolved => keys.push(self.key("resolved:time")),
+        // By status, for the counts: every status alone, by class and by code, and the
+        // deferred and in-flight ones together.
+        let status = record.status.as_str();
+        keys.push(self.key(&format!("{status}:time")));
+        keys.push(self.key(&format!("{status}:class:{}", record.class)));
+        keys.push(self.key(&format!("{status}:code:{}", record.code)));
+        if matches!(record.status, Status::Deferred | Status::InFlight) {
+            keys.push(self.key("waiting:time"));
         }
         keys
     }
@@ -854,12 +879,13 @@ impl RedisStore {
         };
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(Script::new(WRITE).get_hash())
-            .arg(5 + leave.len() + join.len())
+            .arg(6 + leave.len() + join.len())
             .arg(self.record_key(&record.id))
             .arg(self.key("time"))
             .arg(self.key("retry"))
             .arg(self.key("codes"))
             .arg(self.key("classes"))
+            .arg(self.key(COUNTED))
             .arg(&leave)
             .arg(&join)
             .arg(version)
@@ -967,6 +993,10 @@ impl RedisStore {
     }
 
     async fn put_batch(&self, records: Vec<Record>) -> Result<(), StoreError> {
+        if records.is_empty() {
+            // Nothing to write: an empty pipeline is an error to the redis crate.
+            return Ok(());
+        }
         let limit = self.history_limit;
         // Fold repeated ids within the batch first, in order.
         let mut batch: Vec<Record> = Vec::with_capacity(records.len());
@@ -1160,19 +1190,30 @@ impl RedisStore {
         if !filter.ids.is_empty() || !filter.tags.is_empty() {
             return Ok(None);
         }
-        let key = match (filter.status, &filter.class, &filter.code) {
-            (Some(Status::Dead), None, None) => "dead:time".to_owned(),
-            (Some(Status::Dead), Some(class), None) => format!("dead:class:{class}"),
-            (Some(Status::Dead), None, Some(code)) => format!("dead:code:{code}"),
-            (Some(Status::Resolved), None, None) => "resolved:time".to_owned(),
-            (Some(Status::Deferred), None, None) => "deferred:time".to_owned(),
-            (Some(Status::InFlight), None, None) => "in_flight:time".to_owned(),
+        let Some(status) = filter.status.map(Status::as_str) else {
+            return Ok(None);
+        };
+        let (key, needs_mark) = match (&filter.class, &filter.code) {
+            (None, None) => (format!("{status}:time"), false),
+            (Some(class), None) => (format!("{status}:class:{class}"), status != "dead"),
+            (None, Some(code)) => (format!("{status}:code:{code}"), status != "dead"),
             _ => return Ok(None),
         };
-        Ok(self
-            .status_indexes_complete()
-            .await?
-            .then(|| self.key(&key)))
+        // The sets by class and code of the deferred, in-flight and resolved records hold every
+        // such record only once the store is marked counted.
+        let complete =
+            self.status_indexes_complete().await? && (!needs_mark || self.counts_marked().await?);
+        Ok(complete.then(|| self.key(&key)))
+    }
+
+    /// Whether the store is marked counted ([`COUNTED`]).
+    async fn counts_marked(&self) -> Result<bool, StoreError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("EXISTS")
+            .arg(self.key(COUNTED))
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error("count records"))
     }
 
     /// The narrowest index for `filter`: its class's, else its code's, else its first tag's, else
@@ -1500,6 +1541,11 @@ impl Store for RedisStore {
                 codes.into_iter().map(|(c, ms)| (c, from_millis(ms))),
             ))
         })
+    }
+
+    fn check_counts(&self, repair: bool) -> BoxFuture<'static, Result<CountsCheck, StoreError>> {
+        let this = self.clone();
+        Box::pin(async move { this.check_index_sets(repair).await })
     }
 
     fn update(

@@ -12,7 +12,11 @@ use rusqlite::{
 use super::query::{Change, Claim, Counts, Filter, change_if_unchanged, claim, top_first};
 use super::record::{DEFAULT_HISTORY_LIMIT, ErrorEntry, Record, Status, from_millis, to_millis};
 use super::schedule::{from_micros, gap_micros, reserve, to_micros};
-use super::{AuditAction, AuditEntry, BoxFuture, FleetNote, Lease, SortKey, Store, StoreError};
+use super::{
+    AuditAction, AuditEntry, BoxFuture, CountsCheck, FleetNote, Lease, SortKey, Store, StoreError,
+};
+
+mod counts;
 
 /// A durable dead-letter store in one SQLite file (embedded, bundled SQLite; feature `sqlite`).
 ///
@@ -72,6 +76,25 @@ use super::{AuditAction, AuditEntry, BoxFuture, FleetNote, Lease, SortKey, Store
 /// of an earlier version when it is opened for writing). [`put_note`](Store::put_note) is one
 /// transaction that deletes the expired notes and writes the note in place of the older one;
 /// [`notes`](Store::notes) one `SELECT` of the notes not expired.
+///
+/// # Counts
+///
+/// A table `dead_letter_counts` keeps how many records there are of each status, class and
+/// code (one row per key), and triggers on `dead_letters` change it in the transaction of every
+/// write: a put, a change of status, a claim, a deletion. So the all-time counts read a few
+/// rows, whatever the number of records: [`count_by_class`](Store::count_by_class),
+/// [`count`](Store::count) with a filter of a status, a class and a code at most, and
+/// [`counts`](Store::counts) from a time at or before the oldest record's last failure
+/// (`UNIX_EPOCH`). The counts of a shorter window stay exact: they read the covering index by
+/// status and last failure time, as many entries as records in the window.
+///
+/// A file made by an earlier version gets the table and its triggers the first time it is
+/// opened for writing, filled from its records in the same `BEGIN IMMEDIATE` transaction:
+/// about 3 s per million records, during which other processes' writes wait, up to their busy
+/// timeout (5 s by default: above about 1.5 million records, a write of another process may
+/// fail with "database is locked" meanwhile, and its caller retries or defers). A file opened
+/// read-only before that counts by reading its records.
+/// [`check_counts`](Store::check_counts) recounts the records and repairs the table.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Link>>,
@@ -326,7 +349,7 @@ fn has_table(conn: &Connection, name: &str) -> Result<bool, StoreError> {
 
 /// Opens `path` for reading and writing, creating it and its schema when needed.
 fn connect(path: &Path, tuning: Tuning) -> Result<Connection, StoreError> {
-    let conn = Connection::open(path).map_err(|e| {
+    let mut conn = Connection::open(path).map_err(|e| {
         StoreError::with_source(
             format!("cannot open sqlite dead-letter store {}", path.display()),
             e,
@@ -383,6 +406,7 @@ fn connect(path: &Path, tuning: Tuning) -> Result<Connection, StoreError> {
     }
     ensure_list_index(&conn, path);
     ensure_due_index(&conn, path);
+    counts::ensure_table(&mut conn, path);
     Ok(conn)
 }
 
@@ -916,6 +940,22 @@ fn read_records(
         .map_err(sql_error("decode record"))
 }
 
+/// The codes first seen at or after `since` (ms), with that time, the oldest first.
+fn new_codes(conn: &Connection, since: i64) -> Result<Vec<(String, SystemTime)>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT code, first_seen_ms FROM dead_letter_codes WHERE first_seen_ms >= ?1 \
+             ORDER BY first_seen_ms, code",
+        )
+        .map_err(sql_error("read codes"))?;
+    stmt.query_map(params![since], |row| {
+        Ok((row.get::<_, String>(0)?, from_millis(row.get(1)?)))
+    })
+    .map_err(sql_error("read codes"))?
+    .collect::<Result<Vec<_>, _>>()
+    .map_err(sql_error("read codes"))
+}
+
 fn count_pairs(conn: &Connection, sql: &str, since: i64) -> Result<Vec<(String, u64)>, StoreError> {
     let mut stmt = conn
         .prepare_cached(sql)
@@ -1036,7 +1076,13 @@ impl Store for SqliteStore {
 
     fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
         let (clause, values) = where_clause(filter);
+        let by_table = counts::counted_by_table(filter).then(|| filter.clone());
         self.run(move |conn| {
+            if let Some(filter) = by_table
+                && let Some(n) = counts::count(conn, &filter)?
+            {
+                return Ok(n);
+            }
             conn.prepare(&format!("SELECT COUNT(*) FROM dead_letters WHERE {clause}"))
                 .map_err(sql_error("count records"))?
                 .query_row(rusqlite::params_from_iter(values), |row| {
@@ -1050,6 +1096,12 @@ impl Store for SqliteStore {
     fn counts(&self, since: SystemTime) -> BoxFuture<'static, Result<Counts, StoreError>> {
         let since = to_millis(since);
         self.run(move |conn| {
+            if counts::window_is_all_time(conn, since)?
+                && let Some(mut counts) = counts::all_time(conn)?
+            {
+                counts.new_codes = new_codes(conn, since)?;
+                return Ok(counts);
+            }
             let by_class = count_pairs(
                 conn,
                 "SELECT class, COUNT(*) FROM dead_letters WHERE last_failed_at_ms >= ?1 \
@@ -1062,19 +1114,7 @@ impl Store for SqliteStore {
                  AND status = 'dead' GROUP BY code",
                 since,
             )?;
-            let mut stmt = conn
-                .prepare_cached(
-                    "SELECT code, first_seen_ms FROM dead_letter_codes WHERE first_seen_ms >= ?1 \
-                     ORDER BY first_seen_ms, code",
-                )
-                .map_err(sql_error("read codes"))?;
-            let new_codes = stmt
-                .query_map(params![since], |row| {
-                    Ok((row.get::<_, String>(0)?, from_millis(row.get(1)?)))
-                })
-                .map_err(sql_error("read codes"))?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(sql_error("read codes"))?;
+            let new_codes = new_codes(conn, since)?;
             let deferred: i64 = conn
                 .prepare_cached(
                     "SELECT COUNT(*) FROM dead_letters WHERE last_failed_at_ms >= ?1 \
@@ -1090,6 +1130,11 @@ impl Store for SqliteStore {
                 deferred: u64::try_from(deferred).unwrap_or(0),
             })
         })
+    }
+
+    fn check_counts(&self, repair: bool) -> BoxFuture<'static, Result<CountsCheck, StoreError>> {
+        let path = self.path.clone();
+        self.call(repair, move |conn| counts::check(conn, &path, repair))
     }
 
     fn update(
@@ -1771,5 +1816,134 @@ mod tests {
         store.put_note(note.clone()).await.unwrap();
         assert_eq!(store.notes(now).await.unwrap(), [note]);
         assert_eq!(store.count(&Filter::new()).await.unwrap(), 9);
+    }
+
+    /// The counts a store gives, all time and by status, and whether its check is clean.
+    async fn counts_of(store: &SqliteStore) -> (Vec<(String, u64)>, u64, u64, bool) {
+        let all = store.counts(SystemTime::UNIX_EPOCH).await.unwrap();
+        let resolved = store
+            .count(&Filter::new().status(Status::Resolved))
+            .await
+            .unwrap();
+        let clean = match store.check_counts(false).await {
+            Ok(check) => check.is_clean(),
+            Err(e) => {
+                assert!(e.to_string().contains("no counts table"), "{e}");
+                true
+            }
+        };
+        (all.by_class, all.deferred, resolved, clean)
+    }
+
+    /// A file made before the counts table (its records written without the triggers) counts
+    /// by reading its records when opened read-only, and gets the table, filled from its
+    /// records, when opened for writing.
+    #[tokio::test]
+    async fn a_file_without_the_counts_table_gets_it_filled_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("before.db");
+        let store = SqliteStore::open(&path).unwrap();
+        store.put_many(backlog(50)).await.unwrap();
+        let want = counts_of(&store).await;
+        assert_eq!(want.1, 50, "the waiting records");
+        assert!(want.3);
+        store.close();
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "DROP TABLE dead_letter_counts;
+             DROP TRIGGER IF EXISTS dead_letter_counts_insert;
+             DROP TRIGGER IF EXISTS dead_letter_counts_replace;
+             DROP TRIGGER IF EXISTS dead_letter_counts_update;
+             DROP TRIGGER IF EXISTS dead_letter_counts_delete;",
+        )
+        .unwrap();
+        // Written as an earlier version wrote: no trigger counts these.
+        conn.execute_batch(
+            "UPDATE dead_letters SET status = 'dead' WHERE id IN
+                 (SELECT id FROM dead_letters WHERE status = 'deferred' LIMIT 5);",
+        )
+        .unwrap();
+        drop(conn);
+        let read_only = SqliteStore::open_read_only(&path).unwrap();
+        let before = counts_of(&read_only).await;
+        assert_eq!(before.1, 45, "read from the records");
+        let store = SqliteStore::open(&path).unwrap();
+        assert_eq!(counts_of(&store).await, before, "the same, from the table");
+        assert!(has_table(&Connection::open(&path).unwrap(), "dead_letter_counts").unwrap());
+        store.put_many(backlog(10)).await.unwrap();
+        let after = counts_of(&store).await;
+        let scanned = store
+            .count(
+                &Filter::new()
+                    .status(Status::Deferred)
+                    .since(SystemTime::UNIX_EPOCH),
+            )
+            .await
+            .unwrap();
+        assert_eq!(after.1, scanned, "as many as the records say");
+        assert!(after.3, "the triggers count the new writes");
+    }
+
+    /// A counter changed by hand is a drift the check reports (expected and found) and repairs;
+    /// a counter cannot be set below 0, and one at 0 whose record is deleted stays at 0.
+    #[tokio::test]
+    async fn a_counter_changed_by_hand_is_reported_and_repaired() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("drift.db");
+        let store = SqliteStore::open(&path).unwrap();
+        store.put_many(backlog(40)).await.unwrap();
+        let want = counts_of(&store).await;
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "UPDATE dead_letter_counts SET n = n + 7 WHERE status = 'dead' AND code = 'http 500';
+             UPDATE dead_letter_counts SET n = 0 WHERE status = 'resolved' AND code = 'http 501';",
+        )
+        .unwrap();
+        let negative =
+            conn.execute_batch("UPDATE dead_letter_counts SET n = -1 WHERE code = 'http 502'");
+        assert!(negative.is_err(), "a counter cannot be negative");
+        // The record of a counter at 0 deleted: the counter stays at 0.
+        let id: String = conn
+            .query_row(
+                "SELECT id FROM dead_letters WHERE status = 'resolved' AND code = 'http 501' \
+                 LIMIT 1",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(store.delete(&Filter::new().id(id)).await.unwrap(), 1);
+        let n: i64 = conn
+            .query_row(
+                "SELECT n FROM dead_letter_counts WHERE status = 'resolved' AND code = 'http 501'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(n, 0);
+        let by_class = store.count_by_class().await.unwrap();
+        assert_ne!(by_class, want.0, "the counts read the table");
+        let found = store.check_counts(false).await.unwrap();
+        assert_eq!(found.drifts.len(), 2, "{found:?}");
+        assert!(!found.repaired);
+        let dead = &found.drifts[0];
+        assert_eq!(
+            (dead.status, dead.code.as_deref()),
+            (Status::Dead, Some("http 500"))
+        );
+        assert_eq!(dead.found, dead.expected + 7);
+        let resolved = &found.drifts[1];
+        assert_eq!(resolved.status, Status::Resolved);
+        assert_eq!((resolved.found, resolved.expected), (0, 1));
+        assert!(
+            store.check_counts(false).await.unwrap().drifts.len() == 2,
+            "not repaired"
+        );
+        let repaired = store.check_counts(true).await.unwrap();
+        assert!(repaired.repaired);
+        assert_eq!(repaired.drifts, found.drifts);
+        let after = counts_of(&store).await;
+        assert!(after.3, "clean after the repair");
+        assert_eq!(after.0, want.0);
+        assert_eq!(after.2, want.2 - 1);
     }
 }

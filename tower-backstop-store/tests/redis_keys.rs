@@ -340,6 +340,124 @@ async fn a_cluster_password_never_shows() {
     assert!(!text.contains("hunter2"), "{text}");
 }
 
+/// Dead, deferred and resolved records of two classes.
+async fn fill_counted(store: &RedisStore) {
+    let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+    let mut records = Vec::new();
+    for i in 0..3 {
+        records.push(record(&format!("d-{i}"), "spring"));
+    }
+    for i in 0..4 {
+        let mut r = record(&format!("w-{i}"), "spring");
+        r.class = "circuit_open".into();
+        r.status = Status::Deferred;
+        r.retry_at = Some(t);
+        records.push(r);
+    }
+    for i in 0..2 {
+        let mut r = record(&format!("r-{i}"), "spring");
+        r.status = Status::Resolved;
+        r.resolved_at = Some(t);
+        records.push(r);
+    }
+    store.put_many(records).await.unwrap();
+}
+
+/// An index set changed by hand (a member removed, one added) is a drift the check reports,
+/// expected and found, and repairs when asked; the deferred records of a class are counted off
+/// their set, so the count is right again after the repair.
+async fn a_counter_set_changed_by_hand_is_reported_and_repaired() {
+    let prefix = unique("counts-drift");
+    let store = RedisStore::connect(&redis_url())
+        .await
+        .unwrap()
+        .with_prefix(prefix.as_str());
+    fill_counted(&store).await;
+    let held = Filter::new().status(Status::Deferred).class("circuit_open");
+    assert_eq!(store.count(&held).await.unwrap(), 4);
+    assert!(store.check_counts(false).await.unwrap().is_clean());
+    let mut conn = connection(&redis_url()).await;
+    let () = redis::pipe()
+        .cmd("ZREM")
+        .arg(format!("{{{prefix}}}:deferred:class:circuit_open"))
+        .arg("w-0")
+        .ignore()
+        .cmd("ZADD")
+        .arg(format!("{{{prefix}}}:dead:code:http 503"))
+        .arg(0)
+        .arg("ghost")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(store.count(&held).await.unwrap(), 3, "read off the set");
+    let found = store.check_counts(false).await.unwrap();
+    assert!(!found.repaired);
+    let drifts: Vec<_> = found
+        .drifts
+        .iter()
+        .map(|d| {
+            (
+                d.status,
+                d.class.as_deref(),
+                d.code.as_deref(),
+                d.expected,
+                d.found,
+            )
+        })
+        .collect();
+    assert_eq!(
+        drifts,
+        [
+            (Status::Dead, None, Some("http 503"), 3, 4),
+            (Status::Deferred, Some("circuit_open"), None, 4, 3),
+        ]
+    );
+    let repaired = store.check_counts(true).await.unwrap();
+    assert!(repaired.repaired);
+    assert_eq!(repaired.drifts, found.drifts);
+    assert!(store.check_counts(false).await.unwrap().is_clean());
+    assert_eq!(store.count(&held).await.unwrap(), 4);
+}
+
+/// A store written before the sets by status and class (here: its set of deferred records of
+/// a class gone, and the store not marked counted) counts by reading its records, which the
+/// check finds drifted; once repaired, it counts off the sets again.
+async fn a_store_written_before_the_sets_is_counted_from_its_records_until_repaired() {
+    let prefix = unique("counts-before");
+    let store = RedisStore::connect(&redis_url())
+        .await
+        .unwrap()
+        .with_prefix(prefix.as_str());
+    fill_counted(&store).await;
+    let mut conn = connection(&redis_url()).await;
+    let () = redis::pipe()
+        .cmd("DEL")
+        .arg(format!("{{{prefix}}}:deferred:class:circuit_open"))
+        .arg(format!("{{{prefix}}}:counted"))
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let held = Filter::new().status(Status::Deferred).class("circuit_open");
+    assert_eq!(
+        store.count(&held).await.unwrap(),
+        4,
+        "read from the records"
+    );
+    let found = store.check_counts(false).await.unwrap();
+    assert_eq!(found.drifts.len(), 1, "{found:?}");
+    assert_eq!((found.drifts[0].expected, found.drifts[0].found), (4, 0));
+    assert!(store.check_counts(true).await.unwrap().repaired);
+    let marked: bool = redis::cmd("EXISTS")
+        .arg(format!("{{{prefix}}}:counted"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(marked, "marked counted once repaired");
+    assert_eq!(store.count(&held).await.unwrap(), 4);
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests.current(
@@ -361,6 +479,14 @@ fn main() {
     tests.needs(Service::Redis).current(
         "a_plain_server_is_not_a_cluster",
         a_plain_server_is_not_a_cluster,
+    );
+    tests.needs(Service::Redis).current(
+        "a_counter_set_changed_by_hand_is_reported_and_repaired",
+        a_counter_set_changed_by_hand_is_reported_and_repaired,
+    );
+    tests.needs(Service::Redis).current(
+        "a_store_written_before_the_sets_is_counted_from_its_records_until_repaired",
+        a_store_written_before_the_sets_is_counted_from_its_records_until_repaired,
     );
     tests.needs(Service::RedisCluster).current(
         "each_store_of_a_cluster_is_on_the_node_of_its_slot",

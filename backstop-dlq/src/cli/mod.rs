@@ -21,6 +21,7 @@
 //! backstop-dlq --store postgres://app@db.internal/app breaker list
 //! backstop-dlq --store dead_letters.db reconcile --status-url 'http://provider/v1/messages/{id}' \
 //!     --id-from-json id
+//! backstop-dlq --store postgres://app@db.internal/app check-counts --repair
 //! ```
 //!
 //! The store is a SQLite file (it must exist), a `redis://` or `rediss://` URL (feature `redis`,
@@ -47,9 +48,19 @@
 //! skipped and exits with status 2) unless `redrive --include-resolved` is given; then they are
 //! sent again, and the audit entry says how many were.
 //!
+//! `check-counts` recounts the records and compares the recount with the counters the store
+//! keeps for its counts (SQLite's and Postgres's counts table, Redis's index sets by status),
+//! prints each counter that drifted (expected, found), and with `--repair` sets them to the
+//! recount. The counters change with every write, so they drift only when something wrote the
+//! store behind its back: run it after a restore or a hand-made change, and otherwise daily or
+//! weekly, from cron or CI (it reads every record once: seconds per million). On a Redis store
+//! written by an earlier version, run it once with `--repair` so that counts by status and
+//! class stop reading the records.
+//!
 //! Exit status: 0 done, 1 an error, 2 a bad command line, a purge without `--yes`, an action
 //! without an actor, a re-drive that skipped records already delivered (no
-//! `--include-resolved`), or a refused `serve`.
+//! `--include-resolved`), or a refused `serve`; 3 a `check-counts` that found drifted counters
+//! and did not repair them.
 
 use std::process::ExitCode;
 use std::time::SystemTime;
@@ -62,6 +73,7 @@ mod out;
 mod actor;
 mod args;
 mod breaker;
+mod check;
 mod read;
 mod reconcile;
 mod redrive;
@@ -126,6 +138,10 @@ enum Command {
     /// operator's override of one for every process: `force-open`, `disable` (each until
     /// `--for` has passed) or `reset`, with a `--reason`, audited with the actor.
     Breaker(breaker::BreakerArgs),
+    /// Recount the records and compare the recount with the counters the store keeps for its
+    /// counts; print each that drifted (expected, found), and with `--repair` set them to the
+    /// recount. Exit status 3 when a counter drifted and was not repaired.
+    CheckCounts(check::CheckCounts),
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
@@ -142,6 +158,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
         Command::Audit(a) => read::audit(g, a).await,
         Command::Purge(a) => remove::purge(g, a, now).await,
         Command::Breaker(a) => breaker::breaker(g, a, now).await,
+        Command::CheckCounts(a) => check::check_counts(g, a).await,
     }
 }
 

@@ -18,6 +18,7 @@ pub const DEFAULT_SCHEMA: &str = "backstop";
 const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "records", include_str!("migrations/0001_records.sql")),
     (2, "notes", include_str!("migrations/0002_notes.sql")),
+    (3, "counts", include_str!("migrations/0003_counts.sql")),
 ];
 
 /// The schema version this version of the crate writes and reads: the last migration's.
@@ -466,6 +467,7 @@ async fn migrate(conn: &mut PgConnection, name: &str, schema: &str) -> Result<()
         )));
     }
     for &(version, migration, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        let sql = sql.replace("{schema}", schema);
         let script = format!("SET LOCAL search_path TO {schema};\n{sql}");
         tx.execute(script.as_str()).await.map_err(|e| {
             StoreError::with_source(

@@ -42,7 +42,7 @@ impl Mode {
 
 impl PostgresStore {
     /// A transaction of the pool, its statement timeout set.
-    async fn pooled_begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    pub(super) async fn pooled_begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         if let Some(set) = &self.mode.set_timeout {
             tx.execute(set.as_str()).await?;

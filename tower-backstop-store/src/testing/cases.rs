@@ -1791,3 +1791,143 @@ pub(super) async fn release_held_makes_a_breakers_deferred_records_due(b: &dyn B
         .collect();
     assert_eq!(due, ["due", "held-1", "held-2"]);
 }
+
+/// Asserts that every count the store gives agrees with a recount of its records: the counts
+/// of all time (`counts(UNIX_EPOCH)`, `count_by_class`), those of a window that starts at the
+/// oldest record and of one that starts after it, `count` by status, class and code and their
+/// pairs, and that [`check_counts`](Store::check_counts) finds no drift. `step` names the write
+/// just made.
+async fn counts_agree_with_a_recount(store: &dyn Store, step: &str) {
+    let records = every(store).await;
+    let oldest = records.iter().map(|r| r.last_failed_at).min();
+    let mut windows = vec![SystemTime::UNIX_EPOCH];
+    windows.extend(oldest);
+    windows.extend(oldest.map(|t| t + Duration::from_millis(1)));
+    for since in windows {
+        let want = crate::Counts::tally(since, &records, std::iter::empty());
+        let got = store.counts(since).await.unwrap();
+        let got_without_new_codes = crate::Counts {
+            new_codes: Vec::new(),
+            ..got
+        };
+        assert_eq!(
+            got_without_new_codes, want,
+            "{step}: counts since {since:?}"
+        );
+    }
+    let all_time = crate::Counts::tally(SystemTime::UNIX_EPOCH, &records, std::iter::empty());
+    assert_eq!(
+        store.count_by_class().await.unwrap(),
+        all_time.by_class,
+        "{step}: count_by_class"
+    );
+    let mut filters = vec![Filter::new()];
+    for r in &records {
+        let (class, code) = (r.class.as_str(), r.code.as_str());
+        filters.push(Filter::new().class(class));
+        filters.push(Filter::new().code(code));
+        filters.push(Filter::new().class(class).code(code));
+        for status in [
+            Status::Dead,
+            Status::Deferred,
+            Status::InFlight,
+            Status::Resolved,
+        ] {
+            filters.push(Filter::new().status(status));
+            filters.push(Filter::new().status(status).class(class));
+            filters.push(Filter::new().status(status).code(code));
+            filters.push(Filter::new().status(status).class(class).code(code));
+        }
+    }
+    filters.push(Filter::new().class("no such class"));
+    filters.dedup();
+    for filter in filters {
+        let want = records.iter().filter(|r| filter.matches(r)).count() as u64;
+        let got = store.count(&filter).await.unwrap();
+        assert_eq!(got, want, "{step}: count of {filter:?}");
+    }
+    let check = store.check_counts(false).await.unwrap();
+    assert!(check.is_clean(), "{step}: the counters drifted: {check:?}");
+}
+
+/// The counts, of all time and of a window, agree with a recount of the records after each
+/// kind of write: puts and batches (merging into records of another class, code or status),
+/// updates, claims and their acknowledgements one by one and in a batch, a failure under a
+/// claim, a compare-and-set change, deletes, a purge and retention.
+pub(super) async fn counts_agree_with_the_records_after_every_write(b: &dyn Backend) {
+    let o = open(b, "counts_recount", 10).await;
+    let s = &*o.store;
+    s.put_many(Vec::new()).await.unwrap();
+    counts_agree_with_a_recount(s, "empty").await;
+    s.put(rec("a", "transient", "http 503", at(0)))
+        .await
+        .unwrap();
+    s.put(deferred(
+        rec("b", "circuit_open", "circuit open", at(1)),
+        at(10),
+    ))
+    .await
+    .unwrap();
+    counts_agree_with_a_recount(s, "put").await;
+    let mut batch = vec![
+        // Merged into `a`: another class and code, and deferred now.
+        deferred(rec("a", "throttled", "http 429", at(2)), at(10)),
+        rec("c", "poison", "http 400", at(3)),
+        deferred(rec("d", "circuit_open", "circuit open", at(4)), at(10)),
+        deferred(rec("e", "transient", "http 503", at(5)), at(10)),
+    ];
+    // A repeated id within the batch.
+    batch.push(rec("c", "poison", "http 422", at(6)));
+    s.put_many(batch).await.unwrap();
+    counts_agree_with_a_recount(s, "put_many").await;
+    s.update("c", Change::Held { retry_at: at(10) })
+        .await
+        .unwrap();
+    s.update("c", Change::Dead).await.unwrap();
+    counts_agree_with_a_recount(s, "update").await;
+    let claimed = s
+        .claim_due(at(20), 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 4, "a, b, d and e are due");
+    counts_agree_with_a_recount(s, "claim_due").await;
+    let lease = |id: &str| {
+        claimed
+            .iter()
+            .find(|r| r.id == id)
+            .and_then(Record::lease)
+            .unwrap()
+    };
+    let resolved = Change::Resolved { at: at(21) };
+    claim_held(s.change_claimed(&lease("a"), resolved).await.unwrap());
+    counts_agree_with_a_recount(s, "change_claimed").await;
+    let many = s
+        .change_claimed_many(vec![(lease("b"), resolved), (lease("d"), Change::Dead)])
+        .await
+        .unwrap();
+    assert!(many.iter().all(|c| matches!(c, Claim::Claimed(_))));
+    counts_agree_with_a_recount(s, "change_claimed_many").await;
+    let again = deferred(rec("e", "transient", "http 502", at(22)), at(40));
+    claim_held(s.put_claimed(&lease("e"), again).await.unwrap());
+    counts_agree_with_a_recount(s, "put_claimed").await;
+    let seen = s.get("c").await.unwrap().unwrap();
+    let redriven = s.claim(&seen, at(60)).await.unwrap();
+    assert!(matches!(redriven, Claim::Claimed(_)));
+    counts_agree_with_a_recount(s, "claim").await;
+    o.other
+        .put(rec("f", "transient", "http 503", at(23)))
+        .await
+        .unwrap();
+    assert_eq!(s.delete(&Filter::new().id("f")).await.unwrap(), 1);
+    counts_agree_with_a_recount(s, "delete").await;
+    let pruned = Retention::new()
+        .no_max_age()
+        .max_records(3)
+        .prune(s, at(100))
+        .await
+        .unwrap();
+    assert!(pruned.total() > 0, "retention removed something");
+    counts_agree_with_a_recount(s, "retention").await;
+    s.delete(&Filter::new()).await.unwrap();
+    counts_agree_with_a_recount(s, "everything deleted").await;
+}

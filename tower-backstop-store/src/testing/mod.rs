@@ -10,13 +10,14 @@
 //!
 //! The cases use only the [`Store`] trait and this crate's [`Retention`](crate::Retention) and
 //! [`purge`](crate::purge): a record's round trip and merge by id, the bounded history, searches
-//! and their pages (ties included), counts over a window and by status, batches, updates,
-//! claims (due, concurrent, compare-and-set, held and given back, an in-flight record written by
-//! `put` as a write-ahead does), deletes, odd ids and a
-//! 10 MiB payload, retention, the audit trail, what `list` lists (outstanding records
-//! only, in the order of every list), and keyset pages by cursor (the whole list with no
-//! duplicate and no gap, cursors refused with a clear error, a stale cursor resumed after its
-//! key). Every case panics on the first assertion
+//! and their pages (ties included), counts over a window and by status, counts that agree with
+//! a recount of the records after every kind of write (and [`Store::check_counts`] finding no
+//! drift), batches, updates, claims (due, concurrent, compare-and-set, held and given back, an
+//! in-flight record written by `put` as a write-ahead does), deletes, odd ids and a 10 MiB
+//! payload, retention, the audit trail, what `list` lists (outstanding records only, in the
+//! order of every list), and keyset pages by cursor (the whole list with no duplicate and no
+//! gap, cursors refused with a clear error, a stale cursor resumed after its key). Every case
+//! panics on the first assertion
 //! that fails, with a message naming what differed.
 //!
 //! # Example: one test for every case
@@ -237,6 +238,7 @@ cases!(
     pages_by_cursor_are_the_list,
     bad_cursors_are_refused,
     a_stale_cursor_gives_the_next_page,
+    counts_agree_with_the_records_after_every_write,
 );
 
 /// The case named `name`, if there is one.
