@@ -998,6 +998,83 @@ async fn resolutions_go_to_a_batching_store_in_batches() {
     );
 }
 
+/// The records resolved in `store`.
+async fn resolved(store: &Arc<dyn Store>) -> u64 {
+    store
+        .count(&Filter::new().status(Status::Resolved))
+        .await
+        .unwrap()
+}
+
+/// A busy scheduler claims a batch each time half its concurrency is free, not a record each
+/// time a re-send ends: 200 due records, 8 in flight at once, each re-send answered after its own
+/// delay (so that they end one at a time), take at most one claim per 4 records, and each is sent
+/// once, within the concurrency.
+async fn a_busy_scheduler_claims_in_batches() {
+    use backstop_test_support::{FaultyStore, Op};
+    let faulty = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new())));
+    let store: Arc<dyn Store> = faulty.clone();
+    let clock = Clock::tokio();
+    let records: Vec<Record> = (0..200)
+        .map(|i| deferred(&format!("b-{i:03}"), clock.now() - Duration::from_secs(1)))
+        .collect();
+    store.put_many(records).await.unwrap();
+    let in_flight = Arc::new(Mutex::new((0usize, 0usize))); // (now, max)
+    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let provider = {
+        let (in_flight, sent) = (Arc::clone(&in_flight), Arc::clone(&sent));
+        tower::service_fn(move |req: http::Request<String>| {
+            let id = req.extensions().get::<MessageId>().unwrap().0.clone();
+            // 10 to 130 ms, a different delay for neighbours: the re-sends end one by one.
+            let n: u64 = id[2..].parse().unwrap();
+            let delay = Duration::from_millis(10 + (n * 37) % 121);
+            sent.lock().unwrap().push(id);
+            let in_flight = Arc::clone(&in_flight);
+            async move {
+                {
+                    let mut g = in_flight.lock().unwrap();
+                    g.0 += 1;
+                    g.1 = g.1.max(g.0);
+                }
+                tokio::time::sleep(delay).await;
+                in_flight.lock().unwrap().0 -= 1;
+                Ok::<_, BoxError>(http::Response::builder().status(202).body(()).unwrap())
+            }
+        })
+    };
+    let stack = ServiceBuilder::new()
+        .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
+        .layer(ClassifyLayer::http())
+        .service(provider);
+    let scheduler = Scheduler::new(Arc::clone(&store), stack, as_string_request)
+        .poll_every(Duration::from_millis(100))
+        .concurrency(8)
+        .rate(100_000)
+        .clock(clock)
+        .spawn();
+    for _ in 0..600 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if resolved(faulty.inner()).await == 200 {
+            break;
+        }
+    }
+    scheduler.shutdown().await;
+    assert_eq!(resolved(faulty.inner()).await, 200);
+    let mut ids = sent.lock().unwrap().clone();
+    assert_eq!(ids.len(), 200, "each sent once");
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 200);
+    assert_eq!(
+        in_flight.lock().unwrap().1,
+        8,
+        "at most 8 at once, and 8 used"
+    );
+    // Claims that found records: each takes at least 4 (half of 8) but the last few.
+    let claims = faulty.calls(Op::ClaimDue);
+    assert!(claims <= 200 / 4 + 5, "{claims} claims for 200 records");
+}
+
 fn main() {
     let mut tests = Tests::new();
     tests.paused(
@@ -1022,6 +1099,10 @@ fn main() {
         failing_again_is_rescheduled_then_dead_lettered_by_policy,
     );
     tests.paused("schedule_survives_a_restart", schedule_survives_a_restart);
+    tests.paused(
+        "a_busy_scheduler_claims_in_batches",
+        a_busy_scheduler_claims_in_batches,
+    );
     tests.paused(
         "an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens",
         an_open_breakers_rejection_is_deferred_and_re_sent_when_it_half_opens,
