@@ -260,7 +260,12 @@ async fn parent(plan: Plan) -> Result<bool, BoxError> {
         println!("  MISSED: {what}");
         met = false;
     };
-    println!("{kind}: {} of {} keys delivered", keys.len(), plan.records);
+    println!(
+        "{kind}: {} of {} keys delivered, {twice} more than once; {outstanding} records left \
+         deferred or in flight",
+        keys.len(),
+        plan.records
+    );
     if keys.len() != plan.records {
         miss(format!(
             "{} keys never delivered",

@@ -213,13 +213,18 @@ impl FromStr for Cursor {
     /// [`CursorError`] when `token` is not URL-safe base64, is cut short or changed (its
     /// checksum does not match), or is of another version of the layout.
     fn from_str(token: &str) -> Result<Cursor, CursorError> {
-        let bytes = base64::decode(token.trim()).ok_or_else(|| {
-            CursorError::new(
+        let token = token.trim();
+        match base64::decode(token) {
+            Some(bytes) => Cursor::from_bytes(&bytes),
+            // Made of the token's characters, but no token's text: one cut short or changed.
+            None if !token.is_empty() && token.bytes().all(base64::is_digit) => {
+                Err(CursorError::damaged())
+            }
+            None => Err(CursorError::new(
                 "invalid cursor: not a cursor token (a token is made of A-Z a-z 0-9 - _)"
                     .to_owned(),
-            )
-        })?;
-        Cursor::from_bytes(&bytes)
+            )),
+        }
     }
 }
 
@@ -319,6 +324,11 @@ fn from_nanos(n: i128) -> Option<SystemTime> {
 mod base64 {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
+    /// Whether `c` is a character of a token.
+    pub(super) fn is_digit(c: u8) -> bool {
+        ALPHABET.contains(&c)
+    }
+
     pub(super) fn encode(bytes: &[u8]) -> String {
         let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
         for chunk in bytes.chunks(3) {
@@ -405,11 +415,28 @@ mod tests {
             let e = changed.parse::<Cursor>().unwrap_err();
             assert!(e.to_string().starts_with("invalid cursor"), "{i}: {e}");
         }
-        for len in 0..token.len() {
-            assert!(token[..len].parse::<Cursor>().is_err(), "{len}");
+        for len in 1..token.len() {
+            // Cut short: said to be damaged, whether or not the rest still reads as base64.
+            let e = token[..len].parse::<Cursor>().unwrap_err();
+            assert!(e.to_string().contains("damaged"), "{len}: {e}");
         }
+        // The last character changed, its spare bits set: damaged too.
+        let mut last = token.clone().into_bytes();
+        let end = last.len() - 1;
+        last[end] = if last[end] == b'_' { b'-' } else { b'_' };
+        let e = String::from_utf8(last)
+            .unwrap()
+            .parse::<Cursor>()
+            .unwrap_err();
+        assert!(e.to_string().contains("damaged"), "{e}");
         assert!("".parse::<Cursor>().is_err());
-        assert!("a b".parse::<Cursor>().is_err());
+        for not_a_token in ["a b", "abc=", "é"] {
+            let e = not_a_token.parse::<Cursor>().unwrap_err();
+            assert!(
+                e.to_string().contains("not a cursor token"),
+                "{not_a_token:?}: {e}"
+            );
+        }
     }
 
     #[test]
