@@ -260,8 +260,47 @@ async fn the_board_over_postgres() {
     );
 }
 
+/// A schema name with a typo is an error that names it, for reads and writes alike, and the
+/// command leaves no empty schema behind (an operator would otherwise read "no dead letters").
+async fn a_mistyped_schema_is_an_error_and_is_not_created() {
+    let (_store, schema) = postgres_store("typo").await;
+    let typo = format!("{schema}x");
+    let url = postgres_url();
+    for command in [
+        &["list"][..],
+        &["stats"],
+        &["check-counts"],
+        &["purge", "-f", "class=permanent", "--yes"],
+    ] {
+        let mut args = vec!["--store", url.as_str(), "--schema", typo.as_str()];
+        args.extend(command);
+        let o = dlq(args.into_iter().map(str::to_owned).collect()).await;
+        assert!(!o.status.success(), "{command:?}: {}", stdout(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains(&format!("no schema \"{typo}\"")),
+            "{command:?}: {err}"
+        );
+    }
+    let reopened = PostgresStore::connect(&url)
+        .schema(typo.clone())
+        .existing_schema()
+        .await;
+    assert!(reopened.is_err(), "the command created schema {typo}");
+    // The schema that exists opens as before.
+    PostgresStore::connect(&url)
+        .schema(schema)
+        .existing_schema()
+        .await
+        .unwrap();
+}
+
 fn main() {
     let mut tests = Tests::new();
+    tests.needs(Service::Postgres).multi_thread(
+        "a_mistyped_schema_is_an_error_and_is_not_created",
+        a_mistyped_schema_is_an_error_and_is_not_created,
+    );
     tests.needs(Service::Postgres).multi_thread(
         "list_show_stats_redrive_and_purge_over_postgres",
         list_show_stats_redrive_and_purge_over_postgres,

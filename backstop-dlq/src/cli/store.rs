@@ -42,11 +42,13 @@ async fn redis(_: &Global) -> Result<Arc<dyn Store>, BoxError> {
     Err("this backstop-dlq was built without the `redis` feature".into())
 }
 
-/// Connects and applies the migrations the schema lacks (creating it when it is new).
+/// Connects to the schema, which must exist (a mistyped name is an error, not a new empty
+/// store), and applies the migrations it lacks.
 #[cfg(feature = "postgres")]
 async fn postgres(g: &Global) -> Result<Arc<dyn Store>, BoxError> {
     let store = tower_backstop::store::PostgresStore::connect(&g.store)
         .schema(g.schema.clone())
+        .existing_schema()
         .await?;
     Ok(Arc::new(store))
 }

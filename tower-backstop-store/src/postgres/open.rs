@@ -45,7 +45,8 @@ const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// Awaiting it fails with a [`StoreError`] when the URL is malformed, the server cannot be
 /// reached or refuses the login, the schema name is empty or longer than 63 bytes, the
-/// migration fails, the schema was written by a newer version of tower-backstop, or a pool
+/// migration fails, the schema was written by a newer version of tower-backstop, the schema
+/// does not exist and [`existing_schema`](OpenPostgres::existing_schema) was set, or a pool
 /// option ([`max_connections`](OpenPostgres::max_connections),
 /// [`acquire_timeout`](OpenPostgres::acquire_timeout),
 /// [`statement_timeout`](OpenPostgres::statement_timeout)) was set over a given pool (set it on
@@ -58,6 +59,7 @@ pub struct OpenPostgres {
     acquire_timeout: Option<Duration>,
     statement_timeout: Option<Duration>,
     pooler: bool,
+    create: bool,
 }
 
 pub(super) enum Source {
@@ -78,6 +80,7 @@ impl std::fmt::Debug for OpenPostgres {
             .field("acquire_timeout", &self.acquire_timeout)
             .field("statement_timeout", &self.statement_timeout)
             .field("pooler", &self.pooler)
+            .field("create", &self.create)
             .finish()
     }
 }
@@ -91,6 +94,7 @@ impl OpenPostgres {
             acquire_timeout: None,
             statement_timeout: None,
             pooler: false,
+            create: true,
         }
     }
 
@@ -99,6 +103,17 @@ impl OpenPostgres {
     /// bytes); it is quoted, so `Billing` and `billing` are two schemas.
     pub fn schema(mut self, name: impl Into<String>) -> Self {
         self.schema = name.into();
+        self
+    }
+
+    /// Opens only a schema that exists: awaiting fails with a [`StoreError`] that names the
+    /// schema when there is none by that name, instead of creating it. For tools that read or
+    /// tend a store an application writes (an operator's command line, a board), so that a
+    /// mistyped schema name is an error rather than an empty store, and leaves nothing behind.
+    /// The migrations an existing schema lacks are still applied, as by any version of the
+    /// store that opens it.
+    pub fn existing_schema(mut self) -> Self {
+        self.create = false;
         self
     }
 
@@ -179,7 +194,7 @@ impl OpenPostgres {
                     )));
                 }
                 let mut conn = pool.acquire().await.map_err(pg_error("connect"))?;
-                migrate(&mut conn, &self.schema, &schema).await?;
+                migrate(&mut conn, &self.schema, &schema, self.create).await?;
                 drop(conn);
                 (pool, None)
             }
@@ -201,7 +216,7 @@ impl OpenPostgres {
                         ))
                     })?
                     .map_err(|e| connect_error(&url, &e))?;
-                migrate(&mut conn, &self.schema, &schema).await?;
+                migrate(&mut conn, &self.schema, &schema, self.create).await?;
                 let _ = conn.close().await;
                 let pool = PgPoolOptions::new()
                     .max_connections(self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS))
@@ -419,7 +434,12 @@ fn quote_schema(name: &str) -> Result<String, StoreError> {
 /// Applies the migrations `schema` lacks, under the advisory lock, in one transaction. Its
 /// statements are unnamed, so that behind a transaction pooler they leave no prepared statement
 /// on the server connection for the next client to collide with.
-async fn migrate(conn: &mut PgConnection, name: &str, schema: &str) -> Result<(), StoreError> {
+async fn migrate(
+    conn: &mut PgConnection,
+    name: &str,
+    schema: &str,
+    create: bool,
+) -> Result<(), StoreError> {
     let create_schema = format!("CREATE SCHEMA {schema}");
     let create_table = format!(
         "CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
@@ -445,6 +465,12 @@ async fn migrate(conn: &mut PgConnection, name: &str, schema: &str) -> Result<()
             .fetch_one(&mut *tx)
             .await
             .map_err(pg_error("read schemas"))?;
+    if !exists && !create {
+        return Err(StoreError::new(format!(
+            "postgres dead-letter store: there is no schema {name:?} on this server (check the \
+             schema name; it is not created when only an existing store is opened)"
+        )));
+    }
     if !exists {
         tx.execute(create_schema.as_str())
             .await
