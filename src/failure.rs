@@ -84,7 +84,7 @@ impl fmt::Debug for Class {
 
 impl fmt::Display for Class {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name)
+        f.pad(self.name)
     }
 }
 
@@ -759,6 +759,13 @@ impl<R> std::error::Error for Failure<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A class written in a column of a width fills it, as a `str` does.
+    #[test]
+    fn a_class_honours_width_and_alignment() {
+        assert_eq!(format!("{:<12}|", Class::TRANSIENT), "transient   |");
+        assert_eq!(format!("{:>12}|", Class::THROTTLED), "   throttled|");
+    }
 
     #[test]
     fn debug_and_display_show_what_a_failure_holds() {

@@ -40,7 +40,7 @@ impl Status {
 
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -481,6 +481,14 @@ mod payload_text {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A status written in a column of a width (a table of the command line) fills it.
+    #[test]
+    fn a_status_honours_width_and_alignment() {
+        assert_eq!(format!("{:<10}|", Status::Dead), "dead      |");
+        assert_eq!(format!("{:>10}|", Status::InFlight), " in_flight|");
+        assert_eq!(format!("{:.3}", Status::Resolved), "res");
+    }
 
     /// A record of one timed-out attempt of `payload`, as the dead-letter layer writes it.
     fn record(id: &str, payload: impl Into<Vec<u8>>) -> Record {
