@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tower_backstop::store::{
-    AuditEntry, BoxFuture, Change, Claim, Counts, Filter, FleetNote, Lease, Record, Store,
-    StoreError,
+    AuditEntry, BoxFuture, Change, Claim, Counts, CountsCheck, Filter, FleetNote, Lease, Record,
+    SortKey, Store, StoreError,
 };
 
 /// The shared store, with its claims told on stdout.
@@ -75,6 +75,28 @@ impl Store for Tap {
 
     fn search_waiting(&self, filter: &Filter, page: Range<usize>) -> Answer<Vec<Record>> {
         self.0.search_waiting(filter, page)
+    }
+
+    fn search_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> Answer<Vec<Record>> {
+        self.0.search_after(filter, after, limit)
+    }
+
+    fn search_waiting_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> Answer<Vec<Record>> {
+        self.0.search_waiting_after(filter, after, limit)
+    }
+
+    fn check_counts(&self, repair: bool) -> Answer<CountsCheck> {
+        self.0.check_counts(repair)
     }
 
     fn list(&self, limit: usize) -> Answer<Vec<Record>> {

@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tower_backstop_store::{
-    AuditEntry, BoxFuture, Change, Claim, Counts, Filter, FleetNote, Lease, Record, Store,
-    StoreError,
+    AuditEntry, BoxFuture, Change, Claim, Counts, CountsCheck, Filter, FleetNote, Lease, Record,
+    SortKey, Store, StoreError,
 };
 
 /// How a [`FaultyStore`] answers an operation.
@@ -42,9 +42,12 @@ pub enum Op {
     Search,
     Count,
     SearchWaiting,
+    SearchAfter,
+    SearchWaitingAfter,
     List,
     Counts,
     CountByClass,
+    CheckCounts,
     Update,
     ClaimDue,
     Delete,
@@ -279,6 +282,28 @@ impl Store for FaultyStore {
             s.search_waiting(&filter, page)
         })
     }
+    fn search_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let (filter, after) = (filter.clone(), after.cloned());
+        self.run(Op::SearchAfter, "", move |s| {
+            s.search_after(&filter, after.as_ref(), limit)
+        })
+    }
+    fn search_waiting_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        let (filter, after) = (filter.clone(), after.cloned());
+        self.run(Op::SearchWaitingAfter, "", move |s| {
+            s.search_waiting_after(&filter, after.as_ref(), limit)
+        })
+    }
     fn list(&self, limit: usize) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
         self.run(Op::List, "", move |s| s.list(limit))
     }
@@ -287,6 +312,9 @@ impl Store for FaultyStore {
     }
     fn count_by_class(&self) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>> {
         self.run(Op::CountByClass, "", |s| s.count_by_class())
+    }
+    fn check_counts(&self, repair: bool) -> BoxFuture<'static, Result<CountsCheck, StoreError>> {
+        self.run(Op::CheckCounts, "", move |s| s.check_counts(repair))
     }
     fn update(
         &self,
@@ -435,6 +463,25 @@ impl Store for KeepsNoNotes {
         page: Range<usize>,
     ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
         self.0.search_waiting(filter, page)
+    }
+    fn search_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.0.search_after(filter, after, limit)
+    }
+    fn search_waiting_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.0.search_waiting_after(filter, after, limit)
+    }
+    fn check_counts(&self, repair: bool) -> BoxFuture<'static, Result<CountsCheck, StoreError>> {
+        self.0.check_counts(repair)
     }
     fn list(&self, limit: usize) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
         self.0.list(limit)

@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::{
-    AuditEntry, BoxFuture, Change, Claim, Counts, Filter, FleetNote, Lease, Record, Store,
-    StoreError,
+    AuditEntry, BoxFuture, Change, Claim, Counts, CountsCheck, Filter, FleetNote, Lease, Record,
+    SortKey, Store, StoreError,
 };
 
 /// The most changes applied in one batch.
@@ -135,6 +135,28 @@ impl Store for Batched {
         page: Range<usize>,
     ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
         self.inner.search(filter, page)
+    }
+
+    fn search_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.inner.search_after(filter, after, limit)
+    }
+
+    fn search_waiting_after(
+        &self,
+        filter: &Filter,
+        after: Option<&SortKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
+        self.inner.search_waiting_after(filter, after, limit)
+    }
+
+    fn check_counts(&self, repair: bool) -> BoxFuture<'static, Result<CountsCheck, StoreError>> {
+        self.inner.check_counts(repair)
     }
 
     fn count(&self, filter: &Filter) -> BoxFuture<'static, Result<u64, StoreError>> {
