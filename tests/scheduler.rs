@@ -1075,8 +1075,176 @@ async fn a_busy_scheduler_claims_in_batches() {
     assert!(claims <= 200 / 4 + 5, "{claims} claims for 200 records");
 }
 
+/// What a scheduler's listener heard of its checks of the counters: (keys, drifted, repaired)
+/// of each check, and the operations of the store errors.
+#[derive(Clone, Default)]
+struct Checks(Arc<Mutex<Heard>>);
+
+/// Each check told (keys, drifted, repaired), and each store error's operation.
+type Heard = (Vec<(u64, u64, bool)>, Vec<&'static str>);
+
+impl Checks {
+    fn listener(&self) -> impl Fn(&tower_backstop::observe::Event<'_>) + Send + Sync + 'static {
+        let heard = Arc::clone(&self.0);
+        move |e: &tower_backstop::observe::Event<'_>| match *e {
+            tower_backstop::observe::Event::CountsChecked {
+                keys,
+                drifted,
+                repaired,
+            } => heard.lock().unwrap().0.push((keys, drifted, repaired)),
+            tower_backstop::observe::Event::StoreError { operation, .. } => {
+                heard.lock().unwrap().1.push(operation)
+            }
+            _ => {}
+        }
+    }
+
+    fn checks(&self) -> Vec<(u64, u64, bool)> {
+        self.0.lock().unwrap().0.clone()
+    }
+
+    fn errors(&self) -> Vec<&'static str> {
+        self.0.lock().unwrap().1.clone()
+    }
+
+    /// Waits on the paused clock, a second at a time and at most `within`, until `n` checks
+    /// were told.
+    async fn wait_for(&self, n: usize, within: Duration) {
+        let end = Instant::now() + within;
+        while self.checks().len() < n && Instant::now() < end {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// A SQLite store whose counters something changed behind its back (a hand-written `UPDATE`):
+/// the scheduler's periodic check finds the drift, first without repairing it, then, told to
+/// repair, sets the counters to the recount, which the counts then answer (the ground truth:
+/// the three records written). None is checked before its period.
+async fn the_scheduler_checks_the_counts_and_repairs_them_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.db");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+    let clock = Clock::tokio();
+    for i in 0..3 {
+        let mut r = deferred(&format!("k-{i}"), clock.now());
+        r.status = Status::Dead;
+        r.retry_at = None;
+        store.put(r).await.unwrap();
+    }
+    let truth = store.counts(std::time::UNIX_EPOCH).await.unwrap().total;
+    assert_eq!(truth, 3);
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch("UPDATE dead_letter_counts SET n = n + 5 WHERE status = 'dead'")
+        .unwrap();
+    assert_ne!(
+        store.counts(std::time::UNIX_EPOCH).await.unwrap().total,
+        truth,
+        "the counts read the counters"
+    );
+
+    let calls: Calls = Arc::default();
+    let heard = Checks::default();
+    let scheduler = Scheduler::new(
+        Arc::clone(&store),
+        recording_provider(Arc::clone(&calls)),
+        as_string_request,
+    )
+    .clock(clock)
+    .check_counts(Duration::from_secs(3600), false)
+    .listener(heard.listener())
+    .spawn();
+    heard.wait_for(1, Duration::from_secs(3590)).await;
+    assert!(heard.checks().is_empty(), "checked before its period");
+    heard.wait_for(1, Duration::from_secs(60)).await;
+    let checks = heard.checks();
+    assert_eq!(checks.len(), 1, "{checks:?}");
+    let (keys, drifted, repaired) = checks[0];
+    assert!(keys > 0 && drifted > 0 && !repaired, "{checks:?}");
+    // Not repaired: the drift is still there.
+    assert_eq!(
+        store.check_counts(false).await.unwrap().drifts.len() as u64,
+        drifted
+    );
+    // The next period checks again.
+    heard.wait_for(2, Duration::from_secs(3660)).await;
+    assert_eq!(heard.checks().len(), 2);
+    scheduler.shutdown().await;
+
+    let heard = Checks::default();
+    let scheduler = Scheduler::new(
+        Arc::clone(&store),
+        recording_provider(Arc::clone(&calls)),
+        as_string_request,
+    )
+    .clock(clock)
+    .check_counts(Duration::from_secs(60), true)
+    .listener(heard.listener())
+    .spawn();
+    heard.wait_for(1, Duration::from_secs(120)).await;
+    let (_, drifted_then, repaired) = heard.checks()[0];
+    assert!(drifted_then > 0 && repaired, "{:?}", heard.checks());
+    scheduler.shutdown().await;
+    assert_eq!(
+        store.counts(std::time::UNIX_EPOCH).await.unwrap().total,
+        truth
+    );
+    assert!(store.check_counts(false).await.unwrap().drifts.is_empty());
+    assert!(calls.lock().unwrap().is_empty(), "nothing was due");
+}
+
+/// A check that fails is a store error of operation `check_counts`, and the scheduler goes on:
+/// the next period checks again, and a record that falls due meanwhile is sent.
+async fn a_failed_check_of_the_counts_is_a_store_error_and_the_scheduler_goes_on() {
+    use backstop_test_support::{Fault, FaultyStore, Op};
+    let faulty = FaultyStore::new(Arc::new(MemoryStore::new()));
+    faulty.set_for(Op::CheckCounts, Fault::Fail);
+    let store: Arc<dyn Store> = Arc::new(faulty.clone());
+    let clock = Clock::tokio();
+    store
+        .put(deferred("f-1", clock.now() + Duration::from_secs(90)))
+        .await
+        .unwrap();
+    let calls: Calls = Arc::default();
+    let heard = Checks::default();
+    let scheduler = Scheduler::new(
+        Arc::clone(&store),
+        recording_provider(Arc::clone(&calls)),
+        as_string_request,
+    )
+    .clock(clock)
+    .check_counts(Duration::from_secs(60), false)
+    .listener(heard.listener())
+    .spawn();
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(faulty.calls(Op::CheckCounts), 1);
+    faulty.set_for(Op::CheckCounts, Fault::Answer);
+    heard.wait_for(1, Duration::from_secs(120)).await;
+    scheduler.shutdown().await;
+    assert_eq!(heard.errors(), ["check_counts"]);
+    // The in-memory store keeps no counters: nothing to compare, nothing drifted.
+    assert_eq!(heard.checks(), [(0, 0, false)]);
+    assert_eq!(faulty.calls(Op::CheckCounts), 2);
+    let sent: Vec<String> = calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, id)| id.clone())
+        .collect();
+    assert_eq!(sent, ["f-1"]);
+}
+
 fn main() {
     let mut tests = Tests::new();
+    tests.paused(
+        "the_scheduler_checks_the_counts_and_repairs_them_when_asked",
+        the_scheduler_checks_the_counts_and_repairs_them_when_asked,
+    );
+    tests.paused(
+        "a_failed_check_of_the_counts_is_a_store_error_and_the_scheduler_goes_on",
+        a_failed_check_of_the_counts_is_a_store_error_and_the_scheduler_goes_on,
+    );
     tests.paused(
         "deferred_item_due_in_2s_is_sent_once_memory",
         deferred_item_due_in_2s_is_sent_once_memory,

@@ -202,6 +202,20 @@ pub enum Event<'a> {
         /// The records waiting.
         deferred: u64,
     },
+    /// The scheduler recounted its store's records and compared the recount with the counters
+    /// the store keeps for its counts ([`Store::check_counts`](crate::store::Store::check_counts)),
+    /// every [`Scheduler::check_counts`](crate::resend::Scheduler::check_counts) period. A
+    /// drift means something wrote the store behind its back; the counts it answers are off by
+    /// as much until a repair.
+    CountsChecked {
+        /// How many keys (status × class × code) were compared; 0 for a store that keeps no
+        /// counters.
+        keys: u64,
+        /// How many of them had drifted: 0 when the counters agree with the records.
+        drifted: u64,
+        /// Whether the drifted counters were set to the recount.
+        repaired: bool,
+    },
     /// The dead-letter layer's local spool
     /// ([`DeadLetterLayer::spool`](crate::dead_letter::DeadLetterLayer::spool)) took or refused
     /// a record the store did not take, or its forwarder moved records into the store or found
@@ -288,6 +302,7 @@ impl Event<'_> {
             Event::Resent { .. } => "resent",
             Event::Redriven { .. } => "redriven",
             Event::Backlog { .. } => "backlog",
+            Event::CountsChecked { .. } => "counts_checked",
             Event::Spool { .. } => "spool",
             Event::StoreError { .. } => "store_error",
             Event::SettingsReloaded { .. } => "settings_reloaded",

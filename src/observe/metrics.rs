@@ -60,10 +60,11 @@ const OTHER: &str = "other";
 /// | `backstop_timeouts_total` | counter | `layer` = `timeout` (the per-attempt timeout), `retry` (the retry deadline) | each attempt that ran out of time |
 /// | `backstop_dead_letters_total` | counter | `class`, `status` = `dead`, `deferred` | each message that entered that status: written by the dead-letter layer with it, once (a record deferred again by a re-send, or re-driven and dead again, is not counted again) |
 /// | `backstop_deferred_backlog` | gauge | — | records waiting to be re-sent (deferred, or claimed and in flight), as the scheduler last counted them |
+/// | `backstop_counts_drifted` | gauge | — | the store's counters that disagreed with a recount of its records at the scheduler's last [`check_counts`](crate::resend::Scheduler::check_counts) (0: they agree), before any repair |
 /// | `backstop_resends_total` | counter | `outcome` = `delivered`, `failed` (it reached the provider and failed), `held` (an open breaker rejected it, or its adaptive send rate held it back, before anything was sent) | each re-send of the scheduler |
 /// | `backstop_redrives_total` | counter | `outcome` = `resolved`, `failed`, `skipped` | each record of an operator's re-drive ([`Redrive`](crate::resend::Redrive) given this listener) |
 /// | `backstop_new_codes_total` | counter | `code` (as displayed: `http 400`, `io ConnectionRefused`) | each failure code of an attempt first seen once the first [`learn_codes_for`](Metrics::learn_codes_for) (5 minutes) after this listener's first event had passed: once per code, at most [`max_label_values`](Metrics::max_label_values) codes |
-/// | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `write_ahead`, `claim`, `next_due`, `count`, `update`, `slot`, `prune`, `audit` | each failed store operation |
+/// | `backstop_store_errors_total` | counter | `operation` = `put`, `read`, `write_ahead`, `claim`, `next_due`, `count`, `update`, `slot`, `prune`, `audit`, `check_counts` | each failed store operation |
 /// | `backstop_listener_panics_total` | counter | `event` | each panic of a listener, caught |
 /// | `backstop_alert_active` | gauge | `rule` = `dead_letter_spike`, `class_share`, `new_code`, `breaker_open`, `send_rate_low`, `backlog_growing` | 1 while an alert of [`Alerts`](super::Alerts) fires, 0 once cleared (only with that listener) |
 ///
@@ -219,6 +220,11 @@ fn describe() {
         "backstop_deferred_backlog",
         Unit::Count,
         "Records waiting to be re-sent by the scheduler."
+    );
+    describe_gauge!(
+        "backstop_counts_drifted",
+        Unit::Count,
+        "Store counters that disagreed with a recount of the records at the scheduler's last check."
     );
     describe_counter!(
         "backstop_resends_total",
@@ -391,6 +397,7 @@ struct Inner {
     /// Per class: dead, deferred.
     dead_letters: Family<Name, Arc<Fixed<Counter, 2>>>,
     backlog: OnceLock<Gauge>,
+    drifted: OnceLock<Gauge>,
     resends: Family<Name, Counter>,
     redrives: Family<Name, Counter>,
     store_errors: Family<Name, Counter>,
@@ -488,6 +495,7 @@ impl Inner {
             skipped: Fixed::new(),
             dead_letters: Family::new(max),
             backlog: OnceLock::new(),
+            drifted: OnceLock::new(),
             resends: Family::new(max),
             redrives: Family::new(max),
             store_errors: Family::new(max),
@@ -619,6 +627,14 @@ impl Inner {
                 self.backlog
                     .get_or_init(|| ::metrics::gauge!("backstop_deferred_backlog"))
                     .set(deferred);
+            }
+            Event::CountsChecked { drifted, .. } => {
+                // Exact up to 2^53 counters.
+                #[allow(clippy::cast_precision_loss)]
+                let drifted = drifted as f64;
+                self.drifted
+                    .get_or_init(|| ::metrics::gauge!("backstop_counts_drifted"))
+                    .set(drifted);
             }
             Event::Spool {
                 outcome,

@@ -142,6 +142,8 @@ pub struct Scheduler<S, F> {
     listener: Hook,
     backlog_every: Duration,
     retention: Option<(Retention, Duration)>,
+    /// How often to check the store's counters, and whether to repair them.
+    counts_check: Option<(Duration, bool)>,
     /// The stack's breakers, watched to release the records held for one that closed.
     breakers: Option<crate::observe::Health>,
 }
@@ -186,6 +188,7 @@ impl<S, F> Scheduler<S, F> {
             listener: Hook::default(),
             backlog_every: Duration::from_secs(15),
             retention: None,
+            counts_check: None,
             breakers: None,
         }
     }
@@ -303,6 +306,30 @@ impl<S, F> Scheduler<S, F> {
     /// `"prune"`) and at `WARN` (once while the store fails), and the scheduler goes on.
     pub fn retention(mut self, retention: Retention, every: Duration) -> Self {
         self.retention = Some((retention, every));
+        self
+    }
+
+    /// Recounts the store's records every `every` (the first time `every` after the scheduler
+    /// starts) and compares the recount with the counters the store keeps so that its counts
+    /// need not read the records ([`Store::check_counts`]); with `repair`, sets each drifted
+    /// counter to the recount. Off by default; once a day is a sensible period (a check reads
+    /// every record's status, class and code: about 1 s per million records on Postgres, 3.5 s
+    /// on SQLite, tens of seconds on Redis).
+    ///
+    /// The check runs on a task of its own, so the re-sends go on meanwhile, and one at a time:
+    /// a period that ends while a check is still running starts none. Each check is told as
+    /// [`Event::CountsChecked`](crate::observe::Event::CountsChecked) (the `backstop_counts_drifted`
+    /// gauge of [`Metrics`](crate::observe::Metrics)); a drift is logged at `WARN` with the
+    /// first key that drifted; a failed check is an
+    /// [`Event::StoreError`](crate::observe::Event::StoreError) (operation `"check_counts"`),
+    /// and the next period tries again. Stores that keep no counters (the in-memory store)
+    /// find nothing to check.
+    ///
+    /// Several schedulers on one store each check it: give one of them this setting, or
+    /// `repair` to one only (a repair is one transaction or script, so two never half-apply,
+    /// but each recount costs a read of every record).
+    pub fn check_counts(mut self, every: Duration, repair: bool) -> Self {
+        self.counts_check = Some((every, repair));
         self
     }
 

@@ -10,7 +10,7 @@ use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
-use tokio::task::{Id, JoinError, JoinSet};
+use tokio::task::{Id, JoinError, JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -163,6 +163,10 @@ pub(super) struct Run<S, F> {
     report: mpsc::UnboundedSender<Report>,
     backlog_at: Option<Instant>,
     pruned_at: Option<Instant>,
+    /// When the counters were last checked (the start, before the first check).
+    counts_checked_at: Instant,
+    /// The check of the counters under way, if one is.
+    counts_check: Option<JoinHandle<()>>,
     /// The store's wake-ups ([`Store::wake_ups`]), if it pushes any.
     wake_ups: Option<watch::Receiver<u64>>,
     /// The claims of the re-sends under way, by record id.
@@ -204,6 +208,8 @@ where
             report,
             backlog_at: None,
             pruned_at: None,
+            counts_checked_at: Instant::now(),
+            counts_check: None,
             wake_ups: None,
             claims: Arc::default(),
             claims_failed: 0,
@@ -266,6 +272,21 @@ where
                 Err(e) => self.health.failed("prune", &e),
             }
         }
+        if let Some((every, repair)) = self.scheduler.counts_check
+            && self.counts_checked_at.elapsed() >= every
+            && self
+                .counts_check
+                .as_ref()
+                .is_none_or(JoinHandle::is_finished)
+        {
+            self.counts_checked_at = Instant::now();
+            self.counts_check = Some(tokio::spawn(check_counts(
+                Arc::clone(&self.scheduler.store),
+                repair,
+                self.health.clone(),
+                self.scheduler.listener.clone(),
+            )));
+        }
         let listener = &self.scheduler.listener;
         if listener.is_set()
             && self
@@ -298,7 +319,10 @@ where
             .is_set()
             .then(|| self.backlog_at.map(|at| at + s.backlog_every))
             .flatten();
-        prune.into_iter().chain(count).min()
+        let check = s
+            .counts_check
+            .map(|(every, _)| self.counts_checked_at + every);
+        prune.into_iter().chain(count).chain(check).min()
     }
 
     /// Releases the records held for a breaker that closed (see
@@ -559,6 +583,10 @@ where
     /// Gives back what is claimed and unfinished: the records not started at once, those in
     /// flight once they end or the shutdown's bound passes.
     async fn shut_down(mut self) {
+        // A recount cut short writes nothing (its repair is one transaction or script).
+        if let Some(check) = self.counts_check.take() {
+            check.abort();
+        }
         let bound = (*self.stop.borrow()).unwrap_or(super::DEFAULT_SHUTDOWN_WITHIN);
         let store = Arc::clone(&self.scheduler.store);
         let clock = self.scheduler.clock;
@@ -888,5 +916,39 @@ async fn stop_asked(stop: &mut watch::Receiver<Option<Duration>>) {
         if stop.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
+    }
+}
+
+/// Recounts the store's records against its counters ([`Store::check_counts`]) and tells what
+/// it found: an [`Event::CountsChecked`], a `WARN` when a counter drifted, a store error when
+/// the check failed.
+async fn check_counts(store: Arc<dyn Store>, repair: bool, health: Health, listener: Hook) {
+    match store.check_counts(repair).await {
+        Ok(check) => {
+            health.ok();
+            let (keys, repaired) = (check.keys, check.repaired);
+            let drifted = check.drifts.len() as u64;
+            listener.emit(|| Event::CountsChecked {
+                keys,
+                drifted,
+                repaired,
+            });
+            match check.drifts.first() {
+                None => tracing::debug!(keys, "dead-letter store counts agree with the records"),
+                Some(first) => tracing::warn!(
+                    keys,
+                    drifted,
+                    repaired,
+                    status = %first.status,
+                    class = first.class.as_deref().unwrap_or("*"),
+                    code = first.code.as_deref().unwrap_or("*"),
+                    expected = first.expected,
+                    found = first.found,
+                    "dead-letter store counts drifted from the records (the first key shown); \
+                     something wrote the store behind its back"
+                ),
+            }
+        }
+        Err(e) => health.failed("check_counts", &e),
     }
 }
