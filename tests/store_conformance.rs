@@ -771,17 +771,21 @@ async fn a_fleet_rate_is_shared_by_every_scheduler_on_the_store(b: &dyn Backend)
     let mut at = at.lock().unwrap().clone();
     at.sort();
     assert_eq!(at.len(), 30, "each record sent once");
-    // Slots are 50 ms apart on the store's schedule; each send goes at its slot, give or take
-    // the scheduling of a busy test machine.
+    // Slots are 50 ms apart on the store's schedule, one schedule for the three schedulers
+    // (each alone would send 20 a second: 60 together, the 30 in half a second). A send goes
+    // at its slot or later, never earlier: the span of the 30 is at least 29 slots.
     let span = at[29] - at[0];
     assert!(span >= Duration::from_millis(29 * 50 - 60), "{span:?}");
+    // A send that a busy machine runs up to 100 ms late can meet, within a second, the sends of
+    // the slots up to 100 ms after it and 100 ms before its own: at most 20 + 4. (Seen: 22 on a
+    // loaded machine, with every slot kept.)
     for (i, first) in at.iter().enumerate() {
         let in_a_second = at[i..]
             .iter()
             .take_while(|t| **t - *first < Duration::from_secs(1))
             .count();
         assert!(
-            in_a_second <= 21,
+            in_a_second <= 24,
             "{in_a_second} sends within a second of send {i}"
         );
     }
