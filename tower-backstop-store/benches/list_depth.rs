@@ -1,8 +1,10 @@
 //! What a page of the list costs by how deep it is: by position (`list_page`, `Store::search`:
 //! `LIMIT/OFFSET`) and after a cursor (`list_after`, `Store::search_after`: keyset), 50 records
-//! at 0, 10,000 and 100,000 records deep, over 110,000 dead letters and 20,000 deferred ones
-//! (each with a request of 1 KiB), in
+//! at 0, 10,000 and 100,000 records deep (and 1,000,000 when the store holds that many), over
+//! 110,000 dead letters and 20,000 deferred ones (each with a request of 1 KiB), in
 //! SQLite and in the Postgres at `BACKSTOP_POSTGRES_URL` (left out without it).
+//! `BACKSTOP_BENCH_DEAD` sets how many dead letters (the deferred ones are 2 for every 11 of
+//! them): `BACKSTOP_BENCH_DEAD=1100000` is the curve's million.
 //!
 //! A timed loop, not criterion: each figure is the median of 7 reads, in milliseconds. SQLite is
 //! measured first without its list index (`dead_letters_listed`, as files of earlier versions
@@ -21,15 +23,22 @@ use tower_backstop_store::{
     list_page,
 };
 
-const DEAD: u64 = 110_000;
-const WAITING: u64 = 20_000;
 const PAGE: usize = 50;
+
+/// How many dead letters: `BACKSTOP_BENCH_DEAD`, 110,000 unless set.
+fn dead_count() -> u64 {
+    std::env::var("BACKSTOP_BENCH_DEAD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(110_000)
+}
 
 /// The dead letters, one a second back from now, and the deferred ones, one due a second
 /// after the other; each with a request of 1 KiB.
 fn records() -> Vec<Record> {
     let now = SystemTime::now();
-    (0..DEAD + WAITING)
+    let dead = dead_count();
+    (0..dead + dead * 2 / 11)
         .map(|i| {
             let failed = now - Duration::from_secs(i);
             let entry = ErrorEntry::new(
@@ -43,7 +52,7 @@ fn records() -> Vec<Record> {
             // A request of 1 KiB, as a small JSON message is.
             r.payload = vec![b'x'; 1024];
             r.payload_len = 1024;
-            if i >= DEAD {
+            if i >= dead {
                 r.status = Status::Deferred;
                 r.retry_at = Some(now + Duration::from_secs(i));
             }
@@ -69,10 +78,19 @@ where
     times[3]
 }
 
-/// The cursor after the first `depth` records of the list of `filter`.
+/// The cursor after the first `depth` records of the list of `filter`, read 10,000 at a time.
 async fn cursor_at(store: &dyn Store, filter: &Filter, depth: usize) -> Cursor {
-    let page = list_after(store, filter, false, None, depth).await.unwrap();
-    page.next.expect("the list goes on")
+    let mut cursor = None;
+    let mut read = 0;
+    while read < depth {
+        let take = (depth - read).min(10_000);
+        let page = list_after(store, filter, false, cursor.as_ref(), take)
+            .await
+            .unwrap();
+        read += page.records.len();
+        cursor = Some(page.next.expect("the list goes on"));
+    }
+    cursor.expect("a depth above 0")
 }
 
 /// Prints what a page by position costs at each depth, and with `cursors` what a page after a
@@ -80,11 +98,16 @@ async fn cursor_at(store: &dyn Store, filter: &Filter, depth: usize) -> Cursor {
 async fn measure(name: &str, store: &dyn Store, cursors: bool) {
     let dead = Filter::new().status(Status::Dead);
     let waiting = Filter::new().status(Status::Deferred);
+    let held = usize::try_from(dead_count()).unwrap_or(usize::MAX);
+    let mut dead_depths = vec![0usize, 10_000, 100_000];
+    if held > 1_000_000 + PAGE {
+        dead_depths.push(1_000_000);
+    }
     for (part, filter, depths) in [
-        ("dead", &dead, &[0usize, 10_000, 100_000][..]),
-        ("waiting", &waiting, &[0usize, 10_000][..]),
+        ("dead", &dead, dead_depths),
+        ("waiting", &waiting, vec![0usize, 10_000]),
     ] {
-        for &depth in depths {
+        for depth in depths {
             let offset = median(|| async move {
                 let range = depth..depth + PAGE;
                 let page = if part == "dead" {
