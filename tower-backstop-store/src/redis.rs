@@ -336,6 +336,14 @@ end
 return out
 ";
 
+/// Where a record's index entries were when it was read: the keys of the sets that hold its
+/// id, and the score they hold it at (its last failure). What a write that replaces the record
+/// leaves, kept instead of the record itself.
+struct Indexed {
+    keys: Vec<String>,
+    last_failed_at: SystemTime,
+}
+
 /// How many expired notes one read deletes at most.
 const NOTES_PRUNED: usize = 100;
 
@@ -855,20 +863,32 @@ impl RedisStore {
         keys
     }
 
-    /// The `EVALSHA` of the write script for `record`, replacing `old` (read at `version`).
+    /// Where `record`'s index entries are: what a write that replaces it leaves.
+    fn indexed(&self, record: &Record) -> Indexed {
+        Indexed {
+            keys: self.index_keys(record),
+            last_failed_at: record.last_failed_at,
+        }
+    }
+
+    /// The `EVALSHA` of the write script for `record`, replacing the record whose entries are
+    /// `old` (read at `version`).
     fn write_cmd(
         &self,
         record: &Record,
-        old: Option<&Record>,
+        old: Option<Indexed>,
         version: &str,
         note_code: bool,
     ) -> Result<redis::Cmd, StoreError> {
-        let mut leave = old.map(|o| self.index_keys(o)).unwrap_or_default();
+        let same_time = old
+            .as_ref()
+            .is_some_and(|o| o.last_failed_at == record.last_failed_at);
+        let mut leave = old.map(|o| o.keys).unwrap_or_default();
         let mut join = self.index_keys(record);
         // Every index entry's score is the record's last failure: while it did not move, the
         // entries the old and the new record share stay as they are (a claim or its
         // acknowledgement changes the status's entries alone).
-        if old.is_some_and(|o| o.last_failed_at == record.last_failed_at) {
+        if same_time {
             let shared: Vec<String> = leave.iter().filter(|k| join.contains(k)).cloned().collect();
             leave.retain(|k| !shared.contains(k));
             join.retain(|k| !shared.contains(k));
@@ -976,11 +996,12 @@ impl RedisStore {
     ) -> Result<Option<Record>, StoreError> {
         for _ in 0..CAS_TRIES {
             let (old, version) = self.read(id).await?;
-            let Some(new) = change(old.clone()) else {
+            let before = old.as_ref().map(|o| self.indexed(o));
+            let Some(new) = change(old) else {
                 return Ok(None);
             };
             let written: i64 = self
-                .eval(&self.write_cmd(&new, old.as_ref(), &version, note_code)?)
+                .eval(&self.write_cmd(&new, before, &version, note_code)?)
                 .await
                 .map_err(redis_error("write record"))?;
             if written == 1 {
@@ -1041,7 +1062,7 @@ impl RedisStore {
             };
             write.add_command(self.write_cmd(
                 &new,
-                old.as_ref(),
+                old.as_ref().map(|o| self.indexed(o)),
                 version.as_deref().unwrap_or(""),
                 true,
             )?);
@@ -1589,12 +1610,12 @@ impl Store for RedisStore {
                     break;
                 }
                 let writes = reserved.into_iter().filter_map(|(mut record, version)| {
-                    let old = record.clone();
                     if !claimable(&record, now) {
                         return None;
                     }
+                    let old = this.indexed(&record);
                     claim(&mut record, now, lease);
-                    let cmd = this.write_cmd(&record, Some(&old), &version, false);
+                    let cmd = this.write_cmd(&record, Some(old), &version, false);
                     let this = this.clone();
                     Some(async move {
                         let written: i64 = this
@@ -1622,13 +1643,13 @@ impl Store for RedisStore {
         Box::pin(async move {
             for _ in 0..CAS_TRIES {
                 let (mut old, version) = this.read(&seen.id).await?;
-                let before = old.clone();
+                let before = old.as_ref().map(|o| this.indexed(o));
                 let claim = change_if_unchanged(old.as_mut(), &seen, change);
                 let Claim::Claimed(new) = &claim else {
                     return Ok(claim);
                 };
                 let written: i64 = this
-                    .eval(&this.write_cmd(new, before.as_ref(), &version, false)?)
+                    .eval(&this.write_cmd(new, before, &version, false)?)
                     .await
                     .map_err(redis_error("claim record"))?;
                 if written == 1 {
@@ -1692,10 +1713,11 @@ impl Store for RedisStore {
                         resends: current.resends,
                     });
                 }
-                let mut merged = current.clone();
+                let before = this.indexed(&current);
+                let mut merged = current;
                 merged.merge_bounded(record.clone(), this.history_limit);
                 let written: i64 = this
-                    .eval(&this.write_cmd(&merged, Some(&current), &version, true)?)
+                    .eval(&this.write_cmd(&merged, Some(before), &version, true)?)
                     .await
                     .map_err(redis_error("write record"))?;
                 if written == 1 {
