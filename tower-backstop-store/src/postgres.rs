@@ -964,6 +964,14 @@ impl PostgresStore {
     }
 }
 
+/// Adds a keyset page's key to `args`: its time in milliseconds and its id. Returns their
+/// placeholders' numbers (`$t`, `$id`).
+fn bind_key(args: &mut Vec<Arg>, key: &SortKey) -> (usize, usize) {
+    args.push(Arg::Int(to_millis(key.at)));
+    args.push(Arg::Text(text::encode(&key.id).into_owned()));
+    (args.len() - 1, args.len())
+}
+
 impl Store for PostgresStore {
     fn put_many(&self, records: Vec<Record>) -> BoxFuture<'static, Result<(), StoreError>> {
         let deferred = records.iter().any(|r| r.status == Status::Deferred);
@@ -1055,9 +1063,7 @@ impl Store for PostgresStore {
             // Newest first, then by id: not one direction, so not a row comparison. The `<=`
             // bounds the index range (`records_by_status` and the others: time descending,
             // id); the rest skips the ties up to the key's id.
-            args.push(Arg::Int(to_millis(key.at)));
-            args.push(Arg::Text(text::encode(&key.id).into_owned()));
-            let (t, id) = (args.len() - 1, args.len());
+            let (t, id) = bind_key(&mut args, key);
             clause.push_str(&format!(
                 " AND last_failed_at_ms <= ${t} AND (last_failed_at_ms < ${t} OR id > ${id})"
             ));
@@ -1090,9 +1096,7 @@ impl Store for PostgresStore {
     ) -> BoxFuture<'static, Result<Vec<Record>, StoreError>> {
         let (mut clause, mut args) = where_clause(filter);
         if let Some(key) = after {
-            args.push(Arg::Int(to_millis(key.at)));
-            args.push(Arg::Text(text::encode(&key.id).into_owned()));
-            let (t, id) = (args.len() - 1, args.len());
+            let (t, id) = bind_key(&mut args, key);
             clause.push_str(&format!(" AND (retry_at_ms, id) > (${t}, ${id})"));
         }
         let other_status = matches!(filter.status, Some(Status::Dead | Status::Resolved));
