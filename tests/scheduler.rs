@@ -38,6 +38,42 @@ fn deferred(id: &str, retry_at: SystemTime) -> Record {
     r
 }
 
+/// The calls in flight at a provider: (now, the most at once).
+type InFlight = Arc<Mutex<(usize, usize)>>;
+
+/// A provider that notes each message id in `sent`, in the order it was sent, and the calls
+/// in flight in `in_flight` (now, the most at once), and accepts each (`202`) after `delay(id)`.
+fn counting_provider(
+    sent: &Arc<Mutex<Vec<String>>>,
+    in_flight: &InFlight,
+    delay: impl Fn(&str) -> Duration + Clone + Send + 'static,
+) -> impl tower::Service<
+    http::Request<String>,
+    Response = http::Response<()>,
+    Error = BoxError,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    let (in_flight, sent) = (Arc::clone(in_flight), Arc::clone(sent));
+    tower::service_fn(move |req: http::Request<String>| {
+        let id = req.extensions().get::<MessageId>().unwrap().0.clone();
+        let delay = delay(&id);
+        sent.lock().unwrap().push(id);
+        let in_flight = Arc::clone(&in_flight);
+        async move {
+            {
+                let mut g = in_flight.lock().unwrap();
+                g.0 += 1;
+                g.1 = g.1.max(g.0);
+            }
+            tokio::time::sleep(delay).await;
+            in_flight.lock().unwrap().0 -= 1;
+            Ok::<_, BoxError>(http::Response::builder().status(202).body(()).unwrap())
+        }
+    })
+}
+
 type Calls = Arc<Mutex<Vec<(Instant, String)>>>;
 
 /// A provider that accepts everything and notes when and what it was sent.
@@ -162,27 +198,8 @@ async fn many_due_items_go_in_retry_at_order_within_the_concurrency_limit() {
             .await
             .unwrap();
     }
-    let in_flight = Arc::new(Mutex::new((0usize, 0usize))); // (now, max)
-    let order: Arc<Mutex<Vec<String>>> = Arc::default();
-    let provider = {
-        let in_flight = Arc::clone(&in_flight);
-        let order = Arc::clone(&order);
-        tower::service_fn(move |req: http::Request<String>| {
-            let id = req.extensions().get::<MessageId>().unwrap().0.clone();
-            order.lock().unwrap().push(id);
-            let in_flight = Arc::clone(&in_flight);
-            async move {
-                {
-                    let mut g = in_flight.lock().unwrap();
-                    g.0 += 1;
-                    g.1 = g.1.max(g.0);
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                in_flight.lock().unwrap().0 -= 1;
-                Ok::<_, BoxError>(http::Response::builder().status(202).body(()).unwrap())
-            }
-        })
-    };
+    let (order, in_flight): (_, InFlight) = (Arc::default(), Arc::default());
+    let provider = counting_provider(&order, &in_flight, |_| Duration::from_millis(500));
     let stack = ServiceBuilder::new()
         .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
         .layer(ClassifyLayer::http())
@@ -1019,29 +1036,12 @@ async fn a_busy_scheduler_claims_in_batches() {
         .map(|i| deferred(&format!("b-{i:03}"), clock.now() - Duration::from_secs(1)))
         .collect();
     store.put_many(records).await.unwrap();
-    let in_flight = Arc::new(Mutex::new((0usize, 0usize))); // (now, max)
-    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
-    let provider = {
-        let (in_flight, sent) = (Arc::clone(&in_flight), Arc::clone(&sent));
-        tower::service_fn(move |req: http::Request<String>| {
-            let id = req.extensions().get::<MessageId>().unwrap().0.clone();
-            // 10 to 130 ms, a different delay for neighbours: the re-sends end one by one.
-            let n: u64 = id[2..].parse().unwrap();
-            let delay = Duration::from_millis(10 + (n * 37) % 121);
-            sent.lock().unwrap().push(id);
-            let in_flight = Arc::clone(&in_flight);
-            async move {
-                {
-                    let mut g = in_flight.lock().unwrap();
-                    g.0 += 1;
-                    g.1 = g.1.max(g.0);
-                }
-                tokio::time::sleep(delay).await;
-                in_flight.lock().unwrap().0 -= 1;
-                Ok::<_, BoxError>(http::Response::builder().status(202).body(()).unwrap())
-            }
-        })
-    };
+    // 10 to 130 ms, a different delay for neighbours: the re-sends end one by one.
+    let (sent, in_flight): (_, InFlight) = (Arc::default(), Arc::default());
+    let provider = counting_provider(&sent, &in_flight, |id| {
+        let n: u64 = id[2..].parse().unwrap();
+        Duration::from_millis(10 + (n * 37) % 121)
+    });
     let stack = ServiceBuilder::new()
         .layer(DeadLetterLayer::from_arc(Arc::clone(&store)).clock(clock))
         .layer(ClassifyLayer::http())
